@@ -1,0 +1,41 @@
+# Quick start: `make demo` and `make test`; both set up whatever is missing first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+EMOJI_FONT := /usr/share/fonts/truetype/noto/NotoColorEmoji.ttf
+CLDR := /usr/share/unicode/cldr/common/annotations/en.xml
+
+.PHONY: demo test setup sysdeps bench clean
+
+# The venv is rebuilt when pyproject.toml changes. torch==2.13.0 resolves to the CPU wheel here.
+$(BIN)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+# System packages the built-in emoji corpus needs (Debian/Ubuntu); skipped when present or not root.
+sysdeps:
+	@if [ ! -f $(EMOJI_FONT) ] || [ ! -f $(CLDR) ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing fonts-noto-color-emoji unicode-cldr-core"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fonts-noto-color-emoji unicode-cldr-core >/dev/null; \
+	  else \
+	    echo "missing system packages: run 'sudo apt-get install fonts-noto-color-emoji unicode-cldr-core'"; \
+	  fi; \
+	fi
+
+setup: $(BIN)/.installed sysdeps
+
+demo: setup
+	$(BIN)/openalign train
+
+test: setup
+	$(BIN)/python -m pytest
+
+bench: setup
+	$(BIN)/python bench/train_step.py
+
+clean:
+	rm -rf runs data .pytest_cache

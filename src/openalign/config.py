@@ -1,0 +1,215 @@
+"""One typed, frozen config tree, dotted overrides and (de)serialization.
+
+Presets (presets.py) build a `Config`; the command line applies `key=value` overrides with
+`override()`; the resolved tree is written as JSON into every run directory and checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class ConfigError(ValueError):
+    """A user-facing configuration mistake (bad key, bad value); the CLI prints it as one line."""
+
+
+@dataclass(frozen=True)
+class VisionConfig:
+    # EfficientNet scaling (Tan & Le 2019): B1 (1.0, 1.1) ... B7 (2.0, 3.1), L2 (4.3, 5.3).
+    width_coefficient: float = 2.0
+    depth_coefficient: float = 3.1
+    # Per-stage layout of the EfficientNet base network; the demo shrinks these.
+    in_channels: tuple[int, ...] = (32, 16, 24, 40, 80, 112, 192)
+    out_channels: tuple[int, ...] = (16, 24, 40, 80, 112, 192, 320)
+    num_block_repeats: tuple[int, ...] = (1, 2, 2, 3, 3, 4, 1)
+    kernel_sizes: tuple[int, ...] = (3, 3, 5, 3, 5, 5, 3)
+    strides: tuple[int, ...] = (1, 2, 2, 2, 1, 2, 1)
+    expand_ratios: tuple[int, ...] = (1, 6, 6, 6, 6, 6, 6)
+    drop_connect_rate: float = 0.2
+    # PyTorch's sense: weight of the *new* batch (TF's 0.99 == PyTorch's 0.01). transformers'
+    # default of 0.99 would make the running statistics equal the last batch.
+    batch_norm_momentum: float = 0.01
+    batch_norm_eps: float = 1e-3
+    resize_size: int = 346  # paper: resize to 346x346
+    image_size: int = 289  # paper: random crop 289 (train), center crop 289 (eval)
+
+
+@dataclass(frozen=True)
+class TextConfig:
+    # BERT sizes (Turc et al. 2019): Mini 4x256, Medium 8x512, Base 12x768, Large 24x1024.
+    hidden_size: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    intermediate_size: int = 3072
+    dropout: float = 0.1
+    vocab_size: int = 100_000  # paper: 100k English, 250k multilingual
+    max_length: int = 64  # paper: 64 tokens
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vision: VisionConfig = field(default_factory=VisionConfig)
+    text: TextConfig = field(default_factory=TextConfig)
+    embed_dim: int = 640  # B7 pools to 640, L2 to 1376; other towers get a linear layer
+    temperature_init: float = 1.0  # paper: 1.0 (CLIP: 0.07)
+    init_from: str = ""  # a Hugging Face AlignModel directory to initialize both towers from
+    channels_last: bool = True  # depthwise convs are ~7x faster in channels_last on CPU
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    kind: str = "softmax"  # softmax (the paper's normalized softmax) | sigmoid (SigLIP)
+    label_smoothing: float = 0.1
+    negatives_fraction: float = 1.0  # Table 8: 100/50/25% of in-batch negatives
+    fixed_temperature: float = 0.0  # > 0: do not learn the temperature (Table 8: 1/128, 1/64, 1/32)
+    temperature_min: float = 1e-3  # floor: logits stay finite, the loss cannot diverge
+    sigmoid_bias_init: float = -10.0  # SigLIP's learned bias
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    name: str = "lamb"  # lamb | adamw
+    lr: float = 1e-3
+    weight_decay: float = 1e-5  # not on biases, norms or the temperature
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-6
+    warmup_steps: int = 10_000
+    # Multiplier on the learning rate of the temperature. The paper's 1.0 init moves by ~lr per
+    # step under LAMB (trust ratio x |t|), far too slowly for runs of a few hundred steps.
+    temperature_lr_scale: float = 1.0
+    grad_clip: float = 0.0  # 0: off
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    train: str = ""  # webdataset shards: a directory, a brace pattern or a list file
+    eval: str = ""  # held-out shards for periodic and final evaluation
+    corpus: str = ""  # built-in corpus to build into data_dir when `train` is empty (emoji)
+    data_dir: str = "data"
+    batch_size: int = 16_384  # global; paper: 16 pairs per core x 1024 cores
+    workers: int = 1
+    shuffle_buffer: int = 2_000
+    tokenizer: str = ""  # a trained tokenizer directory; empty: train one on the training texts
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 1_200_000  # paper: 1.2M steps
+    log_every: int = 10
+    eval_every: int = 0  # 0: only at the end
+    checkpoint_every: int = 1_000
+    threads: int = 0  # torch intra-op threads; 0: all cores minus data workers
+    precision: str = "auto"  # auto (bf16 autocast on GPU, fp32 on CPU) | fp32 | bf16
+    device: str = "auto"
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    batch_size: int = 256
+    templates: tuple[str, ...] = ("{}", "an emoji of {}", "a picture of {}", "an icon of {}", "{} emoji")
+
+
+@dataclass(frozen=True)
+class Config:
+    preset: str = ""
+    seed: int = 0
+    out: str = "runs/demo"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+def to_dict(cfg) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(cls, data: dict):
+    """Rebuild a config dataclass from `to_dict` output; unknown keys are an error."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - names
+    if unknown:
+        raise ConfigError(f"unknown config keys {sorted(unknown)} for {cls.__name__}")
+    kwargs = {}
+    for name, value in data.items():
+        kind = hints[name]
+        if dataclasses.is_dataclass(kind):
+            kwargs[name] = from_dict(kind, value)
+        elif typing.get_origin(kind) is tuple:
+            kwargs[name] = tuple(value)
+        else:
+            kwargs[name] = value
+    return cls(**kwargs)
+
+
+def save(cfg: Config, path: Path) -> None:
+    Path(path).write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
+
+
+def load(path: Path) -> Config:
+    return from_dict(Config, json.loads(Path(path).read_text()))
+
+
+def _leaf_keys(cls, prefix: str = "") -> list[str]:
+    keys = []
+    for f in dataclasses.fields(cls):
+        kind = typing.get_type_hints(cls)[f.name]
+        if dataclasses.is_dataclass(kind):
+            keys += _leaf_keys(kind, f"{prefix}{f.name}.")
+        else:
+            keys.append(prefix + f.name)
+    return keys
+
+
+def _parse(text: str, kind, key: str):
+    try:
+        if kind is bool:
+            if text.lower() in ("1", "true", "yes", "on"):
+                return True
+            if text.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if kind in (int, float):
+            return kind(float(text)) if kind is int and "e" in text.lower() else kind(text)
+        if kind is str:
+            return text
+        if typing.get_origin(kind) is tuple:
+            items = [s for s in text.strip("()[] ").split(",") if s.strip()]
+            args = typing.get_args(kind)
+            item_kind = args[0]
+            return tuple(_parse(s.strip(), item_kind, key) for s in items)
+    except ValueError:
+        pass
+    raise ConfigError(f"{key}={text!r} is not a valid {getattr(kind, '__name__', kind)}")
+
+
+def override(cfg: Config, assignments: list[str]) -> Config:
+    """Apply dotted `key=value` overrides, e.g. `optim.lr=5e-4 model.vision.image_size=64`."""
+    valid = _leaf_keys(Config)
+    for item in assignments:
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise ConfigError(f"override {item!r} is not of the form key=value (e.g. optim.lr=5e-4)")
+        key = key.strip()
+        if key not in valid:
+            close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+            hint = f"; did you mean {close[0]}?" if close else "; see `openalign train --show-config`"
+            raise ConfigError(f"unknown config key {key!r}{hint}")
+        cfg = _replace(cfg, key.split("."), text, key)
+    return cfg
+
+
+def _replace(node, path: list[str], text: str, key: str):
+    name = path[0]
+    if len(path) == 1:
+        kind = typing.get_type_hints(type(node))[name]
+        return dataclasses.replace(node, **{name: _parse(text, kind, key)})
+    return dataclasses.replace(node, **{name: _replace(getattr(node, name), path[1:], text, key)})

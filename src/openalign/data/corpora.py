@@ -1,0 +1,28 @@
+"""Built-in corpora by name, and resolving the training/evaluation shards a config points at."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from openalign.config import ConfigError, DataConfig
+from openalign.data import emoji
+from openalign.data.shards import MANIFEST, list_shards
+
+CORPORA: dict[str, Callable[..., dict]] = {"emoji": emoji.build}
+
+
+def resolve_data(data: DataConfig, progress: bool = True) -> tuple[list[str], list[str]]:
+    """(train shards, eval shards); builds the configured built-in corpus into data_dir when absent."""
+    if data.train:
+        return list_shards(data.train), list_shards(data.eval) if data.eval else []
+    if not data.corpus:
+        raise ConfigError("no training data: pass --data SHARDS (a directory of .tar shards) or data.corpus=emoji")
+    if data.corpus not in CORPORA:
+        raise ConfigError(f"unknown built-in corpus {data.corpus!r}; choose from {', '.join(CORPORA)}")
+    root = Path(data.data_dir) / data.corpus
+    if not ((root / "train" / MANIFEST).is_file() and (root / "eval" / MANIFEST).is_file()):
+        if progress:
+            print(f"building the built-in {data.corpus} corpus in {root} (once)")
+        CORPORA[data.corpus](root)
+    return list_shards(str(root / "train")), list_shards(data.eval or str(root / "eval"))

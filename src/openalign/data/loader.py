@@ -1,0 +1,189 @@
+"""Streaming image/alt-text batches from webdataset shards, deterministic and exactly resumable.
+
+Each DataLoader worker on each rank plays one *role* (rank x workers roles in all) and reads its share
+of the shards (shuffled per epoch), through a seeded shuffle buffer, then decodes, augments and
+tokenizes in the worker. Corrupt samples are skipped and counted, never fatal.
+
+Determinism: shard order, the shuffle buffer, the choice of alt-text and the augmentation are seeded
+by (seed, epoch, role or sample key), so the stream is a pure function of the seed. Every role yields
+the same number of batches per epoch, so DataLoader's round robin makes batch b of an epoch come from
+role b % workers. To resume, each role skips the raw samples it had consumed (before decoding, which
+is cheap) and the roles are rotated so that the next batch comes from the right one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import random
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from openalign.config import ConfigError
+from openalign.data import shards as shard_lib
+from openalign.data import transforms
+
+
+def stable_seed(*parts) -> int:
+    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    shards: tuple[str, ...]
+    batch_size: int  # per rank
+    resize: int
+    crop: int
+    max_length: int
+    seed: int = 0
+    shuffle_buffer: int = 1000
+    workers: int = 0
+    rank: int = 0
+    world_size: int = 1
+
+
+@dataclass
+class Position:
+    """Where a training stream stands; saved in checkpoints to resume exactly."""
+
+    epoch: int = 0
+    batch: int = 0  # batches delivered in this epoch on this rank
+    consumed: dict[int, int] = field(default_factory=dict)  # local role -> raw samples consumed this epoch
+    produced: dict[int, int] = field(default_factory=dict)  # local role -> batches produced this epoch
+
+    def advance(self, batch: dict) -> None:
+        self.batch += 1
+        self.consumed[batch["role"]] = batch["consumed"]
+        self.produced[batch["role"]] = batch["produced"]
+
+    def next_epoch(self) -> None:
+        self.epoch, self.batch, self.consumed, self.produced = self.epoch + 1, 0, {}, {}
+
+
+def shards_for_role(spec: StreamSpec, epoch: int, role: int) -> list[str]:
+    order = list(spec.shards)
+    random.Random(stable_seed(spec.seed, epoch, "shards")).shuffle(order)
+    return order[role :: max(1, spec.workers) * spec.world_size]
+
+
+def batches_per_role(spec: StreamSpec, epoch: int, counts: dict[str, int]) -> int:
+    """Batches every role yields in `epoch`: the same for all roles (the smallest share decides)."""
+    n_roles = max(1, spec.workers) * spec.world_size
+    if len(spec.shards) < n_roles:
+        raise ConfigError(f"{len(spec.shards)} shards cannot feed {n_roles} readers (ranks x data.workers); "
+                          "lower data.workers or write more, smaller shards")
+    per_role = [sum(counts[s] for s in shards_for_role(spec, epoch, r)) // spec.batch_size for r in range(n_roles)]
+    if min(per_role) == 0:
+        raise ConfigError(f"a reader gets fewer than data.batch_size={spec.batch_size * spec.world_size} samples; "
+                          "lower data.batch_size or data.workers")
+    return min(per_role)
+
+
+def shuffled(samples, buffer: int, rng: random.Random):
+    pool = []
+    for sample in samples:
+        if len(pool) < buffer:
+            pool.append(sample)
+            continue
+        i = rng.randrange(len(pool))
+        pool[i], sample = sample, pool[i]
+        yield sample
+    rng.shuffle(pool)
+    yield from pool
+
+
+class TrainStream(IterableDataset):
+    """Yields collated training batches; one text per image per visit, chosen at random."""
+
+    def __init__(self, spec: StreamSpec, tokenizer, epoch: int, n_batches: int, position: Position | None = None):
+        self.spec, self.tokenizer, self.epoch, self.n_batches = spec, tokenizer, epoch, n_batches
+        self.position = position or Position(epoch=epoch)
+
+    def __iter__(self) -> Iterator[dict]:
+        info = get_worker_info()
+        workers = max(1, self.spec.workers)
+        local = ((info.id if info else 0) + self.position.batch) % workers  # rotation on resume
+        role = self.spec.rank * workers + local
+        skip = self.position.consumed.get(local, 0)
+        produced = self.position.produced.get(local, 0)
+        consumed, skipped, pending = 0, 0, []
+        if produced >= self.n_batches:
+            return
+        # A role whose corrupt samples leave it short wraps around its shards, so every role yields
+        # exactly n_batches and the round robin (hence the resume rotation) stays exact.
+        for lap in itertools.count():
+            rng = random.Random(stable_seed(self.spec.seed, self.epoch, "buffer", role, lap))
+            raw = shard_lib.read_samples(shards_for_role(self.spec, self.epoch, role))
+            decoded, lap_start = 0, consumed
+            for sample in shuffled(raw, self.spec.shuffle_buffer, rng):
+                consumed += 1
+                if consumed <= skip or sample["__key__"] in (item[2] for item in pending):
+                    continue  # (an image already in the pending batch can come again only on a wrap)
+                try:
+                    pending.append(self.prepare(sample))
+                    decoded += 1
+                except Exception:  # noqa: BLE001 - any undecodable sample is skipped and counted
+                    skipped += 1
+                    continue
+                if len(pending) == self.spec.batch_size:
+                    produced += 1
+                    yield collate(pending, self.tokenizer, self.spec.max_length) | {
+                        "role": local, "consumed": consumed, "produced": produced, "skipped": skipped}
+                    pending, skipped = [], 0
+                if produced >= self.n_batches:
+                    return
+            if decoded == 0 and lap_start >= skip:
+                raise RuntimeError(f"no decodable sample in the shards of reader {role}")
+
+    def prepare(self, sample: dict) -> tuple[torch.Tensor, str, str]:
+        key = sample["__key__"]
+        rng = random.Random(stable_seed(self.spec.seed, self.epoch, "sample", key))
+        texts = shard_lib.sample_texts(sample)
+        image = transforms.decode(shard_lib.image_bytes(sample), self.spec.resize)
+        pixels = transforms.train_transform(image, self.spec.resize, self.spec.crop, rng)
+        return pixels, rng.choice(texts), key
+
+
+def collate(items: list[tuple[torch.Tensor, str, str]], tokenizer, max_length: int) -> dict:
+    pixels, texts, keys = zip(*items)
+    tokens = tokenizer(list(texts), padding="longest", truncation=True, max_length=max_length, return_tensors="pt")
+    return {
+        "pixel_values": torch.stack(pixels),  # [B, 3, crop, crop]
+        "input_ids": tokens["input_ids"],  # [B, T]
+        "attention_mask": tokens["attention_mask"],  # [B, T]
+        "keys": list(keys),
+    }
+
+
+def _worker_init(_: int) -> None:
+    torch.set_num_threads(1)  # workers decode with Pillow; BLAS threads would only oversubscribe
+
+
+def train_loader(spec: StreamSpec, tokenizer, epoch: int, n_batches: int, position: Position | None = None):
+    stream = TrainStream(spec, tokenizer, epoch, n_batches, position)
+    return DataLoader(stream, batch_size=None, num_workers=spec.workers, worker_init_fn=_worker_init,
+                      generator=torch.Generator().manual_seed(spec.seed),  # leaves the global RNG alone
+                      prefetch_factor=4 if spec.workers else None)
+
+
+@dataclass
+class EvalSample:
+    pixels: torch.Tensor  # [3, crop, crop]
+    texts: list[str]
+    meta: dict
+
+
+def eval_samples(shards: list[str], resize: int, crop: int, counter: dict | None = None) -> Iterator[EvalSample]:
+    """Every sample of `shards` in order, center-cropped, with all its texts; corrupt ones counted."""
+    counter = counter if counter is not None else {}
+    for sample in shard_lib.read_samples(shards):
+        try:
+            image = transforms.decode(shard_lib.image_bytes(sample), resize)
+            yield EvalSample(transforms.eval_transform(image, resize, crop), shard_lib.sample_texts(sample),
+                             shard_lib.sample_meta(sample) | {"key": sample["__key__"]})
+        except Exception:  # noqa: BLE001
+            counter["skipped"] = counter.get("skipped", 0) + 1

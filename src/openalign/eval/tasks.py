@@ -1,0 +1,148 @@
+"""Evaluation tasks: one signature, chosen by name from `TASKS`.
+
+    task(model, tokenizer, data: EvalData, options: EvalOptions) -> flat metrics dict
+
+`EvalData` holds a split's image embeddings and captions, computed once and shared by the tasks.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from tqdm import tqdm
+
+from openalign.config import ConfigError
+from openalign.data.loader import eval_samples
+from openalign.data.shards import list_shards
+from openalign.eval import metrics as M
+from openalign.model.dual_encoder import DualEncoder
+
+# A short generic prompt set for icons and emoji; CLIP's 80 ImageNet templates come with issue 4.
+DEFAULT_TEMPLATES = ("{}", "an emoji of {}", "a picture of {}", "an icon of {}", "{} emoji")
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    batch_size: int = 256
+    max_length: int = 64
+    templates: tuple[str, ...] = DEFAULT_TEMPLATES
+
+
+@dataclass
+class EvalData:
+    image_embeds: torch.Tensor  # [N, D] L2-normalized
+    captions: list[str]  # [M] all captions, image-major
+    text_to_image: torch.Tensor  # [M] index of each caption's image
+    labels: list[str]  # [N] class name of each image (json `name`), for zero-shot classification
+    skipped: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def _device(model: DualEncoder) -> torch.device:
+    return next(model.parameters()).device
+
+
+@torch.no_grad()
+def encode_texts(model: DualEncoder, tokenizer, texts: list[str], options: EvalOptions) -> torch.Tensor:
+    out = []
+    for start in range(0, len(texts), options.batch_size):
+        tokens = tokenizer(texts[start:start + options.batch_size], padding="longest", truncation=True,
+                           max_length=options.max_length, return_tensors="pt").to(_device(model))
+        out.append(model.encode_text(tokens["input_ids"], tokens["attention_mask"]).embeds.float().cpu())
+    return torch.cat(out) if out else torch.empty(0, model.cfg.embed_dim)
+
+
+@torch.no_grad()
+def embed_split(model: DualEncoder, shards: str | list[str], options: EvalOptions, resize: int, crop: int,
+                progress: bool = True) -> EvalData:
+    """Encode every image of the held-out shards; captions are kept as text for the tasks."""
+    was_training = model.training
+    model.eval()
+    paths = list_shards(shards) if isinstance(shards, str) else shards
+    counter: dict = {}
+    embeds, captions, owner, labels, pending = [], [], [], [], []
+
+    def flush():
+        pixels = torch.stack(pending).to(_device(model))
+        embeds.append(model.encode_image(pixels).embeds.float().cpu())
+        pending.clear()
+
+    for sample in tqdm(eval_samples(paths, resize, crop, counter), desc="embed eval images", unit="img",
+                       disable=not progress, leave=False):
+        index = len(labels)
+        labels.append(sample.meta.get("name", sample.texts[0]))
+        captions += sample.texts
+        owner += [index] * len(sample.texts)
+        pending.append(sample.pixels)
+        if len(pending) == options.batch_size:
+            flush()
+    if pending:
+        flush()
+    model.train(was_training)
+    if not labels:
+        raise ConfigError(f"no readable evaluation images in {shards}")
+    return EvalData(torch.cat(embeds), captions, torch.tensor(owner), labels, counter.get("skipped", 0))
+
+
+def retrieval(model: DualEncoder, tokenizer, data: EvalData, options: EvalOptions) -> dict:
+    was_training = model.training
+    model.eval()
+    txt = encode_texts(model, tokenizer, data.captions, options)
+    model.train(was_training)
+    metrics = M.retrieval_metrics(data.image_embeds, txt, data.text_to_image)
+    chance = M.retrieval_chance(data.text_to_image, len(data.labels))
+    return metrics | {f"chance_{k}": v for k, v in chance.items()}
+
+
+def zeroshot(model: DualEncoder, tokenizer, data: EvalData, options: EvalOptions) -> dict:
+    classnames = sorted(set(data.labels))
+    prompts = [t.format(c) for c in classnames for t in options.templates]  # class-major [C*T]
+    was_training = model.training
+    model.eval()
+    weights = M.class_weights(encode_texts(model, tokenizer, prompts, options), len(classnames))  # [C, D]
+    model.train(was_training)
+    index = {c: i for i, c in enumerate(classnames)}
+    labels = torch.tensor([index[c] for c in data.labels])
+    metrics = M.topk_accuracy(data.image_embeds @ weights.T, labels)
+    return metrics | {"n_classes": len(classnames), "chance_top1": 1 / len(classnames),
+                      "chance_top5": min(1.0, 5 / len(classnames))}
+
+
+TASKS: dict[str, Callable[..., dict]] = {"retrieval": retrieval, "zeroshot": zeroshot}
+
+
+def run_tasks(model: DualEncoder, tokenizer, shards: str | list[str], tasks: list[str], options: EvalOptions,
+              resize: int, crop: int, progress: bool = True) -> dict:
+    """Flat metrics of all `tasks`; zero-shot keys are prefixed `zeroshot_`, retrieval keys are bare."""
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown:
+        raise ConfigError(f"unknown eval task {unknown[0]!r}; choose from {', '.join(TASKS)}")
+    data = embed_split(model, shards, options, resize, crop, progress)
+    out: dict = {"n_skipped": data.skipped}
+    for name in tasks:
+        prefix = "" if name == "retrieval" else f"{name}_"
+        out |= {prefix + k: v for k, v in TASKS[name](model, tokenizer, data, options).items()}
+    return out
+
+
+def markdown_table(metrics: dict) -> str:
+    rows = ["| metric | value | chance |", "|---|---|---|"]
+    for key, value in metrics.items():
+        if key.startswith("chance_") or "chance_" in key:
+            continue
+        chance_key = key.replace("zeroshot_", "zeroshot_chance_") if key.startswith("zeroshot_") else f"chance_{key}"
+        chance = metrics.get(chance_key)
+        fmt = (lambda v: f"{v:.4f}" if isinstance(v, float) else str(v))  # noqa: E731
+        rows.append(f"| {key} | {fmt(value)} | {fmt(chance) if chance is not None else ''} |")
+    return "\n".join(rows) + "\n"
+
+
+def write_report(metrics: dict, out: Path) -> None:
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(metrics, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown_table(metrics))

@@ -1,0 +1,107 @@
+"""ALIGN's dual encoder built from transformers' ALIGN towers.
+
+image: EfficientNet (AlignVisionModel) -> global average pool of the last block (no top 1x1 conv)
+       [-> linear layer to embed_dim when the tower's pooled width differs] -> L2 normalize
+text:  BERT (AlignTextModel, no pooler) -> [CLS] -> linear projection to embed_dim -> L2 normalize
+plus one learned temperature shared by both directions (transformers stores it as a raw divisor).
+
+The towers, the text projection and the temperature live in a `transformers.AlignModel`, so a trained
+model saves as, and loads from, a Hugging Face AlignModel directory (see hub.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AlignConfig, AlignModel, AlignTextConfig, AlignVisionConfig
+
+from openalign.config import LossConfig, ModelConfig
+
+
+@dataclass
+class Encoding:
+    embeds: torch.Tensor  # [B, D] L2-normalized joint-space embeddings
+    features: torch.Tensor  # [B, D_tower] tower output before projection and normalization
+
+
+def hf_config(cfg: ModelConfig, pad_token_id: int = 0) -> AlignConfig:
+    v, t = cfg.vision, cfg.text
+    vision = AlignVisionConfig(
+        width_coefficient=v.width_coefficient,
+        depth_coefficient=v.depth_coefficient,
+        in_channels=list(v.in_channels),
+        out_channels=list(v.out_channels),
+        num_block_repeats=list(v.num_block_repeats),
+        kernel_sizes=list(v.kernel_sizes),
+        strides=list(v.strides),
+        expand_ratios=list(v.expand_ratios),
+        drop_connect_rate=v.drop_connect_rate,
+        batch_norm_momentum=v.batch_norm_momentum,
+        batch_norm_eps=v.batch_norm_eps,
+        image_size=v.image_size,
+    )
+    text = AlignTextConfig(
+        vocab_size=t.vocab_size,
+        hidden_size=t.hidden_size,
+        num_hidden_layers=t.num_layers,
+        num_attention_heads=t.num_heads,
+        intermediate_size=t.intermediate_size,
+        hidden_dropout_prob=t.dropout,
+        attention_probs_dropout_prob=t.dropout,
+        max_position_embeddings=max(t.max_length, 64),
+        pad_token_id=pad_token_id,
+    )
+    return AlignConfig(
+        text_config=text.to_dict(),
+        vision_config=vision.to_dict(),
+        projection_dim=cfg.embed_dim,
+        temperature_init_value=cfg.temperature_init,
+    )
+
+
+def vision_pooled_dim(align: AlignModel) -> int:
+    return align.vision_model.encoder.blocks[-1].projection.project_conv.out_channels
+
+
+class DualEncoder(nn.Module):
+    def __init__(self, cfg: ModelConfig, loss: LossConfig | None = None, align: AlignModel | None = None):
+        super().__init__()
+        loss = loss or LossConfig()
+        self.cfg = cfg
+        self.align = align if align is not None else AlignModel(hf_config(cfg))
+        # [CLS] is used directly: the pooler would be a parameter without gradient (breaks DDP).
+        self.align.text_model.pooler = None
+        pooled = vision_pooled_dim(self.align)
+        # Only towers whose pooled width differs from embed_dim (e.g. B5: 512 -> 640) get this layer.
+        self.image_projection = nn.Linear(pooled, cfg.embed_dim) if pooled != cfg.embed_dim else None
+        if loss.fixed_temperature > 0:
+            with torch.no_grad():
+                self.align.temperature.fill_(loss.fixed_temperature)
+            self.align.temperature.requires_grad_(False)
+        # SigLIP's learned bias; only the sigmoid loss has one.
+        self.logit_bias = nn.Parameter(torch.tensor(loss.sigmoid_bias_init)) if loss.kind == "sigmoid" else None
+        if cfg.channels_last:
+            self.align.vision_model.to(memory_format=torch.channels_last)
+
+    @property
+    def temperature(self) -> torch.Tensor:
+        return self.align.temperature
+
+    def encode_image(self, pixel_values: torch.Tensor) -> Encoding:
+        if self.cfg.channels_last:
+            pixel_values = pixel_values.contiguous(memory_format=torch.channels_last)
+        features = self.align.vision_model(pixel_values=pixel_values).pooler_output  # [B, C_last]
+        embeds = self.image_projection(features) if self.image_projection is not None else features
+        return Encoding(embeds=F.normalize(embeds, dim=-1), features=features)
+
+    def encode_text(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Encoding:
+        hidden = self.align.text_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        features = hidden[:, 0, :]  # [B, H] the [CLS] token
+        embeds = self.align.text_projection(features)  # [B, D]
+        return Encoding(embeds=F.normalize(embeds, dim=-1), features=features)
+
+    def forward(self, pixel_values, input_ids, attention_mask) -> tuple[Encoding, Encoding]:
+        return self.encode_image(pixel_values), self.encode_text(input_ids, attention_mask)

@@ -1,0 +1,104 @@
+"""Save and load a dual encoder as a Hugging Face AlignModel directory, offline.
+
+Directory layout (the format of the public kakaobrain/align-base checkpoint, plus two extras):
+    config.json, model.safetensors     transformers.AlignModel (towers, text projection, temperature)
+    tokenizer.json, tokenizer_config.json   loadable as transformers.BertTokenizerFast
+    openalign.json                     the resolved openalign config (absent in foreign checkpoints)
+    openalign_extra.safetensors        image projection / SigLIP bias, only for models that have them
+A plain `transformers.AlignModel.from_pretrained(dir)` loads the towers; it ignores the extras, so it
+reproduces openalign's embeddings exactly when the model has neither (e.g. B7 at 640, L2 at 1376).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import transformers
+from safetensors.torch import load_file, save_file
+from transformers import AlignModel
+
+from openalign import config as config_lib
+from openalign.config import Config, ConfigError, ModelConfig, TextConfig, VisionConfig
+from openalign.model.dual_encoder import DualEncoder
+
+CONFIG_FILE = "openalign.json"
+EXTRA_FILE = "openalign_extra.safetensors"
+
+
+def save_pretrained(model: DualEncoder, tokenizer, out: Path, cfg: Config) -> Path:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.align.save_pretrained(out)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+    config_lib.save(cfg, out / CONFIG_FILE)
+    extra = {name: p.detach().cpu().contiguous() for name, p in model.named_parameters()
+             if not name.startswith("align.")}
+    if extra:
+        save_file(extra, out / EXTRA_FILE)
+    return out
+
+
+def _model_config_from_hf(hf) -> ModelConfig:
+    """A ModelConfig describing a foreign AlignModel checkpoint (e.g. kakaobrain/align-base)."""
+    v, t = hf.vision_config, hf.text_config
+    return ModelConfig(
+        vision=VisionConfig(
+            width_coefficient=v.width_coefficient, depth_coefficient=v.depth_coefficient,
+            in_channels=tuple(v.in_channels), out_channels=tuple(v.out_channels),
+            num_block_repeats=tuple(v.num_block_repeats), kernel_sizes=tuple(v.kernel_sizes),
+            strides=tuple(v.strides), expand_ratios=tuple(v.expand_ratios),
+            drop_connect_rate=v.drop_connect_rate, batch_norm_momentum=v.batch_norm_momentum,
+            batch_norm_eps=v.batch_norm_eps, image_size=v.image_size, resize_size=v.image_size,
+        ),
+        text=TextConfig(
+            hidden_size=t.hidden_size, num_layers=t.num_hidden_layers, num_heads=t.num_attention_heads,
+            intermediate_size=t.intermediate_size, dropout=t.hidden_dropout_prob, vocab_size=t.vocab_size,
+        ),
+        embed_dim=hf.projection_dim,
+        temperature_init=hf.temperature_init_value,
+    )
+
+
+def load_pretrained(path: Path) -> tuple[DualEncoder, object, Config]:
+    """Load (model in eval mode, tokenizer or None, config) from an AlignModel directory."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"{path} is not a model directory (no config.json); pass the `model` folder of a run")
+    if (path / CONFIG_FILE).is_file():
+        cfg = config_lib.load(path / CONFIG_FILE)
+    else:
+        hf = transformers.AlignConfig.from_pretrained(path)
+        cfg = Config(model=_model_config_from_hf(hf))
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # the unused text pooler is reported missing; it is
+    try:
+        align = AlignModel.from_pretrained(path, local_files_only=True)
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    model = DualEncoder(cfg.model, cfg.loss, align=align)
+    if (path / EXTRA_FILE).is_file():
+        model.load_state_dict(load_file(path / EXTRA_FILE), strict=False)
+    tokenizer = None
+    if (path / "tokenizer.json").is_file() or (path / "vocab.txt").is_file():
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return model.eval(), tokenizer, cfg
+
+
+def init_towers(model: DualEncoder, path: Path) -> None:
+    """Initialize towers, text projection and temperature from an AlignModel directory."""
+    source, _, _ = load_pretrained(path)
+    try:
+        model.align.load_state_dict(source.align.state_dict(), strict=False)
+    except RuntimeError as err:
+        raise ConfigError(f"{path} does not match the configured towers ({str(err).splitlines()[1].strip()})")
+
+
+def describe(model: DualEncoder) -> dict:
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    return {
+        "vision_params": count(model.align.vision_model),
+        "text_params": count(model.align.text_model),
+        "embed_dim": model.cfg.embed_dim,
+        "temperature": model.temperature.item(),
+    }

@@ -1,0 +1,50 @@
+from pathlib import Path
+
+import pytest
+
+from openalign.config import ConfigError
+from openalign.data import emoji
+from openalign.data import shards as shard_lib
+
+needs_data = pytest.mark.skipif(not (Path(emoji.DEFAULT_FONT).is_file() and Path(emoji.DEFAULT_CLDR).is_dir()),
+                                reason="fonts-noto-color-emoji / unicode-cldr-core not installed (make test installs them)")
+
+
+def make(cp, name):
+    return emoji.Emoji(cp, names={"en": name}, keywords={"en": [name]})
+
+
+def test_variants_of_one_base_emoji_form_one_family():
+    variants = [make("👍", "thumbs up"), make("👍🏽", "thumbs up: medium skin tone"),
+                make("🧑‍⚕️", "health worker"), make("👩‍⚕️", "woman health worker"),
+                make("👨🏿‍⚕️", "man health worker: dark skin tone"), make("🇩🇪", "flag: Germany"),
+                make("🇫🇷", "flag: France")]
+    emoji.assign_families(variants)
+    fam = [e.family for e in variants]
+    assert fam[0] == fam[1]
+    assert fam[2] == fam[3] == fam[4]
+    assert fam[5] != fam[6] and fam[0] != fam[2]  # flags are not one family
+
+
+def test_missing_font_names_the_package(tmp_path):
+    with pytest.raises(ConfigError, match="apt-get install fonts-noto-color-emoji"):
+        emoji.build(tmp_path, font_path=str(tmp_path / "none.ttf"))
+
+
+@needs_data
+def test_missing_cldr_names_the_package(tmp_path):
+    with pytest.raises(ConfigError, match="unicode-cldr-core"):
+        emoji.build(tmp_path, cldr_path=str(tmp_path))
+
+
+@needs_data
+def test_corpus_is_split_by_family_with_noisy_training_texts(tmp_path):
+    summary = emoji.build(tmp_path, languages=("en", "de"), noise=0.5, heldout=0.3, limit=300)
+    train = [shard_lib.sample_meta(s) for s in shard_lib.read_samples(shard_lib.list_shards(str(tmp_path / "train")))]
+    held = [shard_lib.sample_meta(s) for s in shard_lib.read_samples(shard_lib.list_shards(str(tmp_path / "eval")))]
+    assert len(train) + len(held) == 300 and summary["eval_images"] == len(held) > 0
+    assert not {m["family"] for m in train} & {m["family"] for m in held}
+    assert all(len(m["texts"]) == 4 for m in train)  # name + keywords in en and de
+    kinds = {k for m in train for k in m["noise"]}
+    assert kinds == {"clean", *emoji.NOISE_KINDS}
+    assert all("noise" not in m for m in held)  # evaluation texts are the clean CLDR texts

@@ -1,0 +1,79 @@
+import pytest
+import torch
+
+from openalign.config import ConfigError
+from openalign.data import shards as shard_lib
+from openalign.data.loader import Position, StreamSpec, batches_per_role, eval_samples, train_loader
+from openalign.tokenizer import train_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tokenizer(["a red circle", "a blue square", "green triangle, yellow"], vocab_size=60)
+
+
+def spec_for(shapes, workers=0, batch_size=8, seed=0):
+    return StreamSpec(shards=tuple(shard_lib.list_shards(str(shapes["train"]))), batch_size=batch_size, resize=36,
+                      crop=32, max_length=16, seed=seed, shuffle_buffer=16, workers=workers)
+
+
+def epoch_batches(spec, tokenizer, epoch=0, position=None):
+    counts = {s: shard_lib.count_samples(s) for s in spec.shards}
+    return list(train_loader(spec, tokenizer, epoch, batches_per_role(spec, epoch, counts), position))
+
+
+def test_batches_are_decoded_augmented_tokenized_and_corrupt_samples_counted(shapes, tokenizer):
+    batches = epoch_batches(spec_for(shapes), tokenizer)
+    assert len(batches) == 12  # 96 samples // 8 on one reader; 2 corrupt ones are made up by wrapping around
+    b = batches[0]
+    assert b["pixel_values"].shape == (8, 3, 32, 32) and b["pixel_values"].abs().max() <= 1.0
+    assert b["input_ids"].shape == b["attention_mask"].shape and (b["input_ids"][:, 0] == tokenizer.cls_token_id).all()
+    assert sum(x["skipped"] for x in batches) == 2
+    keys = [k for x in batches for k in x["keys"]]
+    assert len(set(keys)) == 94 and all(len(set(x["keys"])) == 8 for x in batches)  # never twice in a batch
+
+
+def test_stream_is_a_pure_function_of_seed_and_epoch(shapes, tokenizer):
+    spec = spec_for(shapes)
+    first, again = epoch_batches(spec, tokenizer), epoch_batches(spec, tokenizer)
+    assert [b["keys"] for b in first] == [b["keys"] for b in again]
+    assert all(torch.equal(a["pixel_values"], b["pixel_values"]) for a, b in zip(first, again))
+    other_epoch = epoch_batches(spec, tokenizer, epoch=1)
+    assert [b["keys"] for b in other_epoch] != [b["keys"] for b in first]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_from_any_position_continues_the_same_stream(shapes, tokenizer, workers):
+    spec = spec_for(shapes, workers=workers)
+    full = epoch_batches(spec, tokenizer)
+    for cut in (1, 3, 4):
+        position = Position()
+        for batch in full[:cut]:
+            position.advance(batch)
+        rest = epoch_batches(spec, tokenizer, position=position)
+        assert [b["keys"] for b in rest] == [b["keys"] for b in full[cut:]]
+        assert torch.equal(rest[0]["pixel_values"], full[cut]["pixel_values"])
+
+
+def test_two_workers_split_the_shards_and_yield_equal_counts(shapes, tokenizer):
+    batches = epoch_batches(spec_for(shapes, workers=2), tokenizer)
+    roles = [b["role"] for b in batches]
+    assert roles == [0, 1] * (len(roles) // 2)  # round robin: batch b comes from role b % 2
+    keys = [k for b in batches for k in b["keys"]]
+    assert len(set(keys)) == 94 and len(batches) == 12
+
+
+def test_too_large_a_batch_is_a_clear_error(shapes, tokenizer):
+    with pytest.raises(ConfigError, match="lower data.batch_size"):
+        epoch_batches(spec_for(shapes, batch_size=1000), tokenizer)
+
+
+def test_eval_samples_keep_all_texts_in_order(shapes):
+    samples = list(eval_samples(shard_lib.list_shards(str(shapes["eval"])), 36, 32))
+    assert len(samples) == 24 and all(len(s.texts) == 2 for s in samples)
+    assert samples[0].pixels.shape == (3, 32, 32) and samples[0].meta["key"] == "s00000"
+
+
+def test_missing_shards_are_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="no .tar shards"):
+        shard_lib.list_shards(str(tmp_path))

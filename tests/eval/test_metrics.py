@@ -1,0 +1,67 @@
+import pytest
+import torch
+
+from openalign.eval import metrics as M
+
+
+def test_recalls_on_a_hand_built_similarity_matrix():
+    # 3 images, 5 captions: image 0 owns captions 0,1; image 1 owns 2,3; image 2 owns 4.
+    img = torch.eye(3)
+    txt = torch.tensor([[0.9, 0.0, 0.0],   # cap 0 -> image 0 best
+                        [0.1, 0.2, 0.0],   # cap 1 -> image 1 best (wrong), image 0 second
+                        [0.0, 0.1, 0.5],   # cap 2 -> image 2 best (wrong), image 1 second
+                        [0.0, 0.3, 0.0],   # cap 3 -> image 1 best
+                        [0.0, 0.0, 0.4]])  # cap 4 -> image 2 best
+    owner = torch.tensor([0, 0, 1, 1, 2])
+    # image->text: image 0 scores caps [.9,.1,0,0,0] -> best own .9 rank 0
+    #              image 1 scores [0,.2,.1,.3,0] -> best own .3 (cap 3) rank 0
+    #              image 2 scores [0,0,.5,0,.4] -> own .4, cap 2 (.5) beats it -> rank 1
+    assert M.i2t_ranks(img, txt, owner).tolist() == [0, 0, 1]
+    # text->image: cap0 rank 0, cap1 rank 1, cap2 rank 1, cap3 rank 0, cap4 rank 0
+    assert M.t2i_ranks(img, txt, owner).tolist() == [0, 1, 1, 0, 0]
+    m = M.retrieval_metrics(img, txt, owner)
+    assert m["i2t_r1"] == pytest.approx(2 / 3) and m["i2t_r5"] == 1.0
+    assert m["t2i_r1"] == pytest.approx(3 / 5) and m["t2i_r10"] == 1.0
+    assert m["mean_recall"] == pytest.approx((2 / 3 + 1 + 1 + 3 / 5 + 1 + 1) / 6)
+    assert (m["n_images"], m["n_texts"]) == (3, 5)
+    assert m["i2t_median_rank"] == 1.0 and m["t2i_median_rank"] == 1.0
+
+
+def test_ties_count_against_the_query():
+    img = torch.ones(2, 1)
+    txt = torch.ones(2, 1)  # every score ties
+    owner = torch.tensor([0, 1])
+    assert M.i2t_ranks(img, txt, owner).tolist() == [1, 1]
+    assert M.t2i_ranks(img, txt, owner).tolist() == [1, 1]
+
+
+def test_chunking_does_not_change_ranks():
+    g = torch.Generator().manual_seed(0)
+    img = torch.nn.functional.normalize(torch.randn(37, 8, generator=g), dim=-1)
+    txt = torch.nn.functional.normalize(torch.randn(90, 8, generator=g), dim=-1)
+    owner = torch.randint(0, 37, (90,), generator=g)
+    assert torch.equal(M.i2t_ranks(img, txt, owner, chunk=5), M.i2t_ranks(img, txt, owner, chunk=1000))
+    assert torch.equal(M.t2i_ranks(img, txt, owner, chunk=7), M.t2i_ranks(img, txt, owner, chunk=1000))
+
+
+def test_chance_levels():
+    owner = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])  # 4 images x 2 captions
+    chance = M.retrieval_chance(owner, 4, ks=(1, 2))
+    assert chance["i2t_r1"] == pytest.approx(2 / 8)
+    assert chance["i2t_r2"] == pytest.approx(1 - (6 / 8) * (5 / 7))
+    assert chance["t2i_r1"] == pytest.approx(1 / 4)
+
+
+def test_prompt_ensemble_normalizes_each_template_then_the_mean():
+    # class 0: templates (2, 0) and (0, 1) -> normalized (1, 0), (0, 1) -> mean (.5, .5) -> (0.707, 0.707)
+    embeds = torch.tensor([[2.0, 0.0], [0.0, 1.0], [0.0, 3.0], [0.0, 1.0]])
+    w = M.class_weights(embeds, 2)
+    torch.testing.assert_close(w, torch.tensor([[2 ** -0.5, 2 ** -0.5], [0.0, 1.0]]))
+
+
+def test_topk_accuracy_with_ties_against():
+    logits = torch.tensor([[0.9, 0.1, 0.0], [0.5, 0.5, 0.0], [0.1, 0.2, 0.3]])
+    labels = torch.tensor([0, 1, 0])
+    acc = M.topk_accuracy(logits, labels, ks=(1, 2))
+    assert acc["top1"] == pytest.approx(1 / 3)  # row 1 ties: counted as a miss at top-1
+    assert acc["top2"] == pytest.approx(2 / 3)

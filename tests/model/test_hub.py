@@ -1,0 +1,81 @@
+import subprocess
+import sys
+
+import torch
+import transformers
+
+from openalign import presets
+from openalign.model.dual_encoder import DualEncoder, Encoding
+from openalign.model.hub import init_towers, load_pretrained, save_pretrained
+from openalign.tokenizer import train_tokenizer
+
+PROBE = """
+import sys, torch
+from openalign.model.hub import load_pretrained
+model, tok, cfg = load_pretrained(sys.argv[1])
+x = torch.load(sys.argv[2])
+with torch.no_grad():
+    img = model.encode_image(x["pixels"]).embeds
+    t = tok(["a red circle", "blue"], padding=True, return_tensors="pt")
+    txt = model.encode_text(t["input_ids"], t["attention_mask"]).embeds
+torch.save({"img": img, "txt": txt}, sys.argv[3])
+"""
+
+
+def trained_like_model():
+    cfg = presets.get("tiny")
+    model = DualEncoder(cfg.model).eval()
+    with torch.no_grad():  # move BatchNorm statistics and the temperature away from their init
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.1, 0.1)
+        model.temperature.fill_(0.05)
+    return cfg, model
+
+
+def test_encode_returns_one_dataclass_type():
+    cfg, model = trained_like_model()
+    img = model.encode_image(torch.randn(2, 3, 32, 32))
+    txt = model.encode_text(torch.tensor([[2, 7, 3]]), torch.ones(1, 3, dtype=torch.long))
+    assert type(img) is Encoding and type(txt) is Encoding
+    assert img.embeds.shape == (2, 80) and txt.embeds.shape == (1, 80)
+    torch.testing.assert_close(img.embeds.norm(dim=-1), torch.ones(2))
+
+
+def test_save_then_load_in_a_new_process_gives_identical_embeddings(tmp_path):
+    cfg, model = trained_like_model()
+    tok = train_tokenizer(["a red circle", "a blue square"] * 5, vocab_size=40)
+    save_pretrained(model, tok, tmp_path / "model", cfg)
+    pixels = torch.randn(3, 3, 32, 32)
+    torch.save({"pixels": pixels}, tmp_path / "x.pt")
+    subprocess.run([sys.executable, "-c", PROBE, str(tmp_path / "model"), str(tmp_path / "x.pt"),
+                    str(tmp_path / "y.pt")], check=True)
+    got = torch.load(tmp_path / "y.pt")
+    with torch.no_grad():
+        t = tok(["a red circle", "blue"], padding=True, return_tensors="pt")
+        assert torch.equal(got["img"], model.encode_image(pixels).embeds)
+        assert torch.equal(got["txt"], model.encode_text(t["input_ids"], t["attention_mask"]).embeds)
+    loaded, _, loaded_cfg = load_pretrained(tmp_path / "model")
+    assert loaded_cfg == cfg and loaded.temperature.item() == model.temperature.item()
+
+
+def test_directory_is_a_plain_transformers_align_model(tmp_path):
+    cfg, model = trained_like_model()
+    save_pretrained(model, None, tmp_path, cfg)
+    hf = transformers.AlignModel.from_pretrained(tmp_path).eval()
+    pixels = torch.randn(2, 3, 32, 32)
+    ids = torch.tensor([[2, 9, 11, 3], [2, 5, 3, 0]])
+    mask = (ids != 0).long()
+    with torch.no_grad():
+        out = hf(input_ids=ids, attention_mask=mask, pixel_values=pixels)
+        torch.testing.assert_close(out.image_embeds, model.encode_image(pixels).embeds)
+        torch.testing.assert_close(out.text_embeds, model.encode_text(ids, mask).embeds)
+
+
+def test_init_towers_from_a_saved_directory(tmp_path):
+    cfg, model = trained_like_model()
+    save_pretrained(model, None, tmp_path, cfg)
+    fresh = DualEncoder(cfg.model)
+    init_towers(fresh, tmp_path)
+    for (name, a), b in zip(model.state_dict().items(), fresh.state_dict().values()):
+        assert torch.equal(a, b), name

@@ -1,0 +1,72 @@
+"""End-to-end runs through `main(argv)` on tiny generated data."""
+
+import json
+
+from conftest import read_jsonl
+from openalign import cli
+from openalign.model.hub import load_pretrained
+from openalign.train import trainer
+
+
+def train_args(shapes, out, *overrides):
+    return ["train", "--preset", "tiny", "--data", str(shapes["train"]), "--eval-data", str(shapes["eval"]),
+            "--out", str(out), "--quiet", "train.steps=6", "train.checkpoint_every=2", *overrides]
+
+
+def loss_rows(run):
+    return [(r["step"], r["loss"], r["temperature"]) for r in read_jsonl(run / "metrics.jsonl") if "loss" in r]
+
+
+def test_train_evaluates_saves_and_reports(shapes, tmp_path, capsys):
+    assert cli.main(train_args(shapes, tmp_path / "run", "train.eval_every=3")) == 0
+    run = tmp_path / "run"
+    printed = capsys.readouterr().out
+    assert "i2t_r10" in printed and "x chance" in printed
+    metrics = json.loads((run / "final_metrics.json").read_text())
+    for key in ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "mean_recall", "zeroshot_top1",
+                "zeroshot_top5", "n_images", "n_texts"):
+        assert key in metrics
+    assert metrics["n_images"] == 24 and metrics["n_texts"] == 48
+    assert (run / "training.png").stat().st_size > 10_000 and (run / "report.md").is_file()
+    assert json.loads((run / "config.json").read_text())["preset"] == "tiny"
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "eval" in r] == [3, 6]
+    model, tokenizer, cfg = load_pretrained(run / "model")
+    assert tokenizer is not None and cfg.model.text.vocab_size == len(tokenizer)
+    # the saved model evaluates from the command line
+    assert cli.main(["eval", str(run / "model"), "--data", str(shapes["eval"]), "--out", str(tmp_path / "m.json")]) == 0
+    again = json.loads((tmp_path / "m.json").read_text())
+    assert again["i2t_r10"] == metrics["i2t_r10"] and (tmp_path / "m.md").is_file()
+
+
+def test_interrupted_run_resumes_with_identical_losses(shapes, tmp_path, monkeypatch):
+    overrides = ("data.workers=2", "train.steps=16", "train.log_every=1")
+    assert cli.main(train_args(shapes, tmp_path / "straight", *overrides)) == 0
+    real_lr_at = trainer.lr_at
+
+    def interrupt_at_step_7(step, *args):
+        if step == 7:
+            raise KeyboardInterrupt
+        return real_lr_at(step, *args)
+
+    monkeypatch.setattr(trainer, "lr_at", interrupt_at_step_7)
+    try:
+        cli.main(train_args(shapes, tmp_path / "resumed", *overrides))
+        raise AssertionError("the run should have stopped")
+    except SystemExit as stop:
+        assert "--resume" in str(stop)
+    monkeypatch.setattr(trainer, "lr_at", real_lr_at)
+    assert cli.main(["train", "--out", str(tmp_path / "resumed"), "--resume", "--quiet"]) == 0
+    straight, resumed = loss_rows(tmp_path / "straight"), loss_rows(tmp_path / "resumed")
+    assert len(straight) == 16 and resumed == straight  # exactly the same numbers, across an epoch boundary
+
+
+def test_user_errors_are_one_sentence(shapes, tmp_path, capsys):
+    assert cli.main(["train", "--preset", "tiny", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path)]) == 2
+    assert cli.main(["train", "--preset", "tiny", "optim.lrr=1"]) == 2
+    assert cli.main(["train", "--preset", "nope"]) == 2
+    assert cli.main(["train", "--out", str(tmp_path / "empty"), "--resume", "--preset", "tiny", "--data",
+                     str(shapes["train"])]) == 2
+    assert cli.main(["eval", str(tmp_path), "--data", str(shapes["eval"])]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 5 and all(e.startswith("openalign: error: ") for e in errors)
+    assert "did you mean optim.lr" in errors[1] and "Traceback" not in "".join(errors)

@@ -1,0 +1,83 @@
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from openalign import loss as L
+
+
+def naive_softmax_loss(img, txt, t, smoothing):
+    logits = img @ txt.T / t
+    labels = torch.arange(len(img))
+    return (F.cross_entropy(logits, labels, label_smoothing=smoothing)
+            + F.cross_entropy(logits.T, labels, label_smoothing=smoothing))
+
+
+def test_hand_computed_two_pairs():
+    # img = txt = identity: logits [[1/t, 0], [0, 1/t]] with t = 0.5 -> [[2, 0], [0, 2]]
+    img = torch.eye(2, dtype=torch.float64)
+    t = torch.tensor(0.5, dtype=torch.float64)
+    p_pos = math.exp(2) / (math.exp(2) + 1)
+    expected_plain = 2 * -math.log(p_pos)  # both directions, each the mean over 2 identical rows
+    assert L.softmax_loss(img, img, t, 0.0).item() == pytest.approx(expected_plain, rel=1e-12)
+    # smoothing 0.1 over K = 2 candidates: target (0.95, 0.05)
+    expected_smooth = 2 * -(0.95 * math.log(p_pos) + 0.05 * math.log(1 - p_pos))
+    assert L.softmax_loss(img, img, t, 0.1).item() == pytest.approx(expected_smooth, rel=1e-12)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_equals_fp64_naive_reference_with_gradients(smoothing):
+    g = torch.Generator().manual_seed(0)
+    img = F.normalize(torch.randn(16, 8, generator=g, dtype=torch.float64), dim=-1).requires_grad_()
+    txt = F.normalize(torch.randn(16, 8, generator=g, dtype=torch.float64), dim=-1).requires_grad_()
+    t = torch.tensor(0.07, dtype=torch.float64, requires_grad=True)
+    ours = L.softmax_loss(img, txt, t, smoothing)
+    ref = naive_softmax_loss(img, txt, t, smoothing)
+    assert ours.item() == pytest.approx(ref.item(), rel=1e-12)
+    g_ours = torch.autograd.grad(ours, (img, txt, t))
+    g_ref = torch.autograd.grad(ref, (img, txt, t))
+    for a, b in zip(g_ours, g_ref):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_temperature_floor_keeps_loss_finite():
+    img = F.normalize(torch.randn(8, 4), dim=-1)
+    t = L.clamp_temperature(torch.tensor(-3.0), 1e-3)
+    assert t.item() == pytest.approx(1e-3)
+    assert torch.isfinite(L.softmax_loss(img, img.flip(0), t, 0.1))
+
+
+def test_negatives_mask_keeps_positive_and_fraction():
+    mask = L.negatives_mask(9, 0.5, torch.Generator().manual_seed(1))
+    assert mask.diagonal().all()
+    assert (mask.sum(dim=1) == 1 + 4).all()  # positive + round(0.5 * 8) negatives per row
+    assert L.negatives_mask(9, 1.0, None) is None
+
+
+def test_masked_loss_equals_loss_on_the_kept_columns():
+    g = torch.Generator().manual_seed(2)
+    img = F.normalize(torch.randn(6, 5, generator=g), dim=-1)
+    txt = F.normalize(torch.randn(6, 5, generator=g), dim=-1)
+    mask = L.negatives_mask(6, 0.4, g)
+    logits = img @ txt.T / 0.1
+    expected = 0.0
+    for i in range(6):  # row by row: cross-entropy over the kept candidates only
+        kept = mask[i].nonzero().flatten()
+        target = (kept == i).nonzero().item()
+        expected += F.cross_entropy(logits[i, kept][None], torch.tensor([target]), label_smoothing=0.1) / 6
+    got = L.smoothed_cross_entropy(logits, 0.1, mask)
+    assert got.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_sigmoid_loss_matches_pairwise_reference():
+    g = torch.Generator().manual_seed(3)
+    img = F.normalize(torch.randn(5, 4, generator=g), dim=-1)
+    txt = F.normalize(torch.randn(5, 4, generator=g), dim=-1)
+    t, b = torch.tensor(0.1), torch.tensor(-2.0)
+    expected = 0.0
+    for i in range(5):
+        for j in range(5):
+            z = (img[i] @ txt[j]) / t + b
+            expected += -F.logsigmoid(z if i == j else -z) / 5
+    assert L.sigmoid_loss(img, txt, t, b).item() == pytest.approx(expected.item(), rel=1e-5)

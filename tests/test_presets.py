@@ -1,0 +1,40 @@
+import pytest
+import torch
+
+from openalign import presets
+from openalign.model.dual_encoder import DualEncoder, vision_pooled_dim
+
+
+@pytest.mark.parametrize("name", [n for n in presets.PRESETS if n.startswith("align-")])
+def test_paper_presets_build_on_meta_with_paper_dims(name):
+    cfg = presets.get(name)
+    assert (cfg.model.vision.resize_size, cfg.model.vision.image_size, cfg.model.text.max_length) == (346, 289, 64)
+    assert cfg.model.temperature_init == 1.0 and cfg.loss.label_smoothing == 0.1
+    assert cfg.optim.name == "lamb" and cfg.optim.weight_decay == 1e-5 and cfg.data.batch_size == 16_384
+    with torch.device("meta"):
+        model = DualEncoder(cfg.model, cfg.loss)
+    pooled = vision_pooled_dim(model.align)
+    if "-b7-" in name:
+        assert pooled == 640 and cfg.model.embed_dim == 640 and model.image_projection is None
+    elif "-l2-" in name:
+        assert pooled == 1376 and cfg.model.embed_dim == 1376 and model.image_projection is None
+    else:  # B1/B3/B5 pool to 320/384/512: a linear layer maps them to the paper's 640
+        assert cfg.model.embed_dim == 640 and model.image_projection.in_features == pooled < 640
+    assert model.align.text_model.pooler is None
+    assert model.align.text_projection.out_features == cfg.model.embed_dim
+
+
+def test_bert_sizes_match_the_paper():
+    sizes = {"mini": (4, 256), "medium": (8, 512), "base": (12, 768), "large": (24, 1024)}
+    for text, (layers, hidden) in sizes.items():
+        cfg = presets.get(f"align-b7-{text}").model.text
+        assert (cfg.num_layers, cfg.hidden_size, cfg.intermediate_size) == (layers, hidden, 4 * hidden)
+
+
+def test_demo_is_small_and_uses_pytorch_batchnorm_momentum():
+    cfg = presets.get("demo")
+    model = DualEncoder(cfg.model)
+    n_params = sum(p.numel() for p in model.parameters())
+    assert n_params < 3_000_000
+    bn = next(m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d))
+    assert bn.momentum == cfg.model.vision.batch_norm_momentum <= 0.1  # never transformers' 0.99

@@ -1,0 +1,53 @@
+import dataclasses
+
+import torch
+from pytorch_optimizer import Lamb
+
+from openalign import presets
+from openalign.config import LossConfig
+from openalign.model.dual_encoder import DualEncoder
+from openalign.train.optim import build_optimizer, param_groups
+
+
+def test_weight_decay_only_on_weight_tensors_never_on_temperature():
+    cfg = presets.get("tiny")
+    model = DualEncoder(cfg.model)
+    groups = {g["name"]: g for g in param_groups(model, cfg.optim)}
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert groups["decay"]["weight_decay"] == cfg.optim.weight_decay
+    assert all(p.ndim >= 2 for p in groups["decay"]["params"])
+    no_decay = [names[id(p)] for p in groups["no_decay"]["params"]]
+    assert any(n.endswith(".bias") for n in no_decay) and any("LayerNorm" in n or "batchnorm" in n.lower()
+                                                                for n in no_decay)
+    assert [names[id(p)] for p in groups["temperature"]["params"]] == ["align.temperature"]
+    assert groups["temperature"]["weight_decay"] == 0.0
+    n_total = sum(len(g["params"]) for g in groups.values())
+    assert n_total == len([p for p in model.parameters() if p.requires_grad])
+    assert isinstance(build_optimizer(model, cfg.optim), Lamb)
+
+
+def test_temperature_starts_at_one_and_is_learned():
+    cfg = presets.get("tiny")
+    model = DualEncoder(cfg.model)
+    assert model.temperature.item() == 1.0 and model.temperature.requires_grad
+    opt = build_optimizer(model, cfg.optim)
+    for g in opt.param_groups:
+        g["lr"] = 1e-2
+    img = torch.nn.functional.normalize(torch.randn(4, 80), dim=-1)
+    (img @ img.T / model.temperature).logsumexp(1).mean().backward()
+    opt.step()
+    assert model.temperature.item() != 1.0
+
+
+def test_fixed_temperature_is_not_a_parameter_to_optimize():
+    cfg = presets.get("tiny")
+    model = DualEncoder(cfg.model, LossConfig(fixed_temperature=1 / 64))
+    assert model.temperature.item() == 1 / 64 and not model.temperature.requires_grad
+    assert "temperature" not in {g["name"] for g in param_groups(model, cfg.optim)}
+
+
+def test_adamw_option():
+    cfg = presets.get("tiny")
+    model = DualEncoder(cfg.model)
+    opt = build_optimizer(model, dataclasses.replace(cfg.optim, name="adamw"))
+    assert isinstance(opt, torch.optim.AdamW)
