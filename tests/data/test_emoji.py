@@ -31,6 +31,11 @@ def test_missing_font_names_the_package(tmp_path):
         emoji.build(tmp_path, font_path=str(tmp_path / "none.ttf"))
 
 
+def test_bad_rates_are_rejected(tmp_path):
+    with pytest.raises(ConfigError, match="--noise must be in"):
+        emoji.build(tmp_path, noise=1.5)
+
+
 @needs_data
 def test_missing_cldr_names_the_package(tmp_path):
     with pytest.raises(ConfigError, match="unicode-cldr-core"):

@@ -148,6 +148,8 @@ def build(out: Path, languages: tuple[str, ...] = ("en",), noise: float = 0.2, h
           font_path: str = DEFAULT_FONT, cldr_path: str = DEFAULT_CLDR, samples_per_shard: int = 400,
           limit: int = 0) -> dict:
     """Render the corpus into `out/train` and `out/eval` shards; returns the summary (also in manifests)."""
+    if not 0.0 <= noise <= 1.0 or not 0.0 < heldout < 1.0:
+        raise ConfigError(f"--noise must be in [0, 1] and --heldout in (0, 1), not {noise} and {heldout}")
     if not Path(font_path).is_file():
         raise _missing("Noto Color Emoji font", font_path, "fonts-noto-color-emoji", "--font")
     languages = list(dict.fromkeys(["en", *languages]))
