@@ -28,7 +28,8 @@ def test_weight_decay_only_on_weight_tensors_never_on_temperature():
 
 def test_temperature_starts_at_one_and_is_learned():
     cfg = presets.get("tiny")
-    model = DualEncoder(cfg.model)
+    paper_init = presets.get("align-b7-base").model.temperature_init
+    model = DualEncoder(dataclasses.replace(cfg.model, temperature_init=paper_init))
     assert model.temperature.item() == 1.0 and model.temperature.requires_grad
     opt = build_optimizer(model, cfg.optim)
     for g in opt.param_groups:

@@ -74,7 +74,8 @@ def write(out: Path, cfg: Config, metrics: dict, model_info: dict) -> str:
         f"- steps {steps[-1]['step'] if steps else 0}, batch {cfg.data.batch_size}, images {cfg.model.vision.image_size}px,"
         f" median {speed[len(speed) // 2]:.0f} pairs/s",
         f"- temperature: init {cfg.model.temperature_init}, final {model_info['temperature']:.4f}"
-        f" (lr scale {cfg.optim.temperature_lr_scale})", "",
+        f" (lr scale {cfg.optim.temperature_lr_scale}; the paper's init is 1.0 — for runs this short it"
+        " costs held-out recall, measured in docs/demo.md)", "",
         "## Held-out evaluation (family split: no variant of these emoji was seen in training)", "",
         "```", *summary_lines(metrics), "```", "",
         "![training curves](training.png)", "",
