@@ -15,14 +15,14 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-from openalign.config import ConfigError
+from openalign.config import ConfigError, EvalConfig
 from openalign.data.loader import eval_samples
 from openalign.data.shards import list_shards
 from openalign.eval import metrics as M
 from openalign.model.dual_encoder import DualEncoder
 
-# A short generic prompt set for icons and emoji; CLIP's 80 ImageNet templates come with issue 4.
-DEFAULT_TEMPLATES = ("{}", "an emoji of {}", "a picture of {}", "an icon of {}", "{} emoji")
+# A short generic prompt set for icons and emoji (one definition: the config's default).
+DEFAULT_TEMPLATES = EvalConfig().templates
 
 
 @dataclass(frozen=True)
