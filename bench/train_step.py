@@ -59,9 +59,7 @@ def time_steps(step, batch, n: int) -> float:
 
 def data_wait_fraction(cfg, model, optimizer, tokenizer, shards, n: int) -> float:
     """Share of wall time the training loop waits on the real loader (decode, augment, tokenize)."""
-    spec = StreamSpec(shards=tuple(shards), batch_size=cfg.data.batch_size, resize=cfg.model.vision.resize_size,
-                      crop=cfg.model.vision.image_size, max_length=cfg.model.text.max_length,
-                      shuffle_buffer=cfg.data.shuffle_buffer, workers=cfg.data.workers)
+    spec = StreamSpec.for_config(cfg, shards)
     counts = {s: shard_lib.count_samples(s) for s in shards}
     wait, total, steps, epoch = 0.0, 0.0, 0, 0
     while steps < n:
@@ -92,12 +90,10 @@ def main() -> int:
     torch.manual_seed(0)
     cfg = presets.get(args.preset)
     train_shards, _ = resolve_data(cfg.data)
-    texts = (t for s in shard_lib.read_samples(train_shards) for t in shard_lib.sample_texts(s))
-    tokenizer = train_tokenizer(texts, cfg.model.text.vocab_size)
+    tokenizer = train_tokenizer(shard_lib.all_texts(train_shards), cfg.model.text.vocab_size)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(
         cfg.model, text=dataclasses.replace(cfg.model.text, vocab_size=len(tokenizer))))
-    spec = StreamSpec(shards=tuple(train_shards), batch_size=args.batch, resize=cfg.model.vision.resize_size,
-                      crop=cfg.model.vision.image_size, max_length=cfg.model.text.max_length, workers=0)
+    spec = StreamSpec.for_config(cfg, train_shards, batch_size=args.batch, workers=0)
     batch = next(iter(train_loader(spec, tokenizer, 0, 1)))
 
     ours = DualEncoder(cfg.model, cfg.loss).train()

@@ -94,8 +94,7 @@ def cmd_tokenizer(args) -> int:
     from openalign.data import shards as shard_lib
     from openalign.tokenizer import train_tokenizer
 
-    paths = shard_lib.list_shards(args.data)
-    texts = (t for s in shard_lib.read_samples(paths) for t in shard_lib.sample_texts(s))
+    texts = shard_lib.all_texts(shard_lib.list_shards(args.data))
     tokenizer = train_tokenizer(texts, args.vocab_size, args.max_length)
     tokenizer.save_pretrained(args.out)
     print(f"WordPiece vocabulary of {len(tokenizer)} tokens -> {args.out}")

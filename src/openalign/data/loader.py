@@ -13,6 +13,7 @@ is cheap) and the roles are rotated so that the next batch comes from the right 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import random
@@ -22,7 +23,7 @@ from typing import Iterator
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from openalign.config import ConfigError
+from openalign.config import Config, ConfigError
 from openalign.data import shards as shard_lib
 from openalign.data import transforms
 
@@ -44,6 +45,13 @@ class StreamSpec:
     workers: int = 0
     rank: int = 0
     world_size: int = 1
+
+    @classmethod
+    def for_config(cls, cfg: Config, shards: list[str], **changes) -> StreamSpec:
+        spec = cls(shards=tuple(shards), batch_size=cfg.data.batch_size, resize=cfg.model.vision.resize_size,
+                   crop=cfg.model.vision.image_size, max_length=cfg.model.text.max_length, seed=cfg.seed,
+                   shuffle_buffer=cfg.data.shuffle_buffer, workers=cfg.data.workers)
+        return dataclasses.replace(spec, **changes)
 
 
 @dataclass

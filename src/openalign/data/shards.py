@@ -101,6 +101,11 @@ def sample_texts(sample: dict) -> list[str]:
     raise ValueError("sample has no text (.txt or json texts)")
 
 
+def all_texts(shards: list[str]):
+    """Every alt-text of every sample, in shard order (tokenizer training)."""
+    return (text for sample in read_samples(shards) for text in sample_texts(sample))
+
+
 def sample_meta(sample: dict) -> dict:
     return json.loads(sample["json"]) if "json" in sample else {}
 

@@ -12,6 +12,11 @@ import torch
 KS = (1, 5, 10)
 
 
+def chance_key(key: str) -> str:
+    """Where the chance level of a metric is stored: `chance_i2t_r10`, `zeroshot_chance_top1`."""
+    return key.replace("zeroshot_", "zeroshot_chance_") if key.startswith("zeroshot_") else f"chance_{key}"
+
+
 def i2t_ranks(img: torch.Tensor, txt: torch.Tensor, text_to_image: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
     """[N] rank of each image's best caption among all M texts. img [N, D], txt [M, D], text_to_image [M]."""
     n = img.shape[0]

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -46,29 +47,38 @@ def _device(model: DualEncoder) -> torch.device:
     return next(model.parameters()).device
 
 
-@torch.no_grad()
+@contextmanager
+def evaluating(model: DualEncoder):
+    """Eval mode (BatchNorm running statistics, no dropout) and no autograd; restores the mode after."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
+
+
 def encode_texts(model: DualEncoder, tokenizer, texts: list[str], options: EvalOptions) -> torch.Tensor:
     out = []
-    for start in range(0, len(texts), options.batch_size):
-        tokens = tokenizer(texts[start:start + options.batch_size], padding="longest", truncation=True,
-                           max_length=options.max_length, return_tensors="pt").to(_device(model))
-        out.append(model.encode_text(tokens["input_ids"], tokens["attention_mask"]).embeds.float().cpu())
+    with evaluating(model):
+        for start in range(0, len(texts), options.batch_size):
+            tokens = tokenizer(texts[start:start + options.batch_size], padding="longest", truncation=True,
+                               max_length=options.max_length, return_tensors="pt").to(_device(model))
+            out.append(model.encode_text(tokens["input_ids"], tokens["attention_mask"]).embeds.float().cpu())
     return torch.cat(out) if out else torch.empty(0, model.cfg.embed_dim)
 
 
-@torch.no_grad()
 def embed_split(model: DualEncoder, shards: str | list[str], options: EvalOptions, resize: int, crop: int,
                 progress: bool = True) -> EvalData:
     """Encode every image of the held-out shards; captions are kept as text for the tasks."""
-    was_training = model.training
-    model.eval()
     paths = list_shards(shards) if isinstance(shards, str) else shards
     counter: dict = {}
     embeds, captions, owner, labels, pending = [], [], [], [], []
 
     def flush():
-        pixels = torch.stack(pending).to(_device(model))
-        embeds.append(model.encode_image(pixels).embeds.float().cpu())
+        with evaluating(model):
+            embeds.append(model.encode_image(torch.stack(pending).to(_device(model))).embeds.float().cpu())
         pending.clear()
 
     for sample in tqdm(eval_samples(paths, resize, crop, counter), desc="embed eval images", unit="img",
@@ -82,17 +92,13 @@ def embed_split(model: DualEncoder, shards: str | list[str], options: EvalOption
             flush()
     if pending:
         flush()
-    model.train(was_training)
     if not labels:
         raise ConfigError(f"no readable evaluation images in {shards}")
     return EvalData(torch.cat(embeds), captions, torch.tensor(owner), labels, counter.get("skipped", 0))
 
 
 def retrieval(model: DualEncoder, tokenizer, data: EvalData, options: EvalOptions) -> dict:
-    was_training = model.training
-    model.eval()
     txt = encode_texts(model, tokenizer, data.captions, options)
-    model.train(was_training)
     metrics = M.retrieval_metrics(data.image_embeds, txt, data.text_to_image)
     chance = M.retrieval_chance(data.text_to_image, len(data.labels))
     return metrics | {f"chance_{k}": v for k, v in chance.items()}
@@ -101,10 +107,7 @@ def retrieval(model: DualEncoder, tokenizer, data: EvalData, options: EvalOption
 def zeroshot(model: DualEncoder, tokenizer, data: EvalData, options: EvalOptions) -> dict:
     classnames = sorted(set(data.labels))
     prompts = [t.format(c) for c in classnames for t in options.templates]  # class-major [C*T]
-    was_training = model.training
-    model.eval()
     weights = M.class_weights(encode_texts(model, tokenizer, prompts, options), len(classnames))  # [C, D]
-    model.train(was_training)
     index = {c: i for i, c in enumerate(classnames)}
     labels = torch.tensor([index[c] for c in data.labels])
     metrics = M.topk_accuracy(data.image_embeds @ weights.T, labels)
@@ -134,8 +137,7 @@ def markdown_table(metrics: dict) -> str:
     for key, value in metrics.items():
         if key.startswith("chance_") or "chance_" in key:
             continue
-        chance_key = key.replace("zeroshot_", "zeroshot_chance_") if key.startswith("zeroshot_") else f"chance_{key}"
-        chance = metrics.get(chance_key)
+        chance = metrics.get(M.chance_key(key))
         fmt = (lambda v: f"{v:.4f}" if isinstance(v, float) else str(v))  # noqa: E731
         rows.append(f"| {key} | {fmt(value)} | {fmt(chance) if chance is not None else ''} |")
     return "\n".join(rows) + "\n"

@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from openalign.config import Config  # noqa: E402
+from openalign.eval.metrics import chance_key  # noqa: E402
 
 HEADLINE = ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "mean_recall", "zeroshot_top1",
             "zeroshot_top5")
@@ -49,8 +50,7 @@ def summary_lines(metrics: dict) -> list[str]:
     for key in HEADLINE:
         if key not in metrics:
             continue
-        chance_key = key.replace("zeroshot_", "zeroshot_chance_") if key.startswith("zeroshot_") else f"chance_{key}"
-        chance = metrics.get(chance_key)
+        chance = metrics.get(chance_key(key))
         ratio = f"{metrics[key] / chance:5.1f}x chance" if chance else ""
         lines.append(f"  {key:<14} {metrics[key]:.3f}   (chance {chance:.3f}, {ratio})" if chance else
                      f"  {key:<14} {metrics[key]:.3f}")

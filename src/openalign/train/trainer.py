@@ -71,8 +71,7 @@ def prepare_tokenizer(cfg: Config, train_shards: list[str], out: Path):
         return load_tokenizer(cfg.data.tokenizer)
     if (saved / "tokenizer.json").is_file():
         return load_tokenizer(saved)
-    texts = (t for s in shard_lib.read_samples(train_shards) for t in shard_lib.sample_texts(s))
-    tokenizer = train_tokenizer(texts, cfg.model.text.vocab_size, cfg.model.text.max_length)
+    tokenizer = train_tokenizer(shard_lib.all_texts(train_shards), cfg.model.text.vocab_size, cfg.model.text.max_length)
     tokenizer.save_pretrained(saved)
     return tokenizer
 
@@ -121,9 +120,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> TrainResu
         torch.set_rng_state(state["rng"])
         truncate_log(out / METRICS, step)
 
-    spec = StreamSpec(shards=tuple(train_shards), batch_size=cfg.data.batch_size, resize=cfg.model.vision.resize_size,
-                      crop=cfg.model.vision.image_size, max_length=cfg.model.text.max_length, seed=cfg.seed,
-                      shuffle_buffer=cfg.data.shuffle_buffer, workers=cfg.data.workers)
+    spec = StreamSpec.for_config(cfg, train_shards)
     counts = {s: shard_lib.count_samples(s) for s in train_shards}
     eval_options = EvalOptions(batch_size=cfg.eval.batch_size, max_length=cfg.model.text.max_length,
                                templates=cfg.eval.templates)
