@@ -15,8 +15,17 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
 
-# System packages the built-in emoji corpus needs (Debian/Ubuntu); skipped when present or not root.
+# System packages the built-in emoji corpus and the Spark engine need (Debian/Ubuntu); skipped when
+# present or not root. `openalign corpus openclipart` also needs openclipart-png (not installed here).
 sysdeps:
+	@if ! command -v java >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing default-jre-headless (for --engine spark)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless >/dev/null; \
+	  else \
+	    echo "missing Java for the Spark engine: run 'sudo apt-get install default-jre-headless'"; \
+	  fi; \
+	fi
 	@if [ ! -f $(EMOJI_FONT) ] || [ ! -f $(CLDR) ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing fonts-noto-color-emoji unicode-cldr-core"; \

@@ -83,10 +83,81 @@ def cmd_eval(args) -> int:
 def cmd_corpus(args) -> int:
     from openalign.data.corpora import CORPORA
 
-    options = {"languages": tuple(args.languages.split(",")), "noise": args.noise, "heldout": args.heldout,
-               "seed": args.seed, "font_path": args.font, "cldr_path": args.cldr}
+    if args.name == "emoji":
+        options = {"languages": tuple(args.languages.split(",")), "noise": args.noise, "seed": args.seed,
+                   "heldout": 0.1 if args.heldout is None else args.heldout, "font_path": args.font,
+                   "cldr_path": args.cldr}
+    else:
+        options = {"root": args.root, "heldout": 0.1 if args.heldout is None else args.heldout, "seed": args.seed,
+                   "image_size": args.image_size, "engine": args.engine,
+                   "filter_cfg": _filter_config(args.overrides), "progress": not args.quiet}
     summary = CORPORA[args.name](Path(args.out), **options)
     print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _filter_config(overrides: list[str]) -> config_lib.FilterConfig:
+    return config_lib.override(config_lib.FilterConfig(), overrides,
+                               help_hint="the filter keys are " + ", ".join(config_lib.leaf_keys(config_lib.FilterConfig)))
+
+
+def cmd_ingest(args) -> int:
+    from openalign.data.ingest import IngestOptions, ingest
+
+    options = IngestOptions(image_column=args.image_column, text_column=args.text_column,
+                            max_pixels=args.max_pixels, workers=args.workers)
+    manifest = ingest(args.sources, Path(args.out), options, progress=not args.quiet)
+    rejected = ", ".join(f"{k} {v:,}" for k, v in manifest["rejected"].items()) or "none"
+    converted = ", ".join(f"{k} {v:,}" for k, v in manifest["conversions"].items()) or "none"
+    print(f"{manifest['pairs']:,} pairs ({manifest['images']:,} images) -> {args.out} in {manifest['seconds']:.1f} s")
+    print(f"rejected: {rejected} (listed in {manifest['rejects']})")
+    print(f"kept with conversion: {converted}")
+    return 0
+
+
+def cmd_filter(args) -> int:
+    from openalign.data import filters
+
+    cfg = _filter_config(args.overrides)
+    report = filters.run_filters(Path(args.pairs), Path(args.out), cfg, engine=args.engine, master=args.master,
+                                 memory_limit=args.memory_limit, threads=args.threads, progress=not args.quiet)
+    print("\n".join(filters.summary_lines(report)))
+    print(f"keep-list: {report['keep']}, report: {Path(args.out) / 'filter_report.json'} (+ .png)")
+    return 0
+
+
+def cmd_dedup(args) -> int:
+    from openalign.data.dedup import DedupOptions, dedup
+
+    options = DedupOptions(mode=args.mode, max_distance=args.max_distance, threshold=args.threshold,
+                           model=args.model or "", workers=args.workers)
+    report = dedup(Path(args.pairs), args.against, Path(args.out), options, progress=not args.quiet)
+    print(f"{report['removed_images']:,} of {report['train_images']:,} training images ({report['removed_pairs']:,} "
+          f"pairs) are near-duplicates of the {report['eval_images']:,} evaluation images ({report['rule']})")
+    print(f"keep-list: {report['keep']}, report: {Path(args.out) / 'dedup_report.json'}")
+    return 0
+
+
+def cmd_screen(args) -> int:
+    from openalign.data.screen import ScreenOptions, screen
+
+    options = ScreenOptions(classifier=args.classifier, threshold=args.threshold, batch_size=args.batch_size)
+    report = screen(Path(args.pairs), Path(args.out), options, progress=not args.quiet)
+    print(f"{report['removed_images']:,} of {report['images']:,} images ({report['removed_pairs']:,} pairs) scored "
+          f">= {args.threshold} by {args.classifier}; {report['unreadable_images']:,} unreadable")
+    print(f"keep-list: {report['keep']}, report: {Path(args.out) / 'screen_report.json'}")
+    return 0
+
+
+def cmd_shard(args) -> int:
+    from openalign.data.shard import ShardOptions, shard
+
+    options = ShardOptions(image_size=args.image_size, samples_per_shard=args.samples_per_shard,
+                           prefix=args.prefix, workers=args.workers)
+    manifest = shard(Path(args.pairs), [Path(k) for k in args.keep], Path(args.out), options, progress=not args.quiet)
+    skipped = ", ".join(f"{k} {v:,}" for k, v in manifest["skipped"].items()) or "none"
+    print(f"{manifest['n_samples']:,} images in {len(manifest['shards'])} shards -> {args.out} "
+          f"({manifest['resumed_shards']} already done; skipped: {skipped})")
     return 0
 
 
@@ -126,15 +197,75 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("corpus", help="build a built-in corpus as webdataset shards")
-    p.add_argument("name", choices=["emoji"])
+    p.add_argument("name", choices=["emoji", "openclipart"])
     p.add_argument("--out", required=True)
-    p.add_argument("--languages", default="en", help="comma-separated CLDR languages, e.g. en,de,fr,ja")
-    p.add_argument("--noise", type=float, default=0.2, help="fraction of alt-texts replaced by web-like noise")
-    p.add_argument("--heldout", type=float, default=0.1, help="fraction of emoji families held out for evaluation")
+    p.add_argument("--heldout", type=float, help="fraction held out for evaluation (emoji: of families; default 0.1)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--font", default="/usr/share/fonts/truetype/noto/NotoColorEmoji.ttf")
-    p.add_argument("--cldr", default="/usr/share/unicode/cldr/common")
+    p.add_argument("--languages", default="en", help="emoji: comma-separated CLDR languages, e.g. en,de,fr,ja")
+    p.add_argument("--noise", type=float, default=0.2, help="emoji: fraction of alt-texts replaced by web-like noise")
+    p.add_argument("--font", default="/usr/share/fonts/truetype/noto/NotoColorEmoji.ttf", help="emoji: the font")
+    p.add_argument("--cldr", default="/usr/share/unicode/cldr/common", help="emoji: CLDR common/ directory")
+    p.add_argument("--root", default="/usr/share/openclipart/png", help="openclipart: the PNG tree")
+    p.add_argument("--image-size", type=int, default=346, help="openclipart: shorter side of the stored images")
+    p.add_argument("--engine", default="duckdb", choices=["duckdb", "spark"], help="openclipart: filter engine")
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="openclipart: filter thresholds (see filter)")
     p.set_defaults(func=cmd_corpus)
+
+    p = sub.add_parser("ingest", help="folders, tables (csv/tsv/jsonl/parquet) and webdataset tars -> a pair table")
+    p.add_argument("sources", nargs="+", metavar="SRC")
+    p.add_argument("--out", required=True, help="pairs.parquet (a .rejects.parquet and .manifest.json go beside it)")
+    p.add_argument("--image-column", default="image", help="tables: the column with an image path or URL")
+    p.add_argument("--text-column", default="text", help="tables: the column with the alt-text")
+    p.add_argument("--max-pixels", type=int, default=89_478_485, help="larger images are rejected (decompression bombs)")
+    p.add_argument("--workers", type=int, default=0, help="processes reading images (0: all cores)")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_ingest)
+
+    p = sub.add_parser("filter", help="ALIGN's frequency filters -> keep-list + filter_report.json/.png")
+    p.add_argument("pairs", help="the pair table from `openalign ingest`")
+    p.add_argument("--out", required=True)
+    p.add_argument("--engine", default="duckdb", choices=["duckdb", "spark"])
+    p.add_argument("--master", default="local[*]", help="spark: local[N] or a cluster master URL")
+    p.add_argument("--memory-limit", default="", help="e.g. 4GB (duckdb spills to disk beyond it; spark driver memory)")
+    p.add_argument("--threads", type=int, default=0, help="0: all cores")
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="thresholds, e.g. min_short_side=200 max_images_per_text=10 vocab_size=100000000")
+    p.set_defaults(func=cmd_filter)
+
+    p = sub.add_parser("dedup", help="drop training images that are near-duplicates of evaluation images")
+    p.add_argument("pairs")
+    p.add_argument("--against", required=True, help="evaluation images: shards, an image folder or a pair table")
+    p.add_argument("--out", required=True)
+    p.add_argument("--mode", default="phash", choices=["phash", "embedding"])
+    p.add_argument("--max-distance", type=int, default=4, help="phash: Hamming bits of 64 counted as a duplicate")
+    p.add_argument("--threshold", type=float, default=0.975, help="embedding: cosine above which (paper 0.975)")
+    p.add_argument("--model", help="embedding: an openalign model directory")
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_dedup)
+
+    p = sub.add_parser("screen", help="drop images an image classifier flags (the paper's unsafe-image filter)")
+    p.add_argument("pairs")
+    p.add_argument("--classifier", required=True,
+                   help="module:function or file.py:function taking a list of RGB PIL images, returning scores")
+    p.add_argument("--threshold", type=float, default=0.5, help="images scoring at or above it are dropped")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--out", required=True)
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_screen)
+
+    p = sub.add_parser("shard", help="kept pairs -> resized webdataset shards (reruns skip finished shards)")
+    p.add_argument("pairs")
+    p.add_argument("--keep", action="append", required=True, help="a keep-list directory; repeat to intersect")
+    p.add_argument("--out", required=True)
+    p.add_argument("--image-size", type=int, default=346, help="shorter side (paper 346; never upscaled; 0: as is)")
+    p.add_argument("--samples-per-shard", type=int, default=1000)
+    p.add_argument("--prefix", default="shard")
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_shard)
 
     p = sub.add_parser("tokenizer", help="train a WordPiece vocabulary on the texts of some shards")
     p.add_argument("--data", required=True)
@@ -146,7 +277,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # `filter PAIRS --out D key=value`: overrides after options land in `extra`; argparse cannot intermix them
+    if extra and hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
+        args.overrides = list(args.overrides) + extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.func(args)
     except ConfigError as err:

@@ -127,6 +127,24 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
 
+@dataclass(frozen=True)
+class FilterConfig:
+    """ALIGN's frequency filters (paper section 3); a pair is kept only if no rule fires.
+
+    Rules are counted on the raw pair table, before any other rule, as the paper describes."""
+
+    min_short_side: int = 200  # image: keep only if the shorter side is > this many pixels
+    max_aspect: float = 3.0  # image: keep only if long side / short side < this
+    max_texts_per_image: int = 1000  # image: drop images with more distinct alt-texts than this
+    max_images_per_text: int = 10  # text: drop alt-texts shared by more distinct images than this
+    min_words: int = 3  # text: keep only texts with min_words..max_words unigrams
+    max_words: int = 20
+    vocab_size: int = 100_000_000  # text: drop texts with a unigram/bigram outside the K most frequent
+    vocab_ngrams: int = 2  # 2: unigrams and bigrams are both checked (paper); 1: unigrams only
+    lowercase: bool = True  # count words case-insensitively
+    examples: int = 3  # example texts per rule in the report
+
+
 def to_dict(cfg) -> dict:
     return dataclasses.asdict(cfg)
 
@@ -158,12 +176,12 @@ def load(path: Path) -> Config:
     return from_dict(Config, json.loads(Path(path).read_text()))
 
 
-def _leaf_keys(cls, prefix: str = "") -> list[str]:
+def leaf_keys(cls, prefix: str = "") -> list[str]:
     keys = []
     for f in dataclasses.fields(cls):
         kind = typing.get_type_hints(cls)[f.name]
         if dataclasses.is_dataclass(kind):
-            keys += _leaf_keys(kind, f"{prefix}{f.name}.")
+            keys += leaf_keys(kind, f"{prefix}{f.name}.")
         else:
             keys.append(prefix + f.name)
     return keys
@@ -191,9 +209,9 @@ def _parse(text: str, kind, key: str):
     raise ConfigError(f"{key}={text!r} is not a valid {getattr(kind, '__name__', kind)}")
 
 
-def override(cfg: Config, assignments: list[str]) -> Config:
-    """Apply dotted `key=value` overrides, e.g. `optim.lr=5e-4 model.vision.image_size=64`."""
-    valid = _leaf_keys(Config)
+def override(cfg, assignments: list[str], help_hint: str = "see `openalign train --show-config`"):
+    """Apply dotted `key=value` overrides to any config dataclass, e.g. `optim.lr=5e-4 model.vision.image_size=64`."""
+    valid = leaf_keys(type(cfg))
     for item in assignments:
         key, sep, text = item.partition("=")
         if not sep:
@@ -201,7 +219,7 @@ def override(cfg: Config, assignments: list[str]) -> Config:
         key = key.strip()
         if key not in valid:
             close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-            hint = f"; did you mean {close[0]}?" if close else "; see `openalign train --show-config`"
+            hint = f"; did you mean {close[0]}?" if close else f"; {help_hint}"
             raise ConfigError(f"unknown config key {key!r}{hint}")
         cfg = _replace(cfg, key.split("."), text, key)
     return cfg

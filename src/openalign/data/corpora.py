@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Callable
 
 from openalign.config import ConfigError, DataConfig
-from openalign.data import emoji
+from openalign.data import emoji, openclipart
 from openalign.data.shards import MANIFEST, list_shards
 
-CORPORA: dict[str, Callable[..., dict]] = {"emoji": emoji.build}
+CORPORA: dict[str, Callable[..., dict]] = {"emoji": emoji.build, "openclipart": openclipart.build}
 
 
 def resolve_data(data: DataConfig, progress: bool = True) -> tuple[list[str], list[str]]:

@@ -1,0 +1,315 @@
+"""ALIGN's frequency filters as SQL over the Parquet pair table, run by DuckDB (default) or Apache Spark.
+
+    openalign filter pairs.parquet --out DIR [--engine duckdb|spark] [key=value ...]
+
+One set of queries, two dialects: the statement text below is shared, and each engine only supplies
+the spelling of a few list functions, so both engines compute the same thing by construction (a test
+runs both on one corpus and compares the keep-lists).
+
+Rules (thresholds are `FilterConfig` fields; every statistic is counted on the raw table):
+
+    image_small       shorter side <= min_short_side (paper: keep > 200 px)
+    image_aspect      long / short >= max_aspect (paper: keep < 3)
+    image_many_texts  the image carries > max_texts_per_image distinct alt-texts (paper: 1000)
+    text_shared       the alt-text is shared by > max_images_per_text distinct images (paper: 10)
+    text_length       fewer than min_words or more than max_words unigrams (paper: 3..20)
+    text_rare         a unigram or bigram outside the vocab_size most frequent ones (paper: 100M)
+
+Words are the alt-text split on whitespace (optionally lowercased): nothing language-specific, so the
+multilingual corpus uses the same rules. Term frequencies count every pair; terms are ranked by count,
+then by their UTF-8 bytes, so the top-K cut is deterministic. Lowercasing follows each engine's
+Unicode tables; they agree except for a few special cases (e.g. Turkish dotted I).
+
+Outputs in DIR: `keep.parquet` (sorted distinct uids of kept pairs: a file from DuckDB, a directory of
+sorted part files from Spark), `filter_report.json` (per rule: pairs removed on its own and in sequence,
+example texts) and `filter_report.png`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from openalign.config import ConfigError, FilterConfig
+
+RULES = {
+    "image_small": "shorter side <= {min_short_side} px",
+    "image_aspect": "aspect ratio (long/short) >= {max_aspect}",
+    "image_many_texts": "image has > {max_texts_per_image} distinct alt-texts",
+    "text_shared": "alt-text shared by > {max_images_per_text} images",
+    "text_length": "fewer than {min_words} or more than {max_words} words",
+    "text_rare": "a term outside the {vocab_size} most frequent unigrams+bigrams",
+}
+
+
+@dataclass(frozen=True)
+class Dialect:
+    spaces: str  # {x}: every run of whitespace (the same class in RE2 and java.util.regex) -> one space
+    split: str  # {x}: string -> list of strings on single spaces
+    nonempty: str  # {x}: list without empty strings
+    bigrams: str  # {x}: list of words -> list of "a b" strings
+    concat_lists: str  # {a}, {b}
+    size: str  # {x}
+    explode: str  # {x}
+    materialize: str  # {name}, {query}
+
+
+DUCKDB = Dialect(
+    spaces=r"regexp_replace({x}, '[\t\n\x0B\f\r ]+', ' ', 'g')",  # SQL literals keep backslashes
+    split="string_split({x}, ' ')",
+    nonempty="list_filter({x}, lambda s: s <> '')",
+    bigrams="list_transform(range(1, len({x})), lambda i: {x}[i] || ' ' || {x}[i + 1])",
+    concat_lists="list_concat({a}, {b})",
+    size="len({x})",
+    explode="unnest({x})",
+    materialize="CREATE OR REPLACE TEMP TABLE {name} AS {query}",
+)
+SPARK = Dialect(
+    spaces=r"regexp_replace({x}, '[\\t\\n\\x0B\\f\\r ]+', ' ')",  # Spark SQL literals unescape backslashes
+    split="split({x}, ' ')",
+    nonempty="filter({x}, s -> s != '')",
+    bigrams="zip_with(slice({x}, 1, greatest(size({x}) - 1, 0)), slice({x}, 2, greatest(size({x}) - 1, 0)), "
+            "(a, b) -> concat(a, ' ', b))",
+    concat_lists="concat({a}, {b})",
+    size="size({x})",
+    explode="explode({x})",
+    materialize="CREATE OR REPLACE TEMP VIEW {name} AS {query}",
+)
+
+
+def statements(cfg: FilterConfig, d: Dialect) -> list[tuple[str, str]]:
+    """(name, query) pairs to materialize in order, over a table or view named `pairs`."""
+    norm = "trim(" + d.spaces.format(x="text") + ")"
+    if cfg.lowercase:
+        norm = f"lower({norm})"
+    words = d.nonempty.format(x=d.split.format(x=norm))
+    terms = "words" if cfg.vocab_ngrams == 1 else d.concat_lists.format(a="words", b=d.bigrams.format(x="words"))
+    k = cfg.vocab_size
+    return [
+        ("texts", f"SELECT text, count(*) AS n_pairs, count(DISTINCT image_key) AS n_images, {words} AS words "
+                  f"FROM pairs GROUP BY text"),
+        ("term_counts", f"SELECT term, sum(n_pairs) AS c FROM (SELECT {d.explode.format(x=terms)} AS term, n_pairs "
+                        f"FROM texts) t GROUP BY term"),
+        ("ranked", "SELECT term, row_number() OVER (ORDER BY c DESC, term ASC) AS r FROM term_counts"),
+        ("rare_texts", f"SELECT DISTINCT t.text FROM (SELECT text, {d.explode.format(x=terms)} AS term FROM texts) t "
+                       f"JOIN ranked v ON t.term = v.term WHERE v.r > {k}"),
+        ("text_flags", f"SELECT t.text, t.n_images > {cfg.max_images_per_text} AS text_shared, "
+                       f"({d.size.format(x='t.words')} < {cfg.min_words} OR "
+                       f"{d.size.format(x='t.words')} > {cfg.max_words}) AS text_length, "
+                       f"r.text IS NOT NULL AS text_rare FROM texts t LEFT JOIN rare_texts r ON t.text = r.text"),
+        ("image_flags", f"SELECT image_key, least(min(width), min(height)) <= {cfg.min_short_side} AS image_small, "
+                        f"greatest(max(width), max(height)) >= {float(cfg.max_aspect)} * least(min(width), min(height)) "
+                        f"AS image_aspect, count(DISTINCT text) > {cfg.max_texts_per_image} AS image_many_texts "
+                        f"FROM pairs GROUP BY image_key"),
+        ("flags", "SELECT p.uid, p.text, " + ", ".join(f"{g}.{r}" for r, g in _rule_tables()) +
+                  " FROM pairs p JOIN image_flags i ON p.image_key = i.image_key "
+                  "JOIN text_flags t ON p.text = t.text"),
+    ]
+
+
+def _rule_tables() -> list[tuple[str, str]]:
+    return [(r, "i" if r.startswith("image") else "t") for r in RULES]
+
+
+def summary_query() -> str:
+    """One row: total pairs, then per rule (alone, in sequence), then kept pairs."""
+    parts, earlier = ["count(*)"], []
+    for rule in RULES:
+        parts.append(f"sum(CASE WHEN {rule} THEN 1 ELSE 0 END)")
+        sequence = " AND ".join([rule] + [f"NOT {e}" for e in earlier])
+        parts.append(f"sum(CASE WHEN {sequence} THEN 1 ELSE 0 END)")
+        earlier.append(rule)
+    parts.append("sum(CASE WHEN " + " AND ".join(f"NOT {r}" for r in RULES) + " THEN 1 ELSE 0 END)")
+    return "SELECT " + ", ".join(parts) + " FROM flags"
+
+
+def keep_query() -> str:
+    return "SELECT DISTINCT uid FROM flags WHERE " + " AND ".join(f"NOT {r}" for r in RULES) + " ORDER BY uid"
+
+
+def examples_query(rule: str, n: int) -> str:
+    return f"SELECT text FROM flags WHERE {rule} ORDER BY uid LIMIT {n}"
+
+
+# ---------------------------------------------------------------------------------------------- engines
+
+class DuckDBEngine:
+    dialect = DUCKDB
+
+    def __init__(self, memory_limit: str = "", threads: int = 0, temp_dir: str = ""):
+        import duckdb
+
+        self.con = duckdb.connect()
+        self.con.execute("SET preserve_insertion_order = false")
+        if memory_limit:
+            self.con.execute(f"SET memory_limit = '{memory_limit}'")
+        if threads:
+            self.con.execute(f"SET threads = {int(threads)}")
+        if temp_dir:
+            self.con.execute(f"SET temp_directory = '{temp_dir}'")
+
+    def register(self, pairs: Path) -> None:
+        self.con.execute(f"CREATE OR REPLACE VIEW pairs AS SELECT uid, image_key, text, width, height "
+                         f"FROM read_parquet('{_sql_path(pairs)}')")
+
+    def materialize(self, name: str, query: str) -> None:
+        self.con.execute(self.dialect.materialize.format(name=name, query=query))
+
+    def rows(self, query: str) -> list[tuple]:
+        return self.con.execute(query).fetchall()
+
+    def write_keep(self, path: Path) -> None:
+        self.con.execute(f"COPY ({keep_query()}) TO '{_sql_path(path)}' (FORMAT parquet)")
+
+    def close(self) -> None:
+        self.con.close()
+
+
+class SparkEngine:
+    dialect = SPARK
+
+    def __init__(self, master: str = "local[*]", memory_limit: str = "", threads: int = 0, temp_dir: str = ""):
+        import shutil
+
+        from pyspark.sql import SparkSession
+
+        if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
+            raise ConfigError("--engine spark needs Java 17 or newer; install it (`apt-get install "
+                              "default-jre-headless`) or set JAVA_HOME")
+
+        builder = (SparkSession.builder.appName("openalign-filter").master(master)
+                   .config("spark.ui.enabled", "false")
+                   .config("spark.ui.showConsoleProgress", "false").config("spark.sql.ansi.enabled", "false")
+                   .config("spark.sql.shuffle.partitions", str(max(2, 2 * (threads or os.cpu_count() or 1)))))
+        if memory_limit:
+            builder = builder.config("spark.driver.memory", memory_limit)
+        if temp_dir:
+            builder = builder.config("spark.local.dir", temp_dir)
+        self.spark = builder.getOrCreate()
+        self.spark.sparkContext.setLogLevel("ERROR")
+
+    def register(self, pairs: Path) -> None:
+        self.spark.read.parquet(str(pairs)).select("uid", "image_key", "text", "width", "height") \
+            .createOrReplaceTempView("pairs")
+
+    def materialize(self, name: str, query: str) -> None:
+        self.spark.sql(self.dialect.materialize.format(name=name, query=query))
+        self.spark.catalog.cacheTable(name)
+
+    def rows(self, query: str) -> list[tuple]:
+        return [tuple(r) for r in self.spark.sql(query).collect()]
+
+    def write_keep(self, path: Path) -> None:
+        self.spark.sql(keep_query()).write.mode("overwrite").parquet(str(path))
+
+    def close(self) -> None:
+        self.spark.catalog.clearCache()
+
+
+def _sql_path(path: Path) -> str:
+    return str(path).replace("'", "''")
+
+
+def make_engine(name: str, master: str = "local[*]", memory_limit: str = "", threads: int = 0, temp_dir: str = ""):
+    if name == "duckdb":
+        return DuckDBEngine(memory_limit, threads, temp_dir)
+    if name == "spark":
+        return SparkEngine(master, memory_limit, threads, temp_dir)
+    raise ConfigError(f"unknown engine {name!r}; choose duckdb or spark")
+
+
+def read_keep(path: Path) -> list[str]:
+    """Sorted uids of a keep-list written by either engine (a Parquet file or a directory of parts)."""
+    import pyarrow.dataset as ds
+
+    path = Path(path)
+    if path.is_dir() and (path / "keep.parquet").exists():
+        path = path / "keep.parquet"
+    if not path.exists():
+        raise ConfigError(f"no keep-list at {path}; run `openalign filter` (or `openalign dedup`) first")
+    return sorted(ds.dataset(str(path), format="parquet").to_table(columns=["uid"]).column("uid").to_pylist())
+
+
+# ---------------------------------------------------------------------------------------------- stage
+
+def run_filters(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), engine: str = "duckdb",
+                master: str = "local[*]", memory_limit: str = "", threads: int = 0, progress: bool = True) -> dict:
+    """Filter the pair table `pairs` into a keep-list and report in `out`; returns the report."""
+    pairs, out = Path(pairs), Path(out)
+    if not pairs.exists():
+        raise ConfigError(f"pair table {pairs} does not exist; build it with `openalign ingest SRC --out {pairs}`")
+    if cfg.vocab_ngrams not in (1, 2) or cfg.min_words > cfg.max_words or cfg.max_aspect <= 1:
+        raise ConfigError("filter config needs vocab_ngrams 1 or 2, min_words <= max_words and max_aspect > 1")
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    runner = make_engine(engine, master, memory_limit, threads, str(out / "tmp"))
+    try:
+        runner.register(pairs)
+        steps = statements(cfg, runner.dialect)
+        for name, query in _progress(steps, progress):
+            runner.materialize(name, query)
+        total, *counts, kept = runner.rows(summary_query())[0]
+        distinct_terms = runner.rows("SELECT count(*) FROM term_counts")[0][0]
+        kept_uids = runner.rows("SELECT count(DISTINCT uid) FROM (" + keep_query() + ") k")[0][0]
+        rules = []
+        for i, (rule, description) in enumerate(RULES.items()):
+            examples = [r[0] for r in runner.rows(examples_query(rule, cfg.examples))] if counts[2 * i] else []
+            rules.append({"rule": rule, "description": description.format(**asdict(cfg)),
+                          "removed_alone": int(counts[2 * i] or 0), "removed_in_sequence": int(counts[2 * i + 1] or 0),
+                          "examples": examples})
+        keep_path = out / "keep.parquet"
+        runner.write_keep(keep_path)
+    finally:
+        runner.close()
+    report = {
+        "stage": "filter", "input": str(pairs), "engine": engine, "config": asdict(cfg),
+        "pairs": int(total), "kept_pairs": int(kept or 0), "kept_uids": int(kept_uids),
+        "removed_pairs": int(total) - int(kept or 0), "distinct_terms": int(distinct_terms), "rules": rules,
+        "keep": str(keep_path), "seconds": round(time.perf_counter() - start, 2),
+    }
+    (out / "filter_report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    plot_report(report, out / "filter_report.png")
+    return report
+
+
+def _progress(steps, progress: bool):
+    from tqdm import tqdm
+
+    return tqdm(steps, desc="filter", unit="stage", disable=not progress, leave=False)
+
+
+def plot_report(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rules = report["rules"]
+    names = [r["rule"] for r in rules]
+    alone = [r["removed_alone"] for r in rules]
+    sequence = [r["removed_in_sequence"] for r in rules]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    y = range(len(names))
+    ax.barh([i + 0.2 for i in y], alone, height=0.4, label="removed on its own")
+    ax.barh([i - 0.2 for i in y], sequence, height=0.4, label="removed in sequence (after the rules above)")
+    ax.set_yticks(list(y), names)
+    ax.invert_yaxis()
+    ax.set_xlabel("pairs")
+    ax.set_title(f"ALIGN filters: {report['kept_pairs']:,} of {report['pairs']:,} pairs kept "
+                 f"({report['kept_pairs'] / max(report['pairs'], 1):.1%})")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def summary_lines(report: dict) -> list[str]:
+    lines = [f"{report['pairs']:,} pairs -> {report['kept_pairs']:,} kept "
+             f"({report['kept_pairs'] / max(report['pairs'], 1):.1%}) by {report['engine']} in {report['seconds']:.1f} s"]
+    for r in report["rules"]:
+        lines.append(f"  {r['rule']:<17} alone {r['removed_alone']:>10,}  in sequence {r['removed_in_sequence']:>10,}"
+                     f"   {r['description']}")
+    return lines

@@ -1,0 +1,297 @@
+"""Ingest: raw image/alt-text pairs from folders, tables and webdataset tars into one Parquet pair table.
+
+    openalign ingest SRC... --out pairs.parquet
+
+Sources, recognised by what they are:
+- a **directory**: every image file (jpg/jpeg/png/webp/gif/bmp/tiff) with a caption sidecar of the same
+  stem (`cat.jpg` + `cat.txt`, as img2dataset's `files` output writes; a `cat.json` sidecar may give
+  the `url`); sub-directories are walked;
+- a **table** `.csv .tsv .jsonl .json .parquet`: one pair per row, an image column (a path relative to
+  the table, a `file://` URL, or an http(s) URL) and a text column, names configurable;
+- a **webdataset tar** `.tar`: samples `KEY.jpg|png|webp` + `KEY.txt` (+ `KEY.json`), as img2dataset
+  writes them.
+
+Output `pairs.parquet`, one row per usable pair:
+    uid (128-bit hash of image key + text), image_key (128-bit hash of the image bytes), text, width,
+    height (as displayed), bytes, format, mode, conversions, source, path, member, url
+and `pairs.rejects.parquet` (every pair that could not be used, with its reason) and
+`pairs.manifest.json` (inputs, options, counts per reason and per conversion). Texts keep their case
+and characters; only runs of whitespace (newlines, tabs) become one space. Remote URLs are recorded as
+rejects (`remote_not_fetched`): download with img2dataset first and ingest its output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import tarfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from openalign.config import ConfigError
+from openalign.data import images
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
+TABLE_SUFFIXES = {".csv", ".tsv", ".jsonl", ".json", ".parquet"}
+TEXT_REJECTS = ("no_text", "remote_not_fetched", "missing_file")
+PAIR_SCHEMA = pa.schema([
+    ("uid", pa.string()), ("image_key", pa.string()), ("text", pa.string()), ("width", pa.int32()),
+    ("height", pa.int32()), ("bytes", pa.int64()), ("format", pa.string()), ("mode", pa.string()),
+    ("conversions", pa.string()), ("source", pa.string()), ("path", pa.string()), ("member", pa.string()),
+    ("url", pa.string()),
+])
+REJECT_SCHEMA = pa.schema([("source", pa.string()), ("path", pa.string()), ("member", pa.string()),
+                           ("url", pa.string()), ("text", pa.string()), ("reason", pa.string()),
+                           ("detail", pa.string())])
+
+
+@dataclass(frozen=True)
+class IngestOptions:
+    image_column: str = "image"
+    text_column: str = "text"
+    max_pixels: int = images.DEFAULT_MAX_PIXELS
+    workers: int = 0  # 0: all cores
+    batch_rows: int = 50_000  # rows per Parquet row group
+
+
+@dataclass
+class Record:
+    """One candidate pair before its image is read: where the bytes are and the raw alt-text."""
+
+    source: str  # folder | table | webdataset
+    path: str
+    text: str | None
+    member: str | None = None
+    url: str | None = None
+    data: bytes | None = None  # tar members are read by the main process, files by the worker
+    remote: bool = False  # an http(s) URL: not fetched here (img2dataset's job)
+
+
+def normalize_text(text: str | None) -> str:
+    return " ".join(text.split()) if text else ""
+
+
+def blake(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def pair_uid(image_key: str, text: str) -> str:
+    return blake(f"{image_key}\t{text}".encode())
+
+
+# ---------------------------------------------------------------------------------------------- sources
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def folder_records(root: Path) -> Iterator[Record]:
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        dirnames.sort()
+        for name in sorted(filenames):
+            path = Path(dirpath) / name
+            if path.suffix.lower() not in IMAGE_SUFFIXES:
+                continue
+            sidecar = path.with_suffix(".json")
+            url = None
+            if sidecar.is_file():
+                try:
+                    url = json.loads(sidecar.read_text()).get("url")
+                except (OSError, ValueError):
+                    pass
+            yield Record("folder", str(path), _read_text(path.with_suffix(".txt")), url=url)
+
+
+def _table_rows(path: Path, options: IngestOptions) -> list[tuple]:
+    import duckdb
+
+    suffix = path.suffix.lower()
+    reader = {".csv": "read_csv_auto(?, all_varchar=true)", ".tsv": "read_csv_auto(?, delim='\t', all_varchar=true)",
+              ".jsonl": "read_json_auto(?, format='newline_delimited')", ".json": "read_json_auto(?)",
+              ".parquet": "read_parquet(?)"}[suffix]
+    con = duckdb.connect()
+    try:
+        columns = [row[0] for row in con.execute(f"DESCRIBE SELECT * FROM {reader}", [str(path)]).fetchall()]
+    except duckdb.Error as err:
+        raise ConfigError(f"cannot read {path} as a {suffix[1:]} table: {str(err).splitlines()[0]}") from None
+    for role, name in (("image", options.image_column), ("text", options.text_column)):
+        if name not in columns:
+            flag = "--image-column" if role == "image" else "--text-column"
+            raise ConfigError(f"{path} has no column {name!r} (columns: {', '.join(columns)}); "
+                              f"name the {role} column with {flag}")
+    query = f'SELECT CAST("{options.image_column}" AS VARCHAR), CAST("{options.text_column}" AS VARCHAR) FROM {reader}'
+    return con.execute(query, [str(path)]).fetchall()
+
+
+def table_records(path: Path, options: IngestOptions) -> Iterator[Record]:
+    for location, text in _table_rows(path, options):
+        location = location or ""
+        if location.startswith(("http://", "https://")):
+            yield Record("table", str(path), text, url=location, remote=True)
+            continue
+        local = Path(location.removeprefix("file://"))
+        yield Record("table", str(local if local.is_absolute() else path.parent / local), text)
+
+
+def tar_records(path: Path) -> Iterator[Record]:
+    """Samples of a webdataset tar, grouped by key (members of one sample are adjacent)."""
+
+    def flush(key: str, parts: dict) -> Iterator[Record]:
+        image_ext = next((e for e in parts if "." + e in IMAGE_SUFFIXES), None)
+        meta = {}
+        if "json" in parts:
+            try:
+                meta = json.loads(parts["json"])
+            except ValueError:
+                pass
+        text = parts["txt"].decode("utf-8", "replace") if "txt" in parts else meta.get("caption")
+        if image_ext is None:
+            yield Record("webdataset", str(path), text, member=f"{key}.*", url=meta.get("url"), data=b"")
+        else:
+            yield Record("webdataset", str(path), text, member=f"{key}.{image_ext}", url=meta.get("url"),
+                         data=parts[image_ext])
+
+    try:
+        tar = tarfile.open(path)
+    except (OSError, tarfile.TarError) as err:
+        raise ConfigError(f"cannot open {path} as a tar file: {err}") from None
+    key, parts = None, {}
+    with tar:
+        try:
+            for member in tar:
+                if not member.isfile():
+                    continue
+                base, _, ext = Path(member.name).name.partition(".")
+                sample_key = str(Path(member.name).parent / base)
+                if sample_key != key and parts:
+                    yield from flush(key, parts)
+                    parts = {}
+                key = sample_key
+                parts[ext.lower()] = tar.extractfile(member).read()
+        except (OSError, tarfile.TarError):
+            pass  # a truncated tar: keep what was read; the partial sample below is still probed
+    if parts:
+        yield from flush(key, parts)
+
+
+def records(sources: list[str], options: IngestOptions) -> Iterator[Record]:
+    for spec in sources:
+        path = Path(spec)
+        if path.is_dir():
+            yield from folder_records(path)
+        elif path.is_file() and path.suffix.lower() == ".tar":
+            yield from tar_records(path)
+        elif path.is_file() and path.suffix.lower() in TABLE_SUFFIXES:
+            yield from table_records(path, options)
+        elif not path.exists():
+            raise ConfigError(f"source {spec} does not exist")
+        else:
+            raise ConfigError(f"source {spec} is neither a directory, a .tar nor a table "
+                              f"({', '.join(sorted(TABLE_SUFFIXES))})")
+
+
+# ---------------------------------------------------------------------------------------------- workers
+
+def examine(item: tuple[Record, int]) -> tuple[str, dict]:
+    """('pair', row) or ('reject', row) for one record; runs in a worker process."""
+    record, max_pixels = item
+    text = normalize_text(record.text)
+    where = {"source": record.source, "path": record.path, "member": record.member, "url": record.url}
+    if record.remote:
+        return "reject", where | {"text": text, "reason": "remote_not_fetched", "detail": record.url}
+    data = record.data
+    if data is None:
+        try:
+            data = Path(record.path).read_bytes()
+        except OSError as err:
+            return "reject", where | {"text": text, "reason": "missing_file", "detail": str(err)}
+    if not text:
+        return "reject", where | {"text": text, "reason": "no_text", "detail": "no alt-text (sidecar .txt or column)"}
+    try:
+        info = images.probe(data, max_pixels)
+    except images.BadImage as err:
+        return "reject", where | {"text": text, "reason": err.reason, "detail": str(err)}
+    key = blake(data)
+    return "pair", {"uid": pair_uid(key, text), "image_key": key, "text": text, "width": info.width,
+                    "height": info.height, "bytes": len(data), "format": info.format, "mode": info.mode,
+                    "conversions": ",".join(info.conversions)} | where
+
+
+def ingest(sources: list[str], out: Path, options: IngestOptions = IngestOptions(), progress: bool = True) -> dict:
+    """Write OUT (pairs), OUT.rejects.parquet and OUT.manifest.json; returns the manifest."""
+    if not sources:
+        raise ConfigError("give at least one source: a directory, a .tar or a table")
+    out = Path(out)
+    if out.suffix != ".parquet":
+        raise ConfigError(f"--out must end in .parquet, not {out.name}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rejects_path, manifest_path = out.with_suffix(".rejects.parquet"), out.with_suffix(".manifest.json")
+    start = time.perf_counter()
+    counts: Counter = Counter()
+    conversions: Counter = Counter()
+    examples: dict[str, list] = {}
+    pairs, rejects = [], []
+    tmp_out, tmp_rejects = out.with_suffix(".parquet.tmp"), rejects_path.with_suffix(".tmp")
+    pair_writer = pq.ParquetWriter(tmp_out, PAIR_SCHEMA)
+    reject_writer = pq.ParquetWriter(tmp_rejects, REJECT_SCHEMA)
+
+    def flush(force: bool = False) -> None:
+        if pairs and (force or len(pairs) >= options.batch_rows):
+            pair_writer.write_table(pa.Table.from_pylist(pairs, PAIR_SCHEMA))
+            pairs.clear()
+        if rejects and (force or len(rejects) >= options.batch_rows):
+            reject_writer.write_table(pa.Table.from_pylist(rejects, REJECT_SCHEMA))
+            rejects.clear()
+
+    workers = options.workers or os.cpu_count() or 1
+    items = ((record, options.max_pixels) for record in records(sources, options))
+    pool = multiprocessing.get_context("fork").Pool(workers) if workers > 1 else None
+    try:
+        results = pool.imap(examine, items, chunksize=16) if pool else map(examine, items)
+        for kind, row in tqdm(results, desc="ingest", unit="pair", disable=not progress):
+            if kind == "pair":
+                pairs.append(row)
+                counts["pairs"] += 1
+                conversions.update(c for c in row["conversions"].split(",") if c)
+            else:
+                rejects.append(row)
+                counts[row["reason"]] += 1
+                examples.setdefault(row["reason"], [])
+                if len(examples[row["reason"]]) < 3:
+                    examples[row["reason"]].append(row["member"] or row["path"])
+            flush()
+    finally:
+        if pool:
+            pool.terminate()
+        flush(force=True)
+        pair_writer.close()
+        reject_writer.close()
+    tmp_out.replace(out)
+    tmp_rejects.replace(rejects_path)
+    import duckdb
+
+    with duckdb.connect() as con:
+        distinct = con.execute("SELECT count(DISTINCT uid), count(DISTINCT image_key) FROM read_parquet(?)",
+                               [str(out)]).fetchone()
+    manifest = {
+        "stage": "ingest", "sources": [str(s) for s in sources], "options": asdict(options), "out": str(out),
+        "rejects": str(rejects_path), "pairs": counts["pairs"], "distinct_pairs": distinct[0], "images": distinct[1],
+        "rejected": {r: counts[r] for r in (*images.REJECT_REASONS, *TEXT_REJECTS) if counts[r]},
+        "reject_examples": examples, "conversions": {c: conversions[c] for c in images.CONVERSIONS if conversions[c]},
+        "text_normalization": "runs of whitespace collapsed to one space; case and characters kept",
+        "seconds": round(time.perf_counter() - start, 2),
+    }
+    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest

@@ -1,0 +1,80 @@
+import io
+import json
+
+import numpy as np
+import torch
+from PIL import Image, ImageDraw
+
+from openalign import presets
+from openalign.cli import main
+from openalign.data.transforms import to_tensor
+from openalign.data.filters import read_keep
+from openalign.model.dual_encoder import DualEncoder
+from openalign.model.hub import save_pretrained
+from openalign.tokenizer import train_tokenizer
+
+
+def picture(seed: int) -> Image.Image:
+    """Smooth shapes (perceptual hashes need structure, not noise)."""
+    rng = np.random.default_rng(seed)
+    image = Image.new("RGB", (320, 240), tuple(int(c) for c in rng.integers(0, 255, 3)))
+    draw = ImageDraw.Draw(image)
+    for _ in range(4):
+        x, y = rng.integers(0, 260), rng.integers(0, 180)
+        draw.ellipse((x, y, x + rng.integers(30, 120), y + rng.integers(30, 120)),
+                     fill=tuple(int(c) for c in rng.integers(0, 255, 3)))
+    return image
+
+
+def setup(tmp_path):
+    train, held = tmp_path / "train", tmp_path / "eval"
+    train.mkdir()
+    held.mkdir()
+    for i in range(8):
+        picture(i).save(train / f"t{i}.png")
+        (train / f"t{i}.txt").write_text(f"training picture number {i}")
+    picture(1).save(held / "exact.png")  # the same pixels as t1
+    buf = io.BytesIO()
+    picture(2).resize((200, 150)).save(buf, "JPEG", quality=70)  # t2, smaller and recompressed
+    (held / "near.jpg").write_bytes(buf.getvalue())
+    picture(100).save(held / "other.png")
+    assert main(["ingest", str(train), "--out", str(tmp_path / "pairs.parquet"), "--quiet", "--workers", "1"]) == 0
+    return held
+
+
+def test_phash_removes_exact_and_resized_copies(tmp_path, capsys):
+    held = setup(tmp_path)
+    assert main(["dedup", str(tmp_path / "pairs.parquet"), "--against", str(held), "--out", str(tmp_path / "d"),
+                 "--quiet", "--workers", "1"]) == 0
+    report = json.loads((tmp_path / "d" / "dedup_report.json").read_text())
+    assert report["removed_images"] == 2 and report["removed_pairs"] == 2 and report["eval_images"] == 3
+    assert {e["train"].rsplit("/", 1)[1] for e in report["examples"]} == {"t1.png", "t2.png"}
+    assert len(read_keep(tmp_path / "d")) == 6
+
+
+def test_embedding_mode_with_a_saved_model(tmp_path):
+    held = setup(tmp_path)
+    cfg = presets.get("tiny")
+    model = DualEncoder(cfg.model)
+    with torch.no_grad():  # BatchNorm statistics of real images, or random towers output ~0 in eval mode
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.reset_running_stats()
+                m.momentum = None  # cumulative average: one pass gives exact statistics
+        model.encode_image(torch.stack([to_tensor(picture(i).resize((32, 32))) for i in range(8)]))
+    model.eval()
+    tokenizer = train_tokenizer(["a b c"] * 10, 120, 16)
+    save_pretrained(model, tokenizer, tmp_path / "model", cfg)
+    assert main(["dedup", str(tmp_path / "pairs.parquet"), "--against", str(held), "--out", str(tmp_path / "d"),
+                 "--mode", "embedding", "--model", str(tmp_path / "model"), "--threshold", "0.99999",
+                 "--quiet"]) == 0
+    report = json.loads((tmp_path / "d" / "dedup_report.json").read_text())
+    assert report["examples"][0]["train"].endswith("t1.png") and report["examples"][0]["score"] > 0.99999
+    assert report["removed_images"] >= 1 and len(read_keep(tmp_path / "d")) == 8 - report["removed_images"]
+
+
+def test_embedding_mode_needs_a_model(tmp_path, capsys):
+    held = setup(tmp_path)
+    assert main(["dedup", str(tmp_path / "pairs.parquet"), "--against", str(held), "--out", str(tmp_path / "d"),
+                 "--mode", "embedding", "--quiet"]) == 2
+    assert "--model" in capsys.readouterr().err

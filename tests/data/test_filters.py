@@ -1,0 +1,132 @@
+import json
+import shutil
+import random
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from openalign.config import FilterConfig
+from openalign.data import filters
+from openalign.data.ingest import PAIR_SCHEMA, pair_uid
+
+
+class Table:
+    """Hand-made pair tables: add(image, text, size) and remember the uid under a name."""
+
+    def __init__(self):
+        self.rows, self.uids = [], {}
+
+    def add(self, image: str, text: str, w: int = 400, h: int = 400, name: str = "") -> str:
+        uid = pair_uid(image, text)
+        self.rows.append({"uid": uid, "image_key": image, "text": text, "width": w, "height": h, "bytes": 1,
+                          "format": "JPEG", "mode": "RGB", "conversions": "", "source": "test", "path": image,
+                          "member": None, "url": None})
+        if name:
+            self.uids[name] = uid
+        return uid
+
+    def write(self, path):
+        pq.write_table(pa.Table.from_pylist(self.rows, PAIR_SCHEMA), path)
+        return path
+
+
+def kept(tmp_path, table: Table, engine="duckdb", **cfg) -> tuple[set, dict]:
+    pairs = table.write(tmp_path / "pairs.parquet")
+    report = filters.run_filters(pairs, tmp_path / engine, FilterConfig(**cfg), engine=engine, master="local[1]",
+                                 progress=False)
+    return set(filters.read_keep(tmp_path / engine)), report
+
+
+def test_boundaries_of_every_rule(tmp_path):
+    t = Table()
+    ok = "a plain caption here"
+    t.add("side200", ok + " 1", 200, 300, name="side200")
+    t.add("side201", ok + " 2", 201, 300, name="side201")
+    t.add("aspect3", ok + " 3", 201, 603, name="aspect3")
+    t.add("aspect<3", ok + " 4", 201, 602, name="aspect<3")
+    for i in range(10):
+        t.add(f"ten{i}", "shared by ten images", name=f"ten{i}")
+    for i in range(11):
+        t.add(f"eleven{i}", "shared by eleven images", name=f"eleven{i}")
+    t.add("w2", "two words", name="w2")
+    t.add("w3", "three words\there", name="w3")
+    t.add("w20", " ".join(["word"] * 20), name="w20")
+    t.add("w21", " ".join(["word"] * 21), name="w21")
+    for i in range(3):
+        t.add("three_texts", f"text number {i} of three", name=f"three{i}")
+    for i in range(4):
+        t.add("four_texts", f"text number {i} of four", name=f"four{i}")
+    keep, report = kept(tmp_path, t, max_texts_per_image=3)
+    expect_kept = ["side201", "aspect<3", "w3", "w20", *(f"ten{i}" for i in range(10)),
+                   *(f"three{i}" for i in range(3))]
+    expect_dropped = ["side200", "aspect3", "w2", "w21", *(f"eleven{i}" for i in range(11)),
+                      *(f"four{i}" for i in range(4))]
+    assert all(t.uids[n] in keep for n in expect_kept)
+    assert not any(t.uids[n] in keep for n in expect_dropped)
+    alone = {r["rule"]: r["removed_alone"] for r in report["rules"]}
+    assert alone == {"image_small": 1, "image_aspect": 1, "image_many_texts": 4, "text_shared": 11,
+                     "text_length": 2, "text_rare": 0}
+    assert report["kept_pairs"] == len(keep) == len(expect_kept) == report["pairs"] - len(expect_dropped)
+    assert (tmp_path / "duckdb" / "filter_report.png").stat().st_size > 0
+
+
+def test_alone_versus_in_sequence(tmp_path):
+    t = Table()
+    t.add("small", "x", 100, 100)  # small and too short: counted alone by both, in sequence by the first only
+    t.add("big", "y z", 400, 400)  # too short only
+    _, report = kept(tmp_path, t)
+    rules = {r["rule"]: r for r in report["rules"]}
+    assert (rules["image_small"]["removed_alone"], rules["image_small"]["removed_in_sequence"]) == (1, 1)
+    assert (rules["text_length"]["removed_alone"], rules["text_length"]["removed_in_sequence"]) == (2, 1)
+    assert rules["text_length"]["examples"] and report["kept_pairs"] == 0
+
+
+@pytest.mark.parametrize("ngrams,k,rare", [
+    # unigram counts: red 4, blue 4, green 3, yellow 1; bigrams: "red blue" 4, "blue green" 3, "blue yellow" 1
+    (2, 7, set()), (2, 6, {"t2"}), (2, 5, {"t2"}), (2, 2, {"t1", "t2"}),
+    (1, 4, set()), (1, 3, {"t2"}), (1, 2, {"t1", "t2"}),  # ties broken by bytes: blue, red, green, yellow
+])
+def test_rare_terms_top_k_of_unigrams_and_bigrams(tmp_path, ngrams, k, rare):
+    t = Table()
+    for i in range(3):
+        t.add(f"i{i}", ["red blue green", "Red BLUE green", "red  blue green"][i], name=f"t1_{i}")
+    t.add("j", "red blue yellow", name="t2")
+    keep, report = kept(tmp_path, t, vocab_size=k, vocab_ngrams=ngrams)
+    dropped = {n.split("_")[0] for n, uid in t.uids.items() if uid not in keep}
+    assert dropped == rare
+    assert report["distinct_terms"] == (7 if ngrams == 2 else 4)
+
+
+def random_corpus(n: int, seed: int = 0) -> Table:
+    """Zipf-like words (some non-ASCII), sizes around the thresholds, shared and repeated texts."""
+    rng = random.Random(seed)
+    vocab = [f"w{i}" for i in range(300)] + ["Über", "café", "naïve", "日本語", "emoji😀", "ΑΘΗΝΑ", "straße"]
+    weights = [1 / (i + 1) for i in range(len(vocab))]
+    shared = [" ".join(rng.choices(vocab, weights, k=4)) for _ in range(20)]
+    t = Table()
+    for i in range(n):
+        text = rng.choice(shared) if rng.random() < 0.3 else " ".join(rng.choices(vocab, weights, k=rng.randint(1, 23)))
+        if rng.random() < 0.1:
+            text = text.upper() + "\t "
+        image = f"img{rng.randrange(n // 2)}" if rng.random() < 0.2 else f"img{i}"
+        side = rng.choice([150, 200, 201, 300, 600])
+        t.add(image, text, side, side * rng.choice([1, 2, 3]) if rng.random() < 0.5 else side)
+    return t
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("java") is None, reason="the Spark engine needs Java (apt-get install default-jre-headless)")
+def test_duckdb_and_spark_keep_lists_are_identical(tmp_path):
+    t = random_corpus(3000)
+    cfg = {"vocab_size": 250, "max_texts_per_image": 2, "max_images_per_text": 5}
+    keep_duck, report_duck = kept(tmp_path, t, "duckdb", **cfg)
+    keep_spark, report_spark = kept(tmp_path, t, "spark", **cfg)
+    assert keep_duck == keep_spark
+    assert 0 < len(keep_duck) < 3000
+    assert filters.read_keep(tmp_path / "spark") == sorted(keep_spark)  # part files are in uid order
+    strip = ("engine", "seconds", "keep")
+    assert {k: v for k, v in report_duck.items() if k not in strip} == \
+           {k: v for k, v in report_spark.items() if k not in strip}
+    assert all(r["removed_alone"] > 0 for r in report_duck["rules"])
+    json.dumps(report_duck)  # serializable

@@ -1,0 +1,125 @@
+import io
+import json
+import tarfile
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+from openalign.config import ConfigError
+from openalign.data import images
+from openalign.data.ingest import IngestOptions, ingest
+
+
+def encode(image: Image.Image, fmt: str, **kwargs) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, format=fmt, **kwargs)
+    return buf.getvalue()
+
+
+def rgb(w=320, h=240, seed=0) -> Image.Image:
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 255, (h, w, 3), dtype=np.uint8))
+
+
+def rotated_jpeg() -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees clockwise when displayed
+    return encode(rgb(300, 200, seed=5), "JPEG", exif=exif)
+
+
+def malformed_folder(root):
+    """One file of every kind ingest must handle; returns {file name: expected outcome}."""
+    transparent = Image.new("RGBA", (260, 260), (255, 0, 0, 0))
+    sixteen = Image.fromarray(np.full((240, 250), 40000, dtype=np.uint16))
+    files = {
+        "good.jpg": (encode(rgb(seed=1), "JPEG"), "pair"),
+        "fine.webp": (encode(rgb(seed=2), "WEBP"), "pair"),
+        "empty.jpg": (b"", "empty"),
+        "garbage.png": (b"this is not an image at all", "unreadable"),
+        "truncated.jpg": (encode(rgb(seed=3), "JPEG")[:3000], "truncated"),
+        "truncated.png": (encode(rgb(seed=4), "PNG")[:-40], "truncated"),
+        "bomb.png": (encode(Image.new("L", (800, 800)), "PNG"), "too_many_pixels"),
+        "cmyk.jpg": (encode(rgb(seed=6).convert("CMYK"), "JPEG"), "cmyk"),
+        "palette.png": (encode(rgb(seed=7).convert("P"), "PNG"), "palette"),
+        "sixteen.png": (encode(sixteen, "PNG"), "high_bit_depth"),
+        "alpha.png": (encode(transparent, "PNG"), "alpha"),
+        "rotated.jpg": (rotated_jpeg(), "exif_rotated"),
+        "no_caption.jpg": (encode(rgb(seed=8), "JPEG"), "no_text"),
+    }
+    for name, (data, _) in files.items():
+        (root / name).write_bytes(data)
+        if name != "no_caption.jpg":
+            (root / name).with_suffix(".txt").write_text(f"caption of {name}\n  second line ")
+    return {name: outcome for name, (_, outcome) in files.items()}
+
+
+def test_every_malformed_kind_is_counted_and_no_good_pair_is_lost(tmp_path):
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    expected = malformed_folder(folder)
+    manifest = ingest([str(folder)], tmp_path / "pairs.parquet", IngestOptions(max_pixels=500_000, workers=2),
+                      progress=False)
+    pairs = pq.read_table(tmp_path / "pairs.parquet").to_pylist()
+    rejects = pq.read_table(tmp_path / "pairs.rejects.parquet").to_pylist()
+    by_name = {p["path"].rsplit("/", 1)[1]: p for p in pairs}
+    rejected = {r["path"].rsplit("/", 1)[1]: r["reason"] for r in rejects}
+    for name, outcome in expected.items():
+        if outcome in images.REJECT_REASONS or outcome == "no_text":
+            assert rejected[name] == outcome, name
+        else:
+            assert name in by_name, f"good pair {name} lost"
+            if outcome != "pair":
+                assert outcome in by_name[name]["conversions"].split(","), name
+    assert len(pairs) + len(rejects) == len(expected)
+    assert manifest["rejected"] == {"empty": 1, "unreadable": 1, "truncated": 2, "too_many_pixels": 1, "no_text": 1}
+    assert manifest["conversions"]["exif_rotated"] == 1 and manifest["conversions"]["alpha"] == 1
+    # sizes are as displayed; whitespace runs become one space; keys are content hashes
+    assert (by_name["rotated.jpg"]["width"], by_name["rotated.jpg"]["height"]) == (200, 300)
+    assert by_name["good.jpg"]["text"] == "caption of good.jpg second line"
+    assert len({p["image_key"] for p in pairs}) == len(pairs) and len(by_name["good.jpg"]["uid"]) == 32
+    assert json.loads((tmp_path / "pairs.manifest.json").read_text())["pairs"] == len(pairs)
+
+
+def test_to_rgb_conversions():
+    transparent = images.load_rgb(encode(Image.new("RGBA", (4, 4), (255, 0, 0, 0)), "PNG"))
+    assert transparent.getpixel((0, 0)) == (255, 255, 255)  # white, not black
+    sixteen = images.load_rgb(encode(Image.fromarray(np.full((4, 4), 65535, dtype=np.uint16)), "PNG"))
+    assert sixteen.getpixel((0, 0)) == (255, 255, 255)
+    upright = images.load_rgb(rotated_jpeg())
+    assert upright.size == (200, 300) and upright.mode == "RGB"
+    assert images.load_rgb(encode(rgb().convert("CMYK"), "JPEG")).mode == "RGB"
+
+
+def test_tables_and_webdataset_sources(tmp_path):
+    (tmp_path / "a.jpg").write_bytes(encode(rgb(seed=1), "JPEG"))
+    (tmp_path / "t.csv").write_text("file,caption\na.jpg,a red thing\nmissing.jpg,gone\n"
+                                    "https://example.com/x.jpg,remote one\n")
+    (tmp_path / "t.jsonl").write_text(json.dumps({"file": "a.jpg", "caption": "same image, other text"}) + "\n")
+    with tarfile.open(tmp_path / "s.tar", "w") as tar:
+        for key, parts in {"000": {"jpg": encode(rgb(seed=2), "JPEG"), "txt": b"from a shard",
+                                   "json": b'{"url": "http://x/0.jpg"}'},
+                           "001": {"jpg": b"broken", "txt": b"bad one"}}.items():
+            for ext, data in parts.items():
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    options = IngestOptions(image_column="file", text_column="caption", workers=1)
+    manifest = ingest([str(tmp_path / "t.csv"), str(tmp_path / "t.jsonl"), str(tmp_path / "s.tar")],
+                      tmp_path / "out" / "pairs.parquet", options, progress=False)
+    pairs = pq.read_table(tmp_path / "out" / "pairs.parquet").to_pylist()
+    assert [p["text"] for p in pairs] == ["a red thing", "same image, other text", "from a shard"]
+    assert pairs[0]["image_key"] == pairs[1]["image_key"] and pairs[0]["uid"] != pairs[1]["uid"]
+    assert pairs[2]["member"] == "000.jpg" and pairs[2]["url"] == "http://x/0.jpg"
+    assert manifest["rejected"] == {"unreadable": 1, "remote_not_fetched": 1, "missing_file": 1}
+    assert manifest["images"] == 2
+
+
+def test_bad_sources_fail_in_one_sentence(tmp_path):
+    (tmp_path / "t.csv").write_text("path,text\na.jpg,x\n")
+    with pytest.raises(ConfigError, match="no column 'image'.*--image-column"):
+        ingest([str(tmp_path / "t.csv")], tmp_path / "p.parquet", progress=False)
+    with pytest.raises(ConfigError, match="does not exist"):
+        ingest([str(tmp_path / "nope")], tmp_path / "p.parquet", progress=False)
+    with pytest.raises(ConfigError, match=".parquet"):
+        ingest([str(tmp_path)], tmp_path / "p.csv", progress=False)

@@ -1,0 +1,87 @@
+"""ingest -> filter -> shard through `main(argv)`, and the loader reading the result unchanged."""
+
+import json
+
+import numpy as np
+from PIL import Image
+
+from openalign.cli import main
+from openalign.data.loader import eval_samples
+from openalign.data.shards import list_shards, read_samples, sample_texts
+
+
+def make_folder(root, n=30):
+    """n images with captions: every 5th too small (dropped), every 7th with a one-word caption (dropped)."""
+    rng = np.random.default_rng(0)
+    root.mkdir()
+    for i in range(n):
+        size = (150, 150) if i % 5 == 0 else (260 + i, 240)
+        array = rng.integers(0, 255, (size[1], size[0], 4), dtype=np.uint8)
+        Image.fromarray(array, "RGBA").save(root / f"img{i:02d}.png")
+        text = "word" if i % 7 == 0 else f"a picture of thing number {i}"
+        (root / f"img{i:02d}.txt").write_text(text)
+
+
+def test_ingest_filter_shard_then_load(tmp_path, capsys):
+    make_folder(tmp_path / "raw")
+    assert main(["ingest", str(tmp_path / "raw"), "--out", str(tmp_path / "pairs.parquet"), "--quiet",
+                 "--workers", "1"]) == 0
+    assert main(["filter", str(tmp_path / "pairs.parquet"), "--out", str(tmp_path / "filter"), "--quiet",
+                 "vocab_size=1000"]) == 0
+    out = capsys.readouterr().out
+    assert "30 pairs -> 20 kept" in out  # 6 small + 5 one-word captions, one (i=0) both
+    shards = tmp_path / "shards"
+    argv = ["shard", str(tmp_path / "pairs.parquet"), "--keep", str(tmp_path / "filter"), "--out", str(shards),
+            "--image-size", "128", "--samples-per-shard", "8", "--quiet", "--workers", "2"]
+    assert main(argv) == 0
+    manifest = json.loads((shards / "manifest.json").read_text())
+    assert manifest["n_samples"] == 20 and len(manifest["shards"]) == 3 and manifest["resumed_shards"] == 0
+    samples = list(read_samples(list_shards(str(shards))))
+    assert sorted(t for s in samples for t in sample_texts(s)) == sorted(
+        f"a picture of thing number {i}" for i in range(30) if i % 5 and i % 7)
+    loaded = list(eval_samples(list_shards(str(shards)), 72, 64, {}))
+    assert len(loaded) == 20 and loaded[0].pixels.shape == (3, 64, 64)
+    first = Image.open(__import__("io").BytesIO(samples[0]["jpg"]))
+    assert min(first.size) == 128 and first.mode == "RGB"
+
+    # a rerun redoes only what is missing, byte for byte
+    names = sorted(manifest["shards"])
+    before = {n: (shards / n).read_bytes() for n in names}
+    (shards / names[1]).unlink()
+    assert main(argv) == 0
+    manifest = json.loads((shards / "manifest.json").read_text())
+    assert manifest["resumed_shards"] == 2 and manifest["n_samples"] == 20
+    assert {n: (shards / n).read_bytes() for n in names} == before
+
+    # a second keep-list intersects; the tokenizer trains on the kept texts
+    assert main(["tokenizer", "--data", str(shards), "--vocab-size", "120", "--out", str(tmp_path / "tok")]) == 0
+
+
+def test_openclipart_corpus_on_a_small_tree(tmp_path, capsys):
+    root = tmp_path / "png" / "animals" / "birds"
+    root.mkdir(parents=True)
+    rng = np.random.default_rng(1)
+    for i in range(12):
+        Image.fromarray(rng.integers(0, 255, (300, 320, 3), dtype=np.uint8)).save(root / f"bird_{i}_some_author_01.png")
+    (root.parent / "tiny_icon.png").write_bytes((root / "bird_0_some_author_01.png").read_bytes()[:0] or b"")
+    (root.parent / "same_bird.png").symlink_to(root / "bird_1_some_author_01.png")
+    assert main(["corpus", "openclipart", "--out", str(tmp_path / "oc"), "--root", str(tmp_path / "png"),
+                 "--image-size", "64", "--heldout", "0.25", "--quiet"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["files"] == 14 and summary["rejected"] == {"empty": 1} and summary["images"] == 12
+    assert summary["train_images"] + summary["eval_images"] == 12 and summary["eval_images"] > 0
+    texts = [t for s in read_samples(list_shards(str(tmp_path / "oc" / "train"))) for t in sample_texts(s)]
+    texts += [t for s in read_samples(list_shards(str(tmp_path / "oc" / "eval"))) for t in sample_texts(s)]
+    assert "same bird animals" in texts and "bird 1 some author 01 animals birds" in texts
+
+
+def test_pipeline_errors_are_one_sentence(tmp_path, capsys):
+    assert main(["filter", str(tmp_path / "none.parquet"), "--out", str(tmp_path / "f")]) == 2
+    assert "openalign ingest" in capsys.readouterr().err
+    make_folder(tmp_path / "raw", n=3)
+    main(["ingest", str(tmp_path / "raw"), "--out", str(tmp_path / "p.parquet"), "--quiet", "--workers", "1"])
+    assert main(["filter", str(tmp_path / "p.parquet"), "--out", str(tmp_path / "f"), "min_short_sde=3"]) == 2
+    assert "did you mean min_short_side" in capsys.readouterr().err
+    assert main(["shard", str(tmp_path / "p.parquet"), "--keep", str(tmp_path / "nokeep"), "--out",
+                 str(tmp_path / "s")]) == 2
+    assert "no keep-list" in capsys.readouterr().err
