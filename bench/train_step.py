@@ -16,11 +16,11 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 import transformers
 
+from _common import write_section
 from openalign import presets
 from openalign.data import shards as shard_lib
 from openalign.data.corpora import resolve_data
@@ -30,7 +30,6 @@ from openalign.tokenizer import train_tokenizer
 from openalign.train.optim import build_optimizer, set_lr
 from openalign.train.trainer import compute_loss
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def openalign_step(model, optimizer, cfg, batch):
@@ -121,23 +120,11 @@ def main() -> int:
         f"- time waiting for the real loader (1 worker, emoji shards): **{data_frac:.1%}** of the step (target <= 5%)",
         f"- command: `.venv/bin/python bench/train_step.py --preset {args.preset} --batch {args.batch}`", "",
     ]
-    write_section(ROOT / "docs" / "benchmarks.md", "P4", "\n".join(rows))
+    write_section("P4", "\n".join(rows))
     print("\n".join(rows))
     print(f"P4 train_step_ratio={ratio:.2f} target>=1.0 {'PASS' if ratio >= 1.0 else 'FAIL'}")
     print(f"P4 data_loading_frac={data_frac:.3f} target<=0.05 {'PASS' if data_frac <= 0.05 else 'FAIL'}")
     return 0
-
-
-def write_section(path: Path, name: str, body: str) -> None:
-    """Replace the block between `<!-- NAME -->` markers in docs/benchmarks.md (append if absent)."""
-    begin, end = f"<!-- {name} begin -->", f"<!-- {name} end -->"
-    text = path.read_text() if path.is_file() else "# Benchmarks\n\nRatios measured side by side in one run.\n\n"
-    block = f"{begin}\n{body}\n{end}"
-    if begin in text:
-        text = text[:text.index(begin)] + block + text[text.index(end) + len(end):]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    path.write_text(text)
 
 
 if __name__ == "__main__":

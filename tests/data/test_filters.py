@@ -130,3 +130,25 @@ def test_duckdb_and_spark_keep_lists_are_identical(tmp_path):
            {k: v for k, v in report_spark.items() if k not in strip}
     assert all(r["removed_alone"] > 0 for r in report_duck["rules"])
     json.dumps(report_duck)  # serializable
+
+
+def test_vocab_cut_from_the_count_histogram():
+    histogram = [(9, 2), (5, 3), (1, 10)]  # 2 terms counted 9 times, 3 counted 5, 10 counted once
+    assert filters.vocab_cut(histogram, 15) is None  # everything fits
+    assert filters.vocab_cut(histogram, 100) is None
+    assert filters.vocab_cut(histogram, 2) == (5, 0)  # cut between counts: all terms counted <= 5 are rare
+    assert filters.vocab_cut(histogram, 3) == (5, 1)  # one of the three 5-count terms (the smallest) is in
+    assert filters.vocab_cut(histogram, 14) == (1, 9)
+
+
+def test_a_glob_of_pair_tables_equals_one_table(tmp_path):
+    t = random_corpus(400, seed=3)
+    (tmp_path / "one").mkdir()
+    whole, _ = kept(tmp_path / "one", t, vocab_size=150)
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    for i in range(2):
+        pq.write_table(pa.Table.from_pylist(t.rows[i * 200:(i + 1) * 200], PAIR_SCHEMA), parts / f"part-{i}.parquet")
+    report = filters.run_filters(str(parts / "*.parquet"), tmp_path / "glob", FilterConfig(vocab_size=150),
+                                 progress=False)
+    assert set(filters.read_keep(tmp_path / "glob")) == whole and report["pairs"] == 400

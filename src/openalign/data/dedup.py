@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from openalign.config import ConfigError
 from openalign.data import images
-from openalign.data.ingest import IMAGE_SUFFIXES
+from openalign.data.ingest import IMAGE_SUFFIXES, check_pair_table
 from openalign.data.shard import _SOURCES
 
 
@@ -196,8 +196,7 @@ def dedup(pairs: Path, against: str, out: Path, options: DedupOptions = DedupOpt
     import duckdb
 
     pairs, out = Path(pairs), Path(out)
-    if not pairs.exists():
-        raise ConfigError(f"pair table {pairs} does not exist; build it with `openalign ingest`")
+    check_pair_table(pairs)
     if options.mode not in ("phash", "embedding"):
         raise ConfigError(f"unknown dedup mode {options.mode!r}; choose phash or embedding")
     start = time.perf_counter()

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from openalign.config import ConfigError, FilterConfig
+from openalign.data.ingest import check_pair_table
 
 RULES = {
     "image_small": "shorter side <= {min_short_side} px",
@@ -55,6 +56,7 @@ class Dialect:
     size: str  # {x}
     explode: str  # {x}
     materialize: str  # {name}, {query}
+    row_id: str  # a unique id per row of a query (internal only, never compared across engines)
 
 
 DUCKDB = Dialect(
@@ -66,6 +68,7 @@ DUCKDB = Dialect(
     size="len({x})",
     explode="unnest({x})",
     materialize="CREATE OR REPLACE TEMP TABLE {name} AS {query}",
+    row_id="row_number() OVER ()",
 )
 SPARK = Dialect(
     spaces=r"regexp_replace({x}, '[\\t\\n\\x0B\\f\\r ]+', ' ')",  # Spark SQL literals unescape backslashes
@@ -77,37 +80,85 @@ SPARK = Dialect(
     size="size({x})",
     explode="explode({x})",
     materialize="CREATE OR REPLACE TEMP VIEW {name} AS {query}",
+    row_id="monotonically_increasing_id()",
 )
 
 
-def statements(cfg: FilterConfig, d: Dialect) -> list[tuple[str, str]]:
-    """(name, query) pairs to materialize in order, over a table or view named `pairs`."""
+def _terms(cfg: FilterConfig, d: Dialect) -> tuple[str, str]:
+    """SQL expressions for a text's words and its terms (words, plus bigrams when vocab_ngrams is 2)."""
     norm = "trim(" + d.spaces.format(x="text") + ")"
     if cfg.lowercase:
         norm = f"lower({norm})"
     words = d.nonempty.format(x=d.split.format(x=norm))
     terms = "words" if cfg.vocab_ngrams == 1 else d.concat_lists.format(a="words", b=d.bigrams.format(x="words"))
-    k = cfg.vocab_size
+    return words, terms
+
+
+def count_statements(cfg: FilterConfig, d: Dialect) -> list[tuple[str, str]]:
+    """Phase 1: distinct texts (with an id) and the corpus frequency of every term."""
+    words, terms = _terms(cfg, d)
     return [
-        ("texts", f"SELECT text, count(*) AS n_pairs, count(DISTINCT image_key) AS n_images, {words} AS words "
-                  f"FROM pairs GROUP BY text"),
+        ("texts", f"SELECT {d.row_id} AS tid, text, n_pairs, n_images, {words} AS words FROM "
+                  "(SELECT text, count(*) AS n_pairs, count(DISTINCT image_key) AS n_images FROM pairs GROUP BY text) g"),
         ("term_counts", f"SELECT term, sum(n_pairs) AS c FROM (SELECT {d.explode.format(x=terms)} AS term, n_pairs "
-                        f"FROM texts) t GROUP BY term"),
-        ("ranked", "SELECT term, row_number() OVER (ORDER BY c DESC, term ASC) AS r FROM term_counts"),
-        ("rare_texts", f"SELECT DISTINCT t.text FROM (SELECT text, {d.explode.format(x=terms)} AS term FROM texts) t "
-                       f"JOIN ranked v ON t.term = v.term WHERE v.r > {k}"),
+                        "FROM texts) t GROUP BY term"),
+    ]
+
+
+HISTOGRAM = "SELECT c, count(*) AS n FROM term_counts GROUP BY c ORDER BY c DESC"
+
+
+def vocab_cut(histogram: list[tuple[int, int]], k: int) -> tuple[int, int] | None:
+    """Where the top-k terms end, from (count, number of terms with that count) rows in descending count.
+
+    Returns (c_k, m): every term counted more than c_k is in, and the first m terms (in byte order)
+    counted exactly c_k; None when all terms fit. This replaces a global sort of all terms by a
+    small histogram and one ordered scan of the tie group."""
+    seen = 0
+    for count, n in histogram:
+        if seen + n > k:
+            return count, k - seen  # 0 <= m < n
+        seen += n
+    return None
+
+
+def flag_statements(cfg: FilterConfig, d: Dialect, cut: tuple[int, int] | None, n_rare: int) -> list[tuple[str, str]]:
+    """Phase 2: texts with a rare term, then per-text and per-image rule flags, then per-pair flags."""
+    _, terms = _terms(cfg, d)
+    exploded = f"(SELECT tid, {d.explode.format(x=terms)} AS term FROM texts)"
+    steps = []
+    if cut is None:
+        steps.append(("rare_texts", "SELECT tid FROM texts WHERE 1 = 0"))
+    else:
+        c_k, m = cut
+        if m == 0:  # the cut falls between two counts: no tie to break
+            steps.append(("cut", "SELECT 1 AS b"))
+            rare = f"t.c <= {c_k}"
+        else:
+            steps.append(("cut", f"SELECT term AS b FROM term_counts WHERE c = {c_k} ORDER BY term "
+                                 f"LIMIT 1 OFFSET {m - 1}"))
+            rare = f"t.c < {c_k} OR (t.c = {c_k} AND t.term > cut.b)"
+        if n_rare <= cfg.vocab_size:  # probe the smaller set: the rare terms ...
+            steps.append(("rare_texts", f"SELECT DISTINCT e.tid FROM {exploded} e JOIN "
+                                        f"(SELECT t.term FROM term_counts t CROSS JOIN cut WHERE {rare}) r ON e.term = r.term"))
+        else:  # ... or the vocabulary, keeping occurrences that are not in it
+            steps.append(("rare_texts", f"SELECT DISTINCT e.tid FROM {exploded} e LEFT JOIN "
+                                        f"(SELECT t.term FROM term_counts t CROSS JOIN cut WHERE NOT ({rare})) v "
+                                        "ON e.term = v.term WHERE v.term IS NULL"))
+    size = d.size.format(x="t.words")
+    steps += [
         ("text_flags", f"SELECT t.text, t.n_images > {cfg.max_images_per_text} AS text_shared, "
-                       f"({d.size.format(x='t.words')} < {cfg.min_words} OR "
-                       f"{d.size.format(x='t.words')} > {cfg.max_words}) AS text_length, "
-                       f"r.text IS NOT NULL AS text_rare FROM texts t LEFT JOIN rare_texts r ON t.text = r.text"),
+                       f"({size} < {cfg.min_words} OR {size} > {cfg.max_words}) AS text_length, "
+                       "r.tid IS NOT NULL AS text_rare FROM texts t LEFT JOIN rare_texts r ON t.tid = r.tid"),
         ("image_flags", f"SELECT image_key, least(min(width), min(height)) <= {cfg.min_short_side} AS image_small, "
                         f"greatest(max(width), max(height)) >= {float(cfg.max_aspect)} * least(min(width), min(height)) "
                         f"AS image_aspect, count(DISTINCT text) > {cfg.max_texts_per_image} AS image_many_texts "
-                        f"FROM pairs GROUP BY image_key"),
+                        "FROM pairs GROUP BY image_key"),
         ("flags", "SELECT p.uid, p.text, " + ", ".join(f"{g}.{r}" for r, g in _rule_tables()) +
                   " FROM pairs p JOIN image_flags i ON p.image_key = i.image_key "
                   "JOIN text_flags t ON p.text = t.text"),
     ]
+    return steps
 
 
 def _rule_tables() -> list[tuple[str, str]]:
@@ -144,6 +195,7 @@ class DuckDBEngine:
 
         self.con = duckdb.connect()
         self.con.execute("SET preserve_insertion_order = false")
+        self.con.execute("SET enable_progress_bar = false")
         if memory_limit:
             self.con.execute(f"SET memory_limit = '{memory_limit}'")
         if threads:
@@ -151,7 +203,7 @@ class DuckDBEngine:
         if temp_dir:
             self.con.execute(f"SET temp_directory = '{temp_dir}'")
 
-    def register(self, pairs: Path) -> None:
+    def register(self, pairs: str) -> None:
         self.con.execute(f"CREATE OR REPLACE VIEW pairs AS SELECT uid, image_key, text, width, height "
                          f"FROM read_parquet('{_sql_path(pairs)}')")
 
@@ -191,8 +243,8 @@ class SparkEngine:
         self.spark = builder.getOrCreate()
         self.spark.sparkContext.setLogLevel("ERROR")
 
-    def register(self, pairs: Path) -> None:
-        self.spark.read.parquet(str(pairs)).select("uid", "image_key", "text", "width", "height") \
+    def register(self, pairs: str) -> None:
+        self.spark.read.parquet(pairs).select("uid", "image_key", "text", "width", "height") \
             .createOrReplaceTempView("pairs")
 
     def materialize(self, name: str, query: str) -> None:
@@ -238,9 +290,8 @@ def read_keep(path: Path) -> list[str]:
 def run_filters(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), engine: str = "duckdb",
                 master: str = "local[*]", memory_limit: str = "", threads: int = 0, progress: bool = True) -> dict:
     """Filter the pair table `pairs` into a keep-list and report in `out`; returns the report."""
-    pairs, out = Path(pairs), Path(out)
-    if not pairs.exists():
-        raise ConfigError(f"pair table {pairs} does not exist; build it with `openalign ingest SRC --out {pairs}`")
+    pairs, out = str(pairs), Path(out)  # pairs may be a glob, or a URL the Spark cluster reads
+    check_pair_table(pairs)
     if cfg.vocab_ngrams not in (1, 2) or cfg.min_words > cfg.max_words or cfg.max_aspect <= 1:
         raise ConfigError("filter config needs vocab_ngrams 1 or 2, min_words <= max_words and max_aspect > 1")
     out.mkdir(parents=True, exist_ok=True)
@@ -248,11 +299,18 @@ def run_filters(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), engi
     runner = make_engine(engine, master, memory_limit, threads, str(out / "tmp"))
     try:
         runner.register(pairs)
-        steps = statements(cfg, runner.dialect)
-        for name, query in _progress(steps, progress):
+        bar = _progress(progress)
+        for name, query in count_statements(cfg, runner.dialect):
             runner.materialize(name, query)
+            bar.update()
+        histogram = runner.rows(HISTOGRAM)
+        distinct_terms = sum(n for _, n in histogram)
+        cut = vocab_cut(histogram, cfg.vocab_size)
+        for name, query in flag_statements(cfg, runner.dialect, cut, distinct_terms - cfg.vocab_size):
+            runner.materialize(name, query)
+            bar.update()
+        bar.close()
         total, *counts, kept = runner.rows(summary_query())[0]
-        distinct_terms = runner.rows("SELECT count(*) FROM term_counts")[0][0]
         kept_uids = runner.rows("SELECT count(DISTINCT uid) FROM (" + keep_query() + ") k")[0][0]
         rules = []
         for i, (rule, description) in enumerate(RULES.items()):
@@ -275,10 +333,10 @@ def run_filters(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), engi
     return report
 
 
-def _progress(steps, progress: bool):
+def _progress(progress: bool):
     from tqdm import tqdm
 
-    return tqdm(steps, desc="filter", unit="stage", disable=not progress, leave=False)
+    return tqdm(total=7, desc="filter", unit="stage", disable=not progress, leave=False)
 
 
 def plot_report(report: dict, path: Path) -> None:

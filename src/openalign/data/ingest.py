@@ -76,6 +76,22 @@ class Record:
     remote: bool = False  # an http(s) URL: not fetched here (img2dataset's job)
 
 
+def check_pair_table(spec) -> str:
+    """A pair table: one Parquet file, a glob of them (`pairs/*.parquet`, one per ingest job), or (Spark)
+    a URL such as s3a://bucket/pairs/ that only the cluster can check."""
+    text = str(spec)
+    if "://" in text:
+        return text
+    if any(c in text for c in "*?["):
+        import glob
+
+        if not glob.glob(text):
+            raise ConfigError(f"no pair tables match {text}; build them with `openalign ingest SRC --out FILE.parquet`")
+    elif not Path(text).is_file():
+        raise ConfigError(f"pair table {text} does not exist; build it with `openalign ingest SRC --out {text}`")
+    return text
+
+
 def normalize_text(text: str | None) -> str:
     return " ".join(text.split()) if text else ""
 

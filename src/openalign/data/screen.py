@@ -29,6 +29,7 @@ from tqdm import tqdm
 from openalign.config import ConfigError
 from openalign.data import images
 from openalign.data.dedup import train_images
+from openalign.data.ingest import check_pair_table
 from openalign.data.shard import _SOURCES
 
 
@@ -65,8 +66,7 @@ def screen(pairs: Path, out: Path, options: ScreenOptions, progress: bool = True
     import duckdb
 
     pairs, out = Path(pairs), Path(out)
-    if not pairs.exists():
-        raise ConfigError(f"pair table {pairs} does not exist; build it with `openalign ingest`")
+    check_pair_table(pairs)
     classify = load_classifier(options.classifier)
     start = time.perf_counter()
     train = train_images(pairs)

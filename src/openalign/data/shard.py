@@ -30,7 +30,7 @@ from tqdm import tqdm
 from openalign.config import ConfigError
 from openalign.data import images
 from openalign.data.filters import read_keep
-from openalign.data.ingest import blake
+from openalign.data.ingest import blake, check_pair_table
 from openalign.data.shards import MANIFEST, encode_image
 
 
@@ -128,8 +128,7 @@ def shard(pairs: Path, keep_dirs: list[Path], out: Path, options: ShardOptions =
           progress: bool = True, split_name: str = "") -> dict:
     """Write the kept pairs of `pairs` as shards in `out`; finished shards of an earlier run are kept."""
     pairs, out = Path(pairs), Path(out)
-    if not pairs.exists():
-        raise ConfigError(f"pair table {pairs} does not exist; build it with `openalign ingest`")
+    check_pair_table(pairs)
     if options.samples_per_shard < 1:
         raise ConfigError("--samples-per-shard must be at least 1")
     start = time.perf_counter()

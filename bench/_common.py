@@ -1,0 +1,25 @@
+"""Helpers shared by the bench scripts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "docs" / "benchmarks.md"
+
+
+def write_section(name: str, body: str, path: Path = BENCHMARKS) -> None:
+    """Replace the block between `<!-- NAME begin/end -->` markers in docs/benchmarks.md (append if absent)."""
+    begin, end = f"<!-- {name} begin -->", f"<!-- {name} end -->"
+    text = path.read_text() if path.is_file() else "# Benchmarks\n\nRatios measured side by side in one run.\n\n"
+    block = f"{begin}\n{body}\n{end}"
+    if begin in text:
+        text = text[:text.index(begin)] + block + text[text.index(end) + len(end):]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    path.write_text(text)
+
+
+def verdict(target: str, name: str, value: float, bound: float, at_least: bool) -> str:
+    ok = value >= bound if at_least else value <= bound
+    return f"{target} {name}={value:.2f} target{'>=' if at_least else '<='}{bound:g} {'PASS' if ok else 'FAIL'}"
