@@ -35,6 +35,6 @@ def test_demo_is_small_and_uses_pytorch_batchnorm_momentum():
     cfg = presets.get("demo")
     model = DualEncoder(cfg.model)
     n_params = sum(p.numel() for p in model.parameters())
-    assert n_params < 3_000_000
+    assert n_params < 6_000_000  # ~5.5M: minutes of CPU time
     bn = next(m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d))
     assert bn.momentum == cfg.model.vision.batch_norm_momentum <= 0.1  # never transformers' 0.99

@@ -49,6 +49,10 @@ class TextConfig:
     dropout: float = 0.1
     vocab_size: int = 100_000  # paper: 100k English, 250k multilingual
     max_length: int = 64  # paper: 64 tokens
+    # Encode a batch as this many groups of similar length, each padded only to its own longest text
+    # (the [CLS] output does not depend on masked padding, so results are the same up to rounding).
+    # Alt-texts are short with a long tail: one padding length per batch wastes most of the compute.
+    length_buckets: int = 1
 
 
 @dataclass(frozen=True)

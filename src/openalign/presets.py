@@ -46,7 +46,8 @@ def demo() -> Config:
       the loss wants it, and held-out recall is markedly lower (paper: 1.2M steps hide this);
     - LAMB peak lr 5e-3 over a 50-step warmup, no text dropout: a short run needs fast, clean steps;
     - 64 px images (resize 72, crop 64) instead of 346/289; towers sized for minutes of CPU time
-      (EfficientNet width 0.75 / depth 0.5, BERT 4 x 128), the largest that fit 10 minutes.
+      (EfficientNet width 0.75 / depth 0.5, BERT 4 layers x 256): widening the text tower from 128 to
+      256 raised held-out R@10 from ~10x to ~14x chance, the largest single gain measured.
     """
     return Config(
         preset="demo",
@@ -60,8 +61,8 @@ def demo() -> Config:
                 resize_size=72,
                 image_size=64,  # measured: 64 px beats 48 px at equal wall time on held-out recall
             ),
-            text=TextConfig(hidden_size=128, num_layers=4, num_heads=2, intermediate_size=512, vocab_size=4_000,
-                            dropout=0.0),
+            text=TextConfig(hidden_size=256, num_layers=4, num_heads=4, intermediate_size=1024, vocab_size=4_000,
+                            dropout=0.0, length_buckets=4),
             embed_dim=240,  # the width-0.75 tower pools to 240: no image projection, exact HF format
             temperature_init=0.07,
         ),

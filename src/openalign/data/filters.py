@@ -57,6 +57,8 @@ class Dialect:
     explode: str  # {x}
     materialize: str  # {name}, {query}
     row_id: str  # a unique id per row of a query (internal only, never compared across engines)
+    semi_join: str  # rows of the left side with a match
+    anti_join: str  # rows of the left side without a match
 
 
 DUCKDB = Dialect(
@@ -69,6 +71,8 @@ DUCKDB = Dialect(
     explode="unnest({x})",
     materialize="CREATE OR REPLACE TEMP TABLE {name} AS {query}",
     row_id="row_number() OVER ()",
+    semi_join="SEMI JOIN",
+    anti_join="ANTI JOIN",
 )
 SPARK = Dialect(
     spaces=r"regexp_replace({x}, '[\\t\\n\\x0B\\f\\r ]+', ' ')",  # Spark SQL literals unescape backslashes
@@ -81,6 +85,8 @@ SPARK = Dialect(
     explode="explode({x})",
     materialize="CREATE OR REPLACE TEMP VIEW {name} AS {query}",
     row_id="monotonically_increasing_id()",
+    semi_join="LEFT SEMI JOIN",
+    anti_join="LEFT ANTI JOIN",
 )
 
 
@@ -95,13 +101,13 @@ def _terms(cfg: FilterConfig, d: Dialect) -> tuple[str, str]:
 
 
 def count_statements(cfg: FilterConfig, d: Dialect) -> list[tuple[str, str]]:
-    """Phase 1: distinct texts (with an id) and the corpus frequency of every term."""
+    """Phase 1: distinct texts (with an id), their term occurrences, and each term's corpus frequency."""
     words, terms = _terms(cfg, d)
     return [
         ("texts", f"SELECT {d.row_id} AS tid, text, n_pairs, n_images, {words} AS words FROM "
                   "(SELECT text, count(*) AS n_pairs, count(DISTINCT image_key) AS n_images FROM pairs GROUP BY text) g"),
-        ("term_counts", f"SELECT term, sum(n_pairs) AS c FROM (SELECT {d.explode.format(x=terms)} AS term, n_pairs "
-                        "FROM texts) t GROUP BY term"),
+        ("occurrences", f"SELECT tid, n_pairs, {d.explode.format(x=terms)} AS term FROM texts"),
+        ("term_counts", "SELECT term, sum(n_pairs) AS c FROM occurrences GROUP BY term"),
     ]
 
 
@@ -124,8 +130,6 @@ def vocab_cut(histogram: list[tuple[int, int]], k: int) -> tuple[int, int] | Non
 
 def flag_statements(cfg: FilterConfig, d: Dialect, cut: tuple[int, int] | None, n_rare: int) -> list[tuple[str, str]]:
     """Phase 2: texts with a rare term, then per-text and per-image rule flags, then per-pair flags."""
-    _, terms = _terms(cfg, d)
-    exploded = f"(SELECT tid, {d.explode.format(x=terms)} AS term FROM texts)"
     steps = []
     if cut is None:
         steps.append(("rare_texts", "SELECT tid FROM texts WHERE 1 = 0"))
@@ -138,13 +142,14 @@ def flag_statements(cfg: FilterConfig, d: Dialect, cut: tuple[int, int] | None, 
             steps.append(("cut", f"SELECT term AS b FROM term_counts WHERE c = {c_k} ORDER BY term "
                                  f"LIMIT 1 OFFSET {m - 1}"))
             rare = f"t.c < {c_k} OR (t.c = {c_k} AND t.term > cut.b)"
-        if n_rare <= cfg.vocab_size:  # probe the smaller set: the rare terms ...
-            steps.append(("rare_texts", f"SELECT DISTINCT e.tid FROM {exploded} e JOIN "
+        # probe the smaller set: occurrences of a rare term (semi-join), or not in the vocabulary (anti-join)
+        if n_rare <= cfg.vocab_size:
+            steps.append(("rare_texts", f"SELECT DISTINCT e.tid FROM occurrences e {d.semi_join} "
                                         f"(SELECT t.term FROM term_counts t CROSS JOIN cut WHERE {rare}) r ON e.term = r.term"))
-        else:  # ... or the vocabulary, keeping occurrences that are not in it
-            steps.append(("rare_texts", f"SELECT DISTINCT e.tid FROM {exploded} e LEFT JOIN "
+        else:
+            steps.append(("rare_texts", f"SELECT DISTINCT e.tid FROM occurrences e {d.anti_join} "
                                         f"(SELECT t.term FROM term_counts t CROSS JOIN cut WHERE NOT ({rare})) v "
-                                        "ON e.term = v.term WHERE v.term IS NULL"))
+                                        "ON e.term = v.term"))
     size = d.size.format(x="t.words")
     steps += [
         ("text_flags", f"SELECT t.text, t.n_images > {cfg.max_images_per_text} AS text_shared, "
@@ -336,7 +341,7 @@ def run_filters(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), engi
 def _progress(progress: bool):
     from tqdm import tqdm
 
-    return tqdm(total=7, desc="filter", unit="stage", disable=not progress, leave=False)
+    return tqdm(total=8, desc="filter", unit="stage", disable=not progress, leave=False)
 
 
 def plot_report(report: dict, path: Path) -> None:

@@ -98,10 +98,32 @@ class DualEncoder(nn.Module):
         return Encoding(embeds=F.normalize(embeds, dim=-1), features=features)
 
     def encode_text(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Encoding:
-        hidden = self.align.text_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        features = hidden[:, 0, :]  # [B, H] the [CLS] token
+        buckets = min(self.cfg.text.length_buckets, input_ids.shape[0])
+        right_padded = bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all())
+        if buckets > 1 and right_padded:
+            features = self._cls_by_length(input_ids, attention_mask, buckets)
+        else:
+            features = self._cls(input_ids, attention_mask)
         embeds = self.align.text_projection(features)  # [B, D]
         return Encoding(embeds=F.normalize(embeds, dim=-1), features=features)
+
+    def _cls(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.align.text_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return hidden[:, 0, :]  # [B, H] the [CLS] token
+
+    def _cls_by_length(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, buckets: int) -> torch.Tensor:
+        """[CLS] features with the batch sorted by length and encoded in `buckets` groups, each trimmed
+        to its own longest text, then put back in the original order."""
+        lengths = attention_mask.sum(dim=1)
+        order = torch.argsort(lengths, stable=True)
+        parts = []
+        for chunk in torch.tensor_split(order, buckets):
+            if chunk.numel() == 0:
+                continue
+            width = int(lengths[chunk].max())
+            parts.append(self._cls(input_ids[chunk, :width], attention_mask[chunk, :width]))
+        features = torch.cat(parts)
+        return features[torch.argsort(order)]  # undo the sort
 
     def forward(self, pixel_values, input_ids, attention_mask) -> tuple[Encoding, Encoding]:
         return self.encode_image(pixel_values), self.encode_text(input_ids, attention_mask)
