@@ -114,7 +114,7 @@ def main() -> int:
     rows = [
         f"### P4 training step ({args.preset} preset, batch {args.batch}, {torch.get_num_threads()} threads)", "",
         "| step | s/step (median of {}) | pairs/s |".format(args.repeats), "|---|---|---|",
-        f"| openalign (channels_last, no text pooler, LAMB, paper loss) | {ours_s:.3f} | {args.batch / ours_s:.0f} |",
+        f"| openalign (channels_last, no text pooler, length-bucketed text, LAMB, paper loss) | {ours_s:.3f} | {args.batch / ours_s:.0f} |",
         f"| transformers AlignModel(return_loss=True) + AdamW | {plain_s:.3f} | {args.batch / plain_s:.0f} |", "",
         f"- pairs/s ratio openalign / plain: **{ratio:.2f}x** (target >= 1.0)",
         f"- time waiting for the real loader (1 worker, emoji shards): **{data_frac:.1%}** of the step (target <= 5%)",
