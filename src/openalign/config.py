@@ -107,7 +107,7 @@ class TrainConfig:
     log_every: int = 10
     eval_every: int = 0  # 0: only at the end
     checkpoint_every: int = 1_000
-    threads: int = 0  # torch intra-op threads; 0: all cores minus data workers
+    threads: int = 0  # torch intra-op threads; 0: all cores (measured: no slower than leaving one to the workers)
     precision: str = "auto"  # auto (bf16 autocast on GPU, fp32 on CPU) | fp32 | bf16
     device: str = "auto"
 

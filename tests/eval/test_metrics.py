@@ -65,3 +65,37 @@ def test_topk_accuracy_with_ties_against():
     acc = M.topk_accuracy(logits, labels, ks=(1, 2))
     assert acc["top1"] == pytest.approx(1 / 3)  # row 1 ties: counted as a miss at top-1
     assert acc["top2"] == pytest.approx(2 / 3)
+
+
+def full_matrix_ranks(img, txt, text_to_image):
+    """The naive reference: the whole [N, M] matrix, ranks by the definition in the module docstring."""
+    sims = img @ txt.T
+    own = text_to_image[None, :] == torch.arange(img.shape[0])[:, None]
+    best = sims.masked_fill(~own, float("-inf")).max(dim=1, keepdim=True).values
+    i2t = ((sims >= best) & ~own).sum(dim=1)
+    score = sims.T.gather(1, text_to_image[:, None])
+    t2i = (sims.T >= score).sum(dim=1) - 1
+    return i2t, t2i
+
+
+def test_blocked_ranks_equal_the_full_matrix_with_shuffled_captions_and_ties():
+    g = torch.Generator().manual_seed(0)
+    img = torch.randint(-2, 3, (37, 8), generator=g).double()  # small integers: many exact ties
+    owner = torch.cat([torch.arange(37).repeat_interleave(3), torch.tensor([0, 5, 5])])  # 3-5 captions each
+    owner = owner[torch.randperm(len(owner), generator=g)]  # captions in no particular order
+    txt = torch.randint(-2, 3, (len(owner), 8), generator=g).double()
+    ref_i2t, ref_t2i = full_matrix_ranks(img, txt, owner)
+    for chunk in (None, 1, 5, 64):
+        assert torch.equal(M.i2t_ranks(img, txt, owner, chunk), ref_i2t)
+        assert torch.equal(M.t2i_ranks(img, txt, owner, chunk), ref_t2i)
+
+
+def test_captions_by_image_table():
+    table = M.captions_by_image(torch.tensor([2, 0, 2, 1, 2]), 4)
+    assert table.tolist() == [[1, -1, -1], [3, -1, -1], [0, 2, 4], [-1, -1, -1]]
+
+
+def test_count_at_least_is_exact_beyond_int16():
+    scores = torch.zeros(2, 70_000)
+    scores[1, :5] = -1.0
+    assert M.count_at_least(scores, torch.tensor([[0.0], [0.0]])).tolist() == [70_000, 69_995]

@@ -17,27 +17,70 @@ def chance_key(key: str) -> str:
     return key.replace("zeroshot_", "zeroshot_chance_") if key.startswith("zeroshot_") else f"chance_{key}"
 
 
-def i2t_ranks(img: torch.Tensor, txt: torch.Tensor, text_to_image: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
-    """[N] rank of each image's best caption among all M texts. img [N, D], txt [M, D], text_to_image [M]."""
+BLOCK_BYTES = 64 * 2**20  # similarity rows per block: at most this many bytes of scores at a time
+
+
+def _rows_per_block(columns: int, chunk: int | None) -> int:
+    return chunk or max(1, BLOCK_BYTES // (4 * max(columns, 1)))
+
+
+_INT16_MAX = 32767
+
+
+def count_at_least(scores: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+    """[b] how many entries of each row of `scores` [b, n] are >= its `threshold` [b, 1].
+
+    Summing booleans into int16 over column slices short enough not to overflow is ~4x faster on CPU
+    than the default int64 reduction; the slice sums are then added in int64, so the count is exact."""
+    out = torch.zeros(scores.shape[0], dtype=torch.long)
+    for start in range(0, scores.shape[1], _INT16_MAX):
+        out += (scores[:, start:start + _INT16_MAX] >= threshold).sum(dim=1, dtype=torch.int16)
+    return out
+
+
+def captions_by_image(text_to_image: torch.Tensor, n_images: int) -> torch.Tensor:
+    """[N, c_max] caption indices of each image, padded with -1 (captions may be in any order)."""
+    counts = torch.bincount(text_to_image, minlength=n_images)
+    order = torch.argsort(text_to_image, stable=True)
+    starts = torch.cumsum(counts, 0) - counts
+    slot = torch.arange(len(text_to_image)) - starts[text_to_image[order]]
+    table = torch.full((n_images, int(counts.max()) if len(counts) else 0), -1, dtype=torch.long)
+    table[text_to_image[order], slot] = order
+    return table
+
+
+def i2t_ranks(img: torch.Tensor, txt: torch.Tensor, text_to_image: torch.Tensor, chunk: int | None = None
+              ) -> torch.Tensor:
+    """[N] rank of each image's best caption among all M texts. img [N, D], txt [M, D], text_to_image [M].
+
+    Works in blocks of image rows (about 64 MiB of scores each); an image's own captions are found by
+    index (gather), so no [N, M] mask is ever built."""
     n = img.shape[0]
+    own = captions_by_image(text_to_image, n)  # [N, c]
     ranks = torch.empty(n, dtype=torch.long)
-    for start in range(0, n, chunk):
-        sims = img[start:start + chunk] @ txt.T  # [b, M], one block: memory b x M
-        own = text_to_image[None, :] == torch.arange(start, start + len(sims))[:, None]  # [b, M]
-        best = sims.masked_fill(~own, float("-inf")).max(dim=1, keepdim=True).values  # [b, 1]
-        ranks[start:start + chunk] = ((sims >= best) & ~own).sum(dim=1)
+    step = _rows_per_block(txt.shape[0], chunk)
+    for start in range(0, n, step):
+        sims = img[start:start + step] @ txt.T  # [b, M]
+        idx = own[start:start + step]  # [b, c]
+        valid = idx >= 0
+        own_scores = sims.gather(1, idx.clamp(min=0)).masked_fill(~valid, float("-inf"))  # [b, c]
+        best = own_scores.max(dim=1, keepdim=True).values  # [b, 1]
+        # wrong candidates at least as good as the best own caption = all such - own such
+        ranks[start:start + step] = count_at_least(sims, best) - ((own_scores >= best) & valid).sum(dim=1)
     return ranks
 
 
-def t2i_ranks(img: torch.Tensor, txt: torch.Tensor, text_to_image: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+def t2i_ranks(img: torch.Tensor, txt: torch.Tensor, text_to_image: torch.Tensor, chunk: int | None = None
+              ) -> torch.Tensor:
     """[M] rank of each text's image among all N images."""
     m = txt.shape[0]
     ranks = torch.empty(m, dtype=torch.long)
-    for start in range(0, m, chunk):
-        sims = txt[start:start + chunk] @ img.T  # [b, N]
-        target = text_to_image[start:start + chunk]  # [b]
+    step = _rows_per_block(img.shape[0], chunk)
+    for start in range(0, m, step):
+        sims = txt[start:start + step] @ img.T  # [b, N]
+        target = text_to_image[start:start + step]  # [b]
         score = sims.gather(1, target[:, None])  # [b, 1], from the same matrix: ties are exact
-        ranks[start:start + chunk] = (sims >= score).sum(dim=1) - 1
+        ranks[start:start + step] = count_at_least(sims, score) - 1
     return ranks
 
 
