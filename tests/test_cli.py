@@ -2,7 +2,7 @@
 
 import json
 
-from conftest import read_jsonl
+from conftest import read_jsonl, shape_image
 from openalign import cli
 from openalign.model.hub import load_pretrained
 from openalign.train import trainer
@@ -36,6 +36,18 @@ def test_train_evaluates_saves_and_reports(shapes, tmp_path, capsys):
     assert cli.main(["eval", str(run / "model"), "--data", str(shapes["eval"]), "--out", str(tmp_path / "m.json")]) == 0
     again = json.loads((tmp_path / "m.json").read_text())
     assert again["i2t_r10"] == metrics["i2t_r10"] and (tmp_path / "m.md").is_file()
+    # ... and on a Karpathy-split JSON with 5 captions per image
+    (tmp_path / "imgs").mkdir()
+    entries = []
+    for i, (colour, shape) in enumerate([("red", "circle"), ("blue", "square"), ("green", "triangle")]):
+        shape_image(colour, shape).save(tmp_path / "imgs" / f"{i}.png")
+        entries.append({"filename": f"{i}.png", "split": "test",
+                        "sentences": [{"raw": f"a {colour} {shape} {j}"} for j in range(5)]})
+    (tmp_path / "k.json").write_text(json.dumps({"images": entries}))
+    assert cli.main(["eval", str(run / "model"), "--data", str(tmp_path / "k.json"), "--images", str(tmp_path / "imgs"),
+                     "--task", "retrieval", "--out", str(tmp_path / "k_metrics.json")]) == 0
+    karpathy = json.loads((tmp_path / "k_metrics.json").read_text())
+    assert (karpathy["n_images"], karpathy["n_texts"]) == (3, 15) and karpathy["chance_t2i_r1"] == 1 / 3
 
 
 def test_interrupted_run_resumes_with_identical_losses(shapes, tmp_path, monkeypatch):

@@ -71,7 +71,8 @@ def cmd_eval(args) -> int:
         templates = tuple(t for t in Path(args.templates).read_text().splitlines() if t.strip())
         if not all("{}" in t for t in templates):
             raise ConfigError(f"every line of {args.templates} must contain {{}} where the class name goes")
-    options = EvalOptions(batch_size=args.batch_size, max_length=cfg.model.text.max_length, templates=templates)
+    options = EvalOptions(batch_size=args.batch_size, max_length=cfg.model.text.max_length, templates=templates,
+                          images=args.images or "", split=args.split)
     metrics = run_tasks(model, tokenizer, args.data, args.task or ["retrieval", "zeroshot"], options,
                         cfg.model.vision.resize_size, cfg.model.vision.image_size)
     write_report(metrics, Path(args.out))
@@ -189,7 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("eval", help="evaluate a saved model on held-out shards")
     p.add_argument("model", help="a model directory (RUN/model)")
-    p.add_argument("--data", required=True, help="evaluation shards")
+    p.add_argument("--data", required=True,
+                   help="evaluation shards, a Karpathy-split JSON (dataset_flickr30k.json) or a caption table")
+    p.add_argument("--images", help="image root for a Karpathy JSON or caption table (default: beside the file)")
+    p.add_argument("--split", default="test", help="Karpathy split (test: the 1K Flickr30K / 5K COCO protocol)")
     p.add_argument("--task", action="append", help="retrieval and/or zeroshot (default: both)")
     p.add_argument("--templates", help="prompt templates file, one per line with {} for the class name")
     p.add_argument("--batch-size", type=int, default=256)

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from openalign.config import ConfigError, EvalConfig
 from openalign.data.loader import eval_samples
-from openalign.data.shards import list_shards
+from openalign.eval.datasets import eval_stream
 from openalign.eval import metrics as M
 from openalign.model.dual_encoder import DualEncoder
 
@@ -31,6 +31,8 @@ class EvalOptions:
     batch_size: int = 256
     max_length: int = 64
     templates: tuple[str, ...] = DEFAULT_TEMPLATES
+    images: str = ""  # image root for Karpathy JSON / caption tables (default: beside the file)
+    split: str = "test"  # Karpathy split to evaluate ("all" for every image)
 
 
 @dataclass
@@ -71,9 +73,13 @@ def encode_texts(model: DualEncoder, tokenizer, texts: list[str], options: EvalO
 
 def embed_split(model: DualEncoder, shards: str | list[str], options: EvalOptions, resize: int, crop: int,
                 progress: bool = True) -> EvalData:
-    """Encode every image of the held-out shards; captions are kept as text for the tasks."""
-    paths = list_shards(shards) if isinstance(shards, str) else shards
+    """Encode every image of the evaluation data (shards, Karpathy JSON or a caption table; see
+    eval/datasets.py); captions are kept as text for the tasks."""
     counter: dict = {}
+    if isinstance(shards, str):
+        stream = eval_stream(shards, resize, crop, counter, options.images, options.split)
+    else:
+        stream = eval_samples(shards, resize, crop, counter)
     embeds, captions, owner, labels, pending = [], [], [], [], []
 
     def flush():
@@ -81,7 +87,7 @@ def embed_split(model: DualEncoder, shards: str | list[str], options: EvalOption
             embeds.append(model.encode_image(torch.stack(pending).to(_device(model))).embeds.float().cpu())
         pending.clear()
 
-    for sample in tqdm(eval_samples(paths, resize, crop, counter), desc="embed eval images", unit="img",
+    for sample in tqdm(stream, desc="embed eval images", unit="img",
                        disable=not progress, leave=False):
         index = len(labels)
         labels.append(sample.meta.get("name", sample.texts[0]))
