@@ -31,8 +31,9 @@ from tqdm import tqdm
 
 from openalign.config import ConfigError
 from openalign.data import images
+from openalign.data.filters import write_keep_without_images
 from openalign.data.ingest import IMAGE_SUFFIXES, check_pair_table
-from openalign.data.shard import _SOURCES
+from openalign.data.shard import SOURCES
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ def eval_images(spec: str) -> Iterator[tuple[str, bytes]]:
     path = Path(spec)
     if path.suffix == ".parquet" and path.is_file():
         for key, src, member in train_images(path):
-            yield key, _SOURCES.read(src, member)
+            yield key, SOURCES.read(src, member)
     elif path.is_dir() and any(path.glob("*.tar")):
         for sample in shard_lib.read_samples(shard_lib.list_shards(spec)):
             try:
@@ -93,7 +94,7 @@ def phash_bytes(data: bytes) -> np.ndarray | None:
 def _phash_train(item: tuple[str, str, str | None]) -> np.ndarray | None:
     _, path, member = item
     try:
-        return phash_bytes(_SOURCES.read(path, member))
+        return phash_bytes(SOURCES.read(path, member))
     except OSError:
         return None
 
@@ -169,7 +170,7 @@ def embedding_matches(train: list, eval_items: list[tuple[str, bytes]], options:
 
     def read(item):
         try:
-            return _SOURCES.read(item[1], item[2])
+            return SOURCES.read(item[1], item[2])
         except OSError:
             return None
 
@@ -193,8 +194,6 @@ def _percentiles(scores: list[float]) -> dict:
 
 
 def dedup(pairs: Path, against: str, out: Path, options: DedupOptions = DedupOptions(), progress: bool = True) -> dict:
-    import duckdb
-
     pairs, out = Path(pairs), Path(out)
     check_pair_table(pairs)
     if options.mode not in ("phash", "embedding"):
@@ -209,13 +208,7 @@ def dedup(pairs: Path, against: str, out: Path, options: DedupOptions = DedupOpt
     removed = [(train[i], m) for i, m in enumerate(matches) if m is not None and is_duplicate(m[0])]
     removed_keys = [t[0] for t, _ in removed]
     out.mkdir(parents=True, exist_ok=True)
-    with duckdb.connect() as con:
-        con.execute("CREATE TEMP TABLE removed AS SELECT unnest(?::VARCHAR[]) AS image_key", [removed_keys])
-        con.execute(f"COPY (SELECT DISTINCT uid FROM read_parquet(?) WHERE image_key NOT IN "
-                    f"(SELECT image_key FROM removed) ORDER BY uid) TO '{out / 'keep.parquet'}' (FORMAT parquet)",
-                    [str(pairs)])
-        removed_pairs = con.execute("SELECT count(*) FROM read_parquet(?) WHERE image_key IN "
-                                    "(SELECT image_key FROM removed)", [str(pairs)]).fetchone()[0]
+    removed_pairs = write_keep_without_images(pairs, removed_keys, out)
     closest = sorted(removed, key=lambda r: r[1][0], reverse=options.mode == "embedding")[:options.examples]
     report = {
         "stage": "dedup", "pairs": str(pairs), "against": str(against), "mode": options.mode,

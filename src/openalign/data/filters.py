@@ -290,6 +290,20 @@ def read_keep(path: Path) -> list[str]:
     return sorted(ds.dataset(str(path), format="parquet").to_table(columns=["uid"]).column("uid").to_pylist())
 
 
+def write_keep_without_images(pairs: str, image_keys: list[str], out: Path) -> int:
+    """Keep-list `out/keep.parquet` of every pair whose image is not in `image_keys` (the dedup and
+    screen stages); returns how many pairs were removed."""
+    import duckdb
+
+    with duckdb.connect() as con:
+        con.execute("CREATE TEMP TABLE dropped AS SELECT unnest(?::VARCHAR[]) AS image_key", [list(image_keys)])
+        con.execute(f"COPY (SELECT DISTINCT uid FROM read_parquet(?) WHERE image_key NOT IN "
+                    f"(SELECT image_key FROM dropped) ORDER BY uid) TO '{_sql_path(out / 'keep.parquet')}' "
+                    "(FORMAT parquet)", [str(pairs)])
+        return con.execute("SELECT count(*) FROM read_parquet(?) WHERE image_key IN (SELECT image_key FROM dropped)",
+                           [str(pairs)]).fetchone()[0]
+
+
 # ---------------------------------------------------------------------------------------------- stage
 
 def run_filters(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), engine: str = "duckdb",

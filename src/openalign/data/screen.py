@@ -29,8 +29,9 @@ from tqdm import tqdm
 from openalign.config import ConfigError
 from openalign.data import images
 from openalign.data.dedup import train_images
+from openalign.data.filters import write_keep_without_images
 from openalign.data.ingest import check_pair_table
-from openalign.data.shard import _SOURCES
+from openalign.data.shard import SOURCES
 
 
 @dataclass(frozen=True)
@@ -63,8 +64,6 @@ def load_classifier(spec: str) -> Callable:
 
 
 def screen(pairs: Path, out: Path, options: ScreenOptions, progress: bool = True) -> dict:
-    import duckdb
-
     pairs, out = Path(pairs), Path(out)
     check_pair_table(pairs)
     classify = load_classifier(options.classifier)
@@ -85,7 +84,7 @@ def screen(pairs: Path, out: Path, options: ScreenOptions, progress: bool = True
 
     for item in tqdm(train, desc="screen", unit="img", disable=not progress):
         try:
-            batch.append((item, images.load_rgb(_SOURCES.read(item[1], item[2]))))
+            batch.append((item, images.load_rgb(SOURCES.read(item[1], item[2]))))
         except (images.BadImage, OSError):
             unreadable += 1
             continue
@@ -94,13 +93,7 @@ def screen(pairs: Path, out: Path, options: ScreenOptions, progress: bool = True
     if batch:
         flush()
     out.mkdir(parents=True, exist_ok=True)
-    with duckdb.connect() as con:
-        con.execute("CREATE TEMP TABLE flagged AS SELECT unnest(?::VARCHAR[]) AS image_key", [[f[0][0] for f in flagged]])
-        con.execute(f"COPY (SELECT DISTINCT uid FROM read_parquet(?) WHERE image_key NOT IN "
-                    f"(SELECT image_key FROM flagged) ORDER BY uid) TO '{out / 'keep.parquet'}' (FORMAT parquet)",
-                    [str(pairs)])
-        removed_pairs = con.execute("SELECT count(*) FROM read_parquet(?) WHERE image_key IN "
-                                    "(SELECT image_key FROM flagged)", [str(pairs)]).fetchone()[0]
+    removed_pairs = write_keep_without_images(pairs, [f[0][0] for f in flagged], out)
     flagged.sort(key=lambda f: -f[1])
     report = {
         "stage": "screen", "pairs": str(pairs), "classifier": options.classifier, "threshold": options.threshold,

@@ -88,7 +88,7 @@ class _Sources:
         return tar.extractfile(info).read()
 
 
-_SOURCES = _Sources()
+SOURCES = _Sources()  # one per process: forked workers each build their own tar indexes
 
 
 def resize_short_side(image: Image.Image, size: int) -> Image.Image:
@@ -107,7 +107,7 @@ def write_shard(task: tuple[Path, list[dict], ShardOptions]) -> dict:
     with wds.TarWriter(str(tmp), mtime=0.0) as writer:  # fixed mtime: reruns give identical bytes
         for sample in samples:
             try:
-                image = images.load_rgb(_SOURCES.read(sample["path"], sample["member"]), options.max_pixels)
+                image = images.load_rgb(SOURCES.read(sample["path"], sample["member"]), options.max_pixels)
             except images.BadImage as err:
                 skipped[err.reason] = skipped.get(err.reason, 0) + 1
                 continue
