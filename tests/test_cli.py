@@ -48,6 +48,15 @@ def test_train_evaluates_saves_and_reports(shapes, tmp_path, capsys):
                      "--task", "retrieval", "--out", str(tmp_path / "k_metrics.json")]) == 0
     karpathy = json.loads((tmp_path / "k_metrics.json").read_text())
     assert (karpathy["n_images"], karpathy["n_texts"]) == (3, 15) and karpathy["chance_t2i_r1"] == 1 / 3
+    # ... and zero-shot on ImageNet-style folders with CLIP's 80 templates and a class subset
+    for colour in ("red", "blue", "green"):
+        (tmp_path / "cls" / colour).mkdir(parents=True)
+        shape_image(colour, "circle").save(tmp_path / "cls" / colour / "0.png")
+    (tmp_path / "subset.txt").write_text("red\nblue\n")
+    assert cli.main(["eval", str(run / "model"), "--data", str(tmp_path / "cls"), "--templates", "imagenet80",
+                     "--class-subset", str(tmp_path / "subset.txt"), "--out", str(tmp_path / "z.json")]) == 0
+    zeroshot = json.loads((tmp_path / "z.json").read_text())
+    assert (zeroshot["zeroshot_n_classes"], zeroshot["zeroshot_n_images"]) == (2, 2) and "i2t_r1" not in zeroshot
 
 
 def test_interrupted_run_resumes_with_identical_losses(shapes, tmp_path, monkeypatch):

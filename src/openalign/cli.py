@@ -58,6 +58,7 @@ def cmd_train(args) -> int:
 def cmd_eval(args) -> int:
     import torch
 
+    from openalign.eval.datasets import load_templates
     from openalign.eval.tasks import DEFAULT_TEMPLATES, EvalOptions, run_tasks, write_report
     from openalign.model.hub import load_pretrained
     from openalign.train import report
@@ -66,14 +67,11 @@ def cmd_eval(args) -> int:
     if tokenizer is None:
         raise ConfigError(f"{args.model} has no tokenizer (tokenizer.json); save the model with its tokenizer")
     torch.set_num_threads(os.cpu_count() or 1)
-    templates = DEFAULT_TEMPLATES
-    if args.templates:
-        templates = tuple(t for t in Path(args.templates).read_text().splitlines() if t.strip())
-        if not all("{}" in t for t in templates):
-            raise ConfigError(f"every line of {args.templates} must contain {{}} where the class name goes")
+    templates = load_templates(args.templates) if args.templates else DEFAULT_TEMPLATES
     options = EvalOptions(batch_size=args.batch_size, max_length=cfg.model.text.max_length, templates=templates,
-                          images=args.images or "", split=args.split)
-    metrics = run_tasks(model, tokenizer, args.data, args.task or ["retrieval", "zeroshot"], options,
+                          images=args.images or "", split=args.split, classnames=args.classnames or "",
+                          class_subset=args.class_subset or "")
+    metrics = run_tasks(model, tokenizer, args.data, args.task or [], options,
                         cfg.model.vision.resize_size, cfg.model.vision.image_size)
     write_report(metrics, Path(args.out))
     print("\n".join(report.summary_lines(metrics)))
@@ -194,8 +192,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="evaluation shards, a Karpathy-split JSON (dataset_flickr30k.json) or a caption table")
     p.add_argument("--images", help="image root for a Karpathy JSON or caption table (default: beside the file)")
     p.add_argument("--split", default="test", help="Karpathy split (test: the 1K Flickr30K / 5K COCO protocol)")
-    p.add_argument("--task", action="append", help="retrieval and/or zeroshot (default: both)")
-    p.add_argument("--templates", help="prompt templates file, one per line with {} for the class name")
+    p.add_argument("--task", action="append",
+                   help="retrieval and/or zeroshot (default: both with captions, zeroshot for a classification set)")
+    p.add_argument("--templates", help="imagenet80 (CLIP's 80 prompts), generic, or a file with one template per "
+                                       "line, {} for the class name (default: the preset's short set)")
+    p.add_argument("--classnames", help="zero-shot: class names, `label,name` lines or one per sorted label")
+    p.add_argument("--class-subset", help="zero-shot: file of labels; only these classes compete (ImageNet-R/A)")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--out", default="metrics.json")
     p.set_defaults(func=cmd_eval)

@@ -43,3 +43,25 @@ def test_caption_tables_group_rows_by_image(tmp_path, image_dir):
     (tmp_path / "bad.csv").write_text("file,text\na,b\n")
     with pytest.raises(ConfigError, match="'image' column"):
         list(eval_stream(str(tmp_path / "bad.csv"), 36, 32, {}, str(image_dir)))
+
+
+def test_classification_folders_tables_names_and_templates(tmp_path):
+    from openalign.eval.datasets import load_classnames, load_templates
+
+    root = tmp_path / "cls"
+    for label, colour in (("n01", "red"), ("n02", "blue")):
+        (root / label).mkdir(parents=True)
+        for i in range(2):
+            Image.new("RGB", (40, 40), colour).save(root / label / f"{i}.jpg")
+    samples = list(eval_stream(str(root), 36, 32, {}))
+    assert [s.meta["name"] for s in samples] == ["n01", "n01", "n02", "n02"] and samples[0].texts == []
+    (tmp_path / "labels.csv").write_text("image,label\nn02/0.jpg,n02\nn01/1.jpg,n01\n")
+    samples = list(eval_stream(str(tmp_path / "labels.csv"), 36, 32, {}, str(root)))
+    assert [s.meta["name"] for s in samples] == ["n02", "n01"]
+    (tmp_path / "names.txt").write_text("tench\ngoldfish\n")  # one per sorted label
+    assert load_classnames(str(tmp_path / "names.txt"), ["n02", "n01"]) == {"n01": "tench", "n02": "goldfish"}
+    (tmp_path / "pairs.tsv").write_text("n02\tgoldfish\nn01\ttench\nn03\tshark\n")
+    assert load_classnames(str(tmp_path / "pairs.tsv"), ["n01", "n02"])["n02"] == "goldfish"
+    assert len(load_templates("imagenet80")) == 80 and load_templates("generic")[0] == "{}"
+    with pytest.raises(ConfigError, match="2 names for 3 classes"):
+        load_classnames(str(tmp_path / "names.txt"), ["a", "b", "c"])

@@ -5,6 +5,8 @@
                                                   split, sentences[].raw; `--split test` by default
     --data captions.csv|.tsv|.jsonl --images DIR  one row per caption: image, caption (grouped by image;
                                                   a JSONL row may instead carry a `captions` list)
+    --data DIR (sub-directories of images)        ImageNet-style classification folders: DIR/LABEL/*.jpg
+    --data labels.csv --images DIR                classification table: image, label
 
 The paper's protocols are the Karpathy test splits: Flickr30K 1K test images and MSCOCO 5K test
 images, 5 captions each (`--split test` of dataset_flickr30k.json / dataset_coco.json).
@@ -14,15 +16,43 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 from typing import Iterator
 
 from openalign.config import ConfigError
 from openalign.data import images, transforms
+from openalign.data.ingest import IMAGE_SUFFIXES
 from openalign.data.loader import EvalSample, eval_samples
 from openalign.data.shards import list_shards
 
 TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl")
+TEMPLATE_SETS = ("imagenet80", "generic")  # shipped in eval/templates/: CLIP's 80 ImageNet prompts, a short set
+
+
+def load_templates(spec: str) -> tuple[str, ...]:
+    """A shipped template set by name, or a file with one template per line ({} = the class name)."""
+    path = Path(__file__).parent / "templates" / f"{spec}.txt" if spec in TEMPLATE_SETS else Path(spec)
+    if not path.is_file():
+        raise ConfigError(f"no templates file {spec}; give a file or one of {', '.join(TEMPLATE_SETS)}")
+    templates = tuple(t for t in path.read_text().splitlines() if t.strip())
+    if not templates or not all("{}" in t for t in templates):
+        raise ConfigError(f"every line of {spec} must contain {{}} where the class name goes")
+    return templates
+
+
+def load_classnames(path: str, labels: list[str]) -> dict[str, str]:
+    """Readable class names: `label<TAB or ,>name` lines, or one name per line in sorted-label order
+    (the convention of ImageNet class-name lists aligned with sorted WordNet ids)."""
+    lines = [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
+    pairs = [re.split(r"[\t,]", line, maxsplit=1) for line in lines]
+    if all(len(p) == 2 for p in pairs) and {p[0] for p in pairs} >= set(labels):
+        return {p[0]: p[1].strip() for p in pairs}
+    ordered = sorted(set(labels))
+    if len(lines) != len(ordered):
+        raise ConfigError(f"{path} has {len(lines)} names for {len(ordered)} classes; give one per class in sorted "
+                          "label order, or `label,name` lines")
+    return dict(zip(ordered, lines))
 
 
 def karpathy_items(path: Path, root: Path, split: str) -> list[tuple[Path, list[str]]]:
@@ -50,8 +80,7 @@ def table_items(path: Path, root: Path, image_column: str = "image", text_column
     if path.suffix == ".jsonl":
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     else:
-        with open(path, newline="") as f:
-            rows = list(csv.DictReader(f, delimiter="\t" if path.suffix == ".tsv" else ","))
+        rows = table_rows(path)
     for row in rows:
         if image_column not in row or (text_column not in row and "captions" not in row):
             raise ConfigError(f"{path} rows need an {image_column!r} column and a {text_column!r} column "
@@ -59,6 +88,26 @@ def table_items(path: Path, root: Path, image_column: str = "image", text_column
         captions = row.get("captions") or [row[text_column]]
         grouped.setdefault(row[image_column], []).extend(c.strip() for c in captions if c and c.strip())
     return [((root / name), caps) for name, caps in grouped.items()]
+
+
+def folder_items(root: Path) -> list[tuple[Path, str]]:
+    """ImageNet-style folders: (image, label = its directory name), classes and files in sorted order."""
+    items = []
+    for class_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+        items += [(f, class_dir.name) for f in sorted(class_dir.iterdir()) if f.suffix.lower() in IMAGE_SUFFIXES]
+    if not items:
+        raise ConfigError(f"{root} has no class sub-directories with images (DIR/LABEL/*.jpg)")
+    return items
+
+
+def labeled_samples(items: list[tuple[Path, str]], resize: int, crop: int, counter: dict) -> Iterator[EvalSample]:
+    for path, label in items:
+        try:
+            image = images.load_rgb(path.read_bytes())
+        except (OSError, images.BadImage):
+            counter["skipped"] = counter.get("skipped", 0) + 1
+            continue
+        yield EvalSample(transforms.eval_transform(image, resize, crop), [], {"name": label, "path": str(path)})
 
 
 def file_samples(items: list[tuple[Path, list[str]]], resize: int, crop: int, counter: dict) -> Iterator[EvalSample]:
@@ -80,5 +129,16 @@ def eval_stream(data: str, resize: int, crop: int, counter: dict, images_root: s
     if path.suffix == ".json" and path.is_file():
         return file_samples(karpathy_items(path, root, split), resize, crop, counter)
     if path.suffix in TABLE_SUFFIXES and path.is_file():
+        header = path.read_text().split("\n", 1)[0]
+        if path.suffix != ".jsonl" and "label" in header and "caption" not in header:
+            rows = table_rows(path)
+            return labeled_samples([(root / r["image"], r["label"]) for r in rows], resize, crop, counter)
         return file_samples(table_items(path, root), resize, crop, counter)
+    if path.is_dir() and not any(path.glob("*.tar")) and any(p.is_dir() for p in path.iterdir()):
+        return labeled_samples(folder_items(path), resize, crop, counter)
     return eval_samples(list_shards(data), resize, crop, counter)
+
+
+def table_rows(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f, delimiter="\t" if path.suffix == ".tsv" else ","))

@@ -18,8 +18,8 @@ from tqdm import tqdm
 
 from openalign.config import ConfigError, EvalConfig
 from openalign.data.loader import eval_samples
-from openalign.eval.datasets import eval_stream
 from openalign.eval import metrics as M
+from openalign.eval.datasets import eval_stream, load_classnames
 from openalign.model.dual_encoder import DualEncoder
 
 # A short generic prompt set for icons and emoji (one definition: the config's default).
@@ -33,6 +33,8 @@ class EvalOptions:
     templates: tuple[str, ...] = DEFAULT_TEMPLATES
     images: str = ""  # image root for Karpathy JSON / caption tables (default: beside the file)
     split: str = "test"  # Karpathy split to evaluate ("all" for every image)
+    classnames: str = ""  # zero-shot: a class-names file (see datasets.load_classnames)
+    class_subset: str = ""  # zero-shot: a file of labels; only these classes compete (ImageNet-R/A style)
 
 
 @dataclass
@@ -90,7 +92,7 @@ def embed_split(model: DualEncoder, shards: str | list[str], options: EvalOption
     for sample in tqdm(stream, desc="embed eval images", unit="img",
                        disable=not progress, leave=False):
         index = len(labels)
-        labels.append(sample.meta.get("name", sample.texts[0]))
+        labels.append(sample.meta.get("name") or (sample.texts[0] if sample.texts else ""))
         captions += sample.texts
         owner += [index] * len(sample.texts)
         pending.append(sample.pixels)
@@ -104,6 +106,8 @@ def embed_split(model: DualEncoder, shards: str | list[str], options: EvalOption
 
 
 def retrieval(model: DualEncoder, tokenizer, data: EvalData, options: EvalOptions) -> dict:
+    if not data.captions:
+        raise ConfigError("the evaluation data has no captions (a classification set?): use --task zeroshot")
     txt = encode_texts(model, tokenizer, data.captions, options)
     metrics = M.retrieval_metrics(data.image_embeds, txt, data.text_to_image)
     chance = M.retrieval_chance(data.text_to_image, len(data.labels))
@@ -111,14 +115,22 @@ def retrieval(model: DualEncoder, tokenizer, data: EvalData, options: EvalOption
 
 
 def zeroshot(model: DualEncoder, tokenizer, data: EvalData, options: EvalOptions) -> dict:
-    classnames = sorted(set(data.labels))
-    prompts = [t.format(c) for c in classnames for t in options.templates]  # class-major [C*T]
-    weights = M.class_weights(encode_texts(model, tokenizer, prompts, options), len(classnames))  # [C, D]
-    index = {c: i for i, c in enumerate(classnames)}
-    labels = torch.tensor([index[c] for c in data.labels])
-    metrics = M.topk_accuracy(data.image_embeds @ weights.T, labels)
-    return metrics | {"n_classes": len(classnames), "chance_top1": 1 / len(classnames),
-                      "chance_top5": min(1.0, 5 / len(classnames))}
+    """Prompt-ensemble classifier over the data's labels (or a subset), top-1/top-5 on its images."""
+    classes = sorted(set(data.labels))
+    if options.class_subset:
+        subset = {line.strip() for line in Path(options.class_subset).read_text().splitlines() if line.strip()}
+        classes = [c for c in classes if c in subset]
+        if not classes:
+            raise ConfigError(f"none of the labels in {options.class_subset} occur in the evaluation data")
+    names = load_classnames(options.classnames, classes) if options.classnames else {c: c for c in classes}
+    prompts = [t.format(names[c]) for c in classes for t in options.templates]  # class-major [C*T]
+    weights = M.class_weights(encode_texts(model, tokenizer, prompts, options), len(classes))  # [C, D]
+    index = {c: i for i, c in enumerate(classes)}
+    rows = torch.tensor([i for i, c in enumerate(data.labels) if c in index], dtype=torch.long)
+    labels = torch.tensor([index[data.labels[i]] for i in rows.tolist()], dtype=torch.long)
+    metrics = M.topk_accuracy(data.image_embeds[rows] @ weights.T, labels)
+    return metrics | {"n_classes": len(classes), "n_images": len(rows), "chance_top1": 1 / len(classes),
+                      "chance_top5": min(1.0, 5 / len(classes))}
 
 
 TASKS: dict[str, Callable[..., dict]] = {"retrieval": retrieval, "zeroshot": zeroshot}
@@ -127,10 +139,11 @@ TASKS: dict[str, Callable[..., dict]] = {"retrieval": retrieval, "zeroshot": zer
 def run_tasks(model: DualEncoder, tokenizer, shards: str | list[str], tasks: list[str], options: EvalOptions,
               resize: int, crop: int, progress: bool = True) -> dict:
     """Flat metrics of all `tasks`; zero-shot keys are prefixed `zeroshot_`, retrieval keys are bare."""
-    unknown = [t for t in tasks if t not in TASKS]
+    unknown = [t for t in tasks or [] if t not in TASKS]
     if unknown:
         raise ConfigError(f"unknown eval task {unknown[0]!r}; choose from {', '.join(TASKS)}")
     data = embed_split(model, shards, options, resize, crop, progress)
+    tasks = tasks or (["retrieval", "zeroshot"] if data.captions else ["zeroshot"])  # default: what the data allows
     out: dict = {"n_skipped": data.skipped}
     for name in tasks:
         prefix = "" if name == "retrieval" else f"{name}_"
