@@ -57,6 +57,18 @@ def test_train_evaluates_saves_and_reports(shapes, tmp_path, capsys):
                      "--class-subset", str(tmp_path / "subset.txt"), "--out", str(tmp_path / "z.json")]) == 0
     zeroshot = json.loads((tmp_path / "z.json").read_text())
     assert (zeroshot["zeroshot_n_classes"], zeroshot["zeroshot_n_images"]) == (2, 2) and "i2t_r1" not in zeroshot
+    # ... and image-only transfer: KNN and a linear probe against a labeled training split
+    for colour in ("red", "blue", "green"):
+        (tmp_path / "cls_train" / colour).mkdir(parents=True)
+        for shape in ("square", "triangle"):
+            shape_image(colour, shape).save(tmp_path / "cls_train" / colour / f"{shape}.png")
+    assert cli.main(["eval", str(run / "model"), "--data", str(tmp_path / "cls"), "--task", "knn", "--task",
+                     "linear-probe", "--train-data", str(tmp_path / "cls_train"), "--out", str(tmp_path / "t.json")]) == 0
+    transfer = json.loads((tmp_path / "t.json").read_text())
+    assert transfer["knn_n_train"] == 6 and 0 <= transfer["knn_top1"] <= 1 and "linear_probe_top5" in transfer
+    assert transfer["linear_probe_chance_top1"] == 1 / 3
+    assert cli.main(["eval", str(run / "model"), "--data", str(tmp_path / "cls"), "--task", "knn",
+                     "--out", str(tmp_path / "t.json")]) == 2  # no --train-data: one sentence
 
 
 def test_interrupted_run_resumes_with_identical_losses(shapes, tmp_path, monkeypatch):

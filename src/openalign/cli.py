@@ -70,7 +70,7 @@ def cmd_eval(args) -> int:
     templates = load_templates(args.templates) if args.templates else DEFAULT_TEMPLATES
     options = EvalOptions(batch_size=args.batch_size, max_length=cfg.model.text.max_length, templates=templates,
                           images=args.images or "", split=args.split, classnames=args.classnames or "",
-                          class_subset=args.class_subset or "")
+                          class_subset=args.class_subset or "", train_data=args.train_data or "", knn_k=args.k)
     metrics = run_tasks(model, tokenizer, args.data, args.task or [], options,
                         cfg.model.vision.resize_size, cfg.model.vision.image_size)
     write_report(metrics, Path(args.out))
@@ -193,11 +193,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--images", help="image root for a Karpathy JSON or caption table (default: beside the file)")
     p.add_argument("--split", default="test", help="Karpathy split (test: the 1K Flickr30K / 5K COCO protocol)")
     p.add_argument("--task", action="append",
-                   help="retrieval and/or zeroshot (default: both with captions, zeroshot for a classification set)")
+                   help="retrieval, zeroshot, knn, linear-probe (default: retrieval + zeroshot with captions, "
+                        "zeroshot for a classification set)")
     p.add_argument("--templates", help="imagenet80 (CLIP's 80 prompts), generic, or a file with one template per "
                                        "line, {} for the class name (default: the preset's short set)")
     p.add_argument("--classnames", help="zero-shot: class names, `label,name` lines or one per sorted label")
     p.add_argument("--class-subset", help="zero-shot: file of labels; only these classes compete (ImageNet-R/A)")
+    p.add_argument("--train-data", help="knn / linear-probe: the labeled training split (folders, table or shards)")
+    p.add_argument("-k", type=int, default=1, help="knn: neighbours (1: the paper's ImageNet KNN R@1)")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--out", default="metrics.json")
     p.set_defaults(func=cmd_eval)

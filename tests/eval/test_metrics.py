@@ -99,3 +99,28 @@ def test_count_at_least_is_exact_beyond_int16():
     scores = torch.zeros(2, 70_000)
     scores[1, :5] = -1.0
     assert M.count_at_least(scores, torch.tensor([[0.0], [0.0]])).tolist() == [70_000, 69_995]
+
+
+def test_knn_on_hand_built_embeddings():
+    train = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8], [1.0, 0.0]])
+    labels = torch.tensor([0, 1, 1, 2])  # rows 0 and 3 are identical: for [1, 0] a tie, the lower index wins
+    test = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.8, 0.6]])
+    assert M.knn_predict(train, labels, test, k=1).tolist() == [0, 1, 1]  # [0.8, 0.6] is nearest to row 2 (0.96)
+    # k=3 for [0.8, 0.6]: neighbours 0 (0.8), 3 (0.8), 2 (0.96) -> votes: class 0 0.8, class 2 0.8, class 1 0.96
+    assert M.knn_predict(train, labels, test[2:], k=3).tolist() == [1]
+    assert M.knn_predict(train, labels, test, k=1, chunk=1).tolist() == [0, 1, 1]
+
+
+def test_linear_probe_separates_separable_features():
+    g = torch.Generator().manual_seed(0)
+    centers = torch.eye(4, 16, dtype=torch.float64) * 3
+    y = torch.arange(4).repeat(30)
+    x = centers[y] + 0.3 * torch.randn(len(y), 16, generator=g, dtype=torch.float64)
+    out = M.linear_probe(x[:80], y[:80], x[80:], y[80:])
+    assert out["top1"] == 1.0 and out["l2"] in (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
+
+
+def test_chance_keys_of_task_prefixed_metrics():
+    assert M.chance_key("i2t_r10") == "chance_i2t_r10"
+    assert M.chance_key("zeroshot_top1") == "zeroshot_chance_top1"
+    assert M.chance_key("linear_probe_top5") == "linear_probe_chance_top5"

@@ -10,11 +10,15 @@ from __future__ import annotations
 import torch
 
 KS = (1, 5, 10)
+TASK_PREFIXES = ("zeroshot_", "knn_", "linear_probe_")  # retrieval keys are bare (DESIGN.md)
 
 
 def chance_key(key: str) -> str:
-    """Where the chance level of a metric is stored: `chance_i2t_r10`, `zeroshot_chance_top1`."""
-    return key.replace("zeroshot_", "zeroshot_chance_") if key.startswith("zeroshot_") else f"chance_{key}"
+    """Where the chance level of a metric is stored: `chance_i2t_r10`, `zeroshot_chance_top1`, `knn_chance_top1`."""
+    for prefix in TASK_PREFIXES:
+        if key.startswith(prefix):
+            return prefix + "chance_" + key[len(prefix):]
+    return f"chance_{key}"
 
 
 BLOCK_BYTES = 64 * 2**20  # similarity rows per block: at most this many bytes of scores at a time
@@ -126,3 +130,61 @@ def topk_accuracy(logits: torch.Tensor, labels: torch.Tensor, ks=(1, 5)) -> dict
     true = logits.gather(1, labels[:, None])  # [N, 1]
     ranks = (logits >= true).sum(dim=1) - 1  # [N]
     return {f"top{k}": float((ranks < k).float().mean()) for k in ks}
+
+
+def knn_predict(train: torch.Tensor, train_labels: torch.Tensor, test: torch.Tensor, k: int = 1,
+                n_classes: int | None = None, chunk: int | None = None) -> torch.Tensor:
+    """[Q] predicted labels of `test` [Q, D] from its k nearest `train` [N, D] embeddings (cosine).
+
+    k=1 is the paper's ImageNet KNN R@1: the label of the most similar training image; ties go to the
+    lower training index (argmax). k>1: neighbours vote with their similarity; the vote's ties go to the
+    lower label; ties at the k-th neighbour are broken by torch.topk (deterministic on CPU)."""
+    n_classes = n_classes or int(train_labels.max()) + 1
+    out = torch.empty(test.shape[0], dtype=torch.long)
+    step = _rows_per_block(train.shape[0], chunk)
+    for start in range(0, test.shape[0], step):
+        sims = test[start:start + step] @ train.T  # [b, N]
+        if k == 1:
+            out[start:start + step] = train_labels[sims.argmax(dim=1)]
+            continue
+        top, idx = sims.topk(min(k, train.shape[0]), dim=1)
+        votes = torch.zeros(len(sims), n_classes, dtype=sims.dtype).scatter_add_(1, train_labels[idx], top)
+        out[start:start + step] = votes.argmax(dim=1)
+    return out
+
+
+def linear_probe(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor, test_y: torch.Tensor,
+                 l2_grid=(1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1), val_fraction: float = 0.2, seed: int = 0,
+                 max_iter: int = 200) -> dict[str, float]:
+    """Multinomial logistic regression on frozen features (full-batch L-BFGS, as CLIP's probe).
+
+    The L2 strength is chosen on a seeded `val_fraction` of the training set (ties: the stronger
+    penalty), then the probe is refit on all training features and scored on the test set."""
+    n_classes = int(max(train_y.max(), test_y.max())) + 1
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(len(train_x), generator=g)
+    n_val = max(1, int(len(train_x) * val_fraction)) if len(train_x) > 1 else 0
+    fit_idx, val_idx = perm[n_val:], perm[:n_val]
+
+    def fit(x, y, l2):
+        w = torch.zeros(x.shape[1], n_classes, dtype=x.dtype, requires_grad=True)
+        b = torch.zeros(n_classes, dtype=x.dtype, requires_grad=True)
+        opt = torch.optim.LBFGS([w, b], lr=1.0, max_iter=max_iter, line_search_fn="strong_wolfe")
+
+        def closure():
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(x @ w + b, y) + l2 * (w * w).sum()
+            loss.backward()
+            return loss
+
+        opt.step(closure)
+        return w.detach(), b.detach()
+
+    best = (-1.0, 0.0)
+    for l2 in l2_grid if n_val else l2_grid[-1:]:
+        w, b = fit(train_x[fit_idx], train_y[fit_idx], l2)
+        acc = float(((train_x[val_idx] @ w + b).argmax(1) == train_y[val_idx]).float().mean()) if n_val else 0.0
+        if acc >= best[0]:
+            best = (acc, l2)
+    w, b = fit(train_x, train_y, best[1])
+    return topk_accuracy(test_x @ w + b, test_y) | {"l2": best[1], "val_top1": best[0]}

@@ -35,6 +35,8 @@ class EvalOptions:
     split: str = "test"  # Karpathy split to evaluate ("all" for every image)
     classnames: str = ""  # zero-shot: a class-names file (see datasets.load_classnames)
     class_subset: str = ""  # zero-shot: a file of labels; only these classes compete (ImageNet-R/A style)
+    train_data: str = ""  # knn / linear-probe: the labeled training split (any format with labels)
+    knn_k: int = 1  # knn: neighbours (1 = the paper's ImageNet KNN R@1)
 
 
 @dataclass
@@ -133,7 +135,33 @@ def zeroshot(model: DualEncoder, tokenizer, data: EvalData, options: EvalOptions
                       "chance_top5": min(1.0, 5 / len(classes))}
 
 
-TASKS: dict[str, Callable[..., dict]] = {"retrieval": retrieval, "zeroshot": zeroshot}
+def _train_split(model: DualEncoder, data: EvalData, options: EvalOptions, task: str):
+    """Embeddings and integer labels of the labeled training split, and the test labels, for image-only tasks."""
+    if not options.train_data:
+        raise ConfigError(f"--task {task} needs --train-data (a labeled training split: folders, a table or shards)")
+    train = embed_split(model, options.train_data, options, data.extra["resize"], data.extra["crop"], progress=False)
+    classes = {c: i for i, c in enumerate(sorted(set(train.labels) | set(data.labels)))}
+    to_ids = lambda labels: torch.tensor([classes[c] for c in labels], dtype=torch.long)  # noqa: E731
+    return train.image_embeds, to_ids(train.labels), to_ids(data.labels), len(classes)
+
+
+def knn(model: DualEncoder, tokenizer, data: EvalData, options: EvalOptions) -> dict:
+    train_x, train_y, test_y, n_classes = _train_split(model, data, options, "knn")
+    predicted = M.knn_predict(train_x, train_y, data.image_embeds, options.knn_k, n_classes)
+    top1 = float((predicted == test_y).float().mean())
+    return {"top1": top1, "k": options.knn_k, "n_train": len(train_x), "n_classes": n_classes,
+            "chance_top1": 1 / n_classes}
+
+
+def linear_probe(model: DualEncoder, tokenizer, data: EvalData, options: EvalOptions) -> dict:
+    train_x, train_y, test_y, n_classes = _train_split(model, data, options, "linear-probe")
+    metrics = M.linear_probe(train_x.double(), train_y, data.image_embeds.double(), test_y)
+    return metrics | {"n_train": len(train_x), "n_classes": n_classes, "chance_top1": 1 / n_classes,
+                      "chance_top5": min(1.0, 5 / n_classes)}
+
+
+TASKS: dict[str, Callable[..., dict]] = {"retrieval": retrieval, "zeroshot": zeroshot, "knn": knn,
+                                         "linear-probe": linear_probe}
 
 
 def run_tasks(model: DualEncoder, tokenizer, shards: str | list[str], tasks: list[str], options: EvalOptions,
@@ -143,10 +171,11 @@ def run_tasks(model: DualEncoder, tokenizer, shards: str | list[str], tasks: lis
     if unknown:
         raise ConfigError(f"unknown eval task {unknown[0]!r}; choose from {', '.join(TASKS)}")
     data = embed_split(model, shards, options, resize, crop, progress)
+    data.extra |= {"resize": resize, "crop": crop}
     tasks = tasks or (["retrieval", "zeroshot"] if data.captions else ["zeroshot"])  # default: what the data allows
     out: dict = {"n_skipped": data.skipped}
     for name in tasks:
-        prefix = "" if name == "retrieval" else f"{name}_"
+        prefix = "" if name == "retrieval" else f"{name.replace('-', '_')}_"
         out |= {prefix + k: v for k, v in TASKS[name](model, tokenizer, data, options).items()}
     return out
 
