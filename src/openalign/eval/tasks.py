@@ -66,13 +66,26 @@ def evaluating(model: DualEncoder):
 
 
 def encode_texts(model: DualEncoder, tokenizer, texts: list[str], options: EvalOptions) -> torch.Tensor:
-    out = []
+    """[len(texts), D] normalized embeddings. All texts are tokenized in one call and encoded in order
+    of length, so each batch is padded only to its own longest text; rows come back in input order."""
+    if not texts:
+        return torch.empty(0, model.cfg.embed_dim)
+    ids = tokenizer(texts, truncation=True, max_length=options.max_length)["input_ids"]
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    pad = tokenizer.pad_token_id or 0
+    out = torch.empty(len(texts), model.cfg.embed_dim)
     with evaluating(model):
-        for start in range(0, len(texts), options.batch_size):
-            tokens = tokenizer(texts[start:start + options.batch_size], padding="longest", truncation=True,
-                               max_length=options.max_length, return_tensors="pt").to(_device(model))
-            out.append(model.encode_text(tokens["input_ids"], tokens["attention_mask"]).embeds.float().cpu())
-    return torch.cat(out) if out else torch.empty(0, model.cfg.embed_dim)
+        for start in range(0, len(order), options.batch_size):
+            rows = order[start:start + options.batch_size]
+            width = max(len(ids[i]) for i in rows)
+            batch = torch.full((len(rows), width), pad, dtype=torch.long)
+            mask = torch.zeros((len(rows), width), dtype=torch.long)
+            for j, i in enumerate(rows):
+                batch[j, :len(ids[i])] = torch.tensor(ids[i])
+                mask[j, :len(ids[i])] = 1
+            device = _device(model)
+            out[rows] = model.encode_text(batch.to(device), mask.to(device)).embeds.float().cpu()
+    return out
 
 
 def embed_split(model: DualEncoder, shards: str | list[str], options: EvalOptions, resize: int, crop: int,
