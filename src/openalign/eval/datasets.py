@@ -100,25 +100,24 @@ def folder_items(root: Path) -> list[tuple[Path, str]]:
     return items
 
 
-def labeled_samples(items: list[tuple[Path, str]], resize: int, crop: int, counter: dict) -> Iterator[EvalSample]:
-    for path, label in items:
+def file_samples(items: list[tuple[Path, list[str], str]], resize: int, crop: int, counter: dict
+                 ) -> Iterator[EvalSample]:
+    """(image file, captions, label) -> samples; unreadable images are skipped and counted."""
+    for path, captions, label in items:
         try:
             image = images.load_rgb(path.read_bytes())
         except (OSError, images.BadImage):
             counter["skipped"] = counter.get("skipped", 0) + 1
             continue
-        yield EvalSample(transforms.eval_transform(image, resize, crop), [], {"name": label, "path": str(path)})
+        yield EvalSample(transforms.eval_transform(image, resize, crop), captions, {"name": label, "path": str(path)})
 
 
-def file_samples(items: list[tuple[Path, list[str]]], resize: int, crop: int, counter: dict) -> Iterator[EvalSample]:
-    for path, captions in items:
-        try:
-            image = images.load_rgb(path.read_bytes())
-        except (OSError, images.BadImage):
-            counter["skipped"] = counter.get("skipped", 0) + 1
-            continue
-        yield EvalSample(transforms.eval_transform(image, resize, crop), captions,
-                         {"name": captions[0] if captions else path.stem, "path": str(path)})
+def captioned(items: list[tuple[Path, list[str]]]) -> list[tuple[Path, list[str], str]]:
+    return [(path, captions, captions[0] if captions else path.stem) for path, captions in items]
+
+
+def labeled(items: list[tuple[Path, str]]) -> list[tuple[Path, list[str], str]]:
+    return [(path, [], label) for path, label in items]
 
 
 def eval_stream(data: str, resize: int, crop: int, counter: dict, images_root: str = "",
@@ -127,15 +126,15 @@ def eval_stream(data: str, resize: int, crop: int, counter: dict, images_root: s
     path = Path(data)
     root = Path(images_root) if images_root else path.parent
     if path.suffix == ".json" and path.is_file():
-        return file_samples(karpathy_items(path, root, split), resize, crop, counter)
+        return file_samples(captioned(karpathy_items(path, root, split)), resize, crop, counter)
     if path.suffix in TABLE_SUFFIXES and path.is_file():
         header = path.read_text().split("\n", 1)[0]
         if path.suffix != ".jsonl" and "label" in header and "caption" not in header:
             rows = table_rows(path)
-            return labeled_samples([(root / r["image"], r["label"]) for r in rows], resize, crop, counter)
-        return file_samples(table_items(path, root), resize, crop, counter)
+            return file_samples(labeled([(root / r["image"], r["label"]) for r in rows]), resize, crop, counter)
+        return file_samples(captioned(table_items(path, root)), resize, crop, counter)
     if path.is_dir() and not any(path.glob("*.tar")) and any(p.is_dir() for p in path.iterdir()):
-        return labeled_samples(folder_items(path), resize, crop, counter)
+        return file_samples(labeled(folder_items(path)), resize, crop, counter)
     return eval_samples(list_shards(data), resize, crop, counter)
 
 
