@@ -69,6 +69,13 @@ def test_train_evaluates_saves_and_reports(shapes, tmp_path, capsys):
     assert transfer["linear_probe_chance_top1"] == 1 / 3
     assert cli.main(["eval", str(run / "model"), "--data", str(tmp_path / "cls"), "--task", "knn",
                      "--out", str(tmp_path / "t.json")]) == 2  # no --train-data: one sentence
+    # ... and word similarity on a SimLex-999-style file (tab-separated, with a POS column)
+    (tmp_path / "simlex.txt").write_text("word1\tword2\tPOS\tSimLex999\nred\tblue\tA\t3.5\n"
+                                         "circle\tsquare\tN\t2.0\nred\tcircle\tA\t0.5\n")
+    assert cli.main(["eval", str(run / "model"), "--data", str(tmp_path / "simlex.txt"), "--task", "word-sim",
+                     "--out", str(tmp_path / "w.json")]) == 0
+    words = json.loads((tmp_path / "w.json").read_text())
+    assert words["word_sim_n_pairs"] == 3 and -1 <= words["word_sim_spearman"] <= 1
 
 
 def test_interrupted_run_resumes_with_identical_losses(shapes, tmp_path, monkeypatch):

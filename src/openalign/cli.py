@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="test", help="Karpathy split (test: the 1K Flickr30K / 5K COCO protocol)")
     p.add_argument("--task", action="append",
                    help="retrieval, zeroshot, knn, linear-probe (default: retrieval + zeroshot with captions, "
-                        "zeroshot for a classification set)")
+                        "zeroshot for a classification set); word-sim or sts on a file of scored text pairs")
     p.add_argument("--templates", help="imagenet80 (CLIP's 80 prompts), generic, or a file with one template per "
                                        "line, {} for the class name (default: the preset's short set)")
     p.add_argument("--classnames", help="zero-shot: class names, `label,name` lines or one per sorted label")

@@ -1,6 +1,8 @@
+import pytest
 import torch
 
 from openalign import presets
+from openalign.config import ConfigError
 from openalign.eval.tasks import EvalOptions, encode_texts
 from openalign.model.dual_encoder import DualEncoder
 from openalign.tokenizer import train_tokenizer
@@ -15,3 +17,19 @@ def test_length_ordered_text_encoding_equals_one_text_at_a_time():
     alone = torch.cat([encode_texts(model, tokenizer, [t], EvalOptions(batch_size=1, max_length=16)) for t in texts])
     torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-6)
     assert encode_texts(model, tokenizer, [], EvalOptions()).shape == (0, model.cfg.embed_dim)
+
+
+def test_text_pair_spearman_against_an_exact_model(tmp_path, monkeypatch):
+    """With embeddings whose cosines are known, the task returns scipy's Spearman of those cosines."""
+    from openalign.eval import tasks
+
+    vectors = {"a": [1.0, 0.0], "b": [0.8, 0.6], "c": [0.0, 1.0], "d": [-1.0, 0.0]}
+    monkeypatch.setattr(tasks, "encode_texts", lambda model, tok, texts, options: torch.tensor(
+        [vectors[t] for t in texts]))
+    (tmp_path / "sts.csv").write_text("sentence1,sentence2,score\na,b,4\na,c,2\na,d,0\nb,c,3\n")
+    # cosines: a-b 0.8, a-c 0, a-d -1, b-c 0.6 -> same order as the scores: Spearman 1
+    out = tasks.text_pair_similarity(None, None, str(tmp_path / "sts.csv"), "sts", EvalOptions())
+    assert out == {"spearman": 1.0, "n_pairs": 4}
+    (tmp_path / "bad.csv").write_text("x,y\n1,2\n")
+    with pytest.raises(ConfigError, match="sentence1, sentence2"):
+        tasks.text_pair_similarity(None, None, str(tmp_path / "bad.csv"), "sts", EvalOptions())

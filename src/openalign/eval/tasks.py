@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -177,12 +178,47 @@ TASKS: dict[str, Callable[..., dict]] = {"retrieval": retrieval, "zeroshot": zer
                                          "linear-probe": linear_probe}
 
 
+PAIR_COLUMNS = {  # text-only tasks: (first text, second text, candidate score columns)
+    "word-sim": ("word1", "word2", ("SimLex999", "score", "similarity")),  # SimLex-999 layout
+    "sts": ("sentence1", "sentence2", ("score", "similarity")),  # STS / Crisscrossed-Captions STS layout
+}
+
+
+def text_pair_similarity(model: DualEncoder, tokenizer, path: str, task: str, options: EvalOptions) -> dict:
+    """Spearman correlation between the model's cosine similarity of two texts and human scores."""
+    from scipy.stats import spearmanr
+
+    first, second, score_names = PAIR_COLUMNS[task]
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"--task {task} needs --data FILE (a CSV/TSV with {first}, {second} and a score)")
+    with open(file, newline="") as f:
+        rows = list(csv.DictReader(f, delimiter="\t" if file.suffix in (".tsv", ".txt") else ","))
+    score = next((c for c in score_names if rows and c in rows[0]), None)
+    if not rows or first not in rows[0] or second not in rows[0] or score is None:
+        raise ConfigError(f"{path} needs the columns {first}, {second} and one of {', '.join(score_names)}")
+    texts = sorted({r[first] for r in rows} | {r[second] for r in rows})
+    index = {t: i for i, t in enumerate(texts)}
+    embeds = encode_texts(model, tokenizer, texts, options)
+    a = embeds[[index[r[first]] for r in rows]]
+    b = embeds[[index[r[second]] for r in rows]]
+    cosine = (a * b).sum(dim=1).tolist()
+    human = [float(r[score]) for r in rows]
+    return {"spearman": float(spearmanr(cosine, human).statistic), "n_pairs": len(rows)}
+
+
 def run_tasks(model: DualEncoder, tokenizer, shards: str | list[str], tasks: list[str], options: EvalOptions,
               resize: int, crop: int, progress: bool = True) -> dict:
     """Flat metrics of all `tasks`; zero-shot keys are prefixed `zeroshot_`, retrieval keys are bare."""
-    unknown = [t for t in tasks or [] if t not in TASKS]
+    unknown = [t for t in tasks or [] if t not in TASKS and t not in PAIR_COLUMNS]
     if unknown:
-        raise ConfigError(f"unknown eval task {unknown[0]!r}; choose from {', '.join(TASKS)}")
+        raise ConfigError(f"unknown eval task {unknown[0]!r}; choose from {', '.join([*TASKS, *PAIR_COLUMNS])}")
+    text_only = [t for t in tasks or [] if t in PAIR_COLUMNS]
+    if text_only:  # scored text pairs: no images to embed
+        if len(text_only) != len(tasks) or isinstance(shards, list):
+            raise ConfigError(f"--task {text_only[0]} reads a file of text pairs; run it on its own")
+        return {f"{t.replace('-', '_')}_{k}": v for t in text_only
+                for k, v in text_pair_similarity(model, tokenizer, shards, t, options).items()}
     data = embed_split(model, shards, options, resize, crop, progress)
     data.extra |= {"resize": resize, "crop": crop}
     tasks = tasks or (["retrieval", "zeroshot"] if data.captions else ["zeroshot"])  # default: what the data allows
