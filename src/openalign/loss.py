@@ -42,7 +42,6 @@ def smoothed_cross_entropy(logits: torch.Tensor, label_smoothing: float, mask: t
 
     `mask` ([n, m] bool, optional) removes candidates; smoothing spreads over the kept ones only.
     """
-    n = logits.shape[0]
     if mask is not None:
         logits = logits.masked_fill(~mask, float("-inf"))
     logp = _at_least_fp32(logits).log_softmax(dim=1)  # [n, m], log-sum-exp: stable for any temperature

@@ -278,16 +278,23 @@ def make_engine(name: str, master: str = "local[*]", memory_limit: str = "", thr
     raise ConfigError(f"unknown engine {name!r}; choose duckdb or spark")
 
 
-def read_keep(path: Path) -> list[str]:
-    """Sorted uids of a keep-list written by either engine (a Parquet file or a directory of parts)."""
-    import pyarrow.dataset as ds
-
+def keep_source(path: Path) -> str:
+    """A keep-list written by either engine, as a `read_parquet` argument: the file DuckDB writes, or
+    the glob of the part files Spark writes. `path` may also be the stage's output directory."""
     path = Path(path)
     if path.is_dir() and (path / "keep.parquet").exists():
         path = path / "keep.parquet"
     if not path.exists():
         raise ConfigError(f"no keep-list at {path}; run `openalign filter` (or `openalign dedup`) first")
-    return sorted(ds.dataset(str(path), format="parquet").to_table(columns=["uid"]).column("uid").to_pylist())
+    return str(path / "*.parquet") if path.is_dir() else str(path)
+
+
+def read_keep(path: Path) -> list[str]:
+    """Sorted uids of a keep-list."""
+    import duckdb
+
+    with duckdb.connect() as con:
+        return [r[0] for r in con.execute("SELECT uid FROM read_parquet(?) ORDER BY uid", [keep_source(path)]).fetchall()]
 
 
 def write_keep_without_images(pairs: str, image_keys: list[str], out: Path) -> int:
@@ -318,14 +325,17 @@ def run_filters(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), engi
     runner = make_engine(engine, master, memory_limit, threads, str(out / "tmp"))
     try:
         runner.register(pairs)
-        bar = _progress(progress)
-        for name, query in count_statements(cfg, runner.dialect):
+        counting = count_statements(cfg, runner.dialect)
+        bar = _progress(progress, len(counting))
+        for name, query in counting:
             runner.materialize(name, query)
             bar.update()
         histogram = runner.rows(HISTOGRAM)
         distinct_terms = sum(n for _, n in histogram)
         cut = vocab_cut(histogram, cfg.vocab_size)
-        for name, query in flag_statements(cfg, runner.dialect, cut, distinct_terms - cfg.vocab_size):
+        flagging = flag_statements(cfg, runner.dialect, cut, distinct_terms - cfg.vocab_size)
+        bar.total += len(flagging)
+        for name, query in flagging:
             runner.materialize(name, query)
             bar.update()
         bar.close()
@@ -352,10 +362,10 @@ def run_filters(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), engi
     return report
 
 
-def _progress(progress: bool):
+def _progress(progress: bool, total: int):
     from tqdm import tqdm
 
-    return tqdm(total=8, desc="filter", unit="stage", disable=not progress, leave=False)
+    return tqdm(total=total, desc="filter", unit="stage", disable=not progress, leave=False)
 
 
 def plot_report(report: dict, path: Path) -> None:

@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from openalign.config import ConfigError
 from openalign.data import images
-from openalign.data.filters import read_keep
+from openalign.data.filters import keep_source
 from openalign.data.ingest import blake, check_pair_table
 from openalign.data.shards import MANIFEST, encode_image
 
@@ -48,8 +48,11 @@ def kept_images(pairs: Path, keep_dirs: list[Path]) -> list[dict]:
     """Kept pairs grouped by image, ordered by image key: [{image_key, texts, uids, path, member, url}]."""
     import duckdb
 
+    if not keep_dirs:
+        raise ConfigError("give at least one --keep DIR (the output of `openalign filter`)")
+    keep = " INTERSECT ".join("SELECT uid FROM read_parquet(?)" for _ in keep_dirs)  # in SQL: no uid set in Python
     con = duckdb.connect()
-    con.execute("CREATE TEMP TABLE keep AS SELECT unnest(?::VARCHAR[]) AS uid", [_intersection(keep_dirs)])
+    con.execute(f"CREATE TEMP TABLE keep AS {keep}", [keep_source(k) for k in keep_dirs])
     rows = con.execute("""
         SELECT image_key, list(text ORDER BY uid), list(uid ORDER BY uid), min(path), min(member), min(url)
         FROM (SELECT DISTINCT p.uid, p.image_key, p.text, p.path, p.member, p.url
@@ -58,15 +61,6 @@ def kept_images(pairs: Path, keep_dirs: list[Path]) -> list[dict]:
     con.close()
     return [{"image_key": key, "texts": texts, "uids": uids, "path": path, "member": member, "url": url}
             for key, texts, uids, path, member, url in rows]
-
-
-def _intersection(keep_dirs: list[Path]) -> list[str]:
-    if not keep_dirs:
-        raise ConfigError("give at least one --keep DIR (the output of `openalign filter`)")
-    kept = set(read_keep(keep_dirs[0]))
-    for extra in keep_dirs[1:]:
-        kept &= set(read_keep(extra))
-    return sorted(kept)
 
 
 class _Sources:
