@@ -59,9 +59,10 @@ def cmd_eval(args) -> int:
     import torch
 
     from openalign.eval.datasets import load_templates
-    from openalign.eval.tasks import DEFAULT_TEMPLATES, EvalOptions, run_tasks, write_report
+    from openalign.eval.finetune import parse_options
+    from openalign.eval.report import metric_lines, write_report
+    from openalign.eval.tasks import DEFAULT_TEMPLATES, EvalOptions, run_tasks
     from openalign.model.hub import load_pretrained
-    from openalign.train import report
 
     model, tokenizer, cfg = load_pretrained(Path(args.model))
     if tokenizer is None:
@@ -70,12 +71,16 @@ def cmd_eval(args) -> int:
     templates = load_templates(args.templates) if args.templates else DEFAULT_TEMPLATES
     options = EvalOptions(batch_size=args.batch_size, max_length=cfg.model.text.max_length, templates=templates,
                           images=args.images or "", split=args.split, classnames=args.classnames or "",
-                          class_subset=args.class_subset or "", train_data=args.train_data or "", knn_k=args.k)
+                          class_subset=args.class_subset or "", train_data=args.train_data or "", knn_k=args.k,
+                          cxc=args.cxc or "", positive_score=args.positive_score, captions=args.captions or "",
+                          seed=args.seed, finetune=parse_options(args.ft or []), sweep=tuple(args.sweep or ()),
+                          runs=args.runs)
+    figures: dict = {}
     metrics = run_tasks(model, tokenizer, args.data, args.task or [], options,
-                        cfg.model.vision.resize_size, cfg.model.vision.image_size)
-    write_report(metrics, Path(args.out))
-    print("\n".join(report.summary_lines(metrics)))
-    print(f"metrics: {args.out}, table: {Path(args.out).with_suffix('.md')}")
+                        cfg.model.vision.resize_size, cfg.model.vision.image_size, figures=figures)
+    written = write_report(metrics, Path(args.out), figures)
+    print("\n".join(metric_lines(metrics)))
+    print("wrote " + ", ".join(str(p) for p in written))
     return 0
 
 
@@ -186,21 +191,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. optim.lr=5e-4")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("eval", help="evaluate a saved model on held-out shards")
+    p = sub.add_parser("eval", help="evaluate a saved model: retrieval, zero-shot, transfer, similarity")
     p.add_argument("model", help="a model directory (RUN/model)")
     p.add_argument("--data", required=True,
                    help="evaluation shards, a Karpathy-split JSON (dataset_flickr30k.json) or a caption table")
     p.add_argument("--images", help="image root for a Karpathy JSON or caption table (default: beside the file)")
     p.add_argument("--split", default="test", help="Karpathy split (test: the 1K Flickr30K / 5K COCO protocol)")
     p.add_argument("--task", action="append",
-                   help="retrieval, zeroshot, knn, linear-probe (default: retrieval + zeroshot with captions, "
-                        "zeroshot for a classification set); word-sim or sts on a file of scored text pairs")
+                   help="retrieval, zeroshot, knn, linear-probe, cxc, multilingual (default: retrieval + zeroshot "
+                        "with captions, zeroshot for a classification set); word-sim or sts on a file of scored "
+                        "text pairs; finetune (a labeled test split, with --train-data) or vtab (task directories)")
     p.add_argument("--templates", help="imagenet80 (CLIP's 80 prompts), generic, or a file with one template per "
                                        "line, {} for the class name (default: the preset's short set)")
     p.add_argument("--classnames", help="zero-shot: class names, `label,name` lines or one per sorted label")
     p.add_argument("--class-subset", help="zero-shot: file of labels; only these classes compete (ImageNet-R/A)")
     p.add_argument("--train-data", help="knn / linear-probe: the labeled training split (folders, table or shards)")
     p.add_argument("-k", type=int, default=1, help="knn: neighbours (1: the paper's ImageNet KNN R@1)")
+    p.add_argument("--cxc", help="cxc: directory with Crisscrossed Captions' sts_/sis_/sits_<split>.csv")
+    p.add_argument("--positive-score", type=float, default=3.0, help="cxc: human score (0-5) that makes a positive")
+    p.add_argument("--captions", help="multilingual: directory of Multi30k caption files (default: beside --data)")
+    p.add_argument("--ft", action="append", metavar="key=value",
+                   help="finetune/vtab recipe, e.g. --ft steps=500 --ft lr=0.01 --ft freeze_bn=true (keys: steps, "
+                        "batch_size, lr, head_lr_scale, momentum, weight_decay, warmup_fraction, freeze_bn)")
+    p.add_argument("--sweep", action="append", metavar="key=v1,v2",
+                   help="vtab: a sweep axis, e.g. --sweep lr=0.1,0.01 --sweep steps=2500,10000 (default: VTAB's)")
+    p.add_argument("--runs", type=int, default=3, help="vtab: retrain runs (seeds) for mean and std")
+    p.add_argument("--seed", type=int, default=0, help="finetune/vtab: the first seed")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--out", default="metrics.json")
     p.set_defaults(func=cmd_eval)

@@ -132,6 +132,20 @@ class Config:
 
 
 @dataclass(frozen=True)
+class FinetuneConfig:
+    """Fine-tuning the image tower with a classification head (`openalign eval --task finetune|vtab --ft k=v`)."""
+
+    steps: int = 500
+    batch_size: int = 64
+    lr: float = 0.01  # backbone peak learning rate (SGD with momentum)
+    head_lr_scale: float = 10.0  # the head's lr is this times the backbone's (paper: 10)
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    warmup_fraction: float = 0.1  # linear warmup over this fraction of the steps, then linear decay to 0
+    freeze_bn: bool = False  # keep BatchNorm running statistics fixed (paper: for small datasets)
+
+
+@dataclass(frozen=True)
 class FilterConfig:
     """ALIGN's frequency filters (paper section 3); a pair is kept only if no rule fires.
 

@@ -124,3 +124,18 @@ def test_chance_keys_of_task_prefixed_metrics():
     assert M.chance_key("i2t_r10") == "chance_i2t_r10"
     assert M.chance_key("zeroshot_top1") == "zeroshot_chance_top1"
     assert M.chance_key("linear_probe_top5") == "linear_probe_chance_top5"
+
+
+def test_intra_modal_ranks_leave_the_query_out_and_take_the_best_positive():
+    # 4 items on a line; each query's similarity to item j is -|i - j| (itself scores 0, the best)
+    x = torch.tensor([[0.0], [1.0], [2.0], [3.0]])
+    sims = -(x - x.T).abs()
+    queries, table = M.pair_positives([(0, 3), (0, 2), (0, 3), (2, 1), (7, 0)], n_queries=4)
+    assert queries.tolist() == [0, 2] and table.tolist() == [[3, 2], [1, -1]]  # duplicates once, out-of-range dropped
+    # query 0: without itself, item 1 (-1) beats its best positive 2 (-2) -> rank 1; query 2: items 1, 3 tie
+    # at -1 and the wrong one counts against it -> rank 1; with the query not left out, it beats all -> +1
+    ranks = M.positive_ranks(sims[queries], torch.eye(4), table, exclude=queries)
+    assert ranks.tolist() == [1, 1]
+    assert M.positive_ranks(sims[queries], torch.eye(4), table).tolist() == [2, 2]
+    blocked = M.positive_ranks(sims[queries], torch.eye(4), table, exclude=queries, chunk=1)
+    assert blocked.tolist() == [1, 1]

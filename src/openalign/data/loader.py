@@ -180,7 +180,7 @@ def train_loader(spec: StreamSpec, tokenizer, epoch: int, n_batches: int, positi
 
 @dataclass
 class EvalSample:
-    pixels: torch.Tensor  # [3, crop, crop]
+    pixels: torch.Tensor  # [3, crop, crop] (a PIL image when crop=0: see transforms.eval_pixels)
     texts: list[str]
     meta: dict
 
@@ -191,7 +191,7 @@ def eval_samples(shards: list[str], resize: int, crop: int, counter: dict | None
     for sample in shard_lib.read_samples(shards):
         try:
             image = transforms.decode(shard_lib.image_bytes(sample), resize)
-            yield EvalSample(transforms.eval_transform(image, resize, crop), shard_lib.sample_texts(sample),
+            yield EvalSample(transforms.eval_pixels(image, resize, crop), shard_lib.sample_texts(sample),
                              shard_lib.sample_meta(sample) | {"key": sample["__key__"]})
         except Exception:  # noqa: BLE001
             counter["skipped"] = counter.get("skipped", 0) + 1

@@ -50,3 +50,9 @@ def eval_transform(image: Image.Image, resize: int, crop: int) -> torch.Tensor:
     image = image.resize((resize, resize), Image.BILINEAR)
     offset = (resize - crop) // 2
     return to_tensor(image.crop((offset, offset, offset + crop, offset + crop)))
+
+
+def eval_pixels(image: Image.Image, resize: int, crop: int) -> torch.Tensor | Image.Image:
+    """The evaluation tensor, or with crop=0 the image resized to resize x resize and left as a PIL
+    image (fine-tuning keeps those in memory and draws random crops from them each step)."""
+    return eval_transform(image, resize, crop) if crop else image.resize((resize, resize), Image.BILINEAR)

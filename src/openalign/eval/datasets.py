@@ -7,6 +7,7 @@
                                                   a JSONL row may instead carry a `captions` list)
     --data DIR (sub-directories of images)        ImageNet-style classification folders: DIR/LABEL/*.jpg
     --data labels.csv --images DIR                classification table: image, label
+    --data test_2016_flickr.txt --images DIR      Multi30k image list (captions per language: eval/multilingual.py)
 
 The paper's protocols are the Karpathy test splits: Flickr30K 1K test images and MSCOCO 5K test
 images, 5 captions each (`--split test` of dataset_flickr30k.json / dataset_coco.json).
@@ -55,7 +56,8 @@ def load_classnames(path: str, labels: list[str]) -> dict[str, str]:
     return dict(zip(ordered, lines))
 
 
-def karpathy_items(path: Path, root: Path, split: str) -> list[tuple[Path, list[str]]]:
+def karpathy_items(path: Path, root: Path, split: str) -> list[tuple[Path, list[str], list[str]]]:
+    """(image, captions, caption ids = the JSON's sentids) of one split."""
     try:
         data = json.loads(path.read_text())
         entries = data["images"]
@@ -66,8 +68,10 @@ def karpathy_items(path: Path, root: Path, split: str) -> list[tuple[Path, list[
         if split != "all" and entry.get("split") != split:
             continue
         name = Path(entry.get("filepath", "")) / entry["filename"]
-        captions = [s["raw"].strip() if "raw" in s else " ".join(s["tokens"]) for s in entry.get("sentences", [])]
-        items.append((root / name, [c for c in captions if c]))
+        sentences = [(s["raw"].strip() if "raw" in s else " ".join(s["tokens"]), str(s.get("sentid", "")))
+                     for s in entry.get("sentences", [])]
+        sentences = [(text, sentid or f"{entry['filename']}#{i}") for i, (text, sentid) in enumerate(sentences) if text]
+        items.append((root / name, [t for t, _ in sentences], [i for _, i in sentences]))
     if not items:
         splits = sorted({e.get("split", "?") for e in entries})
         raise ConfigError(f"no images with split {split!r} in {path}; its splits are {', '.join(splits)}")
@@ -100,24 +104,28 @@ def folder_items(root: Path) -> list[tuple[Path, str]]:
     return items
 
 
-def file_samples(items: list[tuple[Path, list[str], str]], resize: int, crop: int, counter: dict
+def file_samples(items: list[tuple[Path, list[str], str, list[str]]], resize: int, crop: int, counter: dict
                  ) -> Iterator[EvalSample]:
-    """(image file, captions, label) -> samples; unreadable images are skipped and counted."""
-    for path, captions, label in items:
+    """(image file, captions, label, caption ids) -> samples; unreadable images are skipped and counted."""
+    for path, captions, label, caption_ids in items:
         try:
             image = images.load_rgb(path.read_bytes())
         except (OSError, images.BadImage):
             counter["skipped"] = counter.get("skipped", 0) + 1
             continue
-        yield EvalSample(transforms.eval_transform(image, resize, crop), captions, {"name": label, "path": str(path)})
+        yield EvalSample(transforms.eval_pixels(image, resize, crop), captions,
+                         {"name": label, "path": str(path), "caption_ids": caption_ids})
 
 
-def captioned(items: list[tuple[Path, list[str]]]) -> list[tuple[Path, list[str], str]]:
-    return [(path, captions, captions[0] if captions else path.stem) for path, captions in items]
+def captioned(items: list[tuple]) -> list[tuple[Path, list[str], str, list[str]]]:
+    """(image, captions[, caption ids]) -> file_samples items; caption ids default to `file.jpg#i` (the
+    Flickr30K token-file convention)."""
+    return [(item[0], item[1], item[1][0] if item[1] else item[0].stem,
+             item[2] if len(item) > 2 else [f"{item[0].name}#{i}" for i in range(len(item[1]))]) for item in items]
 
 
-def labeled(items: list[tuple[Path, str]]) -> list[tuple[Path, list[str], str]]:
-    return [(path, [], label) for path, label in items]
+def labeled(items: list[tuple[Path, str]]) -> list[tuple[Path, list[str], str, list[str]]]:
+    return [(path, [], label, []) for path, label in items]
 
 
 def eval_stream(data: str, resize: int, crop: int, counter: dict, images_root: str = "",
@@ -127,6 +135,9 @@ def eval_stream(data: str, resize: int, crop: int, counter: dict, images_root: s
     root = Path(images_root) if images_root else path.parent
     if path.suffix == ".json" and path.is_file():
         return file_samples(captioned(karpathy_items(path, root, split)), resize, crop, counter)
+    if path.suffix == ".txt" and path.is_file():  # a Multi30k image list: one file name per line
+        names = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+        return file_samples(labeled([(root / name, name) for name in names]), resize, crop, counter)
     if path.suffix in TABLE_SUFFIXES and path.is_file():
         header = path.read_text().split("\n", 1)[0]
         if path.suffix != ".jsonl" and "label" in header and "caption" not in header:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 KS = (1, 5, 10)
-TASK_PREFIXES = ("zeroshot_", "knn_", "linear_probe_")  # retrieval keys are bare (DESIGN.md)
+TASK_PREFIXES = ("zeroshot_", "knn_", "linear_probe_", "cxc_", "multilingual_", "finetune_", "vtab_")  # retrieval keys are bare (DESIGN.md)
 
 
 def chance_key(key: str) -> str:
@@ -53,39 +53,56 @@ def captions_by_image(text_to_image: torch.Tensor, n_images: int) -> torch.Tenso
     return table
 
 
+def positive_ranks(queries: torch.Tensor, gallery: torch.Tensor, positives: torch.Tensor,
+                   exclude: torch.Tensor | None = None, chunk: int | None = None) -> torch.Tensor:
+    """[Q] rank of each query's best-scoring positive among the gallery's other items.
+
+    queries [Q, D], gallery [G, D]; positives [Q, p]: gallery indices of each query's positives, padded
+    with -1 (every query has at least one); exclude [Q]: one gallery index per query left out of the
+    ranking, or -1 (intra-modal retrieval leaves out the query itself). Works in blocks of query rows
+    (about 64 MiB of scores each); positives are found by index (gather), so no [Q, G] mask is built."""
+    ranks = torch.empty(queries.shape[0], dtype=torch.long)
+    step = _rows_per_block(gallery.shape[0], chunk)
+    for start in range(0, queries.shape[0], step):
+        sims = queries[start:start + step] @ gallery.T  # [b, G]
+        if exclude is not None:
+            left_out = exclude[start:start + step]
+            rows = torch.nonzero(left_out >= 0).squeeze(1)
+            sims[rows, left_out[rows]] = float("-inf")
+        idx = positives[start:start + step]  # [b, p]
+        valid = idx >= 0
+        scores = sims.gather(1, idx.clamp(min=0)).masked_fill(~valid, float("-inf"))  # [b, p]
+        best = scores.max(dim=1, keepdim=True).values  # [b, 1]
+        # wrong items at least as good as the best positive = all such - positives such
+        ranks[start:start + step] = count_at_least(sims, best) - ((scores >= best) & valid).sum(dim=1)
+    return ranks
+
+
 def i2t_ranks(img: torch.Tensor, txt: torch.Tensor, text_to_image: torch.Tensor, chunk: int | None = None
               ) -> torch.Tensor:
-    """[N] rank of each image's best caption among all M texts. img [N, D], txt [M, D], text_to_image [M].
-
-    Works in blocks of image rows (about 64 MiB of scores each); an image's own captions are found by
-    index (gather), so no [N, M] mask is ever built."""
-    n = img.shape[0]
-    own = captions_by_image(text_to_image, n)  # [N, c]
-    ranks = torch.empty(n, dtype=torch.long)
-    step = _rows_per_block(txt.shape[0], chunk)
-    for start in range(0, n, step):
-        sims = img[start:start + step] @ txt.T  # [b, M]
-        idx = own[start:start + step]  # [b, c]
-        valid = idx >= 0
-        own_scores = sims.gather(1, idx.clamp(min=0)).masked_fill(~valid, float("-inf"))  # [b, c]
-        best = own_scores.max(dim=1, keepdim=True).values  # [b, 1]
-        # wrong candidates at least as good as the best own caption = all such - own such
-        ranks[start:start + step] = count_at_least(sims, best) - ((own_scores >= best) & valid).sum(dim=1)
-    return ranks
+    """[N] rank of each image's best caption among all M texts. img [N, D], txt [M, D], text_to_image [M]."""
+    return positive_ranks(img, txt, captions_by_image(text_to_image, img.shape[0]), chunk=chunk)
 
 
 def t2i_ranks(img: torch.Tensor, txt: torch.Tensor, text_to_image: torch.Tensor, chunk: int | None = None
               ) -> torch.Tensor:
     """[M] rank of each text's image among all N images."""
-    m = txt.shape[0]
-    ranks = torch.empty(m, dtype=torch.long)
-    step = _rows_per_block(img.shape[0], chunk)
-    for start in range(0, m, step):
-        sims = txt[start:start + step] @ img.T  # [b, N]
-        target = text_to_image[start:start + step]  # [b]
-        score = sims.gather(1, target[:, None])  # [b, 1], from the same matrix: ties are exact
-        ranks[start:start + step] = count_at_least(sims, score) - 1
-    return ranks
+    return positive_ranks(txt, img, text_to_image[:, None], chunk=chunk)
+
+
+def pair_positives(pairs: list[tuple[int, int]], n_queries: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(query indices with at least one positive, their [Q, p] positives padded with -1) from (query,
+    gallery) index pairs; duplicates are kept once, queries come out in index order."""
+    by_query: dict[int, list[int]] = {}
+    for query, item in pairs:
+        if item not in by_query.setdefault(query, []):
+            by_query[query].append(item)
+    queries = sorted(q for q in by_query if 0 <= q < n_queries)
+    width = max((len(by_query[q]) for q in queries), default=0)
+    table = torch.full((len(queries), width), -1, dtype=torch.long)
+    for row, query in enumerate(queries):
+        table[row, :len(by_query[query])] = torch.tensor(by_query[query])
+    return torch.tensor(queries, dtype=torch.long), table
 
 
 def recalls(ranks: torch.Tensor, prefix: str, ks=KS) -> dict[str, float]:
@@ -96,21 +113,35 @@ def recalls(ranks: torch.Tensor, prefix: str, ks=KS) -> dict[str, float]:
 
 def retrieval_metrics(img: torch.Tensor, txt: torch.Tensor, text_to_image: torch.Tensor) -> dict[str, float]:
     """The DESIGN.md keys: i2t_r1/5/10, t2i_r1/5/10, mean_recall, plus median ranks and counts."""
-    metrics = recalls(i2t_ranks(img, txt, text_to_image), "i2t") | recalls(t2i_ranks(img, txt, text_to_image), "t2i")
+    return ranks_to_metrics(i2t_ranks(img, txt, text_to_image), t2i_ranks(img, txt, text_to_image))
+
+
+def ranks_to_metrics(i2t: torch.Tensor, t2i: torch.Tensor) -> dict[str, float]:
+    metrics = recalls(i2t, "i2t") | recalls(t2i, "t2i")
     metrics["mean_recall"] = sum(metrics[f"{d}_r{k}"] for d in ("i2t", "t2i") for k in KS) / (2 * len(KS))
-    return metrics | {"n_images": img.shape[0], "n_texts": txt.shape[0]}
+    return metrics | {"n_images": len(i2t), "n_texts": len(t2i)}
+
+
+def positive_chance(n_positives: torch.Tensor, n_candidates: int, ks=KS) -> dict[int, float]:
+    """Expected recall@K of a random ranking: mean over queries of P(any of its p positives among
+    `n_candidates` is in the top K) = 1 - prod_i (n - p - i) / (n - i)."""
+    p = n_positives.double()
+    out = {}
+    for k in ks:
+        miss = torch.ones_like(p)
+        for i in range(k):
+            miss *= ((n_candidates - p - i) / (n_candidates - i)).clamp(min=0)
+        out[k] = float((1 - miss).mean()) if len(p) else 0.0
+    return out
 
 
 def retrieval_chance(text_to_image: torch.Tensor, n_images: int, ks=KS) -> dict[str, float]:
     """Expected recalls of a random ranking (image->text: P(any of its c captions in the top K of M))."""
-    m = len(text_to_image)
-    captions = torch.bincount(text_to_image, minlength=n_images).double()  # [N] c per image
+    captions = torch.bincount(text_to_image, minlength=n_images)  # [N] c per image
+    i2t = positive_chance(captions, len(text_to_image), ks)
     out = {}
     for k in ks:
-        miss = torch.ones_like(captions)
-        for i in range(k):  # P(top K holds none of its c captions) = prod_i (M - c - i) / (M - i)
-            miss *= ((m - captions - i) / (m - i)).clamp(min=0)
-        out[f"i2t_r{k}"] = float((1 - miss).mean())
+        out[f"i2t_r{k}"] = i2t[k]
         out[f"t2i_r{k}"] = min(1.0, k / n_images)
     out["mean_recall"] = sum(out[f"{d}_r{k}"] for d in ("i2t", "t2i") for k in ks) / (2 * len(ks))
     return out

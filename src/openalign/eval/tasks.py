@@ -1,132 +1,41 @@
-"""Evaluation tasks: one signature, chosen by name from `TASKS`.
+"""Evaluation tasks, chosen by name from `TASKS` or `PATH_TASKS`.
 
-    task(model, tokenizer, data: EvalData, options: EvalOptions) -> flat metrics dict
+    task(model, tokenizer, data: EvalData, options: EvalOptions) -> flat metrics dict    (TASKS)
+    task(model, tokenizer, path: str, options: EvalOptions) -> flat metrics dict         (PATH_TASKS)
 
-`EvalData` holds a split's image embeddings and captions, computed once and shared by the tasks.
+`EvalData` holds a split's image embeddings and captions, computed once and shared by the tasks;
+path tasks read their own data (scored text pairs, or images to fine-tune on).
 """
 
 from __future__ import annotations
 
 import csv
-import json
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+import dataclasses
 from pathlib import Path
 from typing import Callable
 
 import torch
-from tqdm import tqdm
 
-from openalign.config import ConfigError, EvalConfig
-from openalign.data.loader import eval_samples
+from openalign.config import ConfigError
 from openalign.eval import metrics as M
-from openalign.eval.datasets import eval_stream, load_classnames
+from openalign.eval.cxc import cxc
+from openalign.eval.datasets import load_classnames
+from openalign.eval.embed import DEFAULT_TEMPLATES, EvalData, EvalOptions, embed_split, encode_texts  # noqa: F401
+from openalign.eval.finetune import finetune, vtab
+from openalign.eval.multilingual import multilingual
 from openalign.model.dual_encoder import DualEncoder
-
-# A short generic prompt set for icons and emoji (one definition: the config's default).
-DEFAULT_TEMPLATES = EvalConfig().templates
-
-
-@dataclass(frozen=True)
-class EvalOptions:
-    batch_size: int = 256
-    max_length: int = 64
-    templates: tuple[str, ...] = DEFAULT_TEMPLATES
-    images: str = ""  # image root for Karpathy JSON / caption tables (default: beside the file)
-    split: str = "test"  # Karpathy split to evaluate ("all" for every image)
-    classnames: str = ""  # zero-shot: a class-names file (see datasets.load_classnames)
-    class_subset: str = ""  # zero-shot: a file of labels; only these classes compete (ImageNet-R/A style)
-    train_data: str = ""  # knn / linear-probe: the labeled training split (any format with labels)
-    knn_k: int = 1  # knn: neighbours (1 = the paper's ImageNet KNN R@1)
-
-
-@dataclass
-class EvalData:
-    image_embeds: torch.Tensor  # [N, D] L2-normalized
-    captions: list[str]  # [M] all captions, image-major
-    text_to_image: torch.Tensor  # [M] index of each caption's image
-    labels: list[str]  # [N] class name of each image (json `name`), for zero-shot classification
-    skipped: int = 0
-    extra: dict = field(default_factory=dict)
-
-
-def _device(model: DualEncoder) -> torch.device:
-    return next(model.parameters()).device
-
-
-@contextmanager
-def evaluating(model: DualEncoder):
-    """Eval mode (BatchNorm running statistics, no dropout) and no autograd; restores the mode after."""
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        model.train(was_training)
-
-
-def encode_texts(model: DualEncoder, tokenizer, texts: list[str], options: EvalOptions) -> torch.Tensor:
-    """[len(texts), D] normalized embeddings. All texts are tokenized in one call and encoded in order
-    of length, so each batch is padded only to its own longest text; rows come back in input order."""
-    if not texts:
-        return torch.empty(0, model.cfg.embed_dim)
-    ids = tokenizer(texts, truncation=True, max_length=options.max_length)["input_ids"]
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    pad = tokenizer.pad_token_id or 0
-    out = torch.empty(len(texts), model.cfg.embed_dim)
-    with evaluating(model):
-        for start in range(0, len(order), options.batch_size):
-            rows = order[start:start + options.batch_size]
-            width = max(len(ids[i]) for i in rows)
-            batch = torch.full((len(rows), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(rows), width), dtype=torch.long)
-            for j, i in enumerate(rows):
-                batch[j, :len(ids[i])] = torch.tensor(ids[i])
-                mask[j, :len(ids[i])] = 1
-            device = _device(model)
-            out[rows] = model.encode_text(batch.to(device), mask.to(device)).embeds.float().cpu()
-    return out
-
-
-def embed_split(model: DualEncoder, shards: str | list[str], options: EvalOptions, resize: int, crop: int,
-                progress: bool = True) -> EvalData:
-    """Encode every image of the evaluation data (shards, Karpathy JSON or a caption table; see
-    eval/datasets.py); captions are kept as text for the tasks."""
-    counter: dict = {}
-    if isinstance(shards, str):
-        stream = eval_stream(shards, resize, crop, counter, options.images, options.split)
-    else:
-        stream = eval_samples(shards, resize, crop, counter)
-    embeds, captions, owner, labels, pending = [], [], [], [], []
-
-    def flush():
-        with evaluating(model):
-            embeds.append(model.encode_image(torch.stack(pending).to(_device(model))).embeds.float().cpu())
-        pending.clear()
-
-    for sample in tqdm(stream, desc="embed eval images", unit="img",
-                       disable=not progress, leave=False):
-        index = len(labels)
-        labels.append(sample.meta.get("name") or (sample.texts[0] if sample.texts else ""))
-        captions += sample.texts
-        owner += [index] * len(sample.texts)
-        pending.append(sample.pixels)
-        if len(pending) == options.batch_size:
-            flush()
-    if pending:
-        flush()
-    if not labels:
-        raise ConfigError(f"no readable evaluation images in {shards}")
-    return EvalData(torch.cat(embeds), captions, torch.tensor(owner), labels, counter.get("skipped", 0))
 
 
 def retrieval(model: DualEncoder, tokenizer, data: EvalData, options: EvalOptions) -> dict:
     if not data.captions:
         raise ConfigError("the evaluation data has no captions (a classification set?): use --task zeroshot")
     txt = encode_texts(model, tokenizer, data.captions, options)
-    metrics = M.retrieval_metrics(data.image_embeds, txt, data.text_to_image)
+    i2t = M.i2t_ranks(data.image_embeds, txt, data.text_to_image)
+    t2i = M.t2i_ranks(data.image_embeds, txt, data.text_to_image)
+    metrics = M.ranks_to_metrics(i2t, t2i)
     chance = M.retrieval_chance(data.text_to_image, len(data.labels))
+    data.figures["retrieval"] = {"i2t": i2t, "t2i": t2i, "captions_per_image": torch.bincount(
+        data.text_to_image, minlength=len(data.labels)), "n_texts": len(txt)}
     return metrics | {f"chance_{k}": v for k, v in chance.items()}
 
 
@@ -144,7 +53,9 @@ def zeroshot(model: DualEncoder, tokenizer, data: EvalData, options: EvalOptions
     index = {c: i for i, c in enumerate(classes)}
     rows = torch.tensor([i for i, c in enumerate(data.labels) if c in index], dtype=torch.long)
     labels = torch.tensor([index[data.labels[i]] for i in rows.tolist()], dtype=torch.long)
-    metrics = M.topk_accuracy(data.image_embeds[rows] @ weights.T, labels)
+    logits = data.image_embeds[rows] @ weights.T
+    metrics = M.topk_accuracy(logits, labels)
+    data.figures["zeroshot"] = {"true": labels, "predicted": logits.argmax(dim=1), "classes": [names[c] for c in classes]}
     return metrics | {"n_classes": len(classes), "n_images": len(rows), "chance_top1": 1 / len(classes),
                       "chance_top5": min(1.0, 5 / len(classes))}
 
@@ -153,7 +64,7 @@ def _train_split(model: DualEncoder, data: EvalData, options: EvalOptions, task:
     """Embeddings and integer labels of the labeled training split, and the test labels, for image-only tasks."""
     if not options.train_data:
         raise ConfigError(f"--task {task} needs --train-data (a labeled training split: folders, a table or shards)")
-    train = embed_split(model, options.train_data, options, data.extra["resize"], data.extra["crop"], progress=False)
+    train = embed_split(model, options.train_data, options, options.resize, options.crop, progress=False)
     classes = {c: i for i, c in enumerate(sorted(set(train.labels) | set(data.labels)))}
     to_ids = lambda labels: torch.tensor([classes[c] for c in labels], dtype=torch.long)  # noqa: E731
     return train.image_embeds, to_ids(train.labels), to_ids(data.labels), len(classes)
@@ -175,7 +86,8 @@ def linear_probe(model: DualEncoder, tokenizer, data: EvalData, options: EvalOpt
 
 
 TASKS: dict[str, Callable[..., dict]] = {"retrieval": retrieval, "zeroshot": zeroshot, "knn": knn,
-                                         "linear-probe": linear_probe}
+                                         "linear-probe": linear_probe, "cxc": cxc,
+                                         "multilingual": multilingual}
 
 
 PAIR_COLUMNS = {  # text-only tasks: (first text, second text, candidate score columns)
@@ -207,41 +119,41 @@ def text_pair_similarity(model: DualEncoder, tokenizer, path: str, task: str, op
     return {"spearman": float(spearmanr(cosine, human).statistic), "n_pairs": len(rows)}
 
 
+def word_sim(model: DualEncoder, tokenizer, path: str, options: EvalOptions) -> dict:
+    return text_pair_similarity(model, tokenizer, path, "word-sim", options)
+
+
+def sts(model: DualEncoder, tokenizer, path: str, options: EvalOptions) -> dict:
+    return text_pair_similarity(model, tokenizer, path, "sts", options)
+
+
+# Tasks that read --data themselves (text pairs; training on images): task(model, tokenizer, path, options).
+PATH_TASKS: dict[str, Callable[..., dict]] = {"word-sim": word_sim, "sts": sts, "finetune": finetune, "vtab": vtab}
+
+
 def run_tasks(model: DualEncoder, tokenizer, shards: str | list[str], tasks: list[str], options: EvalOptions,
-              resize: int, crop: int, progress: bool = True) -> dict:
-    """Flat metrics of all `tasks`; zero-shot keys are prefixed `zeroshot_`, retrieval keys are bare."""
-    unknown = [t for t in tasks or [] if t not in TASKS and t not in PAIR_COLUMNS]
+              resize: int, crop: int, progress: bool = True, figures: dict | None = None) -> dict:
+    """Flat metrics of all `tasks`: retrieval keys are bare, every other task's are prefixed with its name
+    (`zeroshot_top1`, `cxc_t2t_r1`, `vtab_mean_top1`). Images are embedded once for the tasks in `TASKS`.
+    `figures`, when given, receives what the report's plots need (eval/report.py)."""
+    unknown = [t for t in tasks or [] if t not in TASKS and t not in PATH_TASKS]
     if unknown:
-        raise ConfigError(f"unknown eval task {unknown[0]!r}; choose from {', '.join([*TASKS, *PAIR_COLUMNS])}")
-    text_only = [t for t in tasks or [] if t in PAIR_COLUMNS]
-    if text_only:  # scored text pairs: no images to embed
-        if len(text_only) != len(tasks) or isinstance(shards, list):
-            raise ConfigError(f"--task {text_only[0]} reads a file of text pairs; run it on its own")
-        return {f"{t.replace('-', '_')}_{k}": v for t in text_only
-                for k, v in text_pair_similarity(model, tokenizer, shards, t, options).items()}
+        raise ConfigError(f"unknown eval task {unknown[0]!r}; choose from {', '.join([*TASKS, *PATH_TASKS])}")
+    options = dataclasses.replace(options, resize=resize, crop=crop)
+    prefix = lambda name: "" if name == "retrieval" else f"{name.replace('-', '_')}_"  # noqa: E731
+    out: dict = {}
+    for name in [t for t in tasks or [] if t in PATH_TASKS]:
+        if isinstance(shards, list):
+            raise ConfigError(f"--task {name} reads its own --data file or directory")
+        out |= {prefix(name) + k: v for k, v in PATH_TASKS[name](model, tokenizer, shards, options).items()}
+    if tasks and all(t in PATH_TASKS for t in tasks):
+        return out
     data = embed_split(model, shards, options, resize, crop, progress)
-    data.extra |= {"resize": resize, "crop": crop}
+    data.extra |= {"source": shards if isinstance(shards, str) else ""}
+    if figures is not None:
+        data.figures = figures
     tasks = tasks or (["retrieval", "zeroshot"] if data.captions else ["zeroshot"])  # default: what the data allows
-    out: dict = {"n_skipped": data.skipped}
-    for name in tasks:
-        prefix = "" if name == "retrieval" else f"{name.replace('-', '_')}_"
-        out |= {prefix + k: v for k, v in TASKS[name](model, tokenizer, data, options).items()}
+    out["n_skipped"] = data.skipped
+    for name in [t for t in tasks if t in TASKS]:
+        out |= {prefix(name) + k: v for k, v in TASKS[name](model, tokenizer, data, options).items()}
     return out
-
-
-def markdown_table(metrics: dict) -> str:
-    rows = ["| metric | value | chance |", "|---|---|---|"]
-    for key, value in metrics.items():
-        if key.startswith("chance_") or "chance_" in key:
-            continue
-        chance = metrics.get(M.chance_key(key))
-        fmt = (lambda v: f"{v:.4f}" if isinstance(v, float) else str(v))  # noqa: E731
-        rows.append(f"| {key} | {fmt(value)} | {fmt(chance) if chance is not None else ''} |")
-    return "\n".join(rows) + "\n"
-
-
-def write_report(metrics: dict, out: Path) -> None:
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(metrics, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown_table(metrics))

@@ -1,0 +1,127 @@
+"""Embedding evaluation data once, for every task: options, the shared `EvalData`, and batched encoders."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from openalign.config import ConfigError, EvalConfig, FinetuneConfig
+from openalign.data.loader import eval_samples
+from openalign.eval.datasets import eval_stream
+from openalign.model.dual_encoder import DualEncoder
+
+# A short generic prompt set for icons and emoji (one definition: the config's default).
+DEFAULT_TEMPLATES = EvalConfig().templates
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    batch_size: int = 256
+    max_length: int = 64
+    templates: tuple[str, ...] = DEFAULT_TEMPLATES
+    images: str = ""  # image root for Karpathy JSON / caption tables (default: beside the file)
+    split: str = "test"  # Karpathy split to evaluate ("all" for every image)
+    classnames: str = ""  # zero-shot: a class-names file (see datasets.load_classnames)
+    class_subset: str = ""  # zero-shot: a file of labels; only these classes compete (ImageNet-R/A style)
+    train_data: str = ""  # knn / linear-probe: the labeled training split (any format with labels)
+    knn_k: int = 1  # knn: neighbours (1 = the paper's ImageNet KNN R@1)
+    cxc: str = ""  # cxc: directory of Crisscrossed Captions' sts_/sis_/sits_<split>.csv
+    positive_score: float = 3.0  # cxc: human score (0-5) at or above which a pair counts as a positive
+    captions: str = ""  # multilingual: directory of Multi30k caption files (default: beside the image list)
+    seed: int = 0  # finetune / vtab: first seed
+    finetune: FinetuneConfig = FinetuneConfig()  # finetune / vtab: the training recipe
+    sweep: tuple[str, ...] = ()  # vtab: grid as `key=v1,v2` items (default: VTAB's lightweight sweep)
+    runs: int = 3  # vtab: retrain runs (seeds) whose mean and std are reported
+    resize: int = 0  # image sizes of the model (set by run_tasks)
+    crop: int = 0
+
+
+@dataclass
+class EvalData:
+    image_embeds: torch.Tensor  # [N, D] L2-normalized
+    captions: list[str]  # [M] all captions, image-major
+    text_to_image: torch.Tensor  # [M] index of each caption's image
+    labels: list[str]  # [N] class name of each image (json `name`), for zero-shot classification
+    keys: list[str] = field(default_factory=list)  # [N] image file path (or shard key) of each image
+    caption_ids: list[str] = field(default_factory=list)  # [M] Karpathy sentid, or `image#i`
+    skipped: int = 0
+    extra: dict = field(default_factory=dict)
+    figures: dict = field(default_factory=dict)  # tasks leave what the report's plots need here
+
+
+def _device(model: DualEncoder) -> torch.device:
+    return next(model.parameters()).device
+
+
+@contextmanager
+def evaluating(model: DualEncoder):
+    """Eval mode (BatchNorm running statistics, no dropout) and no autograd; restores the mode after."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
+
+
+def encode_texts(model: DualEncoder, tokenizer, texts: list[str], options: EvalOptions) -> torch.Tensor:
+    """[len(texts), D] normalized embeddings. All texts are tokenized in one call and encoded in order
+    of length, so each batch is padded only to its own longest text; rows come back in input order."""
+    if not texts:
+        return torch.empty(0, model.cfg.embed_dim)
+    ids = tokenizer(texts, truncation=True, max_length=options.max_length)["input_ids"]
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    pad = tokenizer.pad_token_id or 0
+    out = torch.empty(len(texts), model.cfg.embed_dim)
+    with evaluating(model):
+        for start in range(0, len(order), options.batch_size):
+            rows = order[start:start + options.batch_size]
+            width = max(len(ids[i]) for i in rows)
+            batch = torch.full((len(rows), width), pad, dtype=torch.long)
+            mask = torch.zeros((len(rows), width), dtype=torch.long)
+            for j, i in enumerate(rows):
+                batch[j, :len(ids[i])] = torch.tensor(ids[i])
+                mask[j, :len(ids[i])] = 1
+            device = _device(model)
+            out[rows] = model.encode_text(batch.to(device), mask.to(device)).embeds.float().cpu()
+    return out
+
+
+def embed_split(model: DualEncoder, shards: str | list[str], options: EvalOptions, resize: int, crop: int,
+                progress: bool = True) -> EvalData:
+    """Encode every image of the evaluation data (shards, Karpathy JSON or a caption table; see
+    eval/datasets.py); captions are kept as text for the tasks."""
+    counter: dict = {}
+    if isinstance(shards, str):
+        stream = eval_stream(shards, resize, crop, counter, options.images, options.split)
+    else:
+        stream = eval_samples(shards, resize, crop, counter)
+    embeds, captions, owner, labels, keys, caption_ids, pending = [], [], [], [], [], [], []
+
+    def flush():
+        with evaluating(model):
+            embeds.append(model.encode_image(torch.stack(pending).to(_device(model))).embeds.float().cpu())
+        pending.clear()
+
+    for sample in tqdm(stream, desc="embed eval images", unit="img",
+                       disable=not progress, leave=False):
+        index = len(labels)
+        labels.append(sample.meta.get("name") or (sample.texts[0] if sample.texts else ""))
+        keys.append(sample.meta.get("path") or sample.meta.get("key", str(index)))
+        caption_ids += sample.meta.get("caption_ids") or [f"{Path(keys[-1]).name}#{i}" for i in range(len(sample.texts))]
+        captions += sample.texts
+        owner += [index] * len(sample.texts)
+        pending.append(sample.pixels)
+        if len(pending) == options.batch_size:
+            flush()
+    if pending:
+        flush()
+    if not labels:
+        raise ConfigError(f"no readable evaluation images in {shards}")
+    return EvalData(torch.cat(embeds), captions, torch.tensor(owner, dtype=torch.long), labels, keys, caption_ids,
+                    counter.get("skipped", 0))

@@ -1,0 +1,203 @@
+"""Image-only transfer by fine-tuning: the image tower plus a linear classification head, and the
+VTAB-1k protocol built on it (the paper's Table 6).
+
+Fine-tuning (`--task finetune`): a copy of the image tower gets a zero-initialized linear head on its
+pooled features; SGD with momentum 0.9, linear warmup then linear decay, the paper's random crop + flip
+(data/transforms.py); the head's learning rate is `head_lr_scale` (paper: 10) times the backbone's;
+`freeze_bn` keeps BatchNorm's running statistics fixed (the paper's choice for small datasets). The
+evaluated model is never changed. Scores are top-1/top-5 on the test split.
+
+VTAB-1k (`--task vtab`): for each task, 1,000 training images (the task's train/ + val/ when it has a
+val/ folder, else a seeded sample of train/ split 800/200); every point of the sweep is trained on the
+800 and scored on the 200; the best (first on ties) is retrained on all 1,000 with `runs` seeds and
+scored on test/: mean and (population) std over the runs, and the mean over tasks. The default sweep is VTAB's
+lightweight one (lr 0.1/0.01 x 2,500/10,000 steps, batch 512, one learning rate for head and
+backbone); pass a smaller `--sweep` on a CPU.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+import random
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from openalign.config import ConfigError, FinetuneConfig, leaf_keys, override
+from openalign.data import transforms
+from openalign.eval import metrics as M
+from openalign.eval.datasets import eval_stream
+from openalign.eval.embed import EvalOptions, evaluating
+from openalign.model.dual_encoder import DualEncoder, vision_pooled_dim
+from openalign.train.schedule import lr_at
+
+
+VTAB_SWEEP = ("lr=0.1,0.01", "steps=2500,10000", "batch_size=512", "head_lr_scale=1")
+VTAB_TRAIN, VTAB_VAL = 800, 200
+
+
+def parse_options(assignments: list[str]) -> FinetuneConfig:
+    return override(FinetuneConfig(), assignments,
+                    help_hint="the fine-tuning keys are " + ", ".join(leaf_keys(FinetuneConfig)))
+
+
+def parse_sweep(assignments: list[str], base: FinetuneConfig) -> list[FinetuneConfig]:
+    """`lr=0.1,0.01 steps=100,300` -> the grid of options (in the order given, last key fastest)."""
+    axes = []
+    for item in assignments:
+        key, sep, values = item.partition("=")
+        if not sep or not values:
+            raise ConfigError(f"sweep {item!r} is not of the form key=v1,v2 (e.g. lr=0.1,0.01)")
+        axes.append([f"{key}={v}" for v in values.split(",")])
+    return [override(base, list(point)) for point in itertools.product(*axes)] or [base]
+
+
+@dataclass
+class Labeled:
+    images: list  # PIL images, resized to resize x resize
+    labels: list[str]
+    skipped: int = 0
+
+
+def load_labeled(path: str | Path, options: EvalOptions, resize: int) -> Labeled:
+    counter: dict = {}
+    samples = list(eval_stream(str(path), resize, 0, counter, options.images, options.split))
+    if not samples:
+        raise ConfigError(f"no readable labeled images in {path}")
+    return Labeled([s.pixels for s in samples], [s.meta.get("name", "") for s in samples], counter.get("skipped", 0))
+
+
+class Classifier(torch.nn.Module):
+    """The image tower of a (copied) DualEncoder and a linear head on its pooled features."""
+
+    def __init__(self, model: DualEncoder, n_classes: int):
+        super().__init__()
+        self.tower = copy.deepcopy(model)
+        self.tower.align.text_model = None  # not used; never trained
+        self.head = torch.nn.Linear(vision_pooled_dim(self.tower.align), n_classes)
+        torch.nn.init.zeros_(self.head.weight)
+        torch.nn.init.zeros_(self.head.bias)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        return self.head(self.tower.encode_image(pixels).features)
+
+
+def _device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _train_mode(classifier: Classifier, freeze_bn: bool) -> None:
+    classifier.train()
+    if freeze_bn:
+        for module in classifier.modules():
+            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+                module.eval()
+
+
+def fit(model: DualEncoder, data: Labeled, classes: dict[str, int], ft: FinetuneConfig, seed: int, crop: int,
+        progress: bool = False) -> Classifier:
+    """Fine-tune a copy of the image tower and a new head on `data`; a pure function of its arguments."""
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    classifier = Classifier(model, len(classes)).to(_device(model))
+    backbone = [p for n, p in classifier.named_parameters() if not n.startswith("head.")]
+    groups = [{"params": [p for p in backbone if p.ndim >= 2], "weight_decay": ft.weight_decay, "lr_scale": 1.0},
+              {"params": [p for p in backbone if p.ndim < 2], "weight_decay": 0.0, "lr_scale": 1.0},
+              {"params": list(classifier.head.parameters()), "weight_decay": 0.0, "lr_scale": ft.head_lr_scale}]
+    optimizer = torch.optim.SGD(groups, lr=ft.lr, momentum=ft.momentum)
+    labels = torch.tensor([classes[c] for c in data.labels], dtype=torch.long)
+    resize = data.images[0].size[0]
+    order: list[int] = []
+    _train_mode(classifier, ft.freeze_bn)
+    for step in tqdm(range(ft.steps), desc="fine-tune", unit="step", disable=not progress, leave=False):
+        if len(order) < ft.batch_size:  # epochs of seeded permutations; a batch may span two epochs
+            order += rng.sample(range(len(labels)), len(labels))
+        rows, order = order[:ft.batch_size], order[ft.batch_size:]
+        pixels = torch.stack([transforms.train_transform(data.images[i], resize, crop, rng) for i in rows])
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, ft.lr, int(ft.steps * ft.warmup_fraction), ft.steps) * group["lr_scale"]
+        loss = torch.nn.functional.cross_entropy(classifier(pixels.to(_device(model))), labels[rows].to(_device(model)))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    return classifier.eval()
+
+
+def predict(classifier: Classifier, data: Labeled, crop: int, batch_size: int = 256) -> torch.Tensor:
+    """[N, C] logits on center crops."""
+    resize = data.images[0].size[0]
+    out = []
+    with evaluating(classifier):
+        for start in range(0, len(data.images), batch_size):
+            pixels = torch.stack([transforms.eval_transform(im, resize, crop) for im in data.images[start:start + batch_size]])
+            out.append(classifier(pixels.to(_device(classifier))).float().cpu())
+    return torch.cat(out)
+
+
+def score(classifier: Classifier, data: Labeled, classes: dict[str, int], crop: int) -> dict[str, float]:
+    known = [i for i, c in enumerate(data.labels) if c in classes]
+    subset = Labeled([data.images[i] for i in known], [data.labels[i] for i in known])
+    labels = torch.tensor([classes[c] for c in subset.labels], dtype=torch.long)
+    return M.topk_accuracy(predict(classifier, subset, crop), labels)
+
+
+def finetune(model: DualEncoder, tokenizer, path: str, options: EvalOptions) -> dict:
+    if not options.train_data:
+        raise ConfigError("--task finetune needs --train-data (a labeled training split: folders, a table or shards)")
+    resize, crop = options.resize, options.crop
+    train, test = load_labeled(options.train_data, options, resize), load_labeled(path, options, resize)
+    classes = {c: i for i, c in enumerate(sorted(set(train.labels)))}
+    classifier = fit(model, train, classes, options.finetune, options.seed, crop, progress=True)
+    n = len(classes)
+    return score(classifier, test, classes, crop) | dataclasses.asdict(options.finetune) | {
+        "n_train": len(train.labels), "n_test": len(test.labels), "n_classes": n,
+        "n_skipped": train.skipped + test.skipped, "chance_top1": 1 / n, "chance_top5": min(1.0, 5 / n)}
+
+
+def vtab_tasks(root: Path) -> dict[str, Path]:
+    """{task name: directory with train/ and test/}: ROOT itself, or every such sub-directory of it."""
+    if (root / "train").is_dir() and (root / "test").is_dir():
+        return {root.name: root}
+    tasks = {d.name: d for d in sorted(root.iterdir()) if (d / "train").is_dir() and (d / "test").is_dir()} \
+        if root.is_dir() else {}
+    if not tasks:
+        raise ConfigError(f"{root} has no VTAB task: give a directory with train/ and test/ class folders "
+                          "(optionally val/), or a directory of such task directories")
+    return tasks
+
+
+def split_1k(train: Labeled, val: Labeled | None, seed: int) -> tuple[Labeled, Labeled]:
+    """VTAB-1k's 800/200: train/ + val/ as given, or a seeded sample of 1,000 of train/ cut 800/200."""
+    if val is not None:
+        return train, val
+    order = random.Random(seed).sample(range(len(train.labels)), min(len(train.labels), VTAB_TRAIN + VTAB_VAL))
+    cut = max(1, len(order) * VTAB_TRAIN // (VTAB_TRAIN + VTAB_VAL))
+    pick = lambda rows: Labeled([train.images[i] for i in rows], [train.labels[i] for i in rows])  # noqa: E731
+    return pick(order[:cut]), pick(order[cut:])
+
+
+def vtab(model: DualEncoder, tokenizer, path: str, options: EvalOptions) -> dict:
+    grid = parse_sweep(list(options.sweep) or list(VTAB_SWEEP), options.finetune)
+    out: dict = {}
+    for name, task in vtab_tasks(Path(path)).items():
+        load = lambda split: load_labeled(task / split, options, options.resize)  # noqa: E731
+        fit_set, val_set = split_1k(load("train"), load("val") if (task / "val").is_dir() else None, options.seed)
+        test = load("test")
+        classes = {c: i for i, c in enumerate(sorted(set(fit_set.labels) | set(val_set.labels)))}
+        val_scores = [score(fit(model, fit_set, classes, ft, options.seed, options.crop), val_set, classes,
+                            options.crop)["top1"] for ft in tqdm(grid, desc=f"{name}: sweep", leave=False)]
+        best = grid[val_scores.index(max(val_scores))]
+        full = Labeled(fit_set.images + val_set.images, fit_set.labels + val_set.labels)
+        runs = [score(fit(model, full, classes, best, options.seed + run, options.crop), test, classes,
+                      options.crop)["top1"] for run in tqdm(range(options.runs), desc=f"{name}: runs", leave=False)]
+        out |= {f"{name}_top1_mean": statistics.mean(runs), f"{name}_top1_std": statistics.pstdev(runs),
+                f"{name}_val_top1": max(val_scores), f"{name}_lr": best.lr, f"{name}_steps": best.steps,
+                f"{name}_n_train": len(full.labels), f"{name}_n_test": len(test.labels),
+                f"chance_{name}_top1_mean": 1 / len(classes)}
+    means = [v for k, v in out.items() if k.endswith("_top1_mean") and not k.startswith("chance_")]
+    return out | {"mean_top1": statistics.mean(means), "n_tasks": len(means)}

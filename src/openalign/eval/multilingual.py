@@ -1,0 +1,71 @@
+"""Multilingual retrieval on the Multi30k layout: one image list, parallel caption files per language.
+
+    image_splits/test_2016_flickr.txt     one Flickr30K file name per line
+    raw/test_2016_flickr.en[.gz]          line i is a caption of image i (task 1: one per language)
+    raw/test_2016_flickr.de[.gz]  .fr  .cs  (any language code)
+    test_2016.1.en ... test_2016.5.de     task 2 style: several aligned files per language are merged
+
+`openalign eval MODEL --task multilingual --data image_splits/test_2016_flickr.txt --images flickr30k-images
+--captions raw` reports, per language, the retrieval keys (eval/metrics.py) and their mean recall, and the
+mean over languages (the paper's Table 5 metric).
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+from pathlib import Path
+
+import torch
+
+from openalign.config import ConfigError
+from openalign.eval import metrics as M
+from openalign.eval.embed import EvalData, EvalOptions, encode_texts
+
+
+def _lines(path: Path) -> list[str]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [line.rstrip("\n").strip() for line in f]
+
+
+def caption_files(image_list: Path, captions_dir: Path) -> dict[str, list[Path]]:
+    """{language: aligned caption files}, found by the image list's stem (`stem[.n].lang[.gz]`)."""
+    stem = image_list.stem
+    pattern = re.compile(rf"^{re.escape(stem)}(?:\.\d+)?\.([A-Za-z]{{2,3}}(?:[-_][A-Za-z]+)?)(?:\.gz)?$")
+    found: dict[str, list[Path]] = {}
+    for path in sorted(captions_dir.iterdir()) if captions_dir.is_dir() else []:
+        match = pattern.match(path.name)
+        if match and path != image_list and match.group(1) != "txt":
+            found.setdefault(match.group(1), []).append(path)
+    if not found:
+        raise ConfigError(f"no caption files {stem}.<lang> in {captions_dir}; pass --captions DIR (Multi30k's raw/)")
+    return found
+
+
+def multilingual(model, tokenizer, data: EvalData, options: EvalOptions) -> dict:
+    source = Path(data.extra.get("source", ""))
+    if source.suffix != ".txt":
+        raise ConfigError("--task multilingual needs --data IMAGE_LIST.txt (Multi30k's image_splits/ file)")
+    names = [line for line in _lines(source) if line]
+    row_of = {Path(k).name: i for i, k in enumerate(data.keys)}  # images that were read (unreadable ones skipped)
+    out: dict = {}
+    for lang, files in caption_files(source, Path(options.captions) if options.captions else source.parent).items():
+        captions, owner = [], []
+        for path in files:
+            lines = _lines(path)
+            if len(lines) < len(names):
+                raise ConfigError(f"{path} has {len(lines)} lines for the {len(names)} images of {source}")
+            for name, caption in zip(names, lines):
+                if caption and name in row_of:
+                    captions.append(caption)
+                    owner.append(row_of[Path(name).name])
+        owner_t = torch.tensor(owner, dtype=torch.long)
+        txt = encode_texts(model, tokenizer, captions, options)
+        metrics = M.retrieval_metrics(data.image_embeds, txt, owner_t)
+        chance = M.retrieval_chance(owner_t, len(data.keys))
+        out |= {f"{lang}_{k}": v for k, v in metrics.items()} | {f"chance_{lang}_{k}": v for k, v in chance.items()}
+    languages = sorted({k.split("_", 1)[0] for k in out if not k.startswith("chance_")})
+    out["mean_recall"] = sum(out[f"{lang}_mean_recall"] for lang in languages) / len(languages)
+    out["chance_mean_recall"] = sum(out[f"chance_{lang}_mean_recall"] for lang in languages) / len(languages)
+    return out | {"languages": ",".join(languages)}

@@ -1,0 +1,107 @@
+"""What `openalign eval` writes: metrics JSON (flat keys), a Markdown table, a PNG where a picture
+helps (recall@K curves for retrieval, the confusion of the most frequent classes for zero-shot), and
+the lines printed to the terminal."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+
+from openalign.eval import metrics as M  # noqa: E402
+
+CONFUSION_CLASSES = 12  # the most frequent classes drawn in the zero-shot confusion matrix
+
+
+def _fmt(value) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def _is_chance(key: str) -> bool:
+    return key.startswith("chance_") or "_chance_" in key
+
+
+def markdown_table(metrics: dict) -> str:
+    rows = ["| metric | value | chance |", "|---|---|---|"]
+    for key, value in metrics.items():
+        if not _is_chance(key):
+            chance = metrics.get(M.chance_key(key))
+            rows.append(f"| {key} | {_fmt(value)} | {_fmt(chance) if chance is not None else ''} |")
+    return "\n".join(rows) + "\n"
+
+
+def metric_lines(metrics: dict) -> list[str]:
+    """Every metric on one line, with its chance level and the ratio where there is one."""
+    width = max((len(k) for k in metrics), default=0)
+    lines = []
+    for key, value in metrics.items():
+        if _is_chance(key):
+            continue
+        chance = metrics.get(M.chance_key(key))
+        note = f"   (chance {chance:.4f}, {value / chance:.1f}x)" if chance else ""
+        lines.append(f"  {key:<{width}}  {_fmt(value)}{note}")
+    return lines
+
+
+def recall_curve(ranks: torch.Tensor, max_k: int) -> tuple[list[int], list[float]]:
+    ks = list(range(1, max_k + 1))
+    counts = torch.bincount(ranks.clamp(max=max_k), minlength=max_k + 1)[:max_k].cumsum(0)
+    return ks, (counts.double() / len(ranks)).tolist()
+
+
+def plot(figures: dict, out: Path) -> bool:
+    """Draw the panels `figures` has data for into `out`; False (and nothing written) when none."""
+    panels = [name for name in ("retrieval", "zeroshot") if name in figures]
+    if not panels:
+        return False
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 5), squeeze=False)
+    for ax, name in zip(axes[0], panels):
+        data = figures[name]
+        if name == "retrieval":
+            max_k = min(100, len(data["t2i"]), len(data["i2t"]))
+            n_images = len(data["i2t"])
+            for direction, color in (("i2t", "tab:blue"), ("t2i", "tab:orange")):
+                ks, recall = recall_curve(data[direction], max_k)
+                ax.plot(ks, recall, color=color, label=f"{'image→text' if direction == 'i2t' else 'text→image'}")
+            i2t_chance = M.positive_chance(data["captions_per_image"], data["n_texts"], ks)
+            ax.plot(ks, [i2t_chance[k] for k in ks], color="tab:blue", ls=":", label="chance image→text")
+            ax.plot(ks, [min(1.0, k / n_images) for k in ks], color="tab:orange", ls=":", label="chance text→image")
+            ax.set(xscale="log", xlabel="K", ylabel="recall@K", ylim=(0, 1.02),
+                   title=f"retrieval: {n_images:,} images, {data['n_texts']:,} texts")
+            ax.grid(alpha=0.3)
+            ax.legend(loc="lower right", fontsize=8)
+        else:
+            true, predicted, classes = data["true"], data["predicted"], data["classes"]
+            top = torch.bincount(true, minlength=len(classes)).argsort(descending=True, stable=True)[:CONFUSION_CLASSES]
+            index = {int(c): i for i, c in enumerate(top)}
+            matrix = torch.zeros(len(top), len(top) + 1)  # last column: predicted outside the drawn classes
+            for t, p in zip(true.tolist(), predicted.tolist()):
+                if t in index:
+                    matrix[index[t], index.get(p, len(top))] += 1
+            matrix /= matrix.sum(dim=1, keepdim=True).clamp(min=1)
+            image = ax.imshow(matrix.numpy(), cmap="viridis", vmin=0, vmax=1)
+            names = [classes[int(c)][:18] for c in top]
+            ax.set_xticks(range(len(top) + 1), names + ["other"], rotation=60, ha="right", fontsize=7)
+            ax.set_yticks(range(len(top)), names, fontsize=7)
+            ax.set(xlabel="predicted", ylabel="true", title=f"zero-shot confusion ({len(top)} most frequent classes)")
+            fig.colorbar(image, ax=ax, fraction=0.046)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def write_report(metrics: dict, out: Path, figures: dict | None = None) -> list[Path]:
+    """metrics JSON at `out`, the Markdown table (and the PNG, if any) beside it; returns the files."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(metrics, indent=2) + "\n")
+    table = out.with_suffix(".md")
+    table.write_text(markdown_table(metrics))
+    png = out.with_suffix(".png")
+    return [out, table] + ([png] if figures and plot(figures, png) else [])

@@ -1,0 +1,152 @@
+"""The evaluation tasks end to end through `main(argv)` on a tiny saved model and generated data."""
+
+import json
+
+import pytest
+import torch
+
+from conftest import shape_image
+from openalign import cli, presets
+from openalign.eval import finetune as finetune_lib
+from openalign.model.dual_encoder import DualEncoder
+from openalign.model.hub import save_pretrained
+from openalign.tokenizer import train_tokenizer
+
+COLOURS = ("red", "green", "blue", "yellow")
+SHAPES = ("circle", "square", "triangle")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    cfg = presets.get("tiny")
+    words = [f"a {c} {s}" for c in COLOURS for s in SHAPES] + ["ein roter kreis", "un cercle rouge"]
+    tokenizer = train_tokenizer(words * 4, 200, 16)
+    out = tmp_path_factory.mktemp("model") / "model"
+    save_pretrained(DualEncoder(cfg.model).eval(), tokenizer, out, cfg)
+    return out
+
+
+def run(model_dir, tmp_path, *args) -> dict:
+    out = tmp_path / "m.json"
+    assert cli.main(["eval", str(model_dir), *args, "--out", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def class_folders(root, per_class: int, seed: int = 0):
+    for c in COLOURS[:3]:
+        (root / c).mkdir(parents=True)
+        for i in range(per_class):
+            shape_image(c, SHAPES[(i + seed) % 3], size=32 + (i % 3) * 4).save(root / c / f"{i}.png")
+    return root
+
+
+def test_multilingual_multi30k_layout(model_dir, tmp_path, capsys):
+    (tmp_path / "images").mkdir()
+    names = []
+    for i, (c, s) in enumerate([(c, s) for c in COLOURS[:2] for s in SHAPES]):
+        shape_image(c, s).save(tmp_path / "images" / f"{i}.jpg")
+        names.append(f"{i}.jpg")
+    (tmp_path / "images" / "broken.jpg").write_bytes(b"nope")
+    split = tmp_path / "image_splits"
+    split.mkdir()
+    (split / "test_2016_flickr.txt").write_text("\n".join(names + ["broken.jpg"]) + "\n")
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "test_2016_flickr.en").write_text("\n".join(f"a caption {i}" for i in range(7)) + "\n")
+    import gzip
+
+    with gzip.open(raw / "test_2016_flickr.de.gz", "wt") as f:
+        f.write("\n".join(f"eine beschriftung {i}" for i in range(7)) + "\n")
+    m = run(model_dir, tmp_path, "--task", "multilingual", "--data", str(split / "test_2016_flickr.txt"),
+            "--images", str(tmp_path / "images"), "--captions", str(raw))
+    assert m["multilingual_languages"] == "de,en" and m["n_skipped"] == 1
+    assert m["multilingual_en_n_images"] == 6 and m["multilingual_de_n_texts"] == 6  # the unreadable image's line dropped
+    assert m["multilingual_mean_recall"] == pytest.approx(
+        (m["multilingual_en_mean_recall"] + m["multilingual_de_mean_recall"]) / 2)
+    assert m["multilingual_chance_en_t2i_r1"] == pytest.approx(1 / 6)
+    assert "multilingual_de_mean_recall" in capsys.readouterr().out
+    (raw / "test_2016_flickr.fr").write_text("une seule ligne\n")
+    assert cli.main(["eval", str(model_dir), "--task", "multilingual", "--data", str(split / "test_2016_flickr.txt"),
+                     "--images", str(tmp_path / "images"), "--captions", str(raw), "--out", str(tmp_path / "x.json")]) == 2
+
+
+def test_cxc_on_a_karpathy_json_and_a_report_png(model_dir, tmp_path):
+    (tmp_path / "imgs").mkdir()
+    entries, sentid = [], 0
+    for i, (c, s) in enumerate([(c, s) for c in COLOURS for s in SHAPES[:2]]):
+        shape_image(c, s).save(tmp_path / "imgs" / f"COCO_val2014_{i:012d}.jpg")
+        sentences = [{"raw": f"a {c} {s} {j}", "sentid": sentid + j} for j in range(2)]
+        sentid += 2
+        entries.append({"filename": f"COCO_val2014_{i:012d}.jpg", "filepath": "", "split": "test",
+                        "sentences": sentences})
+    (tmp_path / "coco.json").write_text(json.dumps({"images": entries}))
+    cxc = tmp_path / "cxc"
+    cxc.mkdir()
+    (cxc / "sts_test.csv").write_text("caption1,caption2,agg_score,sampling_method\n" + "".join(
+        f"COCO_val2014:sentid:{i},COCO_val2014:sentid:{i + 2},{(i % 5) + 0.5},c2c\n" for i in range(10)))
+    (cxc / "sis_test.csv").write_text("image1,image2,agg_score,sampling_method\n" + "".join(
+        f"COCO_val2014_{i:012d}.jpg,COCO_val2014_{i + 1:012d}.jpg,{(i * 2) % 5},i2i\n" for i in range(7)))
+    m = run(model_dir, tmp_path, "--task", "retrieval", "--task", "cxc", "--data", str(tmp_path / "coco.json"),
+            "--images", str(tmp_path / "imgs"), "--cxc", str(cxc))
+    assert m["n_images"] == 8 and m["cxc_sts_n_pairs"] == 10 and m["cxc_sis_n_pairs"] == 7
+    assert 0 < m["cxc_t2t_n_queries"] <= 16 and "cxc_i2i_r10" in m and "cxc_sits_spearman" not in m
+    assert -1 <= m["cxc_mean_spearman"] <= 1
+    assert (tmp_path / "m.png").stat().st_size > 10_000 and "| cxc_t2t_r1 |" in (tmp_path / "m.md").read_text()
+
+
+def test_finetune_with_a_head_and_frozen_batchnorm(model_dir, tmp_path):
+    train, test = class_folders(tmp_path / "train", 4), class_folders(tmp_path / "test", 2, seed=1)
+    m = run(model_dir, tmp_path, "--task", "finetune", "--data", str(test), "--train-data", str(train),
+            "--ft", "steps=3", "--ft", "batch_size=4", "--ft", "freeze_bn=true")
+    assert (m["finetune_n_train"], m["finetune_n_test"], m["finetune_n_classes"]) == (12, 6, 3)
+    assert m["finetune_freeze_bn"] is True and 0 <= m["finetune_top1"] <= 1 and m["finetune_top5"] == 1.0
+    assert cli.main(["eval", str(model_dir), "--task", "finetune", "--data", str(test), "--ft", "stpes=3",
+                     "--train-data", str(train), "--out", str(tmp_path / "x.json")]) == 2  # a typo: one sentence
+
+
+def test_vtab_protocol_sweeps_retrains_and_reports_mean_and_std(model_dir, tmp_path):
+    for task in ("shapes_a", "shapes_b"):
+        class_folders(tmp_path / "vtab" / task / "train", 5)
+        class_folders(tmp_path / "vtab" / task / "test", 2, seed=2)
+    m = run(model_dir, tmp_path, "--task", "vtab", "--data", str(tmp_path / "vtab"), "--ft", "batch_size=4",
+            "--sweep", "lr=0.01,0.001", "--sweep", "steps=1,2", "--runs", "2")
+    assert m["vtab_n_tasks"] == 2 and m["vtab_shapes_a_n_train"] == 15 and m["vtab_shapes_b_n_test"] == 6
+    assert m["vtab_shapes_a_lr"] in (0.01, 0.001) and m["vtab_shapes_a_steps"] in (1, 2)
+    assert m["vtab_shapes_a_top1_std"] >= 0
+    assert m["vtab_mean_top1"] == pytest.approx((m["vtab_shapes_a_top1_mean"] + m["vtab_shapes_b_top1_mean"]) / 2)
+
+
+def test_fit_is_a_pure_function_and_leaves_the_model_alone(model_dir):
+    from openalign.model.hub import load_pretrained
+
+    model, _, cfg = load_pretrained(model_dir)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    images = [shape_image(c, "circle", 36) for c in COLOURS[:2]] * 3
+    data = finetune_lib.Labeled(images, ["red", "green"] * 3)
+    ft = finetune_lib.parse_options(["steps=2", "batch_size=4", "lr=0.1"])
+    a = finetune_lib.fit(model, data, {"green": 0, "red": 1}, ft, seed=3, crop=32)
+    b = finetune_lib.fit(model, data, {"green": 0, "red": 1}, ft, seed=3, crop=32)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert a.head.weight.abs().sum() > 0  # the head moved
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+
+
+def test_head_learns_ten_times_faster_and_frozen_batchnorm_keeps_statistics(model_dir, monkeypatch):
+    from openalign.model.hub import load_pretrained
+
+    model, _, _ = load_pretrained(model_dir)
+    data = finetune_lib.Labeled([shape_image(c, "square", 36) for c in COLOURS[:2]] * 2, ["red", "green"] * 2)
+    seen = []
+    real_step = torch.optim.SGD.step
+
+    def spy(self, *args, **kwargs):
+        seen.append([g["lr"] for g in self.param_groups])
+        return real_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.SGD, "step", spy)
+    ft = finetune_lib.parse_options(["steps=4", "batch_size=2", "lr=0.02", "warmup_fraction=0", "freeze_bn=true"])
+    tuned = finetune_lib.fit(model, data, {"green": 0, "red": 1}, ft, seed=0, crop=32)
+    assert seen[0] == pytest.approx([0.02, 0.02, 0.2]) and seen[-1] == pytest.approx([0.005, 0.005, 0.05])
+    stats = lambda m: [b.running_mean for b in m.modules() if isinstance(b, torch.nn.BatchNorm2d)]  # noqa: E731
+    assert all(torch.equal(x, y) for x, y in zip(stats(tuned.tower), stats(model)))
