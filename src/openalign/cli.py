@@ -32,7 +32,23 @@ def _train_config(args) -> config_lib.Config:
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, train=args.data))
     if args.eval_data:
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, eval=args.eval_data))
+    if args.images:
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, images=args.images))
+    if args.init:
+        cfg = _from_model(cfg, Path(args.init))
+    elif cfg.preset in presets.NEEDS_INIT and not cfg.model.init_from:
+        raise ConfigError(f"preset {cfg.preset} fine-tunes a trained model: pass --init MODEL_DIR (e.g. runs/demo/model)")
     return config_lib.override(cfg, args.overrides)
+
+
+def _from_model(cfg: config_lib.Config, path: Path) -> config_lib.Config:
+    """Start from a trained model: its towers (architecture and weights), loss settings and tokenizer."""
+    from openalign.model import hub
+
+    source = hub.load_config(path)
+    data = dataclasses.replace(cfg.data, tokenizer=str(path)) if hub.has_tokenizer(path) else cfg.data
+    return dataclasses.replace(cfg, model=dataclasses.replace(source.model, init_from=str(path)), loss=source.loss,
+                               data=data)
 
 
 def cmd_train(args) -> int:
@@ -184,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default="demo", help=f"one of: {', '.join(presets.PRESETS)}")
     p.add_argument("--data", help="training shards: a directory of .tar, a brace pattern or a list file")
     p.add_argument("--eval-data", help="held-out shards for evaluation")
+    p.add_argument("--images", help="image root when --data / --eval-data is a Karpathy-split JSON")
+    p.add_argument("--init", help="start from this model directory: its towers, weights and tokenizer "
+                                  "(required by the finetune-flickr30k / finetune-coco presets)")
     p.add_argument("--out", help="run directory (default: the preset's)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     p.add_argument("--show-config", action="store_true", help="print the resolved config and exit")

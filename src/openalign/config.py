@@ -99,6 +99,11 @@ class DataConfig:
     workers: int = 1
     shuffle_buffer: int = 2_000
     tokenizer: str = ""  # a trained tokenizer directory; empty: train one on the training texts
+    # `train`/`eval` may also be a Karpathy-split JSON (dataset_flickr30k.json): its images (under `images`)
+    # are sharded once into data_dir/karpathy/, every caption of an image kept
+    images: str = ""
+    train_splits: tuple[str, ...] = ("train", "restval")  # Karpathy splits trained on (COCO's 113K = both)
+    eval_split: str = "test"
 
 
 @dataclass(frozen=True)

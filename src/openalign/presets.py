@@ -91,7 +91,30 @@ def tiny() -> Config:
     )
 
 
+FINETUNE_STEPS = {"flickr30k": 3_000, "coco": 6_000}
+
+
+def finetune_retrieval(dataset: str) -> Config:
+    """The paper's fine-tuned retrieval protocol (Section 6.1): batch 2048, lr 1e-5, 3K steps on Flickr30K /
+    6K on MSCOCO, linear decay to 0 (no warmup), on the Karpathy train split (COCO: train + restval).
+
+    The towers, their sizes and the tokenizer come from the model given with `--init`; the optimizer
+    is the pretraining one (LAMB, weight decay 1e-5), which the paper does not restate for fine-tuning.
+    """
+    return Config(
+        preset=f"finetune-{dataset}",
+        out=f"runs/finetune-{dataset}",
+        optim=OptimConfig(lr=1e-5, warmup_steps=0),
+        data=DataConfig(batch_size=2_048, train_splits=("train", "restval"), eval_split="test"),
+        train=TrainConfig(steps=FINETUNE_STEPS[dataset], checkpoint_every=500, eval_every=500),
+    )
+
+
 PRESETS: dict[str, Callable[[], Config]] = {"demo": demo, "tiny": tiny}
+NEEDS_INIT = set()  # presets that fine-tune a trained model: `--init MODEL` is required
+for _dataset in FINETUNE_STEPS:
+    PRESETS[f"finetune-{_dataset}"] = lambda d=_dataset: finetune_retrieval(d)
+    NEEDS_INIT.add(f"finetune-{_dataset}")
 for _image in EFFICIENTNETS:
     for _text in BERTS:
         PRESETS[f"align-{_image}-{_text}"] = lambda i=_image, t=_text: paper(i, t)

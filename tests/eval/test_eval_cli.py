@@ -1,5 +1,6 @@
 """The evaluation tasks end to end through `main(argv)` on a tiny saved model and generated data."""
 
+import dataclasses
 import json
 
 import pytest
@@ -22,6 +23,8 @@ def model_dir(tmp_path_factory):
     cfg = presets.get("tiny")
     words = [f"a {c} {s}" for c in COLOURS for s in SHAPES] + ["ein roter kreis", "un cercle rouge"]
     tokenizer = train_tokenizer(words * 4, 200, 16)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(
+        cfg.model, text=dataclasses.replace(cfg.model.text, vocab_size=len(tokenizer))))
     out = tmp_path_factory.mktemp("model") / "model"
     save_pretrained(DualEncoder(cfg.model).eval(), tokenizer, out, cfg)
     return out
@@ -150,3 +153,34 @@ def test_head_learns_ten_times_faster_and_frozen_batchnorm_keeps_statistics(mode
     assert seen[0] == pytest.approx([0.02, 0.02, 0.2]) and seen[-1] == pytest.approx([0.005, 0.005, 0.05])
     stats = lambda m: [b.running_mean for b in m.modules() if isinstance(b, torch.nn.BatchNorm2d)]  # noqa: E731
     assert all(torch.equal(x, y) for x, y in zip(stats(tuned.tower), stats(model)))
+
+
+def test_finetuned_retrieval_preset_trains_from_a_model_on_a_karpathy_json(model_dir, tmp_path):
+    from openalign.model.hub import load_pretrained
+
+    (tmp_path / "imgs").mkdir()
+    entries = []
+    for i, (c, s) in enumerate([(c, s) for c in COLOURS for s in SHAPES]):
+        shape_image(c, s).save(tmp_path / "imgs" / f"{1000 + i}.jpg")
+        entries.append({"filename": f"{1000 + i}.jpg", "split": "test" if i % 4 == 0 else "train",
+                        "sentences": [{"raw": f"a {c} {s}", "sentid": 10 * i}, {"raw": f"{s}, {c}", "sentid": 10 * i + 1}]})
+    (tmp_path / "dataset_flickr30k.json").write_text(json.dumps({"images": entries}))
+    run_dir = tmp_path / "run"
+    args = ["train", "--preset", "finetune-flickr30k", "--init", str(model_dir), "--data", str(tmp_path / "dataset_flickr30k.json"),
+            "--eval-data", str(tmp_path / "dataset_flickr30k.json"), "--images", str(tmp_path / "imgs"), "--out", str(run_dir),
+            "--quiet", "train.steps=3", "data.batch_size=4", "data.workers=0", "data.shuffle_buffer=4",
+            f"data.data_dir={tmp_path / 'data'}", "train.eval_every=0", "optim.lr=1e-3"]
+    assert cli.main(args) == 0
+    cfg = json.loads((run_dir / "config.json").read_text())
+    assert cfg["model"]["init_from"] == str(model_dir) and cfg["data"]["tokenizer"] == str(model_dir)
+    assert cfg["optim"]["warmup_steps"] == 0 and cfg["model"]["text"]["hidden_size"] == 32
+    metrics = json.loads((run_dir / "final_metrics.json").read_text())
+    assert (metrics["n_images"], metrics["n_texts"]) == (3, 6)  # the test split, every caption
+    shards = json.loads((tmp_path / "data" / "karpathy" / "dataset_flickr30k" / "train-restval" / "manifest.json").read_text())
+    assert shards["n_samples"] == 9
+    before, _, _ = load_pretrained(model_dir)
+    after, _, _ = load_pretrained(run_dir / "model")
+    changed = [k for k, v in after.state_dict().items() if not torch.equal(v, before.state_dict()[k])]
+    assert changed and "align.temperature" in changed
+    bare = ["train", "--preset", "finetune-coco", "--data", str(tmp_path / "dataset_flickr30k.json"), "--out", str(tmp_path / "x")]
+    assert cli.main(bare) == 2  # no --init: one sentence

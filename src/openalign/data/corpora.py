@@ -12,10 +12,26 @@ from openalign.data.shards import MANIFEST, list_shards
 CORPORA: dict[str, Callable[..., dict]] = {"emoji": emoji.build, "openclipart": openclipart.build}
 
 
+def _shards(spec: str, data: DataConfig, split: str, progress: bool) -> list[str]:
+    """Shards as given, or those of a Karpathy-split JSON's `split`, sharded once into data_dir/karpathy/."""
+    path = Path(spec)
+    if path.suffix == ".json" and path.is_file():
+        from openalign.eval.datasets import karpathy_shards
+
+        out = Path(data.data_dir) / "karpathy" / path.stem / split.replace(",", "-")
+        manifest = karpathy_shards(path, Path(data.images) if data.images else path.parent, split, out, progress)
+        if not manifest["n_samples"]:
+            raise ConfigError(f"no readable images of split {split} of {path} under {data.images or path.parent}; "
+                              "pass --images DIR (the image root)")
+        return list_shards(str(out))
+    return list_shards(spec)
+
+
 def resolve_data(data: DataConfig, progress: bool = True) -> tuple[list[str], list[str]]:
     """(train shards, eval shards); builds the configured built-in corpus into data_dir when absent."""
     if data.train:
-        return list_shards(data.train), list_shards(data.eval) if data.eval else []
+        train = _shards(data.train, data, ",".join(data.train_splits), progress)
+        return train, _shards(data.eval, data, data.eval_split, progress) if data.eval else []
     if not data.corpus:
         raise ConfigError("no training data: pass --data SHARDS (a directory of .tar shards) or data.corpus=emoji")
     if data.corpus not in CORPORA:

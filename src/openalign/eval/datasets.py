@@ -57,15 +57,16 @@ def load_classnames(path: str, labels: list[str]) -> dict[str, str]:
 
 
 def karpathy_items(path: Path, root: Path, split: str) -> list[tuple[Path, list[str], list[str]]]:
-    """(image, captions, caption ids = the JSON's sentids) of one split."""
+    """(image, captions, caption ids = the JSON's sentids) of one split, several (`train,restval`) or `all`."""
     try:
         data = json.loads(path.read_text())
         entries = data["images"]
     except (ValueError, KeyError, TypeError):
         raise ConfigError(f"{path} is not a Karpathy-split JSON (expected {{'images': [...]}})") from None
+    wanted = set(split.split(","))
     items = []
     for entry in entries:
-        if split != "all" and entry.get("split") != split:
+        if split != "all" and entry.get("split") not in wanted:
             continue
         name = Path(entry.get("filepath", "")) / entry["filename"]
         sentences = [(s["raw"].strip() if "raw" in s else " ".join(s["tokens"]), str(s.get("sentid", "")))
@@ -76,6 +77,22 @@ def karpathy_items(path: Path, root: Path, split: str) -> list[tuple[Path, list[
         splits = sorted({e.get("split", "?") for e in entries})
         raise ConfigError(f"no images with split {split!r} in {path}; its splits are {', '.join(splits)}")
     return items
+
+
+def karpathy_shards(path: Path, images_root: Path, split: str, out: Path, progress: bool = True) -> dict:
+    """Shard a Karpathy split for training or evaluation (data/shard.py: every caption of an image kept,
+    the shorter side at most 346, unreadable images skipped and counted); reruns reuse finished shards."""
+    from openalign.data.shard import ShardOptions, write_samples
+
+    keys: dict[str, int] = {}
+    samples = []
+    for image, captions, ids in karpathy_items(path, images_root, split):
+        key = re.sub(r"[^A-Za-z0-9_-]", "_", image.stem)  # webdataset keys: no dots
+        keys[key] = keys.get(key, 0) + 1
+        samples.append({"image_key": key if keys[key] == 1 else f"{key}_{keys[key]}", "texts": captions, "uids": ids,
+                        "path": str(image), "member": None, "url": ""})
+    return write_samples(samples, out, ShardOptions(prefix=f"{path.stem}-{split.replace(',', '-')}"), progress,
+                         {"source": str(path), "split": split, "images": str(images_root)})
 
 
 def table_items(path: Path, root: Path, image_column: str = "image", text_column: str = "caption"

@@ -60,16 +60,24 @@ def _model_config_from_hf(hf) -> ModelConfig:
     )
 
 
-def load_pretrained(path: Path) -> tuple[DualEncoder, object, Config]:
-    """Load (model in eval mode, tokenizer or None, config) from an AlignModel directory."""
+def load_config(path: Path) -> Config:
+    """The config of an AlignModel directory (openalign's own, or one describing a foreign checkpoint)."""
     path = Path(path)
     if not (path / "config.json").is_file():
         raise ConfigError(f"{path} is not a model directory (no config.json); pass the `model` folder of a run")
     if (path / CONFIG_FILE).is_file():
-        cfg = config_lib.load(path / CONFIG_FILE)
-    else:
-        hf = transformers.AlignConfig.from_pretrained(path)
-        cfg = Config(model=_model_config_from_hf(hf))
+        return config_lib.load(path / CONFIG_FILE)
+    return Config(model=_model_config_from_hf(transformers.AlignConfig.from_pretrained(path)))
+
+
+def has_tokenizer(path: Path) -> bool:
+    return (Path(path) / "tokenizer.json").is_file() or (Path(path) / "vocab.txt").is_file()
+
+
+def load_pretrained(path: Path) -> tuple[DualEncoder, object, Config]:
+    """Load (model in eval mode, tokenizer or None, config) from an AlignModel directory."""
+    path = Path(path)
+    cfg = load_config(path)
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()  # the unused text pooler is reported missing; it is
     try:
@@ -80,16 +88,16 @@ def load_pretrained(path: Path) -> tuple[DualEncoder, object, Config]:
     if (path / EXTRA_FILE).is_file():
         model.load_state_dict(load_file(path / EXTRA_FILE), strict=False)
     tokenizer = None
-    if (path / "tokenizer.json").is_file() or (path / "vocab.txt").is_file():
+    if has_tokenizer(path):
         tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
     return model.eval(), tokenizer, cfg
 
 
 def init_towers(model: DualEncoder, path: Path) -> None:
-    """Initialize towers, text projection and temperature from an AlignModel directory."""
+    """Initialize towers, projections and temperature (everything the model has) from an AlignModel directory."""
     source, _, _ = load_pretrained(path)
     try:
-        model.align.load_state_dict(source.align.state_dict(), strict=False)
+        model.load_state_dict(source.state_dict(), strict=False)
     except RuntimeError as err:
         raise ConfigError(f"{path} does not match the configured towers ({str(err).splitlines()[1].strip()})")
 

@@ -100,8 +100,10 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> TrainResu
     train_shards, eval_shards = resolve_data(cfg.data, progress)
     tokenizer = prepare_tokenizer(cfg, train_shards, out)
     # The trained vocabulary may be smaller than asked for (small corpora): size the embedding to it.
-    text = dataclasses.replace(cfg.model.text, vocab_size=len(tokenizer))
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, text=text))
+    # A model we start from keeps its own embedding table (it may be padded beyond its tokenizer).
+    if not cfg.model.init_from:
+        text = dataclasses.replace(cfg.model.text, vocab_size=len(tokenizer))
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, text=text))
     config_lib.save(cfg, out / "config.json")
 
     model = DualEncoder(cfg.model, cfg.loss)
