@@ -103,6 +103,16 @@ def cmd_eval(args) -> int:
 def cmd_corpus(args) -> int:
     from openalign.data.corpora import CORPORA
 
+    if args.name == "emoji-eval":
+        from openalign.data import emoji_eval
+
+        corpus = Path(args.source)
+        if not (corpus / "eval").is_dir():
+            print(f"building the built-in emoji corpus in {corpus} (once)")
+            CORPORA["emoji"](corpus)
+        print(json.dumps(emoji_eval.export(corpus, Path(args.out), cldr=args.cldr, seed=args.seed,
+                                           progress=not args.quiet), indent=2))
+        return 0
     if args.name == "emoji":
         options = {"languages": tuple(args.languages.split(",")), "noise": args.noise, "seed": args.seed,
                    "heldout": 0.1 if args.heldout is None else args.heldout, "font_path": args.font,
@@ -241,7 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("corpus", help="build a built-in corpus as webdataset shards")
-    p.add_argument("name", choices=["emoji", "openclipart"])
+    p.add_argument("name", choices=["emoji", "openclipart", "emoji-eval"],
+                   help="emoji-eval: the emoji corpus in every evaluation layout (Karpathy JSON, class folders, "
+                        "Multi30k, CxC-style), for trying each `openalign eval` task offline")
+    p.add_argument("--from", dest="source", default="data/emoji", help="emoji-eval: the emoji corpus directory")
     p.add_argument("--out", required=True)
     p.add_argument("--heldout", type=float, help="fraction held out for evaluation (emoji: of families; default 0.1)")
     p.add_argument("--seed", type=int, default=0)

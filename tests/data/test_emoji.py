@@ -53,3 +53,41 @@ def test_corpus_is_split_by_family_with_noisy_training_texts(tmp_path):
     kinds = {k for m in train for k in m["noise"]}
     assert kinds == {"clean", *emoji.NOISE_KINDS}
     assert all("noise" not in m for m in held)  # evaluation texts are the clean CLDR texts
+
+
+@needs_data
+def test_emoji_eval_export_writes_every_layout_consistently(tmp_path):
+    import csv
+    import json
+
+    from openalign.data import emoji_eval
+    from openalign.eval.datasets import folder_items, karpathy_items
+
+    emoji.build(tmp_path / "corpus", heldout=0.5, limit=300)
+    out = tmp_path / "formats"
+    summary = emoji_eval.export(tmp_path / "corpus", out, progress=False)
+    test = karpathy_items(out / "karpathy.json", out / "images", "test")
+    train = karpathy_items(out / "karpathy.json", out / "images", "train")
+    assert (len(train), len(test)) == (summary["train_images"], summary["test_images"])
+    assert all(path.is_file() for path, _, _ in test + train)
+    sentids = {i for _, _, ids in test for i in ids}
+    assert len({i for _, _, ids in test + train for i in ids}) == sum(len(ids) for _, _, ids in test + train)  # unique
+    # class folders: only families with >= 2 variants, dealt to both sides, named in classnames.txt
+    labels = {label for _, label in folder_items(out / "classes" / "test")}
+    assert labels == {label for _, label in folder_items(out / "classes" / "train")} and len(labels) == summary["classes"]
+    assert {line.split(",")[0] for line in (out / "classnames.txt").read_text().splitlines()} == labels
+    # Multi30k: one line per test image in each language
+    names = (out / "multi30k" / "test.txt").read_text().splitlines()
+    assert names == [p.name for p, _, _ in test]
+    for lang in emoji_eval.LANGUAGES:
+        assert len((out / "multi30k" / f"test.{lang}").read_text().splitlines()) == len(names)
+    # CxC-style ratings refer only to test-split captions and images
+    for kind, first, second in (("sts", "caption1", "caption2"), ("sis", "image1", "image2"), ("sits", "caption", "image")):
+        with open(out / "cxc" / f"{kind}_test.csv") as f:
+            rows = list(csv.DictReader(f))
+        assert rows
+        for row in rows:
+            for column in (first, second):
+                ref = row[column]
+                assert (ref.rsplit(":", 1)[-1] in sentids) if column.startswith("caption") else ref in names
+    assert json.loads((out / "manifest.json").read_text()) == summary

@@ -56,6 +56,9 @@ def recall_curve(ranks: torch.Tensor, max_k: int) -> tuple[list[int], list[float
 
 def plot(figures: dict, out: Path) -> bool:
     """Draw the panels `figures` has data for into `out`; False (and nothing written) when none."""
+    zeroshot = figures.get("zeroshot")
+    if zeroshot and int(torch.bincount(zeroshot["true"]).max()) < 2:  # one image per class: nothing to confuse
+        figures = {k: v for k, v in figures.items() if k != "zeroshot"}
     panels = [name for name in ("retrieval", "zeroshot") if name in figures]
     if not panels:
         return False

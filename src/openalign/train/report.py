@@ -76,7 +76,8 @@ def write(out: Path, cfg: Config, metrics: dict, model_info: dict) -> str:
         f"- temperature: init {cfg.model.temperature_init}, final {model_info['temperature']:.4f}"
         f" (lr scale {cfg.optim.temperature_lr_scale}; the paper's init is 1.0 — for runs this short it"
         " costs held-out recall, measured in docs/demo.md)", "",
-        "## Held-out evaluation (family split: no variant of these emoji was seen in training)", "",
+        "## Held-out evaluation (family split: no variant of these emoji was seen in training)" if cfg.data.corpus == "emoji"
+        and not cfg.data.train else f"## Held-out evaluation ({cfg.data.eval or 'none'})", "",
         "```", *summary_lines(metrics), "```", "",
         "![training curves](training.png)", "",
     ])
