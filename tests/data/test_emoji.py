@@ -91,3 +91,7 @@ def test_emoji_eval_export_writes_every_layout_consistently(tmp_path):
                 ref = row[column]
                 assert (ref.rsplit(":", 1)[-1] in sentids) if column.startswith("caption") else ref in names
     assert json.loads((out / "manifest.json").read_text()) == summary
+    header, *pairs = (out / "simlex.txt").read_text().splitlines()
+    assert header.split("\t") == ["word1", "word2", "SimLex999"] and len(pairs) == summary["word_pairs"] > 0
+    with open(out / "sts.csv") as f:
+        assert len(list(csv.DictReader(f))) == summary["sentence_pairs"] > 0

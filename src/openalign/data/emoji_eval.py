@@ -15,8 +15,11 @@ training images:
     multi30k/test.txt + test.LANG     CLDR names of the held-out emoji per language (Multi30k layout)
     cxc/{sts,sis,sits}_test.csv       CxC-layout ratings derived from the corpus structure, NOT human
                                       judgments: 5 same emoji, 4 same family, 0 unrelated
+    simlex.txt, sts.csv               SimLex-999 / STS layouts, scored the same structural way (keywords
+                                      of one emoji 7 vs of two unrelated emoji 1, on SimLex's 0-10)
 
-Word similarity and STS need human-scored pairs, which CLDR does not have: none are written.
+CLDR has no human similarity judgments: the structural scores exercise the tasks end to end and
+say whether a model groups what the corpus groups; they are not comparable to published numbers.
 """
 
 from __future__ import annotations
@@ -134,8 +137,28 @@ def export(corpus: Path, out: Path, cldr: str = emoji_lib.DEFAULT_CLDR, seed: in
     _write_csv(out / "cxc" / "sts_test.csv", ["caption1", "caption2", "agg_score", "sampling_method"], sts)
     _write_csv(out / "cxc" / "sis_test.csv", ["image1", "image2", "agg_score", "sampling_method"], sis)
     _write_csv(out / "cxc" / "sits_test.csv", ["caption", "image", "agg_score", "sampling_method"], sits)
+    # SimLex / STS layouts with the same structural scores
+    words, sentences = [], []
+    for i, row in enumerate(test):
+        e = catalog.get(row["cp"])
+        single = [k for k in (e.keywords.get("en", []) if e else []) if " " not in k]
+        other = test[rng.randrange(len(test))]
+        other_e = catalog.get(other["cp"])
+        other_single = [k for k in (other_e.keywords.get("en", []) if other_e else []) if " " not in k]
+        if len(single) >= 2 and other["family"] != row["family"] and other_single:
+            words.append((single[0], single[1], 7.0))
+            words.append((single[0], other_single[0], 1.0))
+        if len(row["texts"]) > 1:
+            sentences.append((row["texts"][0], row["texts"][1], 5.0))
+        if other["family"] != row["family"]:
+            sentences.append((row["texts"][0], other["texts"][0], 0.0))
+    for rows in members.values():
+        sentences += [(a["texts"][0], b["texts"][0], 4.0) for a, b in zip(rows, rows[1:])]
+    (out / "simlex.txt").write_text("word1\tword2\tSimLex999\n" + "".join(f"{a}\t{b}\t{v}\n" for a, b, v in words))
+    _write_csv(out / "sts.csv", ["sentence1", "sentence2", "score"], sentences)
     summary = {"out": str(out), "train_images": len(train), "test_images": len(test), "classes": len(classes),
                "class_images": sum(len(r) for r in classes.values()), "languages": list(LANGUAGES),
-               "cxc_pairs": {"sts": len(sts), "sis": len(sis), "sits": len(sits)}}
+               "cxc_pairs": {"sts": len(sts), "sis": len(sis), "sits": len(sits)}, "word_pairs": len(words),
+               "sentence_pairs": len(sentences)}
     (out / "manifest.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
