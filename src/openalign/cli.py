@@ -75,6 +75,7 @@ def cmd_eval(args) -> int:
     import torch
 
     from openalign.eval.datasets import load_templates
+    from openalign.eval.embed import files_fingerprint
     from openalign.eval.finetune import parse_options
     from openalign.eval.report import metric_lines, write_report
     from openalign.eval.tasks import DEFAULT_TEMPLATES, EvalOptions, run_tasks
@@ -90,7 +91,8 @@ def cmd_eval(args) -> int:
                           class_subset=args.class_subset or "", train_data=args.train_data or "", knn_k=args.k,
                           cxc=args.cxc or "", positive_score=args.positive_score, captions=args.captions or "",
                           seed=args.seed, finetune=parse_options(args.ft or []), sweep=tuple(args.sweep or ()),
-                          runs=args.runs)
+                          runs=args.runs, cache=args.cache or "",
+                          model_id=files_fingerprint(args.model) if args.cache else "")
     figures: dict = {}
     metrics = run_tasks(model, tokenizer, args.data, args.task or [], options,
                         cfg.model.vision.resize_size, cfg.model.vision.image_size, figures=figures)
@@ -246,6 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="vtab: a sweep axis, e.g. --sweep lr=0.1,0.01 --sweep steps=2500,10000 (default: VTAB's)")
     p.add_argument("--runs", type=int, default=3, help="vtab: retrain runs (seeds) for mean and std")
     p.add_argument("--seed", type=int, default=0, help="finetune/vtab: the first seed")
+    p.add_argument("--cache", help="a directory where image embeddings are kept and reused by later runs on the "
+                                   "same model, data and image size (e.g. several probes of one large set)")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--out", default="metrics.json")
     p.set_defaults(func=cmd_eval)

@@ -184,3 +184,20 @@ def test_finetuned_retrieval_preset_trains_from_a_model_on_a_karpathy_json(model
     assert changed and "align.temperature" in changed
     bare = ["train", "--preset", "finetune-coco", "--data", str(tmp_path / "dataset_flickr30k.json"), "--out", str(tmp_path / "x")]
     assert cli.main(bare) == 2  # no --init: one sentence
+
+
+def test_embedding_cache_is_reused_and_keyed_by_the_data(model_dir, tmp_path, monkeypatch):
+    train, test = class_folders(tmp_path / "train", 3), class_folders(tmp_path / "test", 2, seed=1)
+    args = ["--data", str(test), "--train-data", str(train), "--task", "knn", "--task", "linear-probe",
+            "--cache", str(tmp_path / "cache")]
+    first = run(model_dir, tmp_path, *args)
+    assert len(list((tmp_path / "cache").glob("embeddings-*.pt"))) == 2  # the test and the train split
+
+    def no_encoding(*a, **k):
+        raise AssertionError("embedded again despite the cache")
+
+    monkeypatch.setattr(DualEncoder, "encode_image", no_encoding)
+    assert run(model_dir, tmp_path, *args) == first
+    shape_image("red", "circle", 40).save(tmp_path / "test" / "red" / "new.png")  # the data changed: embed again
+    with pytest.raises(AssertionError, match="embedded again"):
+        run(model_dir, tmp_path, *args)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +41,8 @@ class EvalOptions:
     runs: int = 3  # vtab: retrain runs (seeds) whose mean and std are reported
     resize: int = 0  # image sizes of the model (set by run_tasks)
     crop: int = 0
+    cache: str = ""  # a directory: image embeddings are saved there and reused (see `cache_path`)
+    model_id: str = ""  # identifies the model's weights in cache keys (eval: a fingerprint of its files)
 
 
 @dataclass
@@ -92,10 +97,46 @@ def encode_texts(model: DualEncoder, tokenizer, texts: list[str], options: EvalO
     return out
 
 
+def files_fingerprint(*paths: str) -> str:
+    """A hash of the names, sizes and modification times of every file at or under `paths`."""
+    entries = []
+    for root in (Path(p) for p in paths if p):
+        files = [root] if root.is_file() else sorted(f for f in root.rglob("*") if f.is_file()) if root.is_dir() else []
+        for f in files:
+            stat = f.stat()
+            entries.append((str(f.resolve()), stat.st_size, stat.st_mtime_ns))
+    return hashlib.blake2b(json.dumps(entries).encode(), digest_size=16).hexdigest()
+
+
+def cache_path(shards: str | list[str], options: EvalOptions, resize: int, crop: int) -> Path | None:
+    """Where the embeddings of this data, model and image size are cached; None without a cache. The
+    key covers the model, the data's files (and the image root's) and every option that changes them."""
+    if not options.cache:
+        return None
+    sources = [shards] if isinstance(shards, str) else list(shards)
+    key = json.dumps([options.model_id, files_fingerprint(*sources, options.images), options.split, resize, crop])
+    return Path(options.cache) / f"embeddings-{hashlib.blake2b(key.encode(), digest_size=16).hexdigest()}.pt"
+
+
 def embed_split(model: DualEncoder, shards: str | list[str], options: EvalOptions, resize: int, crop: int,
                 progress: bool = True) -> EvalData:
     """Encode every image of the evaluation data (shards, Karpathy JSON or a caption table; see
-    eval/datasets.py); captions are kept as text for the tasks."""
+    eval/datasets.py); captions are kept as text for the tasks. With `options.cache`, a second run on
+    the same model and data loads the embeddings instead."""
+    cached = cache_path(shards, options, resize, crop)
+    if cached is not None and cached.is_file():
+        return EvalData(**torch.load(cached, weights_only=False))
+    data = _embed(model, shards, options, resize, crop, progress)
+    if cached is not None:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        fields = ("image_embeds", "captions", "text_to_image", "labels", "keys", "caption_ids", "skipped")
+        torch.save({name: getattr(data, name) for name in fields}, cached.with_suffix(".tmp"))
+        os.replace(cached.with_suffix(".tmp"), cached)
+    return data
+
+
+def _embed(model: DualEncoder, shards: str | list[str], options: EvalOptions, resize: int, crop: int,
+           progress: bool) -> EvalData:
     counter: dict = {}
     if isinstance(shards, str):
         stream = eval_stream(shards, resize, crop, counter, options.images, options.split)
