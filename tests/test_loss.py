@@ -81,3 +81,54 @@ def test_sigmoid_loss_matches_pairwise_reference():
             z = (img[i] @ txt[j]) / t + b
             expected += -F.logsigmoid(z if i == j else -z) / 5
     assert L.sigmoid_loss(img, txt, t, b).item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("chunk", [1, 5, 64])
+def test_chunked_loss_equals_the_naive_loss_and_gradients(smoothing, chunk):
+    g = torch.Generator().manual_seed(3)
+    img = F.normalize(torch.randn(23, 8, generator=g, dtype=torch.float64), dim=-1).requires_grad_()
+    txt = F.normalize(torch.randn(23, 8, generator=g, dtype=torch.float64), dim=-1).requires_grad_()
+    t = torch.tensor(0.05, dtype=torch.float64, requires_grad=True)
+    ours = L.chunked_cross_entropy(img, txt, t, smoothing, columns=True, chunk=chunk)
+    ref = naive_softmax_loss(img, txt, t, smoothing)
+    assert abs(ours.item() - ref.item()) <= 1e-6 * abs(ref.item())
+    for a, b in zip(torch.autograd.grad(ours, (img, txt, t)), torch.autograd.grad(ref, (img, txt, t))):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-9)
+
+
+def test_chunked_rows_with_an_offset_equal_cross_entropy_on_a_slice_of_columns():
+    """One rank's rows against gathered columns: row i's positive is column offset + i."""
+    g = torch.Generator().manual_seed(4)
+    a = F.normalize(torch.randn(4, 6, generator=g, dtype=torch.float64), dim=-1).requires_grad_()
+    b = F.normalize(torch.randn(12, 6, generator=g, dtype=torch.float64), dim=-1).requires_grad_()
+    t = torch.tensor(0.1, dtype=torch.float64, requires_grad=True)
+    ours = L.chunked_cross_entropy(a, b, t, 0.1, offset=8, chunk=3)
+    ref = F.cross_entropy(a @ b.T / t, torch.arange(8, 12), label_smoothing=0.1)
+    assert ours.item() == pytest.approx(ref.item(), rel=1e-10)
+    for x, y in zip(torch.autograd.grad(ours, (a, b, t)), torch.autograd.grad(ref, (a, b, t))):
+        torch.testing.assert_close(x, y, rtol=1e-8, atol=1e-10)
+
+
+def test_chunked_loss_is_stable_at_extreme_temperatures():
+    g = torch.Generator().manual_seed(5)
+    img = F.normalize(torch.randn(40, 16, generator=g), dim=-1)
+    txt = F.normalize(torch.randn(40, 16, generator=g), dim=-1)
+    for t in (1e-3, 1e3):  # logits up to 1,000 in magnitude: exp would overflow without the shifts
+        t = torch.tensor(t)
+        ours = L.chunked_cross_entropy(img, txt, t, 0.1, columns=True, chunk=7)
+        ref = L.softmax_loss(img.double(), txt.double(), t.double(), 0.1)
+        assert torch.isfinite(ours) and ours.item() == pytest.approx(ref.item(), rel=1e-4)
+
+
+def test_auto_picks_the_chunked_loss_for_large_batches(monkeypatch):
+    calls = []
+    monkeypatch.setattr(L, "chunked_cross_entropy", lambda *a, **k: calls.append(len(a[0])) or torch.tensor(0.0))
+    x = torch.eye(8)
+    L.contrastive_loss(x, x, torch.tensor(1.0), implementation="auto")
+    monkeypatch.setattr(L, "AUTO_CHUNKED_FROM", 8)
+    L.contrastive_loss(x, x, torch.tensor(1.0), implementation="auto")
+    L.contrastive_loss(x, x, torch.tensor(1.0), negatives=torch.ones(8, 8, dtype=torch.bool), implementation="chunked")
+    assert calls == [8]  # below the threshold and with a negatives mask: materialized
+    with pytest.raises(ValueError, match="naive or chunked"):
+        L.contrastive_loss(x, x, torch.tensor(1.0), implementation="fast")

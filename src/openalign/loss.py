@@ -4,12 +4,24 @@ Normalized softmax (the paper):  L = L_i2t + L_t2i, each the mean over rows of a
 cross-entropy over `img @ txt.T / t`. Label smoothing follows torch's convention: the target
 distribution is (1 - s) on the positive plus s / K spread over all K candidates of the row.
 SigLIP's pairwise sigmoid loss is the alternative (Zhai et al. 2023).
+
+Three exact forms of the softmax loss, all the same function of the embeddings:
+- `softmax_loss` materializes the [B, B] logits (small batches; the negatives-fraction ablation);
+- `chunked_cross_entropy` streams the log-sum-exp over row blocks and recomputes the blocks in
+  backward, so memory is O(B x chunk) instead of O(B^2), at 8*B^2*d FLOPs (one extra GEMM);
+- `distributed.gathered_softmax_loss` (distributed.py): each rank's rows against the gathered columns.
+Expanding the smoothed cross-entropy of row i over K candidates:
+    CE_i = lse_i - (1 - s) * S_ii - (s / K) * sum_j S_ij
+only the log-sum-exp needs the whole row; the other two terms are dot products of embeddings.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+CHUNK_BYTES = 32 * 2**20  # chunked loss: bytes of one [rows, B] block of logits (a few are alive at once)
+AUTO_CHUNKED_FROM = 4_096  # `implementation="auto"`: batches at least this large use the chunked loss
 
 
 def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
@@ -69,3 +81,87 @@ def sigmoid_loss(img: torch.Tensor, txt: torch.Tensor, temperature: torch.Tensor
     logits = _at_least_fp32(img) @ _at_least_fp32(txt).T / temperature + bias  # [B, B]
     labels = 2.0 * torch.eye(len(img), device=img.device) - 1.0  # +1 on the diagonal, -1 elsewhere
     return -F.logsigmoid(labels * logits).sum() / len(img)
+
+
+def _chunk_rows(columns: int, itemsize: int, chunk: int | None) -> int:
+    return chunk or max(1, CHUNK_BYTES // (itemsize * max(columns, 1)))
+
+
+class _LogSumExp(torch.autograd.Function):
+    """sum_i lse(S[i, :]) / n (+ sum_j lse(S[:, j]) / m with `columns`), S = a @ b.T / t, in row blocks.
+
+    Forward keeps only the per-row (and per-column) log-sum-exps; backward recomputes each block of S
+    and forms its gradient (row softmax / n + column softmax / m) block by block."""
+
+    @staticmethod
+    def forward(ctx, a, b, t, columns: bool, chunk: int):
+        n, m = a.shape[0], b.shape[0]
+        row_lse = a.new_empty(n)
+        col_max = col_sum = None
+        for s in range(0, n, chunk):
+            block = (a[s:s + chunk] @ b.T).div_(t)  # [c, m]
+            row_lse[s:s + chunk] = torch.logsumexp(block, dim=1)
+            if columns:  # streaming column log-sum-exp: running max and rescaled running sum
+                top = block.amax(dim=0)
+                if col_max is None:
+                    col_max, col_sum = top, block.sub_(top).exp_().sum(dim=0)
+                else:
+                    new = torch.maximum(col_max, top)
+                    col_sum = col_sum.mul_((col_max - new).exp_()).add_(block.sub_(new).exp_().sum(dim=0))
+                    col_max = new
+        col_lse = col_max + col_sum.log() if columns else a.new_empty(0)
+        ctx.save_for_backward(a, b, t, row_lse, col_lse)
+        ctx.columns, ctx.chunk = columns, chunk
+        out = row_lse.sum() / n
+        return out + col_lse.sum() / m if columns else out
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b, t, row_lse, col_lse = ctx.saved_tensors
+        n, m = a.shape[0], b.shape[0]
+        need_a, need_b, need_t = ctx.needs_input_grad[:3]
+        grad_a = torch.empty_like(a) if need_a else None
+        grad_b = torch.zeros_like(b) if need_b else None
+        grad_t = torch.zeros((), dtype=a.dtype, device=a.device) if need_t else None
+        for s in range(0, n, ctx.chunk):
+            block = (a[s:s + ctx.chunk] @ b.T).div_(t)  # [c, m]: recomputed
+            d = (block - row_lse[s:s + ctx.chunk, None]).exp_().mul_(grad / n)  # d loss / d S: row softmax
+            if ctx.columns:
+                d.add_((block - col_lse[None, :]).exp_().mul_(grad / m))  # + column softmax
+            if need_t:
+                grad_t -= (d * block).sum() / t
+            d.div_(t)
+            if need_a:
+                grad_a[s:s + ctx.chunk] = d @ b
+            if need_b:
+                grad_b.addmm_(d.T, a[s:s + ctx.chunk])
+        return grad_a, grad_b, grad_t.to(t.dtype) if need_t else None, None, None
+
+
+def chunked_cross_entropy(a: torch.Tensor, b: torch.Tensor, temperature: torch.Tensor, label_smoothing: float,
+                          offset: int = 0, columns: bool = False, chunk: int | None = None) -> torch.Tensor:
+    """Mean label-smoothed cross-entropy of the rows of `a @ b.T / t`, row i's positive at column offset + i;
+    with `columns` (a and b aligned, offset 0) plus the same over the columns (both directions).
+
+    Exact: the same value and gradients as the materialized form, in O(rows_per_chunk x len(b)) memory."""
+    a, b = _at_least_fp32(a), _at_least_fp32(b)
+    t = temperature.to(a.dtype)
+    n, m = a.shape[0], b.shape[0]
+    rows = _chunk_rows(m, a.element_size(), chunk)
+    lse = _LogSumExp.apply(a, b, t, columns, rows)
+    positive = (a * b[offset:offset + n]).sum(dim=1).mean() / t  # mean_i S[i, offset + i]
+    spread = (a.sum(dim=0) @ b.sum(dim=0)) / (n * m * t)  # mean_i (1/m) sum_j S_ij
+    directions = 2 if columns else 1
+    return lse - directions * ((1.0 - label_smoothing) * positive + label_smoothing * spread)
+
+
+def contrastive_loss(img: torch.Tensor, txt: torch.Tensor, temperature: torch.Tensor, label_smoothing: float = 0.1,
+                     negatives: torch.Tensor | None = None, implementation: str = "auto") -> torch.Tensor:
+    """The paper's loss, materialized or chunked: `implementation` is naive | chunked | auto (chunked from
+    AUTO_CHUNKED_FROM pairs on; the negatives-fraction ablation always materializes its mask)."""
+    if implementation not in ("auto", "naive", "chunked"):
+        raise ValueError(f"loss.implementation must be auto, naive or chunked, not {implementation!r}")
+    chunked = implementation == "chunked" or (implementation == "auto" and len(img) >= AUTO_CHUNKED_FROM)
+    if negatives is not None or not chunked:
+        return softmax_loss(img, txt, temperature, label_smoothing, negatives)
+    return chunked_cross_entropy(img, txt, temperature, label_smoothing, columns=True)
