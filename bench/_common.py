@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import resource
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,3 +24,12 @@ def write_section(name: str, body: str, path: Path = BENCHMARKS) -> None:
 def verdict(target: str, name: str, value: float, bound: float, at_least: bool) -> str:
     ok = value >= bound if at_least else value <= bound
     return f"{target} {name}={value:.2f} target{'>=' if at_least else '<='}{bound:g} {'PASS' if ok else 'FAIL'}"
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory. VmHWM belongs to the address space, so unlike ru_maxrss it
+    does not inherit the high-water mark of the parent that forked us."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

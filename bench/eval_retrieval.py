@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from _common import verdict, write_section
+from _common import peak_rss_mib, verdict, write_section
 
 HERE = Path(__file__).resolve()
 
@@ -37,26 +37,19 @@ def inputs(n: int, per_image: int, dim: int, seed: int = 0):
     return img, txt, owner
 
 
-def vm_hwm_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def child(args) -> None:
     from openalign.eval import metrics as M
 
     torch.set_num_threads(args.threads)
     img, txt, owner = inputs(args.images, args.captions_per_image, args.dim)
     (img[:64] @ txt[:64].T).sum()  # load BLAS before the baseline
-    before = vm_hwm_mib()
+    before = peak_rss_mib()
     times = []
     for _ in range(args.repeats):
         start = time.perf_counter()
         metrics = M.retrieval_metrics(img, txt, owner)
         times.append(time.perf_counter() - start)
-    print(json.dumps({"metrics": metrics, "seconds": statistics.median(times), "extra_mib": vm_hwm_mib() - before}))
+    print(json.dumps({"metrics": metrics, "seconds": statistics.median(times), "extra_mib": peak_rss_mib() - before}))
 
 
 def reference(img, txt, owner) -> dict:

@@ -20,14 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from _common import verdict, write_section
+from _common import peak_rss_mib, verdict, write_section
 
 HERE = Path(__file__).resolve()
 
@@ -112,17 +111,8 @@ def child(args) -> None:
                             memory_limit=args.memory_limit if args.child == "duckdb" else "", threads=2,
                             progress=False)
     seconds = time.perf_counter() - start
-    peak = peak_rss_gib()  # DuckDB and pandas run in this process
+    peak = peak_rss_mib() / 1024  # DuckDB and pandas run in this process
     print(json.dumps({"engine": args.child, "seconds": seconds, "peak_gib": peak}))
-
-
-def peak_rss_gib() -> float:
-    """This process's peak resident memory. VmHWM belongs to the address space, so unlike ru_maxrss it
-    does not inherit the high-water mark of the parent that forked us."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 def read_keep(result_dir: Path) -> list[str]:

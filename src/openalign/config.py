@@ -73,6 +73,7 @@ class LossConfig:
     fixed_temperature: float = 0.0  # > 0: do not learn the temperature (Table 8: 1/128, 1/64, 1/32)
     temperature_min: float = 1e-3  # floor: logits stay finite, the loss cannot diverge
     sigmoid_bias_init: float = -10.0  # SigLIP's learned bias
+    implementation: str = "auto"  # naive (materialized logits) | chunked (O(B x chunk) memory) | auto (chunked from 4,096)
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,9 @@ class TrainConfig:
     eval_every: int = 0  # 0: only at the end
     checkpoint_every: int = 1_000
     threads: int = 0  # torch intra-op threads; 0: all cores (measured: no slower than leaving one to the workers)
-    precision: str = "auto"  # auto (bf16 autocast on GPU, fp32 on CPU) | fp32 | bf16
+    precision: str = "auto"  # auto (bf16 autocast on GPU, fp32 on CPU) | fp32 | bf16; logits and loss stay fp32
+    micro_batch: int = 0  # > 0 and below the per-device batch: gradient caching in micro-batches of this size
+    grad_checkpointing: bool = False  # recompute tower activations in backward (transformers' checkpointing)
     device: str = "auto"
 
 

@@ -24,7 +24,7 @@ CHUNK_BYTES = 32 * 2**20  # chunked loss: bytes of one [rows, B] block of logits
 AUTO_CHUNKED_FROM = 4_096  # `implementation="auto"`: batches at least this large use the chunked loss
 
 
-def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
     # Logits and the loss stay in fp32 under bf16 autocast; fp64 inputs stay fp64 (oracle tests).
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
@@ -56,7 +56,7 @@ def smoothed_cross_entropy(logits: torch.Tensor, label_smoothing: float, mask: t
     """
     if mask is not None:
         logits = logits.masked_fill(~mask, float("-inf"))
-    logp = _at_least_fp32(logits).log_softmax(dim=1)  # [n, m], log-sum-exp: stable for any temperature
+    logp = at_least_fp32(logits).log_softmax(dim=1)  # [n, m], log-sum-exp: stable for any temperature
     positive = logp.diagonal()  # [n]
     if label_smoothing == 0.0:
         return -positive.mean()
@@ -70,7 +70,7 @@ def smoothed_cross_entropy(logits: torch.Tensor, label_smoothing: float, mask: t
 def softmax_loss(img: torch.Tensor, txt: torch.Tensor, temperature: torch.Tensor, label_smoothing: float = 0.1,
                  negatives: torch.Tensor | None = None) -> torch.Tensor:
     """The paper's loss for aligned rows `img[i] <-> txt[i]`, both [B, D] and L2-normalized."""
-    logits = _at_least_fp32(img) @ _at_least_fp32(txt).T / temperature  # [B, B], fp32 even under autocast
+    logits = at_least_fp32(img) @ at_least_fp32(txt).T / temperature  # [B, B], fp32 even under autocast
     i2t = smoothed_cross_entropy(logits, label_smoothing, negatives)
     t2i = smoothed_cross_entropy(logits.T, label_smoothing, None if negatives is None else negatives.T)
     return i2t + t2i
@@ -78,7 +78,7 @@ def softmax_loss(img: torch.Tensor, txt: torch.Tensor, temperature: torch.Tensor
 
 def sigmoid_loss(img: torch.Tensor, txt: torch.Tensor, temperature: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """SigLIP: every pair is a binary problem; mean over images of the summed pair losses."""
-    logits = _at_least_fp32(img) @ _at_least_fp32(txt).T / temperature + bias  # [B, B]
+    logits = at_least_fp32(img) @ at_least_fp32(txt).T / temperature + bias  # [B, B]
     labels = 2.0 * torch.eye(len(img), device=img.device) - 1.0  # +1 on the diagonal, -1 elsewhere
     return -F.logsigmoid(labels * logits).sum() / len(img)
 
@@ -134,7 +134,7 @@ class _LogSumExp(torch.autograd.Function):
             if need_a:
                 grad_a[s:s + ctx.chunk] = d @ b
             if need_b:
-                grad_b.addmm_(d.T, a[s:s + ctx.chunk])
+                torch.addmm(grad_b, d.T, a[s:s + ctx.chunk], out=grad_b)  # (not addmm_: FLOP counters miss it)
         return grad_a, grad_b, grad_t.to(t.dtype) if need_t else None, None, None
 
 
@@ -144,7 +144,7 @@ def chunked_cross_entropy(a: torch.Tensor, b: torch.Tensor, temperature: torch.T
     with `columns` (a and b aligned, offset 0) plus the same over the columns (both directions).
 
     Exact: the same value and gradients as the materialized form, in O(rows_per_chunk x len(b)) memory."""
-    a, b = _at_least_fp32(a), _at_least_fp32(b)
+    a, b = at_least_fp32(a), at_least_fp32(b)
     t = temperature.to(a.dtype)
     n, m = a.shape[0], b.shape[0]
     rows = _chunk_rows(m, a.element_size(), chunk)

@@ -1,8 +1,10 @@
-"""The training loop: one straight function, `train(cfg)`.
+"""The training loop: one straight function, `train(cfg)`, in one process or under torchrun.
 
 Per step: lr from the schedule (a pure function of the step), forward both towers, the contrastive
-loss, LAMB step. Around it: progress bar, JSONL metrics, periodic evaluation, atomic checkpoints and
-an exact `--resume` (model, optimizer, RNG and the data stream's position are all checkpointed).
+loss over the global batch, LAMB step (train/step.py: direct or gradient-cached). Around it: progress
+bar, JSONL metrics, periodic evaluation, atomic checkpoints and an exact `--resume` (model, optimizer,
+every rank's RNG and data-stream position are checkpointed). Under torchrun each rank reads its own
+share of the shards and encodes data.batch_size / world pairs; rank 0 logs, evaluates and writes.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ import torch
 from tqdm import tqdm
 
 from openalign import config as config_lib
-from openalign import loss as loss_lib
-from openalign.config import Config, ConfigError, LossConfig
+from openalign import distributed
+from openalign.config import Config, ConfigError
 from openalign.data import shards as shard_lib
 from openalign.data.corpora import resolve_data
 from openalign.data.loader import Position, StreamSpec, batches_per_role, train_loader
@@ -31,6 +33,7 @@ from openalign.tokenizer import load_tokenizer, train_tokenizer
 from openalign.train import report
 from openalign.train.optim import build_optimizer, set_lr
 from openalign.train.schedule import lr_at
+from openalign.train.step import compute_loss, forward_backward  # noqa: F401 (compute_loss: bench, tests)
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
@@ -44,19 +47,10 @@ class TrainResult:
     model_dir: Path
 
 
-def compute_loss(model: DualEncoder, img: torch.Tensor, txt: torch.Tensor, cfg: LossConfig,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
-    temperature = loss_lib.clamp_temperature(model.temperature, cfg.temperature_min)
-    if cfg.kind == "sigmoid":
-        return loss_lib.sigmoid_loss(img, txt, temperature, model.logit_bias)
-    negatives = loss_lib.negatives_mask(len(img), cfg.negatives_fraction, generator, img.device)
-    return loss_lib.softmax_loss(img, txt, temperature, cfg.label_smoothing, negatives)
-
-
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(f"cuda:{local_rank}") if name == "cuda" else torch.device(name)
 
 
 def autocast(device: torch.device, precision: str):
@@ -76,12 +70,19 @@ def prepare_tokenizer(cfg: Config, train_shards: list[str], out: Path):
     return tokenizer
 
 
-def save_checkpoint(path: Path, model, optimizer, step: int, position: Position, cfg: Config) -> None:
-    state = {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-             "position": dataclasses.asdict(position), "rng": torch.get_rng_state(), "config": config_lib.to_dict(cfg)}
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)  # atomic: a crash leaves the previous checkpoint intact
+def save_checkpoint(path: Path, model, optimizer, step: int, position: Position, cfg: Config,
+                    layout: distributed.Dist = distributed.Dist()) -> None:
+    """Every rank's stream position and RNG state, written by rank 0 (all ranks must call)."""
+    distributed.average_batchnorm_statistics(model, layout)
+    ranks = distributed.all_objects({"position": dataclasses.asdict(position), "rng": torch.get_rng_state()}, layout)
+    if layout.main:
+        state = {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                 "position": ranks[0]["position"], "rng": ranks[0]["rng"], "ranks": ranks,
+                 "config": config_lib.to_dict(cfg)}
+        tmp = path.with_suffix(".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, path)  # atomic: a crash leaves the previous checkpoint intact
+    distributed.barrier(layout)
 
 
 def truncate_log(path: Path, step: int) -> None:
@@ -93,22 +94,31 @@ def truncate_log(path: Path, step: int) -> None:
 
 def train(cfg: Config, resume: bool = False, progress: bool = True) -> TrainResult:
     out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(cfg.train.threads or os.cpu_count() or 1)
+    device = resolve_device(cfg.train.device, distributed.from_env().local_rank)
+    layout = distributed.init(device.type)
+    if cfg.data.batch_size % layout.world:
+        raise ConfigError(f"data.batch_size={cfg.data.batch_size} is the global batch; it must divide by the "
+                          f"{layout.world} processes")
+    progress = progress and layout.main
+    if layout.main:
+        out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(cfg.train.threads or max(1, (os.cpu_count() or 1) // max(1, _local_world())))
     torch.manual_seed(cfg.seed)
-    device = resolve_device(cfg.train.device)
-    train_shards, eval_shards = resolve_data(cfg.data, progress)
-    tokenizer = prepare_tokenizer(cfg, train_shards, out)
+    train_shards, eval_shards = _resolve_data(cfg, progress, layout)
+    tokenizer = _prepare_tokenizer(cfg, train_shards, out, layout)
     # The trained vocabulary may be smaller than asked for (small corpora): size the embedding to it.
     # A model we start from keeps its own embedding table (it may be padded beyond its tokenizer).
     if not cfg.model.init_from:
         text = dataclasses.replace(cfg.model.text, vocab_size=len(tokenizer))
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, text=text))
-    config_lib.save(cfg, out / "config.json")
+    if layout.main:
+        config_lib.save(cfg, out / "config.json")
 
     model = DualEncoder(cfg.model, cfg.loss)
     if cfg.model.init_from:
         hub.init_towers(model, Path(cfg.model.init_from))
+    if cfg.train.grad_checkpointing:
+        model.align.text_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.to(device).train()
     optimizer = build_optimizer(model, cfg.optim)
     step, position = 0, Position()
@@ -118,20 +128,38 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> TrainResu
         state = torch.load(out / CHECKPOINT, map_location=device, weights_only=False)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-        step, position = state["step"], Position(**state["position"])
-        torch.set_rng_state(state["rng"])
-        truncate_log(out / METRICS, step)
+        ranks = state.get("ranks") or [{"position": state["position"], "rng": state["rng"]}]
+        if len(ranks) != layout.world:
+            raise ConfigError(f"{out} was trained by {len(ranks)} processes; resume it with as many")
+        step, position = state["step"], Position(**ranks[layout.rank]["position"])
+        torch.set_rng_state(ranks[layout.rank]["rng"])
+        if layout.main:
+            truncate_log(out / METRICS, step)
+    elif layout.active:  # the same initial weights on every rank (DDP checks), then per-rank dropout
+        torch.manual_seed(cfg.seed * 1_000_003 + layout.rank)
+    runner = model
+    if layout.active:
+        runner = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
 
-    spec = StreamSpec.for_config(cfg, train_shards)
+    spec = StreamSpec.for_config(cfg, train_shards, batch_size=cfg.data.batch_size // layout.world,
+                                 rank=layout.rank, world_size=layout.world)
     counts = {s: shard_lib.count_samples(s) for s in train_shards}
     eval_options = EvalOptions(batch_size=cfg.eval.batch_size, max_length=cfg.model.text.max_length,
                                templates=cfg.eval.templates)
 
     def evaluate() -> dict:
-        return run_tasks(model, tokenizer, eval_shards, ["retrieval", "zeroshot"], eval_options,
-                         cfg.model.vision.resize_size, cfg.model.vision.image_size, progress=False)
+        distributed.average_batchnorm_statistics(model, layout)
+        metrics = run_tasks(model, tokenizer, eval_shards, ["retrieval", "zeroshot"], eval_options,
+                            cfg.model.vision.resize_size, cfg.model.vision.image_size, progress=False) \
+            if layout.main else {}
+        distributed.barrier(layout)
+        return metrics
 
-    log = open(out / METRICS, "a")
+    def towers_autocast():
+        return autocast(device, cfg.train.precision)
+
+    log = open(out / METRICS, "a") if layout.main else None
     bar = tqdm(total=cfg.train.steps, initial=step, desc="train", unit="step", disable=not progress, dynamic_ncols=True)
     pairs, skipped, data_time, tick = 0, 0, 0.0, time.perf_counter()
     try:
@@ -142,36 +170,36 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> TrainResu
                 data_time += time.perf_counter() - fetch_start
                 lr = lr_at(step, cfg.optim.lr, cfg.optim.warmup_steps, cfg.train.steps)
                 set_lr(optimizer, lr)
-                with autocast(device, cfg.train.precision):
-                    img, txt = model(batch["pixel_values"].to(device), batch["input_ids"].to(device),
-                                     batch["attention_mask"].to(device))
                 negatives_rng = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)  # a function of the step
-                loss = compute_loss(model, img.embeds, txt.embeds, cfg.loss, negatives_rng)
                 optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                loss = forward_backward(runner, model, batch, cfg.loss, cfg.train.micro_batch, layout, device,
+                                        towers_autocast, negatives_rng)
                 if cfg.optim.grad_clip > 0:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
                 optimizer.step()
                 step += 1
                 position.advance(batch)
-                pairs += len(batch["keys"])
+                pairs += len(batch["keys"]) * layout.world
                 skipped += batch["skipped"]
                 bar.update(1)
                 if step % cfg.train.log_every == 0 or step == cfg.train.steps:
                     elapsed = time.perf_counter() - tick
-                    row = {"step": step, "loss": loss.item(), "temperature": model.temperature.item(), "lr": lr,
-                           "pairs_per_s": pairs / elapsed, "data_frac": data_time / elapsed, "skipped": skipped,
-                           "epoch": position.epoch}
-                    log.write(json.dumps(row) + "\n")
-                    log.flush()
+                    row = {"step": step, "loss": distributed.mean_over_ranks(loss.item(), layout),
+                           "temperature": model.temperature.item(), "lr": lr, "pairs_per_s": pairs / elapsed,
+                           "data_frac": data_time / elapsed, "skipped": skipped, "epoch": position.epoch}
+                    if log:
+                        log.write(json.dumps(row) + "\n")
+                        log.flush()
                     bar.set_postfix(loss=f"{row['loss']:.3f}", temp=f"{row['temperature']:.4f}", lr=f"{lr:.2e}",
                                     pairs_s=f"{row['pairs_per_s']:.0f}")
                     pairs, data_time, tick = 0, 0.0, time.perf_counter()
                 if eval_shards and cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.steps:
-                    log.write(json.dumps({"step": step, "eval": evaluate()}) + "\n")
-                    log.flush()
+                    metrics = evaluate()
+                    if log:
+                        log.write(json.dumps({"step": step, "eval": metrics}) + "\n")
+                        log.flush()
                 if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
-                    save_checkpoint(out / CHECKPOINT, model, optimizer, step, position, cfg)
+                    save_checkpoint(out / CHECKPOINT, model, optimizer, step, position, cfg, layout)
                 if step >= cfg.train.steps:
                     break
                 fetch_start = time.perf_counter()
@@ -179,15 +207,39 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> TrainResu
                 position.next_epoch()
     except KeyboardInterrupt:
         bar.close()
+        if layout.active:  # the other ranks may be gone: no collective; resume from the last checkpoint
+            raise SystemExit(f"interrupted at step {step}; continue from the last checkpoint with "
+                             f"`torchrun ... openalign train --out {out} --resume`") from None
         save_checkpoint(out / CHECKPOINT, model, optimizer, step, position, cfg)
         log.close()
         raise SystemExit(f"interrupted at step {step}; checkpoint saved, continue with "
                          f"`openalign train --out {out} --resume`")
     bar.close()
-    save_checkpoint(out / CHECKPOINT, model, optimizer, step, position, cfg)
-    model_dir = hub.save_pretrained(model, tokenizer, out / "model", cfg)
+    save_checkpoint(out / CHECKPOINT, model, optimizer, step, position, cfg, layout)
+    model_dir = hub.save_pretrained(model, tokenizer, out / "model", cfg) if layout.main else out / "model"
     metrics = evaluate() if eval_shards else {}
-    log.write(json.dumps({"step": step, "eval": metrics, "final": True}) + "\n")
-    log.close()
-    report.write(out, cfg, metrics, hub.describe(model))
+    if log:
+        log.write(json.dumps({"step": step, "eval": metrics, "final": True}) + "\n")
+        log.close()
+        report.write(out, cfg, metrics, hub.describe(model))
+    distributed.barrier(layout)
     return TrainResult(out=out, step=step, metrics=metrics, model_dir=model_dir)
+
+
+def _local_world() -> int:
+    return int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+
+
+def _resolve_data(cfg: Config, progress: bool, layout: distributed.Dist):
+    """Rank 0 builds what is missing (a built-in corpus, Karpathy shards); the others then read it."""
+    if layout.main:
+        result = resolve_data(cfg.data, progress)
+    distributed.barrier(layout)
+    return result if layout.main else resolve_data(cfg.data, False)
+
+
+def _prepare_tokenizer(cfg: Config, train_shards: list[str], out: Path, layout: distributed.Dist):
+    if layout.main:
+        tokenizer = prepare_tokenizer(cfg, train_shards, out)
+    distributed.barrier(layout)
+    return tokenizer if layout.main else prepare_tokenizer(cfg, train_shards, out)

@@ -1,0 +1,118 @@
+"""Multi-process training: the torchrun environment, the process group, and the exact contrastive loss
+over the global batch.
+
+Each rank encodes its own B/W pairs, gathers both modalities' embeddings once (an autograd-aware
+all_gather, whose backward sums every rank's gradient into the owner's slice), and computes the
+cross-entropy of its *local rows* against *all* gathered columns, in both directions:
+
+    L_r = CE(img_r @ txt_all.T / t, positives at r*n + i) + CE(txt_r @ img_all.T / t, same)
+
+The mean of L_r over ranks is the single-process loss of the whole batch, and DDP's gradient averaging
+makes every parameter gradient equal to the single-process one (tests/test_distributed.py checks both
+in fp64 on 2 gloo processes). BatchNorm statistics are per device batch, as in the paper (16 pairs per
+TPU core); the running statistics are averaged over ranks before each checkpoint and evaluation.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from openalign import loss as loss_lib
+
+
+@dataclass(frozen=True)
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world > 1
+
+
+def from_env() -> Dist:
+    """The rank layout torchrun (or SLURM via torchrun) exports; a single process without it."""
+    return Dist(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
+                int(os.environ.get("LOCAL_RANK", 0)))
+
+
+def init(device_type: str) -> Dist:
+    """Join the process group when launched by torchrun: NCCL on GPUs, gloo on CPUs."""
+    layout = from_env()
+    if layout.active and not dist.is_initialized():
+        if device_type == "cuda":
+            torch.cuda.set_device(layout.local_rank)
+        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+    return layout
+
+
+def gather(x: torch.Tensor) -> torch.Tensor:
+    """[W * n, ...] every rank's `x` in rank order, with gradients flowing back to each owner."""
+    import torch.distributed.nn.functional as dist_fn
+
+    return torch.cat(dist_fn.all_gather(x.contiguous()))
+
+
+def gathered_softmax_loss(img: torch.Tensor, txt: torch.Tensor, temperature: torch.Tensor,
+                          label_smoothing: float = 0.1, implementation: str = "auto") -> torch.Tensor:
+    """This rank's share of the global-batch loss (see the module docstring); equal rank batch sizes."""
+    n = img.shape[0]
+    img_all, txt_all = gather(img), gather(txt)  # one all_gather per modality
+    offset = dist.get_rank() * n
+    chunked = implementation == "chunked" or (implementation == "auto" and len(img_all) >= loss_lib.AUTO_CHUNKED_FROM)
+    if chunked:
+        return (loss_lib.chunked_cross_entropy(img, txt_all, temperature, label_smoothing, offset=offset)
+                + loss_lib.chunked_cross_entropy(txt, img_all, temperature, label_smoothing, offset=offset))
+    targets = torch.arange(offset, offset + n, device=img.device)
+    img32, txt32 = loss_lib.at_least_fp32(img), loss_lib.at_least_fp32(txt)
+    i2t = F.cross_entropy(img32 @ loss_lib.at_least_fp32(txt_all).T / temperature, targets,
+                          label_smoothing=label_smoothing)
+    t2i = F.cross_entropy(txt32 @ loss_lib.at_least_fp32(img_all).T / temperature, targets,
+                          label_smoothing=label_smoothing)
+    return i2t + t2i
+
+
+def mean_over_ranks(value: float, layout: Dist) -> float:
+    """The mean of a per-rank number (logging only: one small all_reduce)."""
+    if not layout.active:
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t)
+    return float(t.item()) / layout.world
+
+
+def average_batchnorm_statistics(model: torch.nn.Module, layout: Dist) -> None:
+    """Make every rank's BatchNorm running statistics their mean over ranks (before checkpoints/eval)."""
+    if not layout.active:
+        return
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and module.track_running_stats:
+            for buffer in (module.running_mean, module.running_var):
+                dist.all_reduce(buffer)
+                buffer.div_(layout.world)
+
+
+def all_objects(obj, layout: Dist) -> list:
+    """Every rank's `obj` (picklable), in rank order; [obj] in a single process."""
+    if not layout.active:
+        return [obj]
+    out = [None] * layout.world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier(layout: Dist) -> None:
+    if layout.active:
+        dist.barrier()

@@ -1,0 +1,72 @@
+"""Two gloo processes against one: the gathered loss and every gradient equal the single-process batch."""
+
+import json
+import os
+import socket
+from contextlib import nullcontext
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from openalign.config import LossConfig
+from train.test_step import direct_reference, grads, make_batch, make_model
+
+WORLD = 2
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def worker(rank: int, port: int, out: str, micro_batch: int, implementation: str) -> None:
+    import torch.distributed as dist
+    import torch.distributed.nn.functional as dist_fn
+
+    from openalign import distributed
+    from openalign.train.step import forward_backward
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    gathers = []
+    real = dist_fn.all_gather
+    dist_fn.all_gather = lambda x, *a, **k: gathers.append(tuple(x.shape)) or real(x, *a, **k)
+    loss_cfg = LossConfig(label_smoothing=0.1, implementation=implementation)
+    model = make_model(loss=loss_cfg)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
+    layout = distributed.from_env()
+    losses = []
+    for step in range(2):  # a second step: DDP would fail on a parameter without gradient
+        batch = {k: v.chunk(WORLD)[rank] for k, v in make_batch(seed=step + 1).items()}
+        model.zero_grad(set_to_none=True)
+        loss = forward_backward(ddp, model, batch, loss_cfg, micro_batch, layout, torch.device("cpu"), nullcontext)
+        losses.append(distributed.mean_over_ranks(loss.item(), layout))
+    torch.save({"losses": losses, "grads": grads(model), "gathers": gathers}, Path(out) / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("micro_batch,implementation", [(0, "naive"), (0, "chunked"), (2, "naive")])
+def test_two_processes_equal_the_single_process_batch(tmp_path, micro_batch, implementation):
+    mp.start_processes(worker, args=(free_port(), str(tmp_path), micro_batch, implementation), nprocs=WORLD,
+                       start_method="fork")
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+    # the reference: one process, the whole batch, BatchNorm per device batch (per micro-batch with caching)
+    loss_cfg = LossConfig(label_smoothing=0.1, implementation="naive")
+    parts = 8 // micro_batch if micro_batch else WORLD
+    model = make_model(loss=loss_cfg)
+    losses = []
+    for step in range(2):
+        model.zero_grad(set_to_none=True)
+        losses.append(direct_reference(model, make_batch(seed=step + 1), parts, loss_cfg).item())
+    reference = grads(model)
+    for rank in ranks:
+        assert rank["losses"] == pytest.approx(losses, abs=1e-6)
+        assert rank["grads"].keys() == reference.keys()
+        for name, g in reference.items():
+            torch.testing.assert_close(rank["grads"][name], g, rtol=1e-6, atol=1e-9, msg=name)
+        assert rank["gathers"] == [(4, 80), (4, 80)] * 2  # one all_gather per modality per step
