@@ -1,0 +1,71 @@
+"""Real launches in subprocesses: SIGKILL then --resume, and two processes under torchrun."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import read_jsonl
+
+CLI = [sys.executable, "-m", "openalign.cli"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
+
+
+def train_argv(shapes, out: Path, *overrides: str) -> list[str]:
+    return ["train", "--preset", "tiny", "--data", str(shapes["train"]), "--out", str(out), "--quiet",
+            "train.log_every=1", *overrides]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def losses(run: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_jsonl(run / "metrics.jsonl") if "loss" in r}
+
+
+def env() -> dict:
+    return os.environ | {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def kill_after_first_checkpoint(cmd: list[str], run: Path, timeout: float = 120) -> int:
+    """Start `cmd`, SIGKILL its whole process group as soon as a checkpoint exists; the checkpoint's step."""
+    proc = subprocess.Popen(cmd, start_new_session=True, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + timeout
+    while not (run / "checkpoint.pt").is_file():
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    return torch.load(run / "checkpoint.pt", weights_only=False)["step"]
+
+
+@pytest.mark.parametrize("launcher", ["single", "torchrun"])
+def test_sigkill_then_resume_continues_exactly(shapes, tmp_path, launcher):
+    steps = ("train.steps=60", "train.checkpoint_every=4", "data.batch_size=8")
+    prefix = CLI if launcher == "single" else TORCHRUN + ["--master_port", str(free_port()), "-m", "openalign.cli"]
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    subprocess.run(prefix + train_argv(shapes, straight, *steps), check=True, env=env(), capture_output=True)
+    at = kill_after_first_checkpoint(prefix + train_argv(shapes, killed, *steps), killed)
+    assert 4 <= at < 60  # killed mid-run, not after the end
+    if launcher == "torchrun":
+        prefix = TORCHRUN + ["--master_port", str(free_port()), "-m", "openalign.cli"]
+    subprocess.run(prefix + ["train", "--out", str(killed), "--resume", "--quiet"], check=True, env=env(),
+                   capture_output=True)
+    a, b = losses(straight), losses(killed)
+    assert sorted(b) == list(range(1, 61))  # the log reads as one run: lines past the checkpoint were dropped
+    assert b == a  # the same numbers as the run that was never killed
+    if launcher == "torchrun":
+        state = torch.load(killed / "checkpoint.pt", weights_only=False)
+        assert len(state["ranks"]) == 2 and state["ranks"][0]["position"] != state["ranks"][1]["position"]
+        assert json.loads((killed / "config.json").read_text())["data"]["batch_size"] == 8
