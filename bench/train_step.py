@@ -1,7 +1,12 @@
-"""P4: openalign's training step vs a plain transformers AlignModel(return_loss=True) + AdamW step.
+"""P3, P4: the training step in one process and in two gloo processes.
 
-Same towers, same batch, same threads; medians over interleaved repeats, so machine noise hits both
-sides alike. Also measures the share of step time spent waiting for the real data loader.
+P4: openalign's step (train/step.py) vs a plain transformers AlignModel(return_loss=True) + AdamW step:
+same towers, same batch, same threads; medians over interleaved repeats, so machine noise hits both
+sides alike. Also the share of step time spent waiting for the real data loader.
+
+P3: two gloo processes (DDP, one thread each), each with half the batch, run one step in fp64; their
+loss and every parameter gradient are compared with one process on the whole batch (BatchNorm per
+half, as per device), and their all_gather calls are counted. Their fp32 step time is reported too.
 
     .venv/bin/python bench/train_step.py [--preset demo] [--batch 128] [--steps 15] [--repeats 3]
 
@@ -13,9 +18,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import socket
 import statistics
 import sys
+import tempfile
 import time
+from contextlib import nullcontext
+from pathlib import Path
 
 import torch
 import transformers
@@ -28,15 +37,17 @@ from openalign.data.loader import StreamSpec, batches_per_role, train_loader
 from openalign.model.dual_encoder import DualEncoder, hf_config
 from openalign.tokenizer import train_tokenizer
 from openalign.train.optim import build_optimizer, set_lr
-from openalign.train.trainer import compute_loss
+from openalign.train.step import compute_loss, forward_backward
+
+WORLD = 2
 
 
+def openalign_step(model, optimizer, cfg, batch, runner=None, layout=None):
+    from openalign.distributed import Dist
 
-def openalign_step(model, optimizer, cfg, batch):
-    img, txt = model(batch["pixel_values"], batch["input_ids"], batch["attention_mask"])
-    loss = compute_loss(model, img.embeds, txt.embeds, cfg.loss)
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    forward_backward(runner or model, model, batch, cfg.loss, cfg.train.micro_batch, layout or Dist(),
+                     torch.device("cpu"), nullcontext)
     optimizer.step()
 
 
@@ -78,6 +89,82 @@ def data_wait_fraction(cfg, model, optimizer, tokenizer, shards, n: int) -> floa
     return wait / total
 
 
+def prepare(preset: str, batch_size: int):
+    torch.manual_seed(0)
+    cfg = presets.get(preset)
+    train_shards, _ = resolve_data(cfg.data)
+    tokenizer = train_tokenizer(shard_lib.all_texts(train_shards), cfg.model.text.vocab_size)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(
+        cfg.model, text=dataclasses.replace(cfg.model.text, vocab_size=len(tokenizer))))
+    spec = StreamSpec.for_config(cfg, train_shards, batch_size=batch_size, workers=0)
+    batch = next(iter(train_loader(spec, tokenizer, 0, 1)))
+    return cfg, tokenizer, train_shards, batch
+
+
+def gloo_worker(rank: int, port: int, out: str, cfg, batch: dict, steps: int) -> None:
+    import torch.distributed as dist
+    import torch.distributed.nn.functional as dist_fn
+
+    from openalign import distributed
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    local = {k: v.chunk(WORLD)[rank] if torch.is_tensor(v) else v for k, v in batch.items()}
+    layout = distributed.from_env()
+    gathers = []
+    real = dist_fn.all_gather
+    dist_fn.all_gather = lambda x, *a, **k: gathers.append(tuple(x.shape)) or real(x, *a, **k)
+    torch.manual_seed(0)
+    model = DualEncoder(cfg.model, cfg.loss).double().train()
+    ddp = torch.nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
+    double = {k: v.double() if torch.is_floating_point(v) else v for k, v in local.items() if torch.is_tensor(v)}
+    loss = forward_backward(ddp, model, double, cfg.loss, 0, layout, torch.device("cpu"), nullcontext)
+    result = {"loss": distributed.mean_over_ranks(loss.item(), layout), "gathers": len(gathers),
+              "grads": {n: p.grad for n, p in model.named_parameters() if p.grad is not None}}
+    torch.manual_seed(0)  # fp32 timing
+    model = DualEncoder(cfg.model, cfg.loss).train()
+    ddp = torch.nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
+    optimizer = build_optimizer(model, cfg.optim)
+    set_lr(optimizer, 1e-4)
+    result["seconds"] = time_steps(lambda b: openalign_step(model, optimizer, cfg, b, ddp, layout), local, steps)
+    if rank == 0:
+        torch.save(result, Path(out) / "gloo.pt")
+    dist.destroy_process_group()
+
+
+def gloo_check(args, cfg, batch) -> dict:
+    """P3: two gloo processes against one process on the whole batch, in fp64."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        # the parent's config and batch: a tokenizer trained again in each worker could number tokens differently
+        mp.start_processes(gloo_worker, args=(port, tmp, cfg, batch, args.steps), nprocs=WORLD,
+                           start_method="spawn")
+        ranks = torch.load(Path(tmp) / "gloo.pt")
+    torch.manual_seed(0)
+    model = DualEncoder(cfg.model, cfg.loss).double().train()
+    img, txt = [], []
+    for part in range(WORLD):  # BatchNorm per device batch
+        chunk = {k: v.chunk(WORLD)[part] for k, v in batch.items() if torch.is_tensor(v)}
+        i, t = model(chunk["pixel_values"].double(), chunk["input_ids"], chunk["attention_mask"])
+        img.append(i.embeds)
+        txt.append(t.embeds)
+    loss = compute_loss(model, torch.cat(img), torch.cat(txt), dataclasses.replace(cfg.loss, implementation="naive"))
+    loss.backward()
+    # relative to the largest gradient entry of the model: some gradients are zero up to rounding (a
+    # BatchNorm bias followed by another BatchNorm), where a per-tensor ratio would only compare noise
+    scale = max(float(p.grad.abs().max()) for p in model.parameters() if p.grad is not None)
+    worst = max(float((ranks["grads"][n] - p.grad).abs().max()) for n, p in model.named_parameters()
+                if p.grad is not None) / scale
+    return {"loss_error": abs(ranks["loss"] - loss.item()) / abs(loss.item()), "grad_error": worst,
+            "gathers": ranks["gathers"], "seconds": ranks["seconds"]}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--preset", default="demo")
@@ -86,14 +173,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
-    torch.manual_seed(0)
-    cfg = presets.get(args.preset)
-    train_shards, _ = resolve_data(cfg.data)
-    tokenizer = train_tokenizer(shard_lib.all_texts(train_shards), cfg.model.text.vocab_size)
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(
-        cfg.model, text=dataclasses.replace(cfg.model.text, vocab_size=len(tokenizer))))
-    spec = StreamSpec.for_config(cfg, train_shards, batch_size=args.batch, workers=0)
-    batch = next(iter(train_loader(spec, tokenizer, 0, 1)))
+    cfg, tokenizer, train_shards, batch = prepare(args.preset, args.batch)
 
     ours = DualEncoder(cfg.model, cfg.loss).train()
     ours_opt = build_optimizer(ours, cfg.optim)
@@ -110,20 +190,29 @@ def main() -> int:
     ratio = plain_s / ours_s  # pairs/s ratio = inverse time ratio
     data_frac = data_wait_fraction(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, batch_size=args.batch)),
                                    ours, ours_opt, tokenizer, train_shards, 3 + 4 * args.steps)
+    gloo = gloo_check(args, cfg, batch)
 
     rows = [
         f"### P4 training step ({args.preset} preset, batch {args.batch}, {torch.get_num_threads()} threads)", "",
         "| step | s/step (median of {}) | pairs/s |".format(args.repeats), "|---|---|---|",
         f"| openalign (channels_last, no text pooler, length-bucketed text, LAMB, paper loss) | {ours_s:.3f} | {args.batch / ours_s:.0f} |",
-        f"| transformers AlignModel(return_loss=True) + AdamW | {plain_s:.3f} | {args.batch / plain_s:.0f} |", "",
+        f"| transformers AlignModel(return_loss=True) + AdamW | {plain_s:.3f} | {args.batch / plain_s:.0f} |",
+        f"| openalign, 2 gloo processes x 1 thread, {args.batch // WORLD} pairs each (DDP) | {gloo['seconds']:.3f} | "
+        f"{args.batch / gloo['seconds']:.0f} |", "",
         f"- pairs/s ratio openalign / plain: **{ratio:.2f}x** (target >= 1.0)",
         f"- time waiting for the real loader (1 worker, emoji shards): **{data_frac:.1%}** of the step (target <= 5%)",
+        f"- P3, 2 gloo processes vs 1 process on the whole batch (fp64, BatchNorm per half): loss relative "
+        f"difference **{gloo['loss_error']:.1e}**, largest gradient difference / largest gradient **{gloo['grad_error']:.1e}** "
+        f"(target <= 1e-6); all_gather calls per rank per step: **{gloo['gathers']}** (target: one per modality)",
         f"- command: `.venv/bin/python bench/train_step.py --preset {args.preset} --batch {args.batch}`", "",
     ]
     write_section("P4", "\n".join(rows))
     print("\n".join(rows))
     print(f"P4 train_step_ratio={ratio:.2f} target>=1.0 {'PASS' if ratio >= 1.0 else 'FAIL'}")
     print(f"P4 data_loading_frac={data_frac:.3f} target<=0.05 {'PASS' if data_frac <= 0.05 else 'FAIL'}")
+    print(f"P3 gloo_grad_rel_error={gloo['grad_error']:.1e} target<=1e-06 {'PASS' if gloo['grad_error'] <= 1e-6 else 'FAIL'}")
+    print(f"P3 gloo_loss_rel_error={gloo['loss_error']:.1e} target<=1e-06 {'PASS' if gloo['loss_error'] <= 1e-6 else 'FAIL'}")
+    print(f"P3 all_gathers_per_step={gloo['gathers']} target=2 {'PASS' if gloo['gathers'] == 2 else 'FAIL'}")
     return 0
 
 
