@@ -32,6 +32,7 @@ import transformers
 from _common import write_section
 from openalign import presets
 from openalign.data import shards as shard_lib
+from openalign.data import transforms
 from openalign.data.corpora import resolve_data
 from openalign.data.loader import StreamSpec, batches_per_role, train_loader
 from openalign.model.dual_encoder import DualEncoder, hf_config
@@ -98,6 +99,7 @@ def prepare(preset: str, batch_size: int):
         cfg.model, text=dataclasses.replace(cfg.model.text, vocab_size=len(tokenizer))))
     spec = StreamSpec.for_config(cfg, train_shards, batch_size=batch_size, workers=0)
     batch = next(iter(train_loader(spec, tokenizer, 0, 1)))
+    batch["pixel_values"] = transforms.to_unit_range(batch["pixel_values"])  # both steps get float pixels
     return cfg, tokenizer, train_shards, batch
 
 

@@ -160,7 +160,7 @@ def collate(items: list[tuple[torch.Tensor, str, str]], tokenizer, max_length: i
     pixels, texts, keys = zip(*items)
     tokens = tokenizer(list(texts), padding="longest", truncation=True, max_length=max_length, return_tensors="pt")
     return {
-        "pixel_values": torch.stack(pixels),  # [B, 3, crop, crop]
+        "pixel_values": torch.stack(pixels),  # [B, 3, crop, crop] uint8 (transforms.to_unit_range on the device)
         "input_ids": tokens["input_ids"],  # [B, T]
         "attention_mask": tokens["attention_mask"],  # [B, T]
         "keys": list(keys),

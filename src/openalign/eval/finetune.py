@@ -118,7 +118,8 @@ def fit(model: DualEncoder, data: Labeled, classes: dict[str, int], ft: Finetune
         if len(order) < ft.batch_size:  # epochs of seeded permutations; a batch may span two epochs
             order += rng.sample(range(len(labels)), len(labels))
         rows, order = order[:ft.batch_size], order[ft.batch_size:]
-        pixels = torch.stack([transforms.train_transform(data.images[i], resize, crop, rng) for i in rows])
+        pixels = transforms.to_unit_range(torch.stack([transforms.train_transform(data.images[i], resize, crop, rng)
+                                                       for i in rows]))
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, ft.lr, int(ft.steps * ft.warmup_fraction), ft.steps) * group["lr_scale"]
         loss = torch.nn.functional.cross_entropy(classifier(pixels.to(_device(model))), labels[rows].to(_device(model)))

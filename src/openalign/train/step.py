@@ -24,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 from openalign import distributed
 from openalign import loss as loss_lib
 from openalign.config import ConfigError, LossConfig
+from openalign.data import transforms
 from openalign.model.dual_encoder import DualEncoder
 
 
@@ -74,7 +75,7 @@ def forward_backward(model: torch.nn.Module, core: DualEncoder, batch: dict, los
 
     `model` is what runs the towers (DDP-wrapped under torchrun), `core` the DualEncoder inside it;
     `autocast` a context factory for the towers' forward."""
-    pixels = batch["pixel_values"].to(device, non_blocking=True)
+    pixels = transforms.to_unit_range(batch["pixel_values"].to(device, non_blocking=True))  # uint8 -> [-1, 1]
     ids = batch["input_ids"].to(device, non_blocking=True)
     mask = batch["attention_mask"].to(device, non_blocking=True)
     n = pixels.shape[0]
