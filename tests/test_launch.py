@@ -1,5 +1,6 @@
 """Real launches in subprocesses: SIGKILL then --resume, and two processes under torchrun."""
 
+import contextlib
 import json
 import os
 import signal
@@ -39,29 +40,40 @@ def env() -> dict:
 
 def kill_after_first_checkpoint(cmd: list[str], run: Path, timeout: float = 120) -> int:
     """Start `cmd`, SIGKILL its whole process group as soon as a checkpoint exists; the checkpoint's step."""
-    proc = subprocess.Popen(cmd, start_new_session=True, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + timeout
-    while not (run / "checkpoint.pt").is_file():
-        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-        assert time.monotonic() < deadline, "no checkpoint appeared"
-        time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    log = run.parent / f"{run.name}.stderr"  # a file, not a pipe: a full pipe would block the run
+    with open(log, "w") as err:
+        proc = subprocess.Popen(cmd, start_new_session=True, env=env(), stdout=subprocess.DEVNULL, stderr=err)
+        deadline = time.monotonic() + timeout
+        try:
+            while not (run / "checkpoint.pt").is_file():
+                assert proc.poll() is None, log.read_text()[-2000:]
+                assert time.monotonic() < deadline, "no checkpoint appeared"
+                time.sleep(0.02)
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # (already gone if it failed)
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     return torch.load(run / "checkpoint.pt", weights_only=False)["step"]
 
 
 @pytest.mark.parametrize("launcher", ["single", "torchrun"])
 def test_sigkill_then_resume_continues_exactly(shapes, tmp_path, launcher):
     steps = ("train.steps=60", "train.checkpoint_every=4", "data.batch_size=8")
-    prefix = CLI if launcher == "single" else TORCHRUN + ["--master_port", str(free_port()), "-m", "openalign.cli"]
+    if launcher == "torchrun":  # with LAMB's state sharded over the two processes (ZeRO-1)
+        steps += ("train.shard_optimizer=true",)
+
+    def launcher_argv() -> list[str]:  # a fresh rendezvous port for every torchrun launch
+        return CLI if launcher == "single" else TORCHRUN + ["--master_port", str(free_port()), "-m", "openalign.cli"]
+
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    subprocess.run(prefix + train_argv(shapes, straight, *steps), check=True, env=env(), capture_output=True)
-    at = kill_after_first_checkpoint(prefix + train_argv(shapes, killed, *steps), killed)
+    done = subprocess.run(launcher_argv() + train_argv(shapes, straight, *steps), env=env(), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    at = kill_after_first_checkpoint(launcher_argv() + train_argv(shapes, killed, *steps), killed)
     assert 4 <= at < 60  # killed mid-run, not after the end
-    if launcher == "torchrun":
-        prefix = TORCHRUN + ["--master_port", str(free_port()), "-m", "openalign.cli"]
-    subprocess.run(prefix + ["train", "--out", str(killed), "--resume", "--quiet"], check=True, env=env(),
-                   capture_output=True)
+    done = subprocess.run(launcher_argv() + ["train", "--out", str(killed), "--resume", "--quiet"], env=env(),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
     a, b = losses(straight), losses(killed)
     assert sorted(b) == list(range(1, 61))  # the log reads as one run: lines past the checkpoint were dropped
     assert b == a  # the same numbers as the run that was never killed

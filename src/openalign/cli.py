@@ -61,6 +61,8 @@ def cmd_train(args) -> int:
 
     start = time.perf_counter()
     result = train(cfg, resume=args.resume, progress=not args.quiet)
+    if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 reports
+        return 0
     minutes = (time.perf_counter() - start) / 60
     print(f"\ntrained {result.step} steps in {minutes:.1f} min -> {result.out}")
     if result.metrics:

@@ -117,6 +117,7 @@ class TrainConfig:
     precision: str = "auto"  # auto (bf16 autocast on GPU, fp32 on CPU) | fp32 | bf16; logits and loss stay fp32
     micro_batch: int = 0  # > 0 and below the per-device batch: gradient caching in micro-batches of this size
     grad_checkpointing: bool = False  # recompute tower activations in backward (transformers' checkpointing)
+    shard_optimizer: bool = False  # under torchrun: ZeRO-1, each rank keeps 1/world of LAMB's state (exact LAMB)
     device: str = "auto"
 
 

@@ -16,6 +16,7 @@ TPU core); the running statistics are averaged over ranks before each checkpoint
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -60,7 +61,9 @@ def gather(x: torch.Tensor) -> torch.Tensor:
     """[W * n, ...] every rank's `x` in rank order, with gradients flowing back to each owner."""
     import torch.distributed.nn.functional as dist_fn
 
-    return torch.cat(dist_fn.all_gather(x.contiguous()))
+    with warnings.catch_warnings():  # deprecated in favour of a private API; public and correct meanwhile
+        warnings.filterwarnings("ignore", message=".*all_gather is deprecated", category=FutureWarning)
+        return torch.cat(dist_fn.all_gather(x.contiguous()))
 
 
 def gathered_softmax_loss(img: torch.Tensor, txt: torch.Tensor, temperature: torch.Tensor,

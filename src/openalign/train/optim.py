@@ -35,15 +35,34 @@ def param_groups(model: DualEncoder, cfg: OptimConfig) -> list[dict]:
     return groups
 
 
-def build_optimizer(model: DualEncoder, cfg: OptimConfig) -> torch.optim.Optimizer:
+def build_optimizer(model: DualEncoder, cfg: OptimConfig, shard: bool = False) -> torch.optim.Optimizer:
+    """LAMB (or AdamW) over the paper's parameter groups; with `shard` (under torchrun), ZeRO-1: each rank
+    keeps the optimizer state of its share of whole parameters, updates them, and broadcasts them, so
+    LAMB's per-tensor trust ratio is exact while its two moments take 1/world of the memory."""
     groups = param_groups(model, cfg)
     if cfg.name == "lamb":
         # LAMB proper: decay enters the update before the trust ratio (not decoupled as in AdamW).
-        return Lamb(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
-                    weight_decouple=False)
-    if cfg.name == "adamw":
-        return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
-    raise ValueError(f"optim.name must be lamb or adamw, not {cfg.name!r}")
+        kind, options = Lamb, {"lr": cfg.lr, "betas": cfg.betas, "eps": cfg.eps, "weight_decay": cfg.weight_decay,
+                               "weight_decouple": False}
+    elif cfg.name == "adamw":
+        kind, options = torch.optim.AdamW, {"lr": cfg.lr, "betas": cfg.betas, "eps": cfg.eps,
+                                            "weight_decay": cfg.weight_decay}
+    else:
+        raise ValueError(f"optim.name must be lamb or adamw, not {cfg.name!r}")
+    if shard:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(groups, optimizer_class=kind, **options)
+    return kind(groups, **options)
+
+
+def full_state_dict(optimizer: torch.optim.Optimizer, main: bool) -> dict | None:
+    """The whole optimizer state on the main rank (every rank must call: ZeRO gathers the shards)."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
+        optimizer.consolidate_state_dict(to=0)
+    return optimizer.state_dict() if main else None
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

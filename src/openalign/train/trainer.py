@@ -31,7 +31,7 @@ from openalign.model import hub
 from openalign.model.dual_encoder import DualEncoder
 from openalign.tokenizer import load_tokenizer, train_tokenizer
 from openalign.train import report
-from openalign.train.optim import build_optimizer, set_lr
+from openalign.train.optim import build_optimizer, full_state_dict, set_lr
 from openalign.train.schedule import lr_at
 from openalign.train.step import compute_loss, forward_backward  # noqa: F401 (compute_loss: bench, tests)
 
@@ -75,8 +75,9 @@ def save_checkpoint(path: Path, model, optimizer, step: int, position: Position,
     """Every rank's stream position and RNG state, written by rank 0 (all ranks must call)."""
     distributed.average_batchnorm_statistics(model, layout)
     ranks = distributed.all_objects({"position": dataclasses.asdict(position), "rng": torch.get_rng_state()}, layout)
+    optimizer_state = full_state_dict(optimizer, layout.main)
     if layout.main:
-        state = {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+        state = {"step": step, "model": model.state_dict(), "optimizer": optimizer_state,
                  "position": ranks[0]["position"], "rng": ranks[0]["rng"], "ranks": ranks,
                  "config": config_lib.to_dict(cfg)}
         tmp = path.with_suffix(".tmp")
@@ -120,7 +121,9 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> TrainResu
     if cfg.train.grad_checkpointing:
         model.align.text_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.to(device).train()
-    optimizer = build_optimizer(model, cfg.optim)
+    if cfg.train.shard_optimizer and not layout.active:
+        raise ConfigError("train.shard_optimizer=true shards LAMB's state over torchrun processes; launch with torchrun")
+    optimizer = build_optimizer(model, cfg.optim, shard=cfg.train.shard_optimizer)
     step, position = 0, Position()
     if resume:
         if not (out / CHECKPOINT).is_file():
