@@ -206,6 +206,45 @@ def cmd_tokenizer(args) -> int:
     return 0
 
 
+def cmd_embed(args) -> int:
+    from openalign.index.embed import EmbedOptions, embed
+
+    options = EmbedOptions(batch_size=args.batch_size, part_size=args.part_size, float16=args.float16,
+                           images=args.image_root or "")
+    manifest = embed(Path(args.model), args.images, Path(args.out), options, progress=not args.quiet)
+    print(f"{manifest['count']:,} image embeddings ({manifest['dim']}-d {manifest['dtype']}) -> {args.out}; "
+          f"{manifest['skipped']:,} unreadable images skipped")
+    return 0
+
+
+def cmd_index(args) -> int:
+    from openalign.index.build import IndexOptions, build
+
+    info = build(Path(args.embeddings), Path(args.out), IndexOptions(kind=args.kind, recall=args.recall))
+    params = ", ".join(f"{k} {v}" for k, v in info["params"].items()) or "exact"
+    print(f"{info['kind']} index of {info['count']:,} vectors ({params}; recall@10 {info['recall_at_10']:.3f} "
+          f"against exact search) -> {args.out}")
+    return 0
+
+
+def cmd_search(args) -> int:
+    from openalign.index import build, search
+
+    index = build.load(Path(args.index))
+    model, tokenizer = search.load_model_for(index, args.model)
+    if args.image and not Path(args.image).is_file():
+        raise ConfigError(f"no image file {args.image}")
+    image = Path(args.image).read_bytes() if args.image else None
+    query = search.Query(text=args.text or "", image=image, image_id=args.image_id, plus=tuple(args.plus or ()),
+                         minus=tuple(args.minus or ()), image_weight=args.image_weight, text_weight=args.text_weight)
+    hits = search.search(index, search.query_vector(model, tokenizer, query, index), args.k)
+    print(f"{'rank':>4}  {'score':>6}  {'id':>7}  path / caption")
+    for hit in hits:
+        caption = f"  \"{hit.meta.get('caption')}\"" if hit.meta.get("caption") else ""
+        print(f"{hit.rank:>4}  {hit.score:6.3f}  {hit.id:>7}  {hit.meta.get('path') or hit.meta.get('key')}{caption}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="openalign", description="ALIGN: image/text dual encoders from noisy data")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -329,6 +368,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_shard)
+
+    p = sub.add_parser("embed", help="image embeddings of a collection (resumable parts + metadata)")
+    p.add_argument("model", help="a model directory (RUN/model)")
+    p.add_argument("--images", required=True, help="an image directory, shards, or a Karpathy JSON / caption table")
+    p.add_argument("--image-root", help="image root for a Karpathy JSON or caption table (default: beside it)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--float16", action="store_true", help="store float16 embeddings (half the size)")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--part-size", type=int, default=8_192, help="images per part (the unit of resuming)")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_embed)
+
+    p = sub.add_parser("index", help="a FAISS index over embeddings, tuned to a recall target")
+    p.add_argument("embeddings", help="the output of `openalign embed`")
+    p.add_argument("--out", required=True)
+    p.add_argument("--kind", default="auto", choices=["auto", "flat", "ivf", "hnsw"],
+                   help="auto: exact up to 200,000 vectors, IVF beyond")
+    p.add_argument("--recall", type=float, default=0.95, help="recall@10 target of approximate indexes")
+    p.set_defaults(func=cmd_index)
+
+    p = sub.add_parser("search", help="search an index by text, image, or image +/- texts")
+    p.add_argument("index")
+    p.add_argument("--model", help="the model the index was embedded with (default: the one recorded)")
+    p.add_argument("--text", help="a text query")
+    p.add_argument("--image", help="an image file as the query")
+    p.add_argument("--image-id", type=int, help="an image of the index, by id, as the query")
+    p.add_argument("--plus", action="append", help="a text added to the image query (repeatable)")
+    p.add_argument("--minus", action="append", help="a text subtracted from the image query (repeatable)")
+    p.add_argument("--text-weight", type=float, default=2.0, help="weight of the texts in image+text (paper: 2)")
+    p.add_argument("--image-weight", type=float, default=1.0, help="weight of the image (paper: 1)")
+    p.add_argument("-k", type=int, default=10)
+    p.set_defaults(func=cmd_search)
 
     p = sub.add_parser("tokenizer", help="train a WordPiece vocabulary on the texts of some shards")
     p.add_argument("--data", required=True)

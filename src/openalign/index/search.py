@@ -1,0 +1,98 @@
+"""Queries against an index: text, image, and image +/- weighted texts (the paper's Section 7).
+
+    q = normalize(w_image * e(image) + w_text * (e(text) + sum e(plus) - sum e(minus)))
+
+with the paper's weights: text 2, image 1. A text-only query is just e(text). Results are the top-k
+by cosine with the index's metadata.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from openalign.config import ConfigError
+from openalign.data import images as image_lib
+from openalign.data import transforms
+from openalign.eval.embed import EvalOptions, encode_texts, evaluating
+from openalign.index.build import Loaded
+
+IMAGE_WEIGHT, TEXT_WEIGHT = 1.0, 2.0  # the paper's image+text query weights
+
+
+@dataclass(frozen=True)
+class Query:
+    text: str = ""
+    image: bytes | None = None  # encoded image file
+    image_id: int | None = None  # an image of the index, by id
+    plus: tuple[str, ...] = ()
+    minus: tuple[str, ...] = ()
+    image_weight: float = IMAGE_WEIGHT
+    text_weight: float = TEXT_WEIGHT
+
+
+@dataclass
+class Hit:
+    rank: int
+    score: float
+    id: int
+    meta: dict = field(default_factory=dict)
+
+
+def image_embedding(model, image_bytes: bytes) -> np.ndarray:
+    cfg = model.cfg.vision
+    try:
+        image = image_lib.load_rgb(image_bytes)
+    except image_lib.BadImage as err:
+        raise ConfigError(f"the query image is not a readable image ({err.reason})") from None
+    pixels = transforms.eval_transform(image, cfg.resize_size, cfg.image_size)[None]
+    with evaluating(model):
+        return model.encode_image(pixels).embeds.float().numpy()[0]
+
+
+def query_vector(model, tokenizer, query: Query, index: Loaded | None = None) -> np.ndarray:
+    texts = [t for t in (query.text, *query.plus, *query.minus) if t]
+    signs = ([1.0] if query.text else []) + [1.0] * len(query.plus) + [-1.0] * len(query.minus)
+    image = None
+    if query.image is not None:
+        image = image_embedding(model, query.image)
+    elif query.image_id is not None:
+        if index is None or not 0 <= query.image_id < index.index.ntotal:
+            raise ConfigError(f"no image with id {query.image_id} in the index")
+        image = index.index.reconstruct(int(query.image_id))
+    if image is None and not texts:
+        raise ConfigError("a query needs a text, an image or an image id")
+    total = np.zeros(model.cfg.embed_dim, dtype=np.float32)
+    if texts:
+        options = EvalOptions(max_length=model.cfg.text.max_length)
+        embeds = encode_texts(model, tokenizer, texts, options).numpy()
+        text_part = (np.asarray(signs, dtype=np.float32)[:, None] * embeds).sum(axis=0)
+        total += (query.text_weight if image is not None else 1.0) * text_part
+    if image is not None:
+        total += query.image_weight * image
+    norm = float(np.linalg.norm(total))
+    if norm == 0.0:
+        raise ConfigError("the query terms cancel out (a zero vector); change the terms or their weights")
+    return total / norm
+
+
+def search(index: Loaded, vector: np.ndarray, k: int = 10) -> list[Hit]:
+    scores, ids = index.index.search(vector[None].astype(np.float32), k)
+    found = [(float(s), int(i)) for s, i in zip(scores[0].tolist(), ids[0].tolist()) if i >= 0]  # -1: fewer than k
+    rows = index.meta.take([i for _, i in found]).to_pylist()  # ids are row numbers of the metadata
+    return [Hit(rank + 1, score, i, {k: v for k, v in row.items() if k != "id"})
+            for rank, ((score, i), row) in enumerate(zip(found, rows))]
+
+
+def load_model_for(index: Loaded, model_dir: str | None):
+    from openalign.model.hub import load_pretrained
+
+    path = Path(model_dir or index.info.get("model", ""))
+    model, tokenizer, _ = load_pretrained(path)
+    if tokenizer is None:
+        raise ConfigError(f"{path} has no tokenizer; pass --model with the model the index was embedded with")
+    if model.cfg.embed_dim != index.info["dim"]:
+        raise ConfigError(f"{path} embeds to {model.cfg.embed_dim} dimensions, the index holds {index.info['dim']}")
+    return model, tokenizer

@@ -1,0 +1,136 @@
+"""Embed, index and search: exact results against numpy, approximate recall, the CLI end to end."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from conftest import COLORS, SHAPES, shape_image
+from openalign import cli, presets
+from openalign.index import build as build_lib
+from openalign.index.embed import MANIFEST, _write_part
+from openalign.model.dual_encoder import DualEncoder
+from openalign.model.hub import save_pretrained
+from openalign.tokenizer import train_tokenizer
+
+
+def fake_embeddings(path, vectors: np.ndarray, part: int = 50_000):
+    path.mkdir(parents=True, exist_ok=True)
+    parts = {}
+    for i, start in enumerate(range(0, len(vectors), part)):
+        chunk = vectors[start:start + part]
+        rows = [{"key": f"k{start + j}", "path": f"/x/{start + j}.jpg", "caption": "", "width": 1, "height": 1}
+                for j in range(len(chunk))]
+        _write_part(path, i, chunk, rows)
+        parts[str(i)] = {"rows": len(chunk), "skipped": 0}
+    (path / MANIFEST).write_text(json.dumps({"complete": True, "parts": parts, "model": "m", "dim": vectors.shape[1]}))
+    return path
+
+
+def clustered(n: int, d: int, centers: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    c = rng.normal(size=(centers, d))
+    x = c[rng.integers(0, centers, n)] + 0.6 * rng.normal(size=(n, d))
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def test_flat_index_equals_numpy_brute_force(tmp_path):
+    x = clustered(3_000, 24, 20)
+    info = build_lib.build(fake_embeddings(tmp_path / "emb", x, part=1_000), tmp_path / "idx",
+                           build_lib.IndexOptions(kind="flat"))
+    assert (info["kind"], info["count"], info["recall_at_10"]) == ("flat", 3_000, 1.0)
+    loaded = build_lib.load(tmp_path / "idx")
+    queries = clustered(25, 24, 20, seed=1)
+    scores, ids = loaded.index.search(queries, 10)
+    sims = queries @ x.T
+    for q in range(len(queries)):
+        expected = np.sort(sims[q])[::-1][:10]
+        np.testing.assert_allclose(scores[q], expected, rtol=1e-5, atol=1e-6)  # same scores in the same order
+        np.testing.assert_allclose(sims[q, ids[q]], scores[q], rtol=1e-5, atol=1e-6)  # ids carry those scores
+    assert pq.read_table(tmp_path / "idx" / "meta.parquet").column("id").to_pylist() == list(range(3_000))
+
+
+@pytest.mark.parametrize("kind", ["ivf", "hnsw"])
+def test_approximate_indexes_reach_the_recall_target_on_100k(tmp_path, kind):
+    x, queries = np.split(clustered(100_300, 32, 200), [100_000])  # held-out queries from the same distribution
+    info = build_lib.build(fake_embeddings(tmp_path / "emb", x), tmp_path / "idx",
+                           build_lib.IndexOptions(kind=kind, recall=0.95, tune_queries=500))
+    loaded = build_lib.load(tmp_path / "idx")
+    exact = np.argsort(-(queries @ x.T), axis=1)[:, :10]
+    recall = build_lib.recall_at_10(loaded.index.search(queries, 10)[1], exact)
+    assert info["recall_at_10"] >= 0.95 and recall >= 0.95
+    assert set(info["params"]) & {"nprobe", "efSearch"}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    cfg = presets.get("tiny")
+    tokenizer = train_tokenizer([f"a {c} {s}" for c in COLORS for s in SHAPES] * 4, 200, 16)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(
+        cfg.model, text=dataclasses.replace(cfg.model.text, vocab_size=len(tokenizer))))
+    out = tmp_path_factory.mktemp("model") / "model"
+    save_pretrained(DualEncoder(cfg.model).eval(), tokenizer, out, cfg)
+    return out
+
+
+def test_embed_index_search_from_the_command_line(model_dir, tmp_path, capsys):
+    images = tmp_path / "images"
+    for i, (colour, shape) in enumerate([(c, s) for c in COLORS for s in SHAPES]):
+        (images / colour).mkdir(parents=True, exist_ok=True)
+        shape_image(colour, shape).save(images / colour / f"{shape}.png")
+        (images / colour / f"{shape}.txt").write_text(f"a {colour} {shape}")
+    (images / "broken.jpg").write_bytes(b"not an image")
+    emb, idx = tmp_path / "emb", tmp_path / "idx"
+    assert cli.main(["embed", str(model_dir), "--images", str(images), "--out", str(emb), "--part-size", "5",
+                     "--quiet"]) == 0
+    manifest = json.loads((emb / MANIFEST).read_text())
+    assert (manifest["count"], manifest["skipped"], len(manifest["parts"])) == (12, 1, 3)
+    first = np.load(emb / "part-000001.npy")
+    # resume: a lost part is embedded again, the others are kept
+    (emb / "part-000001.npy").unlink()
+    del manifest["parts"]["1"]
+    manifest["complete"] = False
+    (emb / MANIFEST).write_text(json.dumps(manifest))
+    kept = (emb / "part-000000.npy").stat().st_mtime_ns
+    assert cli.main(["embed", str(model_dir), "--images", str(images), "--out", str(emb), "--part-size", "5",
+                     "--quiet"]) == 0
+    assert (emb / "part-000000.npy").stat().st_mtime_ns == kept
+    np.testing.assert_allclose(np.load(emb / "part-000001.npy"), first, rtol=1e-5, atol=1e-6)
+    assert cli.main(["index", str(emb), "--out", str(idx)]) == 0
+    capsys.readouterr()
+    assert cli.main(["search", str(idx), "--text", "a red circle", "-k", "3"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 4 and lines[0].split()[:3] == ["rank", "score", "id"]
+    assert cli.main(["search", str(idx), "--image", str(images / "red" / "circle.png"), "--plus", "blue",
+                     "--minus", "red", "-k", "12"]) == 0
+    assert len(capsys.readouterr().out.strip().splitlines()) == 13
+    assert cli.main(["search", str(idx), "--image-id", "0", "-k", "1"]) == 0
+    assert " 0  " in capsys.readouterr().out  # an image's nearest neighbour is itself
+    assert cli.main(["search", str(idx), "--image", str(images / "broken.jpg")]) == 2
+    assert cli.main(["search", str(idx), "--image-id", "99"]) == 2
+    assert cli.main(["search", str(idx)]) == 2
+    assert "a query needs" in capsys.readouterr().err
+
+
+def test_query_vector_is_the_papers_weighted_sum(model_dir):
+    from openalign.eval.embed import EvalOptions, encode_texts
+    from openalign.index import search
+    from openalign.model.hub import load_pretrained
+
+    model, tokenizer, _ = load_pretrained(model_dir)
+    image = shape_image("red", "circle")
+    import io
+
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    q = search.query_vector(model, tokenizer, search.Query(image=buf.getvalue(), plus=("blue",), minus=("red",)))
+    e_img = search.image_embedding(model, buf.getvalue())
+    e_txt = encode_texts(model, tokenizer, ["blue", "red"], EvalOptions(max_length=16)).numpy()
+    expected = 1.0 * e_img + 2.0 * (e_txt[0] - e_txt[1])
+    np.testing.assert_allclose(q, expected / np.linalg.norm(expected), rtol=1e-5, atol=1e-6)
+    text_only = search.query_vector(model, tokenizer, search.Query(text="blue"))
+    np.testing.assert_allclose(text_only, e_txt[0] / np.linalg.norm(e_txt[0]), rtol=1e-5, atol=1e-6)
