@@ -53,3 +53,35 @@ def shapes(tmp_path_factory) -> dict[str, Path]:
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line]
+
+
+def save_tiny_model(out: Path, texts: list[str]) -> Path:
+    """A tiny untrained model with its tokenizer, saved as a model directory. Its BatchNorm statistics are
+    measured on coloured shapes (as training would leave them): at their initial values an untrained
+    image tower embeds every image alike."""
+    import dataclasses
+
+    import torch
+
+    from openalign import presets
+    from openalign.data import transforms
+    from openalign.model.dual_encoder import DualEncoder
+    from openalign.model.hub import save_pretrained
+    from openalign.tokenizer import train_tokenizer
+
+    torch.manual_seed(0)
+    tokenizer = train_tokenizer(texts * 4, 200, 16)
+    cfg = presets.get("tiny")
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(
+        cfg.model, text=dataclasses.replace(cfg.model.text, vocab_size=len(tokenizer))))
+    model = DualEncoder(cfg.model).train()
+    batch = torch.stack([transforms.eval_transform(shape_image(c, s), 36, 32) for c in COLORS for s in SHAPES])
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.reset_running_stats()
+                module.momentum = None  # a plain average over the calibration batches
+        for _ in range(3):
+            model.encode_image(batch)
+    save_pretrained(model.eval(), tokenizer, out, cfg)
+    return out

@@ -245,6 +245,17 @@ def cmd_search(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    import uvicorn
+
+    from openalign.serve.app import Limits, create_app
+
+    app = create_app(Path(args.index), args.model, Limits(max_upload_bytes=args.max_upload_mb * 2**20))
+    print(f"openalign search on http://{args.host}:{args.port}/ (API docs at /docs); Ctrl-C stops it")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="openalign", description="ALIGN: image/text dual encoders from noisy data")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -400,6 +411,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image-weight", type=float, default=1.0, help="weight of the image (paper: 1)")
     p.add_argument("-k", type=int, default=10)
     p.set_defaults(func=cmd_search)
+
+    p = sub.add_parser("serve", help="the search page and HTTP API over an index")
+    p.add_argument("index")
+    p.add_argument("--model", help="the model the index was embedded with (default: the one recorded)")
+    p.add_argument("--host", default="127.0.0.1", help="127.0.0.1: this machine only; 0.0.0.0 to share it")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-upload-mb", type=int, default=10, help="largest query image accepted")
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("tokenizer", help="train a WordPiece vocabulary on the texts of some shards")
     p.add_argument("--data", required=True)

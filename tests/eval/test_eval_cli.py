@@ -1,17 +1,14 @@
 """The evaluation tasks end to end through `main(argv)` on a tiny saved model and generated data."""
 
-import dataclasses
 import json
 
 import pytest
 import torch
 
-from conftest import shape_image
-from openalign import cli, presets
+from conftest import save_tiny_model, shape_image
+from openalign import cli
 from openalign.eval import finetune as finetune_lib
 from openalign.model.dual_encoder import DualEncoder
-from openalign.model.hub import save_pretrained
-from openalign.tokenizer import train_tokenizer
 
 COLOURS = ("red", "green", "blue", "yellow")
 SHAPES = ("circle", "square", "triangle")
@@ -19,15 +16,8 @@ SHAPES = ("circle", "square", "triangle")
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    torch.manual_seed(0)
-    cfg = presets.get("tiny")
     words = [f"a {c} {s}" for c in COLOURS for s in SHAPES] + ["ein roter kreis", "un cercle rouge"]
-    tokenizer = train_tokenizer(words * 4, 200, 16)
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(
-        cfg.model, text=dataclasses.replace(cfg.model.text, vocab_size=len(tokenizer))))
-    out = tmp_path_factory.mktemp("model") / "model"
-    save_pretrained(DualEncoder(cfg.model).eval(), tokenizer, out, cfg)
-    return out
+    return save_tiny_model(tmp_path_factory.mktemp("model") / "model", words)
 
 
 def run(model_dir, tmp_path, *args) -> dict:

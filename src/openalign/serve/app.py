@@ -1,0 +1,140 @@
+"""`openalign serve`: the index behind an HTTP API and a web page (FastAPI; uvicorn runs it).
+
+    GET  /                 the search page (static HTML/JS/CSS, no build step)
+    POST /search           JSON: text, image (base64 file bytes) or image_id, plus, minus, weights, k
+    GET  /image/{id}       a JPEG thumbnail of an indexed image (?size=256)
+    GET  /health           counts and the index's kind
+    GET  /docs             the OpenAPI documentation
+
+Every request carries its own parameters; the app holds only read-only state (model, index, metadata),
+so concurrent requests cannot interfere. Uploads are limited in bytes and pixels; a corrupt or
+non-image upload gets a 400 that says what is wrong.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastapi import FastAPI, HTTPException
+from fastapi.responses import FileResponse, Response
+from pydantic import BaseModel, Field
+
+from openalign.config import ConfigError
+from openalign.data import images as image_lib
+from openalign.index import build, search
+
+STATIC = Path(__file__).parent / "static"
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_upload_bytes: int = 10 * 2**20
+    max_pixels: int = 40_000_000
+    max_k: int = 200
+    max_terms: int = 8  # plus + minus texts
+
+
+class SearchRequest(BaseModel):
+    text: str = Field("", max_length=1_000, description="a text query (with an image: added like a plus term)")
+    image: str | None = Field(None, description="an image file's bytes, base64-encoded")
+    image_id: int | None = Field(None, description="an indexed image as the query, by id")
+    plus: list[str] = Field(default_factory=list, description="texts added to the query")
+    minus: list[str] = Field(default_factory=list, description="texts subtracted from the query")
+    text_weight: float = Field(search.TEXT_WEIGHT, ge=0, le=100, description="weight of texts next to an image (paper: 2)")
+    image_weight: float = Field(search.IMAGE_WEIGHT, ge=0, le=100, description="weight of the image (paper: 1)")
+    k: int = Field(24, ge=1)
+
+
+class Result(BaseModel):
+    rank: int
+    score: float
+    id: int
+    path: str | None = None
+    caption: str | None = None
+    width: int | None = None
+    height: int | None = None
+    thumbnail: str
+
+
+class SearchResponse(BaseModel):
+    results: list[Result]
+    count: int
+
+
+def _decode_upload(data: str, limits: Limits) -> bytes:
+    if len(data) > limits.max_upload_bytes * 4 // 3 + 4:
+        raise HTTPException(413, f"the image is larger than {limits.max_upload_bytes // 2**20} MiB")
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise HTTPException(400, "image must be the file's bytes in base64") from None
+    try:
+        image_lib.probe(raw, limits.max_pixels)
+    except image_lib.BadImage as err:
+        reason = {"too_many_pixels": f"the image has more than {limits.max_pixels:,} pixels",
+                  "empty": "the upload is empty"}.get(err.reason, "the upload is not a readable image")
+        raise HTTPException(413 if err.reason == "too_many_pixels" else 400, reason) from None
+    return raw
+
+
+def create_app(index_dir: Path, model_dir: str | None = None, limits: Limits = Limits()) -> FastAPI:
+    index = build.load(Path(index_dir))
+    model, tokenizer = search.load_model_for(index, model_dir)
+    app = FastAPI(title="openalign search", version="1",
+                  description="Search images by text, by image, and by image plus/minus texts (ALIGN, Section 7).")
+
+    @app.get("/health")
+    def health() -> dict:
+        return {"status": "ok", "count": index.index.ntotal, "kind": index.info["kind"], "dim": index.info["dim"]}
+
+    @app.post("/search", response_model=SearchResponse)
+    def run_search(request: SearchRequest) -> SearchResponse:
+        if len(request.plus) + len(request.minus) > limits.max_terms:
+            raise HTTPException(400, f"at most {limits.max_terms} plus/minus terms")
+        image = _decode_upload(request.image, limits) if request.image else None
+        query = search.Query(text=request.text.strip(), image=image, image_id=request.image_id,
+                             plus=tuple(t.strip() for t in request.plus if t.strip()),
+                             minus=tuple(t.strip() for t in request.minus if t.strip()),
+                             image_weight=request.image_weight, text_weight=request.text_weight)
+        try:
+            vector = search.query_vector(model, tokenizer, query, index)
+        except ConfigError as err:
+            raise HTTPException(400, str(err)) from None
+        hits = search.search(index, vector, min(request.k, limits.max_k))
+        return SearchResponse(count=index.index.ntotal, results=[
+            Result(rank=h.rank, score=h.score, id=h.id, path=h.meta.get("path"), caption=h.meta.get("caption"),
+                   width=h.meta.get("width"), height=h.meta.get("height"), thumbnail=f"/image/{h.id}")
+            for h in hits])
+
+    @app.get("/image/{image_id}", responses={200: {"content": {"image/jpeg": {}}}})
+    def thumbnail(image_id: int, size: int = 256) -> Response:
+        if not 0 <= image_id < len(index.meta):
+            raise HTTPException(404, f"no image with id {image_id}")
+        path = index.meta.column("path")[image_id].as_py()
+        if not path or not Path(path).is_file():
+            raise HTTPException(404, f"image {image_id} has no readable file (indexed from shards?)")
+        try:
+            image = image_lib.load_rgb(Path(path).read_bytes())
+        except image_lib.BadImage:
+            raise HTTPException(404, f"image {image_id} can no longer be read") from None
+        image.thumbnail((max(16, min(size, 1024)),) * 2)
+        buf = io.BytesIO()
+        image.save(buf, format="JPEG", quality=85)
+        return Response(buf.getvalue(), media_type="image/jpeg", headers={"Cache-Control": "max-age=3600"})
+
+    @app.get("/", include_in_schema=False)
+    def page() -> FileResponse:
+        return FileResponse(STATIC / "index.html")
+
+    @app.get("/static/{name}", include_in_schema=False)
+    def static(name: str) -> FileResponse:
+        path = STATIC / name
+        if path.parent != STATIC or not path.is_file():
+            raise HTTPException(404, "not found")
+        return FileResponse(path)
+
+    return app

@@ -1,0 +1,81 @@
+"""The HTTP API through a test client: searches, uploads good and bad, thumbnails, the page."""
+
+import base64
+import io
+
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from conftest import COLORS, SHAPES, save_tiny_model, shape_image
+from openalign import cli
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    from openalign.serve.app import Limits, create_app
+
+    root = tmp_path_factory.mktemp("serve")
+    model = save_tiny_model(root / "model", [f"a {c} {s}" for c in COLORS for s in SHAPES])
+    images = root / "images"
+    images.mkdir()
+    for colour in COLORS:
+        for shape in SHAPES:
+            shape_image(colour, shape).save(images / f"{colour}_{shape}.png")
+            (images / f"{colour}_{shape}.txt").write_text(f"a {colour} {shape}")
+    assert cli.main(["embed", str(model), "--images", str(images), "--out", str(root / "emb"), "--quiet"]) == 0
+    assert cli.main(["index", str(root / "emb"), "--out", str(root / "idx")]) == 0
+    return TestClient(create_app(root / "idx", None, Limits(max_upload_bytes=50_000, max_pixels=250_000)))
+
+
+def b64(image: Image.Image, fmt: str = "PNG") -> str:
+    buf = io.BytesIO()
+    image.save(buf, format=fmt)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def test_health_page_and_openapi(client):
+    assert client.get("/health").json() == {"status": "ok", "count": 12, "kind": "flat", "dim": 80}
+    page = client.get("/")
+    assert page.status_code == 200 and "openalign search" in page.text and "/static/app.js" in page.text
+    assert client.get("/static/app.js").status_code == 200 and client.get("/static/../app.py").status_code == 404
+    assert "/search" in client.get("/openapi.json").json()["paths"]
+
+
+def test_text_image_and_arithmetic_queries(client):
+    text = client.post("/search", json={"text": "a red circle", "k": 5}).json()
+    assert len(text["results"]) == 5 and text["count"] == 12
+    assert [r["rank"] for r in text["results"]] == [1, 2, 3, 4, 5]
+    assert all(a["score"] >= b["score"] for a, b in zip(text["results"], text["results"][1:]))
+    assert text["results"][0]["thumbnail"] == f"/image/{text['results'][0]['id']}"
+    upload = client.post("/search", json={"image": b64(shape_image("blue", "square")), "plus": ["red"],
+                                          "minus": ["blue"], "k": 12}).json()
+    assert len(upload["results"]) == 12
+    by_id = client.post("/search", json={"image_id": 3, "k": 12}).json()["results"]
+    assert by_id[0]["id"] == 3 and by_id[0]["score"] == pytest.approx(1.0, abs=1e-5)  # an image finds itself first
+    weights = client.post("/search", json={"image_id": 3, "plus": ["green"], "text_weight": 0, "k": 12}).json()
+    assert [r["id"] for r in weights["results"]] == [r["id"] for r in by_id]  # text weight 0: the image alone
+
+
+@pytest.mark.parametrize("body,status,message", [
+    ({"image": base64.b64encode(b"definitely not an image").decode()}, 400, "not a readable image"),
+    ({"image": "%%% not base64 %%%"}, 400, "base64"),
+    ({"image": base64.b64encode(b"\xff\xd8\xff\xe0" + b"\0" * 64).decode()}, 400, "not a readable image"),
+    ({"image": base64.b64encode(b"x" * 60_000).decode()}, 413, "larger than"),
+    ({"image": b64(Image.new("RGB", (600, 600), "red"), "JPEG")}, 413, "pixels"),
+    ({}, 400, "needs a text, an image or an image id"),
+    ({"image_id": 999}, 400, "no image with id 999"),
+    ({"text": "x", "plus": ["a"] * 9}, 400, "at most 8"),
+    ({"text": "x", "k": 0}, 422, ""),
+])
+def test_bad_requests_get_a_clear_4xx(client, body, status, message):
+    response = client.post("/search", json=body)
+    assert response.status_code == status
+    assert message in str(response.json()["detail"])
+
+
+def test_thumbnails(client):
+    response = client.get("/image/0?size=32")
+    assert response.status_code == 200 and response.headers["content-type"] == "image/jpeg"
+    assert max(Image.open(io.BytesIO(response.content)).size) <= 32
+    assert client.get("/image/12").status_code == 404
