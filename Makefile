@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 EMOJI_FONT := /usr/share/fonts/truetype/noto/NotoColorEmoji.ttf
 CLDR := /usr/share/unicode/cldr/common/annotations/en.xml
 
-.PHONY: demo test setup sysdeps bench clean
+.PHONY: demo test setup sysdeps browser bench clean
 
 # The venv is rebuilt when pyproject.toml changes. torch==2.13.0 resolves to the CPU wheel here.
 $(BIN)/.installed: pyproject.toml
@@ -35,12 +35,24 @@ sysdeps:
 	  fi; \
 	fi
 
+# Headless Chromium for the search page's browser test (Playwright drives Debian's chromium; it never
+# downloads a browser).
+browser:
+	@if ! command -v chromium >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing chromium (for the search page's browser test)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	  else \
+	    echo "missing chromium for the browser test: run 'sudo apt-get install chromium chromium-driver'"; \
+	  fi; \
+	fi
+
 setup: $(BIN)/.installed sysdeps
 
 demo: setup
 	$(BIN)/openalign train
 
-test: setup
+test: setup browser
 	$(BIN)/python -m pytest
 
 bench: setup

@@ -1,0 +1,88 @@
+"""The search page in real headless Chromium (Debian's, driven by Playwright; `make test` installs it)."""
+
+import shutil
+import socket
+import threading
+import time
+
+import pytest
+import uvicorn
+
+from conftest import COLORS, SHAPES, save_tiny_model, shape_image
+from openalign import cli
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (make test installs it)")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from openalign.serve.app import create_app
+
+    root = tmp_path_factory.mktemp("browser")
+    model = save_tiny_model(root / "model", [f"a {c} {s}" for c in COLORS for s in SHAPES])
+    images = root / "images"
+    images.mkdir()
+    for colour in COLORS:
+        for shape in SHAPES:
+            shape_image(colour, shape).save(images / f"{colour}_{shape}.png")
+            (images / f"{colour}_{shape}.txt").write_text(f"a {colour} {shape}")
+    assert cli.main(["embed", str(model), "--images", str(images), "--out", str(root / "emb"), "--quiet"]) == 0
+    assert cli.main(["index", str(root / "emb"), "--out", str(root / "idx")]) == 0
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    app_server = uvicorn.Server(uvicorn.Config(create_app(root / "idx"), host="127.0.0.1", port=port,
+                                               log_level="warning"))
+    thread = threading.Thread(target=app_server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not app_server.started:
+        assert time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.05)
+    shape_image("blue", "square").save(root / "query.png")
+    yield f"http://127.0.0.1:{port}", root / "query.png"
+    app_server.should_exit = True
+    thread.join(timeout=10)
+
+
+def loaded_thumbnails(page) -> int:
+    page.wait_for_function("document.querySelectorAll('#results img').length > 0 && "
+                           "[...document.querySelectorAll('#results img')].every(i => i.complete)")
+    return page.evaluate("[...document.querySelectorAll('#results img')].filter(i => i.naturalWidth > 0).length")
+
+
+def test_type_a_query_upload_an_image_add_a_term_and_see_thumbnails(server):
+    from playwright.sync_api import sync_playwright
+
+    url, query_image = server
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page()
+        page.goto(url)
+        page.wait_for_function("document.getElementById('status').textContent.includes('12 images')")
+        page.fill("#text", "a red circle")
+        page.fill("#k", "6")
+        with page.expect_response("**/search") as response:
+            page.press("#text", "Enter")
+        assert response.value.status == 200
+        assert loaded_thumbnails(page) == 6
+        assert page.locator("#results figcaption").first.inner_text().startswith("0.")  # a score
+        # an image and a "+ text" term: the request carries both, and the grid is redrawn
+        page.set_input_files("#file", str(query_image))
+        page.wait_for_selector("#preview:not([hidden])")
+        page.click("#add-plus")
+        page.fill(".term[data-sign=plus] input", "red")
+        page.fill("#text", "")
+        with page.expect_request("**/search") as request:
+            page.click("#go")
+        body = request.value.post_data_json
+        assert body["plus"] == ["red"] and body["image"] and body["text_weight"] == 2
+        assert loaded_thumbnails(page) == 6
+        # a bad upload shows the server's message instead of results
+        page.set_input_files("#file", {"name": "x.png", "mimeType": "image/png", "buffer": b"not a png"})
+        page.wait_for_timeout(200)
+        page.click("#go")
+        page.wait_for_selector("#error:not([hidden])")
+        assert "not a readable image" in page.inner_text("#error")
+        browser.close()
