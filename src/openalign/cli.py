@@ -382,7 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("embed", help="image embeddings of a collection (resumable parts + metadata)")
     p.add_argument("model", help="a model directory (RUN/model)")
-    p.add_argument("--images", required=True, help="an image directory, shards, or a Karpathy JSON / caption table")
+    p.add_argument("--images", required=True, action="append",
+                   help="an image directory, shards, or a Karpathy JSON / caption table (repeatable)")
     p.add_argument("--image-root", help="image root for a Karpathy JSON or caption table (default: beside it)")
     p.add_argument("--out", required=True)
     p.add_argument("--float16", action="store_true", help="store float16 embeddings (half the size)")

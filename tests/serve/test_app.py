@@ -79,3 +79,17 @@ def test_thumbnails(client):
     assert response.status_code == 200 and response.headers["content-type"] == "image/jpeg"
     assert max(Image.open(io.BytesIO(response.content)).size) <= 32
     assert client.get("/image/12").status_code == 404
+
+
+def test_thumbnails_of_an_index_built_from_shards(tmp_path, shapes):
+    from openalign.serve.app import create_app
+
+    model = save_tiny_model(tmp_path / "model", [f"a {c} {s}" for c in COLORS for s in SHAPES])
+    assert cli.main(["embed", str(model), "--images", str(shapes["eval"]), "--out", str(tmp_path / "emb"),
+                     "--quiet"]) == 0
+    assert cli.main(["index", str(tmp_path / "emb"), "--out", str(tmp_path / "idx")]) == 0
+    client = TestClient(create_app(tmp_path / "idx"))
+    hit = client.post("/search", json={"text": "a red circle", "k": 1}).json()["results"][0]
+    assert hit["path"].endswith(".tar")
+    response = client.get(hit["thumbnail"])
+    assert response.status_code == 200 and Image.open(io.BytesIO(response.content)).size[0] > 0

@@ -19,7 +19,6 @@ closest matches removed).
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import time
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from openalign.data import images
 from openalign.data.filters import write_keep_without_images
 from openalign.data.ingest import IMAGE_SUFFIXES, check_pair_table
 from openalign.data.shard import SOURCES
+from openalign.data.workers import process_pool
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ def _phash_train(item: tuple[str, str, str | None]) -> np.ndarray | None:
 
 def _pool_map(fn, items, workers: int, desc: str, progress: bool) -> list:
     workers = workers or os.cpu_count() or 1
-    pool = multiprocessing.get_context("fork").Pool(workers) if workers > 1 and len(items) > 64 else None
+    pool = process_pool(workers) if workers > 1 and len(items) > 64 else None
     try:
         results = pool.imap(fn, items, chunksize=16) if pool else map(fn, items)
         return list(tqdm(results, total=len(items), desc=desc, unit="img", disable=not progress, leave=False))

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
 import os
 import tarfile
 import time
@@ -39,6 +38,7 @@ from tqdm import tqdm
 
 from openalign.config import ConfigError
 from openalign.data import images
+from openalign.data.workers import process_pool
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
 TABLE_SUFFIXES = {".csv", ".tsv", ".jsonl", ".json", ".parquet"}
@@ -273,7 +273,7 @@ def ingest(sources: list[str], out: Path, options: IngestOptions = IngestOptions
 
     workers = options.workers or os.cpu_count() or 1
     items = ((record, options.max_pixels) for record in records(sources, options))
-    pool = multiprocessing.get_context("fork").Pool(workers) if workers > 1 else None
+    pool = process_pool(workers) if workers > 1 else None
     try:
         results = pool.imap(examine, items, chunksize=16) if pool else map(examine, items)
         for kind, row in tqdm(results, desc="ingest", unit="pair", disable=not progress):

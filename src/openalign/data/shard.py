@@ -16,7 +16,6 @@ skips finished shards and redoes only the missing ones.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import tarfile
 import time
@@ -32,6 +31,7 @@ from openalign.data import images
 from openalign.data.filters import keep_source
 from openalign.data.ingest import blake, check_pair_table
 from openalign.data.shards import MANIFEST, encode_image
+from openalign.data.workers import process_pool
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ def write_samples(samples: list[dict], out: Path, options: ShardOptions, progres
     for stale in set(previous.get("shards", {})) - set(prints):  # ours, from an earlier, larger plan
         (out / stale).unlink(missing_ok=True)
     workers = min(options.workers or os.cpu_count() or 1, max(1, len(tasks)))
-    pool = multiprocessing.get_context("fork").Pool(workers) if workers > 1 else None
+    pool = process_pool(workers) if workers > 1 else None
     try:
         results = pool.imap_unordered(write_shard, tasks) if pool else map(write_shard, tasks)
         for result in tqdm(results, total=len(tasks), desc="shard", unit="shard", disable=not progress):

@@ -101,12 +101,15 @@ def _write_part(out: Path, index: int, embeds: np.ndarray, rows: list[dict]) -> 
         os.replace(tmp, out / name)
 
 
-def embed(model_dir: Path, source: str, out: Path, options: EmbedOptions = EmbedOptions(), progress: bool = True) -> dict:
+def embed(model_dir: Path, sources: list[str], out: Path, options: EmbedOptions = EmbedOptions(),
+          progress: bool = True) -> dict:
+    """Embed every image of `sources` (in order; see the module docstring) into `out`."""
     from openalign.model.hub import load_pretrained
 
     model, _, cfg = load_pretrained(model_dir)
     resize, crop = cfg.model.vision.resize_size, cfg.model.vision.image_size
-    items = collection(source, options.images)
+    items = [item for source in sources for item in collection(source, options.images)]
+    source = ",".join(sources)
     out.mkdir(parents=True, exist_ok=True)
     plan = {"model": str(model_dir), "model_fingerprint": files_fingerprint(str(model_dir)), "source": source,
             "n_items": len(items), "part_size": options.part_size, "dtype": "float16" if options.float16 else "float32",

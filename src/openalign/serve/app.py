@@ -2,7 +2,7 @@
 
     GET  /                 the search page (static HTML/JS/CSS, no build step)
     POST /search           JSON: text, image (base64 file bytes) or image_id, plus, minus, weights, k
-    GET  /image/{id}       a JPEG thumbnail of an indexed image (?size=256)
+    GET  /image/{id}       a JPEG thumbnail of an indexed image (?size=256), from its file or its shard
     GET  /health           counts and the index's kind
     GET  /docs             the OpenAPI documentation
 
@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import io
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +27,7 @@ from pydantic import BaseModel, Field
 
 from openalign.config import ConfigError
 from openalign.data import images as image_lib
+from openalign.data.ingest import IMAGE_SUFFIXES
 from openalign.index import build, search
 
 STATIC = Path(__file__).parent / "static"
@@ -81,6 +84,26 @@ def _decode_upload(data: str, limits: Limits) -> bytes:
     return raw
 
 
+@functools.lru_cache(maxsize=256)
+def _tar_offsets(path: str) -> dict[str, tuple[int, int]]:
+    """{sample key: (byte offset, size)} of the image members of a webdataset shard, read once."""
+    offsets = {}
+    with tarfile.open(path) as tar:
+        for member in tar:
+            key, _, ext = member.name.rpartition("/")[2].partition(".")
+            if member.isfile() and "." + ext.lower() in IMAGE_SUFFIXES:
+                offsets[key] = (member.offset_data, member.size)
+    return offsets
+
+
+def tar_member(path: str, key: str) -> bytes:
+    """One sample's image bytes from a shard (a fresh file handle per call: safe across threads)."""
+    offset, size = _tar_offsets(path)[key]
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(size)
+
+
 def create_app(index_dir: Path, model_dir: str | None = None, limits: Limits = Limits()) -> FastAPI:
     index = build.load(Path(index_dir))
     model, tokenizer = search.load_model_for(index, model_dir)
@@ -115,12 +138,12 @@ def create_app(index_dir: Path, model_dir: str | None = None, limits: Limits = L
         if not 0 <= image_id < len(index.meta):
             raise HTTPException(404, f"no image with id {image_id}")
         path = index.meta.column("path")[image_id].as_py()
-        if not path or not Path(path).is_file():
-            raise HTTPException(404, f"image {image_id} has no readable file (indexed from shards?)")
+        key = index.meta.column("key")[image_id].as_py()
         try:
-            image = image_lib.load_rgb(Path(path).read_bytes())
-        except image_lib.BadImage:
-            raise HTTPException(404, f"image {image_id} can no longer be read") from None
+            data = tar_member(path, key) if path and path.endswith(".tar") else Path(path or "").read_bytes()
+            image = image_lib.load_rgb(data)
+        except (OSError, KeyError, image_lib.BadImage):
+            raise HTTPException(404, f"image {image_id} can no longer be read from {path}") from None
         image.thumbnail((max(16, min(size, 1024)),) * 2)
         buf = io.BytesIO()
         image.save(buf, format="JPEG", quality=85)
