@@ -46,9 +46,10 @@ def server(tmp_path_factory):
     thread.join(timeout=10)
 
 
-def loaded_thumbnails(page) -> int:
-    page.wait_for_function("document.querySelectorAll('#results img').length > 0 && "
-                           "[...document.querySelectorAll('#results img')].every(i => i.complete)")
+def loaded_thumbnails(page, expected: int) -> int:
+    """Wait until the grid holds `expected` thumbnails that have all loaded; their number."""
+    page.wait_for_function(f"[...document.querySelectorAll('#results img')].filter("
+                           f"i => i.complete && i.naturalWidth > 0).length === {expected}")
     return page.evaluate("[...document.querySelectorAll('#results img')].filter(i => i.naturalWidth > 0).length")
 
 
@@ -58,7 +59,7 @@ def test_type_a_query_upload_an_image_add_a_term_and_see_thumbnails(server):
     url, query_image = server
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        page = browser.new_page()
+        page = browser.new_page(viewport={"width": 1200, "height": 2000})  # every thumbnail in view (lazy loading)
         page.goto(url)
         page.wait_for_function("document.getElementById('status').textContent.includes('12 images')")
         page.fill("#text", "a red circle")
@@ -66,7 +67,7 @@ def test_type_a_query_upload_an_image_add_a_term_and_see_thumbnails(server):
         with page.expect_response("**/search") as response:
             page.press("#text", "Enter")
         assert response.value.status == 200
-        assert loaded_thumbnails(page) == 6
+        assert loaded_thumbnails(page, 6) == 6
         assert page.locator("#results figcaption").first.inner_text().startswith("0.")  # a score
         # an image and a "+ text" term: the request carries both, and the grid is redrawn
         page.set_input_files("#file", str(query_image))
@@ -74,11 +75,12 @@ def test_type_a_query_upload_an_image_add_a_term_and_see_thumbnails(server):
         page.click("#add-plus")
         page.fill(".term[data-sign=plus] input", "red")
         page.fill("#text", "")
+        page.evaluate("document.getElementById('results').replaceChildren()")  # so the new grid is what loads
         with page.expect_request("**/search") as request:
             page.click("#go")
         body = request.value.post_data_json
         assert body["plus"] == ["red"] and body["image"] and body["text_weight"] == 2
-        assert loaded_thumbnails(page) == 6
+        assert loaded_thumbnails(page, 6) == 6
         # a bad upload shows the server's message instead of results
         page.set_input_files("#file", {"name": "x.png", "mimeType": "image/png", "buffer": b"not a png"})
         page.wait_for_timeout(200)
