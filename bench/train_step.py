@@ -195,7 +195,7 @@ def main() -> int:
     gloo = gloo_check(args, cfg, batch)
 
     rows = [
-        f"### P4 training step ({args.preset} preset, batch {args.batch}, {torch.get_num_threads()} threads)", "",
+        f"### P3, P4 training step ({args.preset} preset, batch {args.batch}, {torch.get_num_threads()} threads)", "",
         "| step | s/step (median of {}) | pairs/s |".format(args.repeats), "|---|---|---|",
         f"| openalign (channels_last, no text pooler, length-bucketed text, LAMB, paper loss) | {ours_s:.3f} | {args.batch / ours_s:.0f} |",
         f"| transformers AlignModel(return_loss=True) + AdamW | {plain_s:.3f} | {args.batch / plain_s:.0f} |",
