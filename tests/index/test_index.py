@@ -102,6 +102,10 @@ def test_embed_index_search_from_the_command_line(model_dir, tmp_path, capsys):
     assert cli.main(["search", str(idx), "--image-id", "99"]) == 2
     assert cli.main(["search", str(idx)]) == 2
     assert "a query needs" in capsys.readouterr().err
+    # a model whose weights changed since embedding is refused, with what to do
+    other = save_tiny_model(tmp_path / "other", ["a different vocabulary entirely"] * 3)
+    assert cli.main(["search", str(idx), "--model", str(other), "--text", "red"]) == 2
+    assert "not the model this index was embedded with" in capsys.readouterr().err
 
 
 def test_query_vector_is_the_papers_weighted_sum(model_dir):

@@ -108,8 +108,9 @@ def build(emb: Path, out: Path, options: IndexOptions = IndexOptions()) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     faiss.write_index(index, str(out / FILE))
     pq.write_table(meta, out / META)
+    manifest = json.loads((Path(emb) / "manifest.json").read_text())
     info = {"kind": kind, "params": params, "recall_at_10": recall, "recall_target": options.recall, "count": n,
-            "dim": d, "embeddings": str(emb), "model": json.loads((Path(emb) / "manifest.json").read_text())["model"]}
+            "dim": d, "embeddings": str(emb), "model": manifest["model"], "weights": manifest.get("weights", "")}
     (out / INFO).write_text(json.dumps(info, indent=2) + "\n")
     return info
 

@@ -30,7 +30,7 @@ from openalign.data import images as image_lib
 from openalign.data import shards as shard_lib
 from openalign.data import transforms
 from openalign.data.ingest import IMAGE_SUFFIXES
-from openalign.eval.embed import evaluating, files_fingerprint
+from openalign.eval.embed import evaluating
 
 MANIFEST = "manifest.json"
 META_SCHEMA = pa.schema([("key", pa.string()), ("path", pa.string()), ("caption", pa.string()),
@@ -104,14 +104,14 @@ def _write_part(out: Path, index: int, embeds: np.ndarray, rows: list[dict]) -> 
 def embed(model_dir: Path, sources: list[str], out: Path, options: EmbedOptions = EmbedOptions(),
           progress: bool = True) -> dict:
     """Embed every image of `sources` (in order; see the module docstring) into `out`."""
-    from openalign.model.hub import load_pretrained
+    from openalign.model.hub import load_pretrained, weights_fingerprint
 
     model, _, cfg = load_pretrained(model_dir)
     resize, crop = cfg.model.vision.resize_size, cfg.model.vision.image_size
     items = [item for source in sources for item in collection(source, options.images)]
     source = ",".join(sources)
     out.mkdir(parents=True, exist_ok=True)
-    plan = {"model": str(model_dir), "model_fingerprint": files_fingerprint(str(model_dir)), "source": source,
+    plan = {"model": str(model_dir), "weights": weights_fingerprint(model_dir), "source": source,
             "n_items": len(items), "part_size": options.part_size, "dtype": "float16" if options.float16 else "float32",
             "dim": cfg.model.embed_dim, "resize": resize, "crop": crop}
     previous = json.loads((out / MANIFEST).read_text()) if (out / MANIFEST).is_file() else {}

@@ -87,10 +87,13 @@ def search(index: Loaded, vector: np.ndarray, k: int = 10) -> list[Hit]:
 
 
 def load_model_for(index: Loaded, model_dir: str | None):
-    from openalign.model.hub import load_pretrained
+    from openalign.model.hub import load_pretrained, weights_fingerprint
 
     path = Path(model_dir or index.info.get("model", ""))
     model, tokenizer, _ = load_pretrained(path)
+    if index.info.get("weights") and weights_fingerprint(path) != index.info["weights"]:
+        raise ConfigError(f"{path} is not the model this index was embedded with (its weights differ); rerun "
+                          "`openalign embed` and `openalign index`, or pass --model with the original model")
     if tokenizer is None:
         raise ConfigError(f"{path} has no tokenizer; pass --model with the model the index was embedded with")
     if model.cfg.embed_dim != index.info["dim"]:

@@ -11,6 +11,7 @@ reproduces openalign's embeddings exactly when the model has neither (e.g. B7 at
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import transformers
@@ -68,6 +69,18 @@ def load_config(path: Path) -> Config:
     if (path / CONFIG_FILE).is_file():
         return config_lib.load(path / CONFIG_FILE)
     return Config(model=_model_config_from_hf(transformers.AlignConfig.from_pretrained(path)))
+
+
+def weights_fingerprint(path: Path) -> str:
+    """A hash of a model directory's config and weights (content only: copying the directory keeps it)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for file in sorted(Path(path).glob("*.safetensors")) + [Path(path) / "config.json"]:
+        if file.is_file():
+            digest.update(file.name.encode())
+            with open(file, "rb") as f:
+                for block in iter(lambda: f.read(2**24), b""):
+                    digest.update(block)
+    return digest.hexdigest()
 
 
 def has_tokenizer(path: Path) -> bool:
