@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import resource
+import socket
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,9 +22,9 @@ def write_section(name: str, body: str, path: Path = BENCHMARKS) -> None:
     path.write_text(text)
 
 
-def verdict(target: str, name: str, value: float, bound: float, at_least: bool) -> str:
+def verdict(target: str, name: str, value: float, bound: float, at_least: bool, fmt: str = ".2f") -> str:
     ok = value >= bound if at_least else value <= bound
-    return f"{target} {name}={value:.2f} target{'>=' if at_least else '<='}{bound:g} {'PASS' if ok else 'FAIL'}"
+    return f"{target} {name}={value:{fmt}} target{'>=' if at_least else '<='}{bound:g} {'PASS' if ok else 'FAIL'}"
 
 
 def peak_rss_mib() -> float:
@@ -33,3 +34,17 @@ def peak_rss_mib() -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def resident_mib() -> float:
+    """This process's resident memory now (the baseline for an extra-peak measurement)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from _common import peak_rss_mib, verdict, write_section
+from _common import peak_rss_mib, resident_mib, verdict, write_section
 
 HERE = Path(__file__).resolve()
 
@@ -44,13 +44,6 @@ def loss_fn(kind: str):
     if kind == "naive":
         return lambda img, txt, t: L.softmax_loss(img, txt, t, 0.1)
     return lambda img, txt, t: L.chunked_cross_entropy(img, txt, t, 0.1, columns=True)
-
-
-def resident_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def child(args) -> None:
@@ -139,7 +132,7 @@ def main() -> int:
     print(verdict("P1", "loss_big_extra_gib", runs["chunked_big"]["extra_mib"] / 1024, 1.5, at_least=False))
     print(verdict("P2", "loss_time_ratio", time_ratio, 0.9, at_least=False))
     print(verdict("P2", "loss_flops_per_n2d", flops["chunked"], 8, at_least=False))
-    print(f"P2 loss_grad_rel_error={error:.1e} target<=1e-05 {'PASS' if error <= 1e-5 else 'FAIL'}")
+    print(verdict("P2", "loss_grad_rel_error", error, 1e-5, at_least=False, fmt=".1e"))
     return 0
 
 

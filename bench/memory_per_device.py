@@ -22,17 +22,10 @@ from pathlib import Path
 
 import torch
 
-from _common import ROOT, peak_rss_mib, write_section
+from _common import ROOT, peak_rss_mib, resident_mib, write_section
 
 HERE = Path(__file__).resolve()
 PER_DEVICE = (16, 64, 256)  # the paper's 16 per core; 16,384 over 256 and over 64 GPUs
-
-
-def resident_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def child(preset: str, pairs: int) -> None:

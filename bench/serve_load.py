@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import httpx
 
-from _common import ROOT, write_section
+from _common import ROOT, free_port, write_section
 
 WORDS = ("cat", "dog", "face", "heart", "red", "blue", "flag", "hand", "smiling", "food", "car", "tree", "moon",
          "star", "house", "person", "book", "music", "sports", "weather")
@@ -70,9 +69,7 @@ def main() -> int:
     parser.add_argument("--index", default=str(ROOT / "runs/demo/emoji-index"))
     args = parser.parse_args()
     ensure_index(Path(args.model), Path(args.index))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = os.environ | {"OMP_NUM_THREADS": str(os.cpu_count() or 1)}
     server = subprocess.Popen([sys.executable, "-m", "openalign.cli", "serve", args.index, "--model", args.model,
                                "--port", str(port)], env=env, cwd=ROOT, stdout=subprocess.DEVNULL,

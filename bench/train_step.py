@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -29,7 +28,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from _common import write_section
+from _common import free_port, verdict, write_section
 from openalign import presets
 from openalign.data import shards as shard_lib
 from openalign.data import transforms
@@ -140,9 +139,7 @@ def gloo_check(args, cfg, batch) -> dict:
     """P3: two gloo processes against one process on the whole batch, in fp64."""
     import torch.multiprocessing as mp
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         # the parent's config and batch: a tokenizer trained again in each worker could number tokens differently
         mp.start_processes(gloo_worker, args=(port, tmp, cfg, batch, args.steps), nprocs=WORLD,
@@ -210,10 +207,10 @@ def main() -> int:
     ]
     write_section("P4", "\n".join(rows))
     print("\n".join(rows))
-    print(f"P4 train_step_ratio={ratio:.2f} target>=1.0 {'PASS' if ratio >= 1.0 else 'FAIL'}")
-    print(f"P4 data_loading_frac={data_frac:.3f} target<=0.05 {'PASS' if data_frac <= 0.05 else 'FAIL'}")
-    print(f"P3 gloo_grad_rel_error={gloo['grad_error']:.1e} target<=1e-06 {'PASS' if gloo['grad_error'] <= 1e-6 else 'FAIL'}")
-    print(f"P3 gloo_loss_rel_error={gloo['loss_error']:.1e} target<=1e-06 {'PASS' if gloo['loss_error'] <= 1e-6 else 'FAIL'}")
+    print(verdict("P4", "train_step_ratio", ratio, 1.0, at_least=True))
+    print(verdict("P4", "data_loading_frac", data_frac, 0.05, at_least=False, fmt=".3f"))
+    print(verdict("P3", "gloo_grad_rel_error", gloo["grad_error"], 1e-6, at_least=False, fmt=".1e"))
+    print(verdict("P3", "gloo_loss_rel_error", gloo["loss_error"], 1e-6, at_least=False, fmt=".1e"))
     print(f"P3 all_gathers_per_step={gloo['gathers']} target=2 {'PASS' if gloo['gathers'] == 2 else 'FAIL'}")
     return 0
 

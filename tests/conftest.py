@@ -1,6 +1,7 @@
 import io
 import json
 import random
+import socket
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,25 @@ def save_tiny_model(out: Path, texts: list[str]) -> Path:
             model.encode_image(batch)
     save_pretrained(model.eval(), tokenizer, out, cfg)
     return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def shape_index(root: Path) -> Path:
+    """A tiny model, the 12 colour x shape images with captions, and an index of them: the index directory."""
+    from openalign import cli
+
+    model = save_tiny_model(root / "model", [f"a {c} {s}" for c in COLORS for s in SHAPES])
+    images = root / "images"
+    images.mkdir()
+    for colour in COLORS:
+        for shape in SHAPES:
+            shape_image(colour, shape).save(images / f"{colour}_{shape}.png")
+            (images / f"{colour}_{shape}.txt").write_text(f"a {colour} {shape}")
+    assert cli.main(["embed", str(model), "--images", str(images), "--out", str(root / "emb"), "--quiet"]) == 0
+    assert cli.main(["index", str(root / "emb"), "--out", str(root / "idx")]) == 0
+    return root / "idx"

@@ -1,8 +1,6 @@
 """Two gloo processes against one: the gathered loss and every gradient equal the single-process batch."""
 
-import json
 import os
-import socket
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -10,16 +8,12 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from conftest import free_port
 from openalign.config import LossConfig
 from train.test_step import direct_reference, grads, make_batch, make_model
 
 WORLD = 2
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def worker(rank: int, port: int, out: str, micro_batch: int, implementation: str) -> None:

@@ -4,7 +4,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import read_jsonl
+from conftest import free_port, read_jsonl
 
 CLI = [sys.executable, "-m", "openalign.cli"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
@@ -23,11 +22,6 @@ def train_argv(shapes, out: Path, *overrides: str) -> list[str]:
     return ["train", "--preset", "tiny", "--data", str(shapes["train"]), "--out", str(out), "--quiet",
             "train.log_every=1", *overrides]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def losses(run: Path) -> dict[int, float]:

@@ -77,10 +77,10 @@ def cmd_eval(args) -> int:
     import torch
 
     from openalign.eval.datasets import load_templates
-    from openalign.eval.embed import files_fingerprint
+    from openalign.eval.embed import DEFAULT_TEMPLATES, EvalOptions, files_fingerprint
     from openalign.eval.finetune import parse_options
     from openalign.eval.report import metric_lines, write_report
-    from openalign.eval.tasks import DEFAULT_TEMPLATES, EvalOptions, run_tasks
+    from openalign.eval.tasks import run_tasks
     from openalign.model.hub import load_pretrained
 
     model, tokenizer, cfg = load_pretrained(Path(args.model))

@@ -116,6 +116,14 @@ def all_objects(obj, layout: Dist) -> list:
     return out
 
 
+def main_first(layout: Dist, fn):
+    """`fn(main)` on rank 0, then, once it is done, on the other ranks (rank 0 creates what they read)."""
+    if layout.main:
+        result = fn(True)
+    barrier(layout)
+    return result if layout.main else fn(False)
+
+
 def barrier(layout: Dist) -> None:
     if layout.active:
         dist.barrier()

@@ -7,7 +7,7 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from conftest import COLORS, SHAPES, save_tiny_model, shape_image
+from conftest import COLORS, SHAPES, save_tiny_model, shape_image, shape_index
 from openalign import cli
 
 
@@ -16,16 +16,7 @@ def client(tmp_path_factory):
     from openalign.serve.app import Limits, create_app
 
     root = tmp_path_factory.mktemp("serve")
-    model = save_tiny_model(root / "model", [f"a {c} {s}" for c in COLORS for s in SHAPES])
-    images = root / "images"
-    images.mkdir()
-    for colour in COLORS:
-        for shape in SHAPES:
-            shape_image(colour, shape).save(images / f"{colour}_{shape}.png")
-            (images / f"{colour}_{shape}.txt").write_text(f"a {colour} {shape}")
-    assert cli.main(["embed", str(model), "--images", str(images), "--out", str(root / "emb"), "--quiet"]) == 0
-    assert cli.main(["index", str(root / "emb"), "--out", str(root / "idx")]) == 0
-    return TestClient(create_app(root / "idx", None, Limits(max_upload_bytes=50_000, max_pixels=250_000)))
+    return TestClient(create_app(shape_index(root), None, Limits(max_upload_bytes=50_000, max_pixels=250_000)))
 
 
 def b64(image: Image.Image, fmt: str = "PNG") -> str:

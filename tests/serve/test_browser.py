@@ -1,15 +1,13 @@
 """The search page in real headless Chromium (Debian's, driven by Playwright; `make test` installs it)."""
 
 import shutil
-import socket
 import threading
 import time
 
 import pytest
 import uvicorn
 
-from conftest import COLORS, SHAPES, save_tiny_model, shape_image
-from openalign import cli
+from conftest import free_port, shape_image, shape_index
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (make test installs it)")
@@ -20,19 +18,9 @@ def server(tmp_path_factory):
     from openalign.serve.app import create_app
 
     root = tmp_path_factory.mktemp("browser")
-    model = save_tiny_model(root / "model", [f"a {c} {s}" for c in COLORS for s in SHAPES])
-    images = root / "images"
-    images.mkdir()
-    for colour in COLORS:
-        for shape in SHAPES:
-            shape_image(colour, shape).save(images / f"{colour}_{shape}.png")
-            (images / f"{colour}_{shape}.txt").write_text(f"a {colour} {shape}")
-    assert cli.main(["embed", str(model), "--images", str(images), "--out", str(root / "emb"), "--quiet"]) == 0
-    assert cli.main(["index", str(root / "emb"), "--out", str(root / "idx")]) == 0
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    app_server = uvicorn.Server(uvicorn.Config(create_app(root / "idx"), host="127.0.0.1", port=port,
+    index = shape_index(root)
+    port = free_port()
+    app_server = uvicorn.Server(uvicorn.Config(create_app(index), host="127.0.0.1", port=port,
                                                log_level="warning"))
     thread = threading.Thread(target=app_server.run, daemon=True)
     thread.start()

@@ -58,7 +58,7 @@ class EvalData:
     figures: dict = field(default_factory=dict)  # tasks leave what the report's plots need here
 
 
-def _device(model: DualEncoder) -> torch.device:
+def device_of(model: DualEncoder) -> torch.device:
     return next(model.parameters()).device
 
 
@@ -92,7 +92,7 @@ def encode_texts(model: DualEncoder, tokenizer, texts: list[str], options: EvalO
             for j, i in enumerate(rows):
                 batch[j, :len(ids[i])] = torch.tensor(ids[i])
                 mask[j, :len(ids[i])] = 1
-            device = _device(model)
+            device = device_of(model)
             out[rows] = model.encode_text(batch.to(device), mask.to(device)).embeds.float().cpu()
     return out
 
@@ -146,7 +146,7 @@ def _embed(model: DualEncoder, shards: str | list[str], options: EvalOptions, re
 
     def flush():
         with evaluating(model):
-            embeds.append(model.encode_image(torch.stack(pending).to(_device(model))).embeds.float().cpu())
+            embeds.append(model.encode_image(torch.stack(pending).to(device_of(model))).embeds.float().cpu())
         pending.clear()
 
     for sample in tqdm(stream, desc="embed eval images", unit="img",

@@ -32,7 +32,7 @@ from openalign.config import ConfigError, FinetuneConfig, leaf_keys, override
 from openalign.data import transforms
 from openalign.eval import metrics as M
 from openalign.eval.datasets import eval_stream
-from openalign.eval.embed import EvalOptions, evaluating
+from openalign.eval.embed import EvalOptions, device_of, evaluating
 from openalign.model.dual_encoder import DualEncoder, vision_pooled_dim
 from openalign.train.schedule import lr_at
 
@@ -87,10 +87,6 @@ class Classifier(torch.nn.Module):
         return self.head(self.tower.encode_image(pixels).features)
 
 
-def _device(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
 def _train_mode(classifier: Classifier, freeze_bn: bool) -> None:
     classifier.train()
     if freeze_bn:
@@ -104,7 +100,7 @@ def fit(model: DualEncoder, data: Labeled, classes: dict[str, int], ft: Finetune
     """Fine-tune a copy of the image tower and a new head on `data`; a pure function of its arguments."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
-    classifier = Classifier(model, len(classes)).to(_device(model))
+    classifier = Classifier(model, len(classes)).to(device_of(model))
     backbone = [p for n, p in classifier.named_parameters() if not n.startswith("head.")]
     groups = [{"params": [p for p in backbone if p.ndim >= 2], "weight_decay": ft.weight_decay, "lr_scale": 1.0},
               {"params": [p for p in backbone if p.ndim < 2], "weight_decay": 0.0, "lr_scale": 1.0},
@@ -122,7 +118,7 @@ def fit(model: DualEncoder, data: Labeled, classes: dict[str, int], ft: Finetune
                                                        for i in rows]))
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, ft.lr, int(ft.steps * ft.warmup_fraction), ft.steps) * group["lr_scale"]
-        loss = torch.nn.functional.cross_entropy(classifier(pixels.to(_device(model))), labels[rows].to(_device(model)))
+        loss = torch.nn.functional.cross_entropy(classifier(pixels.to(device_of(model))), labels[rows].to(device_of(model)))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -136,7 +132,7 @@ def predict(classifier: Classifier, data: Labeled, crop: int, batch_size: int = 
     with evaluating(classifier):
         for start in range(0, len(data.images), batch_size):
             pixels = torch.stack([transforms.eval_transform(im, resize, crop) for im in data.images[start:start + batch_size]])
-            out.append(classifier(pixels.to(_device(classifier))).float().cpu())
+            out.append(classifier(pixels.to(device_of(classifier))).float().cpu())
     return torch.cat(out)
 
 

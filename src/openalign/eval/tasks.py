@@ -20,7 +20,7 @@ from openalign.config import ConfigError
 from openalign.eval import metrics as M
 from openalign.eval.cxc import cxc
 from openalign.eval.datasets import load_classnames
-from openalign.eval.embed import DEFAULT_TEMPLATES, EvalData, EvalOptions, embed_split, encode_texts  # noqa: F401
+from openalign.eval.embed import EvalData, EvalOptions, embed_split, encode_texts
 from openalign.eval.finetune import finetune, vtab
 from openalign.eval.multilingual import multilingual
 from openalign.model.dual_encoder import DualEncoder

@@ -33,7 +33,7 @@ from openalign.tokenizer import load_tokenizer, train_tokenizer
 from openalign.train import report
 from openalign.train.optim import build_optimizer, full_state_dict, set_lr
 from openalign.train.schedule import lr_at
-from openalign.train.step import compute_loss, forward_backward  # noqa: F401 (compute_loss: bench, tests)
+from openalign.train.step import forward_backward
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
@@ -235,14 +235,9 @@ def _local_world() -> int:
 
 def _resolve_data(cfg: Config, progress: bool, layout: distributed.Dist):
     """Rank 0 builds what is missing (a built-in corpus, Karpathy shards); the others then read it."""
-    if layout.main:
-        result = resolve_data(cfg.data, progress)
-    distributed.barrier(layout)
-    return result if layout.main else resolve_data(cfg.data, False)
+    return distributed.main_first(layout, lambda main: resolve_data(cfg.data, progress and main))
 
 
 def _prepare_tokenizer(cfg: Config, train_shards: list[str], out: Path, layout: distributed.Dist):
-    if layout.main:
-        tokenizer = prepare_tokenizer(cfg, train_shards, out)
-    distributed.barrier(layout)
-    return tokenizer if layout.main else prepare_tokenizer(cfg, train_shards, out)
+    """Rank 0 trains and saves the tokenizer (training again could number tokens differently); the others load it."""
+    return distributed.main_first(layout, lambda main: prepare_tokenizer(cfg, train_shards, out))
