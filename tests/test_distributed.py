@@ -112,3 +112,71 @@ def test_sharded_lamb_state_gives_the_single_process_lamb_steps(tmp_path):
         torch.testing.assert_close(sharded["params"][name], p.detach(), rtol=1e-8, atol=1e-10, msg=name)
     # the consolidated state is the whole LAMB state: two moments for every parameter
     assert len(sharded["state"]["state"]) == len(optimizer.state_dict()["state"])
+
+
+def fsdp_worker(rank: int, port: int, out: str, micro_batch: int, grad_clip: float) -> None:
+    import torch.distributed as dist
+
+    from openalign import distributed, presets
+    from openalign.train import fsdp
+    from openalign.train.optim import FsdpLamb, build_optimizer, set_lr
+    from openalign.train.step import forward_backward
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    cfg = presets.get("tiny")
+    model = make_model()
+    fsdp.shard(model)
+    optimizer = build_optimizer(model, cfg.optim, fsdp=True)
+    assert isinstance(optimizer, FsdpLamb)
+    for step in range(2):
+        set_lr(optimizer, 1e-2)
+        optimizer.zero_grad(set_to_none=True)
+        batch = {k: v.chunk(WORLD)[rank] for k, v in make_batch(seed=step + 1).items()}
+        forward_backward(model, model, batch, cfg.loss, micro_batch, distributed.from_env(), torch.device("cpu"),
+                         nullcontext)
+        if grad_clip:
+            fsdp.clip_grad_norm_(model, grad_clip)
+        optimizer.step()
+    sharded = sum(p.to_local().numel() for p in model.parameters() if p.ndim)  # this rank's share
+    params, state = fsdp.model_state(model), fsdp.optimizer_state(model, optimizer)
+    whole = fsdp.whole_copy(model, cfg.loss)
+    if rank == 0:
+        torch.save({"params": params, "state": state, "sharded": sharded,
+                    "copy": {n: p.detach() for n, p in whole.named_parameters()}}, Path(out) / "fsdp.pt")
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("micro_batch,grad_clip", [(0, 0.0), (2, 0.5)])
+def test_fsdp_with_lamb_gives_the_single_process_lamb_steps(tmp_path, micro_batch, grad_clip):
+    """FSDP2 shards the towers over two processes; two LAMB steps (direct, or gradient-cached with
+    clipping) end at the parameters of single-process pytorch-optimizer Lamb on the whole batch."""
+    from pytorch_optimizer import Lamb
+
+    from openalign import presets
+    from openalign.train.optim import build_optimizer, set_lr
+
+    mp.start_processes(fsdp_worker, args=(free_port(), str(tmp_path), micro_batch, grad_clip), nprocs=WORLD,
+                       start_method="fork")
+    sharded = torch.load(tmp_path / "fsdp.pt", weights_only=False)
+    cfg = presets.get("tiny")
+    model = make_model()
+    optimizer = build_optimizer(model, cfg.optim)
+    assert isinstance(optimizer, Lamb)
+    for step in range(2):
+        set_lr(optimizer, 1e-2)
+        optimizer.zero_grad(set_to_none=True)
+        direct_reference(model, make_batch(seed=step + 1), 8 // micro_batch if micro_batch else WORLD,
+                         LossConfig(implementation="naive"))
+        if grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        optimizer.step()
+    total = sum(p.numel() for p in model.parameters() if p.ndim)
+    assert sharded["sharded"] <= total // WORLD + 1000  # each rank holds about half
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(sharded["params"][name], p.detach(), rtol=1e-6, atol=1e-9, msg=name)
+        torch.testing.assert_close(sharded["copy"][name], p.detach(), rtol=1e-6, atol=1e-9, msg=name)
+    # the whole optimizer state: two moments for every parameter, by name
+    assert len(sharded["state"]["state"]) == len(optimizer.state_dict()["state"])

@@ -50,11 +50,11 @@ def kill_after_first_checkpoint(cmd: list[str], run: Path, timeout: float = 120)
     return torch.load(run / "checkpoint.pt", weights_only=False)["step"]
 
 
-@pytest.mark.parametrize("launcher", ["single", "torchrun"])
-def test_sigkill_then_resume_continues_exactly(shapes, tmp_path, launcher):
+@pytest.mark.parametrize("launcher,sharding", [("single", ""), ("torchrun", "shard_optimizer"), ("torchrun", "fsdp")])
+def test_sigkill_then_resume_continues_exactly(shapes, tmp_path, launcher, sharding):
     steps = ("train.steps=60", "train.checkpoint_every=4", "data.batch_size=8")
-    if launcher == "torchrun":  # with LAMB's state sharded over the two processes (ZeRO-1)
-        steps += ("train.shard_optimizer=true",)
+    if sharding:  # LAMB's state sharded over the two processes (ZeRO-1), or the whole model (FSDP)
+        steps += (f"train.{sharding}=true",)
 
     def launcher_argv() -> list[str]:  # a fresh rendezvous port for every torchrun launch
         return CLI if launcher == "single" else TORCHRUN + ["--master_port", str(free_port()), "-m", "openalign.cli"]
@@ -75,3 +75,11 @@ def test_sigkill_then_resume_continues_exactly(shapes, tmp_path, launcher):
         state = torch.load(killed / "checkpoint.pt", weights_only=False)
         assert len(state["ranks"]) == 2 and state["ranks"][0]["position"] != state["ranks"][1]["position"]
         assert json.loads((killed / "config.json").read_text())["data"]["batch_size"] == 8
+    # the saved model is the checkpoint's (gathered whole from the shards under FSDP)
+    from openalign.model import hub
+
+    model, _, _ = hub.load_pretrained(killed / "model")
+    state = torch.load(killed / "checkpoint.pt", weights_only=False)
+    assert state["fsdp"] == (sharding == "fsdp")
+    for name, p in model.state_dict().items():
+        torch.testing.assert_close(p, state["model"][name], msg=name)

@@ -118,6 +118,7 @@ class TrainConfig:
     micro_batch: int = 0  # > 0 and below the per-device batch: gradient caching in micro-batches of this size
     grad_checkpointing: bool = False  # recompute tower activations in backward (transformers' checkpointing)
     shard_optimizer: bool = False  # under torchrun: ZeRO-1, each rank keeps 1/world of LAMB's state (exact LAMB)
+    fsdp: bool = False  # under torchrun: FSDP2, parameters, gradients and LAMB's state sharded over ranks
     device: str = "auto"
 
 

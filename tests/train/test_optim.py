@@ -52,3 +52,34 @@ def test_adamw_option():
     model = DualEncoder(cfg.model)
     opt = build_optimizer(model, dataclasses.replace(cfg.optim, name="adamw"))
     assert isinstance(opt, torch.optim.AdamW)
+
+
+def test_fsdp_lamb_steps_equal_pytorch_optimizer_lamb():
+    """On whole tensors FsdpLamb is Lamb: moments, coupled decay, trust ratio with the weight norm
+    clamped at 10, a zero weight (trust ratio 1), a parameter without gradient, several steps."""
+    from openalign.train.optim import FsdpLamb
+
+    g = torch.Generator().manual_seed(0)
+    shapes = [(6, 5), (7,), (3, 4, 2), (40, 40)]
+    start = [torch.randn(s, generator=g, dtype=torch.float64) for s in shapes]
+    start[1].zero_()  # a zero weight: trust ratio 1
+    start[3].mul_(2.0)  # norm ~80: the clamp at 10 matters
+    ours = [torch.nn.Parameter(t.clone()) for t in start] + [torch.nn.Parameter(torch.ones(3, dtype=torch.float64))]
+    theirs = [torch.nn.Parameter(t.clone()) for t in start] + [torch.nn.Parameter(torch.ones(3, dtype=torch.float64))]
+
+    def groups(params):
+        return [{"params": params[:2], "weight_decay": 0.1}, {"params": params[2:], "weight_decay": 0.0}]
+
+    a = FsdpLamb(groups(ours), lr=1e-2, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.1)
+    b = Lamb(groups(theirs), lr=1e-2, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.1, weight_decouple=False)
+    for step in range(4):
+        grads = [torch.randn(s, generator=g, dtype=torch.float64) for s in shapes]
+        for params in (ours, theirs):
+            for p, grad in zip(params, grads):
+                p.grad = grad.clone()
+            params[-1].grad = None  # never gets a gradient: untouched, no state
+        a.step()
+        b.step()
+        for x, y in zip(ours, theirs):
+            torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-14)
+    assert torch.equal(ours[-1], torch.ones(3, dtype=torch.float64)) and ours[-1] not in a.state

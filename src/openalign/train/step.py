@@ -26,6 +26,7 @@ from openalign import loss as loss_lib
 from openalign.config import ConfigError, LossConfig
 from openalign.data import transforms
 from openalign.model.dual_encoder import DualEncoder
+from openalign.train import fsdp
 
 
 def compute_loss(core: DualEncoder, img: torch.Tensor, txt: torch.Tensor, cfg: LossConfig,
@@ -73,8 +74,16 @@ def forward_backward(model: torch.nn.Module, core: DualEncoder, batch: dict, los
                      layout: distributed.Dist, device: torch.device, autocast, generator=None) -> torch.Tensor:
     """Accumulate the step's gradients into the parameters; returns the (detached) loss.
 
-    `model` is what runs the towers (DDP-wrapped under torchrun), `core` the DualEncoder inside it;
-    `autocast` a context factory for the towers' forward."""
+    `model` is what runs the towers (DDP-wrapped under torchrun; with FSDP, `core` itself), `core` the
+    DualEncoder inside it; `autocast` a context factory for the towers' forward. Gradients are the mean
+    over ranks."""
+    loss = _forward_backward(model, core, batch, loss_cfg, micro_batch, layout, device, autocast, generator)
+    if fsdp.is_sharded(model):
+        fsdp.average_replicated_grads(model)
+    return loss
+
+
+def _forward_backward(model, core, batch, loss_cfg, micro_batch, layout, device, autocast, generator):
     pixels = transforms.to_unit_range(batch["pixel_values"].to(device, non_blocking=True))  # uint8 -> [-1, 1]
     ids = batch["input_ids"].to(device, non_blocking=True)
     mask = batch["attention_mask"].to(device, non_blocking=True)
@@ -109,6 +118,8 @@ def forward_backward(model: torch.nn.Module, core: DualEncoder, batch: dict, los
     for i, part in enumerate(parts):  # pass 2: each micro-batch again, with a graph and its cached gradients
         _set_rng_state(states[i], device)
         last = i == len(parts) - 1
+        # DDP reduces once, with the last micro-batch. FSDP reduce-scatters each one: its gradients then
+        # accumulate sharded (deferring would keep whole unsharded gradients on every rank).
         with model.no_sync() if ddp and not last else nullcontext():
             with autocast():
                 img_part, txt_part = model(pixels[part], ids[part], mask[part])

@@ -30,7 +30,7 @@ from openalign.eval.tasks import EvalOptions, run_tasks
 from openalign.model import hub
 from openalign.model.dual_encoder import DualEncoder
 from openalign.tokenizer import load_tokenizer, train_tokenizer
-from openalign.train import report
+from openalign.train import fsdp, report
 from openalign.train.optim import build_optimizer, full_state_dict, set_lr
 from openalign.train.schedule import lr_at
 from openalign.train.step import forward_backward
@@ -75,9 +75,11 @@ def save_checkpoint(path: Path, model, optimizer, step: int, position: Position,
     """Every rank's stream position and RNG state, written by rank 0 (all ranks must call)."""
     distributed.average_batchnorm_statistics(model, layout)
     ranks = distributed.all_objects({"position": dataclasses.asdict(position), "rng": torch.get_rng_state()}, layout)
-    optimizer_state = full_state_dict(optimizer, layout.main)
+    sharded = fsdp.is_sharded(model)
+    model_state = fsdp.model_state(model) if sharded else model.state_dict()
+    optimizer_state = fsdp.optimizer_state(model, optimizer) if sharded else full_state_dict(optimizer, layout.main)
     if layout.main:
-        state = {"step": step, "model": model.state_dict(), "optimizer": optimizer_state,
+        state = {"step": step, "model": model_state, "optimizer": optimizer_state, "fsdp": sharded,
                  "position": ranks[0]["position"], "rng": ranks[0]["rng"], "ranks": ranks,
                  "config": config_lib.to_dict(cfg)}
         tmp = path.with_suffix(".tmp")
@@ -121,16 +123,27 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> TrainResu
     if cfg.train.grad_checkpointing:
         model.align.text_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.to(device).train()
-    if cfg.train.shard_optimizer and not layout.active:
-        raise ConfigError("train.shard_optimizer=true shards LAMB's state over torchrun processes; launch with torchrun")
-    optimizer = build_optimizer(model, cfg.optim, shard=cfg.train.shard_optimizer)
+    for option in ("shard_optimizer", "fsdp"):
+        if getattr(cfg.train, option) and not layout.active:
+            raise ConfigError(f"train.{option}=true shards over torchrun processes; launch with torchrun")
+    if cfg.train.fsdp and cfg.train.shard_optimizer:
+        raise ConfigError("train.fsdp=true already shards the optimizer state; leave train.shard_optimizer off")
+    if cfg.train.fsdp:
+        fsdp.shard(model)
+    optimizer = build_optimizer(model, cfg.optim, shard=cfg.train.shard_optimizer, fsdp=cfg.train.fsdp)
     step, position = 0, Position()
     if resume:
         if not (out / CHECKPOINT).is_file():
             raise ConfigError(f"nothing to resume: no {CHECKPOINT} in {out}")
-        state = torch.load(out / CHECKPOINT, map_location=device, weights_only=False)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        state = torch.load(out / CHECKPOINT, map_location="cpu" if cfg.train.fsdp else device, weights_only=False)
+        if state.get("fsdp", False) != cfg.train.fsdp:
+            raise ConfigError(f"{out} was trained with train.fsdp={str(state.get('fsdp', False)).lower()}; "
+                              f"resume it with the same setting")
+        if cfg.train.fsdp:
+            fsdp.load_state(model, optimizer, state["model"], state["optimizer"])
+        else:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
         ranks = state.get("ranks") or [{"position": state["position"], "rng": state["rng"]}]
         if len(ranks) != layout.world:
             raise ConfigError(f"{out} was trained by {len(ranks)} processes; resume it with as many")
@@ -141,7 +154,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> TrainResu
     elif layout.active:  # the same initial weights on every rank (DDP checks), then per-rank dropout
         torch.manual_seed(cfg.seed * 1_000_003 + layout.rank)
     runner = model
-    if layout.active:
+    if layout.active and not cfg.train.fsdp:
         runner = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
 
@@ -151,9 +164,16 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> TrainResu
     eval_options = EvalOptions(batch_size=cfg.eval.batch_size, max_length=cfg.model.text.max_length,
                                templates=cfg.eval.templates)
 
-    def evaluate() -> dict:
+    def whole() -> DualEncoder | None:
+        """The model with whole parameters on rank 0 (every rank must call); None on the others."""
         distributed.average_batchnorm_statistics(model, layout)
-        metrics = run_tasks(model, tokenizer, eval_shards, ["retrieval", "zeroshot"], eval_options,
+        if cfg.train.fsdp:
+            copy = fsdp.whole_copy(model, cfg.loss)
+            return copy.to(device) if copy is not None else None
+        return model if layout.main else None
+
+    def evaluate(core: DualEncoder | None) -> dict:
+        metrics = run_tasks(core, tokenizer, eval_shards, ["retrieval", "zeroshot"], eval_options,
                             cfg.model.vision.resize_size, cfg.model.vision.image_size, progress=False) \
             if layout.main else {}
         distributed.barrier(layout)
@@ -177,7 +197,9 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> TrainResu
                 optimizer.zero_grad(set_to_none=True)
                 loss = forward_backward(runner, model, batch, cfg.loss, cfg.train.micro_batch, layout, device,
                                         towers_autocast, negatives_rng)
-                if cfg.optim.grad_clip > 0:
+                if cfg.optim.grad_clip > 0 and cfg.train.fsdp:
+                    fsdp.clip_grad_norm_(model, cfg.optim.grad_clip)
+                elif cfg.optim.grad_clip > 0:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
                 optimizer.step()
                 step += 1
@@ -197,7 +219,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> TrainResu
                                     pairs_s=f"{row['pairs_per_s']:.0f}")
                     pairs, data_time, tick = 0, 0.0, time.perf_counter()
                 if eval_shards and cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.steps:
-                    metrics = evaluate()
+                    metrics = evaluate(whole())
                     if log:
                         log.write(json.dumps({"step": step, "eval": metrics}) + "\n")
                         log.flush()
@@ -219,12 +241,13 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> TrainResu
                          f"`openalign train --out {out} --resume`")
     bar.close()
     save_checkpoint(out / CHECKPOINT, model, optimizer, step, position, cfg, layout)
-    model_dir = hub.save_pretrained(model, tokenizer, out / "model", cfg) if layout.main else out / "model"
-    metrics = evaluate() if eval_shards else {}
+    core = whole()
+    model_dir = hub.save_pretrained(core, tokenizer, out / "model", cfg) if layout.main else out / "model"
+    metrics = evaluate(core) if eval_shards else {}
     if log:
         log.write(json.dumps({"step": step, "eval": metrics, "final": True}) + "\n")
         log.close()
-        report.write(out, cfg, metrics, hub.describe(model))
+        report.write(out, cfg, metrics, hub.describe(core))
     distributed.barrier(layout)
     return TrainResult(out=out, step=step, metrics=metrics, model_dir=model_dir)
 
