@@ -220,7 +220,11 @@ def cmd_embed(args) -> int:
 def cmd_index(args) -> int:
     from openalign.index.build import IndexOptions, build
 
-    info = build(Path(args.embeddings), Path(args.out), IndexOptions(kind=args.kind, recall=args.recall))
+    if args.nlist < 0 or args.train_per_cell < 39:
+        raise ConfigError("--nlist must be 0 (automatic) or more, and --train-per-cell at least 39")
+    info = build(Path(args.embeddings), Path(args.out), IndexOptions(kind=args.kind, recall=args.recall,
+                                                                     nlist=args.nlist, train_per_cell=args.train_per_cell,
+                                                                     codes=args.codes))
     params = ", ".join(f"{k} {v}" for k, v in info["params"].items()) or "exact"
     print(f"{info['kind']} index of {info['count']:,} vectors ({params}; recall@10 {info['recall_at_10']:.3f} "
           f"against exact search) -> {args.out}")
@@ -398,6 +402,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kind", default="auto", choices=["auto", "flat", "ivf", "hnsw"],
                    help="auto: exact up to 200,000 vectors, IVF beyond")
     p.add_argument("--recall", type=float, default=0.95, help="recall@10 target of approximate indexes")
+    p.add_argument("--nlist", type=int, default=0, help="ivf: k-means cells (default 4 sqrt(n))")
+    p.add_argument("--codes", default="auto", choices=["auto", "flat", "sq8", "pq"],
+                   help="ivf: how vectors are stored (auto: 8-bit codes, product quantization beyond 8 GiB)")
+    p.add_argument("--train-per-cell", type=int, default=64,
+                   help="ivf: k-means training vectors per cell (39 to 256; more is slower to build)")
     p.set_defaults(func=cmd_index)
 
     p = sub.add_parser("search", help="search an index by text, image, or image +/- texts")

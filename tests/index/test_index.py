@@ -39,7 +39,8 @@ def test_flat_index_equals_numpy_brute_force(tmp_path):
     assert (info["kind"], info["count"], info["recall_at_10"]) == ("flat", 3_000, 1.0)
     loaded = build_lib.load(tmp_path / "idx")
     queries = clustered(25, 24, 20, seed=1)
-    scores, ids = loaded.index.search(queries, 10)
+    scores, ids = loaded.search(queries, 10)  # exact.search over the memory-mapped FAISS vectors
+    np.testing.assert_array_equal(ids, loaded.index.search(queries, 10)[1])  # FAISS's own search agrees
     sims = queries @ x.T
     for q in range(len(queries)):
         expected = np.sort(sims[q])[::-1][:10]
@@ -55,9 +56,12 @@ def test_approximate_indexes_reach_the_recall_target_on_100k(tmp_path, kind):
                            build_lib.IndexOptions(kind=kind, recall=0.95, tune_queries=500))
     loaded = build_lib.load(tmp_path / "idx")
     exact = np.argsort(-(queries @ x.T), axis=1)[:, :10]
-    recall = build_lib.recall_at_10(loaded.index.search(queries, 10)[1], exact)
+    recall = build_lib.recall_at_10(loaded.search(queries, 10)[1], exact)
     assert info["recall_at_10"] >= 0.95 and recall >= 0.95
     assert set(info["params"]) & {"nprobe", "efSearch"}
+    assert info["params"].get("codes", "sq8") == "sq8"  # IVF: 8-bit codes by default
+    # an indexed vector comes back for queries by image id (8-bit codes: to within their step)
+    np.testing.assert_allclose(loaded.index.reconstruct(1234), x[1234], atol=0.02)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 KS = (1, 5, 10)
-TASK_PREFIXES = ("zeroshot_", "knn_", "linear_probe_", "cxc_", "multilingual_", "finetune_", "vtab_")  # retrieval keys are bare (DESIGN.md)
+TASK_PREFIXES = ("zeroshot_", "knn_", "linear_probe_", "cxc_", "multilingual_", "finetune_", "vtab_",
+                 "arithmetic_")  # retrieval keys are bare (DESIGN.md)
 
 
 def chance_key(key: str) -> str:

@@ -59,7 +59,7 @@ def plot(figures: dict, out: Path) -> bool:
     zeroshot = figures.get("zeroshot")
     if zeroshot and int(torch.bincount(zeroshot["true"]).max()) < 2:  # one image per class: nothing to confuse
         figures = {k: v for k, v in figures.items() if k != "zeroshot"}
-    panels = [name for name in ("retrieval", "zeroshot") if name in figures]
+    panels = [name for name in ("retrieval", "zeroshot", "arithmetic") if name in figures]
     if not panels:
         return False
     fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 5), squeeze=False)
@@ -78,6 +78,21 @@ def plot(figures: dict, out: Path) -> bool:
                    title=f"retrieval: {n_images:,} images, {data['n_texts']:,} texts")
             ax.grid(alpha=0.3)
             ax.legend(loc="lower right", fontsize=8)
+        elif name == "arithmetic":
+            weights = data["weights"]
+            for kind, recall in data["recall"].items():
+                ax.plot(weights, recall, marker="o", alpha=0.6,
+                        label=f"{kind.replace('_', ' ')} ({data['counts'][kind]:,})")
+            ax.plot(weights, data["all"], marker="o", color="black", lw=2,
+                    label=f"all queries ({sum(data['counts'].values()):,})")
+            ax.axhline(data["text_only"], color="gray", ls="--", label="text alone")
+            ax.axhline(data["chance"], color="gray", ls=":", label="chance")
+            ax.axvline(2.0, color="tab:red", alpha=0.3, lw=6, label="paper: text 2, image 1")
+            ax.set(xscale="symlog", xlabel="text weight (image weight 1)", ylabel="recall@10", ylim=(0, 1.02),
+                   title="image + text query arithmetic")
+            ax.set_xticks(weights, [f"{w:g}" for w in weights])
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
         else:
             true, predicted, classes = data["true"], data["predicted"], data["classes"]
             top = torch.bincount(true, minlength=len(classes)).argsort(descending=True, stable=True)[:CONFUSION_CLASSES]

@@ -18,6 +18,7 @@ import torch
 
 from openalign.config import ConfigError
 from openalign.eval import metrics as M
+from openalign.eval.arithmetic import arithmetic
 from openalign.eval.cxc import cxc
 from openalign.eval.datasets import load_classnames
 from openalign.eval.embed import EvalData, EvalOptions, embed_split, encode_texts
@@ -87,7 +88,7 @@ def linear_probe(model: DualEncoder, tokenizer, data: EvalData, options: EvalOpt
 
 TASKS: dict[str, Callable[..., dict]] = {"retrieval": retrieval, "zeroshot": zeroshot, "knn": knn,
                                          "linear-probe": linear_probe, "cxc": cxc,
-                                         "multilingual": multilingual}
+                                         "multilingual": multilingual, "arithmetic": arithmetic}
 
 
 PAIR_COLUMNS = {  # text-only tasks: (first text, second text, candidate score columns)

@@ -64,22 +64,27 @@ def query_vector(model, tokenizer, query: Query, index: Loaded | None = None) ->
         image = index.index.reconstruct(int(query.image_id))
     if image is None and not texts:
         raise ConfigError("a query needs a text, an image or an image id")
-    total = np.zeros(model.cfg.embed_dim, dtype=np.float32)
-    if texts:
-        options = EvalOptions(max_length=model.cfg.text.max_length)
-        embeds = encode_texts(model, tokenizer, texts, options).numpy()
-        text_part = (np.asarray(signs, dtype=np.float32)[:, None] * embeds).sum(axis=0)
-        total += (query.text_weight if image is not None else 1.0) * text_part
-    if image is not None:
-        total += query.image_weight * image
-    norm = float(np.linalg.norm(total))
-    if norm == 0.0:
+    options = EvalOptions(max_length=model.cfg.text.max_length)
+    embeds = encode_texts(model, tokenizer, texts, options).numpy() if texts else np.zeros((0, model.cfg.embed_dim))
+    return combine(None if image is None else image[None], embeds[None], np.asarray(signs, dtype=np.float32)[None],
+                   query.image_weight, query.text_weight)[0]
+
+
+def combine(images: np.ndarray | None, texts: np.ndarray, signs: np.ndarray, image_weight: float = IMAGE_WEIGHT,
+            text_weight: float = TEXT_WEIGHT) -> np.ndarray:
+    """Queries from embeddings: normalize(w_image * image + w_text * sum(sign * text)), for a batch:
+    images [Q, D] (or None: text only, weight 1), texts [Q, T, D], signs [Q, T] (+1 plus, -1 minus)."""
+    total = (np.asarray(signs, dtype=np.float32)[:, :, None] * texts).sum(axis=1, dtype=np.float32)
+    if images is not None:
+        total = text_weight * total + image_weight * images
+    norm = np.linalg.norm(total, axis=1, keepdims=True)
+    if (norm == 0.0).any():
         raise ConfigError("the query terms cancel out (a zero vector); change the terms or their weights")
-    return total / norm
+    return (total / norm).astype(np.float32)
 
 
 def search(index: Loaded, vector: np.ndarray, k: int = 10) -> list[Hit]:
-    scores, ids = index.index.search(vector[None].astype(np.float32), k)
+    scores, ids = index.search(vector[None].astype(np.float32), k)
     found = [(float(s), int(i)) for s, i in zip(scores[0].tolist(), ids[0].tolist()) if i >= 0]  # -1: fewer than k
     rows = index.meta.take([i for _, i in found]).to_pylist()  # ids are row numbers of the metadata
     return [Hit(rank + 1, score, i, {k: v for k, v in row.items() if k != "id"})
