@@ -32,8 +32,25 @@ def env() -> dict:
     return os.environ | {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, from /proc. torchrun starts each worker in a session of its own, so
+    killing torchrun's process group would leave its workers running (and writing checkpoints)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
 def kill_after_first_checkpoint(cmd: list[str], run: Path, timeout: float = 120) -> int:
-    """Start `cmd`, SIGKILL its whole process group as soon as a checkpoint exists; the checkpoint's step."""
+    """Start `cmd`; as soon as a checkpoint exists, SIGKILL it and every process it started (a crashed
+    node: all at once); the checkpoint's step."""
     log = run.parent / f"{run.name}.stderr"  # a file, not a pipe: a full pipe would block the run
     with open(log, "w") as err:
         proc = subprocess.Popen(cmd, start_new_session=True, env=env(), stdout=subprocess.DEVNULL, stderr=err)
@@ -44,8 +61,9 @@ def kill_after_first_checkpoint(cmd: list[str], run: Path, timeout: float = 120)
                 assert time.monotonic() < deadline, "no checkpoint appeared"
                 time.sleep(0.02)
         finally:
-            with contextlib.suppress(ProcessLookupError):  # (already gone if it failed)
-                os.killpg(proc.pid, signal.SIGKILL)
+            for pid in [proc.pid, *descendants(proc.pid)]:
+                with contextlib.suppress(ProcessLookupError):  # (already gone if it failed)
+                    os.kill(pid, signal.SIGKILL)
             proc.wait()
     return torch.load(run / "checkpoint.pt", weights_only=False)["step"]
 

@@ -139,3 +139,19 @@ def test_intra_modal_ranks_leave_the_query_out_and_take_the_best_positive():
     assert M.positive_ranks(sims[queries], torch.eye(4), table).tolist() == [2, 2]
     blocked = M.positive_ranks(sims[queries], torch.eye(4), table, exclude=queries, chunk=1)
     assert blocked.tolist() == [1, 1]
+
+
+def test_modality_gap_and_cones_equal_their_definitions():
+    g = torch.Generator().manual_seed(0)
+    img = torch.nn.functional.normalize(torch.randn(50, 8, generator=g, dtype=torch.float64) + 2.0, dim=-1)
+    txt = torch.nn.functional.normalize(torch.randn(70, 8, generator=g, dtype=torch.float64) - 1.0, dim=-1)
+    out = M.modality_gap(img, txt)
+
+    def cone(x):  # the mean cosine over ordered pairs of different rows, from the full matrix
+        sims = x @ x.T
+        return float((sims.sum() - sims.diagonal().sum()) / (len(x) * (len(x) - 1)))
+
+    assert out["modality_gap"] == pytest.approx(float((img.mean(0) - txt.mean(0)).norm()))
+    assert out["image_cone"] == pytest.approx(cone(img)) and out["text_cone"] == pytest.approx(cone(txt))
+    same = M.modality_gap(img, img)
+    assert same["modality_gap"] == pytest.approx(0.0, abs=1e-12)

@@ -123,6 +123,20 @@ def ranks_to_metrics(i2t: torch.Tensor, t2i: torch.Tensor) -> dict[str, float]:
     return metrics | {"n_images": len(i2t), "n_texts": len(t2i)}
 
 
+def modality_gap(img: torch.Tensor, txt: torch.Tensor) -> dict[str, float]:
+    """The geometry of the shared space (Liang et al. 2022, "Mind the Gap"): the distance between the
+    image and text embeddings' centroids, and each modality's cone: the mean cosine between two
+    different embeddings of it (1: one direction, 0: spread evenly). For unit vectors the mean pairwise
+    cosine is (||sum x||^2 - N) / (N (N - 1)), so no N x N matrix is built."""
+    img, txt = img.double(), txt.double()
+
+    def cone(x: torch.Tensor) -> float:
+        n = len(x)
+        return float((x.sum(0).square().sum() - x.square().sum()) / (n * (n - 1))) if n > 1 else float("nan")
+
+    return {"modality_gap": float((img.mean(0) - txt.mean(0)).norm()), "image_cone": cone(img), "text_cone": cone(txt)}
+
+
 def positive_chance(n_positives: torch.Tensor, n_candidates: int, ks=KS) -> dict[int, float]:
     """Expected recall@K of a random ranking: mean over queries of P(any of its p positives among
     `n_candidates` is in the top K) = 1 - prod_i (n - p - i) / (n - i)."""

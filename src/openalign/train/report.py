@@ -27,7 +27,8 @@ def read_log(path: Path) -> tuple[list[dict], list[dict]]:
 
 def plot_curves(log: Path, out: Path) -> None:
     steps, evals = read_log(log)
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    geometry = [e for e in evals if "modality_gap" in e["eval"]]
+    fig, axes = plt.subplots(1, 4 if geometry else 3, figsize=(17 if geometry else 13, 3.6))
     x = [r["step"] for r in steps]
     axes[0].plot(x, [r["loss"] for r in steps])
     axes[0].set(title="contrastive loss (L_i2t + L_t2i)", xlabel="step")
@@ -40,6 +41,13 @@ def plot_curves(log: Path, out: Path) -> None:
         axes[2].axhline(evals[-1]["eval"].get("chance_i2t_r10", 0), color="gray", ls=":", label="chance R@10")
         axes[2].legend(fontsize=8)
     axes[2].set(title="held-out evaluation", xlabel="step")
+    if geometry:  # the modality gap and the cones (eval/metrics.py: modality_gap)
+        gx = [e["step"] for e in geometry]
+        for key, label in (("modality_gap", "gap: |mean image - mean text|"), ("image_cone", "image cone (mean cos)"),
+                           ("text_cone", "text cone (mean cos)")):
+            axes[3].plot(gx, [e["eval"][key] for e in geometry], marker="o", label=label)
+        axes[3].set(title="geometry of the shared space", xlabel="step", ylim=(0, None))
+        axes[3].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
