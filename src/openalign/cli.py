@@ -73,6 +73,35 @@ def cmd_train(args) -> int:
     return 0
 
 
+def cmd_study(args) -> int:
+    from openalign.study import QUICK, STUDIES, run_study
+    from openalign.study import report as study_report
+
+    if args.name not in STUDIES:
+        raise ConfigError(f"unknown study {args.name!r}; choose from {', '.join(STUDIES)}")
+    plan, intro = STUDIES[args.name]
+    cfg = presets.get(args.preset)
+    if args.data:
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, train=args.data))
+    if args.eval_data:
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, eval=args.eval_data))
+    cfg = config_lib.override(cfg, (list(QUICK) if args.quick else []) + list(args.overrides))
+    variants = plan(cfg)
+    if args.only:
+        variants = [v for v in variants if v.baseline or v.group in args.only or v.name in args.only]
+    out = Path(args.out)
+    start = time.perf_counter()
+    results = run_study(args.name, cfg, variants, args.seeds, out, progress=not args.quiet)
+    report = study_report.write(args.name, results, args.seeds, out, intro)
+    runs = sum(len(r["runs"]) for r in results.values())
+    print(f"{len(results)} variants x {args.seeds} seed(s) ({runs} runs) in {(time.perf_counter() - start) / 60:.1f} "
+          f"min -> {report}, {out / 'study.png'}, {out / 'results.json'}")
+    for name, row in results.items():
+        mean, std = row["mean"].get("mean_recall", float("nan")), row["std"].get("mean_recall", 0.0)
+        print(f"  {row['label']:<32} mean recall {mean:.3f} ± {std:.3f}")
+    return 0
+
+
 def cmd_eval(args) -> int:
     import torch
 
@@ -277,6 +306,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. optim.lr=5e-4")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("study", help="rerun one of the paper's arguments in miniature (report, plots, JSON)")
+    p.add_argument("name", help="ablation")
+    p.add_argument("--out", required=True)
+    p.add_argument("--preset", default="demo", help="the base config of every run")
+    p.add_argument("--quick", action="store_true", help="short runs: minutes each on a CPU")
+    p.add_argument("--seeds", type=int, default=1, help="runs per variant (mean ± std)")
+    p.add_argument("--only", action="append", help="a group or variant to run (repeatable); the baseline always runs")
+    p.add_argument("--data", help="training shards (default: the preset's corpus)")
+    p.add_argument("--eval-data", help="held-out shards")
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides of the base config")
+    p.set_defaults(func=cmd_study)
 
     p = sub.add_parser("eval", help="evaluate a saved model: retrieval, zero-shot, transfer, similarity")
     p.add_argument("model", help="a model directory (RUN/model)")

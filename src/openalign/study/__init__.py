@@ -1,0 +1,16 @@
+"""`openalign study NAME --out DIR`: the paper's arguments rerun in miniature (issue 7).
+
+A study is a list of variants of one base training config; each variant trains for every seed into
+DIR/runs/<variant>/seed<k>/ (a finished run is kept and not retrained, so a study resumes), and the
+held-out metrics are reported as mean ± std over seeds: DIR/results.json, DIR/report.md, DIR/*.png.
+"""
+
+from openalign.study import ablation
+from openalign.study.runner import Variant, run_study
+
+# name -> (variants of a base config, the report's introduction)
+STUDIES = {"ablation": (ablation.variants, ablation.INTRO)}
+# --quick: minutes on a CPU (no periodic evaluation or checkpoints: each run is short and is rerun whole)
+QUICK = ("train.steps=150", "train.eval_every=0", "train.checkpoint_every=0")
+
+__all__ = ["QUICK", "STUDIES", "Variant", "run_study"]

@@ -1,0 +1,36 @@
+"""`openalign study ablation`: the paper's Table 8 design choices, on one base config.
+
+Groups (each against the same baseline run): embedding dimension (the base's, /2, /4, /8: the paper's
+640/320/160/80 scaled to the base), the fraction of in-batch negatives (100/50/25%), a fixed
+temperature (1/128, 1/64, 1/32) against the learned one, the temperature's initial value (the paper's
+1.0 against CLIP's 0.07) and learning rate (x10), label smoothing on/off, and the softmax loss against
+SigLIP's sigmoid loss.
+"""
+
+from __future__ import annotations
+
+from openalign.config import Config
+from openalign.study.runner import Variant
+
+INTRO = ("The paper's Table 8 ablations (embedding dimension, in-batch negatives, temperature), plus the "
+         "temperature's initial value and learning rate, label smoothing and the loss, each changed alone "
+         "from one baseline.")
+
+
+def variants(base: Config) -> list[Variant]:
+    dim = base.model.embed_dim
+    other_init = 1.0 if base.model.temperature_init != 1.0 else 0.07
+    plan = [Variant("baseline", "baseline", (), f"baseline (dim {dim}, learned T)", baseline=True)]
+    plan += [Variant(f"dim{dim // f}", "embedding dimension", (f"model.embed_dim={dim // f}",), f"dim {dim // f}")
+             for f in (2, 4, 8)]
+    plan += [Variant(f"negatives{p}", "in-batch negatives", (f"loss.negatives_fraction={p / 100}",), f"{p}% negatives")
+             for p in (50, 25)]
+    plan += [Variant(f"fixed_t{d}", "temperature", (f"loss.fixed_temperature={1 / d!r}",), f"fixed T = 1/{d}")
+             for d in (128, 64, 32)]
+    plan += [Variant(f"t_init{other_init:g}", "temperature init and lr", (f"model.temperature_init={other_init}",),
+                     f"init T = {other_init:g}"),
+             Variant("t_lr10", "temperature init and lr",
+                     (f"optim.temperature_lr_scale={base.optim.temperature_lr_scale * 10:g}",), "T lr x10")]
+    plan += [Variant("no_smoothing", "label smoothing", ("loss.label_smoothing=0.0",), "no label smoothing")]
+    plan += [Variant("sigmoid", "loss", ("loss.kind=sigmoid",), "sigmoid loss (SigLIP)")]
+    return plan

@@ -1,0 +1,74 @@
+"""A study's report: one Markdown table and one bar panel per group of variants (mean ± std over seeds)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+COLUMNS = (("mean_recall", "mean recall"), ("i2t_r1", "I2T R@1"), ("t2i_r1", "T2I R@1"),
+           ("zeroshot_top1", "zero-shot top-1"), ("temperature", "final temperature"))
+
+
+def _cell(row: dict, key: str) -> str:
+    if key not in row["mean"]:
+        return "—"
+    mean, std = row["mean"][key], row["std"][key]
+    return f"{mean:.3f} ± {std:.3f}" if len(row["runs"]) > 1 else f"{mean:.3f}"
+
+
+def groups(results: dict) -> dict[str, list[tuple[str, dict]]]:
+    """Rows by group; a variant of group "baseline" heads every group (it is trained once)."""
+    shared = [(name, row) for name, row in results.items() if row["group"] == "baseline"]
+    out: dict[str, list] = {}
+    for name, row in results.items():
+        if row["group"] != "baseline":
+            out.setdefault(row["group"], list(shared)).append((name, row))
+    return out or {"baseline": shared}
+
+
+def write(name: str, results: dict, seeds: int, out: Path, intro: str = "", paper_columns: tuple = ()) -> Path:
+    """report.md and study.png in `out`; returns the report's path."""
+    lines = [f"# openalign study: {name}", "", intro, "",
+             f"Held-out metrics after training, mean ± std over {seeds} seed{'s' if seeds > 1 else ''} "
+             "(population std); Δ: mean recall against the group's baseline.", ""]
+    for group, rows in groups(results).items():
+        base = next((row for _, row in rows if row["baseline"]), None)
+        head = ["variant", *(label for _, label in COLUMNS), "Δ mean recall", *(f"paper: {c}" for c in paper_columns)]
+        lines += [f"## {group}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for _, row in rows:
+            delta = "—" if base is None or row is base else \
+                f"{row['mean']['mean_recall'] - base['mean']['mean_recall']:+.3f}"
+            paper = [str(row["paper"].get(c, "")) for c in paper_columns]
+            label = f"**{row['label']}**" if row["baseline"] else row["label"]
+            lines.append("| " + " | ".join([label, *(_cell(row, k) for k, _ in COLUMNS), delta, *paper]) + " |")
+        lines.append("")
+    lines += ["![mean recall per variant](study.png)", ""]
+    _plot(results, out / "study.png")
+    path = out / "report.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def _plot(results: dict, out: Path) -> None:
+    by_group = groups(results)
+    fig, axes = plt.subplots(1, len(by_group), figsize=(4.2 * len(by_group), 3.8), squeeze=False)
+    for ax, (group, rows) in zip(axes[0], by_group.items()):
+        labels = [row["label"] for _, row in rows]
+        means = [row["mean"].get("mean_recall", float("nan")) for _, row in rows]
+        stds = [row["std"].get("mean_recall", 0.0) for _, row in rows]
+        colors = ["tab:red" if row["baseline"] else "tab:blue" for _, row in rows]
+        ax.bar(range(len(rows)), means, yerr=stds, color=colors, capsize=4, alpha=0.8)
+        chance = rows[0][1]["chance"].get("mean_recall")
+        if chance:
+            ax.axhline(chance, color="gray", ls=":", label="chance")
+            ax.legend(fontsize=8)
+        ax.set_xticks(range(len(rows)), labels, rotation=30, ha="right", fontsize=8)
+        ax.set(title=group, ylabel="held-out mean recall")
+        ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,76 @@
+"""Run a study's variants over seeds, resumably, and summarize them (mean ± std over seeds)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from openalign import config as config_lib
+from openalign.config import Config, ConfigError
+
+SUMMARY = ("mean_recall", "i2t_r1", "i2t_r10", "t2i_r1", "t2i_r10", "zeroshot_top1", "modality_gap", "temperature")
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str  # unique within the study, used as a directory name
+    group: str  # variants compared with each other (one table and one panel each)
+    overrides: tuple[str, ...] = ()  # dotted key=value over the study's base config
+    label: str = ""  # what the report shows; the name when empty
+    baseline: bool = False  # the reference of its group (the others are reported against it)
+    paper: dict = field(default_factory=dict)  # the paper's numbers for this row, where it has them
+
+
+def run_one(cfg: Config, out: Path) -> dict:
+    """Train one run (or read its earlier result); its final held-out metrics and temperature."""
+    from openalign.train.trainer import train
+
+    result_file = out / "result.json"
+    if result_file.is_file():
+        return json.loads(result_file.read_text())
+    start = time.perf_counter()
+    result = train(dataclasses.replace(cfg, out=str(out)), progress=False)
+    last = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in line][-1]
+    row = result.metrics | {"temperature": last["temperature"], "final_loss": last["loss"],
+                            "minutes": (time.perf_counter() - start) / 60}
+    result_file.write_text(json.dumps(row, indent=2) + "\n")
+    return row
+
+
+def run_study(name: str, base: Config, variants: list[Variant], seeds: int, out: Path,
+              progress: bool = True) -> dict:
+    """Every variant for `seeds` seeds; returns {variant name: {"runs": [...], "mean": {...}, "std": {...}}}."""
+    if seeds < 1:
+        raise ConfigError(f"--seeds must be at least 1, not {seeds}")
+    names = [v.name for v in variants]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"study {name}: variant names repeat")
+    configs = {v.name: config_lib.override(base, list(v.overrides)) for v in variants}  # fail before any training
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict = {}
+    bar = tqdm(total=len(variants) * seeds, desc=f"study {name}", unit="run", disable=not progress)
+    for variant in variants:
+        runs = []
+        for seed in range(seeds):
+            bar.set_postfix_str(f"{variant.name} seed {seed}")
+            cfg = dataclasses.replace(configs[variant.name], seed=base.seed + seed)
+            runs.append(run_one(cfg, out / "runs" / variant.name / f"seed{seed}"))
+            bar.update(1)
+        keys = [k for k in SUMMARY if all(k in r for r in runs)]
+        results[variant.name] = {
+            "group": variant.group, "label": variant.label or variant.name, "baseline": variant.baseline,
+            "overrides": list(variant.overrides), "paper": variant.paper, "runs": runs,
+            "mean": {k: statistics.fmean(r[k] for r in runs) for k in keys},
+            "std": {k: statistics.pstdev(r[k] for r in runs) for k in keys},
+            "chance": {k: runs[0][f"chance_{k}"] for k in keys if f"chance_{k}" in runs[0]},
+        }
+    bar.close()
+    (out / "results.json").write_text(json.dumps({"study": name, "seeds": seeds, "base": config_lib.to_dict(base),
+                                                  "variants": results}, indent=2) + "\n")
+    return results

@@ -1,0 +1,48 @@
+"""`openalign study`: every variant over seeds, resumable, summarized as tables, a plot and JSON."""
+
+import json
+
+from openalign import cli, presets
+from openalign.study import ablation
+
+
+def test_ablation_plan_changes_one_thing_per_variant():
+    base = presets.get("demo")
+    plan = ablation.variants(base)
+    assert [v for v in plan if v.baseline] == [plan[0]] and plan[0].overrides == ()
+    assert all(len(v.overrides) == 1 for v in plan[1:])
+    assert {v.group for v in plan[1:]} == {"embedding dimension", "in-batch negatives", "temperature",
+                                           "temperature init and lr", "label smoothing", "loss"}
+    dims = [v.overrides[0] for v in plan if v.group == "embedding dimension"]
+    assert dims == [f"model.embed_dim={base.model.embed_dim // f}" for f in (2, 4, 8)]
+    assert "loss.fixed_temperature=0.0078125" in [v.overrides[0] for v in plan[1:]]  # 1/128
+
+
+def test_study_runs_variants_over_seeds_resumes_and_reports(shapes, tmp_path, monkeypatch):
+    argv = ["study", "ablation", "--out", str(tmp_path / "study"), "--preset", "tiny", "--data", str(shapes["train"]),
+            "--eval-data", str(shapes["eval"]), "--only", "label smoothing", "--seeds", "2", "--quiet",
+            "train.steps=3", "train.eval_every=0", "train.checkpoint_every=0"]
+    assert cli.main(argv) == 0
+    results = json.loads((tmp_path / "study" / "results.json").read_text())
+    assert list(results["variants"]) == ["baseline", "no_smoothing"] and results["seeds"] == 2
+    baseline = results["variants"]["baseline"]
+    assert len(baseline["runs"]) == 2 and baseline["runs"][0] != baseline["runs"][1]  # two seeds, two runs
+    recalls = [r["mean_recall"] for r in baseline["runs"]]
+    assert abs(baseline["mean"]["mean_recall"] - sum(recalls) / 2) < 1e-12
+    assert abs(baseline["std"]["mean_recall"] - abs(recalls[0] - recalls[1]) / 2) < 1e-12
+    report = (tmp_path / "study" / "report.md").read_text()
+    assert "## label smoothing" in report and "no label smoothing" in report and " ± " in report
+    assert (tmp_path / "study" / "study.png").stat().st_size > 0
+    # a second call trains nothing: every run has its result
+    import openalign.train.trainer as trainer
+
+    monkeypatch.setattr(trainer, "train", lambda *a, **k: (_ for _ in ()).throw(AssertionError("retrained")))
+    assert cli.main(argv) == 0
+    assert json.loads((tmp_path / "study" / "results.json").read_text())["variants"] == results["variants"]
+
+
+def test_unknown_study_and_bad_override_are_one_line_errors(tmp_path, capsys):
+    assert cli.main(["study", "nosuch", "--out", str(tmp_path)]) == 2
+    assert "unknown study 'nosuch'" in capsys.readouterr().err
+    assert cli.main(["study", "ablation", "--out", str(tmp_path), "--preset", "tiny", "optim.lrr=1"]) == 2
+    assert "did you mean optim.lr" in capsys.readouterr().err
