@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 COLUMNS = (("mean_recall", "mean recall"), ("i2t_r1", "I2T R@1"), ("t2i_r1", "T2I R@1"),
-           ("zeroshot_top1", "zero-shot top-1"), ("temperature", "final temperature"))
+           ("zeroshot_top1", "zero-shot top-1"), ("temperature", "final temperature"), ("modality_gap", "modality gap"))
 
 
 def _cell(row: dict, key: str) -> str:
@@ -55,13 +55,17 @@ def write(name: str, results: dict, seeds: int, out: Path, intro: str = "", pape
 
 def _plot(results: dict, out: Path) -> None:
     by_group = groups(results)
-    fig, axes = plt.subplots(1, len(by_group), figsize=(4.2 * len(by_group), 3.8), squeeze=False)
-    for ax, (group, rows) in zip(axes[0], by_group.items()):
+    cols = min(3, len(by_group))
+    rows_of_panels = -(-len(by_group) // cols)
+    fig, axes = plt.subplots(rows_of_panels, cols, figsize=(4.6 * cols, 4.0 * rows_of_panels), squeeze=False)
+    for ax in axes.flat[len(by_group):]:
+        ax.axis("off")
+    for ax, (group, rows) in zip(axes.flat, by_group.items()):
         labels = [row["label"] for _, row in rows]
         means = [row["mean"].get("mean_recall", float("nan")) for _, row in rows]
         stds = [row["std"].get("mean_recall", 0.0) for _, row in rows]
         colors = ["tab:red" if row["baseline"] else "tab:blue" for _, row in rows]
-        ax.bar(range(len(rows)), means, yerr=stds, color=colors, capsize=4, alpha=0.8)
+        ax.bar(range(len(rows)), means, yerr=stds if any(stds) else None, color=colors, capsize=4, alpha=0.8)
         chance = rows[0][1]["chance"].get("mean_recall")
         if chance:
             ax.axhline(chance, color="gray", ls=":", label="chance")
