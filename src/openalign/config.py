@@ -95,6 +95,9 @@ class DataConfig:
     train: str = ""  # webdataset shards: a directory, a brace pattern or a list file
     eval: str = ""  # held-out shards for periodic and final evaluation
     corpus: str = ""  # built-in corpus to build into data_dir when `train` is empty (emoji)
+    # options of the built-in corpus's builder, e.g. data.corpus_options=noise=0.5,languages=en+de+fr; a corpus built
+    # with options lives in data_dir/<corpus>-<options>, so variants of one corpus sit side by side
+    corpus_options: tuple[str, ...] = ()
     data_dir: str = "data"
     batch_size: int = 16_384  # global; paper: 16 pairs per core x 1024 cores
     workers: int = 1

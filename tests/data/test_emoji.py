@@ -95,3 +95,36 @@ def test_emoji_eval_export_writes_every_layout_consistently(tmp_path):
     assert header.split("\t") == ["word1", "word2", "SimLex999"] and len(pairs) == summary["word_pairs"] > 0
     with open(out / "sts.csv") as f:
         assert len(list(csv.DictReader(f))) == summary["sentence_pairs"] > 0
+
+
+def test_corpus_options_are_typed_builder_arguments_with_their_own_directory(tmp_path, monkeypatch):
+    from openalign import config as config_lib
+    from openalign.config import ConfigError, DataConfig
+    from openalign.data import corpora
+
+    cfg = config_lib.override(config_lib.Config(), ["data.corpus_options=noise=0.5,languages=en+de,limit=40"])
+    options = cfg.data.corpus_options
+    assert options == ("noise=0.5", "languages=en+de", "limit=40")
+    assert corpora.corpus_options("emoji", options) == {"noise": 0.5, "languages": ("en", "de"), "limit": 40}
+    assert corpora.corpus_dir("emoji", options) == "emoji-languagesen.de-limit40-noise0.5"
+    assert corpora.corpus_dir("emoji", ()) == "emoji"
+    with pytest.raises(ConfigError, match="did you mean noise"):
+        corpora.corpus_options("emoji", ("noize=0.5",))
+    with pytest.raises(ConfigError, match="not a valid float"):
+        corpora.corpus_options("emoji", ("noise=lots",))
+    import functools
+
+    built = []
+
+    @functools.wraps(emoji.build)
+    def recording(out, **kw):
+        built.append((out, kw))
+        return emoji.build(out, **kw)
+
+    monkeypatch.setitem(corpora.CORPORA, "emoji", recording)
+    data = DataConfig(corpus="emoji", data_dir=str(tmp_path), corpus_options=("noise=0.0", "limit=60"))
+    train, evaluation = corpora.resolve_data(data, progress=False)
+    assert built[0] == (tmp_path / "emoji-limit60-noise0.0", {"noise": 0.0, "limit": 60})
+    assert train and evaluation and all("emoji-limit60-noise0.0" in s for s in train + evaluation)
+    corpora.resolve_data(data, progress=False)
+    assert len(built) == 1  # built once
