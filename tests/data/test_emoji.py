@@ -128,3 +128,21 @@ def test_corpus_options_are_typed_builder_arguments_with_their_own_directory(tmp
     assert train and evaluation and all("emoji-limit60-noise0.0" in s for s in train + evaluation)
     corpora.resolve_data(data, progress=False)
     assert len(built) == 1  # built once
+
+
+def test_copies_scale_the_training_split_with_augmented_views_and_fresh_noise(tmp_path):
+    one = emoji.build(tmp_path / "x1", noise=0.5, limit=200)
+    three = emoji.build(tmp_path / "x3", noise=0.5, limit=200, copies=3)
+    assert three["train_images"] == 3 * one["train_images"] and three["eval_images"] == one["eval_images"]
+    samples = [s | {"json": shard_lib.sample_meta(s)}
+               for s in shard_lib.read_samples(shard_lib.list_shards(str(tmp_path / "x3" / "train")))]
+    keys = [s["__key__"] for s in samples]
+    assert len(set(keys)) == len(keys) and sum(k.endswith("_v2") for k in keys) == one["train_images"]
+    by_cp: dict = {}
+    for s in samples:
+        by_cp.setdefault(s["json"]["cp"], []).append(s)
+    views = next(v for v in by_cp.values() if len(v) == 3)
+    assert len({v["jpg"] for v in views}) == 3  # three different images of one emoji
+    assert len({tuple(v["json"]["noise"]) for s in by_cp.values() for v in s}) > 1  # noise drawn per view
+    with pytest.raises(ConfigError, match="copies"):
+        emoji.build(tmp_path / "x0", copies=0)

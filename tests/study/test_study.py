@@ -46,3 +46,22 @@ def test_unknown_study_and_bad_override_are_one_line_errors(tmp_path, capsys):
     assert "unknown study 'nosuch'" in capsys.readouterr().err
     assert cli.main(["study", "ablation", "--out", str(tmp_path), "--preset", "tiny", "optim.lrr=1"]) == 2
     assert "did you mean optim.lr" in capsys.readouterr().err
+
+
+def test_noise_vs_scale_plan_varies_only_the_corpus():
+    from openalign import config as config_lib
+    from openalign.data.corpora import corpus_dir, corpus_options
+    from openalign.study import noise_scale
+
+    base = presets.get("demo")
+    plan = noise_scale.variants(base)
+    assert [v.name for v in plan] == ["clean_x1", "noisy_x1", "noisy_x2", "noisy_x4"] and plan[0].baseline
+    dirs = set()
+    for v in plan:
+        cfg = config_lib.override(base, list(v.overrides))
+        assert cfg.model == base.model and cfg.train == base.train  # the same model and budget
+        options = corpus_options("emoji", cfg.data.corpus_options)
+        assert options["noise"] == (0.0 if v.baseline else noise_scale.NOISE)
+        assert options.get("copies", 1) == (1 if v.baseline else int(v.name[-1]))
+        dirs.add(corpus_dir("emoji", cfg.data.corpus_options))
+    assert len(dirs) == 4  # four corpora side by side

@@ -120,6 +120,16 @@ def render(cp: str, font: ImageFont.FreeTypeFont) -> Image.Image | None:
     return image
 
 
+def augmented(image: Image.Image, rng: random.Random) -> Image.Image:
+    """Another view of a glyph: scaled to 60-95%, shifted, on a light tinted background."""
+    size = round(IMAGE_SIZE * rng.uniform(0.6, 0.95))
+    glyph = image.resize((size, size), Image.Resampling.LANCZOS)
+    mask = Image.eval(glyph.convert("L"), lambda v: 255 if v < 250 else 0)  # the glyph, not its white ground
+    view = Image.new("RGB", (IMAGE_SIZE, IMAGE_SIZE), tuple(rng.randint(200, 255) for _ in range(3)))
+    view.paste(glyph, (rng.randint(0, IMAGE_SIZE - size), rng.randint(0, IMAGE_SIZE - size)), mask)
+    return view
+
+
 def clean_texts(e: Emoji, languages: list[str]) -> list[str]:
     texts = []
     for lang in languages:
@@ -146,10 +156,17 @@ def noisy_text(kind: str, e: Emoji, others: list[Emoji], rng: random.Random) -> 
 
 def build(out: Path, languages: tuple[str, ...] = ("en",), noise: float = 0.2, heldout: float = 0.1, seed: int = 0,
           font_path: str = DEFAULT_FONT, cldr_path: str = DEFAULT_CLDR, samples_per_shard: int = 400,
-          limit: int = 0) -> dict:
-    """Render the corpus into `out/train` and `out/eval` shards; returns the summary (also in manifests)."""
+          limit: int = 0, copies: int = 1) -> dict:
+    """Render the corpus into `out/train` and `out/eval` shards; returns the summary (also in manifests).
+
+    `copies` > 1 scales the training split: each emoji also appears as copies - 1 augmented views
+    (scaled, shifted, on a tinted background), each with its own independently noised texts — more
+    (noisy) pairs from the same sources, for the noise-vs-scale study. Two views of one emoji may meet in
+    a batch, as near-duplicates do in web data. The held-out split is never copied."""
     if not 0.0 <= noise <= 1.0 or not 0.0 < heldout < 1.0:
         raise ConfigError(f"--noise must be in [0, 1] and --heldout in (0, 1), not {noise} and {heldout}")
+    if copies < 1:
+        raise ConfigError(f"copies must be at least 1, not {copies}")
     if not Path(font_path).is_file():
         raise _missing("Noto Color Emoji font", font_path, "fonts-noto-color-emoji", "--font")
     languages = list(dict.fromkeys(["en", *languages]))
@@ -170,8 +187,10 @@ def build(out: Path, languages: tuple[str, ...] = ("en",), noise: float = 0.2, h
     rng = random.Random(seed)
     info = {"corpus": "emoji", "languages": languages, "noise": noise, "heldout": heldout, "seed": seed}
     noise_counts = dict.fromkeys(NOISE_KINDS, 0)
+    info["copies"] = copies
     writer = ShardWriter(Path(out) / "train", "emoji-train", samples_per_shard, info | {"split": "train"})
-    for e in rng.sample(train, len(train)):  # shuffled, so every shard is a fair sample
+    views = [(e, c) for e in train for c in range(copies)]
+    for e, copy in rng.sample(views, len(views)):  # shuffled, so every shard is a fair sample
         texts, kinds = [], []
         for text in clean_texts(e, languages):
             kind = rng.choice(NOISE_KINDS) if rng.random() < noise else "clean"
@@ -181,7 +200,8 @@ def build(out: Path, languages: tuple[str, ...] = ("en",), noise: float = 0.2, h
             texts.append(text)
             kinds.append(kind)
         meta = {"texts": texts, "noise": kinds, "name": e.names["en"], "family": e.family, "cp": e.cp}
-        writer.write(_key(e), encode_image(images[e.cp]), "jpg", texts[0], meta)
+        image = images[e.cp] if copy == 0 else augmented(images[e.cp], random.Random(stable_seed(seed, e.cp, copy)))
+        writer.write(_key(e) + (f"_v{copy}" if copy else ""), encode_image(image), "jpg", texts[0], meta | {"view": copy})
     train_manifest = writer.close()
     writer = ShardWriter(Path(out) / "eval", "emoji-eval", samples_per_shard, info | {"split": "eval"})
     for e in (e for e in emoji if is_heldout[e.cp]):
