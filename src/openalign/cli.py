@@ -74,7 +74,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_study(args) -> int:
-    from openalign.study import QUICK, STUDIES, run_study
+    from openalign.study import EXTRA_REPORTS, QUICK, STUDIES, run_study
     from openalign.study import report as study_report
 
     if args.name not in STUDIES:
@@ -93,6 +93,9 @@ def cmd_study(args) -> int:
     start = time.perf_counter()
     results = run_study(args.name, cfg, variants, args.seeds, out, progress=not args.quiet)
     report = study_report.write(args.name, results, args.seeds, out, intro)
+    extra = EXTRA_REPORTS.get(args.name)
+    if extra:
+        report.write_text(report.read_text() + "\n".join(extra(results, out)) + "\n")
     runs = sum(len(r["runs"]) for r in results.values())
     print(f"{len(results)} variants x {args.seeds} seed(s) ({runs} runs) in {(time.perf_counter() - start) / 60:.1f} "
           f"min -> {report}, {out / 'study.png'}, {out / 'results.json'}")

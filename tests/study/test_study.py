@@ -65,3 +65,20 @@ def test_noise_vs_scale_plan_varies_only_the_corpus():
         assert options.get("copies", 1) == (1 if v.baseline else int(v.name[-1]))
         dirs.add(corpus_dir("emoji", cfg.data.corpus_options))
     assert len(dirs) == 4  # four corpora side by side
+
+
+def test_noise_vs_scale_report_says_where_noisy_data_catches_up(tmp_path):
+    from openalign.study import noise_scale
+
+    def row(recall):
+        return {"mean": {"mean_recall": recall, "zeroshot_top1": recall / 2},
+                "std": {"mean_recall": 0.0, "zeroshot_top1": 0.0}}
+
+    results = {"clean_x1": row(0.05), "noisy_x1": row(0.03), "noisy_x2": row(0.05), "noisy_x4": row(0.07)}
+    lines = noise_scale.extra_report(results, tmp_path)
+    assert "reaches the clean corpus's mean recall (0.050) at 2x its size" in "\n".join(lines)
+    assert (tmp_path / "noise_vs_scale.png").stat().st_size > 0
+    results["noisy_x4"] = row(0.04)
+    results["noisy_x2"] = row(0.049)
+    assert "does not reach" in "\n".join(noise_scale.extra_report(results, tmp_path))
+    assert noise_scale.extra_report({"clean_x1": row(0.05)}, tmp_path) == []

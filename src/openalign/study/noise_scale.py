@@ -26,3 +26,42 @@ def variants(base: Config) -> list[Variant]:
     plan += [Variant(f"noisy_x{n}", "corpus size", (f"data.corpus_options=noise={NOISE},copies={n}",),
                      f"{NOISE:.0%} noise, {n}x") for n in SIZES]
     return plan
+
+
+def extra_report(results: dict, out) -> list[str]:
+    """The metric against corpus size with the clean result as a line (noise_vs_scale.png), and where the
+    noisy corpus catches up with the clean one."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    clean = results.get("clean_x1")
+    sizes = [n for n in SIZES if f"noisy_x{n}" in results]
+    if "clean_x1" not in results or not sizes:
+        return []
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for key, label, color in (("mean_recall", "mean recall", "tab:blue"), ("zeroshot_top1", "zero-shot top-1",
+                                                                           "tab:green")):
+        if key not in clean["mean"]:
+            continue
+        means = [results[f"noisy_x{n}"]["mean"][key] for n in sizes]
+        stds = [results[f"noisy_x{n}"]["std"][key] for n in sizes]
+        ax.errorbar(sizes, means, yerr=stds if any(stds) else None, marker="o", color=color,
+                    label=f"{NOISE:.0%} noisy: {label}")
+        ax.axhline(clean["mean"][key], color=color, ls="--", label=f"clean 1x: {label}")
+    ax.set(xscale="log", xticks=sizes, xlabel="corpus size (x the clean corpus)", ylabel="held-out metric",
+           title="noisy data at scale vs clean data")
+    ax.set_xticklabels([f"{n}x" for n in sizes])
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "noise_vs_scale.png", dpi=110)
+    plt.close(fig)
+    target = clean["mean"]["mean_recall"]
+    caught = next((n for n in sizes if results[f"noisy_x{n}"]["mean"]["mean_recall"] >= target), None)
+    verdict = (f"The noisy corpus reaches the clean corpus's mean recall ({target:.3f}) at {caught}x its size."
+               if caught else f"The noisy corpus does not reach the clean corpus's mean recall ({target:.3f}) "
+                              f"up to {sizes[-1]}x its size.")
+    return ["## Noisy data against corpus size", "", verdict, "", "![metric against corpus size](noise_vs_scale.png)",
+            ""]
