@@ -15,6 +15,15 @@ from train.test_step import direct_reference, grads, make_batch, make_model
 WORLD = 2
 
 
+def join(rank: int, port: int) -> None:
+    """This process as `rank` of a WORLD-process gloo group on loopback, one thread each."""
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+
 
 def worker(rank: int, port: int, out: str, micro_batch: int, implementation: str) -> None:
     import torch.distributed as dist
@@ -23,10 +32,7 @@ def worker(rank: int, port: int, out: str, micro_batch: int, implementation: str
     from openalign import distributed
     from openalign.train.step import forward_backward
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
-                      LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    join(rank, port)
     gathers = []
     real = dist_fn.all_gather
     dist_fn.all_gather = lambda x, *a, **k: gathers.append(tuple(x.shape)) or real(x, *a, **k)
@@ -73,10 +79,7 @@ def zero_worker(rank: int, port: int, out: str) -> None:
     from openalign.train.optim import build_optimizer, full_state_dict, set_lr
     from openalign.train.step import forward_backward
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
-                      LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    join(rank, port)
     cfg = presets.get("tiny")
     model = make_model()
     ddp = torch.nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
@@ -122,10 +125,7 @@ def fsdp_worker(rank: int, port: int, out: str, micro_batch: int, grad_clip: flo
     from openalign.train.optim import FsdpLamb, build_optimizer, set_lr
     from openalign.train.step import forward_backward
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
-                      LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    join(rank, port)
     cfg = presets.get("tiny")
     model = make_model()
     fsdp.shard(model)

@@ -28,10 +28,7 @@ def _train_config(args) -> config_lib.Config:
         cfg = presets.get(args.preset)
     if args.out:
         cfg = dataclasses.replace(cfg, out=args.out)
-    if args.data:
-        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, train=args.data))
-    if args.eval_data:
-        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, eval=args.eval_data))
+    cfg = _with_data(cfg, args)
     if args.images:
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, images=args.images))
     if args.init:
@@ -39,6 +36,15 @@ def _train_config(args) -> config_lib.Config:
     elif cfg.preset in presets.NEEDS_INIT and not cfg.model.init_from:
         raise ConfigError(f"preset {cfg.preset} fine-tunes a trained model: pass --init MODEL_DIR (e.g. runs/demo/model)")
     return config_lib.override(cfg, args.overrides)
+
+
+def _with_data(cfg: config_lib.Config, args) -> config_lib.Config:
+    """--data / --eval-data, where given, as the config's training and held-out shards."""
+    if args.data:
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, train=args.data))
+    if args.eval_data:
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, eval=args.eval_data))
+    return cfg
 
 
 def _from_model(cfg: config_lib.Config, path: Path) -> config_lib.Config:
@@ -80,11 +86,7 @@ def cmd_study(args) -> int:
     if args.name not in STUDIES:
         raise ConfigError(f"unknown study {args.name!r}; choose from {', '.join(STUDIES)}")
     plan, intro = STUDIES[args.name]
-    cfg = presets.get(args.preset)
-    if args.data:
-        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, train=args.data))
-    if args.eval_data:
-        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, eval=args.eval_data))
+    cfg = _with_data(presets.get(args.preset), args)
     cfg = config_lib.override(cfg, (list(QUICK) if args.quick else []) + list(args.overrides))
     variants = plan(cfg)
     if args.only:

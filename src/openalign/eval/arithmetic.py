@@ -19,6 +19,7 @@ import re
 import numpy as np
 import torch
 
+from openalign.eval import metrics as M
 from openalign.eval.embed import EvalData, EvalOptions, encode_texts
 
 WEIGHTS = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, "text")  # text weight against image weight 1
@@ -79,7 +80,7 @@ def arithmetic(model, tokenizer, data: EvalData, options: EvalOptions) -> dict:
             queries = combine(images[sources].numpy(), texts.numpy()[:, None, :], np.ones((len(found), 1)),
                               IMAGE_WEIGHT, weight)
             queries = torch.from_numpy(queries)
-        ranks = _target_ranks(queries, images, sources, targets)
+        ranks = M.positive_ranks(queries, images, targets[:, None], exclude=sources)  # the source left out
         name = "text_only" if weight == "text" else f"w{weight:g}"
         curve[name] = ranks
         out[f"{name}_r1"] = float((ranks < 1).float().mean())
@@ -103,11 +104,3 @@ def arithmetic(model, tokenizer, data: EvalData, options: EvalOptions) -> dict:
                                   "text_only": out["text_only_r10"], "chance": out["chance_r10"]}
     return out
 
-
-def _target_ranks(queries: torch.Tensor, images: torch.Tensor, sources: torch.Tensor,
-                  targets: torch.Tensor) -> torch.Tensor:
-    """0-based rank of each query's target among all images but its source (ties count against it)."""
-    scores = queries @ images.T  # [Q, N]
-    scores[torch.arange(len(queries)), sources] = -torch.inf
-    own = scores.gather(1, targets[:, None])
-    return (scores > own).sum(dim=1) + ((scores == own).sum(dim=1) - 1)

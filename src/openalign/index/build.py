@@ -122,8 +122,6 @@ def build_index(vectors: np.ndarray, options: IndexOptions = IndexOptions()) -> 
 
 
 def build(emb: Path, out: Path, options: IndexOptions = IndexOptions()) -> dict:
-    if options.kind not in KINDS:
-        raise ConfigError(f"--kind must be one of {', '.join(KINDS)}, not {options.kind!r}")
     vectors, meta = load_embeddings(emb)
     n, d = vectors.shape
     if n == 0:
