@@ -80,24 +80,23 @@ def cmd_train(args) -> int:
 
 
 def cmd_study(args) -> int:
-    from openalign.study import EXTRA_REPORTS, QUICK, STUDIES, run_study
+    from openalign.study import QUICK, STUDIES, run_study
     from openalign.study import report as study_report
 
     if args.name not in STUDIES:
         raise ConfigError(f"unknown study {args.name!r}; choose from {', '.join(STUDIES)}")
-    plan, intro = STUDIES[args.name]
+    study = STUDIES[args.name]
     cfg = _with_data(presets.get(args.preset), args)
-    cfg = config_lib.override(cfg, (list(QUICK) if args.quick else []) + list(args.overrides))
-    variants = plan(cfg)
+    cfg = config_lib.override(cfg, ([*QUICK, *study.quick] if args.quick else []) + list(args.overrides))
+    variants = study.variants(cfg)
     if args.only:
         variants = [v for v in variants if v.baseline or v.group in args.only or v.name in args.only]
     out = Path(args.out)
     start = time.perf_counter()
     results = run_study(args.name, cfg, variants, args.seeds, out, progress=not args.quiet)
-    report = study_report.write(args.name, results, args.seeds, out, intro)
-    extra = EXTRA_REPORTS.get(args.name)
-    if extra:
-        report.write_text(report.read_text() + "\n".join(extra(results, out)) + "\n")
+    report = study_report.write(args.name, results, args.seeds, out, study.intro, study.paper, study.paper_columns)
+    if study.extra_report:
+        report.write_text(report.read_text() + "\n".join(study.extra_report(results, out)) + "\n")
     runs = sum(len(r["runs"]) for r in results.values())
     print(f"{len(results)} variants x {args.seeds} seed(s) ({runs} runs) in {(time.perf_counter() - start) / 60:.1f} "
           f"min -> {report}, {out / 'study.png'}, {out / 'results.json'}")
@@ -154,7 +153,7 @@ def cmd_corpus(args) -> int:
     if args.name == "emoji":
         options = {"languages": tuple(args.languages.split(",")), "noise": args.noise, "seed": args.seed,
                    "heldout": 0.1 if args.heldout is None else args.heldout, "font_path": args.font,
-                   "cldr_path": args.cldr}
+                   "cldr_path": args.cldr, "eval_languages": tuple(filter(None, args.eval_languages.split(",")))}
     else:
         options = {"root": args.root, "heldout": 0.1 if args.heldout is None else args.heldout, "seed": args.seed,
                    "image_size": args.image_size, "engine": args.engine,
@@ -313,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("study", help="rerun one of the paper's arguments in miniature (report, plots, JSON)")
-    p.add_argument("name", help="ablation or noise-vs-scale")
+    p.add_argument("name", help="ablation, noise-vs-scale or multilingual")
     p.add_argument("--out", required=True)
     p.add_argument("--preset", default="demo", help="the base config of every run")
     p.add_argument("--quick", action="store_true", help="short runs: minutes each on a CPU")
@@ -366,6 +365,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heldout", type=float, help="fraction held out for evaluation (emoji: of families; default 0.1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--languages", default="en", help="emoji: comma-separated CLDR languages, e.g. en,de,fr,ja")
+    p.add_argument("--eval-languages", default="", help="emoji: more languages whose texts only the held-out split "
+                                                         "carries (for --task multilingual), e.g. sv,fi,ko")
     p.add_argument("--noise", type=float, default=0.2, help="emoji: fraction of alt-texts replaced by web-like noise")
     p.add_argument("--font", default="/usr/share/fonts/truetype/noto/NotoColorEmoji.ttf", help="emoji: the font")
     p.add_argument("--cldr", default="/usr/share/unicode/cldr/common", help="emoji: CLDR common/ directory")

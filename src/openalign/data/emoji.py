@@ -156,8 +156,12 @@ def noisy_text(kind: str, e: Emoji, others: list[Emoji], rng: random.Random) -> 
 
 def build(out: Path, languages: tuple[str, ...] = ("en",), noise: float = 0.2, heldout: float = 0.1, seed: int = 0,
           font_path: str = DEFAULT_FONT, cldr_path: str = DEFAULT_CLDR, samples_per_shard: int = 400,
-          limit: int = 0, copies: int = 1) -> dict:
+          limit: int = 0, copies: int = 1, eval_languages: tuple[str, ...] = ()) -> dict:
     """Render the corpus into `out/train` and `out/eval` shards; returns the summary (also in manifests).
+
+    Training texts are in `languages`; the held-out split also carries each emoji's clean texts per
+    language of `languages` + `eval_languages` in its metadata (`texts_by_language`), for per-language
+    retrieval (`--task multilingual`), including languages never trained on.
 
     `copies` > 1 scales the training split: each emoji also appears as copies - 1 augmented views
     (scaled, shifted, on a tinted background), each with its own independently noised texts — more
@@ -170,7 +174,8 @@ def build(out: Path, languages: tuple[str, ...] = ("en",), noise: float = 0.2, h
     if not Path(font_path).is_file():
         raise _missing("Noto Color Emoji font", font_path, "fonts-noto-color-emoji", "--font")
     languages = list(dict.fromkeys(["en", *languages]))
-    catalog = read_cldr(Path(cldr_path), languages)
+    all_languages = list(dict.fromkeys([*languages, *eval_languages]))
+    catalog = read_cldr(Path(cldr_path), all_languages)
     font = ImageFont.truetype(font_path, GLYPH_SIZE, layout_engine=ImageFont.Layout.RAQM)
     images: dict[str, Image.Image] = {}
     for cp in tqdm(sorted(catalog), desc="render emoji", unit="glyph", leave=False):
@@ -185,7 +190,8 @@ def build(out: Path, languages: tuple[str, ...] = ("en",), noise: float = 0.2, h
     is_heldout = {e.cp: stable_seed(seed, "family", e.family) % 10_000 < heldout * 10_000 for e in emoji}
     train = [e for e in emoji if not is_heldout[e.cp]]
     rng = random.Random(seed)
-    info = {"corpus": "emoji", "languages": languages, "noise": noise, "heldout": heldout, "seed": seed}
+    info = {"corpus": "emoji", "languages": languages, "eval_languages": all_languages, "noise": noise,
+            "heldout": heldout, "seed": seed}
     noise_counts = dict.fromkeys(NOISE_KINDS, 0)
     info["copies"] = copies
     writer = ShardWriter(Path(out) / "train", "emoji-train", samples_per_shard, info | {"split": "train"})
@@ -206,15 +212,16 @@ def build(out: Path, languages: tuple[str, ...] = ("en",), noise: float = 0.2, h
     writer = ShardWriter(Path(out) / "eval", "emoji-eval", samples_per_shard, info | {"split": "eval"})
     for e in (e for e in emoji if is_heldout[e.cp]):
         texts = clean_texts(e, languages)
-        meta = {"texts": texts, "name": e.names["en"], "family": e.family, "cp": e.cp,
-                "names": e.names}
+        by_language = {lang: t for lang in all_languages if (t := clean_texts(e, [lang]))}
+        meta = {"texts": texts, "name": e.names["en"], "family": e.family, "cp": e.cp, "names": e.names,
+                "texts_by_language": by_language}
         writer.write(_key(e), encode_image(images[e.cp]), "jpg", texts[0], meta)
     eval_manifest = writer.close()
     return {
         "out": str(out), "train_images": train_manifest["n_samples"], "eval_images": eval_manifest["n_samples"],
         "families": len({e.family for e in emoji}), "heldout_families": len({e.family for e in emoji if is_heldout[e.cp]}),
         "skipped_no_glyph": len(catalog) - len(emoji) if not limit else None, "noise_texts": noise_counts,
-        "languages": languages,
+        "languages": languages, "eval_languages": all_languages,
     }
 
 

@@ -54,6 +54,8 @@ class EvalData:
     keys: list[str] = field(default_factory=list)  # [N] image file path (or shard key) of each image
     caption_ids: list[str] = field(default_factory=list)  # [M] Karpathy sentid, or `image#i`
     skipped: int = 0
+    # [N] per image, {language: clean texts} where the data has them (the built-in emoji corpus's held-out split)
+    texts_by_language: list[dict] = field(default_factory=list)
     extra: dict = field(default_factory=dict)
     figures: dict = field(default_factory=dict)  # tasks leave what the report's plots need here
 
@@ -129,7 +131,8 @@ def embed_split(model: DualEncoder, shards: str | list[str], options: EvalOption
     data = _embed(model, shards, options, resize, crop, progress)
     if cached is not None:
         cached.parent.mkdir(parents=True, exist_ok=True)
-        fields = ("image_embeds", "captions", "text_to_image", "labels", "keys", "caption_ids", "skipped")
+        fields = ("image_embeds", "captions", "text_to_image", "labels", "keys", "caption_ids", "skipped",
+                  "texts_by_language")
         torch.save({name: getattr(data, name) for name in fields}, cached.with_suffix(".tmp"))
         os.replace(cached.with_suffix(".tmp"), cached)
     return data
@@ -142,7 +145,7 @@ def _embed(model: DualEncoder, shards: str | list[str], options: EvalOptions, re
         stream = eval_stream(shards, resize, crop, counter, options.images, options.split)
     else:
         stream = eval_samples(shards, resize, crop, counter)
-    embeds, captions, owner, labels, keys, caption_ids, pending = [], [], [], [], [], [], []
+    embeds, captions, owner, labels, keys, caption_ids, pending, by_language = [], [], [], [], [], [], [], []
 
     def flush():
         with evaluating(model):
@@ -157,6 +160,7 @@ def _embed(model: DualEncoder, shards: str | list[str], options: EvalOptions, re
         caption_ids += sample.meta.get("caption_ids") or [f"{Path(keys[-1]).name}#{i}" for i in range(len(sample.texts))]
         captions += sample.texts
         owner += [index] * len(sample.texts)
+        by_language.append(sample.meta.get("texts_by_language") or {})
         pending.append(sample.pixels)
         if len(pending) == options.batch_size:
             flush()
@@ -165,4 +169,4 @@ def _embed(model: DualEncoder, shards: str | list[str], options: EvalOptions, re
     if not labels:
         raise ConfigError(f"no readable evaluation images in {shards}")
     return EvalData(torch.cat(embeds), captions, torch.tensor(owner, dtype=torch.long), labels, keys, caption_ids,
-                    counter.get("skipped", 0))
+                    counter.get("skipped", 0), by_language if any(by_language) else [])

@@ -22,6 +22,10 @@ def chance_key(key: str) -> str:
     return f"chance_{key}"
 
 
+def is_chance(key: str) -> bool:
+    return key.startswith("chance_") or "_chance_" in key
+
+
 BLOCK_BYTES = 64 * 2**20  # similarity rows per block: at most this many bytes of scores at a time
 
 

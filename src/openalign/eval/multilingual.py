@@ -7,7 +7,10 @@
 
 `openalign eval MODEL --task multilingual --data image_splits/test_2016_flickr.txt --images flickr30k-images
 --captions raw` reports, per language, the retrieval keys (eval/metrics.py) and their mean recall, and the
-mean over languages (the paper's Table 5 metric).
+mean over languages (the paper's Table 11 metric).
+
+The built-in emoji corpus's held-out shards carry their texts per language (`eval_languages`), so
+`--task multilingual --data data/emoji-.../eval` needs no other files; languages need not have been trained on.
 """
 
 from __future__ import annotations
@@ -43,14 +46,11 @@ def caption_files(image_list: Path, captions_dir: Path) -> dict[str, list[Path]]
     return found
 
 
-def multilingual(model, tokenizer, data: EvalData, options: EvalOptions) -> dict:
-    source = Path(data.extra.get("source", ""))
-    if source.suffix != ".txt":
-        raise ConfigError("--task multilingual needs --data IMAGE_LIST.txt (Multi30k's image_splits/ file)")
+def _multi30k(data: EvalData, source: Path, captions_dir: Path) -> dict[str, tuple[list[str], list[int]]]:
     names = [line for line in _lines(source) if line]
     row_of = {Path(k).name: i for i, k in enumerate(data.keys)}  # images that were read (unreadable ones skipped)
-    out: dict = {}
-    for lang, files in caption_files(source, Path(options.captions) if options.captions else source.parent).items():
+    out = {}
+    for lang, files in caption_files(source, captions_dir).items():
         captions, owner = [], []
         for path in files:
             lines = _lines(path)
@@ -60,12 +60,43 @@ def multilingual(model, tokenizer, data: EvalData, options: EvalOptions) -> dict
                 if caption and name in row_of:
                     captions.append(caption)
                     owner.append(row_of[Path(name).name])
+        out[lang] = (captions, owner)
+    return out
+
+
+def _metadata(data: EvalData) -> tuple[list[int], dict[str, tuple[list[str], list[int]]]]:
+    """The images that have texts in every language (one gallery for all, as in Multi30k), and per language
+    their texts and each text's image (a position in that gallery)."""
+    languages = sorted(set().union(*data.texts_by_language))
+    rows = [i for i, texts in enumerate(data.texts_by_language) if all(texts.get(lang) for lang in languages)]
+    if not rows:
+        raise ConfigError("no evaluation image has texts in every language of the data; evaluate fewer languages")
+    out = {}
+    for lang in languages:
+        pairs = [(text, j) for j, i in enumerate(rows) for text in data.texts_by_language[i][lang]]
+        out[lang] = ([t for t, _ in pairs], [j for _, j in pairs])
+    return rows, out
+
+
+def multilingual(model, tokenizer, data: EvalData, options: EvalOptions) -> dict:
+    source = Path(data.extra.get("source", ""))
+    rows = list(range(len(data.keys)))
+    if source.suffix == ".txt":
+        per_language = _multi30k(data, source, Path(options.captions) if options.captions else source.parent)
+    elif data.texts_by_language:
+        rows, per_language = _metadata(data)
+    else:
+        raise ConfigError("--task multilingual needs --data IMAGE_LIST.txt (Multi30k's image_splits/ file), or "
+                          "held-out shards with texts per language (openalign corpus emoji --eval-languages ...)")
+    images = data.image_embeds[rows]
+    out: dict = {}
+    for lang, (captions, owner) in per_language.items():
         owner_t = torch.tensor(owner, dtype=torch.long)
         txt = encode_texts(model, tokenizer, captions, options)
-        metrics = M.retrieval_metrics(data.image_embeds, txt, owner_t)
-        chance = M.retrieval_chance(owner_t, len(data.keys))
+        metrics = M.retrieval_metrics(images, txt, owner_t)
+        chance = M.retrieval_chance(owner_t, len(rows))
         out |= {f"{lang}_{k}": v for k, v in metrics.items()} | {f"chance_{lang}_{k}": v for k, v in chance.items()}
-    languages = sorted({k.split("_", 1)[0] for k in out if not k.startswith("chance_")})
+    languages = sorted(per_language)
     out["mean_recall"] = sum(out[f"{lang}_mean_recall"] for lang in languages) / len(languages)
     out["chance_mean_recall"] = sum(out[f"chance_{lang}_mean_recall"] for lang in languages) / len(languages)
-    return out | {"languages": ",".join(languages)}
+    return out | {"languages": ",".join(languages), "n_images": len(rows)}

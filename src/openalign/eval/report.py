@@ -22,14 +22,10 @@ def _fmt(value) -> str:
     return f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
-def _is_chance(key: str) -> bool:
-    return key.startswith("chance_") or "_chance_" in key
-
-
 def markdown_table(metrics: dict) -> str:
     rows = ["| metric | value | chance |", "|---|---|---|"]
     for key, value in metrics.items():
-        if not _is_chance(key):
+        if not M.is_chance(key):
             chance = metrics.get(M.chance_key(key))
             rows.append(f"| {key} | {_fmt(value)} | {_fmt(chance) if chance is not None else ''} |")
     return "\n".join(rows) + "\n"
@@ -40,7 +36,7 @@ def metric_lines(metrics: dict) -> list[str]:
     width = max((len(k) for k in metrics), default=0)
     lines = []
     for key, value in metrics.items():
-        if _is_chance(key):
+        if M.is_chance(key):
             continue
         chance = metrics.get(M.chance_key(key))
         note = f"   (chance {chance:.4f}, {value / chance:.1f}x)" if chance else ""

@@ -89,6 +89,8 @@ def linear_probe(model: DualEncoder, tokenizer, data: EvalData, options: EvalOpt
 TASKS: dict[str, Callable[..., dict]] = {"retrieval": retrieval, "zeroshot": zeroshot, "knn": knn,
                                          "linear-probe": linear_probe, "cxc": cxc,
                                          "multilingual": multilingual, "arithmetic": arithmetic}
+# tasks that need nothing but the held-out split: what training may run (config eval.tasks)
+HELD_OUT_TASKS = ("retrieval", "zeroshot", "multilingual", "arithmetic")
 
 
 PAIR_COLUMNS = {  # text-only tasks: (first text, second text, candidate score columns)

@@ -5,16 +5,14 @@ DIR/runs/<variant>/seed<k>/ (a finished run is kept and not retrained, so a stud
 held-out metrics are reported as mean ± std over seeds: DIR/results.json, DIR/report.md, DIR/*.png.
 """
 
-from openalign.study import ablation, noise_scale
-from openalign.study.runner import Variant, run_study
+from openalign.study import ablation, multilingual, noise_scale
+from openalign.study.runner import Study, Variant, run_study
 
-# name -> (variants of a base config, the report's introduction)
-STUDIES = {"ablation": (ablation.variants, ablation.INTRO), "noise-vs-scale": (noise_scale.variants, noise_scale.INTRO)}
-# name -> lines appended to report.md (with their own plots), where a study has more to show than its tables
-EXTRA_REPORTS = {"noise-vs-scale": noise_scale.extra_report}
+STUDIES: dict[str, Study] = {"ablation": ablation.STUDY, "noise-vs-scale": noise_scale.STUDY,
+                             "multilingual": multilingual.STUDY}
 # --quick: about a minute per run on 2 CPU cores with the demo preset (measured: 100 steps at 48 px, 1.1 min,
 # held-out mean recall 5.7x chance); no periodic evaluation or checkpoints: a short run is rerun whole
 QUICK = ("train.steps=100", "train.eval_every=0", "train.checkpoint_every=0", "model.vision.image_size=48",
          "model.vision.resize_size=54")
 
-__all__ = ["EXTRA_REPORTS", "QUICK", "STUDIES", "Variant", "run_study"]
+__all__ = ["QUICK", "STUDIES", "Study", "Variant", "run_study"]

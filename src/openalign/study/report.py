@@ -30,11 +30,15 @@ def groups(results: dict) -> dict[str, list[tuple[str, dict]]]:
     return out or {"baseline": shared}
 
 
-def write(name: str, results: dict, seeds: int, out: Path, intro: str = "", paper_columns: tuple = ()) -> Path:
+def write(name: str, results: dict, seeds: int, out: Path, intro: str = "", paper: str = "",
+          paper_columns: tuple = ()) -> Path:
     """report.md and study.png in `out`; returns the report's path."""
     lines = [f"# openalign study: {name}", "", intro, "",
              f"Held-out metrics after training, mean ± std over {seeds} seed{'s' if seeds > 1 else ''} "
              "(population std); Δ: mean recall against the group's baseline.", ""]
+    if paper_columns:
+        lines += [f"The paper's numbers (\"paper:\" columns) are from {paper.removeprefix('Jia et al. 2021, ')} "
+                  "They are at full scale: compare the direction and size of each change, not the values.", ""]
     for group, rows in groups(results).items():
         base = next((row for _, row in rows if row["baseline"]), None)
         head = ["variant", *(label for _, label in COLUMNS), "Δ mean recall", *(f"paper: {c}" for c in paper_columns)]
@@ -42,7 +46,7 @@ def write(name: str, results: dict, seeds: int, out: Path, intro: str = "", pape
         for _, row in rows:
             delta = "—" if base is None or row is base else \
                 f"{row['mean']['mean_recall'] - base['mean']['mean_recall']:+.3f}"
-            paper = [str(row["paper"].get(c, "")) for c in paper_columns]
+            paper = [str(row["paper"].get(c, "—")) for c in paper_columns]
             label = f"**{row['label']}**" if row["baseline"] else row["label"]
             lines.append("| " + " | ".join([label, *(_cell(row, k) for k, _ in COLUMNS), delta, *paper]) + " |")
         lines.append("")

@@ -8,14 +8,13 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from tqdm import tqdm
 
 from openalign import config as config_lib
 from openalign.config import Config, ConfigError
-
-SUMMARY = ("mean_recall", "i2t_r1", "i2t_r10", "t2i_r1", "t2i_r10", "zeroshot_top1", "modality_gap", "temperature")
-
+from openalign.eval import metrics as M
 
 @dataclass(frozen=True)
 class Variant:
@@ -25,6 +24,29 @@ class Variant:
     label: str = ""  # what the report shows; the name when empty
     baseline: bool = False  # the reference of its group (the others are reported against it)
     paper: dict = field(default_factory=dict)  # the paper's numbers for this row, where it has them
+
+
+@dataclass(frozen=True)
+class Study:
+    variants: Callable[[Config], list[Variant]]  # the plan, from the study's base config
+    intro: str  # the report's first paragraph: what is compared and why
+    paper: str = ""  # where the paper's numbers shown next to ours come from (table, model, metric)
+    paper_columns: tuple[str, ...] = ()  # keys of Variant.paper, one report column each
+    extra_report: Callable[[dict, Path], list[str]] | None = None  # more Markdown (and plots) after the tables
+    quick: tuple[str, ...] = ()  # overrides --quick adds for this study, after the common ones
+
+
+def corpus_override(base: Config, **options) -> str:
+    """A `data.corpus_options=` override setting `options` over the base config's own corpus options."""
+    merged = dict(item.partition("=")[::2] for item in base.data.corpus_options)
+    merged |= {k: "+".join(v) if isinstance(v, (tuple, list)) else str(v) for k, v in options.items()}
+    return "data.corpus_options=" + ",".join(f"{k}={v}" for k, v in merged.items())
+
+
+def _summary_keys(runs: list[dict]) -> list[str]:
+    """Numeric metrics every run has (chance levels are reported apart)."""
+    return [k for k, v in runs[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+            and not M.is_chance(k) and all(isinstance(r.get(k), (int, float)) for r in runs)]
 
 
 def run_one(cfg: Config, out: Path) -> dict:
@@ -62,13 +84,13 @@ def run_study(name: str, base: Config, variants: list[Variant], seeds: int, out:
             cfg = dataclasses.replace(configs[variant.name], seed=base.seed + seed)
             runs.append(run_one(cfg, out / "runs" / variant.name / f"seed{seed}"))
             bar.update(1)
-        keys = [k for k in SUMMARY if all(k in r for r in runs)]
+        keys = _summary_keys(runs)
         results[variant.name] = {
             "group": variant.group, "label": variant.label or variant.name, "baseline": variant.baseline,
             "overrides": list(variant.overrides), "paper": variant.paper, "runs": runs,
             "mean": {k: statistics.fmean(r[k] for r in runs) for k in keys},
             "std": {k: statistics.pstdev(r[k] for r in runs) for k in keys},
-            "chance": {k: runs[0][f"chance_{k}"] for k in keys if f"chance_{k}" in runs[0]},
+            "chance": {k: runs[0][M.chance_key(k)] for k in keys if M.chance_key(k) in runs[0]},
         }
     bar.close()
     (out / "results.json").write_text(json.dumps({"study": name, "seeds": seeds, "base": config_lib.to_dict(base),

@@ -26,7 +26,7 @@ from openalign.config import Config, ConfigError
 from openalign.data import shards as shard_lib
 from openalign.data.corpora import resolve_data
 from openalign.data.loader import Position, StreamSpec, batches_per_role, train_loader
-from openalign.eval.tasks import EvalOptions, run_tasks
+from openalign.eval.tasks import HELD_OUT_TASKS, EvalOptions, run_tasks
 from openalign.model import hub
 from openalign.model.dual_encoder import DualEncoder
 from openalign.tokenizer import load_tokenizer, train_tokenizer
@@ -107,6 +107,10 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> TrainResu
         out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(cfg.train.threads or max(1, (os.cpu_count() or 1) // max(1, _local_world())))
     torch.manual_seed(cfg.seed)
+    unknown = [t for t in cfg.eval.tasks if t not in HELD_OUT_TASKS]
+    if unknown:
+        raise ConfigError(f"eval.tasks: {unknown[0]!r} is not a held-out task; choose from {', '.join(HELD_OUT_TASKS)} "
+                          "(the others run on a saved model: `openalign eval`)")
     train_shards, eval_shards = _resolve_data(cfg, progress, layout)
     tokenizer = _prepare_tokenizer(cfg, train_shards, out, layout)
     # The trained vocabulary may be smaller than asked for (small corpora): size the embedding to it.
@@ -173,7 +177,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> TrainResu
         return model if layout.main else None
 
     def evaluate(core: DualEncoder | None) -> dict:
-        metrics = run_tasks(core, tokenizer, eval_shards, ["retrieval", "zeroshot"], eval_options,
+        metrics = run_tasks(core, tokenizer, eval_shards, list(cfg.eval.tasks), eval_options,
                             cfg.model.vision.resize_size, cfg.model.vision.image_size, progress=False) \
             if layout.main else {}
         distributed.barrier(layout)
