@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageDraw
 
+from openalign.data import emoji
 from openalign.data.shards import ShardWriter
+
+# tests that render the built-in emoji corpus (system packages `make test` installs)
+needs_emoji_data = pytest.mark.skipif(
+    not (Path(emoji.DEFAULT_FONT).is_file() and Path(emoji.DEFAULT_CLDR).is_dir()),
+    reason="fonts-noto-color-emoji / unicode-cldr-core not installed (make test installs them)")
 
 COLORS = {"red": (220, 30, 30), "green": (30, 180, 60), "blue": (40, 60, 220), "yellow": (240, 210, 20)}
 SHAPES = ("circle", "square", "triangle")

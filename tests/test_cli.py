@@ -107,6 +107,9 @@ def test_user_errors_are_one_sentence(shapes, tmp_path, capsys):
     assert cli.main(["train", "--out", str(tmp_path / "empty"), "--resume", "--preset", "tiny", "--data",
                      str(shapes["train"])]) == 2
     assert cli.main(["eval", str(tmp_path), "--data", str(shapes["eval"])]) == 2
+    assert cli.main(["train", "--preset", "tiny", "--data", str(shapes["train"]), "--out", str(tmp_path / "knn"),
+                     "eval.tasks=retrieval,knn"]) == 2
     errors = capsys.readouterr().err.strip().splitlines()
-    assert len(errors) == 5 and all(e.startswith("openalign: error: ") for e in errors)
+    assert len(errors) == 6 and all(e.startswith("openalign: error: ") for e in errors)
     assert "did you mean optim.lr" in errors[1] and "Traceback" not in "".join(errors)
+    assert "'knn' is not a held-out task" in errors[5]

@@ -154,6 +154,8 @@ def cmd_corpus(args) -> int:
         options = {"languages": tuple(args.languages.split(",")), "noise": args.noise, "seed": args.seed,
                    "heldout": 0.1 if args.heldout is None else args.heldout, "font_path": args.font,
                    "cldr_path": args.cldr, "eval_languages": tuple(filter(None, args.eval_languages.split(",")))}
+    elif args.name == "shapes":
+        options = {"noise": args.noise, "seed": args.seed}
     else:
         options = {"root": args.root, "heldout": 0.1 if args.heldout is None else args.heldout, "seed": args.seed,
                    "image_size": args.image_size, "engine": args.engine,
@@ -312,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("study", help="rerun one of the paper's arguments in miniature (report, plots, JSON)")
-    p.add_argument("name", help="ablation, noise-vs-scale or multilingual")
+    p.add_argument("name", help="ablation, noise-vs-scale, model-vs-data, multilingual or compositional")
     p.add_argument("--out", required=True)
     p.add_argument("--preset", default="demo", help="the base config of every run")
     p.add_argument("--quick", action="store_true", help="short runs: minutes each on a CPU")
@@ -331,8 +333,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--images", help="image root for a Karpathy JSON or caption table (default: beside the file)")
     p.add_argument("--split", default="test", help="Karpathy split (test: the 1K Flickr30K / 5K COCO protocol)")
     p.add_argument("--task", action="append",
-                   help="retrieval, zeroshot, knn, linear-probe, cxc, multilingual (default: retrieval + zeroshot "
-                        "with captions, zeroshot for a classification set); word-sim or sts on a file of scored "
+                   help="retrieval, zeroshot, knn, linear-probe, cxc, multilingual, arithmetic, compositional "
+                        "(default: retrieval + zeroshot with captions, zeroshot for a classification set); word-sim "
+                        "or sts on a file of scored "
                         "text pairs; finetune (a labeled test split, with --train-data) or vtab (task directories)")
     p.add_argument("--templates", help="imagenet80 (CLIP's 80 prompts), generic, or a file with one template per "
                                        "line, {} for the class name (default: the preset's short set)")
@@ -357,8 +360,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("corpus", help="build a built-in corpus as webdataset shards")
-    p.add_argument("name", choices=["emoji", "openclipart", "emoji-eval"],
-                   help="emoji-eval: the emoji corpus in every evaluation layout (Karpathy JSON, class folders, "
+    p.add_argument("name", choices=["emoji", "openclipart", "shapes", "emoji-eval"],
+                   help="shapes: coloured shapes, some colour-shape pairs never in training (compositional zero-shot); "
+                        "emoji-eval: the emoji corpus in every evaluation layout (Karpathy JSON, class folders, "
                         "Multi30k, CxC-style), for trying each `openalign eval` task offline")
     p.add_argument("--from", dest="source", default="data/emoji", help="emoji-eval: the emoji corpus directory")
     p.add_argument("--out", required=True)
@@ -367,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--languages", default="en", help="emoji: comma-separated CLDR languages, e.g. en,de,fr,ja")
     p.add_argument("--eval-languages", default="", help="emoji: more languages whose texts only the held-out split "
                                                          "carries (for --task multilingual), e.g. sv,fi,ko")
-    p.add_argument("--noise", type=float, default=0.2, help="emoji: fraction of alt-texts replaced by web-like noise")
+    p.add_argument("--noise", type=float, default=0.2, help="emoji, shapes: fraction of alt-texts replaced by web-like noise")
     p.add_argument("--font", default="/usr/share/fonts/truetype/noto/NotoColorEmoji.ttf", help="emoji: the font")
     p.add_argument("--cldr", default="/usr/share/unicode/cldr/common", help="emoji: CLDR common/ directory")
     p.add_argument("--root", default="/usr/share/openclipart/png", help="openclipart: the PNG tree")

@@ -1,13 +1,9 @@
-from pathlib import Path
-
 import pytest
 
+from conftest import needs_emoji_data
 from openalign.config import ConfigError
 from openalign.data import emoji
 from openalign.data import shards as shard_lib
-
-needs_data = pytest.mark.skipif(not (Path(emoji.DEFAULT_FONT).is_file() and Path(emoji.DEFAULT_CLDR).is_dir()),
-                                reason="fonts-noto-color-emoji / unicode-cldr-core not installed (make test installs them)")
 
 
 def make(cp, name):
@@ -36,13 +32,13 @@ def test_bad_rates_are_rejected(tmp_path):
         emoji.build(tmp_path, noise=1.5)
 
 
-@needs_data
+@needs_emoji_data
 def test_missing_cldr_names_the_package(tmp_path):
     with pytest.raises(ConfigError, match="unicode-cldr-core"):
         emoji.build(tmp_path, cldr_path=str(tmp_path))
 
 
-@needs_data
+@needs_emoji_data
 def test_corpus_is_split_by_family_with_noisy_training_texts(tmp_path):
     summary = emoji.build(tmp_path, languages=("en", "de"), noise=0.5, heldout=0.3, limit=300)
     train = [shard_lib.sample_meta(s) for s in shard_lib.read_samples(shard_lib.list_shards(str(tmp_path / "train")))]
@@ -55,7 +51,7 @@ def test_corpus_is_split_by_family_with_noisy_training_texts(tmp_path):
     assert all("noise" not in m for m in held)  # evaluation texts are the clean CLDR texts
 
 
-@needs_data
+@needs_emoji_data
 def test_emoji_eval_export_writes_every_layout_consistently(tmp_path):
     import csv
     import json

@@ -2,6 +2,7 @@
 
 import json
 
+from conftest import needs_emoji_data
 from openalign import cli, presets
 from openalign.study import ablation
 
@@ -82,3 +83,66 @@ def test_noise_vs_scale_report_says_where_noisy_data_catches_up(tmp_path):
     results["noisy_x2"] = row(0.049)
     assert "does not reach" in "\n".join(noise_scale.extra_report(results, tmp_path))
     assert noise_scale.extra_report({"clean_x1": row(0.05)}, tmp_path) == []
+
+
+TINY = ["--preset", "tiny", "--quiet", "train.steps=2", "train.eval_every=0", "train.checkpoint_every=0"]
+
+
+def run_study(name: str, out, *overrides: str) -> dict:
+    assert cli.main(["study", name, "--out", str(out), *TINY, *overrides]) == 0
+    return json.loads((out / "results.json").read_text())["variants"]
+
+
+@needs_emoji_data
+def test_noise_vs_scale_pipeline_on_a_tiny_corpus(tmp_path):
+    variants = run_study("noise-vs-scale", tmp_path / "study", f"data.data_dir={tmp_path / 'data'}",
+                         "data.corpus_options=limit=120")
+    assert list(variants) == ["clean_x1", "noisy_x1", "noisy_x2", "noisy_x4"]
+    built = {json.loads((d / "train" / "manifest.json").read_text())["n_samples"] for d in (tmp_path / "data").iterdir()}
+    assert len(built) == 3  # 1x (clean and noisy), 2x and 4x the training images
+    assert variants["noisy_x4"]["paper"]["MSCOCO I2T R@1"] == 23.8
+    report = (tmp_path / "study" / "report.md").read_text()
+    assert "paper: MSCOCO I2T R@1" in report and "Table 10" in report
+    assert (tmp_path / "study" / "noise_vs_scale.png").stat().st_size > 0
+
+
+@needs_emoji_data
+def test_multilingual_pipeline_reports_every_language(tmp_path):
+    from openalign.study import multilingual
+
+    variants = run_study("multilingual", tmp_path / "study", f"data.data_dir={tmp_path / 'data'}",
+                         "data.corpus_options=limit=150")
+    languages = multilingual.TRAIN_LANGUAGES + multilingual.HELDOUT_LANGUAGES
+    for name in ("english", "multilingual"):
+        assert all(f"multilingual_{lang}_mean_recall" in variants[name]["mean"] for lang in languages)
+    trained = json.loads((tmp_path / "study" / "runs" / "multilingual" / "seed0" / "config.json").read_text())
+    assert trained["model"]["text"]["vocab_size"] > 0
+    report = (tmp_path / "study" / "report.md").read_text()
+    assert "## Mean recall per language (held-out emoji)" in report and "| ko | **no** |" in report
+    assert (tmp_path / "study" / "multilingual.png").stat().st_size > 0
+
+
+@needs_emoji_data
+def test_model_vs_data_pipeline(tmp_path):
+    variants = run_study("model-vs-data", tmp_path / "study", f"data.data_dir={tmp_path / 'data'}",
+                         "data.corpus_options=limit=300")
+    assert list(variants) == ["large_full", "large_10", "large_clean", "small_full", "small_10", "small_clean"]
+    small = json.loads((tmp_path / "study" / "runs" / "small_full" / "seed0" / "config.json").read_text())
+    large = json.loads((tmp_path / "study" / "runs" / "large_full" / "seed0" / "config.json").read_text())
+    assert small["model"]["text"]["hidden_size"] * 2 == large["model"]["text"]["hidden_size"]
+    assert small["model"]["embed_dim"] == large["model"]["embed_dim"]
+    report = (tmp_path / "study" / "report.md").read_text()
+    assert "## Model size against data size" in report and "## smaller model" in report
+    assert (tmp_path / "study" / "model_vs_data.png").stat().st_size > 0
+
+
+def test_compositional_pipeline(tmp_path):
+    variants = run_study("compositional", tmp_path / "study", f"data.data_dir={tmp_path / 'data'}",
+                         "data.corpus=shapes", "data.corpus_options=per_combo=1,eval_seen=1,eval_unseen=2")
+    assert list(variants) == ["noise0", "noise0.2", "noise0.5"]
+    for row in variants.values():
+        assert 0.0 <= row["mean"]["compositional_unseen_top1"] <= 1.0
+        assert row["chance"]["compositional_unseen_top1"] == 1 / 64
+    report = (tmp_path / "study" / "report.md").read_text()
+    assert "## Unseen colour-shape pairs" in report and "arithmetic R@10" in report
+    assert (tmp_path / "study" / "compositional.png").stat().st_size > 0

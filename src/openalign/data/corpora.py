@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Callable
 
 from openalign.config import ConfigError, DataConfig
-from openalign.data import emoji, openclipart
+from openalign.data import emoji, openclipart, shapes
 from openalign.data.shards import MANIFEST, list_shards
 
-CORPORA: dict[str, Callable[..., dict]] = {"emoji": emoji.build, "openclipart": openclipart.build}
+CORPORA: dict[str, Callable[..., dict]] = {"emoji": emoji.build, "openclipart": openclipart.build,
+                                           "shapes": shapes.build}
 
 
 def _shards(spec: str, data: DataConfig, split: str, progress: bool) -> list[str]:

@@ -156,12 +156,15 @@ def noisy_text(kind: str, e: Emoji, others: list[Emoji], rng: random.Random) -> 
 
 def build(out: Path, languages: tuple[str, ...] = ("en",), noise: float = 0.2, heldout: float = 0.1, seed: int = 0,
           font_path: str = DEFAULT_FONT, cldr_path: str = DEFAULT_CLDR, samples_per_shard: int = 400,
-          limit: int = 0, copies: int = 1, eval_languages: tuple[str, ...] = ()) -> dict:
+          limit: int = 0, copies: int = 1, eval_languages: tuple[str, ...] = (), fraction: float = 1.0) -> dict:
     """Render the corpus into `out/train` and `out/eval` shards; returns the summary (also in manifests).
 
     Training texts are in `languages`; the held-out split also carries each emoji's clean texts per
     language of `languages` + `eval_languages` in its metadata (`texts_by_language`), for per-language
     retrieval (`--task multilingual`), including languages never trained on.
+
+    `fraction` < 1 keeps that share of the training emoji (a stable random sample; the held-out split is
+    unchanged), for the model-vs-data study.
 
     `copies` > 1 scales the training split: each emoji also appears as copies - 1 augmented views
     (scaled, shifted, on a tinted background), each with its own independently noised texts — more
@@ -169,8 +172,8 @@ def build(out: Path, languages: tuple[str, ...] = ("en",), noise: float = 0.2, h
     a batch, as near-duplicates do in web data. The held-out split is never copied."""
     if not 0.0 <= noise <= 1.0 or not 0.0 < heldout < 1.0:
         raise ConfigError(f"--noise must be in [0, 1] and --heldout in (0, 1), not {noise} and {heldout}")
-    if copies < 1:
-        raise ConfigError(f"copies must be at least 1, not {copies}")
+    if copies < 1 or not 0.0 < fraction <= 1.0:
+        raise ConfigError(f"copies must be at least 1 and fraction in (0, 1], not {copies} and {fraction}")
     if not Path(font_path).is_file():
         raise _missing("Noto Color Emoji font", font_path, "fonts-noto-color-emoji", "--font")
     languages = list(dict.fromkeys(["en", *languages]))
@@ -188,10 +191,11 @@ def build(out: Path, languages: tuple[str, ...] = ("en",), noise: float = 0.2, h
     assign_families(emoji)
     # A family is held out as a whole, decided by a hash of its key: stable as CLDR grows.
     is_heldout = {e.cp: stable_seed(seed, "family", e.family) % 10_000 < heldout * 10_000 for e in emoji}
-    train = [e for e in emoji if not is_heldout[e.cp]]
+    train = [e for e in emoji if not is_heldout[e.cp]
+             and (fraction == 1.0 or stable_seed(seed, "fraction", e.cp) % 10_000 < fraction * 10_000)]
     rng = random.Random(seed)
     info = {"corpus": "emoji", "languages": languages, "eval_languages": all_languages, "noise": noise,
-            "heldout": heldout, "seed": seed}
+            "heldout": heldout, "seed": seed, "fraction": fraction}
     noise_counts = dict.fromkeys(NOISE_KINDS, 0)
     info["copies"] = copies
     writer = ShardWriter(Path(out) / "train", "emoji-train", samples_per_shard, info | {"split": "train"})

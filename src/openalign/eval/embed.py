@@ -56,6 +56,8 @@ class EvalData:
     skipped: int = 0
     # [N] per image, {language: clean texts} where the data has them (the built-in emoji corpus's held-out split)
     texts_by_language: list[dict] = field(default_factory=list)
+    # [N] per image, attributes a corpus records for a task (shapes: colour, shape, seen in training)
+    attributes: list[dict] = field(default_factory=list)
     extra: dict = field(default_factory=dict)
     figures: dict = field(default_factory=dict)  # tasks leave what the report's plots need here
 
@@ -132,7 +134,7 @@ def embed_split(model: DualEncoder, shards: str | list[str], options: EvalOption
     if cached is not None:
         cached.parent.mkdir(parents=True, exist_ok=True)
         fields = ("image_embeds", "captions", "text_to_image", "labels", "keys", "caption_ids", "skipped",
-                  "texts_by_language")
+                  "texts_by_language", "attributes")
         torch.save({name: getattr(data, name) for name in fields}, cached.with_suffix(".tmp"))
         os.replace(cached.with_suffix(".tmp"), cached)
     return data
@@ -145,7 +147,8 @@ def _embed(model: DualEncoder, shards: str | list[str], options: EvalOptions, re
         stream = eval_stream(shards, resize, crop, counter, options.images, options.split)
     else:
         stream = eval_samples(shards, resize, crop, counter)
-    embeds, captions, owner, labels, keys, caption_ids, pending, by_language = [], [], [], [], [], [], [], []
+    embeds, captions, owner, labels, keys, caption_ids, pending = [], [], [], [], [], [], []
+    by_language, attributes = [], []
 
     def flush():
         with evaluating(model):
@@ -161,6 +164,7 @@ def _embed(model: DualEncoder, shards: str | list[str], options: EvalOptions, re
         captions += sample.texts
         owner += [index] * len(sample.texts)
         by_language.append(sample.meta.get("texts_by_language") or {})
+        attributes.append(sample.meta.get("attributes") or {})
         pending.append(sample.pixels)
         if len(pending) == options.batch_size:
             flush()
@@ -169,4 +173,5 @@ def _embed(model: DualEncoder, shards: str | list[str], options: EvalOptions, re
     if not labels:
         raise ConfigError(f"no readable evaluation images in {shards}")
     return EvalData(torch.cat(embeds), captions, torch.tensor(owner, dtype=torch.long), labels, keys, caption_ids,
-                    counter.get("skipped", 0), by_language if any(by_language) else [])
+                    counter.get("skipped", 0), by_language if any(by_language) else [],
+                    attributes if any(attributes) else [])

@@ -11,7 +11,7 @@ import torch
 
 KS = (1, 5, 10)
 TASK_PREFIXES = ("zeroshot_", "knn_", "linear_probe_", "cxc_", "multilingual_", "finetune_", "vtab_",
-                 "arithmetic_")  # retrieval keys are bare (DESIGN.md)
+                 "arithmetic_", "compositional_")  # retrieval keys are bare (DESIGN.md)
 
 
 def chance_key(key: str) -> str:

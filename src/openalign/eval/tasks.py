@@ -19,6 +19,7 @@ import torch
 from openalign.config import ConfigError
 from openalign.eval import metrics as M
 from openalign.eval.arithmetic import arithmetic
+from openalign.eval.compositional import compositional
 from openalign.eval.cxc import cxc
 from openalign.eval.datasets import load_classnames
 from openalign.eval.embed import EvalData, EvalOptions, embed_split, encode_texts
@@ -88,9 +89,10 @@ def linear_probe(model: DualEncoder, tokenizer, data: EvalData, options: EvalOpt
 
 TASKS: dict[str, Callable[..., dict]] = {"retrieval": retrieval, "zeroshot": zeroshot, "knn": knn,
                                          "linear-probe": linear_probe, "cxc": cxc,
-                                         "multilingual": multilingual, "arithmetic": arithmetic}
+                                         "multilingual": multilingual, "arithmetic": arithmetic,
+                                         "compositional": compositional}
 # tasks that need nothing but the held-out split: what training may run (config eval.tasks)
-HELD_OUT_TASKS = ("retrieval", "zeroshot", "multilingual", "arithmetic")
+HELD_OUT_TASKS = ("retrieval", "zeroshot", "multilingual", "arithmetic", "compositional")
 
 
 PAIR_COLUMNS = {  # text-only tasks: (first text, second text, candidate score columns)

@@ -1,0 +1,140 @@
+"""Built-in corpus `shapes`: procedural coloured shapes with noisy alt-texts, for compositional zero-shot.
+
+Eight colours x eight shapes; eight colour-shape combinations (one per colour and one per shape, a
+diagonal of the grid) never appear in training, so every colour and every shape is trained on, just
+never together in those pairs. Each image is one shape at a random size, position and small rotation,
+its colour jittered, on a light random background; its two alt-texts come from caption templates, each
+replaced at rate `noise` by web-like noise (a file name, boilerplate, only the colour or only the shape, or
+another image's caption).
+
+The held-out split has fresh images of every combination: the eight unseen ones (`attributes.seen`
+false) and the 56 seen ones, for `--task compositional` (eval/compositional.py).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+from PIL import Image, ImageDraw
+
+from openalign.config import ConfigError
+from openalign.data.emoji import BOILERPLATE
+from openalign.data.shards import ShardWriter, encode_image
+
+COLOURS = {"red": (215, 40, 40), "orange": (245, 140, 20), "yellow": (235, 205, 30), "green": (40, 160, 60),
+           "blue": (40, 80, 220), "purple": (140, 60, 180), "pink": (240, 120, 180), "brown": (125, 80, 40)}
+SHAPES = ("circle", "square", "triangle", "star", "heart", "hexagon", "diamond", "cross")
+TEMPLATES = ("a {c} {s}", "{c} {s}", "{s}, {c}", "a {c} {s} on a light background", "clipart of a {c} {s}",
+             "{c} {s} icon", "the {s} is {c}", "simple {c} {s} shape")
+CANVAS = 96
+NOISE_KINDS = ("filename", "boilerplate", "partial", "wrong")
+
+
+def heldout_combos(offset: int = 3) -> set[tuple[str, str]]:
+    """One unseen shape per colour and one unseen colour per shape: (colour i, shape i + offset)."""
+    colours = list(COLOURS)
+    return {(colours[i], SHAPES[(i + offset) % len(SHAPES)]) for i in range(len(colours))}
+
+
+def outline(shape: str, cx: float, cy: float, r: float, turn: float) -> list[tuple[float, float]]:
+    """The shape's polygon (a circle is a 48-gon) of radius `r` around (cx, cy), rotated by `turn` radians."""
+    if shape == "circle":
+        points = [(r, 2 * math.pi * k / 48) for k in range(48)]
+    elif shape == "square":
+        points = [(r, math.pi / 4 + k * math.pi / 2) for k in range(4)]
+    elif shape == "diamond":  # a rhombus, narrower than tall: not a turned square
+        pts = [(0, -r), (0.6 * r, 0), (0, r), (-0.6 * r, 0)]
+        return _place(pts, cx, cy, turn)
+    elif shape == "triangle":
+        points = [(r, -math.pi / 2 + k * 2 * math.pi / 3) for k in range(3)]
+    elif shape == "hexagon":
+        points = [(r, k * math.pi / 3) for k in range(6)]
+    elif shape == "star":
+        points = [(r if k % 2 == 0 else 0.42 * r, -math.pi / 2 + k * math.pi / 5) for k in range(10)]
+    elif shape == "cross":
+        a = r / 3
+        pts = [(-a, -r), (a, -r), (a, -a), (r, -a), (r, a), (a, a), (a, r), (-a, r), (-a, a), (-r, a), (-r, -a),
+               (-a, -a)]
+        return _place(pts, cx, cy, turn)
+    elif shape == "heart":
+        ts = [2 * math.pi * k / 60 for k in range(60)]
+        pts = [(r * 16 * math.sin(t) ** 3 / 17, -r * (13 * math.cos(t) - 5 * math.cos(2 * t) - 2 * math.cos(3 * t)
+                                                      - math.cos(4 * t)) / 17) for t in ts]
+        return _place(pts, cx, cy, turn)
+    else:
+        raise ValueError(shape)
+    return _place([(rad * math.cos(a), rad * math.sin(a)) for rad, a in points], cx, cy, turn)
+
+
+def _place(points, cx, cy, turn):
+    c, s = math.cos(turn), math.sin(turn)
+    return [(cx + x * c - y * s, cy + x * s + y * c) for x, y in points]
+
+
+def draw(colour: str, shape: str, rng: random.Random) -> Image.Image:
+    background = tuple(rng.randint(215, 255) for _ in range(3))
+    image = Image.new("RGB", (CANVAS, CANVAS), background)
+    r = rng.uniform(0.22, 0.42) * CANVAS
+    cx, cy = (rng.uniform(r + 2, CANVAS - r - 2) for _ in range(2))
+    fill = tuple(max(0, min(255, v + rng.randint(-18, 18))) for v in COLOURS[colour])
+    ImageDraw.Draw(image).polygon(outline(shape, cx, cy, r, math.radians(rng.uniform(-12, 12))), fill=fill)
+    return image
+
+
+def _noisy(kind: str, colour: str, shape: str, others: list[tuple[str, str]], rng: random.Random) -> str:
+    if kind == "filename":
+        return rng.choice([f"shape_{rng.randint(0, 9999):04d}.png", f"IMG_{rng.randint(1000, 9999)}.JPG",
+                           f"{rng.getrandbits(32):08x}.png"])
+    if kind == "boilerplate":
+        return rng.choice(BOILERPLATE)
+    if kind == "partial":
+        return rng.choice([colour, shape, f"{shape} shape", f"{colour} thing"])
+    c, s = rng.choice(others)  # wrong: another combination's caption
+    return rng.choice(TEMPLATES).format(c=c, s=s)
+
+
+def build(out: Path, per_combo: int = 60, eval_seen: int = 6, eval_unseen: int = 24, noise: float = 0.2,
+          offset: int = 3, seed: int = 0, samples_per_shard: int = 500) -> dict:
+    """Draw the corpus into `out/train` and `out/eval` shards; returns the summary (also in the manifests).
+
+    `per_combo` training images of each of the 56 seen combinations; the held-out split has `eval_seen`
+    fresh images of each seen combination and `eval_unseen` of each of the 8 never trained on."""
+    if not 0.0 <= noise <= 1.0:
+        raise ConfigError(f"noise must be in [0, 1], not {noise}")
+    if min(per_combo, eval_seen, eval_unseen) < 1:
+        raise ConfigError("per_combo, eval_seen and eval_unseen must each be at least 1")
+    unseen = heldout_combos(offset)
+    combos = [(c, s) for c in COLOURS for s in SHAPES]
+    seen = [combo for combo in combos if combo not in unseen]
+    rng = random.Random(seed)
+    info = {"corpus": "shapes", "noise": noise, "seed": seed, "unseen_combos": sorted(f"{c} {s}" for c, s in unseen)}
+    counts = dict.fromkeys(NOISE_KINDS, 0)
+    writer = ShardWriter(Path(out) / "train", "shapes-train", samples_per_shard, info | {"split": "train"})
+    plan = [combo for combo in seen for _ in range(per_combo)]
+    for i, (colour, shape) in enumerate(rng.sample(plan, len(plan))):
+        texts, kinds = [], []
+        for template in rng.sample(TEMPLATES, 2):
+            kind = rng.choice(NOISE_KINDS) if rng.random() < noise else "clean"
+            if kind != "clean":
+                counts[kind] += 1
+            texts.append(template.format(c=colour, s=shape) if kind == "clean" else
+                         _noisy(kind, colour, shape, seen, rng))
+            kinds.append(kind)
+        writer.write(f"train{i:06d}", encode_image(draw(colour, shape, rng)), "jpg", texts[0],
+                     {"texts": texts, "noise": kinds, "name": f"{colour} {shape}"})
+    train = writer.close()
+    writer = ShardWriter(Path(out) / "eval", "shapes-eval", samples_per_shard, info | {"split": "eval"})
+    i = 0
+    for colour, shape in combos:
+        is_seen = (colour, shape) not in unseen
+        for _ in range(eval_seen if is_seen else eval_unseen):
+            texts = [f"a {colour} {shape}", f"{shape}, {colour}"]
+            writer.write(f"eval{i:06d}", encode_image(draw(colour, shape, rng)), "jpg", texts[0],
+                         {"texts": texts, "name": f"{colour} {shape}",
+                          "attributes": {"colour": colour, "shape": shape, "seen": is_seen}})
+            i += 1
+    held = writer.close()
+    return {"out": str(out), "train_images": train["n_samples"], "eval_images": held["n_samples"],
+            "seen_combos": len(seen), "unseen_combos": sorted(f"{c} {s}" for c, s in unseen), "noise_texts": counts}
