@@ -314,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("study", help="rerun one of the paper's arguments in miniature (report, plots, JSON)")
-    p.add_argument("name", help="ablation, noise-vs-scale, model-vs-data, multilingual or compositional")
+    p.add_argument("name", help="ablation, noise-vs-scale, model-vs-data, multilingual, compositional or dynamics")
     p.add_argument("--out", required=True)
     p.add_argument("--preset", default="demo", help="the base config of every run")
     p.add_argument("--quick", action="store_true", help="short runs: minutes each on a CPU")

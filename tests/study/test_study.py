@@ -146,3 +146,20 @@ def test_compositional_pipeline(tmp_path):
     report = (tmp_path / "study" / "report.md").read_text()
     assert "## Unseen colour-shape pairs" in report and "arithmetic R@10" in report
     assert (tmp_path / "study" / "compositional.png").stat().st_size > 0
+
+
+def test_temperature_settles_where_it_stays_within_the_band():
+    from openalign.study.dynamics import settle_step
+
+    temps = [(10, 1.0), (20, 0.5), (30, 0.1), (40, 0.2), (50, 0.11), (60, 0.1)]
+    assert settle_step(temps) == 50  # 0.2 at step 40 is outside 1.2x of 0.1
+    assert settle_step(temps, near=2.5) == 30 and settle_step([(5, 0.3)]) == 5
+
+
+def test_dynamics_pipeline_plots_temperature_and_geometry_over_steps(shapes, tmp_path):
+    variants = run_study("dynamics", tmp_path / "study", "--data", str(shapes["train"]), "--eval-data",
+                         str(shapes["eval"]), "train.steps=4", "train.eval_every=2")
+    assert list(variants) == ["t_init1", "t_init0.07"]
+    report = (tmp_path / "study" / "report.md").read_text()
+    assert "## Over the steps of training" in report and "init T = 1 (paper)" in report
+    assert (tmp_path / "study" / "dynamics.png").stat().st_size > 0
