@@ -120,7 +120,7 @@ def test_corpus_options_are_typed_builder_arguments_with_their_own_directory(tmp
     monkeypatch.setitem(corpora.CORPORA, "emoji", recording)
     data = DataConfig(corpus="emoji", data_dir=str(tmp_path), corpus_options=("noise=0.0", "limit=60"))
     train, evaluation = corpora.resolve_data(data, progress=False)
-    assert built[0] == (tmp_path / "emoji-limit60-noise0.0", {"noise": 0.0, "limit": 60})
+    assert built[0] == (tmp_path / "emoji-limit60-noise0.0", {"noise": 0.0, "limit": 60, "progress": False})
     assert train and evaluation and all("emoji-limit60-noise0.0" in s for s in train + evaluation)
     corpora.resolve_data(data, progress=False)
     assert len(built) == 1  # built once

@@ -46,7 +46,8 @@ def resolve_data(data: DataConfig, progress: bool = True) -> tuple[list[str], li
     if not ((root / "train" / MANIFEST).is_file() and (root / "eval" / MANIFEST).is_file()):
         if progress:
             print(f"building the built-in {data.corpus} corpus in {root} (once)")
-        CORPORA[data.corpus](root, **options)
+        takes_progress = "progress" in inspect.signature(CORPORA[data.corpus]).parameters
+        CORPORA[data.corpus](root, **options, **({"progress": progress} if takes_progress else {}))
     return list_shards(str(root / "train")), list_shards(data.eval or str(root / "eval"))
 
 
@@ -61,7 +62,7 @@ def corpus_options(corpus: str, options: tuple[str, ...]) -> dict:
     with `+` (`languages=en+de+fr`: commas separate the options themselves in a dotted override)."""
     builder = CORPORA[corpus]
     hints = typing.get_type_hints(builder)
-    allowed = [n for n in inspect.signature(builder).parameters if n != "out"]
+    allowed = [n for n in inspect.signature(builder).parameters if n not in ("out", "progress")]
     out = {}
     for item in options:
         key, sep, text = item.partition("=")

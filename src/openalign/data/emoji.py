@@ -156,7 +156,8 @@ def noisy_text(kind: str, e: Emoji, others: list[Emoji], rng: random.Random) -> 
 
 def build(out: Path, languages: tuple[str, ...] = ("en",), noise: float = 0.2, heldout: float = 0.1, seed: int = 0,
           font_path: str = DEFAULT_FONT, cldr_path: str = DEFAULT_CLDR, samples_per_shard: int = 400,
-          limit: int = 0, copies: int = 1, eval_languages: tuple[str, ...] = (), fraction: float = 1.0) -> dict:
+          limit: int = 0, copies: int = 1, eval_languages: tuple[str, ...] = (), fraction: float = 1.0,
+          progress: bool = True) -> dict:
     """Render the corpus into `out/train` and `out/eval` shards; returns the summary (also in manifests).
 
     Training texts are in `languages`; the held-out split also carries each emoji's clean texts per
@@ -181,7 +182,7 @@ def build(out: Path, languages: tuple[str, ...] = ("en",), noise: float = 0.2, h
     catalog = read_cldr(Path(cldr_path), all_languages)
     font = ImageFont.truetype(font_path, GLYPH_SIZE, layout_engine=ImageFont.Layout.RAQM)
     images: dict[str, Image.Image] = {}
-    for cp in tqdm(sorted(catalog), desc="render emoji", unit="glyph", leave=False):
+    for cp in tqdm(sorted(catalog), desc="render emoji", unit="glyph", leave=False, disable=not progress):
         image = render(cp, font)
         if image is not None:
             images[cp] = image

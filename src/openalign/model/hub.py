@@ -17,6 +17,7 @@ from pathlib import Path
 import transformers
 from safetensors.torch import load_file, save_file
 from transformers import AlignModel
+from transformers.utils import logging as hf_logging
 
 from openalign import config as config_lib
 from openalign.config import Config, ConfigError, ModelConfig, TextConfig, VisionConfig
@@ -29,7 +30,13 @@ EXTRA_FILE = "openalign_extra.safetensors"
 def save_pretrained(model: DualEncoder, tokenizer, out: Path, cfg: Config) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    model.align.save_pretrained(out)
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a one-item "Writing model shards" bar, even under --quiet
+    try:
+        model.align.save_pretrained(out)
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
     config_lib.save(cfg, out / CONFIG_FILE)
