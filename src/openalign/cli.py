@@ -94,15 +94,16 @@ def cmd_study(args) -> int:
     out = Path(args.out)
     start = time.perf_counter()
     results = run_study(args.name, cfg, variants, args.seeds, out, progress=not args.quiet)
-    report = study_report.write(args.name, results, args.seeds, out, study.intro, study.paper, study.paper_columns)
+    report = study_report.write(args.name, study, results, args.seeds, out)
     if study.extra_report:
         report.write_text(report.read_text() + "\n".join(study.extra_report(results, out)) + "\n")
     runs = sum(len(r["runs"]) for r in results.values())
     print(f"{len(results)} variants x {args.seeds} seed(s) ({runs} runs) in {(time.perf_counter() - start) / 60:.1f} "
           f"min -> {report}, {out / 'study.png'}, {out / 'results.json'}")
+    key, metric = study.metric
     for name, row in results.items():
-        mean, std = row["mean"].get("mean_recall", float("nan")), row["std"].get("mean_recall", 0.0)
-        print(f"  {row['label']:<32} mean recall {mean:.3f} ± {std:.3f}")
+        mean, std = row["mean"].get(key, float("nan")), row["std"].get(key, 0.0)
+        print(f"  {row['label']:<40} {metric} {mean:.3f} ± {std:.3f}")
     return 0
 
 
@@ -371,7 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--languages", default="en", help="emoji: comma-separated CLDR languages, e.g. en,de,fr,ja")
     p.add_argument("--eval-languages", default="", help="emoji: more languages whose texts only the held-out split "
                                                          "carries (for --task multilingual), e.g. sv,fi,ko")
-    p.add_argument("--noise", type=float, default=0.2, help="emoji, shapes: fraction of alt-texts replaced by web-like noise")
+    p.add_argument("--noise", type=float, default=0.2,
+                   help="emoji, shapes: fraction of alt-texts replaced by web-like noise")
     p.add_argument("--font", default="/usr/share/fonts/truetype/noto/NotoColorEmoji.ttf", help="emoji: the font")
     p.add_argument("--cldr", default="/usr/share/unicode/cldr/common", help="emoji: CLDR common/ directory")
     p.add_argument("--root", default="/usr/share/openclipart/png", help="openclipart: the PNG tree")

@@ -98,7 +98,8 @@ def test_noise_vs_scale_pipeline_on_a_tiny_corpus(tmp_path):
     variants = run_study("noise-vs-scale", tmp_path / "study", f"data.data_dir={tmp_path / 'data'}",
                          "data.corpus_options=limit=120")
     assert list(variants) == ["clean_x1", "noisy_x1", "noisy_x2", "noisy_x4"]
-    built = {json.loads((d / "train" / "manifest.json").read_text())["n_samples"] for d in (tmp_path / "data").iterdir()}
+    built = {json.loads((d / "train" / "manifest.json").read_text())["n_samples"]
+             for d in (tmp_path / "data").iterdir()}
     assert len(built) == 3  # 1x (clean and noisy), 2x and 4x the training images
     assert variants["noisy_x4"]["paper"]["MSCOCO I2T R@1"] == 23.8
     report = (tmp_path / "study" / "report.md").read_text()

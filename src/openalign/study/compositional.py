@@ -14,7 +14,9 @@ from openalign.config import Config, ConfigError
 from openalign.study.runner import Study, Variant, corpus_override
 
 NOISE = (0.0, 0.2, 0.5)
-BASE = ("data.corpus=shapes", "eval.tasks=retrieval,zeroshot,compositional",
+# no retrieval: the held-out captions repeat ("a red star" for every red star image), so exact ties rank
+# each image's own caption behind its twins' (ties count against the model) and R@1 is 0 by construction
+BASE = ("data.corpus=shapes", "eval.tasks=zeroshot,compositional",
         "eval.templates={},a {},a drawing of a {},{} shape")
 INTRO = ("Compositional zero-shot on the built-in shapes corpus: 8 of its 64 colour-shape pairs never appear in "
          "training (every colour and every shape does, in other pairs). Zero-shot top-1 over all 64 pairs on fresh "
@@ -24,8 +26,8 @@ KEYS = (("compositional_unseen_top1", "unseen pairs top-1"), ("compositional_see
         ("compositional_harmonic_top1", "harmonic mean"), ("compositional_unseen_colour_top1", "unseen: colour right"),
         ("compositional_unseen_shape_top1", "unseen: shape right"),
         ("compositional_arithmetic_r1", "arithmetic R@1"), ("compositional_arithmetic_r10", "arithmetic R@10"),
-        ("compositional_arithmetic_w0_r10", "image alone R@10"),
-        ("compositional_arithmetic_text_only_r10", "text alone R@10"))
+        ("compositional_arithmetic_w0_r1", "image alone R@1"),
+        ("compositional_arithmetic_text_only_r1", "text alone R@1"))
 
 
 def variants(base: Config) -> list[Variant]:
@@ -49,7 +51,7 @@ def extra_report(results: dict, out) -> list[str]:
         return []
     first = results[names[0]]
     chance = {"top-1": first["chance"].get("compositional_unseen_top1"),
-              "R@1": first["chance"].get("compositional_arithmetic_r1"),
+              "arithmetic R@1": first["chance"].get("compositional_arithmetic_r1"),
               "R@10": first["chance"].get("compositional_arithmetic_r10")}
 
     def cell(name, key):
@@ -58,7 +60,7 @@ def extra_report(results: dict, out) -> list[str]:
 
     head = ["variant", *(label for _, label in KEYS)]
     lines = ["## Unseen colour-shape pairs", "",
-             "Chance: top-1 " + ", ".join(f"{k} {v:.3f}" for k, v in chance.items() if v is not None) + ".", "",
+             "Chance: " + ", ".join(f"{k} {v:.3f}" for k, v in chance.items() if v is not None) + ".", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join([results[n]["label"], *(cell(n, k) for k, _ in KEYS)]) + " |" for n in names]
     lines += ["", "![compositional zero-shot](compositional.png)", ""]
@@ -79,4 +81,6 @@ def extra_report(results: dict, out) -> list[str]:
     return lines
 
 
-STUDY = Study(variants, INTRO, extra_report=extra_report)
+# --quick: 300 steps (~3 min a run): at 100 the colour is learned but shapes barely (unseen top-1 0.18, noise 0)
+STUDY = Study(variants, INTRO, extra_report=extra_report, quick=("train.steps=300",),
+              metric=("compositional_harmonic_top1", "harmonic mean of seen and unseen top-1"))

@@ -9,6 +9,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from openalign.study.runner import Study  # noqa: E402
+
 COLUMNS = (("mean_recall", "mean recall"), ("i2t_r1", "I2T R@1"), ("t2i_r1", "T2I R@1"),
            ("zeroshot_top1", "zero-shot top-1"), ("temperature", "final temperature"), ("modality_gap", "modality gap"))
 
@@ -30,34 +32,37 @@ def groups(results: dict) -> dict[str, list[tuple[str, dict]]]:
     return out or {"baseline": shared}
 
 
-def write(name: str, results: dict, seeds: int, out: Path, intro: str = "", paper: str = "",
-          paper_columns: tuple = ()) -> Path:
+def write(name: str, study: Study, results: dict, seeds: int, out: Path) -> Path:
     """report.md and study.png in `out`; returns the report's path."""
-    lines = [f"# openalign study: {name}", "", intro, "",
+    key, metric = study.metric
+    columns = [c for c in [(key, metric), *(c for c in COLUMNS if c[0] != key)]
+               if any(c[0] in row["mean"] for row in results.values())]
+    lines = [f"# openalign study: {name}", "", study.intro, "",
              f"Held-out metrics after training, mean ± std over {seeds} seed{'s' if seeds > 1 else ''} "
-             "(population std); Δ: mean recall against the group's baseline.", ""]
-    if paper_columns:
-        lines += [f"The paper's numbers (\"paper:\" columns) are from {paper.removeprefix('Jia et al. 2021, ')} "
+             f"(population std); Δ: {metric} against the group's baseline.", ""]
+    if study.paper_columns:
+        lines += [f"The paper's numbers (\"paper:\" columns) are from {study.paper.removeprefix('Jia et al. 2021, ')} "
                   "They are at full scale: compare the direction and size of each change, not the values.", ""]
     for group, rows in groups(results).items():
         base = next((row for _, row in rows if row["baseline"]), None)
-        head = ["variant", *(label for _, label in COLUMNS), "Δ mean recall", *(f"paper: {c}" for c in paper_columns)]
+        head = ["variant", *(label for _, label in columns), f"Δ {metric}",
+                *(f"paper: {c}" for c in study.paper_columns)]
         lines += [f"## {group}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for _, row in rows:
-            delta = "—" if base is None or row is base else \
-                f"{row['mean']['mean_recall'] - base['mean']['mean_recall']:+.3f}"
-            paper = [str(row["paper"].get(c, "—")) for c in paper_columns]
+            delta = "—" if base is None or row is base or key not in row["mean"] else \
+                f"{row['mean'][key] - base['mean'][key]:+.3f}"
+            paper = [str(row["paper"].get(c, "—")) for c in study.paper_columns]
             label = f"**{row['label']}**" if row["baseline"] else row["label"]
-            lines.append("| " + " | ".join([label, *(_cell(row, k) for k, _ in COLUMNS), delta, *paper]) + " |")
+            lines.append("| " + " | ".join([label, *(_cell(row, k) for k, _ in columns), delta, *paper]) + " |")
         lines.append("")
-    lines += ["![mean recall per variant](study.png)", ""]
-    _plot(results, out / "study.png")
+    lines += [f"![{metric} per variant](study.png)", ""]
+    _plot(results, out / "study.png", key, metric)
     path = out / "report.md"
     path.write_text("\n".join(lines))
     return path
 
 
-def _plot(results: dict, out: Path) -> None:
+def _plot(results: dict, out: Path, key: str, metric: str) -> None:
     by_group = groups(results)
     cols = min(3, len(by_group))
     rows_of_panels = -(-len(by_group) // cols)
@@ -66,16 +71,16 @@ def _plot(results: dict, out: Path) -> None:
         ax.axis("off")
     for ax, (group, rows) in zip(axes.flat, by_group.items()):
         labels = [row["label"] for _, row in rows]
-        means = [row["mean"].get("mean_recall", float("nan")) for _, row in rows]
-        stds = [row["std"].get("mean_recall", 0.0) for _, row in rows]
+        means = [row["mean"].get(key, float("nan")) for _, row in rows]
+        stds = [row["std"].get(key, 0.0) for _, row in rows]
         colors = ["tab:red" if row["baseline"] else "tab:blue" for _, row in rows]
         ax.bar(range(len(rows)), means, yerr=stds if any(stds) else None, color=colors, capsize=4, alpha=0.8)
-        chance = rows[0][1]["chance"].get("mean_recall")
+        chance = rows[0][1]["chance"].get(key)
         if chance:
             ax.axhline(chance, color="gray", ls=":", label="chance")
             ax.legend(fontsize=8)
         ax.set_xticks(range(len(rows)), labels, rotation=30, ha="right", fontsize=8)
-        ax.set(title=group, ylabel="held-out mean recall")
+        ax.set(title=group, ylabel=f"held-out {metric}")
         ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(out, dpi=110)

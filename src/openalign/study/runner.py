@@ -16,6 +16,7 @@ from openalign import config as config_lib
 from openalign.config import Config, ConfigError
 from openalign.eval import metrics as M
 
+
 @dataclass(frozen=True)
 class Variant:
     name: str  # unique within the study, used as a directory name
@@ -34,6 +35,7 @@ class Study:
     paper_columns: tuple[str, ...] = ()  # keys of Variant.paper, one report column each
     extra_report: Callable[[dict, Path], list[str]] | None = None  # more Markdown (and plots) after the tables
     quick: tuple[str, ...] = ()  # overrides --quick adds for this study, after the common ones
+    metric: tuple[str, str] = ("mean_recall", "mean recall")  # the headline: (result key, label) for Δ and plots
 
 
 def corpus_override(base: Config, **options) -> str:
