@@ -94,13 +94,13 @@ def cmd_study(args) -> int:
     out = Path(args.out)
     start = time.perf_counter()
     results = run_study(args.name, cfg, variants, args.seeds, out, progress=not args.quiet)
-    report = study_report.write(args.name, study, results, args.seeds, out)
+    report = study_report.write(args.name, study, results, args.seeds, out, study.headline(cfg))
     if study.extra_report:
         report.write_text(report.read_text() + "\n".join(study.extra_report(results, out)) + "\n")
     runs = sum(len(r["runs"]) for r in results.values())
     print(f"{len(results)} variants x {args.seeds} seed(s) ({runs} runs) in {(time.perf_counter() - start) / 60:.1f} "
           f"min -> {report}, {out / 'study.png'}, {out / 'results.json'}")
-    key, metric = study.metric
+    key, metric = study.headline(cfg)
     for name, row in results.items():
         mean, std = row["mean"].get(key, float("nan")), row["std"].get(key, 0.0)
         print(f"  {row['label']:<40} {metric} {mean:.3f} ± {std:.3f}")

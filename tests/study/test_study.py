@@ -164,3 +164,25 @@ def test_dynamics_pipeline_plots_temperature_and_geometry_over_steps(shapes, tmp
     report = (tmp_path / "study" / "report.md").read_text()
     assert "## Over the steps of training" in report and "init T = 1 (paper)" in report
     assert (tmp_path / "study" / "dynamics.png").stat().st_size > 0
+
+
+def test_noise_vs_scale_on_shapes_scales_distinct_drawings_and_reports_zero_shot(tmp_path):
+    from openalign import config as config_lib
+    from openalign.data.corpora import corpus_options
+    from openalign.study import STUDIES, noise_scale
+
+    base = config_lib.override(presets.get("demo"), ["data.corpus=shapes", "data.corpus_options=per_combo=10"])
+    plan = noise_scale.variants(base)
+    sizes = [corpus_options("shapes", config_lib.override(base, list(v.overrides)).data.corpus_options)["per_combo"]
+             for v in plan]
+    assert sizes == [10, 10, 20, 40]
+    assert all("retrieval" not in config_lib.override(base, list(v.overrides)).eval.tasks for v in plan)
+    assert STUDIES["noise-vs-scale"].headline(base) == ("zeroshot_top1", "zero-shot top-1")
+    assert STUDIES["noise-vs-scale"].headline(presets.get("demo")) == ("mean_recall", "mean recall")
+
+    def row(top1):
+        return {"mean": {"zeroshot_top1": top1}, "std": {"zeroshot_top1": 0.0}}
+
+    results = {"clean_x1": row(0.5), "noisy_x1": row(0.2), "noisy_x2": row(0.4), "noisy_x4": row(0.6)}
+    assert "reaches the clean corpus's zero-shot top-1 (0.500) at 4x" in "\n".join(
+        noise_scale.extra_report(results, tmp_path))

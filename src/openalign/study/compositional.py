@@ -14,10 +14,10 @@ from openalign.config import Config, ConfigError
 from openalign.study.runner import Study, Variant, corpus_override
 
 NOISE = (0.0, 0.2, 0.5)
-# no retrieval: the held-out captions repeat ("a red star" for every red star image), so exact ties rank
-# each image's own caption behind its twins' (ties count against the model) and R@1 is 0 by construction
-BASE = ("data.corpus=shapes", "eval.tasks=zeroshot,compositional",
-        "eval.templates={},a {},a drawing of a {},{} shape")
+# no retrieval on shapes: the held-out captions repeat ("a red star" for every red star image), so exact ties
+# rank each image's own caption behind its twins' (ties count against the model) and R@1 is 0 by construction
+SHAPES_EVAL = ("eval.tasks=zeroshot,compositional", "eval.templates={},a {},a drawing of a {},{} shape")
+BASE = ("data.corpus=shapes", *SHAPES_EVAL)
 INTRO = ("Compositional zero-shot on the built-in shapes corpus: 8 of its 64 colour-shape pairs never appear in "
          "training (every colour and every shape does, in other pairs). Zero-shot top-1 over all 64 pairs on fresh "
          "images of the unseen pairs and of the seen ones, and image - text + text arithmetic (a seen red star - "

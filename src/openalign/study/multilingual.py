@@ -88,7 +88,7 @@ def extra_report(results: dict, out) -> list[str]:
             lines.append(f"\nMean over the {group} languages: " + "; ".join(means) + ".")
     lines += ["", "![mean recall per language](multilingual.png)", ""]
 
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.7 * len(languages) * len(names)), 4))
+    fig, ax = plt.subplots(figsize=(min(11.0, max(6.0, 0.5 * len(languages) * len(names))), 4))
     width = 0.8 / len(names)
     for i, name in enumerate(names):
         xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(languages))]

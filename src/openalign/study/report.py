@@ -32,9 +32,10 @@ def groups(results: dict) -> dict[str, list[tuple[str, dict]]]:
     return out or {"baseline": shared}
 
 
-def write(name: str, study: Study, results: dict, seeds: int, out: Path) -> Path:
-    """report.md and study.png in `out`; returns the report's path."""
-    key, metric = study.metric
+def write(name: str, study: Study, results: dict, seeds: int, out: Path, headline: tuple[str, str]) -> Path:
+    """report.md and study.png in `out`, with `headline` = (result key, label) the metric compared; returns the
+    report's path."""
+    key, metric = headline
     columns = [c for c in [(key, metric), *(c for c in COLUMNS if c[0] != key)]
                if any(c[0] in row["mean"] for row in results.values())]
     lines = [f"# openalign study: {name}", "", study.intro, "",

@@ -35,7 +35,11 @@ class Study:
     paper_columns: tuple[str, ...] = ()  # keys of Variant.paper, one report column each
     extra_report: Callable[[dict, Path], list[str]] | None = None  # more Markdown (and plots) after the tables
     quick: tuple[str, ...] = ()  # overrides --quick adds for this study, after the common ones
-    metric: tuple[str, str] = ("mean_recall", "mean recall")  # the headline: (result key, label) for Δ and plots
+    # the headline, (result key, label), for Δ and plots; or a function of the base config giving it
+    metric: tuple[str, str] | Callable[[Config], tuple[str, str]] = ("mean_recall", "mean recall")
+
+    def headline(self, base: Config) -> tuple[str, str]:
+        return self.metric(base) if callable(self.metric) else self.metric
 
 
 def corpus_override(base: Config, **options) -> str:
