@@ -87,11 +87,9 @@ def swap_colour(model, tokenizer, data: EvalData, options: EvalOptions, colours,
         out[f"arithmetic_{name}_r10"] = float((ranks < 10).float().mean())
         if weight == PAPER_WEIGHT:
             out |= {f"arithmetic_r{k}": float((ranks < k).float().mean()) for k in KS}
-    per_target = sum(len(members[c2, s]) for _, _, c2, s in queries) / len(queries)
-    n = len(rows) - 1  # the gallery without the source: chance that one of the targets lands in the top K
-    out |= {f"chance_arithmetic_r{k}": 1 - float(np.prod([(n - per_target - j) / (n - j) for j in range(k)]))
-            for k in KS}
-    return out
+    targets = torch.tensor([len(members[c2, s]) for _, _, c2, s in queries])
+    chance = M.positive_chance(targets, len(rows) - 1)  # the gallery without the source
+    return out | {f"chance_arithmetic_r{k}": chance[k] for k in KS}
 
 
 def compositional(model, tokenizer, data: EvalData, options: EvalOptions) -> dict:
