@@ -128,8 +128,8 @@ class TrainConfig:
 @dataclass(frozen=True)
 class EvalConfig:
     batch_size: int = 256
-    # held-out tasks of the periodic and final evaluation (eval/tasks.py TASKS); `multilingual` reads the
-    # per-language names of the built-in emoji corpus (data.corpus_options=eval_languages=...)
+    # tasks of the periodic and final evaluation on the held-out split: retrieval, zeroshot, multilingual (texts
+    # per language: data.corpus_options=eval_languages=...), arithmetic (emoji), compositional (shapes)
     tasks: tuple[str, ...] = ("retrieval", "zeroshot")
     templates: tuple[str, ...] = ("{}", "an emoji of {}", "a picture of {}", "an icon of {}", "{} emoji")
 

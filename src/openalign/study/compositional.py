@@ -69,8 +69,9 @@ def extra_report(results: dict, out) -> list[str]:
     width = 0.8 / len(names)
     for i, name in enumerate(names):
         xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(shown))]
+        stds = [results[name]["std"].get(k, 0.0) for k, _ in shown]
         ax.bar(xs, [results[name]["mean"].get(k, float("nan")) for k, _ in shown], width,
-               yerr=[results[name]["std"].get(k, 0.0) for k, _ in shown], capsize=3, label=results[name]["label"])
+               yerr=stds if any(stds) else None, capsize=3, label=results[name]["label"])
     ax.set_xticks(range(len(shown)), [label for _, label in shown], rotation=20, ha="right", fontsize=8)
     ax.set(ylabel="held-out score", title="compositional zero-shot (shapes)")
     ax.grid(axis="y", alpha=0.3)
