@@ -2,8 +2,8 @@
 
 The built-in `shapes` corpus (8 colours x 8 shapes, 8 pairs held out of training) at three alt-text
 noise rates. Each run reports, on fresh held-out images, zero-shot accuracy on the unseen pairs against
-the seen ones, and whether image - "red" + "blue" arithmetic turns a seen red star into the unseen blue
-star (recall@K), next to the image alone and the text "blue star" alone (eval/compositional.py).
+the seen ones, and whether image - "blue" + "red" arithmetic turns a seen blue star into the unseen red
+star (recall@K), next to the image alone and the text "red star" alone (eval/compositional.py).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ SHAPES_EVAL = ("eval.tasks=zeroshot,compositional", "eval.templates={},a {},a dr
 BASE = ("data.corpus=shapes", *SHAPES_EVAL)
 INTRO = ("Compositional zero-shot on the built-in shapes corpus: 8 of its 64 colour-shape pairs never appear in "
          "training (every colour and every shape does, in other pairs). Zero-shot top-1 over all 64 pairs on fresh "
-         "images of the unseen pairs and of the seen ones, and image - text + text arithmetic (a seen red star - "
-         "\"red\" + \"blue\" should find the unseen blue star), at three alt-text noise rates.")
+         "images of the unseen pairs and of the seen ones, and image - text + text arithmetic (a seen blue star - "
+         "\"blue\" + \"red\" should find the unseen red star), at three alt-text noise rates.")
 KEYS = (("compositional_unseen_top1", "unseen pairs top-1"), ("compositional_seen_top1", "seen pairs top-1"),
         ("compositional_harmonic_top1", "harmonic mean"), ("compositional_unseen_colour_top1", "unseen: colour right"),
         ("compositional_unseen_shape_top1", "unseen: shape right"),
