@@ -24,3 +24,17 @@ def test_padding_and_truncation_to_max_length():
                 truncation=True, max_length=8)
     assert [len(x) for x in batch["input_ids"]] == [8, 8]
     assert batch["input_ids"][0][3:] == [0] * 5 and batch["attention_mask"][0][:3] == [1, 1, 1]
+
+
+def test_training_is_deterministic_and_pieces_stay_ordinary_tokens():
+    # tokenizers' trainer alone gives a different vocabulary almost every time on these texts
+    # (huggingface/tokenizers#1794: ties broken by hash-map order); ours gives one
+    texts = ["grinning face with big eyes", "palm down hand: light skin tone", "Café au lait, à la carte",
+             "purple hexagon icon", "brown heart drawing"] * 3
+    vocabularies = {tuple(sorted(train_tokenizer(texts, vocab_size=90).get_vocab().items())) for _ in range(20)}
+    assert len(vocabularies) == 1
+    tok = train_tokenizer(texts, vocab_size=90)
+    assert sorted(tok.all_special_tokens) == sorted(SPECIAL_TOKENS)  # the ## pieces are not special
+    ids = tok("purplish hexagons")["input_ids"]
+    assert any(t.startswith("##") for t in tok.convert_ids_to_tokens(ids))
+    assert tok.decode(ids, skip_special_tokens=True) == "purplish hexagons"
