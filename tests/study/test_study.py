@@ -2,7 +2,9 @@
 
 import json
 
-from conftest import needs_emoji_data
+import pytest
+
+from conftest import needs_emoji_data, read_jsonl
 from openalign import cli, presets
 from openalign.study import ablation
 
@@ -186,3 +188,27 @@ def test_noise_vs_scale_on_shapes_scales_distinct_drawings_and_reports_zero_shot
     results = {"clean_x1": row(0.5), "noisy_x1": row(0.2), "noisy_x2": row(0.4), "noisy_x4": row(0.6)}
     assert "reaches the clean corpus's zero-shot top-1 (0.500) at 4x" in "\n".join(
         noise_scale.extra_report(results, tmp_path))
+
+
+def test_an_interrupted_run_starts_again_or_resumes(shapes, tmp_path, monkeypatch):
+    from openalign import config as config_lib
+    from openalign.study import runner
+
+    cfg = config_lib.override(presets.get("tiny"), [f"data.train={shapes['train']}", f"data.eval={shapes['eval']}",
+                                                  "train.steps=2", "train.checkpoint_every=0"])
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"step": 1, "loss": 99.0, "temperature": 9.0}\n')  # killed, no checkpoint
+    row = runner.run_one(cfg, out)
+    assert row["final_loss"] != 99.0 and len(read_jsonl(out / "metrics.jsonl")) == 3  # two steps and the eval
+    (out / "result.json").unlink()
+    (out / "checkpoint.pt").write_bytes(b"")  # now with a checkpoint: the run resumes from it
+    import openalign.train.trainer as trainer
+
+    def fake_train(c, resume=False, progress=True):
+        raise RuntimeError(f"resume={resume}")
+
+    monkeypatch.setattr(trainer, "train", fake_train)
+    with pytest.raises(RuntimeError, match="resume=True"):
+        runner.run_one(cfg, out)
+    assert (out / "metrics.jsonl").is_file()  # kept for the resumed run

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -56,14 +57,18 @@ def _summary_keys(runs: list[dict]) -> list[str]:
 
 
 def run_one(cfg: Config, out: Path) -> dict:
-    """Train one run (or read its earlier result); its final held-out metrics and temperature."""
-    from openalign.train.trainer import train
+    """Train one run (or read its earlier result); its final held-out metrics and temperature. A run that
+    was interrupted resumes from its last checkpoint, or starts again when it has none."""
+    from openalign.train.trainer import CHECKPOINT, train
 
     result_file = out / "result.json"
     if result_file.is_file():
         return json.loads(result_file.read_text())
+    resume = (out / CHECKPOINT).is_file()
+    if out.exists() and not resume:
+        shutil.rmtree(out)  # a partial run without a checkpoint: its log would mix with the new one
     start = time.perf_counter()
-    result = train(dataclasses.replace(cfg, out=str(out)), progress=False)
+    result = train(dataclasses.replace(cfg, out=str(out)), resume=resume, progress=False)
     last = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in line][-1]
     row = result.metrics | {"temperature": last["temperature"], "final_loss": last["loss"],
                             "minutes": (time.perf_counter() - start) / 60}
