@@ -39,7 +39,7 @@ def paper(image_tower: str, text_tower: str) -> Config:
 
 
 def demo() -> Config:
-    """A ~2.5M-parameter model trained for a few minutes on 2 CPU cores on the built-in emoji corpus.
+    """A ~5.5M-parameter model trained for a few minutes on 2 CPU cores on the built-in emoji corpus.
 
     Deviations from the paper recipe, each measured on this corpus (docs/demo.md):
     - temperature init 0.07 (CLIP's) instead of 1.0: in a few hundred steps 1.0 cannot fall to where
