@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from openalign.config import Config, ConfigError
+from openalign.study.report import grouped_bars
 from openalign.study.runner import Study, Variant, corpus_override
 
 NOISE = (0.0, 0.2, 0.5)
@@ -66,15 +67,10 @@ def extra_report(results: dict, out) -> list[str]:
     lines += ["", "![compositional zero-shot](compositional.png)", ""]
     shown = KEYS[:2] + KEYS[5:]
     fig, ax = plt.subplots(figsize=(9, 4))
-    width = 0.8 / len(names)
-    for i, name in enumerate(names):
-        xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(shown))]
-        stds = [results[name]["std"].get(k, 0.0) for k, _ in shown]
-        ax.bar(xs, [results[name]["mean"].get(k, float("nan")) for k, _ in shown], width,
-               yerr=stds if any(stds) else None, capsize=3, label=results[name]["label"])
-    ax.set_xticks(range(len(shown)), [label for _, label in shown], rotation=20, ha="right", fontsize=8)
+    grouped_bars(ax, [(results[n]["label"], [results[n]["mean"].get(k, float("nan")) for k, _ in shown],
+                       [results[n]["std"].get(k, 0.0) for k, _ in shown]) for n in names],
+                 [label for _, label in shown], rotation=20, ha="right", fontsize=8)
     ax.set(ylabel="held-out score", title="compositional zero-shot (shapes)")
-    ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "compositional.png", dpi=110)

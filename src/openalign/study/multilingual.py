@@ -11,6 +11,7 @@ neither model saw: close relatives of a training language (Dutch, Portuguese, Sl
 from __future__ import annotations
 
 from openalign.config import Config, ConfigError
+from openalign.study.report import grouped_bars
 from openalign.study.runner import Study, Variant, corpus_override
 
 TRAIN_LANGUAGES = ("en", "de", "fr", "cs", "es", "ja")  # the paper's Multi30k four, plus a Romance and a CJK one
@@ -89,20 +90,14 @@ def extra_report(results: dict, out) -> list[str]:
     lines += ["", "![mean recall per language](multilingual.png)", ""]
 
     fig, ax = plt.subplots(figsize=(min(11.0, max(6.0, 0.5 * len(languages) * len(names))), 4))
-    width = 0.8 / len(names)
-    for i, name in enumerate(names):
-        xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(languages))]
-        means = [table[name].get(lang, (float("nan"), 0.0))[0] for lang in languages]
-        stds = [table[name].get(lang, (0.0, 0.0))[1] for lang in languages]
-        ax.bar(xs, means, width, yerr=stds if any(stds) else None, capsize=3, label=results[name]["label"], alpha=0.85)
+    grouped_bars(ax, [(results[n]["label"], [table[n].get(lang, (float("nan"), 0.0))[0] for lang in languages],
+                       [table[n].get(lang, (0.0, 0.0))[1] for lang in languages]) for n in names], languages)
     if chance:
         ax.axhline(chance, color="gray", ls=":", label="chance")
     split = sum(lang in TRAIN_LANGUAGES for lang in languages)
     ax.axvline(split - 0.5, color="black", lw=0.8)
     ax.text(split - 0.45, ax.get_ylim()[1] * 0.95, "held out →", fontsize=8, va="top")
-    ax.set_xticks(range(len(languages)), languages)
     ax.set(ylabel="held-out mean recall", title="zero-shot retrieval per language")
-    ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "multilingual.png", dpi=110)

@@ -63,6 +63,16 @@ def write(name: str, study: Study, results: dict, seeds: int, out: Path, headlin
     return path
 
 
+def grouped_bars(ax, series: list[tuple[str, list[float], list[float]]], ticks: list[str], **tick_options) -> None:
+    """One bar per (label, means, stds) series at each tick, side by side; error bars only where a std is known."""
+    width = 0.8 / len(series)
+    for i, (label, means, stds) in enumerate(series):
+        xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(ticks))]
+        ax.bar(xs, means, width, yerr=stds if any(stds) else None, capsize=3, label=label, alpha=0.85)
+    ax.set_xticks(range(len(ticks)), ticks, **tick_options)
+    ax.grid(axis="y", alpha=0.3)
+
+
 def _plot(results: dict, out: Path, key: str, metric: str) -> None:
     by_group = groups(results)
     cols = min(3, len(by_group))
