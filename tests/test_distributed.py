@@ -25,8 +25,16 @@ def join(rank: int, port: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
 
 
-def worker(rank: int, port: int, out: str, micro_batch: int, implementation: str) -> None:
+def leave() -> None:
+    """End this worker once every rank has saved its results, skipping teardown: freeing DDP's Reducer
+    runs ProcessGroupGloo's destructor, which can hang on a lock (pytorch/pytorch#75097; seen here)."""
     import torch.distributed as dist
+
+    dist.barrier()
+    os._exit(0)
+
+
+def worker(rank: int, port: int, out: str, micro_batch: int, implementation: str) -> None:
     import torch.distributed.nn.functional as dist_fn
 
     from openalign import distributed
@@ -47,7 +55,7 @@ def worker(rank: int, port: int, out: str, micro_batch: int, implementation: str
         loss = forward_backward(ddp, model, batch, loss_cfg, micro_batch, layout, torch.device("cpu"), nullcontext)
         losses.append(distributed.mean_over_ranks(loss.item(), layout))
     torch.save({"losses": losses, "grads": grads(model), "gathers": gathers}, Path(out) / f"rank{rank}.pt")
-    dist.destroy_process_group()
+    leave()
 
 
 @pytest.mark.parametrize("micro_batch,implementation", [(0, "naive"), (0, "chunked"), (2, "naive")])
@@ -73,7 +81,6 @@ def test_two_processes_equal_the_single_process_batch(tmp_path, micro_batch, imp
 
 
 def zero_worker(rank: int, port: int, out: str) -> None:
-    import torch.distributed as dist
 
     from openalign import distributed, presets
     from openalign.train.optim import build_optimizer, full_state_dict, set_lr
@@ -94,7 +101,7 @@ def zero_worker(rank: int, port: int, out: str) -> None:
     if rank == 0:
         torch.save({"params": {n: p.detach() for n, p in model.named_parameters()}, "state": state},
                    Path(out) / "zero.pt")
-    dist.destroy_process_group()
+    leave()
 
 
 def test_sharded_lamb_state_gives_the_single_process_lamb_steps(tmp_path):
@@ -118,7 +125,6 @@ def test_sharded_lamb_state_gives_the_single_process_lamb_steps(tmp_path):
 
 
 def fsdp_worker(rank: int, port: int, out: str, micro_batch: int, grad_clip: float) -> None:
-    import torch.distributed as dist
 
     from openalign import distributed, presets
     from openalign.train import fsdp
@@ -146,7 +152,7 @@ def fsdp_worker(rank: int, port: int, out: str, micro_batch: int, grad_clip: flo
     if rank == 0:
         torch.save({"params": params, "state": state, "sharded": sharded,
                     "copy": {n: p.detach() for n, p in whole.named_parameters()}}, Path(out) / "fsdp.pt")
-    dist.destroy_process_group()
+    leave()
 
 
 @pytest.mark.parametrize("micro_batch,grad_clip", [(0, 0.0), (2, 0.5)])
