@@ -88,7 +88,7 @@ def loader_rate(shards: list[str], tokenizer, workers: int, batch: int) -> float
                       shuffle_buffer=64, workers=workers)
     counts = {s: shard_lib.count_samples(s) for s in shards}
     n_batches = batches_per_role(spec, 0, counts)
-    iterator = iter(train_loader(spec, tokenizer, 0, n_batches))
+    iterator = iter(train_loader(spec, tokenizer, (n_batches,)))
     next(iterator)  # workers started and warm
     start, samples = time.perf_counter(), 0
     for b in iterator:

@@ -33,7 +33,7 @@ from openalign import presets
 from openalign.data import shards as shard_lib
 from openalign.data import transforms
 from openalign.data.corpora import resolve_data
-from openalign.data.loader import StreamSpec, batches_per_role, train_loader
+from openalign.data.loader import Position, StreamSpec, epoch_plan, train_loader
 from openalign.model.dual_encoder import DualEncoder, hf_config
 from openalign.tokenizer import train_tokenizer
 from openalign.train.optim import build_optimizer, set_lr
@@ -71,21 +71,19 @@ def data_wait_fraction(cfg, model, optimizer, tokenizer, shards, n: int) -> floa
     """Share of wall time the training loop waits on the real loader (decode, augment, tokenize)."""
     spec = StreamSpec.for_config(cfg, shards)
     counts = {s: shard_lib.count_samples(s) for s in shards}
-    wait, total, steps, epoch = 0.0, 0.0, 0, 0
-    while steps < n:
+    wait, total, steps = 0.0, 0.0, 0
+    start = time.perf_counter()
+    for batch in train_loader(spec, tokenizer, epoch_plan(spec, counts, Position(), n)):
+        got = time.perf_counter()
+        openalign_step(model, optimizer, cfg, batch)
+        done = time.perf_counter()
+        if steps >= 3:  # skip worker start-up
+            wait += got - start
+            total += done - start
+        steps += 1
         start = time.perf_counter()
-        for batch in train_loader(spec, tokenizer, epoch, batches_per_role(spec, epoch, counts)):
-            got = time.perf_counter()
-            openalign_step(model, optimizer, cfg, batch)
-            done = time.perf_counter()
-            if steps >= 3:  # skip worker start-up
-                wait += got - start
-                total += done - start
-            steps += 1
-            start = time.perf_counter()
-            if steps >= n:
-                break
-        epoch += 1
+        if steps >= n:
+            break
     return wait / total
 
 
@@ -97,7 +95,7 @@ def prepare(preset: str, batch_size: int):
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(
         cfg.model, text=dataclasses.replace(cfg.model.text, vocab_size=len(tokenizer))))
     spec = StreamSpec.for_config(cfg, train_shards, batch_size=batch_size, workers=0)
-    batch = next(iter(train_loader(spec, tokenizer, 0, 1)))
+    batch = next(iter(train_loader(spec, tokenizer, (1,))))
     batch["pixel_values"] = transforms.to_unit_range(batch["pixel_values"])  # both steps get float pixels
     return cfg, tokenizer, train_shards, batch
 

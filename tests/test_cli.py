@@ -109,7 +109,10 @@ def test_user_errors_are_one_sentence(shapes, tmp_path, capsys):
     assert cli.main(["eval", str(tmp_path), "--data", str(shapes["eval"])]) == 2
     assert cli.main(["train", "--preset", "tiny", "--data", str(shapes["train"]), "--out", str(tmp_path / "knn"),
                      "eval.tasks=retrieval,knn"]) == 2
+    assert cli.main(["train", "--preset", "tiny", "--data", str(shapes["train"]), "--out", str(tmp_path / "f"),
+                     "data.fraction=0"]) == 2
     errors = capsys.readouterr().err.strip().splitlines()
-    assert len(errors) == 6 and all(e.startswith("openalign: error: ") for e in errors)
+    assert len(errors) == 7 and all(e.startswith("openalign: error: ") for e in errors)
     assert "did you mean optim.lr" in errors[1] and "Traceback" not in "".join(errors)
     assert "'knn' is not a held-out task" in errors[5]
+    assert "data.fraction=0.0 is the share of the training samples" in errors[6]

@@ -99,6 +99,9 @@ class DataConfig:
     # with options lives in data_dir/<corpus>-<options>, so variants of one corpus sit side by side
     corpus_options: tuple[str, ...] = ()
     data_dir: str = "data"
+    # train on this share of the training samples (0 < f <= 1): a fixed subset chosen by a hash of each sample's
+    # key, the same for every seed and nested across fractions (the paper's Table 9 "10% of ALIGN data")
+    fraction: float = 1.0
     batch_size: int = 16_384  # global; paper: 16 pairs per core x 1024 cores
     workers: int = 1
     shuffle_buffer: int = 2_000

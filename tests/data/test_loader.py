@@ -3,7 +3,7 @@ import torch
 
 from openalign.config import ConfigError
 from openalign.data import shards as shard_lib
-from openalign.data.loader import Position, StreamSpec, batches_per_role, eval_samples, train_loader
+from openalign.data.loader import Position, StreamSpec, eval_samples, epoch_plan, train_loader
 from openalign.tokenizer import train_tokenizer
 
 
@@ -17,9 +17,17 @@ def spec_for(shapes, workers=0, batch_size=8, seed=0):
                       crop=32, max_length=16, seed=seed, shuffle_buffer=16, workers=workers)
 
 
+def stream(spec, tokenizer, position=None, epochs=1):
+    """The batches of `epochs` whole epochs from the start of position's epoch, from `position` on."""
+    position = position or Position()
+    counts = {s: shard_lib.count_samples(s, spec.fraction) for s in spec.shards}
+    per_epoch = epoch_plan(spec, counts, Position(epoch=position.epoch), 1)[0] * max(1, spec.workers)
+    plan = epoch_plan(spec, counts, position, epochs * per_epoch - position.batch)
+    return list(train_loader(spec, tokenizer, plan, position))
+
+
 def epoch_batches(spec, tokenizer, epoch=0, position=None):
-    counts = {s: shard_lib.count_samples(s) for s in spec.shards}
-    return list(train_loader(spec, tokenizer, epoch, batches_per_role(spec, epoch, counts), position))
+    return stream(spec, tokenizer, position or Position(epoch=epoch))
 
 
 def test_batches_are_decoded_augmented_tokenized_and_corrupt_samples_counted(shapes, tokenizer):
@@ -53,6 +61,50 @@ def test_resume_from_any_position_continues_the_same_stream(shapes, tokenizer, w
         rest = epoch_batches(spec, tokenizer, position=position)
         assert [b["keys"] for b in rest] == [b["keys"] for b in full[cut:]]
         assert torch.equal(rest[0]["pixel_values"], full[cut]["pixel_values"])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_one_loader_runs_epoch_after_epoch_and_resumes_in_any_of_them(shapes, tokenizer, workers):
+    spec = spec_for(shapes, workers=workers)
+    three = stream(spec, tokenizer, epochs=3)  # one DataLoader, its workers started once
+    per_epoch = [epoch_batches(spec, tokenizer, epoch=e) for e in range(3)]
+    assert [b["keys"] for b in three] == [b["keys"] for epoch in per_epoch for b in epoch]
+    assert [b["epoch"] for b in three] == [e for e in range(3) for _ in per_epoch[e]]
+    for cut in (len(per_epoch[0]), len(per_epoch[0]) + 3):  # at the end of epoch 0, and inside epoch 1
+        position = Position()
+        for batch in three[:cut]:
+            position.advance(batch)
+        assert position.epoch == three[cut - 1]["epoch"]
+        rest = stream(spec, tokenizer, position, epochs=3 - position.epoch)
+        assert [b["keys"] for b in rest] == [b["keys"] for b in three[cut:]]
+        assert torch.equal(rest[0]["pixel_values"], three[cut]["pixel_values"])
+
+
+def test_the_epoch_plan_covers_exactly_the_steps_left(shapes):
+    spec = spec_for(shapes)
+    counts = {s: shard_lib.count_samples(s) for s in spec.shards}
+    assert epoch_plan(spec, counts, Position(), 12) == (12,)  # 12 batches an epoch
+    assert epoch_plan(spec, counts, Position(), 13) == (12, 12)
+    assert epoch_plan(spec, counts, Position(epoch=4, batch=12), 1) == (12, 12)  # the finished epoch, then one
+    assert epoch_plan(spec, counts, Position(), 0) == ()
+
+
+def test_a_fraction_is_a_fixed_nested_subset_the_counts_and_the_stream_agree_on(shapes, tokenizer):
+    import dataclasses
+
+    spec = spec_for(shapes)
+    every = {b for batch in epoch_batches(spec, tokenizer) for b in batch["keys"]}
+    half = {k for k in every if shard_lib.in_fraction(k, 0.5)}
+    quarter = {k for k in every if shard_lib.in_fraction(k, 0.25)}
+    assert quarter < half < every and 0.3 < len(half) / len(every) < 0.7  # nested, about the share asked for
+    stored = {sample["__key__"] for sample in shard_lib.read_samples(list(spec.shards))}  # (corrupt ones too)
+    kept = sum(shard_lib.count_samples(s, 0.5) for s in spec.shards)
+    assert kept == sum(shard_lib.in_fraction(k, 0.5) for k in stored) < len(stored)
+    batches = epoch_batches(dataclasses.replace(spec, fraction=0.5), tokenizer)
+    streamed = [k for batch in batches for k in batch["keys"]]
+    assert len(batches) == kept // 8 and set(streamed) == half  # (the two corrupt samples made up by wrapping)
+    texts = list(shard_lib.all_texts(list(spec.shards), 0.5))
+    assert 0 < len(texts) < len(list(shard_lib.all_texts(list(spec.shards))))
 
 
 def test_two_workers_split_the_shards_and_yield_equal_counts(shapes, tokenizer):

@@ -6,6 +6,7 @@ import pytest
 
 from conftest import needs_emoji_data, read_jsonl
 from openalign import cli, presets
+from openalign.config import ConfigError
 from openalign.study import ablation
 
 
@@ -137,6 +138,31 @@ def test_model_vs_data_pipeline(tmp_path):
     report = (tmp_path / "study" / "report.md").read_text()
     assert "## Model size against data size" in report and "## smaller model" in report
     assert (tmp_path / "study" / "model_vs_data.png").stat().st_size > 0
+
+
+def test_model_vs_data_on_your_shards_samples_them_with_data_fraction(tmp_path):
+    import dataclasses
+
+    from openalign import config as config_lib
+    from openalign.study import model_data
+
+    base = dataclasses.replace(presets.get("demo"), data=dataclasses.replace(presets.get("demo").data, train="SHARDS"))
+    plan = model_data.variants(base)
+    assert [v.name for v in plan] == ["large_full", "large_10", "small_full", "small_10"]  # no clean row
+    for v in plan:
+        cfg = config_lib.override(base, list(v.overrides))
+        assert cfg.data.fraction == (0.1 if v.name.endswith("_10") else 1.0) and cfg.data.train == "SHARDS"
+        assert cfg.data.corpus_options == base.data.corpus_options
+    with pytest.raises(ConfigError, match="--data SHARDS"):
+        model_data.variants(dataclasses.replace(base, data=dataclasses.replace(base.data, train="", corpus="shapes")))
+
+    def row(recall):
+        return {"group": "g", "mean": {"mean_recall": recall}, "std": {"mean_recall": 0.0}}
+
+    lines = model_data.extra_report({"large_full": row(0.3), "large_10": row(0.2), "small_full": row(0.1),
+                                     "small_10": row(0.1)}, tmp_path)
+    assert "base model +0.100, smaller model +0.000: the larger model gains more" in "\n".join(lines)
+    assert (tmp_path / "model_vs_data.png").stat().st_size > 0
 
 
 def test_compositional_pipeline(tmp_path):

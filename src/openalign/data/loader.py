@@ -7,12 +7,15 @@ tokenizes in the worker. Corrupt samples are skipped and counted, never fatal.
 Determinism: shard order, the shuffle buffer, the choice of alt-text and the augmentation are seeded
 by (seed, epoch, role or sample key), so the stream is a pure function of the seed. Every role yields
 the same number of batches per epoch, so DataLoader's round robin makes batch b of an epoch come from
-role b % workers. To resume, each role skips the raw samples it had consumed (before decoding, which
-is cheap) and the roles are rotated so that the next batch comes from the right one.
+role b % workers. One loader runs epoch after epoch (an `epoch_plan`), so its workers start once per
+run, not once per epoch (a small corpus has many short epochs). To resume, each role skips the raw
+samples it had consumed (before decoding, which is cheap) and the roles are rotated so that the next
+batch comes from the right one.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import itertools
@@ -45,12 +48,13 @@ class StreamSpec:
     workers: int = 0
     rank: int = 0
     world_size: int = 1
+    fraction: float = 1.0  # read only this subset of the samples (shards.in_fraction; data.fraction)
 
     @classmethod
     def for_config(cls, cfg: Config, shards: list[str], **changes) -> StreamSpec:
         spec = cls(shards=tuple(shards), batch_size=cfg.data.batch_size, resize=cfg.model.vision.resize_size,
                    crop=cfg.model.vision.image_size, max_length=cfg.model.text.max_length, seed=cfg.seed,
-                   shuffle_buffer=cfg.data.shuffle_buffer, workers=cfg.data.workers)
+                   shuffle_buffer=cfg.data.shuffle_buffer, workers=cfg.data.workers, fraction=cfg.data.fraction)
         return dataclasses.replace(spec, **changes)
 
 
@@ -64,12 +68,11 @@ class Position:
     produced: dict[int, int] = field(default_factory=dict)  # local role -> batches produced this epoch
 
     def advance(self, batch: dict) -> None:
+        if batch["epoch"] != self.epoch:  # the stream went on to the next epoch
+            self.epoch, self.batch, self.consumed, self.produced = batch["epoch"], 0, {}, {}
         self.batch += 1
         self.consumed[batch["role"]] = batch["consumed"]
         self.produced[batch["role"]] = batch["produced"]
-
-    def next_epoch(self) -> None:
-        self.epoch, self.batch, self.consumed, self.produced = self.epoch + 1, 0, {}, {}
 
 
 def shards_for_role(spec: StreamSpec, epoch: int, role: int) -> list[str]:
@@ -91,6 +94,16 @@ def batches_per_role(spec: StreamSpec, epoch: int, counts: dict[str, int]) -> in
     return min(per_role)
 
 
+def epoch_plan(spec: StreamSpec, counts: dict[str, int], position: Position, batches: int) -> tuple[int, ...]:
+    """Batches per role of the epochs from `position.epoch` on that hold `batches` more batches of this rank
+    (one per training step); every epoch's reader shares are checked here, before any worker starts."""
+    plan, left = [], batches + position.batch
+    while left > 0:
+        plan.append(batches_per_role(spec, position.epoch + len(plan), counts))
+        left -= plan[-1] * max(1, spec.workers)
+    return tuple(plan)
+
+
 def shuffled(samples, buffer: int, rng: random.Random):
     pool = []
     for sample in samples:
@@ -105,34 +118,41 @@ def shuffled(samples, buffer: int, rng: random.Random):
 
 
 class TrainStream(IterableDataset):
-    """Yields collated training batches; one text per image per visit, chosen at random."""
+    """Yields collated training batches, epoch after epoch as `plan` gives them (batches per role of epochs
+    position.epoch, position.epoch + 1, ...); one text per image per visit, chosen at random."""
 
-    def __init__(self, spec: StreamSpec, tokenizer, epoch: int, n_batches: int, position: Position | None = None):
-        self.spec, self.tokenizer, self.epoch, self.n_batches = spec, tokenizer, epoch, n_batches
-        self.position = position or Position(epoch=epoch)
+    def __init__(self, spec: StreamSpec, tokenizer, plan: tuple[int, ...], position: Position | None = None):
+        self.spec, self.tokenizer, self.plan = spec, tokenizer, plan
+        self.position = copy.deepcopy(position or Position())  # where it starts (the trainer advances its own)
 
     def __iter__(self) -> Iterator[dict]:
         info = get_worker_info()
         workers = max(1, self.spec.workers)
-        local = ((info.id if info else 0) + self.position.batch) % workers  # rotation on resume
-        role = self.spec.rank * workers + local
-        skip = self.position.consumed.get(local, 0)
-        produced = self.position.produced.get(local, 0)
+        # The rotation on resume holds for later epochs too: every epoch ends after a multiple of `workers`.
+        local = ((info.id if info else 0) + self.position.batch) % workers
+        for i, n_batches in enumerate(self.plan):
+            resumed = i == 0  # the epoch the position is in: skip what its roles had consumed
+            skip = self.position.consumed.get(local, 0) if resumed else 0
+            produced = self.position.produced.get(local, 0) if resumed else 0
+            yield from self._epoch(self.position.epoch + i, local, n_batches, skip, produced)
+
+    def _epoch(self, epoch: int, local: int, n_batches: int, skip: int, produced: int) -> Iterator[dict]:
+        role = self.spec.rank * max(1, self.spec.workers) + local
         consumed, skipped, pending = 0, 0, []
-        if produced >= self.n_batches:
+        if produced >= n_batches:
             return
         # A role whose corrupt samples leave it short wraps around its shards, so every role yields
         # exactly n_batches and the round robin (hence the resume rotation) stays exact.
         for lap in itertools.count():
-            rng = random.Random(stable_seed(self.spec.seed, self.epoch, "buffer", role, lap))
-            raw = shard_lib.read_samples(shards_for_role(self.spec, self.epoch, role))
+            rng = random.Random(stable_seed(self.spec.seed, epoch, "buffer", role, lap))
+            raw = shard_lib.read_samples(shards_for_role(self.spec, epoch, role), fraction=self.spec.fraction)
             decoded, lap_start = 0, consumed
             for sample in shuffled(raw, self.spec.shuffle_buffer, rng):
                 consumed += 1
                 if consumed <= skip or sample["__key__"] in (item[2] for item in pending):
                     continue  # (an image already in the pending batch can come again only on a wrap)
                 try:
-                    pending.append(self.prepare(sample))
+                    pending.append(self.prepare(sample, epoch))
                     decoded += 1
                 except Exception:  # noqa: BLE001 - any undecodable sample is skipped and counted
                     skipped += 1
@@ -140,16 +160,17 @@ class TrainStream(IterableDataset):
                 if len(pending) == self.spec.batch_size:
                     produced += 1
                     yield collate(pending, self.tokenizer, self.spec.max_length) | {
-                        "role": local, "consumed": consumed, "produced": produced, "skipped": skipped}
+                        "epoch": epoch, "role": local, "consumed": consumed, "produced": produced,
+                        "skipped": skipped}
                     pending, skipped = [], 0
-                if produced >= self.n_batches:
+                if produced >= n_batches:
                     return
             if decoded == 0 and lap_start >= skip:
                 raise RuntimeError(f"no decodable sample in the shards of reader {role}")
 
-    def prepare(self, sample: dict) -> tuple[torch.Tensor, str, str]:
+    def prepare(self, sample: dict, epoch: int) -> tuple[torch.Tensor, str, str]:
         key = sample["__key__"]
-        rng = random.Random(stable_seed(self.spec.seed, self.epoch, "sample", key))
+        rng = random.Random(stable_seed(self.spec.seed, epoch, "sample", key))
         texts = shard_lib.sample_texts(sample)
         image = transforms.decode(shard_lib.image_bytes(sample), self.spec.resize)
         pixels = transforms.train_transform(image, self.spec.resize, self.spec.crop, rng)
@@ -171,8 +192,9 @@ def _worker_init(_: int) -> None:
     torch.set_num_threads(1)  # workers decode with Pillow; BLAS threads would only oversubscribe
 
 
-def train_loader(spec: StreamSpec, tokenizer, epoch: int, n_batches: int, position: Position | None = None):
-    stream = TrainStream(spec, tokenizer, epoch, n_batches, position)
+def train_loader(spec: StreamSpec, tokenizer, plan: tuple[int, ...], position: Position | None = None):
+    """Batches of the epochs in `plan` (see `epoch_plan`) from `position` on, in one DataLoader."""
+    stream = TrainStream(spec, tokenizer, plan, position)
     return DataLoader(stream, batch_size=None, num_workers=spec.workers, worker_init_fn=_worker_init,
                       generator=torch.Generator().manual_seed(spec.seed),  # leaves the global RNG alone
                       prefetch_factor=4 if spec.workers else None)

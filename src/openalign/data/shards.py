@@ -6,6 +6,7 @@ A sample is `KEY.jpg|png|webp` (the image), `KEY.txt` (one alt-text, as img2data
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import tarfile
@@ -68,10 +69,21 @@ def list_shards(spec: str) -> list[str]:
     return shards
 
 
-def count_samples(shard: str) -> int:
-    """Samples in one shard: from the manifest beside it, else by reading the tar headers."""
+def in_fraction(key: str, fraction: float) -> bool:
+    """Whether a sample is in the `fraction` subset of a shard set (data.fraction): decided by a hash of its
+    key alone, so the subset is the same in every run and every seed, and a smaller fraction's subset lies
+    inside a larger one's."""
+    if fraction >= 1.0:
+        return True
+    digest = hashlib.blake2b(f"fraction:{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") < fraction * 2**64
+
+
+def count_samples(shard: str, fraction: float = 1.0) -> int:
+    """Samples in one shard (in its `fraction` subset): from the manifest beside it, else by reading the tar
+    headers (always, for a subset: its keys decide)."""
     manifest = Path(shard).parent / MANIFEST
-    if manifest.is_file():
+    if manifest.is_file() and fraction >= 1.0:
         counts = json.loads(manifest.read_text()).get("shards", {})
         if Path(shard).name in counts:
             return counts[Path(shard).name]
@@ -80,7 +92,7 @@ def count_samples(shard: str) -> int:
         for member in tar:
             if member.isfile() and "." in member.name:
                 keys.add(member.name.split(".", 1)[0])
-    return len(keys)
+    return sum(in_fraction(key, fraction) for key in keys)
 
 
 def image_bytes(sample: dict) -> bytes:
@@ -101,18 +113,19 @@ def sample_texts(sample: dict) -> list[str]:
     raise ValueError("sample has no text (.txt or json texts)")
 
 
-def all_texts(shards: list[str]):
-    """Every alt-text of every sample, in shard order (tokenizer training)."""
-    return (text for sample in read_samples(shards) for text in sample_texts(sample))
+def all_texts(shards: list[str], fraction: float = 1.0):
+    """Every alt-text of every sample (of the `fraction` subset), in shard order (tokenizer training)."""
+    return (text for sample in read_samples(shards, fraction=fraction) for text in sample_texts(sample))
 
 
 def sample_meta(sample: dict) -> dict:
     return json.loads(sample["json"]) if "json" in sample else {}
 
 
-def read_samples(shards: list[str], handler=wds.warn_and_continue):
-    """Raw samples (dicts of bytes) from tar shards in order."""
-    return wds.tarfile_samples(({"url": s} for s in shards), handler=handler)
+def read_samples(shards: list[str], handler=wds.warn_and_continue, fraction: float = 1.0):
+    """Raw samples (dicts of bytes) from tar shards in order; only those `in_fraction` when fraction < 1."""
+    samples = wds.tarfile_samples(({"url": s} for s in shards), handler=handler)
+    return samples if fraction >= 1.0 else (s for s in samples if in_fraction(s["__key__"], fraction))
 
 
 def encode_image(image, fmt: str = "JPEG", quality: int = 90) -> bytes:

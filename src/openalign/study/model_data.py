@@ -4,6 +4,9 @@ Two model sizes, the base config's towers and a smaller pair (half the text towe
 half the image tower's width and depth coefficients, the same embedding dimension, as the paper keeps
 640), each trained on the whole emoji corpus, on a 10% sample of it, and on a clean 10% (no alt-text
 noise: the paper's small curated CC-3M), all for the same number of steps. The held-out split is the same.
+
+On your own shards (`--data`), the 10% is `data.fraction=0.1` of them and there is no clean row (a
+curated set is a dataset of its own: train on it with `openalign study model-vs-data --data CLEAN`).
 """
 
 from __future__ import annotations
@@ -37,13 +40,18 @@ def smaller(base: Config) -> tuple[str, ...]:
 
 
 def variants(base: Config) -> list[Variant]:
-    if base.data.corpus != "emoji" or base.data.train:
-        raise ConfigError("the model-vs-data study samples the built-in emoji corpus: use a preset with "
-                          "data.corpus=emoji and no --data")
+    if not base.data.train and base.data.corpus != "emoji":
+        raise ConfigError("the model-vs-data study samples the built-in emoji corpus or your shards: use "
+                          "data.corpus=emoji, or pass --data SHARDS and --eval-data HELDOUT")
     plan = []
     for size, group, model in (("large", "base model", ()), ("small", "smaller model", smaller(base))):
         for key, label, options in DATA:
-            data = (corpus_override(base, **options),) if options else ()
+            if base.data.train:  # the user's shards: a fixed sample of them (data.fraction); nothing to clean
+                if "noise" in options:
+                    continue
+                data = tuple(f"data.{k}={v}" for k, v in options.items())
+            else:
+                data = (corpus_override(base, **options),) if options else ()
             plan.append(Variant(f"{size}_{key.rstrip('%')}", group, model + data, f"{group}, {label}",
                                 baseline=key == "full", paper=dict(zip(PAPER_COLUMNS, TABLE_9[size, key]))))
     return plan
@@ -57,8 +65,9 @@ def extra_report(results: dict, out) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = [key.rstrip("%") for key, _, _ in DATA]
-    if not all(f"{size}_{k}" in results for size in ("large", "small") for k in keys):
+    data = [row for row in DATA if all(f"{size}_{row[0].rstrip('%')}" in results for size in ("large", "small"))]
+    keys = [key.rstrip("%") for key, _, _ in data]
+    if keys[:2] != ["full", "10"]:
         return []
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for size, color in (("large", "tab:blue"), ("small", "tab:orange")):
@@ -66,12 +75,12 @@ def extra_report(results: dict, out) -> list[str]:
         axes[0].errorbar(range(len(keys)), [r["mean"]["mean_recall"] for r in rows],
                          yerr=[r["std"]["mean_recall"] for r in rows], marker="o", color=color, capsize=3,
                          label=rows[0]["group"])
-        axes[1].plot(range(len(keys)), [TABLE_9[size, key][0] for key, _, _ in DATA], marker="o", color=color,
+        axes[1].plot(range(len(DATA)), [TABLE_9[size, key][0] for key, _, _ in DATA], marker="o", color=color,
                      label="B7 + BERT-base" if size == "large" else "B3 + BERT-mini")
-    axes[0].set(title="openalign (held-out emoji)", ylabel="held-out mean recall")
+    axes[0].set(title="openalign (held-out split)", ylabel="held-out mean recall")
     axes[1].set(title="paper, Table 9", ylabel="MSCOCO I2T R@1 (%)")
-    for ax, labels in ((axes[0], [label for _, label, _ in DATA]), (axes[1], ["ALIGN full", "ALIGN 10%", "CC-3M"])):
-        ax.set_xticks(range(len(keys)), labels)
+    for ax, labels in ((axes[0], [label for _, label, _ in data]), (axes[1], ["ALIGN full", "ALIGN 10%", "CC-3M"])):
+        ax.set_xticks(range(len(labels)), labels)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()

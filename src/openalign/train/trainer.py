@@ -25,7 +25,7 @@ from openalign import distributed
 from openalign.config import Config, ConfigError
 from openalign.data import shards as shard_lib
 from openalign.data.corpora import resolve_data
-from openalign.data.loader import Position, StreamSpec, batches_per_role, train_loader
+from openalign.data.loader import Position, StreamSpec, epoch_plan, train_loader
 from openalign.eval.tasks import HELD_OUT_TASKS, EvalOptions, run_tasks
 from openalign.model import hub
 from openalign.model.dual_encoder import DualEncoder
@@ -65,7 +65,8 @@ def prepare_tokenizer(cfg: Config, train_shards: list[str], out: Path):
         return load_tokenizer(cfg.data.tokenizer)
     if (saved / "tokenizer.json").is_file():
         return load_tokenizer(saved)
-    tokenizer = train_tokenizer(shard_lib.all_texts(train_shards), cfg.model.text.vocab_size, cfg.model.text.max_length)
+    texts = shard_lib.all_texts(train_shards, cfg.data.fraction)
+    tokenizer = train_tokenizer(texts, cfg.model.text.vocab_size, cfg.model.text.max_length)
     tokenizer.save_pretrained(saved)
     return tokenizer
 
@@ -111,6 +112,9 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> TrainResu
     if unknown:
         raise ConfigError(f"eval.tasks: {unknown[0]!r} is not a held-out task; choose from {', '.join(HELD_OUT_TASKS)} "
                           "(the others run on a saved model: `openalign eval`)")
+    if not 0.0 < cfg.data.fraction <= 1.0:
+        raise ConfigError(f"data.fraction={cfg.data.fraction} is the share of the training samples to use; give a "
+                          "number in (0, 1]")
     train_shards, eval_shards = _resolve_data(cfg, progress, layout)
     tokenizer = _prepare_tokenizer(cfg, train_shards, out, layout)
     # The trained vocabulary may be smaller than asked for (small corpora): size the embedding to it.
@@ -164,7 +168,10 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> TrainResu
 
     spec = StreamSpec.for_config(cfg, train_shards, batch_size=cfg.data.batch_size // layout.world,
                                  rank=layout.rank, world_size=layout.world)
-    counts = {s: shard_lib.count_samples(s) for s in train_shards}
+    counts = {s: shard_lib.count_samples(s, cfg.data.fraction) for s in train_shards}
+    if cfg.data.fraction < 1.0 and progress:
+        total = sum(shard_lib.count_samples(s) for s in train_shards)
+        print(f"data.fraction={cfg.data.fraction:g}: training on {sum(counts.values()):,} of {total:,} samples")
     eval_options = EvalOptions(batch_size=cfg.eval.batch_size, max_length=cfg.model.text.max_length,
                                templates=cfg.eval.templates)
 
@@ -190,10 +197,10 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> TrainResu
     bar = tqdm(total=cfg.train.steps, initial=step, desc="train", unit="step", disable=not progress, dynamic_ncols=True)
     pairs, skipped, data_time, tick = 0, 0, 0.0, time.perf_counter()
     try:
-        while step < cfg.train.steps:
-            n_batches = batches_per_role(spec, position.epoch, counts)
+        while step < cfg.train.steps:  # one loader for the whole run: its workers start once
+            plan = epoch_plan(spec, counts, position, cfg.train.steps - step)
             fetch_start = time.perf_counter()
-            for batch in train_loader(spec, tokenizer, position.epoch, n_batches, position):
+            for batch in train_loader(spec, tokenizer, plan, position):
                 data_time += time.perf_counter() - fetch_start
                 lr = lr_at(step, cfg.optim.lr, cfg.optim.warmup_steps, cfg.train.steps)
                 set_lr(optimizer, lr)
@@ -232,8 +239,6 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> TrainResu
                 if step >= cfg.train.steps:
                     break
                 fetch_start = time.perf_counter()
-            else:
-                position.next_epoch()
     except KeyboardInterrupt:
         bar.close()
         if layout.active:  # the other ranks may be gone: no collective; resume from the last checkpoint
