@@ -94,6 +94,8 @@ def cmd_study(args) -> int:
     out = Path(args.out)
     start = time.perf_counter()
     results = run_study(args.name, cfg, variants, args.seeds, out, progress=not args.quiet)
+    if os.environ.get("RANK", "0") != "0":  # under torchrun every rank trained; rank 0 reports
+        return 0
     report = study_report.write(args.name, study, results, args.seeds, out, study.headline(cfg))
     if study.extra_report:
         report.write_text(report.read_text() + "\n".join(study.extra_report(results, out)) + "\n")

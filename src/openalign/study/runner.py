@@ -14,6 +14,7 @@ from typing import Callable
 from tqdm import tqdm
 
 from openalign import config as config_lib
+from openalign import distributed
 from openalign.config import Config, ConfigError
 from openalign.eval import metrics as M
 
@@ -56,44 +57,59 @@ def _summary_keys(runs: list[dict]) -> list[str]:
             and not M.is_chance(k) and all(isinstance(r.get(k), (int, float)) for r in runs)]
 
 
-def run_one(cfg: Config, out: Path) -> dict:
+def run_one(cfg: Config, out: Path, layout: distributed.Dist = distributed.Dist()) -> dict:
     """Train one run (or read its earlier result); its final held-out metrics and temperature. A run that
-    was interrupted resumes from its last checkpoint, or starts again when it has none."""
+    was interrupted resumes from its last checkpoint, or starts again when it has none. Under torchrun
+    every rank trains its share and returns rank 0's row; rank 0 alone writes."""
     from openalign.train.trainer import CHECKPOINT, train
 
     result_file = out / "result.json"
-    if result_file.is_file():
-        return json.loads(result_file.read_text())
+
+    def earlier() -> dict | None:
+        if result_file.is_file():
+            return json.loads(result_file.read_text())
+        if out.exists() and not (out / CHECKPOINT).is_file():
+            shutil.rmtree(out)  # a partial run without a checkpoint: its log would mix with the new one
+        return None
+
+    done = distributed.all_objects(earlier() if layout.main else None, layout)[0]  # rank 0 decides for all
+    if done is not None:
+        return done
     resume = (out / CHECKPOINT).is_file()
-    if out.exists() and not resume:
-        shutil.rmtree(out)  # a partial run without a checkpoint: its log would mix with the new one
     start = time.perf_counter()
     result = train(dataclasses.replace(cfg, out=str(out)), resume=resume, progress=False)
-    last = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in line][-1]
-    row = result.metrics | {"temperature": last["temperature"], "final_loss": last["loss"],
-                            "minutes": (time.perf_counter() - start) / 60}
-    result_file.write_text(json.dumps(row, indent=2) + "\n")
-    return row
+    row = None
+    if layout.main:
+        last = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in line][-1]
+        row = result.metrics | {"temperature": last["temperature"], "final_loss": last["loss"],
+                                "minutes": (time.perf_counter() - start) / 60}
+        result_file.write_text(json.dumps(row, indent=2) + "\n")
+    return distributed.all_objects(row, layout)[0]
 
 
 def run_study(name: str, base: Config, variants: list[Variant], seeds: int, out: Path,
               progress: bool = True) -> dict:
-    """Every variant for `seeds` seeds; returns {variant name: {"runs": [...], "mean": {...}, "std": {...}}}."""
+    """Every variant for `seeds` seeds; returns {variant name: {"runs": [...], "mean": {...}, "std": {...}}}.
+    Under torchrun each run is trained by all the processes and rank 0 writes results.json."""
+    from openalign.train.trainer import resolve_device
+
     if seeds < 1:
         raise ConfigError(f"--seeds must be at least 1, not {seeds}")
     names = [v.name for v in variants]
     if len(set(names)) != len(names):
         raise ConfigError(f"study {name}: variant names repeat")
     configs = {v.name: config_lib.override(base, list(v.overrides)) for v in variants}  # fail before any training
-    out.mkdir(parents=True, exist_ok=True)
+    layout = distributed.init(resolve_device(base.train.device, distributed.from_env().local_rank).type)
+    if layout.main:
+        out.mkdir(parents=True, exist_ok=True)
     results: dict = {}
-    bar = tqdm(total=len(variants) * seeds, desc=f"study {name}", unit="run", disable=not progress)
+    bar = tqdm(total=len(variants) * seeds, desc=f"study {name}", unit="run", disable=not (progress and layout.main))
     for variant in variants:
         runs = []
         for seed in range(seeds):
             bar.set_postfix_str(f"{variant.name} seed {seed}")
             cfg = dataclasses.replace(configs[variant.name], seed=base.seed + seed)
-            runs.append(run_one(cfg, out / "runs" / variant.name / f"seed{seed}"))
+            runs.append(run_one(cfg, out / "runs" / variant.name / f"seed{seed}", layout))
             bar.update(1)
         keys = _summary_keys(runs)
         results[variant.name] = {
@@ -104,6 +120,7 @@ def run_study(name: str, base: Config, variants: list[Variant], seeds: int, out:
             "chance": {k: runs[0][M.chance_key(k)] for k in keys if M.chance_key(k) in runs[0]},
         }
     bar.close()
-    (out / "results.json").write_text(json.dumps({"study": name, "seeds": seeds, "base": config_lib.to_dict(base),
-                                                  "variants": results}, indent=2) + "\n")
+    if layout.main:
+        (out / "results.json").write_text(json.dumps({"study": name, "seeds": seeds, "base": config_lib.to_dict(base),
+                                                      "variants": results}, indent=2) + "\n")
     return results
