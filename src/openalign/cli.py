@@ -29,8 +29,6 @@ def _train_config(args) -> config_lib.Config:
     if args.out:
         cfg = dataclasses.replace(cfg, out=args.out)
     cfg = _with_data(cfg, args)
-    if args.images:
-        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, images=args.images))
     if args.init:
         cfg = _from_model(cfg, Path(args.init))
     elif cfg.preset in presets.NEEDS_INIT and not cfg.model.init_from:
@@ -39,11 +37,14 @@ def _train_config(args) -> config_lib.Config:
 
 
 def _with_data(cfg: config_lib.Config, args) -> config_lib.Config:
-    """--data / --eval-data, where given, as the config's training and held-out shards."""
+    """--data / --eval-data (and --images, their image root), where given, as the config's training and
+    held-out data."""
     if args.data:
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, train=args.data))
     if args.eval_data:
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, eval=args.eval_data))
+    if args.images:
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, images=args.images))
     return cfg
 
 
@@ -324,7 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, default=1, help="runs per variant (mean ± std)")
     p.add_argument("--only", action="append", help="a group or variant to run (repeatable); the baseline always runs")
     p.add_argument("--data", help="training shards (default: the preset's corpus)")
-    p.add_argument("--eval-data", help="held-out shards")
+    p.add_argument("--eval-data", help="held-out shards, or a Karpathy-split JSON")
+    p.add_argument("--images", help="image root when --data / --eval-data is a Karpathy-split JSON")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides of the base config")
     p.set_defaults(func=cmd_study)
