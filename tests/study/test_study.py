@@ -187,10 +187,13 @@ def test_temperature_settles_where_it_stays_within_the_band():
 
 def test_dynamics_pipeline_plots_temperature_and_geometry_over_steps(shapes, tmp_path):
     variants = run_study("dynamics", tmp_path / "study", "--data", str(shapes["train"]), "--eval-data",
-                         str(shapes["eval"]), "train.steps=4", "train.eval_every=2")
+                         str(shapes["eval"]), "train.steps=4", "train.eval_every=2", "--seeds", "2")
     assert list(variants) == ["t_init1", "t_init0.07"]
     report = (tmp_path / "study" / "report.md").read_text()
-    assert "## Over the steps of training" in report and "init T = 1 (paper)" in report
+    assert "## Over the steps of training" in report and "Mean ± std over 2 seed(s)" in report
+    row = next(line for line in report.splitlines() if line.startswith("| init T = 1 (paper) | ") and "→" in line)
+    finals = [r["temperature"] for r in variants["t_init1"]["runs"]]
+    assert row.split(" | ")[1].startswith(f"{sum(finals) / 2:.4f} ± ")  # the mean over both seeds
     assert (tmp_path / "study" / "dynamics.png").stat().st_size > 0
 
 

@@ -10,6 +10,7 @@ modality gap (the distance between the image and text embeddings' centroids) and
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 from openalign.config import Config
@@ -48,37 +49,56 @@ def settle_step(temps: list[tuple[int, float]], near: float = NEAR) -> int:
     return temps[i][0]
 
 
+def _mean_std(values: list[float], digits: str) -> str:
+    mean = statistics.fmean(values)
+    return f"{mean:{digits}}" + (f" ± {statistics.pstdev(values):{digits}}" if len(values) > 1 else "")
+
+
 def extra_report(results: dict, out) -> list[str]:
-    """Temperature, modality gap and cones over steps for seed 0 of every variant (dynamics.png)."""
+    """Temperature, modality gap and cones over steps of every variant: every seed's curves (seed 0 drawn
+    bold) in dynamics.png, and a table of mean ± std over the seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = {name: Path(out) / "runs" / name / "seed0" for name in results}
-    runs = {name: run for name, run in runs.items() if (run / "metrics.jsonl").is_file()}
+    runs = {name: sorted(p for p in (Path(out) / "runs" / name).glob("seed*") if (p / "metrics.jsonl").is_file())
+            for name in results}
+    runs = {name: found for name, found in runs.items() if found}
     if not runs:
         return []
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    seeds = max(len(found) for found in runs.values())
     lines = ["## Over the steps of training", "",
+             f"Mean ± std over {seeds} seed(s); the plot draws seed 0 bold and the others faint.", "",
              f"| variant | final temperature | within {NEAR}x of it from step | share of training | "
              "modality gap, first → last evaluation | image cone | text cone |", "|---|---|---|---|---|---|---|"]
-    for (name, run), color in zip(runs.items(), ("tab:blue", "tab:orange", "tab:green", "tab:red")):
-        temps, evals = read_curves(run)
+    for (name, found), color in zip(runs.items(), ("tab:blue", "tab:orange", "tab:green", "tab:red")):
         label = results[name]["label"]
-        axes[0].plot([s for s, _ in temps], [t for _, t in temps], color=color, label=label)
-        for key, style in (("modality_gap", "-"), ("image_cone", "--"), ("text_cone", ":")):
-            points = [(s, e[key]) for s, e in evals if key in e]
-            target = axes[1] if key == "modality_gap" else axes[2]
-            target.plot([s for s, _ in points], [v for _, v in points], style, marker="o", ms=3, color=color,
-                        label=f"{label}: {key.replace('_', ' ')}")
-        final, settle = temps[-1][1], settle_step(temps)
-        cells = [label, f"{final:.4f} (1/{1 / final:.0f})", str(settle), f"{settle / temps[-1][0]:.0%}"]
-        geometry = [e for _, e in evals if "modality_gap" in e]
-        if geometry:
-            cells += [f"{geometry[0][k]:.3f} → {geometry[-1][k]:.3f}" for k in ("modality_gap", "image_cone",
-                                                                               "text_cone")]
-        lines.append("| " + " | ".join(cells + ["—"] * (7 - len(cells))) + " |")
+        finals, settles, shares, geometry = [], [], [], {k: ([], []) for k in ("modality_gap", "image_cone",
+                                                                               "text_cone")}
+        for i, run in enumerate(found):
+            temps, evals = read_curves(run)
+            style = {"alpha": 1.0 if i == 0 else 0.35, "lw": 1.5 if i == 0 else 0.8}
+            axes[0].plot([s for s, _ in temps], [t for _, t in temps], color=color, label=label if i == 0 else None,
+                         **style)
+            for key, ls in (("modality_gap", "-"), ("image_cone", "--"), ("text_cone", ":")):
+                points = [(s, e[key]) for s, e in evals if key in e]
+                target = axes[1] if key == "modality_gap" else axes[2]
+                target.plot([s for s, _ in points], [v for _, v in points], ls, marker="o" if i == 0 else None, ms=3,
+                            color=color, label=f"{label}: {key.replace('_', ' ')}" if i == 0 else None, **style)
+                if points:
+                    geometry[key][0].append(points[0][1])
+                    geometry[key][1].append(points[-1][1])
+            finals.append(temps[-1][1])
+            settles.append(settle_step(temps))
+            shares.append(settles[-1] / temps[-1][0])
+        final = statistics.fmean(finals)
+        cells = [label, f"{_mean_std(finals, '.4f')} (1/{1 / final:.0f})", _mean_std(settles, '.0f'),
+                 f"{statistics.fmean(shares):.0%}"]
+        cells += [f"{statistics.fmean(first):.3f} → {_mean_std(last, '.3f')}" if first else "—"
+                  for first, last in geometry.values()]
+        lines.append("| " + " | ".join(cells) + " |")
     axes[0].axhline(1 / 64, color="gray", ls=":", label="1/64 (paper's converged value)")
     axes[0].set(title="learned temperature", xlabel="step", yscale="log")
     axes[1].set(title="modality gap (held-out)", xlabel="step", ylim=(0, None))
