@@ -155,3 +155,15 @@ def test_modality_gap_and_cones_equal_their_definitions():
     assert out["image_cone"] == pytest.approx(cone(img)) and out["text_cone"] == pytest.approx(cone(txt))
     same = M.modality_gap(img, img)
     assert same["modality_gap"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_shared_captions_are_texts_of_more_than_one_image_and_get_a_caveat():
+    from openalign.eval.report import caveats, metric_lines
+
+    captions = ["a red star", "A  red star", "a blue cat", "a blue cat", "green"]
+    text_to_image = torch.tensor([0, 1, 2, 2, 3])  # image 2's two captions are the same text: not shared
+    assert M.shared_caption_share(captions, text_to_image) == 2 / 5
+    assert M.shared_caption_share([], torch.tensor([], dtype=torch.long)) == 0.0
+    lines = metric_lines({"mean_recall": 0.1, "shared_captions": 0.4})
+    assert lines[-1].startswith("  note: 40% of the captions are also captions of other images")
+    assert caveats({"shared_captions": 0.05}) == [] and caveats({}) == []

@@ -127,6 +127,16 @@ def ranks_to_metrics(i2t: torch.Tensor, t2i: torch.Tensor) -> dict[str, float]:
     return metrics | {"n_images": len(i2t), "n_texts": len(t2i)}
 
 
+def shared_caption_share(captions: list[str], text_to_image: torch.Tensor) -> float:
+    """The share of captions whose text (case and spacing aside) is also a caption of another image. Such
+    captions tie exactly with their twins, and ties count against the model, so R@K understates."""
+    owners: dict[str, set[int]] = {}
+    keys = [" ".join(c.lower().split()) for c in captions]
+    for key, image in zip(keys, text_to_image.tolist()):
+        owners.setdefault(key, set()).add(image)
+    return sum(len(owners[key]) > 1 for key in keys) / len(keys) if keys else 0.0
+
+
 def modality_gap(img: torch.Tensor, txt: torch.Tensor) -> dict[str, float]:
     """The geometry of the shared space (Liang et al. 2022, "Mind the Gap"): the distance between the
     image and text embeddings' centroids, and each modality's cone: the mean cosine between two

@@ -31,8 +31,21 @@ def markdown_table(metrics: dict) -> str:
     return "\n".join(rows) + "\n"
 
 
+SHARED_CAPTIONS_NOTE = 0.1  # from this share of captions shared between images, retrieval gets a caveat
+
+
+def caveats(metrics: dict) -> list[str]:
+    """Sentences on what the numbers cannot show for this data (printed under them)."""
+    shared = metrics.get("shared_captions", 0.0)
+    if shared < SHARED_CAPTIONS_NOTE:
+        return []
+    return [f"  note: {shared:.0%} of the captions are also captions of other images (class-like captions such as "
+            "\"a red star\"); such identical texts tie, and ties count against the model, so retrieval R@K "
+            "understates: measure class-like data with --task zeroshot"]
+
+
 def metric_lines(metrics: dict) -> list[str]:
-    """Every metric on one line, with its chance level and the ratio where there is one."""
+    """Every metric on one line, with its chance level and the ratio where there is one, then any caveat."""
     width = max((len(k) for k in metrics), default=0)
     lines = []
     for key, value in metrics.items():
@@ -41,7 +54,7 @@ def metric_lines(metrics: dict) -> list[str]:
         chance = metrics.get(M.chance_key(key))
         note = f"   (chance {chance:.4f}, {value / chance:.1f}x)" if chance else ""
         lines.append(f"  {key:<{width}}  {_fmt(value)}{note}")
-    return lines
+    return lines + caveats(metrics)
 
 
 def recall_curve(ranks: torch.Tensor, max_k: int) -> tuple[list[int], list[float]]:

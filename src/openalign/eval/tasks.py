@@ -34,7 +34,8 @@ def retrieval(model: DualEncoder, tokenizer, data: EvalData, options: EvalOption
     txt = encode_texts(model, tokenizer, data.captions, options)
     i2t = M.i2t_ranks(data.image_embeds, txt, data.text_to_image)
     t2i = M.t2i_ranks(data.image_embeds, txt, data.text_to_image)
-    metrics = M.ranks_to_metrics(i2t, t2i) | M.modality_gap(data.image_embeds, txt)
+    metrics = M.ranks_to_metrics(i2t, t2i) | M.modality_gap(data.image_embeds, txt) | {
+        "shared_captions": M.shared_caption_share(data.captions, data.text_to_image)}
     chance = M.retrieval_chance(data.text_to_image, len(data.labels))
     data.figures["retrieval"] = {"i2t": i2t, "t2i": t2i, "captions_per_image": torch.bincount(
         data.text_to_image, minlength=len(data.labels)), "n_texts": len(txt)}

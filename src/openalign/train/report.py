@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from openalign.config import Config  # noqa: E402
 from openalign.eval.metrics import chance_key  # noqa: E402
+from openalign.eval.report import caveats  # noqa: E402
 
 HEADLINE = ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "mean_recall", "zeroshot_top1",
             "zeroshot_top5")
@@ -65,7 +66,7 @@ def summary_lines(metrics: dict) -> list[str]:
     for key in ("i2t_median_rank", "t2i_median_rank", "n_images", "n_texts", "zeroshot_n_classes"):
         if key in metrics:
             lines.append(f"  {key:<14} {metrics[key]:g}")
-    return lines
+    return lines + caveats(metrics)
 
 
 def write(out: Path, cfg: Config, metrics: dict, model_info: dict) -> str:
