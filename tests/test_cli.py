@@ -111,8 +111,11 @@ def test_user_errors_are_one_sentence(shapes, tmp_path, capsys):
                      "eval.tasks=retrieval,knn"]) == 2
     assert cli.main(["train", "--preset", "tiny", "--data", str(shapes["train"]), "--out", str(tmp_path / "f"),
                      "data.fraction=0"]) == 2
+    assert cli.main(["train", "--preset", "tiny", "--data", str(shapes["train"]), "--out", str(tmp_path / "f2"),
+                     "data.fraction=0.01"]) == 2
     errors = capsys.readouterr().err.strip().splitlines()
-    assert len(errors) == 7 and all(e.startswith("openalign: error: ") for e in errors)
+    assert len(errors) == 8 and all(e.startswith("openalign: error: ") for e in errors)
+    assert "data.fraction=0.01 keeps 1 of 96 training samples, fewer than one batch of 8" in errors[7]
     assert "did you mean optim.lr" in errors[1] and "Traceback" not in "".join(errors)
     assert "'knn' is not a held-out task" in errors[5]
     assert "data.fraction=0.0 is the share of the training samples" in errors[6]

@@ -169,9 +169,14 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> TrainResu
     spec = StreamSpec.for_config(cfg, train_shards, batch_size=cfg.data.batch_size // layout.world,
                                  rank=layout.rank, world_size=layout.world)
     counts = {s: shard_lib.count_samples(s, cfg.data.fraction) for s in train_shards}
-    if cfg.data.fraction < 1.0 and progress:
-        total = sum(shard_lib.count_samples(s) for s in train_shards)
-        print(f"data.fraction={cfg.data.fraction:g}: training on {sum(counts.values()):,} of {total:,} samples")
+    if cfg.data.fraction < 1.0:
+        kept, total = sum(counts.values()), sum(shard_lib.count_samples(s) for s in train_shards)
+        if kept < cfg.data.batch_size:
+            raise ConfigError(f"data.fraction={cfg.data.fraction:g} keeps {kept:,} of {total:,} training samples, "
+                              f"fewer than one batch of {cfg.data.batch_size}; raise data.fraction or lower "
+                              "data.batch_size")
+        if progress:
+            print(f"data.fraction={cfg.data.fraction:g}: training on {kept:,} of {total:,} samples")
     eval_options = EvalOptions(batch_size=cfg.eval.batch_size, max_length=cfg.model.text.max_length,
                                templates=cfg.eval.templates)
 
