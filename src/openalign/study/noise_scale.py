@@ -77,6 +77,7 @@ def extra_report(results: dict, out) -> list[str]:
     ax.set(xscale="log", xticks=sizes, xlabel="corpus size (x the clean corpus)", ylabel="held-out metric",
            title="noisy data at scale vs clean data")
     ax.set_xticklabels([f"{n}x" for n in sizes])
+    ax.minorticks_off()  # (a log axis labels its minor ticks, 3 x 10^0, otherwise)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
