@@ -506,10 +506,15 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        return args.func(args)
+        code = args.func(args)
     except ConfigError as err:
         print(f"openalign: error: {err}", file=sys.stderr)
         return 2
+    if "torch.distributed" in sys.modules:  # under torchrun: every rank leaves the group together
+        from openalign import distributed
+
+        distributed.shutdown()
+    return code
 
 
 if __name__ == "__main__":

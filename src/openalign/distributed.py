@@ -124,6 +124,15 @@ def main_first(layout: Dist, fn):
     return result if layout.main else fn(False)
 
 
+def shutdown() -> None:
+    """Leave the process group together at the end of a command (every rank calls it). A rank that exits
+    with the group alive while another still works can abort in gloo's teardown ("terminate called
+    without an active exception", seen here under torchrun)."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def barrier(layout: Dist) -> None:
     if layout.active:
         dist.barrier()
