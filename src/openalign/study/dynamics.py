@@ -14,6 +14,7 @@ import statistics
 from pathlib import Path
 
 from openalign.config import Config
+from openalign.study.report import mean_std
 from openalign.study.runner import Study, Variant
 
 INITS = (1.0, 0.07)  # the paper's and CLIP's
@@ -50,8 +51,7 @@ def settle_step(temps: list[tuple[int, float]], near: float = NEAR) -> int:
 
 
 def _mean_std(values: list[float], digits: str) -> str:
-    mean = statistics.fmean(values)
-    return f"{mean:{digits}}" + (f" ± {statistics.pstdev(values):{digits}}" if len(values) > 1 else "")
+    return mean_std(statistics.fmean(values), statistics.pstdev(values), len(values), digits)
 
 
 def extra_report(results: dict, out) -> list[str]:

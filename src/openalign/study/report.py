@@ -15,11 +15,13 @@ COLUMNS = (("mean_recall", "mean recall"), ("i2t_r1", "I2T R@1"), ("t2i_r1", "T2
            ("zeroshot_top1", "zero-shot top-1"), ("temperature", "final temperature"), ("modality_gap", "modality gap"))
 
 
+def mean_std(mean: float, std: float, seeds: int, digits: str = ".3f") -> str:
+    """`mean ± std`, or the mean alone for one seed (a std of 0 would read as no spread)."""
+    return f"{mean:{digits}} ± {std:{digits}}" if seeds > 1 else f"{mean:{digits}}"
+
+
 def _cell(row: dict, key: str) -> str:
-    if key not in row["mean"]:
-        return "—"
-    mean, std = row["mean"][key], row["std"][key]
-    return f"{mean:.3f} ± {std:.3f}" if len(row["runs"]) > 1 else f"{mean:.3f}"
+    return mean_std(row["mean"][key], row["std"][key], len(row["runs"])) if key in row["mean"] else "—"
 
 
 def groups(results: dict) -> dict[str, list[tuple[str, dict]]]:
