@@ -91,7 +91,7 @@ def test_cxc_on_a_karpathy_json_and_a_report_png(model_dir, tmp_path):
 def test_finetune_with_a_head_and_frozen_batchnorm(model_dir, tmp_path):
     train, test = class_folders(tmp_path / "train", 4), class_folders(tmp_path / "test", 2, seed=1)
     m = run(model_dir, tmp_path, "--task", "finetune", "--data", str(test), "--train-data", str(train),
-            "--ft", "steps=3", "--ft", "batch_size=4", "--ft", "freeze_bn=true")
+            "--ft", "steps=3", "--ft", "batch_size=4", "--ft", "lr=0.001", "--ft", "freeze_bn=true")
     assert (m["finetune_n_train"], m["finetune_n_test"], m["finetune_n_classes"]) == (12, 6, 3)
     assert m["finetune_freeze_bn"] is True and 0 <= m["finetune_top1"] <= 1 and m["finetune_top5"] == 1.0
     assert cli.main(["eval", str(model_dir), "--task", "finetune", "--data", str(test), "--ft", "stpes=3",
@@ -138,9 +138,9 @@ def test_head_learns_ten_times_faster_and_frozen_batchnorm_keeps_statistics(mode
         return real_step(self, *args, **kwargs)
 
     monkeypatch.setattr(torch.optim.SGD, "step", spy)
-    ft = finetune_lib.parse_options(["steps=4", "batch_size=2", "lr=0.02", "warmup_fraction=0", "freeze_bn=true"])
+    ft = finetune_lib.parse_options(["steps=4", "batch_size=2", "lr=0.002", "warmup_fraction=0", "freeze_bn=true"])
     tuned = finetune_lib.fit(model, data, {"green": 0, "red": 1}, ft, seed=0, crop=32)
-    assert seen[0] == pytest.approx([0.02, 0.02, 0.2]) and seen[-1] == pytest.approx([0.005, 0.005, 0.05])
+    assert seen[0] == pytest.approx([0.002, 0.002, 0.02]) and seen[-1] == pytest.approx([0.0005, 0.0005, 0.005])
     stats = lambda m: [b.running_mean for b in m.modules() if isinstance(b, torch.nn.BatchNorm2d)]  # noqa: E731
     assert all(torch.equal(x, y) for x, y in zip(stats(tuned.tower), stats(model)))
 
@@ -191,3 +191,40 @@ def test_embedding_cache_is_reused_and_keyed_by_the_data(model_dir, tmp_path, mo
     shape_image("red", "circle", 40).save(tmp_path / "test" / "red" / "new.png")  # the data changed: embed again
     with pytest.raises(AssertionError, match="embedded again"):
         run(model_dir, tmp_path, *args)
+
+
+def test_finetune_that_diverges_stops_with_one_sentence(model_dir, tmp_path, capsys):
+    # Before: the loss went NaN, the logits NaN, and top-1 came out 1.000.
+    train, test = class_folders(tmp_path / "train", 4), class_folders(tmp_path / "test", 2, seed=1)
+    assert cli.main(["eval", str(model_dir), "--task", "finetune", "--data", str(test), "--train-data", str(train),
+                     "--ft", "steps=6", "--ft", "batch_size=4", "--ft", "lr=1e30", "--ft", "warmup_fraction=0",
+                     "--out", str(tmp_path / "x.json")]) == 2
+    err = capsys.readouterr().err
+    assert "fine-tuning diverged at step" in err and "lower --ft lr" in err and "Traceback" not in err
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_vtab_drops_a_diverged_sweep_point(model_dir, tmp_path):
+    class_folders(tmp_path / "vtab" / "t" / "train", 5)
+    class_folders(tmp_path / "vtab" / "t" / "test", 2, seed=2)
+    m = run(model_dir, tmp_path, "--task", "vtab", "--data", str(tmp_path / "vtab"), "--ft", "batch_size=4",
+            "--ft", "warmup_fraction=0", "--sweep", "lr=1e30,0.001", "--sweep", "steps=4", "--runs", "1")
+    assert m["vtab_t_sweep_diverged"] == 1 and m["vtab_t_sweep_points"] == 2
+    assert m["vtab_t_lr"] == 0.001  # the diverged point cannot win with a NaN score
+    assert cli.main(["eval", str(model_dir), "--task", "vtab", "--data", str(tmp_path / "vtab"), "--ft",
+                     "batch_size=4", "--ft", "warmup_fraction=0", "--sweep", "lr=1e30", "--sweep", "steps=4",
+                     "--out", str(tmp_path / "y.json")]) == 2
+
+
+def test_finetune_scored_against_permuted_labels_falls_to_chance(model_dir, tmp_path):
+    train, test = class_folders(tmp_path / "train", 6), class_folders(tmp_path / "test", 3, seed=1)
+    args = ("--task", "finetune", "--train-data", str(train), "--ft", "steps=30", "--ft", "batch_size=6",
+            "--ft", "lr=0.01")
+    honest = run(model_dir, tmp_path, "--data", str(test), *args)
+    permuted = tmp_path / "permuted"
+    permuted.mkdir()
+    for i, c in enumerate(COLOURS[:3]):  # every test class's images moved into the next class's folder
+        (test / c).rename(permuted / COLOURS[(i + 1) % 3])
+    shuffled = run(model_dir, tmp_path, "--data", str(permuted), *args)
+    assert honest["finetune_top1"] > 1.5 * honest["finetune_chance_top1"]  # it learned the colours
+    assert shuffled["finetune_top1"] < honest["finetune_chance_top1"]  # so permuted labels score below chance

@@ -167,3 +167,60 @@ def test_shared_captions_are_texts_of_more_than_one_image_and_get_a_caveat():
     lines = metric_lines({"mean_recall": 0.1, "shared_captions": 0.4})
     assert lines[-1].startswith("  note: 40% of the captions are also captions of other images")
     assert caveats({"shared_captions": 0.05}) == [] and caveats({}) == []
+
+
+NAN = float("nan")
+
+
+def test_nan_logits_are_misses_not_hits():
+    # Before the fix: logits >= true is all False for NaN, the rank is -1, and every row counted as a hit.
+    m = M.topk_accuracy(torch.full((4, 10), NAN), torch.tensor([0, 1, 2, 3]))
+    assert m == {"top1": 0.0, "top5": 0.0}
+    # a finite true logit beaten only by a NaN wrong one: the NaN counts against (rank 1, not 0)
+    logits = torch.tensor([[2.0, NAN, 0.0], [2.0, 0.0, 0.0], [float("inf"), 1.0, 0.0]])
+    m = M.topk_accuracy(logits, torch.tensor([0, 0, 0]), ks=(1, 2))
+    # row 0: rank 1 (NaN counts); row 1: rank 0; row 2: the true logit is inf -> a miss at every K
+    assert m == {"top1": pytest.approx(1 / 3), "top2": pytest.approx(2 / 3)}
+
+
+def test_nan_embeddings_are_misses_in_retrieval():
+    img = torch.eye(3)
+    txt = torch.eye(3).clone()
+    txt[1] = NAN  # caption 1 (of image 1) diverged
+    owner = torch.tensor([0, 1, 2])
+    assert M.t2i_ranks(img, txt, owner).tolist() == [0, M.MISS, 0]
+    # image 1's only caption scores NaN: a miss; images 0 and 2 see a NaN wrong caption, which counts against
+    assert M.i2t_ranks(img, txt, owner).tolist() == [1, M.MISS, 1]
+    m = M.retrieval_metrics(img, txt, owner)
+    assert m["t2i_r10"] == pytest.approx(2 / 3) and m["i2t_r1"] == 0.0 and m["i2t_r10"] == pytest.approx(2 / 3)
+    all_nan = M.retrieval_metrics(torch.full((3, 3), NAN), torch.full((3, 3), NAN), owner)
+    assert all_nan["mean_recall"] == 0.0 and all_nan["i2t_median_rank"] == float("inf")
+
+
+def test_knn_never_predicts_from_a_nan_similarity():
+    train = torch.tensor([[1.0, 0.0], [0.0, 1.0], [NAN, NAN]])
+    labels = torch.tensor([0, 1, 2])
+    test = torch.tensor([[0.9, 0.1], [NAN, 0.0], [0.1, 0.9]])
+    # query 1 has no finite similarity: -1 (no label); the NaN training item never becomes a neighbour
+    assert M.knn_predict(train, labels, test, k=1).tolist() == [0, -1, 1]
+    assert M.knn_predict(train, labels, test, k=3, n_classes=3).tolist() == [0, -1, 1]
+
+
+def test_linear_probe_refuses_non_finite_features():
+    x = torch.randn(10, 4, dtype=torch.float64)
+    x[3, 0] = NAN
+    y = torch.arange(10) % 2
+    with pytest.raises(M.ConfigError, match="not finite"):
+        M.linear_probe(x, y, x, y)
+
+
+def test_permuted_labels_fall_to_chance():
+    # Well separated classes: a probe and KNN learn them; scored against permuted test labels they must fail.
+    g = torch.Generator().manual_seed(0)
+    centres = torch.nn.functional.normalize(torch.randn(5, 16, generator=g), dim=-1) * 4
+    y = torch.arange(100) % 5
+    x = torch.nn.functional.normalize(centres[y] + 0.1 * torch.randn(100, 16, generator=g), dim=-1).double()
+    permuted = (y + 1) % 5  # every test image labelled as the next class
+    assert M.linear_probe(x[:50], y[:50], x[50:], y[50:])["top1"] == 1.0
+    assert M.linear_probe(x[:50], y[:50], x[50:], permuted[50:])["top1"] == 0.0
+    assert float((M.knn_predict(x[:50], y[:50], x[50:]) == permuted[50:]).float().mean()) == 0.0

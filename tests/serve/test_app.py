@@ -56,7 +56,7 @@ def test_text_image_and_arithmetic_queries(client):
     ({"image": b64(Image.new("RGB", (600, 600), "red"), "JPEG")}, 413, "pixels"),
     ({}, 400, "needs a text, an image or an image id"),
     ({"image_id": 999}, 400, "no image with id 999"),
-    ({"text": "x", "plus": ["a"] * 9}, 400, "at most 8"),
+    ({"text": "x", "plus": ["a"] * 5, "minus": ["b"] * 4}, 400, "at most 8"),
     ({"text": "x", "k": 0}, 422, ""),
 ])
 def test_bad_requests_get_a_clear_4xx(client, body, status, message):
@@ -84,3 +84,60 @@ def test_thumbnails_of_an_index_built_from_shards(tmp_path, shapes):
     assert hit["path"].endswith(".tar")
     response = client.get(hit["thumbnail"])
     assert response.status_code == 200 and Image.open(io.BytesIO(response.content)).size[0] > 0
+
+
+@pytest.mark.parametrize("body,status,message", [
+    ({"text": "x", "plus": ["a" * 1_001]}, 422, "at most 1000 characters"),
+    ({"text": "x", "minus": ["b" * 5_000]}, 422, "at most 1000 characters"),
+    ({"text": "x", "plus": ["a"] * 20}, 422, "at most 8 items"),
+    ({"image_id": 3, "text_weight": float("nan")}, 422, "finite number"),
+    ({"image_id": 3, "image_weight": float("inf")}, 422, "finite number"),
+])
+def test_terms_and_weights_are_bounded_and_finite(client, body, status, message):
+    import json
+
+    # Python's JSON writer emits NaN / Infinity, as an attacker's client would
+    response = client.post("/search", content=json.dumps(body), headers={"content-type": "application/json"})
+    assert response.status_code == status
+    assert message in str(response.json()["detail"])
+
+
+def test_validation_errors_do_not_echo_the_input(client):
+    response = client.post("/search", json={"text": "y" * 100_000})
+    assert response.status_code == 422
+    assert len(response.content) < 1_000 and "yyyy" not in response.text
+    assert response.json()["detail"][0]["loc"] == ["body", "text"]
+
+
+def test_a_body_over_the_limit_is_refused_before_it_is_read(client):
+    import resource
+
+    limit = 50_000 * 4 // 3 + 64 * 1024  # the fixture's Limits(max_upload_bytes=50_000)
+    declared = client.post("/search", content=b"{" + b" " * (limit + 10) + b"}",
+                           headers={"content-type": "application/json"})
+    assert declared.status_code == 413 and "larger than" in declared.json()["detail"]
+
+    # chunked (no Content-Length): 200 x 64 KiB offered, straight through the ASGI app; reading stops
+    # at the first chunk over the limit (TestClient would read the whole body before sending it)
+    import asyncio
+
+    chunks_read, sent = 0, []
+
+    async def receive():
+        nonlocal chunks_read
+        chunks_read += 1
+        return {"type": "http.request", "body": b"a" * 2**16, "more_body": chunks_read < 200}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/search", "raw_path": b"/search", "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/json")], "client": ("127.0.0.1", 1), "server": ("t", 80)}
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
+    asyncio.run(client.app(scope, receive, send))
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 413
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]  # nothing after the 413
+    assert chunks_read == 3  # 3 x 64 KiB is the first count past the 132,202-byte limit
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100 * 1024  # parsing it would take GBs
+    assert client.post("/search", json={"text": "a red circle", "k": 2}).status_code == 200  # still serving

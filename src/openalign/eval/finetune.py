@@ -57,6 +57,14 @@ def parse_sweep(assignments: list[str], base: FinetuneConfig) -> list[FinetuneCo
     return [override(base, list(point)) for point in itertools.product(*axes)] or [base]
 
 
+class Diverged(ConfigError):
+    """A fine-tuning run whose loss went non-finite: its scores would measure nothing."""
+
+    def __init__(self, step: int, loss: float, ft: FinetuneConfig):
+        super().__init__(f"fine-tuning diverged at step {step + 1} of {ft.steps} (loss {loss}) with lr={ft.lr:g}; "
+                         "lower --ft lr (or --sweep lr=...)")
+
+
 @dataclass
 class Labeled:
     images: list  # PIL images, resized to resize x resize
@@ -97,7 +105,8 @@ def _train_mode(classifier: Classifier, freeze_bn: bool) -> None:
 
 def fit(model: DualEncoder, data: Labeled, classes: dict[str, int], ft: FinetuneConfig, seed: int, crop: int,
         progress: bool = False) -> Classifier:
-    """Fine-tune a copy of the image tower and a new head on `data`; a pure function of its arguments."""
+    """Fine-tune a copy of the image tower and a new head on `data`; a pure function of its arguments.
+    Raises `Diverged` as soon as the loss is not finite."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
     classifier = Classifier(model, len(classes)).to(device_of(model))
@@ -119,6 +128,8 @@ def fit(model: DualEncoder, data: Labeled, classes: dict[str, int], ft: Finetune
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, ft.lr, int(ft.steps * ft.warmup_fraction), ft.steps) * group["lr_scale"]
         loss = torch.nn.functional.cross_entropy(classifier(pixels.to(device_of(model))), labels[rows].to(device_of(model)))
+        if not torch.isfinite(loss):
+            raise Diverged(step, float(loss.detach()), ft)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -186,8 +197,18 @@ def vtab(model: DualEncoder, tokenizer, path: str, options: EvalOptions) -> dict
         fit_set, val_set = split_1k(load("train"), load("val") if (task / "val").is_dir() else None, options.seed)
         test = load("test")
         classes = {c: i for i, c in enumerate(sorted(set(fit_set.labels) | set(val_set.labels)))}
-        val_scores = [score(fit(model, fit_set, classes, ft, options.seed, options.crop), val_set, classes,
-                            options.crop)["top1"] for ft in tqdm(grid, desc=f"{name}: sweep", leave=False)]
+        val_scores, diverged = [], []
+        for ft in tqdm(grid, desc=f"{name}: sweep", leave=False):
+            try:
+                val_scores.append(score(fit(model, fit_set, classes, ft, options.seed, options.crop), val_set,
+                                        classes, options.crop)["top1"])
+            except Diverged as err:  # a diverged point cannot win the sweep with a meaningless score
+                val_scores.append(float("-inf"))
+                diverged.append(ft)
+                tqdm.write(f"{name}: sweep point lr={ft.lr:g} steps={ft.steps} dropped: {err}")
+        if len(diverged) == len(grid):
+            raise ConfigError(f"{name}: every point of the sweep diverged (loss not finite); sweep lower learning "
+                              "rates (--sweep lr=...)")
         best = grid[val_scores.index(max(val_scores))]
         full = Labeled(fit_set.images + val_set.images, fit_set.labels + val_set.labels)
         runs = [score(fit(model, full, classes, best, options.seed + run, options.crop), test, classes,
@@ -195,6 +216,7 @@ def vtab(model: DualEncoder, tokenizer, path: str, options: EvalOptions) -> dict
         out |= {f"{name}_top1_mean": statistics.mean(runs), f"{name}_top1_std": statistics.pstdev(runs),
                 f"{name}_val_top1": max(val_scores), f"{name}_lr": best.lr, f"{name}_steps": best.steps,
                 f"{name}_n_train": len(full.labels), f"{name}_n_test": len(test.labels),
+                f"{name}_sweep_points": len(grid), f"{name}_sweep_diverged": len(diverged),
                 f"chance_{name}_top1_mean": 1 / len(classes)}
     means = [v for k, v in out.items() if k.endswith("_top1_mean") and not k.startswith("chance_")]
     return out | {"mean_top1": statistics.mean(means), "n_tasks": len(means)}

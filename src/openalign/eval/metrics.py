@@ -3,11 +3,17 @@
 Ranks are 0-based and ties count against the query: the rank of a target is the number of *wrong*
 candidates scoring at least as high as it (so a constant model gets chance-or-worse, never luck).
 Image->text: an image's hit is its best-scoring caption (any of its captions counts).
+
+Non-finite scores (NaN, inf: a diverged model) never help: a query whose own target scores non-finite
+gets the rank `MISS` (beyond every K), and a wrong candidate scoring NaN counts as scoring at least as
+high as the target. Without this, `logits >= true` is all False for NaN logits and the rank is -1, a hit.
 """
 
 from __future__ import annotations
 
 import torch
+
+from openalign.config import ConfigError
 
 KS = (1, 5, 10)
 TASK_PREFIXES = ("zeroshot_", "knn_", "linear_probe_", "cxc_", "multilingual_", "finetune_", "vtab_",
@@ -24,6 +30,14 @@ def chance_key(key: str) -> str:
 
 def is_chance(key: str) -> bool:
     return key.startswith("chance_") or "_chance_" in key
+
+
+MISS = torch.iinfo(torch.long).max  # the rank of a query without a finite target score: never within any K
+
+
+def against_target(scores: torch.Tensor) -> torch.Tensor:
+    """Scores of wrong candidates with NaN as +inf: a NaN candidate counts as beating the target."""
+    return scores.nan_to_num(nan=float("inf"), posinf=float("inf"), neginf=float("-inf"))
 
 
 BLOCK_BYTES = 64 * 2**20  # similarity rows per block: at most this many bytes of scores at a time
@@ -75,11 +89,13 @@ def positive_ranks(queries: torch.Tensor, gallery: torch.Tensor, positives: torc
             rows = torch.nonzero(left_out >= 0).squeeze(1)
             sims[rows, left_out[rows]] = float("-inf")
         idx = positives[start:start + step]  # [b, p]
-        valid = idx >= 0
-        scores = sims.gather(1, idx.clamp(min=0)).masked_fill(~valid, float("-inf"))  # [b, p]
+        scores = sims.gather(1, idx.clamp(min=0))  # [b, p]
+        valid = (idx >= 0) & scores.isfinite()  # a non-finite positive score is no hit
+        scores = scores.masked_fill(~valid, float("-inf"))
         best = scores.max(dim=1, keepdim=True).values  # [b, 1]
         # wrong items at least as good as the best positive = all such - positives such
-        ranks[start:start + step] = count_at_least(sims, best) - ((scores >= best) & valid).sum(dim=1)
+        block = count_at_least(against_target(sims), best) - ((scores >= best) & valid).sum(dim=1)
+        ranks[start:start + step] = block.masked_fill(~valid.any(dim=1), MISS)
     return ranks
 
 
@@ -112,7 +128,8 @@ def pair_positives(pairs: list[tuple[int, int]], n_queries: int) -> tuple[torch.
 
 def recalls(ranks: torch.Tensor, prefix: str, ks=KS) -> dict[str, float]:
     out = {f"{prefix}_r{k}": float((ranks < k).float().mean()) for k in ks}
-    out[f"{prefix}_median_rank"] = float(ranks.float().median() + 1)  # 1-based, as papers report it
+    median = int(ranks.median())
+    out[f"{prefix}_median_rank"] = float("inf") if median == MISS else float(median + 1)  # 1-based, as papers report it
     return out
 
 
@@ -186,9 +203,11 @@ def class_weights(text_embeds: torch.Tensor, n_classes: int) -> torch.Tensor:
 
 
 def topk_accuracy(logits: torch.Tensor, labels: torch.Tensor, ks=(1, 5)) -> dict[str, float]:
-    """logits [N, C], labels [N]; ties count against (rank = wrong classes scoring >= the true one)."""
+    """logits [N, C], labels [N]; ties count against (rank = wrong classes scoring >= the true one); a
+    non-finite true logit is a miss and a NaN wrong logit counts against (see MISS)."""
     true = logits.gather(1, labels[:, None])  # [N, 1]
-    ranks = (logits >= true).sum(dim=1) - 1  # [N]
+    ranks = (against_target(logits) >= true).sum(dim=1) - 1  # [N]
+    ranks = ranks.masked_fill(~true[:, 0].isfinite(), MISS)
     return {f"top{k}": float((ranks < k).float().mean()) for k in ks}
 
 
@@ -198,18 +217,25 @@ def knn_predict(train: torch.Tensor, train_labels: torch.Tensor, test: torch.Ten
 
     k=1 is the paper's ImageNet KNN R@1: the label of the most similar training image; ties go to the
     lower training index (argmax). k>1: neighbours vote with their similarity; the vote's ties go to the
-    lower label; ties at the k-th neighbour are broken by torch.topk (deterministic on CPU)."""
+    lower label; ties at the k-th neighbour are broken by torch.topk (deterministic on CPU).
+
+    A non-finite similarity never makes a neighbour; a query with no finite similarity predicts -1, which
+    is no label (a miss)."""
     n_classes = n_classes or int(train_labels.max()) + 1
     out = torch.empty(test.shape[0], dtype=torch.long)
     step = _rows_per_block(train.shape[0], chunk)
     for start in range(0, test.shape[0], step):
         sims = test[start:start + step] @ train.T  # [b, N]
+        finite = sims.isfinite()
+        sims = sims.masked_fill(~finite, float("-inf"))
         if k == 1:
-            out[start:start + step] = train_labels[sims.argmax(dim=1)]
-            continue
-        top, idx = sims.topk(min(k, train.shape[0]), dim=1)
-        votes = torch.zeros(len(sims), n_classes, dtype=sims.dtype).scatter_add_(1, train_labels[idx], top)
-        out[start:start + step] = votes.argmax(dim=1)
+            predicted = train_labels[sims.argmax(dim=1)]
+        else:
+            top, idx = sims.topk(min(k, train.shape[0]), dim=1)
+            top = top.masked_fill(~top.isfinite(), 0.0)  # fewer than k finite neighbours: the rest do not vote
+            votes = torch.zeros(len(sims), n_classes, dtype=sims.dtype).scatter_add_(1, train_labels[idx], top)
+            predicted = votes.argmax(dim=1)
+        out[start:start + step] = predicted.masked_fill(~finite.any(dim=1), -1)
     return out
 
 
@@ -219,7 +245,12 @@ def linear_probe(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Ten
     """Multinomial logistic regression on frozen features (full-batch L-BFGS, as CLIP's probe).
 
     The L2 strength is chosen on a seeded `val_fraction` of the training set (ties: the stronger
-    penalty), then the probe is refit on all training features and scored on the test set."""
+    penalty), then the probe is refit on all training features and scored on the test set. A fit whose
+    loss or weights go non-finite is dropped from the choice; when every fit does, it is an error."""
+    bad = int((~train_x.isfinite().all(dim=1)).sum())
+    if bad:
+        raise ConfigError(f"{bad} of {len(train_x)} training embeddings are not finite (NaN or inf): the model has "
+                          "diverged, so no probe can be fit on it")
     n_classes = int(max(train_y.max(), test_y.max())) + 1
     g = torch.Generator().manual_seed(seed)
     perm = torch.randperm(len(train_x), generator=g)
@@ -237,14 +268,22 @@ def linear_probe(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Ten
             loss.backward()
             return loss
 
-        opt.step(closure)
-        return w.detach(), b.detach()
+        loss = opt.step(closure)
+        finite = bool(torch.isfinite(loss)) and bool(w.isfinite().all()) and bool(b.isfinite().all())
+        return (w.detach(), b.detach()) if finite else None
 
-    best = (-1.0, 0.0)
+    best = (-1.0, None)
     for l2 in l2_grid if n_val else l2_grid[-1:]:
-        w, b = fit(train_x[fit_idx], train_y[fit_idx], l2)
-        acc = float(((train_x[val_idx] @ w + b).argmax(1) == train_y[val_idx]).float().mean()) if n_val else 0.0
+        fitted = fit(train_x[fit_idx], train_y[fit_idx], l2)
+        if fitted is None:
+            continue  # diverged: not a candidate
+        w, b = fitted
+        acc = topk_accuracy(train_x[val_idx] @ w + b, train_y[val_idx], ks=(1,))["top1"] if n_val else 0.0
         if acc >= best[0]:
             best = (acc, l2)
-    w, b = fit(train_x, train_y, best[1])
+    fitted = fit(train_x, train_y, best[1]) if best[1] is not None else None
+    if fitted is None:
+        raise ConfigError("the linear probe's loss went non-finite for every L2 strength tried; the features are "
+                          "too large or degenerate to fit")
+    w, b = fitted
     return topk_accuracy(test_x @ w + b, test_y) | {"l2": best[1], "val_top1": best[0]}

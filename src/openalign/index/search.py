@@ -78,6 +78,9 @@ def combine(images: np.ndarray | None, texts: np.ndarray, signs: np.ndarray, ima
     if images is not None:
         total = text_weight * total + image_weight * images
     norm = np.linalg.norm(total, axis=1, keepdims=True)
+    if not np.isfinite(norm).all():
+        raise ConfigError("the query is not a finite vector (a weight or an embedding is NaN or infinite); give "
+                          "finite weights, or check the model")
     if (norm == 0.0).any():
         raise ConfigError("the query terms cancel out (a zero vector); change the terms or their weights")
     return (total / norm).astype(np.float32)

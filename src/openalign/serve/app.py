@@ -7,8 +7,13 @@
     GET  /docs             the OpenAPI documentation
 
 Every request carries its own parameters; the app holds only read-only state (model, index, metadata),
-so concurrent requests cannot interfere. Uploads are limited in bytes and pixels; a corrupt or
-non-image upload gets a 400 that says what is wrong.
+so concurrent requests cannot interfere. One client cannot knock it over:
+- a request body is limited in bytes on the wire, before anything parses it (`BodyLimit`: 413);
+- every text is at most `max_text_chars` characters and a query has at most `max_terms` plus/minus
+  texts, so the tokenization work of one request is bounded;
+- weights must be finite numbers (Python's JSON parser accepts NaN and Infinity);
+- uploads are limited in bytes and pixels; a corrupt or non-image upload gets a 400 that says what is wrong;
+- validation errors name the field and the rule, never echo the input back.
 """
 
 from __future__ import annotations
@@ -21,9 +26,12 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastapi import FastAPI, HTTPException
-from fastapi.responses import FileResponse, Response
-from pydantic import BaseModel, Field
+from typing import Annotated
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
 
 from openalign.config import ConfigError
 from openalign.data import images as image_lib
@@ -33,23 +41,90 @@ from openalign.index import build, search
 STATIC = Path(__file__).parent / "static"
 
 
+MAX_TEXT_CHARS = 1_000  # per text (query, plus or minus term); the tokenizer keeps 64 tokens of it anyway
+MAX_TERMS = 8  # plus + minus texts
+
+
 @dataclass(frozen=True)
 class Limits:
     max_upload_bytes: int = 10 * 2**20
     max_pixels: int = 40_000_000
     max_k: int = 200
-    max_terms: int = 8  # plus + minus texts
+    max_terms: int = MAX_TERMS
+
+    @property
+    def max_body_bytes(self) -> int:
+        """The largest request body: a base64 upload (4/3 of its bytes) plus room for the JSON around it."""
+        return self.max_upload_bytes * 4 // 3 + 64 * 1024
+
+
+Term = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
 
 
 class SearchRequest(BaseModel):
-    text: str = Field("", max_length=1_000, description="a text query (with an image: added like a plus term)")
+    model_config = ConfigDict(allow_inf_nan=False)  # NaN / Infinity weights: a 422 that says so
+
+    text: str = Field("", max_length=MAX_TEXT_CHARS, description="a text query (with an image: added like a plus term)")
     image: str | None = Field(None, description="an image file's bytes, base64-encoded")
     image_id: int | None = Field(None, description="an indexed image as the query, by id")
-    plus: list[str] = Field(default_factory=list, description="texts added to the query")
-    minus: list[str] = Field(default_factory=list, description="texts subtracted from the query")
+    plus: list[Term] = Field(default_factory=list, max_length=MAX_TERMS, description="texts added to the query")
+    minus: list[Term] = Field(default_factory=list, max_length=MAX_TERMS, description="texts subtracted from the query")
     text_weight: float = Field(search.TEXT_WEIGHT, ge=0, le=100, description="weight of texts next to an image (paper: 2)")
     image_weight: float = Field(search.IMAGE_WEIGHT, ge=0, le=100, description="weight of the image (paper: 1)")
     k: int = Field(24, ge=1)
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over `max_bytes` is answered 413 before the app reads it whole.
+
+    A declared Content-Length over the limit is refused without reading a byte; a body sent without one
+    (chunked) is counted as it arrives and refused at the first chunk past the limit. So a 1 GB body costs
+    the server at most `max_bytes` of memory, not the 2+ GB of parsing it."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or ()).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
+            return await self._refuse(send)
+        seen, started, refused = 0, False, False
+
+        async def counted_receive():
+            nonlocal seen, refused
+            if refused:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:  # answer now; the app then sees a client that went away
+                    refused = True
+                    if not started:
+                        await self._refuse(send)
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def tracked_send(message):
+            nonlocal started
+            if refused:
+                return  # the 413 has been sent: whatever the app answers to the disconnect is dropped
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        await self.app(scope, counted_receive, tracked_send)
+
+    async def _refuse(self, send):
+        await JSONResponse({"detail": f"the request body is larger than {self.max_bytes:,} bytes"}, 413)(
+            {"type": "http"}, None, send)
+
+
+async def _validation_error(request: Request, err: RequestValidationError) -> JSONResponse:
+    """422 naming each bad field and its rule; unlike FastAPI's default, never the (unbounded) input."""
+    details = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", ""))[:200], "type": e.get("type", "")}
+               for e in err.errors()[:10]]
+    return JSONResponse({"detail": details}, 422)
 
 
 class Result(BaseModel):
@@ -109,6 +184,8 @@ def create_app(index_dir: Path, model_dir: str | None = None, limits: Limits = L
     model, tokenizer = search.load_model_for(index, model_dir)
     app = FastAPI(title="openalign search", version="1",
                   description="Search images by text, by image, and by image plus/minus texts (ALIGN, Section 7).")
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
 
     @app.get("/health")
     def health() -> dict:
