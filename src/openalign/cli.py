@@ -238,10 +238,12 @@ def cmd_tokenizer(args) -> int:
     from openalign.data import shards as shard_lib
     from openalign.tokenizer import train_tokenizer
 
-    texts = shard_lib.all_texts(shard_lib.list_shards(args.data))
+    counter: dict = {}
+    texts = shard_lib.all_texts(shard_lib.list_shards(args.data), counter=counter)
     tokenizer = train_tokenizer(texts, args.vocab_size, args.max_length)
     tokenizer.save_pretrained(args.out)
-    print(f"WordPiece vocabulary of {len(tokenizer)} tokens -> {args.out}")
+    skipped = f"; skipped {shard_lib.skip_summary(counter)} unusable samples" if counter.get("skipped") else ""
+    print(f"WordPiece vocabulary of {len(tokenizer)} tokens -> {args.out}{skipped}")
     return 0
 
 
@@ -433,7 +435,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("shard", help="kept pairs -> resized webdataset shards (reruns skip finished shards)")
     p.add_argument("pairs")
-    p.add_argument("--keep", action="append", required=True, help="a keep-list directory; repeat to intersect")
+    p.add_argument("--keep", action="append", default=[],
+                   help="a keep-list directory; repeat to intersect (none: every pair, for a clean collection)")
     p.add_argument("--out", required=True)
     p.add_argument("--image-size", type=int, default=346, help="shorter side (paper 346; never upscaled; 0: as is)")
     p.add_argument("--samples-per-shard", type=int, default=1000)

@@ -123,3 +123,38 @@ def test_bad_sources_fail_in_one_sentence(tmp_path):
         ingest([str(tmp_path / "nope")], tmp_path / "p.parquet", progress=False)
     with pytest.raises(ConfigError, match=".parquet"):
         ingest([str(tmp_path)], tmp_path / "p.csv", progress=False)
+
+
+def test_tables_are_read_row_by_row_never_all_or_nothing(tmp_path):
+    # Before: one invalid UTF-8 byte failed the whole CSV ("CSV Error on Line: 3") and every good row was lost.
+    for i in range(3):
+        (tmp_path / f"{i}.jpg").write_bytes(encode(rgb(seed=i), "JPEG"))
+    (tmp_path / "pairs.csv").write_bytes(b"image,text\n0.jpg,a good caption\n1.jpg,caf\xe9 latin-1 caption\n"
+                                         b"2.jpg,too,many,fields\n2.jpg,the last good row\n")
+    (tmp_path / "pairs.jsonl").write_bytes(b'{"image": "0.jpg", "text": "json one"}\n{"image": broken\n'
+                                           b'{"image": "1.jpg", "text": "caf\xe9"}\n')
+    manifest = ingest([str(tmp_path / "pairs.csv"), str(tmp_path / "pairs.jsonl")], tmp_path / "p.parquet",
+                      IngestOptions(workers=1), progress=False)
+    texts = sorted(pq.read_table(tmp_path / "p.parquet").column("text").to_pylist())
+    assert texts == ["a good caption", "caf\ufffd", "caf\ufffd latin-1 caption", "json one", "the last good row"]
+    assert manifest["rejected"] == {"bad_row": 2} and manifest["repaired"] == {"rows_with_invalid_utf8": 2}
+    details = pq.read_table(tmp_path / "p.rejects.parquet").column("detail").to_pylist()
+    assert any(d.startswith("line 4:") for d in details) and any(d.startswith("line 2: not JSON") for d in details)
+
+
+def test_only_regular_files_are_inputs_and_paths_are_absolute(tmp_path, monkeypatch):
+    import os
+
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    (folder / "good.jpg").write_bytes(encode(rgb(seed=1), "JPEG"))
+    (folder / "good.txt").write_text("a good caption")
+    os.mkfifo(folder / "x.jpg")  # before: ingest blocked forever reading it
+    (folder / "x.txt").write_text("a fifo")
+    monkeypatch.chdir(tmp_path)
+    manifest = ingest(["imgs"], tmp_path / "p.parquet", IngestOptions(workers=1), progress=False)
+    assert manifest["pairs"] == 1 and manifest["rejected"] == {"not_a_file": 1}
+    path = pq.read_table(tmp_path / "p.parquet").column("path")[0].as_py()
+    assert path == str(folder / "good.jpg")  # absolute: `shard` run from anywhere finds it
+    with pytest.raises(ConfigError, match="is a file, not a directory"):
+        ingest(["imgs"], tmp_path / "p.parquet" / "q.parquet", IngestOptions(workers=1), progress=False)

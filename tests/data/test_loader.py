@@ -129,3 +129,59 @@ def test_eval_samples_keep_all_texts_in_order(shapes):
 def test_missing_shards_are_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="no .tar shards"):
         shard_lib.list_shards(str(tmp_path))
+
+
+def bad_shards(root):
+    """Two shards of 24 good shape samples each, plus one of each kind of bad sample, and a third shard cut
+    short in the middle of a sample (a truncated download)."""
+    import io
+    import tarfile
+
+    from conftest import write_shapes
+
+    write_shapes(root, 72, 24, seed=3)
+    (root / "manifest.json").unlink()  # counts come from the tars themselves
+    with tarfile.open(root / "shapes-000000.tar", "a") as tar:
+        good = jpeg_bytes()
+        for name, data in (("notext.jpg", good), ("badjson.jpg", good), ("badjson.json", b"{not json"),
+                           ("latin1.jpg", good), ("latin1.txt", "caf\xe9 cr\xe8me".encode("latin-1"))):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    third = root / "shapes-000002.tar"
+    data = third.read_bytes()
+    third.write_bytes(data[:len(data) // 2 + 700])  # mid-member
+    return root
+
+
+def jpeg_bytes():
+    from conftest import jpeg, shape_image
+
+    return jpeg(shape_image("red", "circle"))
+
+
+def test_every_reader_skips_and_counts_the_same_bad_samples(tmp_path):
+    root = bad_shards(tmp_path / "bad")
+    shards = shard_lib.list_shards(str(root))
+    counter: dict = {}
+    texts = list(shard_lib.all_texts(shards, counter=counter))
+    reasons = counter["reasons"]
+    assert reasons == {"no_text": 1, "bad_json": 1, "truncated_tar": 1}
+    assert "café crème" not in texts and "caf\ufffd cr\ufffdme" in texts  # invalid UTF-8 -> U+FFFD, kept
+    complete = len(list(shard_lib.read_samples(shards)))
+    # the header count agrees with what the reader yields: the sample cut in half is not counted
+    assert sum(shard_lib.count_samples(s) for s in shards) == complete
+
+
+def test_training_with_its_own_tokenizer_survives_bad_shards(tmp_path, capsys):
+    # Before: tarfile.ReadError in count_samples, KeyError/ValueError/UnicodeDecodeError in the tokenizer texts.
+    from conftest import read_jsonl
+    from openalign import cli
+
+    root = bad_shards(tmp_path / "bad")
+    assert cli.main(["train", "--preset", "tiny", "--data", str(root), "--out", str(tmp_path / "run"), "--quiet",
+                     "train.steps=12", "train.checkpoint_every=0", "data.batch_size=8"]) == 0
+    out = capsys.readouterr().out
+    assert "tokenizer: skipped 3 (bad_json 1, no_text 1, truncated_tar 1) unusable training samples" in out
+    rows = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "loss" in r]
+    assert rows[-1]["skipped"] >= 3  # the loader met them too, and counted them

@@ -85,3 +85,25 @@ def test_pipeline_errors_are_one_sentence(tmp_path, capsys):
     assert main(["shard", str(tmp_path / "p.parquet"), "--keep", str(tmp_path / "nokeep"), "--out",
                  str(tmp_path / "s")]) == 2
     assert "no keep-list" in capsys.readouterr().err
+
+
+def test_shard_without_keep_lists_and_from_another_directory(tmp_path, capsys, monkeypatch):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    make_folder(tmp_path / "raw", n=6)
+    assert main(["ingest", str(tmp_path / "raw"), "--out", str(tmp_path / "pairs.parquet"), "--quiet",
+                 "--workers", "1"]) == 0
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # before: 0 samples, "missing_file 12", rc 0 (paths were relative to the cwd)
+    assert main(["shard", str(tmp_path / "pairs.parquet"), "--out", "shards", "--quiet", "--workers", "1"]) == 0
+    assert json.loads((elsewhere / "shards" / "manifest.json").read_text())["n_samples"] == 6  # no --keep: every pair
+    # a pair table whose (relative) paths resolve nowhere from here: one sentence, not empty shards
+    table = pq.read_table(tmp_path / "pairs.parquet")
+    relative = [str(p).replace(str(tmp_path) + "/", "") for p in table.column("path").to_pylist()]
+    pq.write_table(table.set_column(table.schema.get_field_index("path"), "path", pa.array(relative)),
+                   tmp_path / "old.parquet")
+    capsys.readouterr()
+    assert main(["shard", str(tmp_path / "old.parquet"), "--out", "s2", "--quiet", "--workers", "1"]) == 2
+    assert "none of the 6 source files checked" in capsys.readouterr().err

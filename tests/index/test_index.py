@@ -1,6 +1,7 @@
 """Embed, index and search: exact results against numpy, approximate recall, the CLI end to end."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -130,3 +131,27 @@ def test_query_vector_is_the_papers_weighted_sum(model_dir):
     np.testing.assert_allclose(q, expected / np.linalg.norm(expected), rtol=1e-5, atol=1e-6)
     text_only = search.query_vector(model, tokenizer, search.Query(text="blue"))
     np.testing.assert_allclose(text_only, e_txt[0] / np.linalg.norm(e_txt[0]), rtol=1e-5, atol=1e-6)
+
+
+def test_embed_reads_any_sidecar_and_records_absolute_paths(model_dir, tmp_path, monkeypatch):
+    # Before: UnicodeDecodeError on a Latin-1 sidecar; paths relative to the working directory, so the
+    # service started elsewhere 404'd every thumbnail.
+    from fastapi.testclient import TestClient
+
+    from openalign.index.build import load
+    from openalign.serve.app import create_app
+
+    images = tmp_path / "work" / "images"
+    images.mkdir(parents=True)
+    shape_image("red", "circle").save(images / "a.png")
+    (images / "a.txt").write_bytes("caf\xe9 rouge".encode("latin-1"))
+    shape_image("blue", "square").save(images / "b.png")
+    monkeypatch.chdir(tmp_path / "work")
+    assert cli.main(["embed", str(model_dir), "--images", "images", "--out", "emb", "--quiet"]) == 0
+    assert cli.main(["index", "emb", "--out", "idx"]) == 0
+    meta = load(tmp_path / "work" / "idx").meta.to_pylist()
+    assert [m["caption"] for m in meta] == ["caf\ufffd rouge", ""]
+    assert all(Path(m["path"]).is_absolute() and Path(m["path"]).is_file() for m in meta)
+    monkeypatch.chdir(tmp_path)  # the service, started from another directory, finds the model and the images
+    client = TestClient(create_app(tmp_path / "work" / "idx"))
+    assert client.get("/image/0").status_code == 200 and client.get("/image/1").status_code == 200

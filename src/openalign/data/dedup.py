@@ -70,7 +70,7 @@ def eval_images(spec: str) -> Iterator[tuple[str, bytes]]:
         for sample in shard_lib.read_samples(shard_lib.list_shards(spec)):
             try:
                 yield sample["__key__"], shard_lib.image_bytes(sample)
-            except ValueError:
+            except shard_lib.BadSample:
                 continue
     elif path.is_dir():
         for file in sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES):

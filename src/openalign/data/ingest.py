@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tarfile
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -38,11 +37,13 @@ from tqdm import tqdm
 
 from openalign.config import ConfigError
 from openalign.data import images
+from openalign.data import shards as shard_lib
 from openalign.data.workers import process_pool
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
 TABLE_SUFFIXES = {".csv", ".tsv", ".jsonl", ".json", ".parquet"}
-TEXT_REJECTS = ("no_text", "remote_not_fetched", "missing_file")
+TEXT_REJECTS = ("no_text", "remote_not_fetched", "missing_file", "bad_row", "truncated_tar", "unreadable_tar",
+                "not_a_file")
 PAIR_SCHEMA = pa.schema([
     ("uid", pa.string()), ("image_key", pa.string()), ("text", pa.string()), ("width", pa.int32()),
     ("height", pa.int32()), ("bytes", pa.int64()), ("format", pa.string()), ("mode", pa.string()),
@@ -74,6 +75,7 @@ class Record:
     url: str | None = None
     data: bytes | None = None  # tar members are read by the main process, files by the worker
     remote: bool = False  # an http(s) URL: not fetched here (img2dataset's job)
+    bad: tuple[str, str] | None = None  # (reason, detail): the source itself is broken here (a table row, a tar)
 
 
 def check_pair_table(spec) -> str:
@@ -114,103 +116,185 @@ def _read_text(path: Path) -> str | None:
 
 
 def folder_records(root: Path) -> Iterator[Record]:
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+    """Image files under `root` with their sidecars, by absolute path (later stages run from anywhere). Only
+    regular files are read: a FIFO or device named like an image would block the reader (`not_a_file`)."""
+    for dirpath, dirnames, filenames in os.walk(root.resolve(), followlinks=True):
         dirnames.sort()
         for name in sorted(filenames):
             path = Path(dirpath) / name
             if path.suffix.lower() not in IMAGE_SUFFIXES:
                 continue
+            if not path.is_file():
+                yield Record("folder", str(path), None, bad=("not_a_file", "not a regular file"))
+                continue
             sidecar = path.with_suffix(".json")
             url = None
             if sidecar.is_file():
                 try:
-                    url = json.loads(sidecar.read_text()).get("url")
+                    meta = json.loads(sidecar.read_text(encoding="utf-8", errors="replace"))
+                    url = meta.get("url") if isinstance(meta, dict) else None
                 except (OSError, ValueError):
                     pass
-            yield Record("folder", str(path), _read_text(path.with_suffix(".txt")), url=url)
+            caption = path.with_suffix(".txt")
+            yield Record("folder", str(path), _read_text(caption) if caption.is_file() else None, url=url)
 
 
-def _table_rows(path: Path, options: IngestOptions) -> list[tuple]:
+def _csv_rows(path: Path, options: IngestOptions, notes: Counter) -> Iterator[tuple]:
+    """(image, text, None) per row of a CSV/TSV, read by DuckDB; a row DuckDB rejects is (None, None, detail),
+    except a row whose only fault is bytes that are not UTF-8: it is read again with U+FFFD in their place
+    (the one rule for text everywhere) and counted in notes['rows_with_invalid_utf8']."""
+    import csv
+
     import duckdb
 
-    suffix = path.suffix.lower()
-    reader = {".csv": "read_csv_auto(?, all_varchar=true)", ".tsv": "read_csv_auto(?, delim='\t', all_varchar=true)",
-              ".jsonl": "read_json_auto(?, format='newline_delimited')", ".json": "read_json_auto(?)",
-              ".parquet": "read_parquet(?)"}[suffix]
+    delim = "\t" if path.suffix.lower() == ".tsv" else ","
+    reader = f"read_csv(?, delim='{delim}', header=true, all_varchar=true, store_rejects=true)"
     con = duckdb.connect()
     try:
         columns = [row[0] for row in con.execute(f"DESCRIBE SELECT * FROM {reader}", [str(path)]).fetchall()]
+        _check_columns(path, columns, options)
+        query = f'SELECT CAST("{options.image_column}" AS VARCHAR), CAST("{options.text_column}" AS VARCHAR) FROM {reader}'
+        for image, text in con.execute(query, [str(path)]).fetchall():
+            yield image, text, None
+        rejected = con.execute("SELECT line, line_byte_position, error_type, error_message FROM reject_errors "
+                               "ORDER BY line").fetchall()
     except duckdb.Error as err:
-        raise ConfigError(f"cannot read {path} as a {suffix[1:]} table: {str(err).splitlines()[0]}") from None
+        raise ConfigError(f"cannot read {path} as a {path.suffix[1:]} table: {str(err).splitlines()[0]}") from None
+    finally:
+        con.close()
+    problems = {}  # line number -> (kind, message), the first problem of each line
+    for line, _, kind, message in rejected:
+        problems.setdefault(line, (kind, message))
+    encoding_only = {line for line, (kind, _) in problems.items() if kind == "INVALID ENCODING"}
+    raw_lines = {}
+    if encoding_only:
+        with open(path, "rb") as f:
+            raw_lines = {n: raw for n, raw in enumerate(f, 1) if n in encoding_only}
+    for line, (kind, message) in sorted(problems.items()):
+        if line in raw_lines:
+            row = next(csv.reader([raw_lines[line].decode("utf-8", errors="replace")], delimiter=delim), [])
+            if len(row) == len(columns):
+                notes["rows_with_invalid_utf8"] += 1
+                values = dict(zip(columns, row))
+                yield values[options.image_column], values[options.text_column], None
+                continue
+        yield None, None, f"line {line}: {kind.lower()}: {message.splitlines()[0]}"
+
+
+def _json_rows(path: Path, options: IngestOptions, notes: Counter) -> Iterator[tuple]:
+    """JSONL (a JSON object per line) or JSON (an array of objects), read line by line in Python so that one
+    bad line is one rejected row; bytes that are not UTF-8 become U+FFFD (counted)."""
+    def decoded(raw: bytes) -> str:
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            notes["rows_with_invalid_utf8"] += 1
+            return raw.decode("utf-8", errors="replace")
+
+    if path.suffix.lower() == ".json":
+        try:
+            rows = json.loads(decoded(path.read_bytes()))
+        except ValueError as err:
+            raise ConfigError(f"cannot read {path} as JSON ({err}); give a JSON array of objects, or JSONL") from None
+        if not isinstance(rows, list):
+            raise ConfigError(f"{path} is not a JSON array of objects (one per pair)")
+        lines = enumerate(rows, 1)
+    else:
+        def numbered():  # streamed: a JSONL table may be larger than memory
+            with open(path, "rb") as f:
+                yield from ((n, decoded(raw)) for n, raw in enumerate(f, 1) if raw.strip())
+
+        lines = numbered()
+    checked = False
+    for number, item in lines:
+        try:
+            row = json.loads(item) if isinstance(item, str) else item
+        except ValueError as err:
+            yield None, None, f"line {number}: not JSON ({err})"
+            continue
+        if not isinstance(row, dict):
+            yield None, None, f"line {number}: not a JSON object"
+            continue
+        if not checked:
+            _check_columns(path, list(row), options)
+            checked = True
+        image, caption = row.get(options.image_column), row.get(options.text_column)
+        yield (None if image is None else str(image)), (None if caption is None else str(caption)), None
+
+
+def _parquet_rows(path: Path, options: IngestOptions, notes: Counter) -> Iterator[tuple]:
+    import duckdb
+
+    con = duckdb.connect()
+    try:
+        columns = [row[0] for row in con.execute("DESCRIBE SELECT * FROM read_parquet(?)", [str(path)]).fetchall()]
+        _check_columns(path, columns, options)
+        query = (f'SELECT CAST("{options.image_column}" AS VARCHAR), CAST("{options.text_column}" AS VARCHAR) '
+                 "FROM read_parquet(?)")
+        rows = con.execute(query, [str(path)]).fetchall()
+    except duckdb.Error as err:
+        raise ConfigError(f"cannot read {path} as a parquet table: {str(err).splitlines()[0]}") from None
+    finally:
+        con.close()
+    for image, text in rows:
+        yield image, text, None
+
+
+def _check_columns(path: Path, columns: list[str], options: IngestOptions) -> None:
     for role, name in (("image", options.image_column), ("text", options.text_column)):
         if name not in columns:
             flag = "--image-column" if role == "image" else "--text-column"
             raise ConfigError(f"{path} has no column {name!r} (columns: {', '.join(columns)}); "
                               f"name the {role} column with {flag}")
-    query = f'SELECT CAST("{options.image_column}" AS VARCHAR), CAST("{options.text_column}" AS VARCHAR) FROM {reader}'
-    return con.execute(query, [str(path)]).fetchall()
 
 
-def table_records(path: Path, options: IngestOptions) -> Iterator[Record]:
-    for location, text in _table_rows(path, options):
-        location = location or ""
+def table_records(path: Path, options: IngestOptions, notes: Counter | None = None) -> Iterator[Record]:
+    notes = Counter() if notes is None else notes
+    suffix = path.suffix.lower()
+    reader = _parquet_rows if suffix == ".parquet" else _json_rows if suffix in (".json", ".jsonl") else _csv_rows
+    for location, text, bad in reader(path, options, notes):
+        if bad:
+            yield Record("table", str(path), text, bad=("bad_row", bad))
+            continue
+        if not location:
+            yield Record("table", str(path), text, bad=("missing_file", "the row has no image path"))
+            continue
         if location.startswith(("http://", "https://")):
             yield Record("table", str(path), text, url=location, remote=True)
             continue
         local = Path(location.removeprefix("file://"))
-        yield Record("table", str(local if local.is_absolute() else path.parent / local), text)
+        yield Record("table", str(local if local.is_absolute() else path.parent.resolve() / local), text)
 
 
 def tar_records(path: Path) -> Iterator[Record]:
-    """Samples of a webdataset tar, grouped by key (members of one sample are adjacent)."""
-
-    def flush(key: str, parts: dict) -> Iterator[Record]:
-        image_ext = next((e for e in parts if "." + e in IMAGE_SUFFIXES), None)
-        meta = {}
-        if "json" in parts:
-            try:
-                meta = json.loads(parts["json"])
-            except ValueError:
-                pass
-        text = parts["txt"].decode("utf-8", "replace") if "txt" in parts else meta.get("caption")
-        if image_ext is None:
-            yield Record("webdataset", str(path), text, member=f"{key}.*", url=meta.get("url"), data=b"")
-        else:
-            yield Record("webdataset", str(path), text, member=f"{key}.{image_ext}", url=meta.get("url"),
-                         data=parts[image_ext])
-
-    try:
-        tar = tarfile.open(path)
-    except (OSError, tarfile.TarError) as err:
-        raise ConfigError(f"cannot open {path} as a tar file: {err}") from None
-    key, parts = None, {}
-    with tar:
+    """Samples of a webdataset tar (read as every shard reader reads them: data/shards.py); a tar cut short
+    or unreadable gives one `truncated_tar` / `unreadable_tar` reject."""
+    counter: dict = {}
+    for sample in shard_lib.tar_samples(str(path), counter):
+        key = sample["__key__"]
         try:
-            for member in tar:
-                if not member.isfile():
-                    continue
-                base, _, ext = Path(member.name).name.partition(".")
-                sample_key = str(Path(member.name).parent / base)
-                if sample_key != key and parts:
-                    yield from flush(key, parts)
-                    parts = {}
-                key = sample_key
-                parts[ext.lower()] = tar.extractfile(member).read()
-        except (OSError, tarfile.TarError):
-            pass  # a truncated tar: keep what was read; the partial sample below is still probed
-    if parts:
-        yield from flush(key, parts)
+            meta = shard_lib.sample_meta(sample)
+        except shard_lib.BadSample:
+            meta = {}  # only the url and a caption come from it
+        text = sample["txt"].decode("utf-8", "replace") if "txt" in sample else meta.get("caption")
+        image_ext = next((e for e in sample if "." + e in IMAGE_SUFFIXES), None)
+        yield Record("webdataset", str(path), text, member=f"{key}.{image_ext or '*'}", url=meta.get("url"),
+                     data=sample[image_ext] if image_ext else b"")
+    for reason in counter.get("reasons", {}):
+        yield Record("webdataset", str(path), None, member=None, bad=(reason, "the tar ends in the middle of a sample"
+                                                                       if reason == "truncated_tar" else
+                                                                       "not a readable tar file"))
 
 
-def records(sources: list[str], options: IngestOptions) -> Iterator[Record]:
+def records(sources: list[str], options: IngestOptions, notes: Counter | None = None) -> Iterator[Record]:
     for spec in sources:
         path = Path(spec)
         if path.is_dir():
             yield from folder_records(path)
         elif path.is_file() and path.suffix.lower() == ".tar":
-            yield from tar_records(path)
+            yield from tar_records(path.resolve())
         elif path.is_file() and path.suffix.lower() in TABLE_SUFFIXES:
-            yield from table_records(path, options)
+            yield from table_records(path, options, notes)
         elif not path.exists():
             raise ConfigError(f"source {spec} does not exist")
         else:
@@ -225,10 +309,14 @@ def examine(item: tuple[Record, int]) -> tuple[str, dict]:
     record, max_pixels = item
     text = normalize_text(record.text)
     where = {"source": record.source, "path": record.path, "member": record.member, "url": record.url}
+    if record.bad:
+        return "reject", where | {"text": text, "reason": record.bad[0], "detail": record.bad[1]}
     if record.remote:
         return "reject", where | {"text": text, "reason": "remote_not_fetched", "detail": record.url}
     data = record.data
     if data is None:
+        if Path(record.path).exists() and not Path(record.path).is_file():  # a FIFO would block the read forever
+            return "reject", where | {"text": text, "reason": "not_a_file", "detail": "not a regular file"}
         try:
             data = Path(record.path).read_bytes()
         except OSError as err:
@@ -252,7 +340,10 @@ def ingest(sources: list[str], out: Path, options: IngestOptions = IngestOptions
     out = Path(out)
     if out.suffix != ".parquet":
         raise ConfigError(f"--out must end in .parquet, not {out.name}")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ConfigError(f"cannot write {out}: {out.parent} is a file, not a directory; choose another --out") from None
     rejects_path, manifest_path = out.with_suffix(".rejects.parquet"), out.with_suffix(".manifest.json")
     start = time.perf_counter()
     counts: Counter = Counter()
@@ -272,7 +363,8 @@ def ingest(sources: list[str], out: Path, options: IngestOptions = IngestOptions
             rejects.clear()
 
     workers = options.workers or os.cpu_count() or 1
-    items = ((record, options.max_pixels) for record in records(sources, options))
+    notes: Counter = Counter()  # rows read with repairs (bytes that are not UTF-8 -> U+FFFD)
+    items = ((record, options.max_pixels) for record in records(sources, options, notes))
     pool = process_pool(workers) if workers > 1 else None
     try:
         results = pool.imap(examine, items, chunksize=16) if pool else map(examine, items)
@@ -306,7 +398,9 @@ def ingest(sources: list[str], out: Path, options: IngestOptions = IngestOptions
         "rejects": str(rejects_path), "pairs": counts["pairs"], "distinct_pairs": distinct[0], "images": distinct[1],
         "rejected": {r: counts[r] for r in (*images.REJECT_REASONS, *TEXT_REJECTS) if counts[r]},
         "reject_examples": examples, "conversions": {c: conversions[c] for c in images.CONVERSIONS if conversions[c]},
-        "text_normalization": "runs of whitespace collapsed to one space; case and characters kept",
+        "text_normalization": "runs of whitespace collapsed to one space; case and characters kept; bytes that "
+                              "are not UTF-8 become U+FFFD",
+        "repaired": dict(notes),
         "seconds": round(time.perf_counter() - start, 2),
     }
     manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")

@@ -138,14 +138,15 @@ class TrainStream(IterableDataset):
 
     def _epoch(self, epoch: int, local: int, n_batches: int, skip: int, produced: int) -> Iterator[dict]:
         role = self.spec.rank * max(1, self.spec.workers) + local
-        consumed, skipped, pending = 0, 0, []
+        consumed, pending, counter, reported = 0, [], {}, 0
         if produced >= n_batches:
             return
         # A role whose corrupt samples leave it short wraps around its shards, so every role yields
         # exactly n_batches and the round robin (hence the resume rotation) stays exact.
         for lap in itertools.count():
             rng = random.Random(stable_seed(self.spec.seed, epoch, "buffer", role, lap))
-            raw = shard_lib.read_samples(shards_for_role(self.spec, epoch, role), fraction=self.spec.fraction)
+            raw = shard_lib.read_samples(shards_for_role(self.spec, epoch, role), fraction=self.spec.fraction,
+                                         counter=counter)
             decoded, lap_start = 0, consumed
             for sample in shuffled(raw, self.spec.shuffle_buffer, rng):
                 consumed += 1
@@ -154,15 +155,15 @@ class TrainStream(IterableDataset):
                 try:
                     pending.append(self.prepare(sample, epoch))
                     decoded += 1
-                except Exception:  # noqa: BLE001 - any undecodable sample is skipped and counted
-                    skipped += 1
+                except Exception as err:  # noqa: BLE001 - any undecodable sample is skipped and counted
+                    shard_lib.skip(counter, getattr(err, "reason", "undecodable_image"))
                     continue
                 if len(pending) == self.spec.batch_size:
                     produced += 1
                     yield collate(pending, self.tokenizer, self.spec.max_length) | {
                         "epoch": epoch, "role": local, "consumed": consumed, "produced": produced,
-                        "skipped": skipped}
-                    pending, skipped = [], 0
+                        "skipped": counter.get("skipped", 0) - reported}
+                    pending, reported = [], counter.get("skipped", 0)
                 if produced >= n_batches:
                     return
             if decoded == 0 and lap_start >= skip:
@@ -210,10 +211,10 @@ class EvalSample:
 def eval_samples(shards: list[str], resize: int, crop: int, counter: dict | None = None) -> Iterator[EvalSample]:
     """Every sample of `shards` in order, center-cropped, with all its texts; corrupt ones counted."""
     counter = counter if counter is not None else {}
-    for sample in shard_lib.read_samples(shards):
+    for sample in shard_lib.read_samples(shards, counter=counter):
         try:
             image = transforms.decode(shard_lib.image_bytes(sample), resize)
             yield EvalSample(transforms.eval_pixels(image, resize, crop), shard_lib.sample_texts(sample),
                              shard_lib.sample_meta(sample) | {"key": sample["__key__"]})
-        except Exception:  # noqa: BLE001
-            counter["skipped"] = counter.get("skipped", 0) + 1
+        except Exception as err:  # noqa: BLE001 - any unusable sample is skipped and counted
+            shard_lib.skip(counter, getattr(err, "reason", "undecodable_image"))

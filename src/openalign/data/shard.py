@@ -3,7 +3,7 @@
     openalign shard pairs.parquet --keep FILTER_DIR [--keep DEDUP_DIR ...] --out SHARDS
 
 A pair is written when its uid is in *every* keep-list given (the filter stage's, the dedup stage's,
-an unsafe-image classifier's). Kept pairs are grouped by image: one sample per image, with all its kept
+an unsafe-image classifier's); with no keep-list, every pair is (a collection that is already clean). Kept pairs are grouped by image: one sample per image, with all its kept
 alt-texts in `KEY.json["texts"]` (the loader draws one per visit, so an image never meets itself in a
 batch) and the first in `KEY.txt`. Images are decoded upright to RGB (see images.to_rgb), resized so
 the shorter side is at most `image_size` (paper: 346) keeping the aspect ratio, and stored as JPEG.
@@ -48,11 +48,12 @@ def kept_images(pairs: Path, keep_dirs: list[Path]) -> list[dict]:
     """Kept pairs grouped by image, ordered by image key: [{image_key, texts, uids, path, member, url}]."""
     import duckdb
 
-    if not keep_dirs:
-        raise ConfigError("give at least one --keep DIR (the output of `openalign filter`)")
-    keep = " INTERSECT ".join("SELECT uid FROM read_parquet(?)" for _ in keep_dirs)  # in SQL: no uid set in Python
     con = duckdb.connect()
-    con.execute(f"CREATE TEMP TABLE keep AS {keep}", [keep_source(k) for k in keep_dirs])
+    if keep_dirs:
+        keep = " INTERSECT ".join("SELECT uid FROM read_parquet(?)" for _ in keep_dirs)  # in SQL: no uid set in Python
+        con.execute(f"CREATE TEMP TABLE keep AS {keep}", [keep_source(k) for k in keep_dirs])
+    else:  # no keep-list: every pair (an already clean collection)
+        con.execute("CREATE TEMP TABLE keep AS SELECT DISTINCT uid FROM read_parquet(?)", [str(pairs)])
     rows = con.execute("""
         SELECT image_key, list(text ORDER BY uid), list(uid ORDER BY uid), min(path), min(member), min(url)
         FROM (SELECT DISTINCT p.uid, p.image_key, p.text, p.path, p.member, p.url
@@ -127,8 +128,19 @@ def shard(pairs: Path, keep_dirs: list[Path], out: Path, options: ShardOptions =
         raise ConfigError("--samples-per-shard must be at least 1")
     start = time.perf_counter()
     samples = kept_images(pairs, [Path(k) for k in keep_dirs])
+    check_sources_exist(samples, pairs)
     return write_samples(samples, out, options, progress, {"pairs": str(pairs), "keep": [str(k) for k in keep_dirs],
                                                            "split": split_name}, start)
+
+
+def check_sources_exist(samples: list[dict], pairs: Path, probe: int = 100) -> None:
+    """Fail in one sentence when none of the first `probe` distinct source files exist from here, instead of
+    writing empty shards (pair tables from before absolute paths hold paths relative to where ingest ran)."""
+    paths = list(dict.fromkeys(s["path"] for s in samples))[:probe]
+    if paths and not any(Path(p).is_file() for p in paths):
+        raise ConfigError(f"none of the {len(paths)} source files checked from {pairs} exist from here (e.g. {paths[0]}); "
+                          "a relative path is relative to where `openalign ingest` ran: run shard from there, or "
+                          "ingest again (it now records absolute paths)")
 
 
 def write_samples(samples: list[dict], out: Path, options: ShardOptions, progress: bool, info: dict,
@@ -163,7 +175,12 @@ def write_samples(samples: list[dict], out: Path, options: ShardOptions, progres
     finally:
         if pool:
             pool.terminate()
-    return _write_manifest(out, info | {"fingerprints": prints}, options, counts, skipped, resumed, start, True)
+    manifest = _write_manifest(out, info | {"fingerprints": prints}, options, counts, skipped, resumed, start, True)
+    if samples and manifest["n_samples"] == 0:
+        reasons = ", ".join(f"{k} {v:,}" for k, v in skipped.items())
+        raise ConfigError(f"no image of the {len(samples):,} to shard could be read ({reasons}); the shards in {out} "
+                          "are empty")
+    return manifest
 
 
 def _write_manifest(out, info, options, counts, skipped, resumed, start, final) -> dict:

@@ -2,6 +2,15 @@
 
 A sample is `KEY.jpg|png|webp` (the image), `KEY.txt` (one alt-text, as img2dataset writes) and
 `KEY.json` (metadata; `texts` may list several alt-texts for the image, `family` groups variants).
+
+Every reader of shards (sample counting, tokenizer texts, the training loader, evaluation, embed)
+goes through `read_samples` and `sample_texts` / `image_bytes`, so bad samples are handled one way:
+- a tar cut short (a truncated download) ends its shard there; the sample it was in the middle of is
+  skipped and counted (`truncated_tar`), never yielded half; a file that is not a tar at all counts once
+  (`unreadable_tar`);
+- a sample without an image (`no_image`), without any text (`no_text`) or with a `.json` that is not a
+  JSON object (`bad_json`) raises `BadSample`, which readers skip and count (`skip`);
+- text bytes that are not UTF-8 become U+FFFD, as ingest reads them: the sample is kept.
 """
 
 from __future__ import annotations
@@ -12,6 +21,8 @@ import json
 import tarfile
 from pathlib import Path
 
+from typing import Iterator
+
 import braceexpand
 import webdataset as wds
 
@@ -19,6 +30,30 @@ from openalign.config import ConfigError
 
 MANIFEST = "manifest.json"
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+SKIP_REASONS = ("truncated_tar", "unreadable_tar", "no_image", "no_text", "bad_json")
+
+
+class BadSample(ValueError):
+    """A sample that cannot be used; `reason` is one of SKIP_REASONS."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+def skip(counter: dict | None, reason: str, n: int = 1) -> None:
+    """Count skipped samples: counter["skipped"] is the total, counter["reasons"] the split by reason."""
+    if counter is None:
+        return
+    counter["skipped"] = counter.get("skipped", 0) + n
+    reasons = counter.setdefault("reasons", {})
+    reasons[reason] = reasons.get(reason, 0) + n
+
+
+def skip_summary(counter: dict) -> str:
+    """'3 (no_text 2, truncated_tar 1)': one line for a progress message or a report."""
+    reasons = ", ".join(f"{k} {v:,}" for k, v in sorted(counter.get("reasons", {}).items()))
+    return f"{counter.get('skipped', 0):,}" + (f" ({reasons})" if reasons else "")
 
 
 class ShardWriter:
@@ -79,53 +114,114 @@ def in_fraction(key: str, fraction: float) -> bool:
     return int.from_bytes(digest, "little") < fraction * 2**64
 
 
+def _split_name(name: str) -> tuple[str, str]:
+    """webdataset's rule: the key is the path up to the first dot of the file name, the rest its extension."""
+    directory, _, base = name.rpartition("/")
+    stem, dot, ext = base.partition(".")
+    return (f"{directory}/{stem}" if directory else stem), (ext.lower() if dot else "")
+
+
 def count_samples(shard: str, fraction: float = 1.0) -> int:
     """Samples in one shard (in its `fraction` subset): from the manifest beside it, else by reading the tar
-    headers (always, for a subset: its keys decide)."""
+    headers (always, for a subset: its keys decide). In a tar cut short, the sample being read when it ended
+    is not counted (`read_samples` skips it)."""
     manifest = Path(shard).parent / MANIFEST
     if manifest.is_file() and fraction >= 1.0:
         counts = json.loads(manifest.read_text()).get("shards", {})
         if Path(shard).name in counts:
             return counts[Path(shard).name]
-    keys = set()
-    with tarfile.open(shard) as tar:
-        for member in tar:
-            if member.isfile() and "." in member.name:
-                keys.add(member.name.split(".", 1)[0])
+    keys: dict[str, None] = {}  # in order: the last one is the sample a truncation would cut
+    size = Path(shard).stat().st_size
+    try:
+        with tarfile.open(shard) as tar:
+            for member in tar:
+                key, ext = _split_name(member.name)
+                if member.isfile() and ext:
+                    keys[key] = None
+                    if member.offset_data + member.size > size:
+                        raise tarfile.ReadError("unexpected end of data")
+    except (OSError, tarfile.TarError):
+        if keys:
+            keys.popitem()
     return sum(in_fraction(key, fraction) for key in keys)
+
+
+def tar_samples(path: str, counter: dict | None = None) -> Iterator[dict]:
+    """{"__key__", "__url__", ext: bytes, ...} for each sample of one tar (a sample's members are adjacent,
+    as webdataset writes them). A tar cut short ends there and the sample it was in is counted, not yielded."""
+    sample: dict | None = None
+    try:
+        tar = tarfile.open(path)
+    except (OSError, tarfile.TarError):
+        skip(counter, "unreadable_tar")
+        return
+    with tar:
+        try:
+            for member in tar:
+                key, ext = _split_name(member.name)
+                if not member.isfile() or not ext:
+                    continue
+                if sample is not None and key != sample["__key__"]:
+                    yield sample
+                    sample = None
+                sample = sample or {"__key__": key, "__url__": path}
+                sample[ext] = tar.extractfile(member).read()
+        except (OSError, tarfile.TarError):
+            skip(counter, "truncated_tar")
+            return
+    if sample is not None:
+        yield sample
 
 
 def image_bytes(sample: dict) -> bytes:
     for ext in IMAGE_EXTENSIONS:
         if ext in sample:
             return sample[ext]
-    raise ValueError("sample has no image (jpg/png/webp)")
-
-
-def sample_texts(sample: dict) -> list[str]:
-    """All alt-texts of a sample: json `texts` when present, else the `.txt` caption."""
-    if "json" in sample:
-        meta = json.loads(sample["json"])
-        if meta.get("texts"):
-            return list(meta["texts"])
-    if "txt" in sample:
-        return [sample["txt"].decode("utf-8")]
-    raise ValueError("sample has no text (.txt or json texts)")
-
-
-def all_texts(shards: list[str], fraction: float = 1.0):
-    """Every alt-text of every sample (of the `fraction` subset), in shard order (tokenizer training)."""
-    return (text for sample in read_samples(shards, fraction=fraction) for text in sample_texts(sample))
+    raise BadSample("no_image", "no .jpg/.jpeg/.png/.webp member")
 
 
 def sample_meta(sample: dict) -> dict:
-    return json.loads(sample["json"]) if "json" in sample else {}
+    """The `.json` metadata ({} without one); a `.json` that is not a JSON object is a BadSample."""
+    if "json" not in sample:
+        return {}
+    try:
+        meta = json.loads(sample["json"])
+    except ValueError:
+        raise BadSample("bad_json", "the .json member is not JSON") from None
+    if not isinstance(meta, dict):
+        raise BadSample("bad_json", "the .json member is not a JSON object")
+    return meta
 
 
-def read_samples(shards: list[str], handler=wds.warn_and_continue, fraction: float = 1.0):
-    """Raw samples (dicts of bytes) from tar shards in order; only those `in_fraction` when fraction < 1."""
-    samples = wds.tarfile_samples(({"url": s} for s in shards), handler=handler)
-    return samples if fraction >= 1.0 else (s for s in samples if in_fraction(s["__key__"], fraction))
+def sample_texts(sample: dict) -> list[str]:
+    """All alt-texts of a sample: json `texts` when present, else the `.txt` caption (invalid UTF-8 bytes
+    become U+FFFD, as ingest reads them)."""
+    texts = [t for t in sample_meta(sample).get("texts") or [] if isinstance(t, str) and t.strip()]
+    if texts:
+        return texts
+    text = sample["txt"].decode("utf-8", errors="replace") if "txt" in sample else ""
+    if not text.strip():
+        raise BadSample("no_text", "no .txt caption and no json texts")
+    return [text]
+
+
+def all_texts(shards: list[str], fraction: float = 1.0, counter: dict | None = None) -> Iterator[str]:
+    """Every alt-text of every usable sample (of the `fraction` subset), in shard order (tokenizer training);
+    samples without usable text are skipped and counted."""
+    for sample in read_samples(shards, fraction=fraction, counter=counter):
+        try:
+            yield from sample_texts(sample)
+        except BadSample as err:
+            skip(counter, err.reason)
+
+
+def read_samples(shards: list[str], fraction: float = 1.0, counter: dict | None = None) -> Iterator[dict]:
+    """Raw samples (dicts of bytes) from tar shards in order; only those `in_fraction` when fraction < 1.
+    Truncated or unreadable tars are counted in `counter` (see `tar_samples`)."""
+    for shard in shards:
+        for sample in tar_samples(shard, counter):
+            if fraction >= 1.0 or in_fraction(sample["__key__"], fraction):
+                yield sample
 
 
 def encode_image(image, fmt: str = "JPEG", quality: int = 90) -> bytes:

@@ -133,7 +133,7 @@ def build(emb: Path, out: Path, options: IndexOptions = IndexOptions()) -> dict:
     pq.write_table(meta, out / META)
     manifest = json.loads((Path(emb) / "manifest.json").read_text())
     info = {"kind": kind, "params": params, "recall_at_10": recall, "recall_target": options.recall, "count": n,
-            "dim": d, "embeddings": str(emb), "model": manifest["model"], "weights": manifest.get("weights", "")}
+            "dim": d, "embeddings": str(Path(emb).resolve()), "model": manifest["model"], "weights": manifest.get("weights", "")}
     (out / INFO).write_text(json.dumps(info, indent=2) + "\n")
     return info
 

@@ -53,30 +53,44 @@ class Item:
     read: callable  # () -> bytes
 
 
-def collection(source: str, images_root: str = "") -> list[Item]:
-    """Every image of `source` in a fixed order (not yet read)."""
+def _caption(image: Path) -> str:
+    """The `.txt` sidecar of an image ('' without one); bytes that are not UTF-8 become U+FFFD, as ingest reads them."""
+    sidecar = image.with_suffix(".txt")
+    return sidecar.read_text(encoding="utf-8", errors="replace").strip() if sidecar.is_file() else ""
+
+
+def collection(source: str, images_root: str = "", counter: dict | None = None) -> list[Item]:
+    """Every image of `source` in a fixed order (not yet read); paths are absolute, so the embeddings, the
+    index and the service work from any directory. Shard samples that cannot be used are counted in `counter`."""
     path = Path(source)
     if path.is_dir() and not any(path.glob("*.tar")):
-        files = sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+        files = sorted(p for p in path.resolve().rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
         if not files:
             raise ConfigError(f"no images under {source}")
-        items = []
-        for f in files:
-            caption = f.with_suffix(".txt").read_text().strip() if f.with_suffix(".txt").is_file() else ""
-            items.append(Item(str(f.relative_to(path)), str(f), caption, f.read_bytes))
-        return items
+        return [Item(str(f.relative_to(path.resolve())), str(f), _caption(f), f.read_bytes) for f in files]
     if path.suffix in (".json", ".csv", ".tsv", ".jsonl") and path.is_file():
         from openalign.eval.datasets import karpathy_items, table_items
 
-        root = Path(images_root) if images_root else path.parent
+        root = (Path(images_root) if images_root else path.parent).resolve()
         rows = karpathy_items(path, root, "all") if path.suffix == ".json" else table_items(path, root)
         return [Item(str(p.relative_to(root)) if p.is_relative_to(root) else str(p), str(p), caps[0] if caps else "",
                      p.read_bytes) for p, caps, *_ in rows]
     items = []
-    for sample in shard_lib.read_samples(shard_lib.list_shards(source)):
-        texts = shard_lib.sample_texts(sample)
-        data = shard_lib.image_bytes(sample)
-        items.append(Item(sample["__key__"], sample.get("__url__", ""), texts[0] if texts else "", lambda d=data: d))
+    for sample in shard_lib.read_samples([str(Path(s).resolve()) for s in shard_lib.list_shards(source)],
+                                         counter=counter):
+        try:
+            texts = shard_lib.sample_texts(sample)
+        except shard_lib.BadSample as err:
+            if err.reason != "no_text":  # an image without a caption is still an image to index
+                shard_lib.skip(counter, err.reason)
+                continue
+            texts = []
+        try:
+            data = shard_lib.image_bytes(sample)
+        except shard_lib.BadSample as err:
+            shard_lib.skip(counter, err.reason)
+            continue
+        items.append(Item(sample["__key__"], sample["__url__"], texts[0] if texts else "", lambda d=data: d))
     if not items:
         raise ConfigError(f"no images in {source}: give an image directory, shards, or a Karpathy JSON / caption table")
     return items
@@ -86,8 +100,8 @@ def _decoded(items: list[Item], resize: int, crop: int, counter: dict) -> Iterat
     for item in items:
         try:
             image = image_lib.load_rgb(item.read())
-        except (OSError, image_lib.BadImage):
-            counter["skipped"] = counter.get("skipped", 0) + 1
+        except (OSError, image_lib.BadImage) as err:
+            shard_lib.skip(counter, getattr(err, "reason", "missing_file"))
             continue
         yield item, transforms.eval_transform(image, resize, crop), image.size
 
@@ -108,10 +122,11 @@ def embed(model_dir: Path, sources: list[str], out: Path, options: EmbedOptions 
 
     model, _, cfg = load_pretrained(model_dir)
     resize, crop = cfg.model.vision.resize_size, cfg.model.vision.image_size
-    items = [item for source in sources for item in collection(source, options.images)]
+    unusable: dict = {}  # shard samples that are not images at all: counted, never embedded
+    items = [item for source in sources for item in collection(source, options.images, unusable)]
     source = ",".join(sources)
     out.mkdir(parents=True, exist_ok=True)
-    plan = {"model": str(model_dir), "weights": weights_fingerprint(model_dir), "source": source,
+    plan = {"model": str(Path(model_dir).resolve()), "weights": weights_fingerprint(model_dir), "source": source,
             "n_items": len(items), "part_size": options.part_size, "dtype": "float16" if options.float16 else "float32",
             "dim": cfg.model.embed_dim, "resize": resize, "crop": crop}
     previous = json.loads((out / MANIFEST).read_text()) if (out / MANIFEST).is_file() else {}
@@ -153,7 +168,8 @@ def embed(model_dir: Path, sources: list[str], out: Path, options: EmbedOptions 
         (out / MANIFEST).write_text(json.dumps(plan | {"parts": done, "complete": False}, indent=2) + "\n")
     bar.close()
     count = sum(p["rows"] for p in done.values())
-    manifest = plan | {"parts": done, "complete": True, "count": count, "skipped": skipped}
+    manifest = plan | {"parts": done, "complete": True, "count": count,
+                       "skipped": skipped + unusable.get("skipped", 0), "unusable_samples": unusable.get("reasons", {})}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
 

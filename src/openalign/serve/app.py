@@ -219,7 +219,7 @@ def create_app(index_dir: Path, model_dir: str | None = None, limits: Limits = L
         try:
             data = tar_member(path, key) if path and path.endswith(".tar") else Path(path or "").read_bytes()
             image = image_lib.load_rgb(data)
-        except (OSError, KeyError, image_lib.BadImage):
+        except (OSError, KeyError, tarfile.TarError, image_lib.BadImage):
             raise HTTPException(404, f"image {image_id} can no longer be read from {path}") from None
         image.thumbnail((max(16, min(size, 1024)),) * 2)
         buf = io.BytesIO()

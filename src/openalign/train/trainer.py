@@ -65,9 +65,12 @@ def prepare_tokenizer(cfg: Config, train_shards: list[str], out: Path):
         return load_tokenizer(cfg.data.tokenizer)
     if (saved / "tokenizer.json").is_file():
         return load_tokenizer(saved)
-    texts = shard_lib.all_texts(train_shards, cfg.data.fraction)
+    counter: dict = {}
+    texts = shard_lib.all_texts(train_shards, cfg.data.fraction, counter)
     tokenizer = train_tokenizer(texts, cfg.model.text.vocab_size, cfg.model.text.max_length)
     tokenizer.save_pretrained(saved)
+    if counter.get("skipped"):
+        print(f"tokenizer: skipped {shard_lib.skip_summary(counter)} unusable training samples")
     return tokenizer
 
 
