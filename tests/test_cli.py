@@ -118,4 +118,74 @@ def test_user_errors_are_one_sentence(shapes, tmp_path, capsys):
     assert "data.fraction=0.01 keeps 1 of 96 training samples, fewer than one batch of 8" in errors[7]
     assert "did you mean optim.lr" in errors[1] and "Traceback" not in "".join(errors)
     assert "'knn' is not a held-out task" in errors[5]
-    assert "data.fraction=0.0 is the share of the training samples" in errors[6]
+    assert "data.fraction=0.0 must be the share of the training samples to use, in (0, 1]" in errors[6]
+
+
+def test_the_whole_config_is_validated_before_any_work(shapes, tmp_path, capsys):
+    # Before: batch_size=-1 hung in epoch_plan, 0 raised ZeroDivisionError, steps=-5 trained 0 steps with rc 0,
+    # lr=nan trained NaN losses, embed_dim=0 trained a constant loss; each now a sentence, all in one message.
+    argv = ["train", "--preset", "tiny", "--data", str(shapes["train"]), "--out", str(tmp_path / "run"), "--quiet"]
+    assert cli.main(argv + ["data.batch_size=-1", "train.steps=-5", "optim.lr=nan", "model.embed_dim=0",
+                            "optim.name=adamx"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and "5 config values are invalid" in err
+    for phrase in ("data.batch_size=-1 must be a positive integer", "train.steps=-5 must be a positive integer",
+                   "optim.lr=nan must be a finite number", "model.embed_dim=0 must be a positive integer",
+                   "optim.name=adamx must be lamb or adamw"):
+        assert phrase in err
+    assert cli.main(argv + ["data.batch_size=0"]) == 2
+    assert cli.main(argv + ["data.batch_size=8", "train.micro_batch=3"]) == 2
+    assert "train.micro_batch=3 must divide each process's batch of 8" in capsys.readouterr().err
+    assert cli.main(argv + ["train.device=cuda"]) == 2  # no CUDA here
+    assert "no CUDA device" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # nothing was written
+
+
+def test_resume_and_tokenizer_mistakes_are_caught_before_any_work(shapes, tmp_path, capsys):
+    # --resume into a new directory: before, it built the corpus and trained a tokenizer, then gave up
+    assert cli.main(["train", "--preset", "tiny", "--out", str(tmp_path / "new"), "--resume"]) == 2
+    assert "nothing to resume" in capsys.readouterr().err and not (tmp_path / "new").exists()
+    # a mistyped local tokenizer never reaches a hub
+    assert cli.main(train_args(shapes, tmp_path / "t", "data.tokenizer=nosuchtok")) == 2
+    assert cli.main(train_args(shapes, tmp_path / "t", "data.tokenizer=/nonexistent/tok")) == 2
+    err = capsys.readouterr().err
+    assert err.count("no tokenizer directory at") == 2 and "Traceback" not in err
+    # a truncated checkpoint is called corrupt; a partial last line of metrics.jsonl does not block --resume
+    assert cli.main(train_args(shapes, tmp_path / "run")) == 0
+    run = tmp_path / "run"
+    good = (run / "checkpoint.pt").read_bytes()
+    (run / "checkpoint.pt").write_bytes(good[:len(good) // 2])
+    assert cli.main(["train", "--out", str(run), "--resume", "--quiet", "train.steps=8"]) == 2
+    assert "checkpoint.pt is corrupt" in capsys.readouterr().err
+    (run / "checkpoint.pt").write_bytes(good)
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 7, "lo')  # a crash in the middle of a write
+    assert cli.main(["train", "--out", str(run), "--resume", "--quiet", "train.steps=8"]) == 0
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "loss" in r][-1] == 8
+
+
+def test_inputs_of_the_wrong_kind_are_one_sentence(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    shape_image("red", "circle").save(tmp_path / "a.png")
+    pq.write_table(pa.table({"uid": ["1"], "text": ["x"]}), tmp_path / "thin.parquet")
+    (tmp_path / "file").write_text("x")
+    calls = [
+        ["train", "--preset", "tiny", "--data", str(tmp_path / "a.png"), "--out", str(tmp_path / "r")],
+        ["filter", str(tmp_path / "thin.parquet"), "--out", str(tmp_path / "f")],
+        ["filter", str(tmp_path / "a.png"), "--out", str(tmp_path / "f")],
+        ["shard", str(tmp_path / "thin.parquet"), "--out", str(tmp_path / "s")],
+        ["ingest", str(tmp_path), "--out", str(tmp_path / "file" / "p.parquet"), "--quiet"],
+        ["filter", str(tmp_path / "thin.parquet"), "--out", str(tmp_path / "f"), "max_aspect=0.5"],
+    ]
+    for argv in calls:
+        assert cli.main(argv) == 2, argv
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == len(calls) and all(e.startswith("openalign: error: ") for e in errors)
+    assert "a.png is not a webdataset shard (.tar)" in errors[0]
+    assert "lacks the columns image_key, width, height" in errors[1]
+    assert "a.png is not a Parquet pair table" in errors[2]
+    assert "lacks the columns image_key, path, member, url" in errors[3]
+    assert "is a file, not a directory" in errors[4]
+    assert "max_aspect=0.5 must be at least 1" in errors[5]

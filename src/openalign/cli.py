@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # we fork data workers after tokenizing
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # offline by default: a local path never falls through to a hub
 
 from openalign import config as config_lib  # noqa: E402
 from openalign import presets  # noqa: E402
@@ -170,8 +171,10 @@ def cmd_corpus(args) -> int:
 
 
 def _filter_config(overrides: list[str]) -> config_lib.FilterConfig:
-    return config_lib.override(config_lib.FilterConfig(), overrides,
-                               help_hint="the filter keys are " + ", ".join(config_lib.leaf_keys(config_lib.FilterConfig)))
+    cfg = config_lib.override(config_lib.FilterConfig(), overrides,
+                              help_hint="the filter keys are " + ", ".join(config_lib.leaf_keys(config_lib.FilterConfig)))
+    config_lib.validate(cfg)
+    return cfg
 
 
 def cmd_ingest(args) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -268,3 +269,161 @@ def _replace(node, path: list[str], text: str, key: str):
         kind = typing.get_type_hints(type(node))[name]
         return dataclasses.replace(node, **{name: _parse(text, kind, key)})
     return dataclasses.replace(node, **{name: _replace(getattr(node, name), path[1:], text, key)})
+
+
+# ---------------------------------------------------------------------------------------------- validation
+# Every rule a resolved config must satisfy, checked once (`validate`) before any work: a bad value is a
+# sentence naming the key, never a hang (data.batch_size=-1), a ZeroDivisionError or a run that trains NaN.
+
+def _positive(x) -> bool:
+    return x > 0
+
+
+def _non_negative(x) -> bool:
+    return x >= 0
+
+
+def _fraction_open_closed(x) -> bool:  # (0, 1]
+    return 0 < x <= 1
+
+
+def _fraction_closed_open(x) -> bool:  # [0, 1)
+    return 0 <= x < 1
+
+
+def _all(rule):
+    return lambda xs: len(xs) > 0 and all(rule(x) for x in xs)
+
+
+RULES: dict[str, tuple] = {  # key (leaf of any config tree below) -> (predicate, what the value must be)
+    "width_coefficient": (_positive, "a positive number"),
+    "depth_coefficient": (_positive, "a positive number"),
+    "in_channels": (_all(_positive), "positive integers"),
+    "out_channels": (_all(_positive), "positive integers"),
+    "num_block_repeats": (_all(_positive), "positive integers"),
+    "kernel_sizes": (_all(_positive), "positive integers"),
+    "strides": (_all(_positive), "positive integers"),
+    "expand_ratios": (_all(_positive), "positive integers"),
+    "drop_connect_rate": (_fraction_closed_open, "in [0, 1)"),
+    "batch_norm_momentum": (_fraction_open_closed, "in (0, 1] (PyTorch's sense: the new batch's weight)"),
+    "batch_norm_eps": (_positive, "a positive number"),
+    "resize_size": (_positive, "a positive integer"),
+    "image_size": (_positive, "a positive integer"),
+    "hidden_size": (_positive, "a positive integer"),
+    "num_layers": (_positive, "a positive integer"),
+    "num_heads": (_positive, "a positive integer"),
+    "intermediate_size": (_positive, "a positive integer"),
+    "dropout": (_fraction_closed_open, "in [0, 1)"),
+    "vocab_size": (_positive, "a positive integer"),
+    "max_length": (lambda x: x >= 3, "at least 3 ([CLS], a token, [SEP])"),
+    "length_buckets": (_positive, "a positive integer"),
+    "embed_dim": (_positive, "a positive integer"),
+    "temperature_init": (_positive, "a positive number"),
+    "kind": (lambda x: x in ("softmax", "sigmoid"), "softmax or sigmoid"),
+    "label_smoothing": (_fraction_closed_open, "in [0, 1)"),
+    "negatives_fraction": (_fraction_open_closed, "in (0, 1]"),
+    "fixed_temperature": (_non_negative, "0 (learned) or a positive number"),
+    "temperature_min": (_positive, "a positive number"),
+    "implementation": (lambda x: x in ("auto", "naive", "chunked"), "auto, naive or chunked"),
+    "name": (lambda x: x in ("lamb", "adamw"), "lamb or adamw"),
+    "lr": (_positive, "a positive number"),
+    "weight_decay": (_non_negative, "0 or more"),
+    "betas": (lambda b: len(b) == 2 and all(0 <= x < 1 for x in b), "two numbers in [0, 1)"),
+    "eps": (_positive, "a positive number"),
+    "warmup_steps": (_non_negative, "0 or more"),
+    "temperature_lr_scale": (_non_negative, "0 or more"),
+    "grad_clip": (_non_negative, "0 (off) or more"),
+    "fraction": (_fraction_open_closed, "the share of the training samples to use, in (0, 1]"),
+    "batch_size": (_positive, "a positive integer"),
+    "workers": (_non_negative, "0 (read in the main process) or more"),
+    "shuffle_buffer": (_positive, "a positive integer"),
+    "steps": (_positive, "a positive integer"),
+    "log_every": (_positive, "a positive integer"),
+    "eval_every": (_non_negative, "0 (only at the end) or more"),
+    "checkpoint_every": (_non_negative, "0 (only at the end) or more"),
+    "threads": (_non_negative, "0 (all cores) or more"),
+    "precision": (lambda x: x in ("auto", "fp32", "bf16"), "auto, fp32 or bf16"),
+    "micro_batch": (_non_negative, "0 (off) or a positive integer"),
+    "device": (lambda x: x in ("auto", "cpu", "cuda", "mps") or (x.startswith("cuda:") and x[5:].isdigit()),
+               "auto, cpu, cuda, cuda:N or mps"),
+    # FinetuneConfig
+    "head_lr_scale": (_non_negative, "0 or more"),
+    "momentum": (_fraction_closed_open, "in [0, 1)"),
+    "warmup_fraction": (lambda x: 0 <= x <= 1, "in [0, 1]"),
+    # FilterConfig
+    "min_short_side": (_non_negative, "0 or more pixels"),
+    "max_aspect": (lambda x: x >= 1, "at least 1"),
+    "max_texts_per_image": (_positive, "a positive integer"),
+    "max_images_per_text": (_positive, "a positive integer"),
+    "min_words": (_non_negative, "0 or more"),
+    "max_words": (_positive, "a positive integer"),
+    "vocab_ngrams": (lambda x: x in (1, 2), "1 or 2"),
+    "examples": (_non_negative, "0 or more"),
+}
+
+
+def _leaves(node, prefix: str = ""):
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _leaves(value, f"{prefix}{f.name}.")
+        else:
+            yield prefix + f.name, f.name, value
+
+
+def violations(cfg, world: int = 1) -> list[str]:
+    """Every rule `cfg` (a Config, FinetuneConfig or FilterConfig) breaks, as `key=value must be ...` phrases."""
+    problems = []
+    for key, name, value in _leaves(cfg):
+        numbers = value if isinstance(value, tuple) else (value,)
+        if any(isinstance(x, float) and not math.isfinite(x) for x in numbers):
+            problems.append(f"{key}={value} must be a finite number")
+            continue
+        if name in RULES:
+            rule, what = RULES[name]
+            try:
+                ok = rule(value)
+            except TypeError:
+                ok = False
+            if not ok:
+                problems.append(f"{key}={value} must be {what}")
+    if isinstance(cfg, Config):
+        problems += _cross_field(cfg, world)
+    elif isinstance(cfg, FilterConfig) and cfg.min_words > cfg.max_words:
+        problems.append(f"min_words={cfg.min_words} must not exceed max_words={cfg.max_words}")
+    return problems
+
+
+def _cross_field(cfg: Config, world: int) -> list[str]:
+    problems = []
+    v, t = cfg.model.vision, cfg.model.text
+    stages = {len(getattr(v, f)) for f in ("in_channels", "out_channels", "num_block_repeats", "kernel_sizes",
+                                           "strides", "expand_ratios")}
+    if len(stages) > 1:
+        problems.append("model.vision's per-stage tuples (in_channels ... expand_ratios) must have one entry per stage")
+    if v.image_size > v.resize_size > 0:
+        problems.append(f"model.vision.image_size={v.image_size} (the crop) must not exceed model.vision.resize_size="
+                        f"{v.resize_size}")
+    if t.num_heads > 0 and t.hidden_size % t.num_heads:
+        problems.append(f"model.text.hidden_size={t.hidden_size} must divide by model.text.num_heads={t.num_heads}")
+    batch = cfg.data.batch_size
+    if batch > 0 and batch % world:
+        problems.append(f"data.batch_size={batch} is the global batch; it must divide by the {world} processes")
+    per_rank = batch // world if batch > 0 else 0
+    if cfg.train.micro_batch > 0 and per_rank and per_rank % cfg.train.micro_batch:
+        problems.append(f"train.micro_batch={cfg.train.micro_batch} must divide each process's batch of {per_rank}")
+    if cfg.train.fsdp and cfg.train.shard_optimizer:
+        problems.append("train.fsdp=true already shards the optimizer state; leave train.shard_optimizer off")
+    if cfg.loss.fixed_temperature and cfg.loss.fixed_temperature < cfg.loss.temperature_min:
+        problems.append(f"loss.fixed_temperature={cfg.loss.fixed_temperature} is below loss.temperature_min="
+                        f"{cfg.loss.temperature_min}")
+    return problems
+
+
+def validate(cfg, world: int = 1) -> None:
+    """Raise one ConfigError listing every violation (see RULES), or return."""
+    problems = violations(cfg, world)
+    if len(problems) == 1:
+        raise ConfigError(problems[0])
+    if problems:
+        raise ConfigError(f"{len(problems)} config values are invalid: " + "; ".join(problems))

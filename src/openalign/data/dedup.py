@@ -31,7 +31,7 @@ from tqdm import tqdm
 from openalign.config import ConfigError
 from openalign.data import images
 from openalign.data.filters import write_keep_without_images
-from openalign.data.ingest import IMAGE_SUFFIXES, check_pair_table
+from openalign.data.ingest import IMAGE_COLUMNS, IMAGE_SUFFIXES, check_pair_table
 from openalign.data.shard import SOURCES
 from openalign.data.workers import process_pool
 
@@ -195,7 +195,7 @@ def _percentiles(scores: list[float]) -> dict:
 
 def dedup(pairs: Path, against: str, out: Path, options: DedupOptions = DedupOptions(), progress: bool = True) -> dict:
     pairs, out = Path(pairs), Path(out)
-    check_pair_table(pairs)
+    check_pair_table(pairs, IMAGE_COLUMNS)
     if options.mode not in ("phash", "embedding"):
         raise ConfigError(f"unknown dedup mode {options.mode!r}; choose phash or embedding")
     start = time.perf_counter()

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from openalign.config import ConfigError, FilterConfig
-from openalign.data.ingest import check_pair_table
+from openalign.data.ingest import FILTER_COLUMNS, check_pair_table
 
 RULES = {
     "image_small": "shorter side <= {min_short_side} px",
@@ -317,7 +317,7 @@ def run_filters(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), engi
                 master: str = "local[*]", memory_limit: str = "", threads: int = 0, progress: bool = True) -> dict:
     """Filter the pair table `pairs` into a keep-list and report in `out`; returns the report."""
     pairs, out = str(pairs), Path(out)  # pairs may be a glob, or a URL the Spark cluster reads
-    check_pair_table(pairs)
+    check_pair_table(pairs, FILTER_COLUMNS)
     if cfg.vocab_ngrams not in (1, 2) or cfg.min_words > cfg.max_words or cfg.max_aspect <= 1:
         raise ConfigError("filter config needs vocab_ngrams 1 or 2, min_words <= max_words and max_aspect > 1")
     out.mkdir(parents=True, exist_ok=True)

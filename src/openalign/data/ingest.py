@@ -78,19 +78,38 @@ class Record:
     bad: tuple[str, str] | None = None  # (reason, detail): the source itself is broken here (a table row, a tar)
 
 
-def check_pair_table(spec) -> str:
+FILTER_COLUMNS = ("uid", "image_key", "text", "width", "height")  # what each stage reads of a pair table
+SOURCE_COLUMNS = ("uid", "image_key", "text", "path", "member", "url")
+IMAGE_COLUMNS = ("uid", "image_key", "path", "member")
+
+
+def check_pair_table(spec, columns: tuple[str, ...] = ()) -> str:
     """A pair table: one Parquet file, a glob of them (`pairs/*.parquet`, one per ingest job), or (Spark)
-    a URL such as s3a://bucket/pairs/ that only the cluster can check."""
+    a URL such as s3a://bucket/pairs/ that only the cluster can check. A local table must be Parquet and
+    hold `columns`; otherwise one sentence says what is wrong."""
     text = str(spec)
     if "://" in text:
         return text
     if any(c in text for c in "*?["):
         import glob
 
-        if not glob.glob(text):
+        matches = sorted(glob.glob(text))
+        if not matches:
             raise ConfigError(f"no pair tables match {text}; build them with `openalign ingest SRC --out FILE.parquet`")
+        first = matches[0]
     elif not Path(text).is_file():
         raise ConfigError(f"pair table {text} does not exist; build it with `openalign ingest SRC --out {text}`")
+    else:
+        first = text
+    try:
+        names = pq.read_schema(first).names
+    except (OSError, pa.ArrowException):
+        raise ConfigError(f"{first} is not a Parquet pair table; build one with `openalign ingest SRC --out "
+                          "pairs.parquet`") from None
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise ConfigError(f"{first} lacks the column{'s' if len(missing) > 1 else ''} {', '.join(missing)} (it has "
+                          f"{', '.join(names)}); a pair table comes from `openalign ingest`")
     return text
 
 

@@ -30,7 +30,7 @@ from openalign.config import ConfigError
 from openalign.data import images
 from openalign.data.dedup import train_images
 from openalign.data.filters import write_keep_without_images
-from openalign.data.ingest import check_pair_table
+from openalign.data.ingest import IMAGE_COLUMNS, check_pair_table
 from openalign.data.shard import SOURCES
 
 
@@ -65,7 +65,7 @@ def load_classifier(spec: str) -> Callable:
 
 def screen(pairs: Path, out: Path, options: ScreenOptions, progress: bool = True) -> dict:
     pairs, out = Path(pairs), Path(out)
-    check_pair_table(pairs)
+    check_pair_table(pairs, IMAGE_COLUMNS)
     classify = load_classifier(options.classifier)
     start = time.perf_counter()
     train = train_images(pairs)

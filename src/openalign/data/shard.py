@@ -29,7 +29,7 @@ from tqdm import tqdm
 from openalign.config import ConfigError
 from openalign.data import images
 from openalign.data.filters import keep_source
-from openalign.data.ingest import blake, check_pair_table
+from openalign.data.ingest import SOURCE_COLUMNS, blake, check_pair_table
 from openalign.data.shards import MANIFEST, encode_image
 from openalign.data.workers import process_pool
 
@@ -123,7 +123,7 @@ def shard(pairs: Path, keep_dirs: list[Path], out: Path, options: ShardOptions =
           progress: bool = True, split_name: str = "") -> dict:
     """Write the kept pairs of `pairs` as shards in `out`; finished shards of an earlier run are kept."""
     pairs, out = Path(pairs), Path(out)
-    check_pair_table(pairs)
+    check_pair_table(pairs, SOURCE_COLUMNS)
     if options.samples_per_shard < 1:
         raise ConfigError("--samples-per-shard must be at least 1")
     start = time.perf_counter()

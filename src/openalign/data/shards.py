@@ -97,6 +97,10 @@ def list_shards(spec: str) -> list[str]:
         shards = [line.strip() for line in path.read_text().splitlines() if line.strip()]
     else:
         shards = list(braceexpand.braceexpand(spec))
+    not_tars = [s for s in shards if Path(s).is_file() and not s.endswith((".tar", ".tar.gz", ".tgz"))]
+    if not_tars:
+        raise ConfigError(f"{not_tars[0]} is not a webdataset shard (.tar); give a directory of shards, a brace pattern "
+                          "(shards-{000..009}.tar), a list file, or build shards with `openalign shard`")
     missing = [s for s in shards if not Path(s).is_file()]
     if not shards or missing:
         what = f"{missing[0]} does not exist" if missing else f"no .tar shards found at {spec}"

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from openalign.config import ConfigError, FinetuneConfig, leaf_keys, override
+from openalign.config import ConfigError, FinetuneConfig, leaf_keys, override, validate
 from openalign.data import transforms
 from openalign.eval import metrics as M
 from openalign.eval.datasets import eval_stream
@@ -42,8 +42,9 @@ VTAB_TRAIN, VTAB_VAL = 800, 200
 
 
 def parse_options(assignments: list[str]) -> FinetuneConfig:
-    return override(FinetuneConfig(), assignments,
-                    help_hint="the fine-tuning keys are " + ", ".join(leaf_keys(FinetuneConfig)))
+    ft = override(FinetuneConfig(), assignments, help_hint="the fine-tuning keys are " + ", ".join(leaf_keys(FinetuneConfig)))
+    validate(ft)
+    return ft
 
 
 def parse_sweep(assignments: list[str], base: FinetuneConfig) -> list[FinetuneConfig]:
@@ -54,7 +55,10 @@ def parse_sweep(assignments: list[str], base: FinetuneConfig) -> list[FinetuneCo
         if not sep or not values:
             raise ConfigError(f"sweep {item!r} is not of the form key=v1,v2 (e.g. lr=0.1,0.01)")
         axes.append([f"{key}={v}" for v in values.split(",")])
-    return [override(base, list(point)) for point in itertools.product(*axes)] or [base]
+    grid = [override(base, list(point)) for point in itertools.product(*axes)] or [base]
+    for point in grid:
+        validate(point)
+    return grid
 
 
 class Diverged(ConfigError):

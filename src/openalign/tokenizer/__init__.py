@@ -18,6 +18,8 @@ from typing import Iterable
 import transformers
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+from openalign.config import ConfigError
+
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # [PAD] = 0 = AlignTextConfig.pad_token_id
 PREFIX = "##"
 
@@ -60,5 +62,16 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, max_length: int = 64,
     )
 
 
+def check_tokenizer_dir(path) -> Path:
+    """A local tokenizer directory, or one sentence: a path never falls through to a model hub."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ConfigError(f"no tokenizer directory at {path}; give a directory with tokenizer.json (a run's "
+                          "`tokenizer` or `model` folder, or `openalign tokenizer --out DIR`)")
+    if not any((path / name).is_file() for name in ("tokenizer.json", "vocab.txt")):
+        raise ConfigError(f"{path} holds no tokenizer (tokenizer.json or vocab.txt)")
+    return path
+
+
 def load_tokenizer(path: Path) -> transformers.PreTrainedTokenizerFast:
-    return transformers.AutoTokenizer.from_pretrained(Path(path), local_files_only=True)
+    return transformers.AutoTokenizer.from_pretrained(check_tokenizer_dir(path), local_files_only=True)

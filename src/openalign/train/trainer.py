@@ -29,7 +29,7 @@ from openalign.data.loader import Position, StreamSpec, epoch_plan, train_loader
 from openalign.eval.tasks import HELD_OUT_TASKS, EvalOptions, run_tasks
 from openalign.model import hub
 from openalign.model.dual_encoder import DualEncoder
-from openalign.tokenizer import load_tokenizer, train_tokenizer
+from openalign.tokenizer import check_tokenizer_dir, load_tokenizer, train_tokenizer
 from openalign.train import fsdp, report
 from openalign.train.optim import build_optimizer, full_state_dict, set_lr
 from openalign.train.schedule import lr_at
@@ -93,31 +93,66 @@ def save_checkpoint(path: Path, model, optimizer, step: int, position: Position,
 
 
 def truncate_log(path: Path, step: int) -> None:
-    """Drop log lines written after the checkpoint we resume from, so the log reads as one run."""
-    if path.is_file():
-        lines = [ln for ln in path.read_text().splitlines() if ln and json.loads(ln).get("step", 0) <= step]
-        path.write_text("".join(ln + "\n" for ln in lines))
+    """Drop log lines written after the checkpoint we resume from, so the log reads as one run; a line cut
+    short by a crash (not JSON) is dropped too."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and row.get("step", 0) <= step:
+            kept.append(line)
+    path.write_text("".join(line + "\n" for line in kept))
+
+
+def check_before_work(cfg: Config, resume: bool) -> None:
+    """Everything a run needs that can be checked before any work (building a corpus, training a tokenizer)."""
+    config_lib.validate(cfg, world=distributed.from_env().world)
+    unknown = [t for t in cfg.eval.tasks if t not in HELD_OUT_TASKS]
+    if unknown:
+        raise ConfigError(f"eval.tasks: {unknown[0]!r} is not a held-out task; choose from {', '.join(HELD_OUT_TASKS)} "
+                          "(the others run on a saved model: `openalign eval`)")
+    for option in ("shard_optimizer", "fsdp"):
+        if getattr(cfg.train, option) and distributed.from_env().world == 1:
+            raise ConfigError(f"train.{option}=true shards over torchrun processes; launch with torchrun")
+    if cfg.train.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"train.device={cfg.train.device} but this machine has no CUDA device PyTorch can use; "
+                          "use train.device=auto or cpu")
+    if cfg.data.tokenizer:
+        check_tokenizer_dir(cfg.data.tokenizer)
+    if resume:
+        load_checkpoint(Path(cfg.out) / CHECKPOINT, check_only=True)
+
+
+def load_checkpoint(path: Path, map_location="cpu", check_only: bool = False) -> dict | None:
+    """The checkpoint at `path`, or one sentence saying why it cannot be resumed from."""
+    if not path.is_file():
+        raise ConfigError(f"nothing to resume: no {CHECKPOINT} in {path.parent}")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=False, mmap=check_only)
+    except Exception as err:  # noqa: BLE001 - a truncated or foreign file: pickle, zip and torch errors alike
+        earlier = path.with_suffix(".tmp")
+        hint = (f"; {earlier} is a checkpoint that was being written: it may be usable (move it to {path.name})"
+                if earlier.is_file() else "; no earlier checkpoint is kept: train again without --resume")
+        raise ConfigError(f"{path} is corrupt and cannot be resumed from ({type(err).__name__}){hint}") from None
+    if not isinstance(state, dict) or not {"step", "model", "optimizer"} <= set(state):
+        raise ConfigError(f"{path} is not an openalign checkpoint (no step, model and optimizer state)")
+    return None if check_only else state
 
 
 def train(cfg: Config, resume: bool = False, progress: bool = True) -> TrainResult:
+    check_before_work(cfg, resume)
     out = Path(cfg.out)
     device = resolve_device(cfg.train.device, distributed.from_env().local_rank)
     layout = distributed.init(device.type)
-    if cfg.data.batch_size % layout.world:
-        raise ConfigError(f"data.batch_size={cfg.data.batch_size} is the global batch; it must divide by the "
-                          f"{layout.world} processes")
     progress = progress and layout.main
     if layout.main:
         out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(cfg.train.threads or max(1, (os.cpu_count() or 1) // max(1, _local_world())))
     torch.manual_seed(cfg.seed)
-    unknown = [t for t in cfg.eval.tasks if t not in HELD_OUT_TASKS]
-    if unknown:
-        raise ConfigError(f"eval.tasks: {unknown[0]!r} is not a held-out task; choose from {', '.join(HELD_OUT_TASKS)} "
-                          "(the others run on a saved model: `openalign eval`)")
-    if not 0.0 < cfg.data.fraction <= 1.0:
-        raise ConfigError(f"data.fraction={cfg.data.fraction} is the share of the training samples to use; give a "
-                          "number in (0, 1]")
     train_shards, eval_shards = _resolve_data(cfg, progress, layout)
     tokenizer = _prepare_tokenizer(cfg, train_shards, out, layout)
     # The trained vocabulary may be smaller than asked for (small corpora): size the embedding to it.
@@ -134,19 +169,12 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> TrainResu
     if cfg.train.grad_checkpointing:
         model.align.text_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.to(device).train()
-    for option in ("shard_optimizer", "fsdp"):
-        if getattr(cfg.train, option) and not layout.active:
-            raise ConfigError(f"train.{option}=true shards over torchrun processes; launch with torchrun")
-    if cfg.train.fsdp and cfg.train.shard_optimizer:
-        raise ConfigError("train.fsdp=true already shards the optimizer state; leave train.shard_optimizer off")
     if cfg.train.fsdp:
         fsdp.shard(model)
     optimizer = build_optimizer(model, cfg.optim, shard=cfg.train.shard_optimizer, fsdp=cfg.train.fsdp)
     step, position = 0, Position()
     if resume:
-        if not (out / CHECKPOINT).is_file():
-            raise ConfigError(f"nothing to resume: no {CHECKPOINT} in {out}")
-        state = torch.load(out / CHECKPOINT, map_location="cpu" if cfg.train.fsdp else device, weights_only=False)
+        state = load_checkpoint(out / CHECKPOINT, map_location="cpu" if cfg.train.fsdp else device)
         if state.get("fsdp", False) != cfg.train.fsdp:
             raise ConfigError(f"{out} was trained with train.fsdp={str(state.get('fsdp', False)).lower()}; "
                               f"resume it with the same setting")
