@@ -189,3 +189,11 @@ def test_inputs_of_the_wrong_kind_are_one_sentence(tmp_path, capsys):
     assert "lacks the columns image_key, path, member, url" in errors[3]
     assert "is a file, not a directory" in errors[4]
     assert "max_aspect=0.5 must be at least 1" in errors[5]
+
+
+def test_python_dash_m_and_version():
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "openalign", "--version"], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.startswith("openalign ") and result.stdout.split()[1][0].isdigit()

@@ -152,3 +152,19 @@ def test_a_glob_of_pair_tables_equals_one_table(tmp_path):
     report = filters.run_filters(str(parts / "*.parquet"), tmp_path / "glob", FilterConfig(vocab_size=150),
                                  progress=False)
     assert set(filters.read_keep(tmp_path / "glob")) == whole and report["pairs"] == 400
+
+
+def test_a_rule_that_removes_most_of_a_corpus_is_said_first(tmp_path):
+    # A collection of small images (as a real one with median shorter side 113 px): before, only "image_small -N"
+    t = Table()
+    for i in range(10):
+        side = 120 if i < 8 else 400
+        t.add(f"img{i}", f"a small picture number {i}", side, side)
+    _, report = kept(tmp_path, t)
+    assert report["warnings"] == ["image_small alone removes 80% of the pairs (shorter side <= 200 px): if this "
+                                  "collection is meant to be kept, change min_short_side=200 (e.g. `openalign filter "
+                                  "... min_short_side=...`)"]
+    assert filters.summary_lines(report)[0].startswith("warning: image_small alone removes 80%")
+    (tmp_path / "lower").mkdir()
+    _, fine = kept(tmp_path / "lower", t, min_short_side=100)
+    assert fine["warnings"] == [] and fine["kept_pairs"] == 10

@@ -65,3 +65,19 @@ def test_classification_folders_tables_names_and_templates(tmp_path):
     assert len(load_templates("imagenet80")) == 80 and load_templates("generic")[0] == "{}"
     with pytest.raises(ConfigError, match="2 names for 3 classes"):
         load_classnames(str(tmp_path / "names.txt"), ["a", "b", "c"])
+
+
+@pytest.mark.parametrize("name,content", [
+    ("SimLex-999.txt", "word1\tword2\tPOS\tSimLex999\tconc(w1)\nold\tnew\tA\t1.58\t2.72\nsmart\tintelligent\tA\t9.2\t1.75\n"),
+    ("combined.csv", "Word 1,Word 2,Human (mean)\nold,new,1.58\nsmart,intelligent,9.2\n"),
+    ("combined.tab", "Word 1\tWord 2\tHuman (mean)\nold\tnew\t1.58\nsmart\tintelligent\t9.2\n"),
+    ("MEN_dataset_natural_form_full", "old new 1.58\nsmart intelligent 9.2\n"),
+    ("MEN_dataset_lemma_form_full", "old-j new-j 1.58\nsmart-j intelligent-j 9.2\n"),
+    ("rw.txt", "old\tnew\t1.58\t1\t2\t3\t4\t5\t6\t7\t8\t9\t10\nsmart\tintelligent\t9.2\t9\t9\t9\t9\t9\t9\t9\t9\t9\t9\n"),
+])
+def test_word_similarity_sets_are_read_as_released(tmp_path, name, content):
+    # Before: only the SimLex column names were accepted, and .tab files were split on commas
+    from openalign.eval.datasets import word_pairs
+
+    (tmp_path / name).write_text(content)
+    assert word_pairs(tmp_path / name) == [("old", "new", 1.58), ("smart", "intelligent", 9.2)]

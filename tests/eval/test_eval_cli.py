@@ -228,3 +228,37 @@ def test_finetune_scored_against_permuted_labels_falls_to_chance(model_dir, tmp_
     shuffled = run(model_dir, tmp_path, "--data", str(permuted), *args)
     assert honest["finetune_top1"] > 1.5 * honest["finetune_chance_top1"]  # it learned the colours
     assert shuffled["finetune_top1"] < honest["finetune_chance_top1"]  # so permuted labels score below chance
+
+
+def test_multilingual_reads_the_task2_release_layout_as_it_is(model_dir, tmp_path):
+    # Multi30k task 2: image_splits/train_images.txt beside raw/train.{1..5}.{en,de}.gz; before, nothing matched
+    import gzip
+
+    (tmp_path / "images").mkdir()
+    names = []
+    for i, (c, s) in enumerate([(c, s) for c in COLOURS[:2] for s in SHAPES]):
+        shape_image(c, s).save(tmp_path / "images" / f"{i}.jpg")
+        names.append(f"{i}.jpg")
+    (tmp_path / "image_splits").mkdir()
+    (tmp_path / "image_splits" / "train_images.txt").write_text("\n".join(names) + "\n")
+    (tmp_path / "raw").mkdir()
+    for n in range(1, 6):
+        for lang in ("en", "de"):
+            with gzip.open(tmp_path / "raw" / f"train.{n}.{lang}.gz", "wt") as f:
+                f.write("\n".join(f"{lang} description {n} of image {i}" for i in range(6)) + "\n")
+    m = run(model_dir, tmp_path, "--task", "multilingual", "--data", str(tmp_path / "image_splits" / "train_images.txt"),
+            "--images", str(tmp_path / "images"))  # no --captions: ../raw/ is found
+    assert m["multilingual_languages"] == "de,en"
+    assert m["multilingual_en_n_images"] == 6 and m["multilingual_en_n_texts"] == 30  # 5 descriptions each
+
+
+def test_word_sim_scores_only_pairs_the_vocabulary_covers(model_dir, tmp_path):
+    # The tiny model knows colours and shapes; Cyrillic words are all [UNK] pieces and cannot be measured.
+    (tmp_path / "combined.csv").write_text("Word 1,Word 2,Human (mean)\nred,blue,6.0\ncircle,square,5.0\n"
+                                           "red,circle,1.0\nблин,щука,3.0\nred,щука,2.0\n")
+    m = run(model_dir, tmp_path, "--task", "word-sim", "--data", str(tmp_path / "combined.csv"))
+    assert (m["word_sim_n_pairs"], m["word_sim_n_covered"], m["word_sim_n_out_of_vocabulary"]) == (5, 3, 2)
+    assert -1 <= m["word_sim_spearman"] <= 1
+    (tmp_path / "none.csv").write_text("Word 1,Word 2,Human (mean)\nблин,щука,3.0\nщука,блин,2.0\n")
+    assert cli.main(["eval", str(model_dir), "--task", "word-sim", "--data", str(tmp_path / "none.csv"),
+                     "--out", str(tmp_path / "x.json")]) == 2

@@ -36,6 +36,11 @@ from pathlib import Path
 from openalign.config import ConfigError, FilterConfig
 from openalign.data.ingest import FILTER_COLUMNS, check_pair_table
 
+RULE_OPTIONS = {  # the FilterConfig keys that set each rule's threshold (`openalign filter ... key=value`)
+    "image_small": ("min_short_side",), "image_aspect": ("max_aspect",), "image_many_texts": ("max_texts_per_image",),
+    "text_shared": ("max_images_per_text",), "text_length": ("min_words", "max_words"), "text_rare": ("vocab_size",),
+}
+DOMINANT_SHARE = 0.5  # a rule that removes at least this share of the corpus on its own is called out first
 RULES = {
     "image_small": "shorter side <= {min_short_side} px",
     "image_aspect": "aspect ratio (long/short) >= {max_aspect}",
@@ -357,6 +362,7 @@ def run_filters(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), engi
         "removed_pairs": int(total) - int(kept or 0), "distinct_terms": int(distinct_terms), "rules": rules,
         "keep": str(keep_path), "seconds": round(time.perf_counter() - start, 2),
     }
+    report["warnings"] = dominant_rules(report)
     (out / "filter_report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     plot_report(report, out / "filter_report.png")
     return report
@@ -393,8 +399,23 @@ def plot_report(report: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def dominant_rules(report: dict) -> list[str]:
+    """A sentence for each rule that alone removes most of the corpus: its threshold and the option to change.
+    The paper's thresholds suit web images; a collection of small images or short captions is not one."""
+    out = []
+    for r in report["rules"]:
+        share = r["removed_alone"] / max(report["pairs"], 1)
+        if share >= DOMINANT_SHARE:
+            options = " / ".join(f"{k}={report['config'][k]}" for k in RULE_OPTIONS[r["rule"]])
+            out.append(f"{r['rule']} alone removes {share:.0%} of the pairs ({r['description']}): if this collection "
+                       f"is meant to be kept, change {options} (e.g. `openalign filter ... {RULE_OPTIONS[r['rule']][0]}"
+                       f"=...`)")
+    return out
+
+
 def summary_lines(report: dict) -> list[str]:
-    lines = [f"{report['pairs']:,} pairs -> {report['kept_pairs']:,} kept "
+    lines = [f"warning: {w}" for w in report.get("warnings", [])]
+    lines += [f"{report['pairs']:,} pairs -> {report['kept_pairs']:,} kept "
              f"({report['kept_pairs'] / max(report['pairs'], 1):.1%}) by {report['engine']} in {report['seconds']:.1f} s"]
     for r in report["rules"]:
         lines.append(f"  {r['rule']:<17} alone {r['removed_alone']:>10,}  in sequence {r['removed_in_sequence']:>10,}"

@@ -169,3 +169,49 @@ def eval_stream(data: str, resize: int, crop: int, counter: dict, images_root: s
 def table_rows(path: Path) -> list[dict]:
     with open(path, newline="") as f:
         return list(csv.DictReader(f, delimiter="\t" if path.suffix == ".tsv" else ","))
+
+
+WORD_SCORE_COLUMNS = ("simlex999", "human (mean)", "human(mean)", "score", "similarity", "mean", "sim", "relatedness")
+_POS_SUFFIX = re.compile(r"-[nvajr]$")
+
+
+def word_pairs(path: Path) -> list[tuple[str, str, float]]:
+    """(word, word, human score) from the released layouts of the word-similarity sets, recognised by content:
+    SimLex-999 (tab-separated, header `word1 word2 POS SimLex999 ...`), WordSim-353 (`combined.csv` / `.tab`,
+    header `Word 1,Word 2,Human (mean)`), MEN (space-separated `w1 w2 score`, no header; the lemma form's
+    `-n/-v/-j` part-of-speech suffixes are dropped) and Stanford RW (tab-separated `w1 w2 score s1 ... s10`).
+    The words are the first two fields; the score is the named score column, else the third field."""
+    lines = [line.strip() for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+    if not lines:
+        raise ConfigError(f"{path} is empty; give a word-similarity file (SimLex-999, WordSim-353, MEN or RW)")
+    delimiter = "\t" if "\t" in lines[0] else "," if "," in lines[0] else None
+    rows = [next(csv.reader([line], delimiter=delimiter)) if delimiter else line.split() for line in lines]
+    rows = [[field.strip() for field in row] for row in rows]
+
+    def number(text: str) -> bool:
+        try:
+            float(text)
+            return True
+        except ValueError:
+            return False
+
+    header = not any(number(field) for field in rows[0])
+    score = 2
+    if header:
+        names = [field.lower() for field in rows[0]]
+        score = next((names.index(n) for n in WORD_SCORE_COLUMNS if n in names), 2)
+        rows = rows[1:]
+    pairs, bad = [], 0
+    for row in rows:
+        if len(row) <= score or not number(row[score]):
+            bad += 1
+            continue
+        pairs.append((row[0], row[1], float(row[score])))
+    if not pairs:
+        raise ConfigError(f"{path} has no `word word score` rows (SimLex-999, WordSim-353, MEN or RW layouts)")
+    if bad > len(pairs):
+        raise ConfigError(f"{path}: {bad} of {bad + len(pairs)} rows have no number as their score; is it a "
+                          "word-similarity file?")
+    if all(_POS_SUFFIX.search(a) and _POS_SUFFIX.search(b) for a, b, _ in pairs):  # MEN's lemma form: sun-n
+        pairs = [(_POS_SUFFIX.sub("", a), _POS_SUFFIX.sub("", b), s) for a, b, s in pairs]
+    return pairs

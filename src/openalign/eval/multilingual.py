@@ -3,7 +3,13 @@
     image_splits/test_2016_flickr.txt     one Flickr30K file name per line
     raw/test_2016_flickr.en[.gz]          line i is a caption of image i (task 1: one per language)
     raw/test_2016_flickr.de[.gz]  .fr  .cs  (any language code)
-    test_2016.1.en ... test_2016.5.de     task 2 style: several aligned files per language are merged
+
+    task 2 (five independent descriptions per image), as released:
+    image_splits/train_images.txt         (val_images.txt, test_2016_images.txt)
+    raw/train.1.en.gz ... raw/train.5.de.gz   the list's stem without `_images`; the 5 files of a language are merged
+
+Without --captions, the caption files are looked for beside the image list, then in `../raw/` (the release
+layout: image_splits/ and raw/ side by side).
 
 `openalign eval MODEL --task multilingual --data image_splits/test_2016_flickr.txt --images flickr30k-images
 --captions raw` reports, per language, the retrieval keys (eval/metrics.py) and their mean recall, and the
@@ -32,21 +38,26 @@ def _lines(path: Path) -> list[str]:
         return [line.rstrip("\n").strip() for line in f]
 
 
-def caption_files(image_list: Path, captions_dir: Path) -> dict[str, list[Path]]:
-    """{language: aligned caption files}, found by the image list's stem (`stem[.n].lang[.gz]`)."""
-    stem = image_list.stem
-    pattern = re.compile(rf"^{re.escape(stem)}(?:\.\d+)?\.([A-Za-z]{{2,3}}(?:[-_][A-Za-z]+)?)(?:\.gz)?$")
-    found: dict[str, list[Path]] = {}
-    for path in sorted(captions_dir.iterdir()) if captions_dir.is_dir() else []:
-        match = pattern.match(path.name)
-        if match and path != image_list and match.group(1) != "txt":
-            found.setdefault(match.group(1), []).append(path)
-    if not found:
-        raise ConfigError(f"no caption files {stem}.<lang> in {captions_dir}; pass --captions DIR (Multi30k's raw/)")
-    return found
+def caption_files(image_list: Path, captions_dir: Path | None = None) -> dict[str, list[Path]]:
+    """{language: aligned caption files}, found by the image list's stem (`stem[.n].lang[.gz]`), or for a
+    task 2 list (`train_images.txt`) by the stem without `_images` (`train.1.en.gz`)."""
+    stems = [image_list.stem] + ([image_list.stem.removesuffix("_images")] if image_list.stem.endswith("_images") else [])
+    names = "|".join(re.escape(s) for s in stems)
+    pattern = re.compile(rf"^(?:{names})(?:\.\d+)?\.([A-Za-z]{{2,3}}(?:[-_][A-Za-z]+)?)(?:\.gz)?$")
+    places = [captions_dir] if captions_dir else [image_list.parent, image_list.parent.parent / "raw"]
+    for place in places:
+        found: dict[str, list[Path]] = {}
+        for path in sorted(place.iterdir()) if place.is_dir() else []:
+            match = pattern.match(path.name)
+            if match and path != image_list and match.group(1) != "txt":
+                found.setdefault(match.group(1), []).append(path)
+        if found:
+            return found
+    where = " or ".join(str(p) for p in places)
+    raise ConfigError(f"no caption files {stems[-1]}[.N].<lang>[.gz] in {where}; pass --captions DIR (Multi30k's raw/)")
 
 
-def _multi30k(data: EvalData, source: Path, captions_dir: Path) -> dict[str, tuple[list[str], list[int]]]:
+def _multi30k(data: EvalData, source: Path, captions_dir: Path | None) -> dict[str, tuple[list[str], list[int]]]:
     names = [line for line in _lines(source) if line]
     row_of = {Path(k).name: i for i, k in enumerate(data.keys)}  # images that were read (unreadable ones skipped)
     out = {}
@@ -82,7 +93,7 @@ def multilingual(model, tokenizer, data: EvalData, options: EvalOptions) -> dict
     source = Path(data.extra.get("source", ""))
     rows = list(range(len(data.keys)))
     if source.suffix == ".txt":
-        per_language = _multi30k(data, source, Path(options.captions) if options.captions else source.parent)
+        per_language = _multi30k(data, source, Path(options.captions) if options.captions else None)
     elif data.texts_by_language:
         rows, per_language = _metadata(data)
     else:

@@ -21,7 +21,7 @@ from openalign.eval import metrics as M
 from openalign.eval.arithmetic import arithmetic
 from openalign.eval.compositional import compositional
 from openalign.eval.cxc import cxc
-from openalign.eval.datasets import load_classnames
+from openalign.eval.datasets import load_classnames, word_pairs
 from openalign.eval.embed import EvalData, EvalOptions, embed_split, encode_texts
 from openalign.eval.finetune import finetune, vtab
 from openalign.eval.multilingual import multilingual
@@ -97,7 +97,6 @@ HELD_OUT_TASKS = ("retrieval", "zeroshot", "multilingual", "arithmetic", "compos
 
 
 PAIR_COLUMNS = {  # text-only tasks: (first text, second text, candidate score columns)
-    "word-sim": ("word1", "word2", ("SimLex999", "score", "similarity")),  # SimLex-999 layout
     "sts": ("sentence1", "sentence2", ("score", "similarity")),  # STS / Crisscrossed-Captions STS layout
 }
 
@@ -126,7 +125,28 @@ def text_pair_similarity(model: DualEncoder, tokenizer, path: str, task: str, op
 
 
 def word_sim(model: DualEncoder, tokenizer, path: str, options: EvalOptions) -> dict:
-    return text_pair_similarity(model, tokenizer, path, "word-sim", options)
+    """Spearman correlation on the pairs the vocabulary covers: a word whose pieces are all [UNK] has no
+    embedding of its own (every such word embeds alike), so its pairs are reported, not scored."""
+    from scipy.stats import spearmanr
+
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError("--task word-sim needs --data FILE (SimLex-999, WordSim-353, MEN or RW, as released)")
+    pairs = word_pairs(file)
+    words = sorted({w for a, b, _ in pairs for w in (a, b)})
+    unk = tokenizer.unk_token_id
+    known = {w for w, ids in zip(words, tokenizer(words, add_special_tokens=False)["input_ids"])
+             if any(i != unk for i in ids)}
+    covered = [(a, b, s) for a, b, s in pairs if a in known and b in known]
+    out = {"n_pairs": len(pairs), "n_covered": len(covered), "n_out_of_vocabulary": len(pairs) - len(covered)}
+    if len(covered) < 2:
+        raise ConfigError(f"only {len(covered)} of the {len(pairs)} pairs of {path} have words the tokenizer knows "
+                          "(all-[UNK] words are not a measurement); the model's vocabulary does not cover this set")
+    index = {w: i for i, w in enumerate(sorted({w for a, b, _ in covered for w in (a, b)}))}
+    embeds = encode_texts(model, tokenizer, list(index), options)
+    a = embeds[[index[p[0]] for p in covered]]
+    b = embeds[[index[p[1]] for p in covered]]
+    return out | {"spearman": float(spearmanr((a * b).sum(dim=1).tolist(), [s for _, _, s in covered]).statistic)}
 
 
 def sts(model: DualEncoder, tokenizer, path: str, options: EvalOptions) -> dict:
