@@ -38,6 +38,14 @@ class VisionConfig:
     batch_norm_eps: float = 1e-3
     resize_size: int = 346  # paper: resize to 346x346
     image_size: int = 289  # paper: random crop 289 (train), center crop 289 (eval)
+    # The pixel values the tower expects, as transformers' EfficientNetImageProcessor makes them from 0..255:
+    # p * pixel_scale + pixel_offset, then (x - pixel_mean) / pixel_std when a mean is given. openalign's
+    # own models (and kakaobrain/align-base) use p / 127.5 - 1, i.e. [-1, 1]; a foreign checkpoint's
+    # preprocessor_config.json sets these (model/hub.py).
+    pixel_scale: float = 1 / 127.5
+    pixel_offset: float = -1.0
+    pixel_mean: tuple[float, ...] = ()
+    pixel_std: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -307,6 +315,8 @@ RULES: dict[str, tuple] = {  # key (leaf of any config tree below) -> (predicate
     "drop_connect_rate": (_fraction_closed_open, "in [0, 1)"),
     "batch_norm_momentum": (_fraction_open_closed, "in (0, 1] (PyTorch's sense: the new batch's weight)"),
     "batch_norm_eps": (_positive, "a positive number"),
+    "pixel_scale": (_positive, "a positive number"),
+    "pixel_std": (lambda xs: all(x > 0 for x in xs), "positive numbers"),
     "resize_size": (_positive, "a positive integer"),
     "image_size": (_positive, "a positive integer"),
     "hidden_size": (_positive, "a positive integer"),
@@ -404,6 +414,8 @@ def _cross_field(cfg: Config, world: int) -> list[str]:
     if v.image_size > v.resize_size > 0:
         problems.append(f"model.vision.image_size={v.image_size} (the crop) must not exceed model.vision.resize_size="
                         f"{v.resize_size}")
+    if len(v.pixel_mean) not in (0, 3) or len(v.pixel_std) != len(v.pixel_mean):
+        problems.append("model.vision.pixel_mean and pixel_std must both be empty or both give 3 channels")
     if t.num_heads > 0 and t.hidden_size % t.num_heads:
         problems.append(f"model.text.hidden_size={t.hidden_size} must divide by model.text.num_heads={t.num_heads}")
     batch = cfg.data.batch_size

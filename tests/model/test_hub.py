@@ -79,3 +79,53 @@ def test_init_towers_from_a_saved_directory(tmp_path):
     init_towers(fresh, tmp_path)
     for (name, a), b in zip(model.state_dict().items(), fresh.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+ALIGN_BASE_PROCESSOR = {  # the public kakaobrain/align-base checkpoint's image processor (convert_align_tf_to_hf.py)
+    "image_processor_type": "EfficientNetImageProcessor", "do_resize": True, "size": {"height": 346, "width": 346},
+    "resample": 2, "do_center_crop": True, "crop_size": {"height": 289, "width": 289}, "do_rescale": True,
+    "rescale_factor": 1 / 127.5, "rescale_offset": True, "do_normalize": False, "include_top": False,
+    "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}
+IMAGENET_PROCESSOR = ALIGN_BASE_PROCESSOR | {"size": {"height": 72, "width": 72}, "crop_size": {"height": 64, "width": 64},
+                                             "rescale_factor": 1 / 255, "rescale_offset": False, "do_normalize": True}
+
+
+def test_a_foreign_checkpoint_is_preprocessed_as_its_processor_says(tmp_path):
+    # Before: resize = crop = the vision config's image size, whatever preprocessor_config.json said.
+    import json
+
+    import numpy as np
+    from PIL import Image
+
+    from openalign.data import transforms
+    from openalign.model.hub import load_config
+
+    processor_class = getattr(transformers, "EfficientNetImageProcessorPil", transformers.EfficientNetImageProcessor)
+    rng = np.random.default_rng(0)
+    image = Image.fromarray(rng.integers(0, 255, (300, 400, 3), dtype=np.uint8))  # not square
+    cfg, model = trained_like_model()
+    for settings in (ALIGN_BASE_PROCESSOR, IMAGENET_PROCESSOR):
+        model.align.save_pretrained(tmp_path)  # a foreign directory: no openalign.json
+        (tmp_path / "preprocessor_config.json").write_text(json.dumps(settings))
+        v = load_config(tmp_path).model.vision
+        assert (v.resize_size, v.image_size) == (settings["size"]["height"], settings["crop_size"]["height"])
+        theirs = processor_class(**{k: w for k, w in settings.items() if k != "image_processor_type"})(
+            images=image, return_tensors="pt")["pixel_values"][0]
+        loaded, _, _ = load_pretrained(tmp_path)
+        ours = loaded.tower_pixels(transforms.eval_transform(image, v.resize_size, v.image_size)[None])[0]
+        torch.testing.assert_close(ours, theirs, atol=2e-5, rtol=0)
+
+
+def test_saved_models_carry_a_processor_transformers_reads(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    from openalign.data import transforms
+
+    cfg, model = trained_like_model()
+    save_pretrained(model, None, tmp_path, cfg)
+    processor = transformers.AutoImageProcessor.from_pretrained(tmp_path)
+    image = Image.fromarray(np.random.default_rng(1).integers(0, 255, (50, 70, 3), dtype=np.uint8))
+    v = cfg.model.vision
+    torch.testing.assert_close(processor(images=image, return_tensors="pt")["pixel_values"][0],
+                               transforms.eval_transform(image, v.resize_size, v.image_size), atol=2e-5, rtol=0)

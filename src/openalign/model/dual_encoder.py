@@ -91,11 +91,25 @@ class DualEncoder(nn.Module):
         return self.align.temperature
 
     def encode_image(self, pixel_values: torch.Tensor) -> Encoding:
+        """pixel_values [B, 3, H, W] in [-1, 1] (data/transforms.py), mapped to what the tower was trained on."""
+        pixel_values = self.tower_pixels(pixel_values)
         if self.cfg.channels_last:
             pixel_values = pixel_values.contiguous(memory_format=torch.channels_last)
         features = self.align.vision_model(pixel_values=pixel_values).pooler_output  # [B, C_last]
         embeds = self.image_projection(features) if self.image_projection is not None else features
         return Encoding(embeds=F.normalize(embeds, dim=-1), features=features)
+
+    def tower_pixels(self, unit: torch.Tensor) -> torch.Tensor:
+        """[-1, 1] pixels -> the tower's own input (VisionConfig.pixel_*): identity for openalign's models."""
+        v = self.cfg.vision
+        if v.pixel_scale == 1 / 127.5 and v.pixel_offset == -1.0 and not v.pixel_mean:
+            return unit
+        x = (unit + 1.0) * 127.5 * v.pixel_scale + v.pixel_offset  # back to 0..255, then the checkpoint's rescale
+        if v.pixel_mean:
+            mean = torch.tensor(v.pixel_mean, dtype=x.dtype, device=x.device)[:, None, None]
+            std = torch.tensor(v.pixel_std, dtype=x.dtype, device=x.device)[:, None, None]
+            x = (x - mean) / std
+        return x
 
     def encode_text(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Encoding:
         buckets = min(self.cfg.text.length_buckets, input_ids.shape[0])

@@ -3,6 +3,7 @@
 Directory layout (the format of the public kakaobrain/align-base checkpoint, plus two extras):
     config.json, model.safetensors     transformers.AlignModel (towers, text projection, temperature)
     tokenizer.json, tokenizer_config.json   loadable as transformers.BertTokenizerFast
+    preprocessor_config.json           transformers' EfficientNetImageProcessor settings: resize, crop, rescale
     openalign.json                     the resolved openalign config (absent in foreign checkpoints)
     openalign_extra.safetensors        image projection / SigLIP bias, only for models that have them
 A plain `transformers.AlignModel.from_pretrained(dir)` loads the towers; it ignores the extras, so it
@@ -11,7 +12,9 @@ reproduces openalign's embeddings exactly when the model has neither (e.g. B7 at
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 from pathlib import Path
 
 import transformers
@@ -25,6 +28,7 @@ from openalign.model.dual_encoder import DualEncoder
 
 CONFIG_FILE = "openalign.json"
 EXTRA_FILE = "openalign_extra.safetensors"
+PROCESSOR_FILE = "preprocessor_config.json"  # transformers' image processor settings (AlignProcessor reads it)
 
 
 def save_pretrained(model: DualEncoder, tokenizer, out: Path, cfg: Config) -> Path:
@@ -39,12 +43,52 @@ def save_pretrained(model: DualEncoder, tokenizer, out: Path, cfg: Config) -> Pa
             hf_logging.enable_progress_bar()
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
+    (out / PROCESSOR_FILE).write_text(json.dumps(processor_settings(cfg.model.vision), indent=2) + "\n")
     config_lib.save(cfg, out / CONFIG_FILE)
     extra = {name: p.detach().cpu().contiguous() for name, p in model.named_parameters()
              if not name.startswith("align.")}
     if extra:
         save_file(extra, out / EXTRA_FILE)
     return out
+
+
+def processor_settings(v: VisionConfig) -> dict:
+    """The EfficientNetImageProcessor settings that give openalign's evaluation pixels (resize to a square,
+    center crop, rescale and offset, optional normalization), so `AlignProcessor.from_pretrained(dir)` works."""
+    return {"image_processor_type": "EfficientNetImageProcessor", "processor_class": "AlignProcessor",
+            "do_resize": True, "size": {"height": v.resize_size, "width": v.resize_size}, "resample": 2,  # bilinear
+            "do_center_crop": True, "crop_size": {"height": v.image_size, "width": v.image_size},
+            "do_rescale": True, "rescale_factor": v.pixel_scale, "rescale_offset": v.pixel_offset == -1.0,
+            "do_normalize": bool(v.pixel_mean), "image_mean": list(v.pixel_mean) or [0.5, 0.5, 0.5],
+            "image_std": list(v.pixel_std) or [0.5, 0.5, 0.5], "include_top": False}
+
+
+def _square(value, default: int) -> int:
+    """A processor's `size` / `crop_size` ({height, width}, {shortest_edge} or an int) as one side."""
+    if isinstance(value, dict):
+        sides = [value[k] for k in ("height", "width", "shortest_edge") if k in value]
+        if len(set(sides)) > 1:
+            raise ConfigError(f"non-square processor size {value} is not supported; openalign evaluates square crops")
+        return int(sides[0]) if sides else default
+    return int(value) if isinstance(value, (int, float)) else default
+
+
+def vision_from_processor(v: VisionConfig, processor: dict) -> VisionConfig:
+    """`v` with the resize, crop, rescale and normalization of a transformers image processor's settings."""
+    if processor.get("resample", 2) not in (2, "bilinear"):
+        raise ConfigError(f"the checkpoint's image processor resamples with {processor['resample']!r}; openalign "
+                          "resizes bilinearly (PIL 2) only")
+    size = _square(processor.get("size"), v.image_size)
+    crop = _square(processor.get("crop_size"), size) if processor.get("do_center_crop", False) else size
+    if not processor.get("do_resize", True):
+        size = max(size, crop)  # no resize: the processor expects inputs of this size already
+    scale = float(processor.get("rescale_factor", 1 / 255)) if processor.get("do_rescale", True) else 1.0
+    offset = -1.0 if processor.get("do_rescale", True) and processor.get("rescale_offset", False) else 0.0
+    normalize = processor.get("do_normalize", False)
+    mean = tuple(float(x) for x in processor.get("image_mean") or ()) if normalize else ()
+    std = tuple(float(x) for x in processor.get("image_std") or ()) if normalize else ()
+    return dataclasses.replace(v, resize_size=size, image_size=crop, pixel_scale=scale, pixel_offset=offset,
+                               pixel_mean=mean, pixel_std=std)
 
 
 def _model_config_from_hf(hf) -> ModelConfig:
@@ -75,7 +119,14 @@ def load_config(path: Path) -> Config:
         raise ConfigError(f"{path} is not a model directory (no config.json); pass the `model` folder of a run")
     if (path / CONFIG_FILE).is_file():
         return config_lib.load(path / CONFIG_FILE)
-    return Config(model=_model_config_from_hf(transformers.AlignConfig.from_pretrained(path)))
+    model = _model_config_from_hf(transformers.AlignConfig.from_pretrained(path))
+    if (path / PROCESSOR_FILE).is_file():  # the checkpoint's own preprocessing, not resize = crop = image size
+        try:
+            processor = json.loads((path / PROCESSOR_FILE).read_text())
+        except ValueError:
+            raise ConfigError(f"{path / PROCESSOR_FILE} is not JSON") from None
+        model = dataclasses.replace(model, vision=vision_from_processor(model.vision, processor))
+    return Config(model=model)
 
 
 def weights_fingerprint(path: Path) -> str:
