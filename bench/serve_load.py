@@ -1,11 +1,18 @@
-"""A bounded concurrent load test of `openalign serve` on loopback: C clients x Q queries each.
+"""A bounded concurrent load test of `openalign serve` on loopback: C clients x Q queries each, clean and under abuse.
 
 The service runs in a child process (uvicorn, as `openalign serve` runs it) over the demo model's emoji
 index (built here from `runs/demo/model` and the emoji corpus if missing: run `make demo` first).
 Each client thread sends its queries one after another: text queries, and one in four an image
-query by id with a "+ text" term. Reports p50/p99 latency, throughput and the error count.
+query by id with a "+ text" term.
 
-    .venv/bin/python bench/serve_load.py [--clients 8] [--queries 200]
+Phase 1 (clean): the normal clients alone. Phase 2 (abuse): the same normal clients again, while A abusive
+clients send, in a loop until the normal ones finish: bodies over the limit (declared 50 MB, and a
+chunked 20 MB body), 50,000-character plus terms, NaN / Infinity weights, bad base64, and a non-image
+upload. Every abusive request must get a 4xx (never a 5xx or a dropped connection for the small ones),
+the normal clients must see 0 errors and a p99 within 2x of the clean run, and the server's memory must
+not grow by the size of what was thrown at it.
+
+    .venv/bin/python bench/serve_load.py [--clients 8] [--queries 200] [--abusers 4]
 
 Writes its table into docs/benchmarks.md.
 """
@@ -13,6 +20,9 @@ Writes its table into docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import base64
+import itertools
+import json
 import os
 import random
 import statistics
@@ -61,10 +71,76 @@ def client(url: str, queries: int, seed: int, latencies: list, errors: list) -> 
                 errors.append(body)
 
 
+def _chunks(total: int, size: int = 2**20):
+    block = b'{"text": "' + b"a" * (size - 10)
+    for _ in range(total // size):
+        yield block
+        block = b"a" * size
+
+
+ABUSE = {  # name -> (request kwargs for httpx.Client.post, the statuses that are a correct answer)
+    "declared 50 MB body": (lambda: {"content": b"{" + b" " * 50 * 2**20 + b"}",
+                                     "headers": {"content-type": "application/json"}}, {413}),
+    "chunked 20 MB body": (lambda: {"content": _chunks(20 * 2**20), "headers": {"content-type": "application/json"}},
+                           {413}),
+    "50,000-char plus term": (lambda: {"json": {"image_id": 1, "plus": ["x" * 50_000]}}, {422}),
+    "NaN weight": (lambda: {"content": json.dumps({"image_id": 1, "plus": ["red"], "text_weight": float("nan")}),
+                            "headers": {"content-type": "application/json"}}, {422}),
+    "Infinity weight": (lambda: {"content": json.dumps({"image_id": 1, "image_weight": float("inf")}),
+                                 "headers": {"content-type": "application/json"}}, {422}),
+    "bad base64": (lambda: {"json": {"image": "%%% not base64 %%%" * 100}}, {400}),
+    "not an image": (lambda: {"json": {"image": base64.b64encode(os.urandom(50_000)).decode()}}, {400}),
+}
+
+
+def abuser(url: str, seed: int, stop: threading.Event, answers: dict) -> None:
+    kinds = itertools.cycle(random.Random(seed).sample(list(ABUSE), len(ABUSE)))
+    with httpx.Client(base_url=url, timeout=60) as http:
+        while not stop.is_set():
+            kind = next(kinds)
+            make, good = ABUSE[kind]
+            try:
+                status = http.post("/search", **make()).status_code
+                outcome = "correct" if status in good else f"HTTP {status}"
+            except httpx.HTTPError as err:  # the server may close a connection it refused a large body on
+                outcome = "closed" if "body" in kind else type(err).__name__
+            answers.setdefault(kind, {}).setdefault(outcome, 0)
+            answers[kind][outcome] += 1
+
+
+def server_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def run_phase(url: str, clients: int, queries: int, abusers: int, seed: int) -> dict:
+    latencies: list[float] = []
+    errors: list = []
+    answers: dict = {}
+    stop = threading.Event()
+    normal = [threading.Thread(target=client, args=(url, queries, seed + i, latencies, errors)) for i in range(clients)]
+    bad = [threading.Thread(target=abuser, args=(url, seed + 100 + i, stop, answers)) for i in range(abusers)]
+    start = time.perf_counter()
+    for t in bad + normal:
+        t.start()
+    for t in normal:
+        t.join()
+    wall = time.perf_counter() - start
+    stop.set()
+    for t in bad:
+        t.join()
+    ordered = sorted(latencies)
+    return {"p50": statistics.median(ordered), "p99": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
+            "qps": len(ordered) / wall, "errors": len(errors), "queries": len(ordered), "answers": answers}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--abusers", type=int, default=4)
     parser.add_argument("--model", default=str(ROOT / "runs/demo/model"))
     parser.add_argument("--index", default=str(ROOT / "runs/demo/emoji-index"))
     args = parser.parse_args()
@@ -86,34 +162,42 @@ def main() -> int:
             if time.monotonic() > deadline or server.poll() is not None:
                 raise SystemExit("the service did not start")
             time.sleep(0.2)
-        latencies: list[float] = []
-        errors: list = []
-        threads = [threading.Thread(target=client, args=(url, args.queries, i, latencies, errors))
-                   for i in range(args.clients)]
-        start = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        wall = time.perf_counter() - start
+        clean = run_phase(url, args.clients, args.queries, 0, seed=0)
+        rss_before = server_rss_mib(server.pid)
+        abused = run_phase(url, args.clients, args.queries, args.abusers, seed=0)
+        rss_after = server_rss_mib(server.pid)
+        alive = httpx.get(url + "/health", timeout=5).status_code == 200
     finally:
         server.terminate()
         server.wait(timeout=30)
-    ordered = sorted(latencies)
-    p50, p99 = statistics.median(ordered), ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
-    total = args.clients * args.queries
+    wrong = {k: {o: n for o, n in v.items() if o not in ("correct", "closed")} for k, v in abused["answers"].items()}
+    wrong = {k: v for k, v in wrong.items() if v}
+    p99_ratio = abused["p99"] / clean["p99"]
     rows = [
         f"### Service load test ({args.clients} clients x {args.queries} queries on loopback, demo model, "
-        f"emoji index, {os.cpu_count()} cores)", "",
-        "| queries | errors | p50 latency | p99 latency | queries/s |", "|---|---|---|---|---|",
-        f"| {total:,} | {len(errors)} | {p50 * 1e3:.0f} ms | {p99 * 1e3:.0f} ms | {total / wall:.1f} |", "",
-        "- three in four are text queries of 1-3 words, one in four an indexed image with a \"+ text\" term; k=24",
-        f"- command: `.venv/bin/python bench/serve_load.py --clients {args.clients} --queries {args.queries}`", "",
+        f"emoji index, {os.cpu_count()} cores), clean and beside {args.abusers} abusive clients", "",
+        "| phase | queries | errors | p50 latency | p99 latency | queries/s |", "|---|---|---|---|---|---|",
+        *(f"| {name} | {r['queries']:,} | {r['errors']} | {r['p50'] * 1e3:.0f} ms | {r['p99'] * 1e3:.0f} ms | "
+          f"{r['qps']:.1f} |" for name, r in (("clean", clean), ("under abuse", abused))), "",
+        f"Under abuse the normal clients' p99 is {p99_ratio:.2f}x the clean run's (target <= 2x); the server's "
+        f"resident memory went from {rss_before:,.0f} to {rss_after:,.0f} MiB while it was sent "
+        f"{sum(sum(v.values()) for v in abused['answers'].values()):,} abusive requests:", "",
+        "| abusive request | answers |", "|---|---|",
+        *(f"| {kind} | " + ", ".join(f"{o} {n:,}" for o, n in sorted(v.items())) + " |"
+          for kind, v in sorted(abused["answers"].items())), "",
+        "- normal queries: three in four are text queries of 1-3 words, one in four an indexed image with a "
+        "\"+ text\" term; k=24",
+        "- correct: 413 for bodies over the limit, 422 for over-long terms and non-finite weights, 400 for bad "
+        "base64 and non-images; closed: the server refused a large body and closed the connection mid-upload",
+        f"- command: `.venv/bin/python bench/serve_load.py --clients {args.clients} --queries {args.queries} "
+        f"--abusers {args.abusers}`", "",
     ]
     write_section("LOAD", "\n".join(rows))
     print("\n".join(rows))
-    print(f"LOAD errors={len(errors)} target=0 {'PASS' if not errors else 'FAIL'}")
-    return 0 if not errors else 1
+    ok = not clean["errors"] and not abused["errors"] and p99_ratio <= 2.0 and not wrong and alive
+    print(f"LOAD errors={clean['errors'] + abused['errors']} p99_ratio={p99_ratio:.2f} wrong_answers={wrong} "
+          f"{'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -197,3 +197,19 @@ def test_python_dash_m_and_version():
 
     result = subprocess.run([sys.executable, "-m", "openalign", "--version"], capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout.startswith("openalign ") and result.stdout.split()[1][0].isdigit()
+
+
+def test_a_diverging_run_stops_with_one_sentence(shapes, tmp_path, monkeypatch, capsys):
+    import torch
+
+    real = trainer.forward_backward
+
+    def nan_from_step_3(*args, **kwargs):
+        loss = real(*args, **kwargs)
+        return loss * float("nan") if len(read_jsonl(tmp_path / "run" / "metrics.jsonl")) >= 2 else loss
+
+    monkeypatch.setattr(trainer, "forward_backward", nan_from_step_3)
+    assert cli.main(train_args(shapes, tmp_path / "run", "train.log_every=1")) == 2
+    err = capsys.readouterr().err
+    assert "training diverged: the loss is nan at step 3" in err and "Traceback" not in err
+    assert torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)["step"] == 2  # kept, from before

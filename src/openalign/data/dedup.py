@@ -73,7 +73,7 @@ def eval_images(spec: str) -> Iterator[tuple[str, bytes]]:
             except shard_lib.BadSample:
                 continue
     elif path.is_dir():
-        for file in sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES):
+        for file in sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()):
             yield str(file), file.read_bytes()
     else:
         raise ConfigError(f"--against {spec} is not a directory of shards or images, nor a .parquet pair table")

@@ -115,7 +115,8 @@ def folder_items(root: Path) -> list[tuple[Path, str]]:
     """ImageNet-style folders: (image, label = its directory name), classes and files in sorted order."""
     items = []
     for class_dir in sorted(p for p in root.iterdir() if p.is_dir()):
-        items += [(f, class_dir.name) for f in sorted(class_dir.iterdir()) if f.suffix.lower() in IMAGE_SUFFIXES]
+        items += [(f, class_dir.name) for f in sorted(class_dir.iterdir())
+                  if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file()]  # a FIFO named x.jpg would block
     if not items:
         raise ConfigError(f"{root} has no class sub-directories with images (DIR/LABEL/*.jpg)")
     return items

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import time
 from contextlib import nullcontext
@@ -143,6 +144,15 @@ def load_checkpoint(path: Path, map_location="cpu", check_only: bool = False) ->
     return None if check_only else state
 
 
+def stop_if_diverged(loss: float, step: int, out: Path, bar) -> None:
+    """One sentence instead of training on NaN: `loss` is the mean over ranks, so every rank stops together."""
+    if math.isfinite(loss):
+        return
+    bar.close()
+    raise ConfigError(f"training diverged: the loss is {loss} at step {step}; the last checkpoint in {out} is from "
+                      "before it (rerun with a lower optim.lr or optim.grad_clip, then --resume, or start over)")
+
+
 def train(cfg: Config, resume: bool = False, progress: bool = True) -> TrainResult:
     check_before_work(cfg, resume)
     out = Path(cfg.out)
@@ -262,6 +272,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> TrainResu
                     if log:
                         log.write(json.dumps(row) + "\n")
                         log.flush()
+                    stop_if_diverged(row["loss"], step, out, bar)
                     bar.set_postfix(loss=f"{row['loss']:.3f}", temp=f"{row['temperature']:.4f}", lr=f"{lr:.2e}",
                                     pairs_s=f"{row['pairs_per_s']:.0f}")
                     pairs, data_time, tick = 0, 0.0, time.perf_counter()
@@ -271,6 +282,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> TrainResu
                         log.write(json.dumps({"step": step, "eval": metrics}) + "\n")
                         log.flush()
                 if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
+                    stop_if_diverged(distributed.mean_over_ranks(loss.item(), layout), step, out, bar)  # never save NaN
                     save_checkpoint(out / CHECKPOINT, model, optimizer, step, position, cfg, layout)
                 if step >= cfg.train.steps:
                     break
