@@ -73,3 +73,12 @@ def test_a_micro_batch_as_large_as_the_batch_is_the_direct_step():
     direct_reference(b, batch, parts=1, loss_cfg=loss_cfg)
     for name, g in grads(b).items():
         torch.testing.assert_close(grads(a)[name], g, rtol=1e-10, atol=1e-14)
+
+
+def test_gradient_caching_is_not_a_step_with_one_batchnorm_over_the_whole_batch():
+    # docs/scale.md's claim, with its limit: equal to the direct step whose BatchNorm groups are the micro-batches
+    # (above), but not to a direct step normalizing all pairs together.
+    batch, loss_cfg = make_batch(), LossConfig()
+    cached, whole = make_model(), make_model()
+    loss = forward_backward(cached, cached, batch, loss_cfg, 2, Dist(), torch.device("cpu"), nullcontext)
+    assert abs(loss.item() - direct_reference(whole, batch, parts=1, loss_cfg=loss_cfg).item()) > 1e-3
