@@ -513,6 +513,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _sentence(err: ConfigError) -> str:
+    """The error's own sentence; a ConfigError raised in a DataLoader worker comes back wrapped in the worker's
+    traceback ("Caught ConfigError in DataLoader worker process 0. Original Traceback ..."): its last line."""
+    text = str(err).strip()
+    if "Original Traceback" in text:
+        text = text.splitlines()[-1].split("ConfigError: ", 1)[-1]
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -524,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = args.func(args)
     except ConfigError as err:
-        print(f"openalign: error: {err}", file=sys.stderr)
+        print(f"openalign: error: {_sentence(err)}", file=sys.stderr)
         return 2
     if "torch.distributed" in sys.modules:  # under torchrun: every rank leaves the group together
         from openalign import distributed

@@ -185,3 +185,17 @@ def test_training_with_its_own_tokenizer_survives_bad_shards(tmp_path, capsys):
     assert "tokenizer: skipped 3 (bad_json 1, no_text 1, truncated_tar 1) unusable training samples" in out
     rows = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "loss" in r]
     assert rows[-1]["skipped"] >= 3  # the loader met them too, and counted them
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_shards_without_a_usable_sample_are_one_sentence(tmp_path, capsys, workers):
+    # Before: a RuntimeError and, from a DataLoader worker, the worker's whole traceback
+    from conftest import write_shapes
+    from openalign import cli
+
+    write_shapes(tmp_path / "bad", 16, 8, corrupt=16)  # every image undecodable
+    assert cli.main(["train", "--preset", "tiny", "--data", str(tmp_path / "bad"), "--out", str(tmp_path / "run"),
+                     "--quiet", "train.steps=2", f"data.workers={workers}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err
+    assert "no usable sample in 2 shard(s)" in err and "skipped 16 (undecodable_image 16)" in err

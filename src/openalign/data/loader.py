@@ -167,7 +167,9 @@ class TrainStream(IterableDataset):
                 if produced >= n_batches:
                     return
             if decoded == 0 and lap_start >= skip:
-                raise RuntimeError(f"no decodable sample in the shards of reader {role}")
+                shards = shards_for_role(self.spec, epoch, role)
+                raise ConfigError(f"no usable sample in {len(shards)} shard(s) ({shards[0]}, ...) of reader {role}: "
+                                  f"skipped {shard_lib.skip_summary(counter)}; check the shards (or remove them)")
 
     def prepare(self, sample: dict, epoch: int) -> tuple[torch.Tensor, str, str]:
         key = sample["__key__"]
