@@ -33,7 +33,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from openalign.config import ConfigError, FilterConfig
+from openalign.config import ConfigError, FilterConfig, validate
 from openalign.data.ingest import FILTER_COLUMNS, check_pair_table
 
 RULE_OPTIONS = {  # the FilterConfig keys that set each rule's threshold (`openalign filter ... key=value`)
@@ -323,8 +323,7 @@ def run_filters(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), engi
     """Filter the pair table `pairs` into a keep-list and report in `out`; returns the report."""
     pairs, out = str(pairs), Path(out)  # pairs may be a glob, or a URL the Spark cluster reads
     check_pair_table(pairs, FILTER_COLUMNS)
-    if cfg.vocab_ngrams not in (1, 2) or cfg.min_words > cfg.max_words or cfg.max_aspect <= 1:
-        raise ConfigError("filter config needs vocab_ngrams 1 or 2, min_words <= max_words and max_aspect > 1")
+    validate(cfg)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     runner = make_engine(engine, master, memory_limit, threads, str(out / "tmp"))

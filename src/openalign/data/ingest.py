@@ -135,16 +135,13 @@ def _read_text(path: Path) -> str | None:
 
 
 def folder_records(root: Path) -> Iterator[Record]:
-    """Image files under `root` with their sidecars, by absolute path (later stages run from anywhere). Only
-    regular files are read: a FIFO or device named like an image would block the reader (`not_a_file`)."""
+    """Image files under `root` with their sidecars, by absolute path (later stages run from anywhere); a FIFO
+    or device named like an image is rejected by `examine` (`not_a_file`), and only regular sidecars are read."""
     for dirpath, dirnames, filenames in os.walk(root.resolve(), followlinks=True):
         dirnames.sort()
         for name in sorted(filenames):
             path = Path(dirpath) / name
             if path.suffix.lower() not in IMAGE_SUFFIXES:
-                continue
-            if not path.is_file():
-                yield Record("folder", str(path), None, bad=("not_a_file", "not a regular file"))
                 continue
             sidecar = path.with_suffix(".json")
             url = None
@@ -170,19 +167,14 @@ def _csv_rows(path: Path, options: IngestOptions, notes: Counter) -> Iterator[tu
     reader = f"read_csv(?, delim='{delim}', header=true, all_varchar=true, store_rejects=true)"
     con = duckdb.connect()
     try:
-        columns = [row[0] for row in con.execute(f"DESCRIBE SELECT * FROM {reader}", [str(path)]).fetchall()]
-        _check_columns(path, columns, options)
-        query = f'SELECT CAST("{options.image_column}" AS VARCHAR), CAST("{options.text_column}" AS VARCHAR) FROM {reader}'
-        for image, text in con.execute(query, [str(path)]).fetchall():
-            yield image, text, None
-        rejected = con.execute("SELECT line, line_byte_position, error_type, error_message FROM reject_errors "
-                               "ORDER BY line").fetchall()
-    except duckdb.Error as err:
-        raise ConfigError(f"cannot read {path} as a {path.suffix[1:]} table: {str(err).splitlines()[0]}") from None
+        columns, rows = _select_pairs(con, reader, path, options)
+        rejected = con.execute("SELECT line, error_type, error_message FROM reject_errors ORDER BY line").fetchall()
     finally:
         con.close()
+    for image, text in rows:
+        yield image, text, None
     problems = {}  # line number -> (kind, message), the first problem of each line
-    for line, _, kind, message in rejected:
+    for line, kind, message in rejected:
         problems.setdefault(line, (kind, message))
     encoding_only = {line for line, (kind, _) in problems.items() if kind == "INVALID ENCODING"}
     raw_lines = {}
@@ -246,17 +238,24 @@ def _parquet_rows(path: Path, options: IngestOptions, notes: Counter) -> Iterato
 
     con = duckdb.connect()
     try:
-        columns = [row[0] for row in con.execute("DESCRIBE SELECT * FROM read_parquet(?)", [str(path)]).fetchall()]
-        _check_columns(path, columns, options)
-        query = (f'SELECT CAST("{options.image_column}" AS VARCHAR), CAST("{options.text_column}" AS VARCHAR) '
-                 "FROM read_parquet(?)")
-        rows = con.execute(query, [str(path)]).fetchall()
-    except duckdb.Error as err:
-        raise ConfigError(f"cannot read {path} as a parquet table: {str(err).splitlines()[0]}") from None
+        _, rows = _select_pairs(con, "read_parquet(?)", path, options)
     finally:
         con.close()
     for image, text in rows:
         yield image, text, None
+
+
+def _select_pairs(con, reader: str, path: Path, options: IngestOptions) -> tuple[list[str], list[tuple]]:
+    """(the table's columns, its (image, text) rows as strings) through a DuckDB table function `reader`."""
+    import duckdb
+
+    try:
+        columns = [row[0] for row in con.execute(f"DESCRIBE SELECT * FROM {reader}", [str(path)]).fetchall()]
+        _check_columns(path, columns, options)
+        query = f'SELECT CAST("{options.image_column}" AS VARCHAR), CAST("{options.text_column}" AS VARCHAR) FROM {reader}'
+        return columns, con.execute(query, [str(path)]).fetchall()
+    except duckdb.Error as err:
+        raise ConfigError(f"cannot read {path} as a {path.suffix[1:]} table: {str(err).splitlines()[0]}") from None
 
 
 def _check_columns(path: Path, columns: list[str], options: IngestOptions) -> None:
@@ -299,10 +298,9 @@ def tar_records(path: Path) -> Iterator[Record]:
         image_ext = next((e for e in sample if "." + e in IMAGE_SUFFIXES), None)
         yield Record("webdataset", str(path), text, member=f"{key}.{image_ext or '*'}", url=meta.get("url"),
                      data=sample[image_ext] if image_ext else b"")
+    details = {"truncated_tar": "the tar ends in the middle of a sample", "unreadable_tar": "not a readable tar file"}
     for reason in counter.get("reasons", {}):
-        yield Record("webdataset", str(path), None, member=None, bad=(reason, "the tar ends in the middle of a sample"
-                                                                       if reason == "truncated_tar" else
-                                                                       "not a readable tar file"))
+        yield Record("webdataset", str(path), None, bad=(reason, details[reason]))
 
 
 def records(sources: list[str], options: IngestOptions, notes: Counter | None = None) -> Iterator[Record]:

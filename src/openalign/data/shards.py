@@ -20,7 +20,6 @@ import io
 import json
 import tarfile
 from pathlib import Path
-
 from typing import Iterator
 
 import braceexpand

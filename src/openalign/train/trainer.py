@@ -111,13 +111,14 @@ def truncate_log(path: Path, step: int) -> None:
 
 def check_before_work(cfg: Config, resume: bool) -> None:
     """Everything a run needs that can be checked before any work (building a corpus, training a tokenizer)."""
-    config_lib.validate(cfg, world=distributed.from_env().world)
+    world = distributed.from_env().world
+    config_lib.validate(cfg, world=world)
     unknown = [t for t in cfg.eval.tasks if t not in HELD_OUT_TASKS]
     if unknown:
         raise ConfigError(f"eval.tasks: {unknown[0]!r} is not a held-out task; choose from {', '.join(HELD_OUT_TASKS)} "
                           "(the others run on a saved model: `openalign eval`)")
     for option in ("shard_optimizer", "fsdp"):
-        if getattr(cfg.train, option) and distributed.from_env().world == 1:
+        if getattr(cfg.train, option) and world == 1:
             raise ConfigError(f"train.{option}=true shards over torchrun processes; launch with torchrun")
     if cfg.train.device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"train.device={cfg.train.device} but this machine has no CUDA device PyTorch can use; "
