@@ -181,14 +181,30 @@ def cmd_ingest(args) -> int:
     from openalign.data.ingest import IngestOptions, ingest
 
     options = IngestOptions(image_column=args.image_column, text_column=args.text_column,
-                            max_pixels=args.max_pixels, workers=args.workers)
-    manifest = ingest(args.sources, Path(args.out), options, progress=not args.quiet)
+                            max_pixels=args.max_pixels, workers=args.workers, files_per_task=args.files_per_task)
+    manifest = ingest(args.sources, Path(args.out), options, progress=not args.quiet, engine=_engine(args))
     rejected = ", ".join(f"{k} {v:,}" for k, v in manifest["rejected"].items()) or "none"
     converted = ", ".join(f"{k} {v:,}" for k, v in manifest["conversions"].items()) or "none"
     print(f"{manifest['pairs']:,} pairs ({manifest['images']:,} images) -> {args.out} in {manifest['seconds']:.1f} s")
     print(f"rejected: {rejected} (listed in {manifest['rejects']})")
     print(f"kept with conversion: {converted}")
     return 0
+
+
+def _engine(args):
+    from openalign.data.distribute import Engine
+
+    return Engine(args.engine, args.master, args.workers, args.retries, args.memory)
+
+
+def _engine_flags(p) -> None:
+    """--engine local|spark and its settings, for the per-image data stages (data/distribute.py)."""
+    p.add_argument("--engine", default="local", choices=["local", "spark"],
+                   help="local: this machine's processes; spark: one Spark task per input tar, table or shard")
+    p.add_argument("--master", default="", help="spark: local[N], spark://HOST:7077, yarn, k8s://... "
+                                                "(default: spark-submit's master, else local[*])")
+    p.add_argument("--retries", type=int, default=2, help="times a failed task is run again")
+    p.add_argument("--memory", default="", help="spark: driver memory, e.g. 4g")
 
 
 def cmd_filter(args) -> int:
@@ -230,7 +246,8 @@ def cmd_shard(args) -> int:
 
     options = ShardOptions(image_size=args.image_size, samples_per_shard=args.samples_per_shard,
                            prefix=args.prefix, workers=args.workers)
-    manifest = shard(Path(args.pairs), [Path(k) for k in args.keep], Path(args.out), options, progress=not args.quiet)
+    manifest = shard(args.pairs, [Path(k) for k in args.keep], Path(args.out), options, progress=not args.quiet,
+                     engine=_engine(args))
     skipped = ", ".join(f"{k} {v:,}" for k, v in manifest["skipped"].items()) or "none"
     print(f"{manifest['n_samples']:,} images in {len(manifest['shards'])} shards -> {args.out} "
           f"({manifest['resumed_shards']} already done; skipped: {skipped})")
@@ -409,6 +426,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text-column", default="text", help="tables: the column with the alt-text")
     p.add_argument("--max-pixels", type=int, default=89_478_485, help="larger images are rejected (decompression bombs)")
     p.add_argument("--workers", type=int, default=0, help="processes reading images (0: all cores)")
+    p.add_argument("--files-per-task", type=int, default=1_000, help="spark: image files of a directory per task")
+    _engine_flags(p)
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_ingest)
 
@@ -416,7 +435,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("pairs", help="the pair table from `openalign ingest`")
     p.add_argument("--out", required=True)
     p.add_argument("--engine", default="duckdb", choices=["duckdb", "spark"])
-    p.add_argument("--master", default="local[*]", help="spark: local[N] or a cluster master URL")
+    p.add_argument("--master", default="", help="spark: local[N], spark://HOST:7077, yarn, ... (default: "
+                                                "spark-submit's master, else local[*])")
     p.add_argument("--memory-limit", default="", help="e.g. 4GB (duckdb spills to disk beyond it; spark driver memory)")
     p.add_argument("--threads", type=int, default=0, help="0: all cores")
     p.add_argument("--quiet", action="store_true")
@@ -455,6 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples-per-shard", type=int, default=1000)
     p.add_argument("--prefix", default="shard")
     p.add_argument("--workers", type=int, default=0)
+    _engine_flags(p)
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_shard)
 

@@ -158,3 +158,13 @@ def test_only_regular_files_are_inputs_and_paths_are_absolute(tmp_path, monkeypa
     assert path == str(folder / "good.jpg")  # absolute: `shard` run from anywhere finds it
     with pytest.raises(ConfigError, match="is a file, not a directory"):
         ingest(["imgs"], tmp_path / "p.parquet" / "q.parquet", IngestOptions(workers=1), progress=False)
+
+
+def test_reject_details_are_the_same_on_every_run(tmp_path):
+    """Pillow's messages name the object they failed on by address; the rejects table does not."""
+    (tmp_path / "imgs").mkdir()
+    (tmp_path / "imgs" / "broken.jpg").write_bytes(b"not an image")
+    (tmp_path / "imgs" / "broken.txt").write_text("a caption")
+    ingest([str(tmp_path / "imgs")], tmp_path / "pairs.parquet", IngestOptions(workers=1), progress=False)
+    detail = pq.read_table(tmp_path / "pairs.rejects.parquet").column("detail")[0].as_py()
+    assert detail == "unreadable: UnidentifiedImageError: cannot identify image file <_io.BytesIO>"

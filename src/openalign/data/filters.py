@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from openalign.config import ConfigError, FilterConfig, validate
+from openalign.data.distribute import spark_session
 from openalign.data.ingest import FILTER_COLUMNS, check_pair_table
 
 RULE_OPTIONS = {  # the FilterConfig keys that set each rule's threshold (`openalign filter ... key=value`)
@@ -233,25 +234,8 @@ class DuckDBEngine:
 class SparkEngine:
     dialect = SPARK
 
-    def __init__(self, master: str = "local[*]", memory_limit: str = "", threads: int = 0, temp_dir: str = ""):
-        import shutil
-
-        from pyspark.sql import SparkSession
-
-        if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
-            raise ConfigError("--engine spark needs Java 17 or newer; install it (`apt-get install "
-                              "default-jre-headless`) or set JAVA_HOME")
-
-        builder = (SparkSession.builder.appName("openalign-filter").master(master)
-                   .config("spark.ui.enabled", "false")
-                   .config("spark.ui.showConsoleProgress", "false").config("spark.sql.ansi.enabled", "false")
-                   .config("spark.sql.shuffle.partitions", str(max(2, 2 * (threads or os.cpu_count() or 1)))))
-        if memory_limit:
-            builder = builder.config("spark.driver.memory", memory_limit)
-        if temp_dir:
-            builder = builder.config("spark.local.dir", temp_dir)
-        self.spark = builder.getOrCreate()
-        self.spark.sparkContext.setLogLevel("ERROR")
+    def __init__(self, master: str = "", memory_limit: str = "", threads: int = 0, temp_dir: str = ""):
+        self.spark = spark_session(master, "openalign-filter", memory=memory_limit, temp_dir=temp_dir, threads=threads)
 
     def register(self, pairs: str) -> None:
         self.spark.read.parquet(pairs).select("uid", "image_key", "text", "width", "height") \
@@ -275,7 +259,7 @@ def _sql_path(path: Path) -> str:
     return str(path).replace("'", "''")
 
 
-def make_engine(name: str, master: str = "local[*]", memory_limit: str = "", threads: int = 0, temp_dir: str = ""):
+def make_engine(name: str, master: str = "", memory_limit: str = "", threads: int = 0, temp_dir: str = ""):
     if name == "duckdb":
         return DuckDBEngine(memory_limit, threads, temp_dir)
     if name == "spark":
@@ -319,7 +303,7 @@ def write_keep_without_images(pairs: str, image_keys: list[str], out: Path) -> i
 # ---------------------------------------------------------------------------------------------- stage
 
 def run_filters(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), engine: str = "duckdb",
-                master: str = "local[*]", memory_limit: str = "", threads: int = 0, progress: bool = True) -> dict:
+                master: str = "", memory_limit: str = "", threads: int = 0, progress: bool = True) -> dict:
     """Filter the pair table `pairs` into a keep-list and report in `out`; returns the report."""
     pairs, out = str(pairs), Path(out)  # pairs may be a glob, or a URL the Spark cluster reads
     check_pair_table(pairs, FILTER_COLUMNS)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -38,6 +39,7 @@ from tqdm import tqdm
 from openalign.config import ConfigError
 from openalign.data import images
 from openalign.data import shards as shard_lib
+from openalign.data.distribute import Engine, Task, run_tasks, sources_key, task_id
 from openalign.data.workers import process_pool
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
@@ -62,6 +64,7 @@ class IngestOptions:
     max_pixels: int = images.DEFAULT_MAX_PIXELS
     workers: int = 0  # 0: all cores
     batch_rows: int = 50_000  # rows per Parquet row group
+    files_per_task: int = 1_000  # distributed: image files of a directory per task (a tar or table is one task)
 
 
 @dataclass
@@ -134,25 +137,32 @@ def _read_text(path: Path) -> str | None:
         return None
 
 
-def folder_records(root: Path) -> Iterator[Record]:
-    """Image files under `root` with their sidecars, by absolute path (later stages run from anywhere); a FIFO
-    or device named like an image is rejected by `examine` (`not_a_file`), and only regular sidecars are read."""
+def folder_files(root: Path) -> Iterator[Path]:
+    """Image files under `root` by absolute path (later stages run from anywhere), in a fixed order."""
     for dirpath, dirnames, filenames in os.walk(root.resolve(), followlinks=True):
         dirnames.sort()
         for name in sorted(filenames):
-            path = Path(dirpath) / name
-            if path.suffix.lower() not in IMAGE_SUFFIXES:
-                continue
-            sidecar = path.with_suffix(".json")
-            url = None
-            if sidecar.is_file():
-                try:
-                    meta = json.loads(sidecar.read_text(encoding="utf-8", errors="replace"))
-                    url = meta.get("url") if isinstance(meta, dict) else None
-                except (OSError, ValueError):
-                    pass
-            caption = path.with_suffix(".txt")
-            yield Record("folder", str(path), _read_text(caption) if caption.is_file() else None, url=url)
+            if Path(name).suffix.lower() in IMAGE_SUFFIXES:
+                yield Path(dirpath) / name
+
+
+def file_record(path: Path) -> Record:
+    """An image file with its sidecars: `.txt` the caption, `.json` may give the url. A FIFO or device named
+    like an image is rejected by `examine` (`not_a_file`), and only regular sidecars are read."""
+    sidecar = path.with_suffix(".json")
+    url = None
+    if sidecar.is_file():
+        try:
+            meta = json.loads(sidecar.read_text(encoding="utf-8", errors="replace"))
+            url = meta.get("url") if isinstance(meta, dict) else None
+        except (OSError, ValueError):
+            pass
+    caption = path.with_suffix(".txt")
+    return Record("folder", str(path), _read_text(caption) if caption.is_file() else None, url=url)
+
+
+def folder_records(root: Path) -> Iterator[Record]:
+    return (file_record(path) for path in folder_files(root))
 
 
 def _csv_rows(path: Path, options: IngestOptions, notes: Counter) -> Iterator[tuple]:
@@ -303,20 +313,50 @@ def tar_records(path: Path) -> Iterator[Record]:
         yield Record("webdataset", str(path), None, bad=(reason, details[reason]))
 
 
-def records(sources: list[str], options: IngestOptions, notes: Counter | None = None) -> Iterator[Record]:
+def units(sources: list[str], files_per_unit: int = 0) -> Iterator[tuple]:
+    """The sources as units of work, in order: ("tar", path), ("table", path) and, for a directory, ("files",
+    [paths]) of up to `files_per_unit` image files each (0: one unit per directory). Paths are absolute."""
     for spec in sources:
         path = Path(spec)
         if path.is_dir():
-            yield from folder_records(path)
+            files = folder_files(path)
+            if not files_per_unit:
+                yield ("folder", str(path.resolve()))
+                continue
+            chunk = []
+            for file in files:
+                chunk.append(str(file))
+                if len(chunk) == files_per_unit:
+                    yield ("files", chunk)
+                    chunk = []
+            if chunk:
+                yield ("files", chunk)
         elif path.is_file() and path.suffix.lower() == ".tar":
-            yield from tar_records(path.resolve())
+            yield ("tar", str(path.resolve()))
         elif path.is_file() and path.suffix.lower() in TABLE_SUFFIXES:
-            yield from table_records(path, options, notes)
+            yield ("table", str(path.resolve()))
         elif not path.exists():
             raise ConfigError(f"source {spec} does not exist")
         else:
             raise ConfigError(f"source {spec} is neither a directory, a .tar nor a table "
                               f"({', '.join(sorted(TABLE_SUFFIXES))})")
+
+
+def unit_records(unit: tuple, options: IngestOptions, notes: Counter) -> Iterator[Record]:
+    kind, where = unit
+    if kind == "folder":
+        return folder_records(Path(where))
+    if kind == "files":
+        return (file_record(Path(f)) for f in where)
+    if kind == "tar":
+        return tar_records(Path(where))
+    return table_records(Path(where), options, notes)
+
+
+def records(sources: list[str], options: IngestOptions, notes: Counter | None = None) -> Iterator[Record]:
+    notes = Counter() if notes is None else notes
+    for unit in units(sources):
+        yield from unit_records(unit, options, notes)
 
 
 # ---------------------------------------------------------------------------------------------- workers
@@ -350,8 +390,88 @@ def examine(item: tuple[Record, int]) -> tuple[str, dict]:
                     "conversions": ",".join(info.conversions)} | where
 
 
-def ingest(sources: list[str], out: Path, options: IngestOptions = IngestOptions(), progress: bool = True) -> dict:
-    """Write OUT (pairs), OUT.rejects.parquet and OUT.manifest.json; returns the manifest."""
+class Tally:
+    """What a run (or one task of it) saw: pairs and rejects by reason, conversions, the first examples."""
+
+    def __init__(self):
+        self.counts, self.conversions, self.examples = Counter(), Counter(), {}
+
+    def add(self, kind: str, row: dict) -> None:
+        if kind == "pair":
+            self.counts["pairs"] += 1
+            self.conversions.update(c for c in row["conversions"].split(",") if c)
+            return
+        self.counts[row["reason"]] += 1
+        examples = self.examples.setdefault(row["reason"], [])
+        if len(examples) < 3:
+            examples.append(row["member"] or row["path"])
+
+    def merge(self, summary: dict) -> None:
+        self.counts.update(summary["counts"])
+        self.conversions.update(summary["conversions"])
+        for reason, examples in summary["examples"].items():
+            mine = self.examples.setdefault(reason, [])
+            mine.extend(examples[:3 - len(mine)])
+
+    def summary(self) -> dict:
+        return {"counts": dict(self.counts), "conversions": dict(self.conversions), "examples": self.examples}
+
+
+class TableWriter:
+    """Pairs and rejects into two Parquet files, written under temporary names and renamed on `close`."""
+
+    def __init__(self, pairs_path: Path, rejects_path: Path, batch_rows: int):
+        self.paths = {"pair": Path(pairs_path), "reject": Path(rejects_path)}
+        self.tmp = {k: p.with_name(p.name + ".tmp") for k, p in self.paths.items()}
+        self.schemas = {"pair": PAIR_SCHEMA, "reject": REJECT_SCHEMA}
+        self.writers = {k: pq.ParquetWriter(self.tmp[k], self.schemas[k]) for k in self.paths}
+        self.rows: dict[str, list] = {"pair": [], "reject": []}
+        self.batch_rows = batch_rows
+
+    def add(self, kind: str, row: dict) -> None:
+        self.rows[kind].append(row)
+        if len(self.rows[kind]) >= self.batch_rows:
+            self._flush(kind)
+
+    def _flush(self, kind: str) -> None:
+        if self.rows[kind]:
+            self.writers[kind].write_table(pa.Table.from_pylist(self.rows[kind], self.schemas[kind]))
+            self.rows[kind].clear()
+
+    def close(self, commit: bool = True) -> None:
+        for kind, writer in self.writers.items():
+            if commit:
+                self._flush(kind)
+            writer.close()
+            if commit:
+                self.tmp[kind].replace(self.paths[kind])
+
+
+def ingest_unit(unit: tuple, parts: str, part_id: str, options: IngestOptions) -> dict:
+    """One task of a distributed ingest: the pairs and rejects of one unit -> PARTS/{pairs,rejects}-ID.parquet."""
+    tally, notes = Tally(), Counter()
+    writer = TableWriter(Path(parts) / f"pairs-{part_id}.parquet", Path(parts) / f"rejects-{part_id}.parquet",
+                         options.batch_rows)
+    try:
+        for record in unit_records(unit, options, notes):
+            kind, row = examine((record, options.max_pixels))
+            writer.add(kind, row)
+            tally.add(kind, row)
+    except BaseException:
+        writer.close(commit=False)
+        raise
+    writer.close()
+    return tally.summary() | {"notes": dict(notes)}
+
+
+def ingest(sources: list[str], out: Path, options: IngestOptions = IngestOptions(), progress: bool = True,
+           engine: Engine = Engine()) -> dict:
+    """Write OUT (pairs), OUT.rejects.parquet and OUT.manifest.json; returns the manifest.
+
+    The local engine reads every source in order, the images in `workers` processes. The Spark engine runs one
+    task per tar, table file or `files_per_task` images of a directory; each writes its own part files and
+    status under OUT.parts/, reruns skip finished tasks, and the parts are then concatenated in order into
+    OUT (so both engines give the same rows) and removed."""
     if not sources:
         raise ConfigError("give at least one source: a directory, a .tar or a table")
     out = Path(out)
@@ -363,58 +483,25 @@ def ingest(sources: list[str], out: Path, options: IngestOptions = IngestOptions
         raise ConfigError(f"cannot write {out}: {out.parent} is a file, not a directory; choose another --out") from None
     rejects_path, manifest_path = out.with_suffix(".rejects.parquet"), out.with_suffix(".manifest.json")
     start = time.perf_counter()
-    counts: Counter = Counter()
-    conversions: Counter = Counter()
-    examples: dict[str, list] = {}
-    pairs, rejects = [], []
-    tmp_out, tmp_rejects = out.with_suffix(".parquet.tmp"), rejects_path.with_suffix(".tmp")
-    pair_writer = pq.ParquetWriter(tmp_out, PAIR_SCHEMA)
-    reject_writer = pq.ParquetWriter(tmp_rejects, REJECT_SCHEMA)
-
-    def flush(force: bool = False) -> None:
-        if pairs and (force or len(pairs) >= options.batch_rows):
-            pair_writer.write_table(pa.Table.from_pylist(pairs, PAIR_SCHEMA))
-            pairs.clear()
-        if rejects and (force or len(rejects) >= options.batch_rows):
-            reject_writer.write_table(pa.Table.from_pylist(rejects, REJECT_SCHEMA))
-            rejects.clear()
-
-    workers = options.workers or os.cpu_count() or 1
-    notes: Counter = Counter()  # rows read with repairs (bytes that are not UTF-8 -> U+FFFD)
-    items = ((record, options.max_pixels) for record in records(sources, options, notes))
-    pool = process_pool(workers) if workers > 1 else None
-    try:
-        results = pool.imap(examine, items, chunksize=16) if pool else map(examine, items)
-        for kind, row in tqdm(results, desc="ingest", unit="pair", disable=not progress):
-            if kind == "pair":
-                pairs.append(row)
-                counts["pairs"] += 1
-                conversions.update(c for c in row["conversions"].split(",") if c)
-            else:
-                rejects.append(row)
-                counts[row["reason"]] += 1
-                examples.setdefault(row["reason"], [])
-                if len(examples[row["reason"]]) < 3:
-                    examples[row["reason"]].append(row["member"] or row["path"])
-            flush()
-    finally:
-        if pool:
-            pool.terminate()
-        flush(force=True)
-        pair_writer.close()
-        reject_writer.close()
-    tmp_out.replace(out)
-    tmp_rejects.replace(rejects_path)
+    tally, notes = Tally(), Counter()  # notes: rows read with repairs (bytes that are not UTF-8 -> U+FFFD)
+    resumed = 0
+    if engine.name == "local":
+        _ingest_local(sources, out, rejects_path, options, tally, notes, progress)
+    else:
+        resumed = _ingest_tasks(sources, out, rejects_path, options, engine, tally, notes, progress)
     import duckdb
 
     with duckdb.connect() as con:
         distinct = con.execute("SELECT count(DISTINCT uid), count(DISTINCT image_key) FROM read_parquet(?)",
                                [str(out)]).fetchone()
+    counts = tally.counts
     manifest = {
         "stage": "ingest", "sources": [str(s) for s in sources], "options": asdict(options), "out": str(out),
+        "engine": engine.name, "resumed_tasks": resumed,
         "rejects": str(rejects_path), "pairs": counts["pairs"], "distinct_pairs": distinct[0], "images": distinct[1],
         "rejected": {r: counts[r] for r in (*images.REJECT_REASONS, *TEXT_REJECTS) if counts[r]},
-        "reject_examples": examples, "conversions": {c: conversions[c] for c in images.CONVERSIONS if conversions[c]},
+        "reject_examples": tally.examples,
+        "conversions": {c: tally.conversions[c] for c in images.CONVERSIONS if tally.conversions[c]},
         "text_normalization": "runs of whitespace collapsed to one space; case and characters kept; bytes that "
                               "are not UTF-8 become U+FFFD",
         "repaired": dict(notes),
@@ -422,3 +509,42 @@ def ingest(sources: list[str], out: Path, options: IngestOptions = IngestOptions
     }
     manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def _ingest_local(sources, out, rejects_path, options, tally, notes, progress) -> None:
+    writer = TableWriter(out, rejects_path, options.batch_rows)
+    workers = options.workers or os.cpu_count() or 1
+    items = ((record, options.max_pixels) for record in records(sources, options, notes))
+    pool = process_pool(workers) if workers > 1 else None
+    try:
+        results = pool.imap(examine, items, chunksize=16) if pool else map(examine, items)
+        for kind, row in tqdm(results, desc="ingest", unit="pair", disable=not progress):
+            writer.add(kind, row)
+            tally.add(kind, row)
+    finally:
+        if pool:
+            pool.terminate()
+        writer.close()
+
+
+def _ingest_tasks(sources, out, rejects_path, options, engine, tally, notes, progress) -> int:
+    parts = out.with_suffix(".parts")
+    parts.mkdir(exist_ok=True)
+    plan = list(units(sources, options.files_per_task))
+    tasks = [Task(task_id(i), ingest_unit, (unit, str(parts), task_id(i), options),
+                  key=sources_key(unit, asdict(options) | {"workers": 0}))
+             for i, unit in enumerate(plan)]
+    results, resumed = run_tasks(tasks, parts / "_status", engine, "ingest", progress)
+    for task in tasks:
+        tally.merge(results[task.id])
+        notes.update(results[task.id]["notes"])
+    for kind, target, schema in (("pairs", out, PAIR_SCHEMA), ("rejects", rejects_path, REJECT_SCHEMA)):
+        tmp = target.with_name(target.name + ".tmp")
+        with pq.ParquetWriter(tmp, schema) as writer:  # concatenated in task order, a row group at a time
+            for task in tasks:
+                part = pq.ParquetFile(parts / f"{kind}-{task.id}.parquet")
+                for group in range(part.num_row_groups):
+                    writer.write_table(part.read_row_group(group))
+        tmp.replace(target)
+    shutil.rmtree(parts)
+    return resumed

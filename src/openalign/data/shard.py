@@ -16,22 +16,26 @@ skips finished shards and redoes only the missing ones.
 from __future__ import annotations
 
 import json
-import os
+import shutil
 import tarfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import webdataset as wds
 from PIL import Image
 from tqdm import tqdm
 
 from openalign.config import ConfigError
 from openalign.data import images
-from openalign.data.filters import keep_source
+from openalign.data.distribute import Engine, Task, previous, run_tasks, spark_session, task_id
+from openalign.data.filters import _sql_path, keep_source
 from openalign.data.ingest import SOURCE_COLUMNS, blake, check_pair_table
 from openalign.data.shards import MANIFEST, encode_image
-from openalign.data.workers import process_pool
+
+STATUS = "_status"  # per-shard task status (distribute.py)
 
 
 @dataclass(frozen=True)
@@ -44,24 +48,89 @@ class ShardOptions:
     max_pixels: int = images.DEFAULT_MAX_PIXELS
 
 
-def kept_images(pairs: Path, keep_dirs: list[Path]) -> list[dict]:
-    """Kept pairs grouped by image, ordered by image key: [{image_key, texts, uids, path, member, url}]."""
-    import duckdb
+SAMPLE_QUERY = """
+    SELECT image_key, list(text ORDER BY uid) AS texts, list(uid ORDER BY uid) AS uids, min(path) AS path,
+           min(member) AS member, min(url) AS url
+    FROM (SELECT DISTINCT p.uid, p.image_key, p.text, p.path, p.member, p.url
+          FROM read_parquet(?) p JOIN keep k ON p.uid = k.uid)
+    GROUP BY image_key"""
 
-    con = duckdb.connect()
+
+def _keep_table(con, pairs: Path, keep_dirs: list[Path]) -> None:
     if keep_dirs:
         keep = " INTERSECT ".join("SELECT uid FROM read_parquet(?)" for _ in keep_dirs)  # in SQL: no uid set in Python
         con.execute(f"CREATE TEMP TABLE keep AS {keep}", [keep_source(k) for k in keep_dirs])
     else:  # no keep-list: every pair (an already clean collection)
         con.execute("CREATE TEMP TABLE keep AS SELECT DISTINCT uid FROM read_parquet(?)", [str(pairs)])
-    rows = con.execute("""
-        SELECT image_key, list(text ORDER BY uid), list(uid ORDER BY uid), min(path), min(member), min(url)
-        FROM (SELECT DISTINCT p.uid, p.image_key, p.text, p.path, p.member, p.url
-              FROM read_parquet(?) p JOIN keep k ON p.uid = k.uid)
-        GROUP BY image_key ORDER BY image_key""", [str(pairs)]).fetchall()
-    con.close()
+
+
+def kept_images(pairs: Path, keep_dirs: list[Path]) -> list[dict]:
+    """Kept pairs grouped by image, ordered by image key: [{image_key, texts, uids, path, member, url}]."""
+    import duckdb
+
+    with duckdb.connect() as con:
+        _keep_table(con, pairs, keep_dirs)
+        rows = con.execute(SAMPLE_QUERY + " ORDER BY image_key", [str(pairs)]).fetchall()
     return [{"image_key": key, "texts": texts, "uids": uids, "path": path, "member": member, "url": url}
             for key, texts, uids, path, member, url in rows]
+
+
+def plan_duckdb(pairs: Path, keep_dirs: list[Path], plan: Path, per_shard: int) -> int:
+    """The shard plan: every kept image with its position (`pos`, by image key) and `shard`; returns the count."""
+    import duckdb
+
+    with duckdb.connect() as con:
+        _keep_table(con, pairs, keep_dirs)
+        con.execute(f"""COPY (SELECT *, (pos - 1) // {int(per_shard)} AS shard FROM (
+                            SELECT row_number() OVER (ORDER BY image_key) AS pos, * FROM ({SAMPLE_QUERY})) ORDER BY pos)
+                        TO '{_sql_path(plan / "plan.parquet")}' (FORMAT parquet, ROW_GROUP_SIZE {max(per_shard, 2048)})""",
+                    [str(pairs)])
+        return con.execute("SELECT count(*) FROM read_parquet(?)", [str(plan / "plan.parquet")]).fetchone()[0]
+
+
+def plan_spark(pairs: str, keep_dirs: list[Path], plan: Path, per_shard: int, engine: Engine) -> int:
+    """The same plan from Spark SQL: the grouping, the global order (a range sort) and the positions
+    (zipWithIndex) all run on the executors; the driver gets only the count."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    spark = spark_session(engine.master, retries=engine.retries, memory=engine.memory)
+    table = spark.read.parquet(pairs).select("uid", "image_key", "text", "path", "member", "url")
+    if keep_dirs:
+        keep = None
+        for k in keep_dirs:
+            uids = spark.read.parquet(keep_source(k)).select("uid")
+            keep = uids.distinct() if keep is None else keep.intersect(uids)
+    else:
+        keep = table.select("uid").distinct()
+    grouped = (table.join(keep, "uid").distinct().groupBy("image_key")
+               .agg(F.sort_array(F.collect_list(F.struct("uid", "text"))).alias("ut"), F.min("path").alias("path"),
+                    F.min("member").alias("member"), F.min("url").alias("url"))
+               .select("image_key", F.col("ut.text").alias("texts"), F.col("ut.uid").alias("uids"), "path", "member",
+                       "url"))
+    ordered = grouped.orderBy("image_key")
+    schema = StructType([StructField("pos", LongType(), False), *ordered.schema.fields,
+                         StructField("shard", LongType(), False)])
+    rows = ordered.rdd.zipWithIndex().map(lambda pair, n=int(per_shard): (pair[1] + 1, *pair[0], pair[1] // n))
+    frame = spark.createDataFrame(rows, schema).cache()
+    frame.write.mode("overwrite").parquet(str(plan / "plan.parquet"))
+    count = frame.count()
+    frame.unpersist()
+    return count
+
+
+def plan_samples(samples: list[dict], plan: Path, per_shard: int) -> int:
+    """A plan from samples already in memory (built-in corpora, evaluation sets), in their given order."""
+    rows = [s | {"pos": i + 1, "shard": i // per_shard} for i, s in enumerate(samples)]
+    pq.write_table(pa.Table.from_pylist(rows), plan / "plan.parquet", row_group_size=max(per_shard, 2048))
+    return len(samples)
+
+
+def read_plan(plan: str, shard_index: int) -> list[dict]:
+    """The samples of one shard, in plan order (row-group statistics skip the rest of the plan)."""
+    table = pq.read_table(plan, filters=[("shard", "=", shard_index)])
+    rows = table.sort_by("pos").to_pylist()
+    return [{k: r[k] for k in ("image_key", "texts", "uids", "path", "member", "url")} for r in rows]
 
 
 class _Sources:
@@ -94,9 +163,8 @@ def resize_short_side(image: Image.Image, size: int) -> Image.Image:
     return image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))), Image.BICUBIC)
 
 
-def write_shard(task: tuple[Path, list[dict], ShardOptions]) -> dict:
+def write_shard(path: Path, samples: list[dict], options: ShardOptions) -> dict:
     """Write one shard atomically; returns its counts (samples written, skipped with reasons)."""
-    path, samples, options = task
     tmp = path.with_suffix(".tar.tmp")
     written, skipped = 0, {}
     with wds.TarWriter(str(tmp), mtime=0.0) as writer:  # fixed mtime: reruns give identical bytes
@@ -119,24 +187,49 @@ def write_shard(task: tuple[Path, list[dict], ShardOptions]) -> dict:
     return {"name": path.name, "samples": written, "skipped": skipped}
 
 
+def shard_task(plan: str, index: int, out: str, options: ShardOptions) -> dict:
+    """One task: shard `index` of the plan. A shard finished earlier for exactly these samples and options is
+    kept as it is."""
+    samples = read_plan(plan, index)
+    path = Path(out) / f"{options.prefix}-{index:06d}.tar"
+    key = blake(json.dumps([asdict(options) | {"workers": 0}, samples], sort_keys=True, default=str).encode())
+    done = previous(Path(out) / STATUS, task_id(index))
+    if path.is_file() and done and done["result"].get("key") == key:
+        return done["result"] | {"resumed": True}
+    return write_shard(path, samples, options) | {"key": key, "resumed": False}
+
+
 def shard(pairs: Path, keep_dirs: list[Path], out: Path, options: ShardOptions = ShardOptions(),
-          progress: bool = True, split_name: str = "") -> dict:
-    """Write the kept pairs of `pairs` as shards in `out`; finished shards of an earlier run are kept."""
-    pairs, out = Path(pairs), Path(out)
+          progress: bool = True, split_name: str = "", engine: Engine = Engine()) -> dict:
+    """Write the kept pairs of `pairs` as shards in `out`; finished shards of an earlier run are kept.
+
+    The plan (which image goes to which shard) is computed by SQL, DuckDB's on the local engine and Spark's
+    on the Spark engine, into OUT/_plan; then one task per shard writes it. Both engines give the same bytes."""
+    pairs, out = str(pairs), Path(out)
     check_pair_table(pairs, SOURCE_COLUMNS)
     if options.samples_per_shard < 1:
         raise ConfigError("--samples-per-shard must be at least 1")
     start = time.perf_counter()
-    samples = kept_images(pairs, [Path(k) for k in keep_dirs])
-    check_sources_exist(samples, pairs)
-    return write_samples(samples, out, options, progress, {"pairs": str(pairs), "keep": [str(k) for k in keep_dirs],
-                                                           "split": split_name}, start)
+    plan = out / "_plan"
+    shutil.rmtree(plan, ignore_errors=True)
+    plan.mkdir(parents=True)
+    keep = [Path(k) for k in keep_dirs]
+    if engine.name == "spark":
+        count = plan_spark(pairs, keep, plan, options.samples_per_shard, engine)
+    else:
+        count = plan_duckdb(Path(pairs), keep, plan, options.samples_per_shard)
+    check_sources_exist(plan, pairs)
+    info = {"pairs": pairs, "keep": [str(k) for k in keep_dirs], "split": split_name}
+    return run_plan(plan, count, out, options, progress, info, start, engine)
 
 
-def check_sources_exist(samples: list[dict], pairs: Path, probe: int = 100) -> None:
+def check_sources_exist(plan: Path, pairs, probe: int = 100) -> None:
     """Fail in one sentence when none of the first `probe` distinct source files exist from here, instead of
     writing empty shards (pair tables from before absolute paths hold paths relative to where ingest ran)."""
-    paths = list(dict.fromkeys(s["path"] for s in samples))[:probe]
+    import pyarrow.dataset as ds
+
+    head = ds.dataset(str(plan / "plan.parquet")).head(20 * probe, columns=["path"]).column("path").to_pylist()
+    paths = list(dict.fromkeys(head))[:probe]
     if paths and not any(Path(p).is_file() for p in paths):
         raise ConfigError(f"none of the {len(paths)} source files checked from {pairs} exist from here (e.g. {paths[0]}); "
                           "a relative path is relative to where `openalign ingest` ran: run shard from there, or "
@@ -145,50 +238,41 @@ def check_sources_exist(samples: list[dict], pairs: Path, probe: int = 100) -> N
 
 def write_samples(samples: list[dict], out: Path, options: ShardOptions, progress: bool, info: dict,
                   start: float | None = None) -> dict:
+    """Shard samples already in memory, in their order (built-in corpora, evaluation sets)."""
     start = time.perf_counter() if start is None else start
-    out.mkdir(parents=True, exist_ok=True)
-    n = options.samples_per_shard
-    chunks = [samples[i:i + n] for i in range(0, len(samples), n)]
-    tasks, counts, skipped, resumed, prints = [], {}, {}, 0, {}
-    previous = json.loads((out / MANIFEST).read_text()) if (out / MANIFEST).is_file() else {}
-    for index, chunk in enumerate(chunks):
-        path = out / f"{options.prefix}-{index:06d}.tar"
-        # a shard is reused only if it was finished for exactly these samples with these options
-        prints[path.name] = blake(json.dumps([asdict(options) | {"workers": 0}, chunk], sort_keys=True).encode())
-        if path.is_file() and previous.get("fingerprints", {}).get(path.name) == prints[path.name]:
-            counts[path.name] = previous["shards"][path.name]
-            resumed += 1
-        else:
-            tasks.append((path, chunk, options))
-    for stale in set(previous.get("shards", {})) - set(prints):  # ours, from an earlier, larger plan
+    plan = Path(out) / "_plan"
+    shutil.rmtree(plan, ignore_errors=True)
+    plan.mkdir(parents=True)
+    count = plan_samples(samples, plan, options.samples_per_shard)
+    return run_plan(plan, count, Path(out), options, progress, info, start, Engine(workers=options.workers))
+
+
+def run_plan(plan: Path, count: int, out: Path, options: ShardOptions, progress: bool, info: dict, start: float,
+             engine: Engine) -> dict:
+    n_shards = -(-count // options.samples_per_shard)
+    tasks = [Task(task_id(i), shard_task, (str(plan / "plan.parquet"), i, str(out), options)) for i in range(n_shards)]
+    names = {f"{options.prefix}-{i:06d}.tar" for i in range(n_shards)}
+    previous_manifest = json.loads((out / MANIFEST).read_text()) if (out / MANIFEST).is_file() else {}
+    for stale in set(previous_manifest.get("shards", {})) - names:  # ours, from an earlier, larger plan
         (out / stale).unlink(missing_ok=True)
-    workers = min(options.workers or os.cpu_count() or 1, max(1, len(tasks)))
-    pool = process_pool(workers) if workers > 1 else None
-    try:
-        results = pool.imap_unordered(write_shard, tasks) if pool else map(write_shard, tasks)
-        for result in tqdm(results, total=len(tasks), desc="shard", unit="shard", disable=not progress):
-            counts[result["name"]] = result["samples"]
-            for reason, k in result["skipped"].items():
-                skipped[reason] = skipped.get(reason, 0) + k
-            done = {name: prints[name] for name in counts}
-            _write_manifest(out, info | {"fingerprints": done}, options, counts, skipped, resumed, start, False)
-    finally:
-        if pool:
-            pool.terminate()
-    manifest = _write_manifest(out, info | {"fingerprints": prints}, options, counts, skipped, resumed, start, True)
-    if samples and manifest["n_samples"] == 0:
-        reasons = ", ".join(f"{k} {v:,}" for k, v in skipped.items())
-        raise ConfigError(f"no image of the {len(samples):,} to shard could be read ({reasons}); the shards in {out} "
-                          "are empty")
-    return manifest
-
-
-def _write_manifest(out, info, options, counts, skipped, resumed, start, final) -> dict:
-    """The manifest after each finished shard: a killed run leaves a record of what is done."""
-    manifest = {**info, "stage": "shard", "options": asdict(options), "complete": final,
+    if engine.name == "local":
+        engine = Engine(workers=options.workers or engine.workers, retries=engine.retries)
+    results, _ = run_tasks(tasks, out / STATUS, engine, "shard", progress)
+    counts, skipped = {}, {}
+    for result in results.values():
+        counts[result["name"]] = result["samples"]
+        for reason, k in result["skipped"].items():
+            skipped[reason] = skipped.get(reason, 0) + k
+    resumed = sum(r["resumed"] for r in results.values())
+    manifest = {**info, "stage": "shard", "engine": engine.name, "options": asdict(options), "complete": True,
                 "n_samples": sum(counts.values()), "skipped": skipped, "resumed_shards": resumed,
                 "seconds": round(time.perf_counter() - start, 2), "shards": dict(sorted(counts.items()))}
     tmp = out / (MANIFEST + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=2) + "\n")
     tmp.replace(out / MANIFEST)
+    shutil.rmtree(plan, ignore_errors=True)
+    if count and manifest["n_samples"] == 0:
+        reasons = ", ".join(f"{k} {v:,}" for k, v in skipped.items())
+        raise ConfigError(f"no image of the {count:,} to shard could be read ({reasons}); the shards in {out} "
+                          "are empty")
     return manifest

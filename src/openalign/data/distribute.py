@@ -1,0 +1,291 @@
+"""Run a stage's tasks on this machine's processes or on Apache Spark: img2dataset's distributor pattern.
+
+A stage plans its work as tasks (one per input tar, table file or output shard). A task is a module-level
+function and small picklable arguments, so the same code runs in a local worker process or a Spark
+executor. Each task writes its own outputs (atomically: a temporary name, then a rename) and, last, its
+status file `STATUS/ID.json` with the small summary it returns (counts, never per-image data). The driver
+gathers only those summaries.
+
+- **Reruns skip finished tasks.** A task whose status file holds the same `key` (a fingerprint of its
+  inputs and options) is not run again; a task without a key decides for itself (see `previous`).
+- **Failed tasks are retried.** A task that raises, or whose process dies, runs again, up to `retries`
+  more times: on Spark through Spark's own task retry (`spark.task.maxFailures`; `local[N,F]` on a local
+  master), locally by resubmitting it to a fresh pool. A `ConfigError` (bad input that a retry cannot
+  fix) is not retried: the other tasks finish, then the stage fails in that one sentence, on both engines.
+- **Where it runs.** `local` uses `workers` processes. `spark` runs on `--master` (`local[N]`,
+  `spark://host:7077`, `yarn`, `k8s://...`), or, with no `--master`, on the master spark-submit was given
+  (`local[*]` outside spark-submit). On a cluster, inputs and outputs must be on storage every executor
+  sees (a shared file system).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from tqdm import tqdm
+
+from openalign.config import ConfigError
+
+ENGINES = ("local", "spark")
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str = "local"  # local | spark
+    master: str = ""  # spark: local[N], spark://host:7077, yarn, k8s://...; "": spark-submit's, else local[*]
+    workers: int = 0  # local: worker processes (0: all cores)
+    retries: int = 2  # times a failed task is run again before the stage fails
+    memory: str = ""  # spark: driver memory, e.g. 4g
+
+    def __post_init__(self):
+        if self.name not in ENGINES:
+            raise ConfigError(f"unknown engine {self.name!r}; choose {' or '.join(ENGINES)}")
+        if self.retries < 0:
+            raise ConfigError("--retries must be 0 or more")
+
+
+@dataclass(frozen=True)
+class Task:
+    id: str  # file-name safe and unique within the stage, e.g. "000012"
+    fn: Callable[..., dict]  # module-level (pickled by reference); returns a small JSON-able summary
+    args: tuple = ()
+    key: str | None = None  # fingerprint of the inputs and options; None: the task checks `previous` itself
+    kwargs: dict = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------- status
+
+def status_path(status_dir: Path, task_id: str) -> Path:
+    return Path(status_dir) / f"{task_id}.json"
+
+
+def previous(status_dir: Path, task_id: str) -> dict | None:
+    """The status a finished earlier run of this task left, or None."""
+    path = status_path(status_dir, task_id)
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_status(status_dir: Path, task_id: str, status: dict) -> None:
+    path = status_path(status_dir, task_id)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(status, ensure_ascii=False) + "\n")
+    tmp.replace(path)
+
+
+def run_one(task: Task, status_dir: str) -> tuple[str, dict | None, str | None]:
+    """Run one task where it is scheduled and record its status; returns (id, result, None), or (id, None,
+    the sentence) for bad input: that is no failure to retry, and the other tasks go on."""
+    start = time.perf_counter()
+    try:
+        result = task.fn(*task.args, **task.kwargs)
+    except ConfigError as err:
+        return task.id, None, str(err)
+    _write_status(Path(status_dir), task.id, {"id": task.id, "key": task.key, "result": result,
+                                              "seconds": round(time.perf_counter() - start, 3),
+                                              "host": socket.gethostname(), "pid": os.getpid()})
+    return task.id, result, None
+
+
+# ---------------------------------------------------------------------------------------------- running
+
+def run_tasks(tasks: list[Task], status_dir: Path, engine: Engine = Engine(), desc: str = "tasks",
+              progress: bool = True) -> tuple[dict[str, dict], int]:
+    """Run every task not finished before; returns ({id: result} for all tasks, how many were skipped as done)."""
+    status_dir = Path(status_dir)
+    status_dir.mkdir(parents=True, exist_ok=True)
+    if len({t.id for t in tasks}) != len(tasks):
+        raise ValueError("task ids must be unique")
+    results, todo = {}, []
+    for task in tasks:
+        done = previous(status_dir, task.id) if task.key is not None else None
+        if done is not None and done.get("key") == task.key:
+            results[task.id] = done["result"]
+        else:
+            todo.append(task)
+    skipped = len(results)
+    if todo:
+        run = _run_spark if engine.name == "spark" else _run_local
+        outcomes = run(todo, str(status_dir), engine, desc, progress)
+        errors = [outcomes[t.id][1] for t in todo if outcomes[t.id][1]]
+        if errors:  # every other task has finished and is kept for the rerun
+            more = f" (and {len(errors) - 1} more such tasks)" if len(errors) > 1 else ""
+            raise ConfigError(errors[0] + more)
+        results.update({k: result for k, (result, _) in outcomes.items()})
+    return {t.id: results[t.id] for t in tasks}, skipped
+
+
+def _run_local(tasks: list[Task], status_dir: str, engine: Engine, desc: str, progress: bool) -> dict:
+    import multiprocessing
+
+    workers = min(engine.workers or os.cpu_count() or 1, len(tasks))
+    attempts = {t.id: 0 for t in tasks}
+    results: dict = {}
+    bar = tqdm(total=len(tasks), desc=desc, unit="task", disable=not progress)
+
+    def failed(task: Task, err: BaseException) -> None:
+        attempts[task.id] += 1
+        if attempts[task.id] > engine.retries:
+            raise RuntimeError(f"task {task.id} of {desc} failed {attempts[task.id]} times; the last error: "
+                               f"{type(err).__name__}: {err}") from err
+
+    try:
+        if workers <= 1:
+            pending = list(tasks)
+            while pending:
+                task = pending.pop(0)
+                try:
+                    results[task.id] = run_one(task, status_dir)[1:]
+                    bar.update()
+                except Exception as err:  # retried, like a pool's task
+                    failed(task, err)
+                    pending.insert(0, task)
+            return results
+        pending = {t.id: t for t in tasks}
+        while pending:  # a dead worker breaks the whole pool: start a fresh one for what is left
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver")) as pool:
+                futures = {pool.submit(run_one, task, status_dir): task for task in pending.values()}
+                broken = False
+                while futures and not broken:
+                    finished, _ = wait(futures, return_when=FIRST_COMPLETED)
+                    for future in finished:
+                        task = futures.pop(future)
+                        try:
+                            results[task.id] = future.result()[1:]
+                            del pending[task.id]
+                            bar.update()
+                        except BrokenProcessPool as err:
+                            failed(task, err)
+                            broken = True
+                        except Exception as err:
+                            failed(task, err)
+                            if task.id in pending:
+                                futures[pool.submit(run_one, task, status_dir)] = task
+                if broken:
+                    for future in futures:
+                        future.cancel()
+        return results
+    finally:
+        bar.close()
+
+
+# ---------------------------------------------------------------------------------------------- spark
+
+def spark_session(master: str = "", app: str = "openalign", retries: int = 2, memory: str = "",
+                  temp_dir: str = "", threads: int = 0):
+    """A SparkSession on `master`; a local master gets `retries` task retries (local[N] -> local[N,F])."""
+    import shutil
+
+    if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
+        raise ConfigError("--engine spark needs Java 17 or newer; install it (`apt-get install "
+                          "default-jre-headless`) or set JAVA_HOME")
+    from pyspark.sql import SparkSession
+
+    builder = (SparkSession.builder.appName(app).config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false").config("spark.sql.ansi.enabled", "false")
+               .config("spark.task.maxFailures", str(retries + 1))
+               .config("spark.sql.shuffle.partitions", str(max(2, 2 * (threads or os.cpu_count() or 1)))))
+    under_submit = "PYSPARK_GATEWAY_PORT" in os.environ or "SPARK_MASTER" in os.environ
+    if master or not under_submit:
+        master = local_with_retries(master or "local[*]", retries)
+        builder = builder.master(master)
+    if master.startswith("local") and not os.environ.get("PYSPARK_PYTHON"):
+        import sys
+
+        # executors import what this process imports (a venv's python can lose its site-packages when Spark starts it)
+        builder = (builder.config("spark.pyspark.python", sys.executable)
+                   .config("spark.executorEnv.PYTHONPATH", os.pathsep.join(p for p in sys.path if p)))
+    if memory:
+        builder = builder.config("spark.driver.memory", memory)
+    if temp_dir:
+        builder = builder.config("spark.local.dir", temp_dir)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def local_with_retries(master: str, retries: int) -> str:
+    """`local` / `local[N]` / `local[*]` -> `local[N,retries+1]`: a local master retries no task otherwise."""
+    match = re.fullmatch(r"local(?:\[(\*|\d+)\])?", master.strip())
+    if not match:
+        return master
+    return f"local[{match.group(1) or 1},{retries + 1}]"
+
+
+def _run_spark(tasks: list[Task], status_dir: str, engine: Engine, desc: str, progress: bool) -> dict:
+    spark = spark_session(engine.master, retries=engine.retries, memory=engine.memory)
+    sc = spark.sparkContext
+    group = f"openalign-{desc}-{os.getpid()}-{time.monotonic_ns()}"
+    sc.setJobGroup(group, desc)
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch, args=(sc, group, len(tasks), desc, progress, stop), daemon=True)
+    watcher.start()
+    try:
+        rdd = sc.parallelize(tasks, len(tasks)).map(lambda task, d=status_dir: run_one(task, d))
+        return {i: (result, error) for i, result, error in rdd.collect()}  # one small summary per task
+    except Exception as err:  # Py4JJavaError: the executor's traceback as text
+        raise _spark_error(err, desc) from None
+    finally:
+        stop.set()
+        watcher.join()
+        sc.setLocalProperty("spark.jobGroup.id", None)
+
+
+def _watch(sc, group: str, total: int, desc: str, progress: bool, stop: threading.Event) -> None:
+    """A progress bar from Spark's status tracker (tasks finished so far)."""
+    bar = tqdm(total=total, desc=f"{desc} (spark)", unit="task", disable=not progress)
+    tracker = sc.statusTracker()
+    try:
+        while not stop.wait(0.5):
+            done = 0
+            for job in tracker.getJobIdsForGroup(group):
+                info = tracker.getJobInfo(job)
+                for stage in info.stageIds if info else ():
+                    stage_info = tracker.getStageInfo(stage)
+                    done += stage_info.numCompletedTasks if stage_info else 0
+            bar.update(max(0, min(done, total) - bar.n))
+        bar.update(total - bar.n)
+    finally:
+        bar.close()
+
+
+def _spark_error(err: Exception, desc: str) -> Exception:
+    """A ConfigError raised in an executor becomes the same one-sentence error on the driver."""
+    text = str(err)
+    found = re.findall(r"openalign\.config\.ConfigError: (.+)", text)
+    if found:
+        return ConfigError(found[-1].strip())
+    last = next((line for line in reversed(text.splitlines()) if re.match(r"\w+(\.\w+)*(Error|Exception):", line)), "")
+    return RuntimeError(f"{desc} failed on Spark after its retries: {last or text.splitlines()[0]}")
+
+
+def task_id(index: int) -> str:
+    return f"{index:06d}"
+
+
+def sources_key(*parts: Any) -> str:
+    """A fingerprint of a task's inputs: options, and each input file's path, size and modification time."""
+    import hashlib
+
+    def describe(item):
+        if isinstance(item, (list, tuple)):
+            return [describe(i) for i in item]
+        if isinstance(item, (str, Path)) and str(item).startswith("/") and Path(item).is_file():
+            stat = Path(item).stat()
+            return [str(item), stat.st_size, stat.st_mtime_ns]
+        return item
+
+    text = json.dumps([describe(p) for p in parts], sort_keys=True, default=str)
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()

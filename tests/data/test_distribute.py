@@ -1,0 +1,196 @@
+"""The per-image stages on Spark `local[2]` give the local engine's outputs; tasks are retried and resumed.
+
+One Spark session serves the whole module (it starts once, ~15 s); every stage's Spark run is compared
+with a local run of the same inputs.
+"""
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+from openalign.config import ConfigError
+from openalign.data import distribute
+from openalign.data.distribute import Engine, Task, run_tasks
+from openalign.data.ingest import IngestOptions, ingest
+from openalign.data.shard import ShardOptions, shard
+
+needs_java = pytest.mark.skipif(shutil.which("java") is None and not os.environ.get("JAVA_HOME"),
+                                reason="the Spark engine needs Java (apt-get install default-jre-headless)")
+SPARK = Engine("spark", "local[2]", retries=2)
+LOCAL = Engine("local", workers=2, retries=2)
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors get this module's task functions
+    session = distribute.spark_session("local[2]", retries=2)
+    yield session
+
+
+# ---------------------------------------------------------------------------------------------- runner
+
+def die_once(marker: str, value: int) -> dict:
+    """A task whose process is killed the first time it runs (the marker file records that it did)."""
+    if not Path(marker).exists():
+        Path(marker).write_text("killed once")
+        os._exit(3)
+    return {"value": value * value, "pid": os.getpid()}
+
+
+def refuse(value: int) -> dict:
+    raise ConfigError(f"input {value} is bad: fix it")
+
+
+def square(value: int) -> dict:
+    return {"value": value * value}
+
+
+@pytest.mark.parametrize("engine", [LOCAL, pytest.param(SPARK, marks=needs_java)], ids=["local", "spark"])
+def test_a_killed_task_is_retried_and_a_rerun_skips_finished_tasks(tmp_path, engine, request):
+    if engine.name == "spark":
+        request.getfixturevalue("spark")
+    tasks = [Task(f"t{i}", square, (i,), key=f"k{i}") for i in range(4)]
+    tasks[2] = Task("t2", die_once, (str(tmp_path / "marker"), 2), key="k2")
+    results, skipped = run_tasks(tasks, tmp_path / "status", engine, progress=False)
+    assert (tmp_path / "marker").exists()  # the task's first process died
+    assert [results[f"t{i}"]["value"] for i in range(4)] == [0, 1, 4, 9] and skipped == 0
+    status = json.loads((tmp_path / "status" / "t2.json").read_text())
+    assert status["key"] == "k2" and status["result"]["value"] == 4
+
+    (tmp_path / "status" / "t1.json").unlink()  # as if the run had stopped before t1 finished
+    again, skipped = run_tasks(tasks, tmp_path / "status", engine, progress=False)
+    assert skipped == 3 and again == results | {"t1": {"value": 1}}
+    changed = [Task(t.id, t.fn, t.args, key=t.key + "'") if t.id == "t3" else t for t in tasks]
+    assert run_tasks(changed, tmp_path / "status", engine, progress=False)[1] == 3  # a changed input reruns
+
+
+@pytest.mark.parametrize("engine", [LOCAL, pytest.param(SPARK, marks=needs_java)], ids=["local", "spark"])
+def test_bad_input_fails_at_once_in_one_sentence(tmp_path, engine, request):
+    if engine.name == "spark":
+        request.getfixturevalue("spark")
+    tasks = [Task("a", square, (1,), key="a"), Task("b", refuse, (7,), key="b"), Task("c", square, (3,), key="c")]
+    with pytest.raises(ConfigError, match=r"^input 7 is bad: fix it$"):
+        run_tasks(tasks, tmp_path / "status", engine, progress=False)
+    assert sorted(p.stem for p in (tmp_path / "status").glob("*.json")) == ["a", "c"]  # the others finished
+
+
+def test_local_masters_get_task_retries():
+    assert distribute.local_with_retries("local[2]", 2) == "local[2,3]"
+    assert distribute.local_with_retries("local[*]", 0) == "local[*,1]"
+    assert distribute.local_with_retries("local", 1) == "local[1,2]"
+    assert distribute.local_with_retries("spark://host:7077", 5) == "spark://host:7077"
+    with pytest.raises(ConfigError, match="choose local or spark"):
+        Engine("ray")
+
+
+# ---------------------------------------------------------------------------------------------- stages
+
+def make_sources(root: Path) -> list[str]:
+    """A folder, two webdataset tars (one cut short mid-sample) and a CSV table: every ingest input kind."""
+    from openalign.data.shards import ShardWriter
+
+    rng = np.random.default_rng(0)
+
+    def image(i, size=(64, 48)):
+        return Image.fromarray(rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8))
+
+    folder = root / "folder"
+    folder.mkdir(parents=True)
+    for i in range(23):
+        image(i).save(folder / f"f{i:02d}.png")
+        (folder / f"f{i:02d}.txt").write_text(f"folder picture {i % 9}")  # repeated texts: several per image key
+    (folder / "broken.jpg").write_bytes(b"not an image")
+    (folder / "broken.txt").write_text("a broken one")
+    tars = []
+    for t in range(2):
+        writer = ShardWriter(root / "tars", f"web{t}", 100)
+        for i in range(12):
+            import io
+
+            buf = io.BytesIO()
+            image(i).save(buf, format="JPEG")
+            writer.write(f"w{t}_{i:02d}", buf.getvalue(), "jpg", f"web picture {i}", {"url": f"http://x/{i}"})
+        writer.close()
+        tars.append(root / "tars" / f"web{t}-000000.tar")
+    data = tars[1].read_bytes()
+    tars[1].write_bytes(data[:len(data) // 2 + 100])  # a truncated download
+    table_dir = root / "table"
+    table_dir.mkdir()
+    rows = ["image,text"]
+    for i in range(10):
+        image(i, (50, 70)).save(table_dir / f"t{i}.png")
+        rows.append(f"t{i}.png,table picture {i}")
+    rows.append("missing.png,no such file")
+    (table_dir / "pairs.csv").write_text("\n".join(rows) + "\n")
+    return [str(folder), str(tars[0]), str(tars[1]), str(table_dir / "pairs.csv")]
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    return make_sources(tmp_path_factory.mktemp("sources"))
+
+
+def without_engine(manifest: dict) -> dict:
+    return {k: v for k, v in manifest.items() if k not in ("engine", "out", "rejects", "seconds", "resumed_tasks",
+                                                           "resumed_shards", "options")}
+
+
+@needs_java
+def test_ingest_on_spark_equals_local_and_resumes(tmp_path, sources, spark):
+    options = IngestOptions(files_per_task=5, workers=2)
+    local = ingest(sources, tmp_path / "local.parquet", options, progress=False)
+    assert local["rejected"]["truncated_tar"] == 1 and local["rejected"]["missing_file"] == 1
+    # a table that cannot be read stops the Spark run in one sentence; the other tasks are already done
+    table = Path(sources[3])
+    good = table.read_text()
+    table.write_text(good.replace("image,text", "picture,text"))
+    with pytest.raises(ConfigError, match="has no column 'image'"):
+        ingest(sources, tmp_path / "spark.parquet", options, progress=False, engine=SPARK)
+    table.write_text(good)
+    distributed = ingest(sources, tmp_path / "spark.parquet", options, progress=False, engine=SPARK)
+    assert distributed["resumed_tasks"] == 7  # 5 folder tasks and 2 tars were kept; only the table ran again
+    assert without_engine(distributed) == without_engine(local)  # counts per reason, examples, conversions
+    for suffix in (".parquet", ".rejects.parquet"):
+        a = pq.read_table(tmp_path / f"local{suffix}").to_pylist()
+        b = pq.read_table(tmp_path / f"spark{suffix}").to_pylist()
+        assert a == b and len(a) > 0  # the same rows, even in the same order
+    assert not (tmp_path / "spark.parts").exists()
+
+
+@needs_java
+def test_shard_on_spark_writes_the_same_bytes_and_resumes(tmp_path, sources, spark):
+    pairs = tmp_path / "pairs.parquet"
+    ingest(sources, pairs, IngestOptions(workers=1), progress=False)
+    options = ShardOptions(image_size=40, samples_per_shard=7, workers=2)
+    Path(sources[2]).rename(Path(sources[2]) .with_suffix(".gone"))  # a source tar lost after ingest
+    try:
+        local = shard(pairs, [], tmp_path / "local", options, progress=False)
+        distributed = shard(pairs, [], tmp_path / "spark", options, progress=False, engine=SPARK)
+    finally:
+        Path(sources[2]).with_suffix(".gone").rename(sources[2])
+    assert local["skipped"] == distributed["skipped"] == {"missing_file": 6}  # the 6 whole samples of the cut tar
+    assert without_engine(local) == without_engine(distributed)
+    names = sorted(local["shards"])
+    assert len(names) == 8 and names == sorted(p.name for p in (tmp_path / "spark").glob("*.tar"))
+    for name in names:
+        assert (tmp_path / "local" / name).read_bytes() == (tmp_path / "spark" / name).read_bytes()
+
+    # a task killed mid-write leaves a temporary file and no status: the rerun redoes that shard alone
+    (tmp_path / "spark" / names[3]).rename(tmp_path / "spark" / (names[3] + ".tmp"))
+    (tmp_path / "spark" / "_status" / "000003.json").unlink()
+    Path(sources[2]).rename(Path(sources[2]).with_suffix(".gone"))
+    try:
+        again = shard(pairs, [], tmp_path / "spark", options, progress=False, engine=SPARK)
+    finally:
+        Path(sources[2]).with_suffix(".gone").rename(sources[2])
+    assert again["resumed_shards"] == 7 and again["shards"] == local["shards"]
+    assert (tmp_path / "spark" / names[3]).read_bytes() == (tmp_path / "local" / names[3]).read_bytes()
