@@ -222,8 +222,8 @@ def cmd_dedup(args) -> int:
     from openalign.data.dedup import DedupOptions, dedup
 
     options = DedupOptions(mode=args.mode, max_distance=args.max_distance, threshold=args.threshold,
-                           model=args.model or "", workers=args.workers)
-    report = dedup(Path(args.pairs), args.against, Path(args.out), options, progress=not args.quiet)
+                           model=args.model or "", workers=args.workers, images_per_task=args.images_per_task)
+    report = dedup(args.pairs, args.against, Path(args.out), options, progress=not args.quiet, engine=_engine(args))
     print(f"{report['removed_images']:,} of {report['train_images']:,} training images ({report['removed_pairs']:,} "
           f"pairs) are near-duplicates of the {report['eval_images']:,} evaluation images ({report['rule']})")
     print(f"keep-list: {report['keep']}, report: {Path(args.out) / 'dedup_report.json'}")
@@ -233,8 +233,9 @@ def cmd_dedup(args) -> int:
 def cmd_screen(args) -> int:
     from openalign.data.screen import ScreenOptions, screen
 
-    options = ScreenOptions(classifier=args.classifier, threshold=args.threshold, batch_size=args.batch_size)
-    report = screen(Path(args.pairs), Path(args.out), options, progress=not args.quiet)
+    options = ScreenOptions(classifier=args.classifier, threshold=args.threshold, batch_size=args.batch_size,
+                            images_per_task=args.images_per_task)
+    report = screen(args.pairs, Path(args.out), options, progress=not args.quiet, engine=_engine(args))
     print(f"{report['removed_images']:,} of {report['images']:,} images ({report['removed_pairs']:,} pairs) scored "
           f">= {args.threshold} by {args.classifier}; {report['unreadable_images']:,} unreadable")
     print(f"keep-list: {report['keep']}, report: {Path(args.out) / 'screen_report.json'}")
@@ -452,7 +453,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-distance", type=int, default=4, help="phash: Hamming bits of 64 counted as a duplicate")
     p.add_argument("--threshold", type=float, default=0.975, help="embedding: cosine above which (paper 0.975)")
     p.add_argument("--model", help="embedding: an openalign model directory")
-    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--workers", type=int, default=0, help="local engine: processes (0: all cores; embedding: 1)")
+    p.add_argument("--images-per-task", type=int, default=2_000, help="the unit of distribution and resume")
+    _engine_flags(p)
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_dedup)
 
@@ -463,6 +466,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=float, default=0.5, help="images scoring at or above it are dropped")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--out", required=True)
+    p.add_argument("--workers", type=int, default=1, help="local engine: processes, each with the classifier")
+    p.add_argument("--images-per-task", type=int, default=2_000, help="the unit of distribution and resume")
+    _engine_flags(p)
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_screen)
 

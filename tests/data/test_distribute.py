@@ -140,7 +140,7 @@ def sources(tmp_path_factory):
 
 
 def without_engine(manifest: dict) -> dict:
-    return {k: v for k, v in manifest.items() if k not in ("engine", "out", "rejects", "seconds", "resumed_tasks",
+    return {k: v for k, v in manifest.items() if k not in ("engine", "out", "rejects", "keep", "seconds", "resumed_tasks",
                                                            "resumed_shards", "options")}
 
 
@@ -194,3 +194,44 @@ def test_shard_on_spark_writes_the_same_bytes_and_resumes(tmp_path, sources, spa
         Path(sources[2]).with_suffix(".gone").rename(sources[2])
     assert again["resumed_shards"] == 7 and again["shards"] == local["shards"]
     assert (tmp_path / "spark" / names[3]).read_bytes() == (tmp_path / "local" / names[3]).read_bytes()
+
+
+CLASSIFIER = '''
+import numpy as np
+
+def redness(images):
+    return [float(np.asarray(im)[..., 0].mean() / 255) for im in images]
+'''
+
+
+@needs_java
+def test_dedup_and_screen_on_spark_give_the_local_keep_lists(tmp_path, sources, spark):
+    from openalign.data.dedup import DedupOptions, dedup
+    from openalign.data.filters import read_keep
+    from openalign.data.screen import ScreenOptions, screen
+
+    pairs = tmp_path / "pairs.parquet"
+    ingest(sources, pairs, IngestOptions(workers=1), progress=False)
+    held = tmp_path / "held"
+    held.mkdir()
+    for name in ("f03.png", "f11.png"):  # two training images are also evaluation images
+        shutil.copy(Path(sources[0]) / name, held / name)
+    Image.open(Path(sources[3]).parent / "t4.png").resize((40, 56)).save(held / "t4_small.png")
+    lost = Path(sources[0]) / "f20.png"
+    lost.rename(lost.with_suffix(".gone"))  # an image lost after ingest: unreadable on both engines
+    (tmp_path / "clf.py").write_text(CLASSIFIER)
+    try:
+        options = DedupOptions(images_per_task=9, workers=2)
+        local = dedup(pairs, str(held), tmp_path / "dl", options, progress=False)
+        distributed = dedup(pairs, str(held), tmp_path / "ds", options, progress=False, engine=SPARK)
+        screening = ScreenOptions(classifier=f"{tmp_path / 'clf.py'}:redness", threshold=0.5, images_per_task=9)
+        local_screen = screen(pairs, tmp_path / "sl", screening, progress=False, engine=LOCAL)
+        spark_screen = screen(pairs, tmp_path / "ss", screening, progress=False, engine=SPARK)
+    finally:
+        lost.with_suffix(".gone").rename(lost)
+    assert local["removed_images"] >= 3 and local["unreadable_train_images"] == 1
+    assert without_engine(local) == without_engine(distributed)
+    assert read_keep(tmp_path / "dl") == read_keep(tmp_path / "ds") and len(read_keep(tmp_path / "dl")) > 0
+    assert 0 < local_screen["removed_images"] < local_screen["images"] and local_screen["unreadable_images"] == 1
+    assert without_engine(local_screen) == without_engine(spark_screen)
+    assert read_keep(tmp_path / "sl") == read_keep(tmp_path / "ss")

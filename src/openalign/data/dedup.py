@@ -20,20 +20,25 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
-from tqdm import tqdm
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from openalign.config import ConfigError
 from openalign.data import images
 from openalign.data.filters import write_keep_without_images
 from openalign.data.ingest import IMAGE_COLUMNS, IMAGE_SUFFIXES, check_pair_table
 from openalign.data.shard import SOURCES
-from openalign.data.workers import process_pool
+from openalign.data.distribute import (Engine, Task, duckdb_plan, read_plan, run_tasks, sources_key, spark_plan,
+                                       spark_session, task_id)
+
+WORK = "_work"  # the plan, the evaluation hashes or embeddings, each task's scores and status
 
 
 @dataclass(frozen=True)
@@ -43,19 +48,19 @@ class DedupOptions:
     threshold: float = 0.975  # embedding: cosine above which two images are duplicates (paper)
     model: str = ""  # embedding: an openalign model directory
     batch_size: int = 128
-    workers: int = 0
+    workers: int = 0  # local engine: processes (0: all cores; embedding mode: 1 process, all cores for the model)
     examples: int = 10
+    images_per_task: int = 2_000  # the unit of distribution, retry and resume
 
 
 # ---------------------------------------------------------------------------------------------- inputs
 
 def train_images(pairs: Path) -> list[tuple[str, str, str | None]]:
-    """(image_key, path, member) of each distinct image of the pair table, ordered by key."""
+    """(image_key, path, member) of each distinct image of a (small) pair table, ordered by key."""
     import duckdb
 
     with duckdb.connect() as con:
-        return con.execute("SELECT image_key, min(path), min(member) FROM read_parquet(?) GROUP BY image_key "
-                           "ORDER BY image_key", [str(pairs)]).fetchall()
+        return con.execute(IMAGE_QUERY + " ORDER BY image_key", [str(pairs)]).fetchall()
 
 
 def eval_images(spec: str) -> Iterator[tuple[str, bytes]]:
@@ -79,11 +84,65 @@ def eval_images(spec: str) -> Iterator[tuple[str, bytes]]:
         raise ConfigError(f"--against {spec} is not a directory of shards or images, nor a .parquet pair table")
 
 
+# ---------------------------------------------------------------------------------------------- plan
+
+IMAGE_QUERY = "SELECT image_key, min(path) AS path, min(member) AS member FROM read_parquet(?) GROUP BY image_key"
+
+
+def plan_images(pairs: str, plan: Path, per_task: int, engine: Engine) -> int:
+    """Every distinct image of the pair table, ordered by key and cut into tasks of `per_task` images (the
+    local engine plans with DuckDB, the Spark engine with Spark SQL); returns the count."""
+    if engine.name == "spark":
+        from pyspark.sql import functions as F
+
+        spark = spark_session(engine.master, retries=engine.retries, memory=engine.memory)
+        frame = (spark.read.parquet(pairs).groupBy("image_key")
+                 .agg(F.min("path").alias("path"), F.min("member").alias("member")))
+        return spark_plan(frame, "image_key", per_task, plan)
+    import duckdb
+
+    with duckdb.connect() as con:
+        return duckdb_plan(con, IMAGE_QUERY, [str(pairs)], "image_key", per_task, plan)
+
+
+def image_tasks(pairs: str, out: Path, fn, args: tuple, key: dict, per_task: int, engine: Engine, desc: str,
+                progress: bool) -> tuple[int, dict, int]:
+    """Plan the images, then run `fn(plan, index, scores_path, *args)` once per task of images, each writing
+    its scores to OUT/_work/scores-ID.parquet; returns (images, {id: result}, tasks resumed)."""
+    work = out / WORK
+    work.mkdir(parents=True, exist_ok=True)
+    plan = work / "plan.parquet"
+    count = plan_images(pairs, plan, per_task, engine)
+    n_tasks = -(-count // per_task)
+    inputs = sources_key(pairs if "://" in str(pairs) else str(Path(pairs).resolve()), key, per_task, count)
+    tasks = [Task(task_id(i), fn, (str(plan), i, str(work / f"scores-{task_id(i)}.parquet"), *args),
+                  key=sources_key(inputs, i)) for i in range(n_tasks)]
+    results, resumed = run_tasks(tasks, work / "_status", engine, desc, progress)
+    return count, results, resumed
+
+
+def write_scores(path: str, rows: list[dict], scores: list[float | None], matches: list[int | None]) -> None:
+    table = pa.table({"image_key": [r["image_key"] for r in rows], "score": pa.array(scores, pa.float64()),
+                      "match": pa.array(matches, pa.int64())})
+    tmp = path + ".tmp"
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+
+
+def read_image(row: dict) -> bytes | None:
+    try:
+        return SOURCES.read(row["path"], row["member"])
+    except OSError:
+        return None
+
+
 # ---------------------------------------------------------------------------------------------- phash
 
-def phash_bytes(data: bytes) -> np.ndarray | None:
+def phash_bytes(data: bytes | None) -> np.ndarray | None:
     import imagehash
 
+    if not data:
+        return None
     try:
         bits = imagehash.phash(images.load_rgb(data)).hash.flatten()
     except images.BadImage:
@@ -91,136 +150,170 @@ def phash_bytes(data: bytes) -> np.ndarray | None:
     return np.packbits(bits)  # 8 bytes
 
 
-def _phash_train(item: tuple[str, str, str | None]) -> np.ndarray | None:
-    _, path, member = item
-    try:
-        return phash_bytes(SOURCES.read(path, member))
-    except OSError:
-        return None
-
-
-def _pool_map(fn, items, workers: int, desc: str, progress: bool) -> list:
-    workers = workers or os.cpu_count() or 1
-    pool = process_pool(workers) if workers > 1 and len(items) > 64 else None
-    try:
-        results = pool.imap(fn, items, chunksize=16) if pool else map(fn, items)
-        return list(tqdm(results, total=len(items), desc=desc, unit="img", disable=not progress, leave=False))
-    finally:
-        if pool:
-            pool.terminate()
-
-
-def phash_matches(train: list, eval_items: list[tuple[str, bytes]], options: DedupOptions, progress: bool):
-    """For each training image: (distance to the closest evaluation image, its name), or None if unreadable."""
+def phash_task(plan: str, index: int, scores_path: str, eval_path: str) -> dict:
+    """One task: the perceptual hash of each of its images and the Hamming distance to the closest
+    evaluation image (exact, a FAISS binary index)."""
     import faiss
 
-    eval_hashes = [(name, phash_bytes(data)) for name, data in eval_items]
-    eval_hashes = [(n, h) for n, h in eval_hashes if h is not None]
-    if not eval_hashes:
-        raise ConfigError("none of the evaluation images could be decoded")
-    index = faiss.IndexBinaryFlat(64)
-    index.add(np.stack([h for _, h in eval_hashes]))
-    hashes = _pool_map(_phash_train, train, options.workers, "phash train images", progress)
+    rows = read_plan(plan, index)
+    hashes = [phash_bytes(read_image(r)) for r in rows]
     ok = [i for i, h in enumerate(hashes) if h is not None]
-    distances, nearest = index.search(np.stack([hashes[i] for i in ok]), 1) if ok else (np.zeros((0, 1)), None)
-    matches: list = [None] * len(train)
-    for row, i in enumerate(ok):
-        matches[i] = (float(distances[row, 0]), eval_hashes[int(nearest[row, 0])][0])
-    return matches, len(eval_hashes), lambda d: d <= options.max_distance
+    scores, matches = [None] * len(rows), [None] * len(rows)
+    if ok:
+        search = faiss.IndexBinaryFlat(64)
+        search.add(np.load(eval_path))
+        distances, nearest = search.search(np.stack([hashes[i] for i in ok]), 1)
+        for row, i in enumerate(ok):
+            scores[i], matches[i] = float(distances[row, 0]), int(nearest[row, 0])
+    write_scores(scores_path, rows, scores, matches)
+    return {"images": len(rows), "unreadable": len(rows) - len(ok)}
 
 
 # ---------------------------------------------------------------------------------------------- embedding
 
-def embedding_matches(train: list, eval_items: list[tuple[str, bytes]], options: DedupOptions, progress: bool):
-    import faiss
+_MODELS: dict = {}  # per process: a task loads the model once
+
+
+def _model(path: str, threads: int):
+    import torch
+
+    from openalign.model.hub import load_pretrained
+
+    if threads:
+        torch.set_num_threads(threads)
+    if path not in _MODELS:
+        _MODELS[path] = load_pretrained(Path(path))
+    return _MODELS[path]
+
+
+def embed_blobs(model_path: str, blobs, batch_size: int, threads: int = 0) -> tuple[np.ndarray, list[int]]:
+    """Embeddings of the decodable images among `blobs` (evaluation transform), and their positions."""
     import torch
 
     from openalign.data import transforms
-    from openalign.model.hub import load_pretrained
 
-    if not options.model:
-        raise ConfigError("--mode embedding needs --model DIR (an openalign model directory)")
-    model, _, cfg = load_pretrained(Path(options.model))
+    model, _, cfg = _model(model_path, threads)
     resize, crop = cfg.model.vision.resize_size, cfg.model.vision.image_size
+    out, kept, batch, batch_ids = [], [], [], []
 
-    def embed(blobs: Iterator[bytes | None], total: int, desc: str) -> tuple[np.ndarray, list[int]]:
-        out, kept, batch, batch_ids = [], [], [], []
+    def flush():
+        with torch.no_grad():
+            out.append(model.encode_image(torch.stack(batch)).embeds.float().numpy())
+        kept.extend(batch_ids)
+        batch.clear()
+        batch_ids.clear()
 
-        def flush():
-            with torch.no_grad():
-                out.append(model.encode_image(torch.stack(batch)).embeds.float().numpy())
-            kept.extend(batch_ids)
-            batch.clear()
-            batch_ids.clear()
-
-        for i, data in enumerate(tqdm(blobs, total=total, desc=desc, unit="img", disable=not progress, leave=False)):
-            try:
-                image = images.load_rgb(data) if data else None
-            except images.BadImage:
-                image = None
-            if image is None:
-                continue
-            batch.append(transforms.eval_transform(image, resize, crop))
-            batch_ids.append(i)
-            if len(batch) == options.batch_size:
-                flush()
-        if batch:
-            flush()
-        return (np.concatenate(out) if out else np.zeros((0, cfg.model.embed_dim), np.float32)), kept
-
-    def read(item):
+    for i, data in enumerate(blobs):
         try:
-            return SOURCES.read(item[1], item[2])
-        except OSError:
-            return None
+            image = images.load_rgb(data) if data else None
+        except images.BadImage:
+            image = None
+        if image is None:
+            continue
+        batch.append(transforms.eval_transform(image, resize, crop))
+        batch_ids.append(i)
+        if len(batch) == batch_size:
+            flush()
+    if batch:
+        flush()
+    return (np.concatenate(out) if out else np.zeros((0, cfg.model.embed_dim), np.float32)), kept
 
-    eval_embeds, eval_ok = embed((d for _, d in eval_items), len(eval_items), "embed eval images")
-    index = faiss.IndexFlatIP(eval_embeds.shape[1])
-    index.add(np.ascontiguousarray(eval_embeds))
-    train_embeds, train_ok = embed((read(t) for t in train), len(train), "embed train images")
-    similarity, nearest = index.search(np.ascontiguousarray(train_embeds), 1)
-    matches: list = [None] * len(train)
-    for row, i in enumerate(train_ok):
-        matches[i] = (float(similarity[row, 0]), eval_items[eval_ok[int(nearest[row, 0])]][0])
-    return matches, len(eval_ok), lambda s: s > options.threshold
+
+def embedding_task(plan: str, index: int, scores_path: str, eval_path: str, model_path: str, batch_size: int,
+                   threads: int) -> dict:
+    """One task: each image's cosine similarity to the closest evaluation image (exact, FAISS)."""
+    import faiss
+
+    rows = read_plan(plan, index)
+    embeds, ok = embed_blobs(model_path, (read_image(r) for r in rows), batch_size, threads)
+    scores, matches = [None] * len(rows), [None] * len(rows)
+    if ok:
+        evaluation = np.load(eval_path)
+        search = faiss.IndexFlatIP(evaluation.shape[1])
+        search.add(evaluation)
+        similarity, nearest = search.search(np.ascontiguousarray(embeds), 1)
+        for row, i in enumerate(ok):
+            scores[i], matches[i] = float(similarity[row, 0]), int(nearest[row, 0])
+    write_scores(scores_path, rows, scores, matches)
+    return {"images": len(rows), "unreadable": len(rows) - len(ok)}
 
 
 # ---------------------------------------------------------------------------------------------- stage
 
-def _percentiles(scores: list[float]) -> dict:
-    if not scores:
-        return {}
-    return {f"p{q:g}": float(np.percentile(scores, q)) for q in (0, 1, 5, 25, 50, 75, 95, 99, 100)}
+PERCENTILES = (0, 1, 5, 25, 50, 75, 95, 99, 100)
 
 
-def dedup(pairs: Path, against: str, out: Path, options: DedupOptions = DedupOptions(), progress: bool = True) -> dict:
-    pairs, out = Path(pairs), Path(out)
+def score_summary(out: Path, where: str, order: str, n_examples: int) -> tuple[int, list, dict]:
+    """From the tasks' score files: how many images the rule removes, the first examples in `order`, and the
+    percentiles of every score (numpy's linear interpolation, as DuckDB's quantile_cont)."""
+    import duckdb
+
+    scores = str(out / WORK / "scores-*.parquet")
+    plan = str(out / WORK / "plan.parquet")
+    with duckdb.connect() as con:
+        removed = con.execute(f"SELECT count(*) FROM read_parquet(?) WHERE {where}", [scores]).fetchone()[0]
+        examples = con.execute(f"""SELECT coalesce(p.member, p.path), s.match, s.score FROM read_parquet(?) s
+                                   JOIN read_parquet(?) p USING (image_key) WHERE {where}
+                                   ORDER BY s.score {order}, s.image_key LIMIT {int(n_examples)}""",
+                               [scores, plan]).fetchall()
+        quantiles = con.execute("SELECT quantile_cont(score, ?::DOUBLE[]) FROM read_parquet(?) WHERE score IS NOT NULL",
+                                [[q / 100 for q in PERCENTILES], scores]).fetchone()[0]
+    percentiles = {f"p{q:g}": float(v) for q, v in zip(PERCENTILES, quantiles)} if quantiles else {}
+    return removed, examples, percentiles
+
+
+def dedup(pairs: Path, against: str, out: Path, options: DedupOptions = DedupOptions(), progress: bool = True,
+          engine: Engine = Engine()) -> dict:
+    """Score every training image against the evaluation images in tasks of `images_per_task` (local
+    processes or Spark), then write the keep-list of the pairs whose image is not a near-duplicate."""
+    pairs, out = str(pairs), Path(out)
     check_pair_table(pairs, IMAGE_COLUMNS)
     if options.mode not in ("phash", "embedding"):
         raise ConfigError(f"unknown dedup mode {options.mode!r}; choose phash or embedding")
+    if options.mode == "embedding" and not options.model:
+        raise ConfigError("--mode embedding needs --model DIR (an openalign model directory)")
     start = time.perf_counter()
     eval_items = list(eval_images(against))
     if not eval_items:
         raise ConfigError(f"no evaluation images found in {against}")
-    train = train_images(pairs)
-    find = phash_matches if options.mode == "phash" else embedding_matches
-    matches, n_eval, is_duplicate = find(train, eval_items, options, progress)
-    removed = [(train[i], m) for i, m in enumerate(matches) if m is not None and is_duplicate(m[0])]
-    removed_keys = [t[0] for t, _ in removed]
     out.mkdir(parents=True, exist_ok=True)
-    removed_pairs = write_keep_without_images(pairs, removed_keys, out)
-    closest = sorted(removed, key=lambda r: r[1][0], reverse=options.mode == "embedding")[:options.examples]
+    (out / WORK).mkdir(exist_ok=True)
+    eval_path = str(out / WORK / "eval.npy")
+    if options.mode == "phash":
+        hashes = [(name, phash_bytes(data)) for name, data in eval_items]
+        names = [n for n, h in hashes if h is not None]
+        if not names:
+            raise ConfigError("none of the evaluation images could be decoded")
+        np.save(eval_path, np.stack([h for _, h in hashes if h is not None]))
+        fn, args, where, order = phash_task, (eval_path,), f"score <= {int(options.max_distance)}", "ASC"
+    else:
+        if engine.name == "local" and not engine.workers:
+            engine = Engine(workers=1, retries=engine.retries)  # one process: the model uses every core
+        threads = max(1, (os.cpu_count() or 1) // max(1, engine.workers)) if engine.name == "local" else 1
+        embeds, ok = embed_blobs(options.model, (d for _, d in eval_items), options.batch_size)
+        names = [eval_items[i][0] for i in ok]
+        np.save(eval_path, np.ascontiguousarray(embeds))
+        fn, args = embedding_task, (eval_path, str(Path(options.model).resolve()), options.batch_size, threads)
+        where, order = f"score > {float(options.threshold)!r}", "DESC"
+    key = asdict(options) | {"workers": 0, "eval": sources_key(eval_path)}
+    if engine.name == "local" and options.workers and engine.workers != options.workers:
+        engine = Engine(workers=options.workers, retries=engine.retries)
+    count, results, resumed = image_tasks(pairs, out, fn, args, key, options.images_per_task, engine, "dedup",
+                                          progress)
+    removed_images, examples, percentiles = score_summary(out, where, order, options.examples)
+    removed_pairs = write_keep_without_images(pairs, str(out / WORK / "scores-*.parquet"), where, out, engine)
     report = {
-        "stage": "dedup", "pairs": str(pairs), "against": str(against), "mode": options.mode,
+        "stage": "dedup", "pairs": str(pairs), "against": str(against), "mode": options.mode, "engine": engine.name,
         "rule": (f"Hamming distance <= {options.max_distance} of 64 bits" if options.mode == "phash"
                  else f"cosine > {options.threshold}"),
-        "model": options.model or None, "train_images": len(train), "eval_images": n_eval,
-        "unreadable_train_images": sum(m is None for m in matches), "removed_images": len(removed),
-        "removed_pairs": int(removed_pairs), "keep": str(out / "keep.parquet"),
-        "examples": [{"train": t[2] or t[1], "eval": m[1], "score": m[0]} for t, m in closest],
+        "model": options.model or None, "train_images": count, "eval_images": len(names),
+        "unreadable_train_images": sum(r["unreadable"] for r in results.values()), "removed_images": removed_images,
+        "removed_pairs": int(removed_pairs), "keep": str(out / "keep.parquet"), "resumed_tasks": resumed,
+        "examples": [{"train": train, "eval": names[match], "score": score} for train, match, score in examples],
         # how close the training set comes to the evaluation set, to choose a threshold with
-        "closest_score_percentiles": _percentiles([m[0] for m in matches if m is not None]),
+        "closest_score_percentiles": percentiles,
         "seconds": round(time.perf_counter() - start, 2),
     }
     (out / "dedup_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    shutil.rmtree(out / WORK)
     return report

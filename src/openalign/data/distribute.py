@@ -271,6 +271,42 @@ def _spark_error(err: Exception, desc: str) -> Exception:
     return RuntimeError(f"{desc} failed on Spark after its retries: {last or text.splitlines()[0]}")
 
 
+def spark_plan(frame, order: str, per_task: int, path: Path, column: str = "task") -> int:
+    """Write `frame` ordered by `order`, numbered from 1 (`pos`) and cut into tasks of `per_task` rows
+    (`column` = (pos - 1) // per_task), as the Parquet plan at `path`; returns the row count. The order is a
+    range sort and the numbering zipWithIndex, both on the executors: nothing per row reaches the driver."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    ordered = frame.orderBy(order)
+    schema = StructType([StructField("pos", LongType(), False), *ordered.schema.fields,
+                         StructField(column, LongType(), False)])
+    rows = ordered.rdd.zipWithIndex().map(lambda pair, n=int(per_task): (pair[1] + 1, *pair[0], pair[1] // n))
+    numbered = frame.sparkSession.createDataFrame(rows, schema).cache()
+    numbered.write.mode("overwrite").parquet(str(path))
+    count = numbered.count()
+    numbered.unpersist()
+    return count
+
+
+def duckdb_plan(con, query: str, params: list, order: str, per_task: int, path: Path, column: str = "task") -> int:
+    """The same plan from DuckDB: `query`'s rows ordered by `order`, numbered (`pos`) and cut into tasks."""
+    target = str(path).replace("'", "''")
+    con.execute(f"""COPY (SELECT *, (pos - 1) // {int(per_task)} AS {column} FROM (
+                        SELECT row_number() OVER (ORDER BY {order}) AS pos, * FROM ({query})) ORDER BY pos)
+                    TO '{target}' (FORMAT parquet, ROW_GROUP_SIZE {max(int(per_task), 2048)})""", params)
+    return con.execute("SELECT count(*) FROM read_parquet(?)", [str(path)]).fetchone()[0]
+
+
+def read_plan(path: str, index: int, column: str = "task") -> list[dict]:
+    """The rows of one task of a plan, in plan order (row-group statistics skip the rest of the plan)."""
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(path, filters=[(column, "=", index)]).sort_by("pos").to_pylist()
+    for row in rows:
+        del row["pos"], row[column]
+    return rows
+
+
 def task_id(index: int) -> str:
     return f"{index:06d}"
 

@@ -19,19 +19,18 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from tqdm import tqdm
-
 from openalign.config import ConfigError
 from openalign.data import images
-from openalign.data.dedup import train_images
+from openalign.data.dedup import WORK, image_tasks, read_image, score_summary, write_scores
+from openalign.data.distribute import Engine, read_plan, sources_key
 from openalign.data.filters import write_keep_without_images
 from openalign.data.ingest import IMAGE_COLUMNS, check_pair_table
-from openalign.data.shard import SOURCES
 
 
 @dataclass(frozen=True)
@@ -40,6 +39,7 @@ class ScreenOptions:
     threshold: float = 0.5
     batch_size: int = 64
     examples: int = 10
+    images_per_task: int = 2_000  # the unit of distribution, retry and resume
 
 
 def load_classifier(spec: str) -> Callable:
@@ -63,44 +63,69 @@ def load_classifier(spec: str) -> Callable:
     return fn
 
 
-def screen(pairs: Path, out: Path, options: ScreenOptions, progress: bool = True) -> dict:
-    pairs, out = Path(pairs), Path(out)
-    check_pair_table(pairs, IMAGE_COLUMNS)
-    classify = load_classifier(options.classifier)
-    start = time.perf_counter()
-    train = train_images(pairs)
-    flagged, scores, unreadable = [], {}, 0
+_CLASSIFIERS: dict = {}  # per process: a task loads the classifier once
+
+
+def screen_task(plan: str, index: int, scores_path: str, classifier: str, batch_size: int) -> dict:
+    """One task: the classifier's score for each of its images (None: unreadable)."""
+    if classifier not in _CLASSIFIERS:
+        _CLASSIFIERS[classifier] = load_classifier(classifier)
+    classify = _CLASSIFIERS[classifier]
+    rows = read_plan(plan, index)
+    scores: list = [None] * len(rows)
     batch: list = []
 
     def flush():
         results = list(classify([image for _, image in batch]))
         if len(results) != len(batch):
             raise ConfigError(f"the classifier returned {len(results)} scores for {len(batch)} images")
-        for (item, _), score in zip(batch, results):
-            scores[item[0]] = float(score)
-            if float(score) >= options.threshold:
-                flagged.append((item, float(score)))
+        for (i, _), score in zip(batch, results):
+            scores[i] = float(score)
         batch.clear()
 
-    for item in tqdm(train, desc="screen", unit="img", disable=not progress):
-        try:
-            batch.append((item, images.load_rgb(SOURCES.read(item[1], item[2]))))
-        except (images.BadImage, OSError):
-            unreadable += 1
+    for i, row in enumerate(rows):
+        data = read_image(row)
+        if data is None:
             continue
-        if len(batch) == options.batch_size:
+        try:
+            batch.append((i, images.load_rgb(data)))
+        except images.BadImage:
+            continue
+        if len(batch) == batch_size:
             flush()
     if batch:
         flush()
+    write_scores(scores_path, rows, scores, [None] * len(rows))
+    return {"images": len(rows), "unreadable": sum(s is None for s in scores)}
+
+
+def screen(pairs: Path, out: Path, options: ScreenOptions, progress: bool = True, engine: Engine = Engine(workers=1)
+           ) -> dict:
+    """Score every image in tasks of `images_per_task` (local processes or Spark); drop those at or above the
+    threshold. A classifier given as a file is named by its absolute path, so executors find it."""
+    pairs, out = str(pairs), Path(out)
+    check_pair_table(pairs, IMAGE_COLUMNS)
+    load_classifier(options.classifier)  # fails here, in one sentence, before any task starts
+    module, _, function = options.classifier.rpartition(":")
+    classifier = f"{Path(module).resolve()}:{function}" if module.endswith(".py") else options.classifier
+    start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
-    removed_pairs = write_keep_without_images(pairs, [f[0][0] for f in flagged], out)
-    flagged.sort(key=lambda f: -f[1])
+    where = f"score >= {float(options.threshold)!r}"
+    key = asdict(options) | {"classifier": classifier,
+                             "file": sources_key(module) if module.endswith(".py") else None}
+    count, results, resumed = image_tasks(pairs, out, screen_task, (classifier, options.batch_size), key,
+                                          options.images_per_task, engine, "screen", progress)
+    removed_images, examples, _ = score_summary(out, where, "DESC", options.examples)
+    removed_pairs = write_keep_without_images(pairs, str(out / WORK / "scores-*.parquet"), where, out, engine)
+    unreadable = sum(r["unreadable"] for r in results.values())
     report = {
         "stage": "screen", "pairs": str(pairs), "classifier": options.classifier, "threshold": options.threshold,
-        "images": len(train), "scored_images": len(scores), "unreadable_images": unreadable,
-        "removed_images": len(flagged), "removed_pairs": int(removed_pairs), "keep": str(out / "keep.parquet"),
-        "examples": [{"image": item[2] or item[1], "score": score} for item, score in flagged[:options.examples]],
+        "engine": engine.name, "images": count, "scored_images": count - unreadable, "unreadable_images": unreadable,
+        "removed_images": removed_images, "removed_pairs": int(removed_pairs), "keep": str(out / "keep.parquet"),
+        "resumed_tasks": resumed,
+        "examples": [{"image": image, "score": score} for image, _, score in examples],
         "seconds": round(time.perf_counter() - start, 2),
     }
     (out / "screen_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    shutil.rmtree(out / WORK)
     return report

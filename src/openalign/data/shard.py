@@ -30,8 +30,9 @@ from tqdm import tqdm
 
 from openalign.config import ConfigError
 from openalign.data import images
-from openalign.data.distribute import Engine, Task, previous, run_tasks, spark_session, task_id
-from openalign.data.filters import _sql_path, keep_source
+from openalign.data.distribute import (Engine, Task, duckdb_plan, previous, read_plan, run_tasks, spark_plan,
+                                       spark_session, task_id)
+from openalign.data.filters import keep_source
 from openalign.data.ingest import SOURCE_COLUMNS, blake, check_pair_table
 from openalign.data.shards import MANIFEST, encode_image
 
@@ -81,18 +82,12 @@ def plan_duckdb(pairs: Path, keep_dirs: list[Path], plan: Path, per_shard: int) 
 
     with duckdb.connect() as con:
         _keep_table(con, pairs, keep_dirs)
-        con.execute(f"""COPY (SELECT *, (pos - 1) // {int(per_shard)} AS shard FROM (
-                            SELECT row_number() OVER (ORDER BY image_key) AS pos, * FROM ({SAMPLE_QUERY})) ORDER BY pos)
-                        TO '{_sql_path(plan / "plan.parquet")}' (FORMAT parquet, ROW_GROUP_SIZE {max(per_shard, 2048)})""",
-                    [str(pairs)])
-        return con.execute("SELECT count(*) FROM read_parquet(?)", [str(plan / "plan.parquet")]).fetchone()[0]
+        return duckdb_plan(con, SAMPLE_QUERY, [str(pairs)], "image_key", per_shard, plan / "plan.parquet", "shard")
 
 
 def plan_spark(pairs: str, keep_dirs: list[Path], plan: Path, per_shard: int, engine: Engine) -> int:
-    """The same plan from Spark SQL: the grouping, the global order (a range sort) and the positions
-    (zipWithIndex) all run on the executors; the driver gets only the count."""
+    """The same plan from Spark SQL: the grouping, the global order and the positions all run on the executors."""
     from pyspark.sql import functions as F
-    from pyspark.sql.types import LongType, StructField, StructType
 
     spark = spark_session(engine.master, retries=engine.retries, memory=engine.memory)
     table = spark.read.parquet(pairs).select("uid", "image_key", "text", "path", "member", "url")
@@ -108,15 +103,7 @@ def plan_spark(pairs: str, keep_dirs: list[Path], plan: Path, per_shard: int, en
                     F.min("member").alias("member"), F.min("url").alias("url"))
                .select("image_key", F.col("ut.text").alias("texts"), F.col("ut.uid").alias("uids"), "path", "member",
                        "url"))
-    ordered = grouped.orderBy("image_key")
-    schema = StructType([StructField("pos", LongType(), False), *ordered.schema.fields,
-                         StructField("shard", LongType(), False)])
-    rows = ordered.rdd.zipWithIndex().map(lambda pair, n=int(per_shard): (pair[1] + 1, *pair[0], pair[1] // n))
-    frame = spark.createDataFrame(rows, schema).cache()
-    frame.write.mode("overwrite").parquet(str(plan / "plan.parquet"))
-    count = frame.count()
-    frame.unpersist()
-    return count
+    return spark_plan(grouped, "image_key", per_shard, plan / "plan.parquet", "shard")
 
 
 def plan_samples(samples: list[dict], plan: Path, per_shard: int) -> int:
@@ -126,15 +113,9 @@ def plan_samples(samples: list[dict], plan: Path, per_shard: int) -> int:
     return len(samples)
 
 
-def read_plan(plan: str, shard_index: int) -> list[dict]:
-    """The samples of one shard, in plan order (row-group statistics skip the rest of the plan)."""
-    table = pq.read_table(plan, filters=[("shard", "=", shard_index)])
-    rows = table.sort_by("pos").to_pylist()
-    return [{k: r[k] for k in ("image_key", "texts", "uids", "path", "member", "url")} for r in rows]
-
-
 class _Sources:
-    """Image bytes by (path, member); tar indexes are built once per process and tar."""
+    """Image bytes by (path, member); tar indexes are built once per process and tar. A tar cut short keeps
+    the members before the cut; a member that cannot be read is an OSError, as a missing file is."""
 
     def __init__(self):
         self.tars: dict[str, tuple[tarfile.TarFile, dict]] = {}
@@ -143,13 +124,30 @@ class _Sources:
         if not member:
             return Path(path).read_bytes()
         if path not in self.tars:
-            tar = tarfile.open(path)
-            self.tars[path] = (tar, {m.name: m for m in tar.getmembers() if m.isfile()})
+            self.tars[path] = self._index(path)
         tar, index = self.tars[path]
         info = index.get(member) or next((m for name, m in index.items() if name.endswith("/" + member)), None)
         if info is None:
             raise FileNotFoundError(f"{member} not in {path}")
-        return tar.extractfile(info).read()
+        try:
+            return tar.extractfile(info).read()
+        except tarfile.TarError as err:
+            raise OSError(f"{member} of {path}: {err}") from None
+
+    @staticmethod
+    def _index(path: str) -> tuple[tarfile.TarFile, dict]:
+        try:
+            tar = tarfile.open(path)
+        except tarfile.TarError as err:
+            raise OSError(f"{path}: {err}") from None
+        index = {}
+        try:
+            for info in tar:
+                if info.isfile():
+                    index[info.name] = info
+        except tarfile.TarError:  # truncated: the members before the cut are still there
+            pass
+        return tar, index
 
 
 SOURCES = _Sources()  # one per process: forked workers each build their own tar indexes
@@ -190,7 +188,7 @@ def write_shard(path: Path, samples: list[dict], options: ShardOptions) -> dict:
 def shard_task(plan: str, index: int, out: str, options: ShardOptions) -> dict:
     """One task: shard `index` of the plan. A shard finished earlier for exactly these samples and options is
     kept as it is."""
-    samples = read_plan(plan, index)
+    samples = read_plan(plan, index, "shard")
     path = Path(out) / f"{options.prefix}-{index:06d}.tar"
     key = blake(json.dumps([asdict(options) | {"workers": 0}, samples], sort_keys=True, default=str).encode())
     done = previous(Path(out) / STATUS, task_id(index))
