@@ -272,10 +272,15 @@ def cmd_embed(args) -> int:
     from openalign.index.embed import EmbedOptions, embed
 
     options = EmbedOptions(batch_size=args.batch_size, part_size=args.part_size, float16=args.float16,
-                           images=args.image_root or "")
+                           images=args.image_root or "", texts=args.texts, device=args.device)
     manifest = embed(Path(args.model), args.images, Path(args.out), options, progress=not args.quiet)
-    print(f"{manifest['count']:,} image embeddings ({manifest['dim']}-d {manifest['dtype']}) -> {args.out}; "
-          f"{manifest['skipped']:,} unreadable images skipped")
+    from openalign import distributed
+
+    if distributed.from_env().main:
+        texts = " and caption" if manifest["texts"] else ""
+        print(f"{manifest['count']:,} image{texts} embeddings ({manifest['dim']}-d {manifest['dtype']}) -> {args.out}; "
+              f"{manifest['skipped']:,} unreadable images skipped; {manifest['resumed_parts']} of "
+              f"{len(manifest['parts'])} parts were already done")
     return 0
 
 
@@ -493,7 +498,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("--float16", action="store_true", help="store float16 embeddings (half the size)")
     p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--part-size", type=int, default=8_192, help="images per part (the unit of resuming)")
+    p.add_argument("--part-size", type=int, default=8_192,
+                   help="images per part of a directory or table (a shard is one part): the unit of resuming")
+    p.add_argument("--texts", action="store_true", help="also embed each image's caption (text->text search, "
+                                                        "text indexes: `openalign index --vectors text`)")
+    p.add_argument("--device", default="auto", help="auto: this rank's GPU if any, else cpu")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_embed)
 

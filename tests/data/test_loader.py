@@ -199,3 +199,27 @@ def test_shards_without_a_usable_sample_are_one_sentence(tmp_path, capsys, worke
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "Traceback" not in err
     assert "no usable sample in 2 shard(s)" in err and "skipped 16 (undecodable_image 16)" in err
+
+
+def test_a_tar_cut_at_a_member_boundary_is_truncated_too(tmp_path):
+    """tarfile ends quietly when the file ends between two members; only the missing end-of-archive blocks
+    tell. The sample the cut went through (its .txt lost) is counted, not yielded without it."""
+    import tarfile
+
+    from conftest import write_shapes
+
+    write_shapes(tmp_path, 10, 10, seed=3)
+    (tmp_path / "manifest.json").unlink()  # counted from the tar itself
+    tar = tmp_path / "shapes-000000.tar"
+    with tarfile.open(tar) as t:
+        members = t.getmembers()
+    cut = members[-1].offset  # the header of the last sample's last member
+    tar.write_bytes(tar.read_bytes()[:cut])
+    counter: dict = {}
+    samples = list(shard_lib.read_samples([str(tar)], counter=counter))
+    assert len(samples) == 9 and counter["reasons"] == {"truncated_tar": 1}
+    assert all({"jpg", "json", "txt"} <= set(s) for s in samples)
+    assert shard_lib.count_samples(str(tar)) == 9
+    whole = tmp_path / "whole"
+    write_shapes(whole, 10, 10, seed=3)
+    assert len(list(shard_lib.read_samples([str(whole / "shapes-000000.tar")], counter=(c := {})))) == 10 and not c

@@ -143,10 +143,21 @@ def count_samples(shard: str, fraction: float = 1.0) -> int:
                     keys[key] = None
                     if member.offset_data + member.size > size:
                         raise tarfile.ReadError("unexpected end of data")
+            if not _ended(tar):
+                raise tarfile.ReadError("no end-of-archive blocks")
     except (OSError, tarfile.TarError):
         if keys:
             keys.popitem()
     return sum(in_fraction(key, fraction) for key in keys)
+
+
+def _ended(tar: tarfile.TarFile) -> bool:
+    """Whether a tar read to its end closes with the end-of-archive block (512 zero bytes). tarfile stops
+    quietly when a file ends at (or inside) a member header, so a download cut between two members looks
+    complete to it; only the missing end blocks tell."""
+    tar.fileobj.seek(tar.offset)
+    block = tar.fileobj.read(tarfile.BLOCKSIZE)
+    return len(block) == tarfile.BLOCKSIZE and not any(block)
 
 
 def tar_samples(path: str, counter: dict | None = None) -> Iterator[dict]:
@@ -169,6 +180,8 @@ def tar_samples(path: str, counter: dict | None = None) -> Iterator[dict]:
                     sample = None
                 sample = sample or {"__key__": key, "__url__": path}
                 sample[ext] = tar.extractfile(member).read()
+            if not _ended(tar):
+                raise tarfile.ReadError("no end-of-archive blocks")
         except (OSError, tarfile.TarError):
             skip(counter, "truncated_tar")
             return

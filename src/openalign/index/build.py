@@ -43,6 +43,7 @@ class IndexOptions:
     train_per_cell: int = 64  # ivf: k-means training points per cell (FAISS warns below 39, caps at 256)
     tune_queries: int = 1_000
     seed: int = 0
+    vectors: str = "image"  # image | text (captions embedded by `openalign embed --texts`)
 
 
 def recall_at_10(found: np.ndarray, exact: np.ndarray) -> float:
@@ -122,7 +123,7 @@ def build_index(vectors: np.ndarray, options: IndexOptions = IndexOptions()) -> 
 
 
 def build(emb: Path, out: Path, options: IndexOptions = IndexOptions()) -> dict:
-    vectors, meta = load_embeddings(emb)
+    vectors, meta = load_embeddings(emb, options.vectors)
     n, d = vectors.shape
     if n == 0:
         raise ConfigError(f"{emb} holds no embeddings")

@@ -1,21 +1,29 @@
-"""`openalign embed`: image embeddings of a collection, in resumable parts, with metadata beside them.
+"""`openalign embed`: image (and caption) embeddings of a collection, in resumable parts, with metadata.
 
     EMB/manifest.json          model, its fingerprint, dim, dtype, count, and the finished parts
-    EMB/part-000000.npy        [n, D] L2-normalized embeddings (float32, or float16 with --float16)
+    EMB/part-000000.npy        [n, D] L2-normalized image embeddings (float32, or float16 with --float16)
+    EMB/text-000000.npy        [n, D] embeddings of the same rows' captions (--texts; zeros for no caption)
     EMB/meta-000000.parquet    key, path, caption, width, height (`load` adds id: the row over all parts)
+    EMB/part-000000.json       the part's status: rows, skipped, the plan it belongs to (written last)
 
 Sources: a directory of images (searched recursively; a `.txt` beside an image is its caption),
-webdataset shards, or any evaluation layout (Karpathy JSON, caption table). The collection is cut into
-parts of `part_size` images in a fixed order; each part is written atomically and recorded in the
-manifest, so a rerun after an interruption embeds only the missing parts. Unreadable images are
-skipped and counted.
+webdataset shards, or any evaluation layout (Karpathy JSON, caption table). Shards are one part each
+(clip-retrieval's layout: a part reads only its tar); other sources are cut into parts of `part_size`
+images in a fixed order. Unreadable images are skipped and counted.
+
+Under torchrun each rank embeds the parts i with i % WORLD_SIZE == RANK, skipping parts whose status
+says they are finished for this plan (model weights, sources, layout); rank 0 then writes the manifest.
+So a rerun, with any number of processes, embeds only the missing parts, and the result equals a
+one-process run. On CUDA the towers run in bf16 autocast, images in channels_last.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -30,8 +38,6 @@ from openalign.data import images as image_lib
 from openalign.data import shards as shard_lib
 from openalign.data import transforms
 from openalign.data.ingest import IMAGE_SUFFIXES
-from openalign.eval.embed import evaluating
-
 MANIFEST = "manifest.json"
 META_SCHEMA = pa.schema([("key", pa.string()), ("path", pa.string()), ("caption", pa.string()),
                          ("width", pa.int32()), ("height", pa.int32())])
@@ -40,9 +46,11 @@ META_SCHEMA = pa.schema([("key", pa.string()), ("path", pa.string()), ("caption"
 @dataclass(frozen=True)
 class EmbedOptions:
     batch_size: int = 128
-    part_size: int = 8_192
+    part_size: int = 8_192  # images per part of a directory or table (a shard is one part)
     float16: bool = False
     images: str = ""  # image root for a Karpathy JSON / caption table
+    texts: bool = False  # also embed each row's caption (text-*.npy): text->text search, text indexes
+    device: str = "auto"  # auto: this rank's GPU when there is one, else the CPU
 
 
 @dataclass
@@ -59,9 +67,8 @@ def _caption(image: Path) -> str:
     return sidecar.read_text(encoding="utf-8", errors="replace").strip() if sidecar.is_file() else ""
 
 
-def collection(source: str, images_root: str = "", counter: dict | None = None) -> list[Item]:
-    """Every image of `source` in a fixed order (not yet read); paths are absolute, so the embeddings, the
-    index and the service work from any directory. Shard samples that cannot be used are counted in `counter`."""
+def _listed(source: str, images_root: str) -> list[Item] | None:
+    """The images of a directory or an evaluation table, in a fixed order; None for shards."""
     path = Path(source)
     if path.is_dir() and not any(path.glob("*.tar")):
         files = sorted(p for p in path.resolve().rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
@@ -75,9 +82,13 @@ def collection(source: str, images_root: str = "", counter: dict | None = None) 
         rows = karpathy_items(path, root, "all") if path.suffix == ".json" else table_items(path, root)
         return [Item(str(p.relative_to(root)) if p.is_relative_to(root) else str(p), str(p), caps[0] if caps else "",
                      p.read_bytes) for p, caps, *_ in rows]
+    return None
+
+
+def shard_items(shard: str, counter: dict | None = None) -> list[Item]:
+    """The samples of one shard (one part); shard samples that cannot be used are counted in `counter`."""
     items = []
-    for sample in shard_lib.read_samples([str(Path(s).resolve()) for s in shard_lib.list_shards(source)],
-                                         counter=counter):
+    for sample in shard_lib.read_samples([shard], counter=counter):
         try:
             texts = shard_lib.sample_texts(sample)
         except shard_lib.BadSample as err:
@@ -91,9 +102,51 @@ def collection(source: str, images_root: str = "", counter: dict | None = None) 
             shard_lib.skip(counter, err.reason)
             continue
         items.append(Item(sample["__key__"], sample["__url__"], texts[0] if texts else "", lambda d=data: d))
+    return items
+
+
+def collection(source: str, images_root: str = "", counter: dict | None = None) -> list[Item]:
+    """Every image of `source` in a fixed order; paths are absolute, so the embeddings, the index and the
+    service work from any directory."""
+    listed = _listed(source, images_root)
+    if listed is not None:
+        return listed
+    items = [item for shard in shard_lib.list_shards(source) for item in shard_items(str(Path(shard).resolve()), counter)]
     if not items:
         raise ConfigError(f"no images in {source}: give an image directory, shards, or a Karpathy JSON / caption table")
     return items
+
+
+@dataclass(frozen=True)
+class Part:
+    """One unit of embedding work: a whole shard, or rows [start, stop) of a listed source."""
+
+    index: int
+    shard: str = ""
+    source: str = ""
+    start: int = 0
+    stop: int = 0
+
+
+def plan_parts(sources: list[str], options: EmbedOptions) -> tuple[list[Part], dict[str, list[Item]], str]:
+    """The parts of `sources` in order, the listed sources' items, and a fingerprint of the layout (each
+    shard's path, size and time; each listed file's path)."""
+    parts, listings, layout = [], {}, hashlib.blake2b(digest_size=16)
+    for source in sources:
+        listed = _listed(source, options.images)
+        if listed is None:
+            shards = [str(Path(s).resolve()) for s in shard_lib.list_shards(source)]
+            for shard in shards:
+                stat = Path(shard).stat()
+                layout.update(f"{shard}\t{stat.st_size}\t{stat.st_mtime_ns}\n".encode())
+                parts.append(Part(len(parts), shard=shard))
+            continue
+        listings[source] = listed
+        for item in listed:
+            layout.update(f"{item.path}\n".encode())
+        for start in range(0, len(listed), options.part_size):
+            parts.append(Part(len(parts), source=source, start=start, stop=min(start + options.part_size, len(listed))))
+    return parts, listings, layout.hexdigest()
 
 
 def _decoded(items: list[Item], resize: int, crop: int, counter: dict) -> Iterator[tuple[Item, torch.Tensor, tuple]]:
@@ -106,80 +159,199 @@ def _decoded(items: list[Item], resize: int, crop: int, counter: dict) -> Iterat
         yield item, transforms.eval_transform(image, resize, crop), image.size
 
 
-def _write_part(out: Path, index: int, embeds: np.ndarray, rows: list[dict]) -> None:
-    for name, write in ((f"part-{index:06d}.npy", lambda f: np.save(f, embeds)),
-                        (f"meta-{index:06d}.parquet", lambda f: pq.write_table(pa.Table.from_pylist(rows, schema=META_SCHEMA), f))):
+def _write_part(out: Path, index: int, embeds: np.ndarray, rows: list[dict], texts: np.ndarray | None = None) -> None:
+    files = [(f"part-{index:06d}.npy", lambda f: np.save(f, embeds)),
+             (f"meta-{index:06d}.parquet", lambda f: pq.write_table(pa.Table.from_pylist(rows, schema=META_SCHEMA), f))]
+    if texts is not None:
+        files.append((f"text-{index:06d}.npy", lambda f: np.save(f, texts)))
+    for name, write in files:
         tmp = out / (name + ".tmp")
         with open(tmp, "wb") as f:
             write(f)
         os.replace(tmp, out / name)
 
 
+def _status(out: Path, index: int) -> dict | None:
+    try:
+        return json.loads((out / f"part-{index:06d}.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _finished(out: Path, part: Part, key: str, texts: bool) -> dict | None:
+    status = _status(out, part.index)
+    files = [f"part-{part.index:06d}.npy", f"meta-{part.index:06d}.parquet"] + ([f"text-{part.index:06d}.npy"] if texts else [])
+    if status and status.get("plan") == key and all((out / f).is_file() for f in files):
+        return status
+    return None
+
+
+class Encoder:
+    """The model on this rank's device: eval mode, bf16 autocast and channels_last on CUDA, fp32 on CPU."""
+
+    def __init__(self, model_dir: Path, device: str, local_rank: int):
+        from openalign.model.hub import load_pretrained
+
+        self.model, self.tokenizer, self.cfg = load_pretrained(model_dir)
+        if device == "auto":
+            device = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        self.model.to(self.device)
+        if self.device.type == "cuda":
+            self.model.to(memory_format=torch.channels_last)
+        self.model.eval()
+
+    def autocast(self):
+        if self.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def images(self, pixels: torch.Tensor) -> np.ndarray:
+        pixels = pixels.to(self.device)
+        if self.device.type == "cuda":
+            pixels = pixels.contiguous(memory_format=torch.channels_last)
+        with torch.no_grad(), self.autocast():
+            embeds = self.model.encode_image(pixels).embeds.float()
+        if self.device.type == "cuda":  # normalized again after bf16
+            embeds = torch.nn.functional.normalize(embeds, dim=-1)
+        return embeds.cpu().numpy()
+
+    def texts(self, captions: list[str], batch_size: int) -> np.ndarray:
+        from openalign.eval.embed import EvalOptions, encode_texts
+
+        out = np.zeros((len(captions), self.cfg.model.embed_dim), np.float32)
+        rows = [i for i, c in enumerate(captions) if c]
+        if rows:
+            with self.autocast():
+                vectors = encode_texts(self.model, self.tokenizer, [captions[i] for i in rows],
+                                       EvalOptions(batch_size=batch_size, max_length=self.cfg.model.text.max_length))
+            out[rows] = torch.nn.functional.normalize(vectors.float(), dim=-1).numpy() if self.device.type == "cuda" \
+                else vectors.numpy()
+        return out
+
+
+def embed_part(encoder: Encoder, part: Part, items: list[Item], options: EmbedOptions, bar) -> tuple:
+    """(image embeddings, caption embeddings or None, metadata rows, skip counter) of one part."""
+    resize, crop = encoder.cfg.model.vision.resize_size, encoder.cfg.model.vision.image_size
+    counter: dict = {}
+    embeds, rows, pending = [], [], []
+
+    def flush():
+        embeds.append(encoder.images(torch.stack([p for _, p, _ in pending])))
+        rows.extend({"key": item.key, "path": item.path, "caption": item.caption, "width": size[0],
+                     "height": size[1]} for item, _, size in pending)
+        pending.clear()
+
+    for decoded in _decoded(items, resize, crop, counter):
+        pending.append(decoded)
+        bar.update(1)
+        if len(pending) == options.batch_size:
+            flush()
+    if pending:
+        flush()
+    bar.update(counter.get("skipped", 0))
+    dim = encoder.cfg.model.embed_dim
+    matrix = np.concatenate(embeds) if embeds else np.zeros((0, dim), np.float32)
+    texts = encoder.texts([r["caption"] for r in rows], options.batch_size) if options.texts else None
+    return matrix, texts, rows, counter
+
+
 def embed(model_dir: Path, sources: list[str], out: Path, options: EmbedOptions = EmbedOptions(),
           progress: bool = True) -> dict:
-    """Embed every image of `sources` (in order; see the module docstring) into `out`."""
-    from openalign.model.hub import load_pretrained, weights_fingerprint
+    """Embed every image of `sources` (in order; see the module docstring) into `out`: this rank's parts,
+    then (rank 0, after every rank is done) the manifest."""
+    from openalign import distributed
+    from openalign.model.hub import weights_fingerprint
 
-    model, _, cfg = load_pretrained(model_dir)
-    resize, crop = cfg.model.vision.resize_size, cfg.model.vision.image_size
-    unusable: dict = {}  # shard samples that are not images at all: counted, never embedded
-    items = [item for source in sources for item in collection(source, options.images, unusable)]
-    source = ",".join(sources)
+    layout = distributed.from_env()
+    if layout.active and not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("gloo")  # only for the barrier; the work itself never talks
+    encoder = Encoder(Path(model_dir), options.device, layout.local_rank)
+    cfg = encoder.cfg
+    parts, listings, layout_key = plan_parts(sources, options)
+    if not parts:
+        raise ConfigError(f"no images in {', '.join(sources)}")
     out.mkdir(parents=True, exist_ok=True)
-    plan = {"model": str(Path(model_dir).resolve()), "weights": weights_fingerprint(model_dir), "source": source,
-            "n_items": len(items), "part_size": options.part_size, "dtype": "float16" if options.float16 else "float32",
-            "dim": cfg.model.embed_dim, "resize": resize, "crop": crop}
-    previous = json.loads((out / MANIFEST).read_text()) if (out / MANIFEST).is_file() else {}
-    done = previous.get("parts", {}) if all(previous.get(k) == v for k, v in plan.items()) else {}
-    if previous and not done and previous.get("parts"):
-        for stale in out.glob("part-*.npy"):  # another model, source or layout: start over
-            stale.unlink()
-        for stale in out.glob("meta-*.parquet"):
-            stale.unlink()
-    parts = [items[i:i + options.part_size] for i in range(0, len(items), options.part_size)]
-    skipped = sum(p["skipped"] for p in done.values())
-    bar = tqdm(total=len(items), desc="embed", unit="img", disable=not progress)
-    bar.update(sum(len(parts[int(k)]) for k in done if int(k) < len(parts)))
-    for index, part in enumerate(parts):
-        if str(index) in done:
-            continue
+    dtype = np.float16 if options.float16 else np.float32
+    plan = {"model": str(Path(model_dir).resolve()), "weights": weights_fingerprint(model_dir),
+            "source": ",".join(sources), "layout": layout_key, "part_size": options.part_size,
+            "dtype": np.dtype(dtype).name, "dim": cfg.model.embed_dim, "resize": cfg.model.vision.resize_size,
+            "crop": cfg.model.vision.image_size, "texts": options.texts}
+    key = hashlib.blake2b(json.dumps(plan, sort_keys=True).encode(), digest_size=16).hexdigest()
+    mine = [p for p in parts if p.index % layout.world == layout.rank]
+    todo = [p for p in mine if not _finished(out, p, key, options.texts)]
+    bar = tqdm(total=sum(p.stop - p.start for p in todo if not p.shard) or None, desc=f"embed (rank {layout.rank})"
+               if layout.active else "embed", unit="img", disable=not progress)
+    for part in todo:
         counter: dict = {}
-        embeds, rows, pending = [], [], []
-
-        def flush():
-            with evaluating(model):
-                embeds.append(model.encode_image(torch.stack([p for _, p, _ in pending])).embeds.float().numpy())
-            rows.extend({"key": item.key, "path": item.path, "caption": item.caption, "width": size[0],
-                         "height": size[1]} for item, _, size in pending)
-            pending.clear()
-
-        for decoded in _decoded(part, resize, crop, counter):
-            pending.append(decoded)
-            bar.update(1)
-            if len(pending) == options.batch_size:
-                flush()
-        if pending:
-            flush()
-        bar.update(counter.get("skipped", 0))
-        matrix = np.concatenate(embeds) if embeds else np.zeros((0, cfg.model.embed_dim), np.float32)
-        _write_part(out, index, matrix.astype(np.float16 if options.float16 else np.float32), rows)
-        done[str(index)] = {"rows": len(rows), "skipped": counter.get("skipped", 0)}
-        skipped += counter.get("skipped", 0)
-        (out / MANIFEST).write_text(json.dumps(plan | {"parts": done, "complete": False}, indent=2) + "\n")
+        items = shard_items(part.shard, counter) if part.shard else listings[part.source][part.start:part.stop]
+        matrix, texts, rows, decoded = embed_part(encoder, part, items, options, bar)
+        _write_part(out, part.index, matrix.astype(dtype), rows, None if texts is None else texts.astype(dtype))
+        reasons = dict(counter.get("reasons", {}))
+        for reason, n in decoded.get("reasons", {}).items():
+            reasons[reason] = reasons.get(reason, 0) + n
+        status = {"plan": key, "rows": len(rows), "skipped": decoded.get("skipped", 0) + counter.get("skipped", 0),
+                  "unusable": counter.get("reasons", {}), "reasons": reasons, "rank": layout.rank}
+        tmp = out / f"part-{part.index:06d}.json.tmp"
+        tmp.write_text(json.dumps(status) + "\n")
+        tmp.replace(out / f"part-{part.index:06d}.json")
     bar.close()
-    count = sum(p["rows"] for p in done.values())
-    manifest = plan | {"parts": done, "complete": True, "count": count,
-                       "skipped": skipped + unusable.get("skipped", 0), "unusable_samples": unusable.get("reasons", {})}
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    if layout.active:
+        torch.distributed.barrier()
+    manifest = _manifest(out, parts, plan, key, options, len(mine) - len(todo))
+    if layout.main:
+        (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    if layout.active:
+        torch.distributed.barrier()
     return manifest
 
 
-def load(emb: Path) -> tuple[np.ndarray, pa.Table]:
-    """All embeddings [N, D] (float32) and their metadata, with ids 0..N-1 in part order."""
+def _manifest(out: Path, parts: list[Part], plan: dict, key: str, options: EmbedOptions, resumed: int) -> dict:
+    done = {str(p.index): s for p in parts if (s := _finished(out, p, key, options.texts))}
+    unusable: dict = {}
+    for status in done.values():
+        for reason, n in status.get("unusable", {}).items():
+            unusable[reason] = unusable.get(reason, 0) + n
+    for stale in out.glob("part-*.npy"):  # parts of another plan (a larger collection, another model)
+        if str(int(stale.stem.split("-")[1])) not in done and int(stale.stem.split("-")[1]) >= len(parts):
+            for name in (stale.name, f"meta-{stale.stem[5:]}.parquet", f"text-{stale.stem[5:]}.npy", f"{stale.stem}.json"):
+                (out / name).unlink(missing_ok=True)
+    return plan | {"parts": {k: {"rows": s["rows"], "skipped": s["skipped"]} for k, s in done.items()},
+                   "complete": len(done) == len(parts), "count": sum(s["rows"] for s in done.values()),
+                   "skipped": sum(s["skipped"] for s in done.values()), "unusable_samples": unusable,
+                   "resumed_parts": resumed, "options": asdict(options)}
+
+
+VECTORS = {"image": "part", "text": "text"}
+
+
+def read_manifest(emb: Path, vectors: str = "image") -> dict:
     manifest = json.loads((Path(emb) / MANIFEST).read_text()) if (Path(emb) / MANIFEST).is_file() else {}
     if not manifest.get("complete"):
         raise ConfigError(f"{emb} is not a finished `openalign embed` output; run (or rerun) openalign embed")
+    if vectors not in VECTORS:
+        raise ConfigError(f"--vectors must be image or text, not {vectors!r}")
+    if vectors == "text" and not manifest.get("texts"):
+        raise ConfigError(f"{emb} holds no caption embeddings; embed again with --texts")
+    return manifest
+
+
+def part_files(emb: Path, vectors: str = "image") -> list[Path]:
+    """The vector files of a finished embed output, in part order."""
+    manifest = read_manifest(emb, vectors)
+    return [Path(emb) / f"{VECTORS[vectors]}-{int(i):06d}.npy" for i in sorted(manifest["parts"], key=int)]
+
+
+def load(emb: Path, vectors: str = "image") -> tuple[np.ndarray, pa.Table]:
+    """All embeddings [N, D] (float32) and their metadata, with ids 0..N-1 in part order."""
+    files = part_files(emb, vectors)
+    matrix = np.concatenate([np.load(f) for f in files]).astype(np.float32)
+    meta = load_meta(emb)
+    return matrix, meta
+
+
+def load_meta(emb: Path) -> pa.Table:
+    manifest = read_manifest(emb)
     parts = sorted(manifest["parts"], key=int)
-    matrix = np.concatenate([np.load(Path(emb) / f"part-{int(i):06d}.npy") for i in parts]).astype(np.float32)
     meta = pa.concat_tables([pq.read_table(Path(emb) / f"meta-{int(i):06d}.parquet") for i in parts])
-    return matrix, meta.add_column(0, "id", pa.array(np.arange(len(meta)), pa.int64()))
+    return meta.add_column(0, "id", pa.array(np.arange(len(meta)), pa.int64()))
