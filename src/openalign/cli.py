@@ -191,10 +191,20 @@ def cmd_ingest(args) -> int:
     return 0
 
 
+def _bytes(text: str, flag: str) -> int:
+    """'4G', '512M', '1.5GiB', '1000000' -> bytes (powers of 1024); '' or 0 -> 0 (no limit)."""
+    import re
+
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", text or "0", re.IGNORECASE)
+    if not match:
+        raise ConfigError(f"{flag} {text!r} is not a size; write e.g. 4G, 512M or a number of bytes")
+    return int(float(match.group(1)) * 1024 ** " KMGT".index(match.group(2).upper() or " "))
+
+
 def _engine(args):
     from openalign.data.distribute import Engine
 
-    return Engine(args.engine, args.master, args.workers, args.retries, args.memory)
+    return Engine(args.engine, args.master, args.workers, args.retries, args.spark_memory)
 
 
 def _engine_flags(p) -> None:
@@ -204,7 +214,7 @@ def _engine_flags(p) -> None:
     p.add_argument("--master", default="", help="spark: local[N], spark://HOST:7077, yarn, k8s://... "
                                                 "(default: spark-submit's master, else local[*])")
     p.add_argument("--retries", type=int, default=2, help="times a failed task is run again")
-    p.add_argument("--memory", default="", help="spark: driver memory, e.g. 4g")
+    p.add_argument("--spark-memory", default="", help="spark: driver memory, e.g. 4g")
 
 
 def cmd_filter(args) -> int:
@@ -289,12 +299,14 @@ def cmd_index(args) -> int:
 
     if args.nlist < 0 or args.train_per_cell < 39:
         raise ConfigError("--nlist must be 0 (automatic) or more, and --train-per-cell at least 39")
-    info = build(Path(args.embeddings), Path(args.out), IndexOptions(kind=args.kind, recall=args.recall,
-                                                                     nlist=args.nlist, train_per_cell=args.train_per_cell,
-                                                                     codes=args.codes))
+    options = IndexOptions(kind=args.kind, recall=args.recall, nlist=args.nlist, train_per_cell=args.train_per_cell,
+                           codes=args.codes, vectors=args.vectors, memory=_bytes(args.memory, "--memory"),
+                           block_rows=args.block_rows)
+    info = build(Path(args.embeddings), Path(args.out), options, engine=_engine(args), progress=not args.quiet)
     params = ", ".join(f"{k} {v}" for k, v in info["params"].items()) or "exact"
-    print(f"{info['kind']} index of {info['count']:,} vectors ({params}; recall@10 {info['recall_at_10']:.3f} "
-          f"against exact search) -> {args.out}")
+    where = "; inverted lists on disk (index.ivfdata)" if info["storage"] == "disk" else ""
+    print(f"{info['kind']} index of {info['count']:,} {info['vectors']} vectors ({params}; recall@10 "
+          f"{info['recall_at_10']:.3f} against exact search{where}) -> {args.out}")
     return 0
 
 
@@ -517,6 +529,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ivf: how vectors are stored (auto: 8-bit codes, product quantization beyond 8 GiB)")
     p.add_argument("--train-per-cell", type=int, default=64,
                    help="ivf: k-means training vectors per cell (39 to 256; more is slower to build)")
+    p.add_argument("--vectors", default="image", choices=["image", "text"],
+                   help="text: the captions `openalign embed --texts` embedded (text->text search)")
+    p.add_argument("--memory", default="", help="what the build may hold, e.g. 4G (vectors are streamed from the "
+                                                "parts; ivf lists beyond half of it are built in blocks on disk)")
+    p.add_argument("--block-rows", type=int, default=0, help="on-disk ivf: vectors per add task (0: from --memory)")
+    p.add_argument("--workers", type=int, default=1, help="on-disk ivf, local engine: add tasks run at once")
+    _engine_flags(p)
+    p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_index)
 
     p = sub.add_parser("search", help="search an index by text, image, or image +/- texts")

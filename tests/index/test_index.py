@@ -155,3 +155,47 @@ def test_embed_reads_any_sidecar_and_records_absolute_paths(model_dir, tmp_path,
     monkeypatch.chdir(tmp_path)  # the service, started from another directory, finds the model and the images
     client = TestClient(create_app(tmp_path / "work" / "idx"))
     assert client.get("/image/0").status_code == 200 and client.get("/image/1").status_code == 200
+
+
+def float16_parts(path, vectors: np.ndarray, part: int) -> Path:
+    """An embed output stored as float16 parts, as `openalign embed --float16` writes it."""
+    path.mkdir(parents=True, exist_ok=True)
+    parts = {}
+    for i, start in enumerate(range(0, len(vectors), part)):
+        chunk = vectors[start:start + part].astype(np.float16)
+        rows = [{"key": f"k{start + j}", "path": f"/x/{start + j}.jpg", "caption": "", "width": 1, "height": 1}
+                for j in range(len(chunk))]
+        _write_part(path, i, chunk, rows)
+        parts[str(i)] = {"rows": len(chunk), "skipped": 0}
+    (path / MANIFEST).write_text(json.dumps({"complete": True, "parts": parts, "model": "m", "dim": vectors.shape[1]}))
+    return path
+
+
+def test_an_index_over_its_memory_budget_goes_to_disk_and_searches_the_same(tmp_path, capsys):
+    x, queries = np.split(clustered(40_200, 32, 60, seed=2), [40_000])
+    emb = float16_parts(tmp_path / "emb", x, part=7_000)
+    common = ["--kind", "ivf", "--nlist", "64", "--train-per-cell", "39", "--quiet"]
+    assert cli.main(["index", str(emb), "--out", str(tmp_path / "mem"), *common]) == 0
+    # 40k codes of 32 + 8 bytes = 1.6 MB: a 1 MB budget puts the lists on disk, added in 2 processes
+    assert cli.main(["index", str(emb), "--out", str(tmp_path / "disk"), "--memory", "1M", "--block-rows", "6000",
+                     "--workers", "2", *common]) == 0
+    assert "inverted lists on disk" in capsys.readouterr().out
+    mem, disk = build_lib.load(tmp_path / "mem"), build_lib.load(tmp_path / "disk")
+    assert disk.info["storage"] == "disk" and disk.info["params"]["blocks"] == 7 and mem.info["storage"] == "memory"
+    assert (tmp_path / "disk" / "index.ivfdata").is_file() and not (tmp_path / "disk" / "_blocks").exists()
+    assert disk.index.ntotal == mem.index.ntotal == 40_000
+    for name in ("nprobe", "nlist", "trained_on"):
+        assert disk.info["params"][name] == mem.info["params"][name]
+    s_mem, i_mem = mem.search(queries, 10)
+    s_disk, i_disk = disk.search(queries, 10)
+    np.testing.assert_allclose(s_disk, s_mem, rtol=0, atol=1e-6)  # the same codes, lists in another order
+    assert [set(r) for r in i_disk.tolist()] == [set(r) for r in i_mem.tolist()]
+    exact = np.argsort(-(queries @ x.astype(np.float16).astype(np.float32).T), axis=1)[:, :10]
+    assert build_lib.recall_at_10(i_disk, exact) >= 0.95
+    # moved elsewhere, the on-disk lists are found beside the index; ids are metadata rows
+    (tmp_path / "disk").rename(tmp_path / "moved")
+    moved = build_lib.load(tmp_path / "moved")
+    np.testing.assert_array_equal(moved.search(queries, 10)[1], i_disk)
+    assert moved.meta.take([39_999, 3])["key"].to_pylist() == ["k39999", "k3"] and len(moved.meta) == 40_000
+    assert cli.main(["index", str(emb), "--out", str(tmp_path / "flat"), "--kind", "flat", "--memory", "1M"]) == 2
+    assert "use --kind ivf" in capsys.readouterr().err

@@ -14,6 +14,7 @@ in the space than the indexed vectors; raise `--recall` if their measured recall
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from dataclasses import dataclass
@@ -21,15 +22,16 @@ from pathlib import Path
 
 import faiss
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from openalign.config import ConfigError
 from openalign.index import exact
-from openalign.index.embed import load as load_embeddings
+from openalign.index.embed import part_files, read_manifest
 
 KINDS = ("auto", "flat", "ivf", "hnsw")
 CODES = ("auto", "flat", "sq8", "pq")
-FILE, META, INFO = "index.faiss", "meta.parquet", "index.json"
+FILE, META, INFO, IVFDATA = "index.faiss", "meta.parquet", "index.json", "index.ivfdata"
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,9 @@ class IndexOptions:
     tune_queries: int = 1_000
     seed: int = 0
     vectors: str = "image"  # image | text (captions embedded by `openalign embed --texts`)
+    memory: int = 0  # bytes the build may hold (0: no limit); ivf lists beyond half of it go to disk
+    block_rows: int = 0  # on-disk ivf: rows per add task (0: what half the memory holds per worker)
+    chunk_rows: int = 65_536  # rows converted to float32 at a time
 
 
 def recall_at_10(found: np.ndarray, exact: np.ndarray) -> float:
@@ -71,78 +76,267 @@ def _tune(index, queries: np.ndarray, sample: np.ndarray, exact: np.ndarray, nam
 
 
 def build_index(vectors: np.ndarray, options: IndexOptions = IndexOptions()) -> tuple[faiss.Index, dict]:
-    """A FAISS index over `vectors` [n, d] (normalized float32) and a description of it: kind,
-    parameters, and recall@10 against exact search on leave-one-out samples of the collection."""
+    """A FAISS index over `vectors` [n, d] (normalized float32, in memory or memory-mapped) and a description
+    of it: kind, parameters, and recall@10 against exact search on leave-one-out samples of the collection."""
     if options.kind not in KINDS:
         raise ConfigError(f"--kind must be one of {', '.join(KINDS)}, not {options.kind!r}")
-    n, d = vectors.shape
+    return build_streaming(Parts([vectors]), None, options)
+
+
+# ---------------------------------------------------------------------------------------------- streaming
+
+class Parts:
+    """The vector parts of an embed output, memory-mapped (float16 or float32 on disk), read in float32
+    chunks: nothing ever holds all the vectors."""
+
+    def __init__(self, files: list):
+        self.files = [f if isinstance(f, np.ndarray) else str(f) for f in files]  # .npy paths, or arrays
+        arrays = [self._array(i) for i in range(len(self.files))]
+        self.sizes = [len(a) for a in arrays]
+        self.offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
+        self.n = int(self.offsets[-1])
+        self.d = int(arrays[0].shape[1]) if arrays else 0
+        self.itemsize = arrays[0].dtype.itemsize if arrays else 4
+
+    def _array(self, i: int) -> np.ndarray:
+        f = self.files[i]
+        return f if isinstance(f, np.ndarray) else np.load(f, mmap_mode="r")
+
+    def chunks(self, start: int = 0, stop: int | None = None, rows: int = 65_536):
+        """(first row id, float32 [m, d]) over rows [start, stop), part by part."""
+        stop = self.n if stop is None else stop
+        for i in range(len(self.files)):
+            lo, hi = max(start, int(self.offsets[i])), min(stop, int(self.offsets[i + 1]))
+            if lo >= hi:
+                continue
+            array = self._array(i)
+            for a in range(lo, hi, rows):
+                b = min(a + rows, hi)
+                off = int(self.offsets[i])
+                yield a, np.ascontiguousarray(array[a - off:b - off], dtype=np.float32)
+
+    def take(self, ids: np.ndarray) -> np.ndarray:
+        """float32 rows `ids` (any order)."""
+        out = np.empty((len(ids), self.d), np.float32)
+        part = np.searchsorted(self.offsets, ids, side="right") - 1
+        for i in np.unique(part):
+            rows = np.nonzero(part == i)[0]
+            array = self._array(i)
+            out[rows] = array[ids[rows] - self.offsets[i]]
+        return out
+
+
+def streaming_search(parts: Parts, queries: np.ndarray, k: int, rows: int = 262_144) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top k over all parts, a chunk at a time: each chunk's own top k merged into the running top k."""
+    best_scores = np.full((len(queries), 0), -np.inf, np.float32)
+    best_ids = np.zeros((len(queries), 0), np.int64)
+    for first, chunk in parts.chunks(rows=rows):
+        scores, ids = exact.search(chunk, queries, k)
+        scores = np.concatenate([best_scores, scores], axis=1)
+        ids = np.concatenate([best_ids, ids + first], axis=1)
+        keep = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+        best_scores, best_ids = np.take_along_axis(scores, keep, 1), np.take_along_axis(ids, keep, 1)
+    return best_scores, best_ids
+
+
+def _ivf(d: int, nlist: int, codes: str, params: dict) -> faiss.Index:
+    quantizer = faiss.IndexFlatIP(d)
+    if codes == "flat":
+        return faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)
+    if codes == "sq8":  # a quarter of the memory read per probed vector: ~2x the queries/s (bench/search.py)
+        return faiss.IndexIVFScalarQuantizer(quantizer, d, nlist, faiss.ScalarQuantizer.QT_8bit,
+                                             faiss.METRIC_INNER_PRODUCT)
+    if codes == "pq":
+        m = next(m for m in (64, 48, 32, 16, 8, 4, 2, 1) if d % m == 0)
+        params["pq_subquantizers"] = m
+        return faiss.IndexIVFPQ(quantizer, d, nlist, m, 8, faiss.METRIC_INNER_PRODUCT)
+    raise ConfigError(f"--codes must be one of {', '.join(CODES)}, not {codes!r}")
+
+
+def add_block(trained: str, files: list[str], start: int, stop: int, block: str, chunk_rows: int) -> dict:
+    """One add task: rows [start, stop) into a copy of the trained, empty index, written to `block`."""
+    index = faiss.read_index(trained)
+    for first, chunk in Parts(files).chunks(start, stop, chunk_rows):
+        index.add_with_ids(chunk, np.arange(first, first + len(chunk), dtype=np.int64))
+    tmp = block + ".tmp"
+    faiss.write_index(index, tmp)
+    Path(tmp).replace(block)
+    return {"rows": stop - start}
+
+
+def build_streaming(parts: Parts, out: Path, options: IndexOptions, engine=None, progress: bool = False) -> tuple:
+    """An index over `parts` that never holds all vectors: exact (flat) while it fits `memory`, else IVF
+    trained on a sample and filled part by part; beyond `memory`, the inverted lists go to disk
+    (blocks added by parallel tasks, merged by FAISS into one on-disk `index.ivfdata`)."""
+    from openalign.data.distribute import Engine, Task, run_tasks, task_id
+
+    n, d = parts.n, parts.d
+    budget = options.memory or 2**62
     kind = options.kind if options.kind != "auto" else ("flat" if n <= options.exact_up_to else "ivf")
-    params: dict = {}
-    if kind == "flat":
-        index = faiss.IndexFlatIP(d)
-        index.add(vectors)
-        return index, {"kind": kind, "params": params, "recall_at_10": 1.0}
+    if kind in ("flat", "hnsw") and n * d * 4 > budget:
+        raise ConfigError(f"a {kind} index of {n:,} vectors needs {n * d * 4 / 2**30:.1f} GiB, over --memory "
+                          f"{budget / 2**30:.1f} GiB; use --kind ivf (on-disk inverted lists) or raise --memory")
     rng = np.random.default_rng(options.seed)
-    sample = rng.choice(n, min(n, options.tune_queries), replace=False)
-    queries = np.ascontiguousarray(vectors[sample])
-    truth = _without_self(exact.search(vectors, queries, 11)[1], sample)
-    if kind == "ivf":
-        nlist = options.nlist or int(4 * math.sqrt(n))
-        nlist = max(1, min(n // 39, nlist))  # faiss wants >= 39 training points per cell
-        quantizer = faiss.IndexFlatIP(d)
-        codes = options.codes if options.codes != "auto" else ("sq8" if n * d <= options.max_bytes else "pq")
-        if codes == "flat":
-            index = faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)
-        elif codes == "sq8":  # a quarter of the memory read per probed vector: ~2x the queries/s (bench/search.py)
-            index = faiss.IndexIVFScalarQuantizer(quantizer, d, nlist, faiss.ScalarQuantizer.QT_8bit,
-                                                  faiss.METRIC_INNER_PRODUCT)
-        elif codes == "pq":
-            m = next(m for m in (64, 48, 32, 16, 8, 4, 2, 1) if d % m == 0)
-            index = faiss.IndexIVFPQ(quantizer, d, nlist, m, 8, faiss.METRIC_INNER_PRODUCT)
-            params["pq_subquantizers"] = m
-        else:
-            raise ConfigError(f"--codes must be one of {', '.join(CODES)}, not {options.codes!r}")
-        params["codes"] = codes
-        per_cell = max(39, options.train_per_cell)
-        index.train(np.ascontiguousarray(vectors[np.sort(rng.choice(n, min(n, per_cell * nlist), replace=False))]))
-        for start in range(0, n, 262_144):  # in slices: a memory map is read once, never copied whole
-            index.add(np.ascontiguousarray(vectors[start:start + 262_144]))
-        index.make_direct_map()  # reconstruct(id): queries by an indexed image's id
-        # powers of 2 and the midpoints between them (1, 2, 3, 4, 6, 8, 12, ...): recall moves fast with nprobe
-        probes = sorted({min(nlist, int(m * 2**i)) for i in range(int(math.log2(nlist)) + 2) for m in (1, 1.5)})
-        params["nlist"] = nlist
-        params["nprobe"], recall = _tune(index, queries, sample, truth, "nprobe", probes, options.recall)
-    else:
-        index = faiss.IndexHNSWFlat(d, 32, faiss.METRIC_INNER_PRODUCT)
-        index.hnsw.efConstruction = 200
-        index.add(vectors)
-        params["M"] = 32
+    sample = np.sort(rng.choice(n, min(n, options.tune_queries), replace=False))
+    queries = parts.take(sample)
+    params: dict = {}
+    if kind in ("flat", "hnsw"):
+        index = faiss.IndexFlatIP(d) if kind == "flat" else faiss.IndexHNSWFlat(d, 32, faiss.METRIC_INNER_PRODUCT)
+        if kind == "hnsw":
+            index.hnsw.efConstruction = 200
+            params["M"] = 32
+        for _, chunk in parts.chunks(rows=options.chunk_rows):
+            index.add(chunk)
+        if kind == "flat":
+            return index, {"kind": kind, "params": params, "recall_at_10": 1.0, "storage": "memory"}
+        truth = _without_self(streaming_search(parts, queries, 11)[1], sample)
         params["efSearch"], recall = _tune(index, queries, sample, truth, "efSearch",
                                            [16, 32, 64, 128, 256, 512, 1024], options.recall)
-    return index, {"kind": kind, "params": params, "recall_at_10": recall}
+        return index, {"kind": kind, "params": params, "recall_at_10": recall, "storage": "memory"}
+    nlist = max(1, min(n // 39, options.nlist or int(4 * math.sqrt(n))))  # faiss wants >= 39 training points per cell
+    codes = options.codes if options.codes != "auto" else ("sq8" if n * d <= options.max_bytes else "pq")
+    index = _ivf(d, nlist, codes, params)
+    params["codes"], params["nlist"] = codes, nlist
+    per_cell = max(39, options.train_per_cell)
+    train_n = min(n, per_cell * nlist, max(39 * nlist, budget // 4 // (4 * d)))  # the sample: a quarter of the budget
+    index.train(parts.take(np.sort(rng.choice(n, train_n, replace=False))))
+    params["trained_on"] = int(train_n)
+    truth = _without_self(streaming_search(parts, queries, 11)[1], sample)
+    code_bytes = index.code_size + 8  # a code and its id in an inverted list
+    if n * code_bytes <= budget // 2:
+        storage = "memory"
+        for first, chunk in parts.chunks(rows=options.chunk_rows):
+            index.add_with_ids(chunk, np.arange(first, first + len(chunk), dtype=np.int64))
+    else:  # on disk: blocks that fit the budget, added in parallel tasks, merged by FAISS
+        from faiss.contrib.ondisk import merge_ondisk
+
+        storage = "disk"
+        work = out / "_blocks"
+        work.mkdir(parents=True, exist_ok=True)
+        trained = work / "trained.index"
+        faiss.write_index(index, str(trained))
+        engine = engine or Engine()
+        workers = engine.workers or 1 if engine.name == "local" else 1
+        block_rows = options.block_rows or max(options.chunk_rows, budget // 2 // max(1, workers) // code_bytes)
+        bounds = [(a, min(a + block_rows, n)) for a in range(0, n, block_rows)]
+        tasks = [Task(task_id(i), add_block, (str(trained), parts.files, a, b, str(work / f"block-{task_id(i)}.index"),
+                                             options.chunk_rows), key=f"{parts.files}:{a}:{b}:{options}")
+                 for i, (a, b) in enumerate(bounds)]
+        run_tasks(tasks, work / "_status", engine, "index add", progress)
+        (out / IVFDATA).unlink(missing_ok=True)
+        with _silenced():  # FAISS prints each resize of the file
+            merge_ondisk(index, [str(work / f"block-{t.id}.index") for t in tasks], str(out / IVFDATA))
+        params["blocks"] = len(tasks)
+    index.make_direct_map()  # reconstruct(id): queries by an indexed image's id
+    # powers of 2 and the midpoints between them (1, 2, 3, 4, 6, 8, 12, ...): recall moves fast with nprobe
+    probes = sorted({min(nlist, int(m * 2**i)) for i in range(int(math.log2(nlist)) + 2) for m in (1, 1.5)})
+    params["nprobe"], recall = _tune(index, queries, sample, truth, "nprobe", probes, options.recall)
+    return index, {"kind": kind, "params": params, "recall_at_10": recall, "storage": storage}
 
 
-def build(emb: Path, out: Path, options: IndexOptions = IndexOptions()) -> dict:
-    vectors, meta = load_embeddings(emb, options.vectors)
-    n, d = vectors.shape
+def build(emb: Path, out: Path, options: IndexOptions = IndexOptions(), engine=None, progress: bool = False) -> dict:
+    """Index the `vectors` of an embed output into `out` (see build_streaming); metadata is copied part by
+    part into meta.parquet with the row ids."""
+    import shutil
+
+    manifest = read_manifest(emb, options.vectors)
+    parts = Parts(part_files(emb, options.vectors))
+    n, d = parts.n, parts.d
     if n == 0:
         raise ConfigError(f"{emb} holds no embeddings")
-    index, built = build_index(vectors, options)
-    kind, params, recall = built["kind"], built["params"], built["recall_at_10"]
+    if options.kind not in KINDS:
+        raise ConfigError(f"--kind must be one of {', '.join(KINDS)}, not {options.kind!r}")
     out.mkdir(parents=True, exist_ok=True)
+    index, built = build_streaming(parts, out, options, engine, progress)
     faiss.write_index(index, str(out / FILE))
-    pq.write_table(meta, out / META)
-    manifest = json.loads((Path(emb) / "manifest.json").read_text())
-    info = {"kind": kind, "params": params, "recall_at_10": recall, "recall_target": options.recall, "count": n,
-            "dim": d, "embeddings": str(Path(emb).resolve()), "model": manifest["model"], "weights": manifest.get("weights", "")}
+    shutil.rmtree(out / "_blocks", ignore_errors=True)
+    if built["storage"] == "memory":
+        (out / IVFDATA).unlink(missing_ok=True)
+    write_meta(emb, out / META)
+    info = {"kind": built["kind"], "params": built["params"], "recall_at_10": built["recall_at_10"],
+            "recall_target": options.recall, "count": n, "dim": d, "vectors": options.vectors,
+            "storage": built["storage"], "embeddings": str(Path(emb).resolve()), "model": manifest["model"],
+            "weights": manifest.get("weights", "")}
     (out / INFO).write_text(json.dumps(info, indent=2) + "\n")
     return info
+
+
+def write_meta(emb: Path, path: Path) -> None:
+    """meta.parquet: every part's metadata with its row id, streamed part by part (row groups of a part)."""
+    manifest = read_manifest(emb)
+    first = 0
+    tmp = path.with_name(path.name + ".tmp")
+    writer = None
+    for i in sorted(manifest["parts"], key=int):
+        table = pq.read_table(Path(emb) / f"meta-{int(i):06d}.parquet")
+        table = table.add_column(0, "id", pa.array(np.arange(first, first + len(table)), pa.int64()))
+        writer = writer or pq.ParquetWriter(tmp, table.schema)
+        writer.write_table(table, row_group_size=65_536)
+        first += len(table)
+    writer.close()
+    tmp.replace(path)
+
+
+@contextlib.contextmanager
+def _silenced():
+    """Mute what FAISS's C++ prints to stdout/stderr (progress notes of its on-disk lists)."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, null):
+            os.close(fd)
+
+
+class Meta:
+    """meta.parquet read by row id on demand, a row group at a time (a few cached): a 160M-row table is
+    never loaded whole by search or serve."""
+
+    def __init__(self, path: Path, cached_groups: int = 8):
+        self.file = pq.ParquetFile(path)
+        sizes = [self.file.metadata.row_group(g).num_rows for g in range(self.file.num_row_groups)]
+        self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.cache: dict[int, pa.Table] = {}
+        self.cached_groups = cached_groups
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def _group(self, g: int) -> pa.Table:
+        if g not in self.cache:
+            if len(self.cache) >= self.cached_groups:
+                self.cache.pop(next(iter(self.cache)))
+            self.cache[g] = self.file.read_row_group(g)
+        return self.cache[g]
+
+    def take(self, ids: list[int]) -> pa.Table:
+        rows = []
+        for i in ids:
+            g = int(np.searchsorted(self.starts, i, side="right") - 1)
+            rows.append(self._group(g).slice(i - int(self.starts[g]), 1))
+        return pa.concat_tables(rows) if rows else self.file.schema_arrow.empty_table()
+
+    def row(self, i: int) -> dict:
+        return self.take([i]).to_pylist()[0]
+
+    def to_pylist(self) -> list[dict]:
+        return self.file.read().to_pylist()
 
 
 @dataclass
 class Loaded:
     index: faiss.Index
-    meta: "object"  # pyarrow.Table
+    meta: Meta
     info: dict
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -158,17 +352,22 @@ class Loaded:
 
 
 def load(path: Path, mmap: bool = True) -> Loaded:
-    """The index (memory-mapped where FAISS can), its metadata and search parameters."""
+    """The index memory-mapped where FAISS can (in-memory inverted lists and flat vectors are mapped from
+    index.faiss; on-disk lists from index.ivfdata beside it), its metadata by id, and search parameters."""
     path = Path(path)
     if not (path / INFO).is_file():
         raise ConfigError(f"{path} is not an `openalign index` output (no {INFO})")
     info = json.loads((path / INFO).read_text())
-    try:
-        index = faiss.read_index(str(path / FILE), faiss.IO_FLAG_MMAP if mmap else 0)
-    except RuntimeError:  # this index type cannot be mapped: read it
-        index = faiss.read_index(str(path / FILE))
+    if info.get("storage") == "disk":  # on-disk lists are mapped already (and IO_FLAG_MMAP on them crashes FAISS)
+        with _silenced():  # FAISS prints where it found index.ivfdata
+            index = faiss.read_index(str(path / FILE), faiss.IO_FLAG_ONDISK_SAME_DIR)
+    else:
+        try:
+            index = faiss.read_index(str(path / FILE), faiss.IO_FLAG_MMAP if mmap else 0)
+        except RuntimeError:  # this index type cannot be mapped: read it
+            index = faiss.read_index(str(path / FILE))
     space = faiss.ParameterSpace()
     for name in ("nprobe", "efSearch"):
         if name in info["params"]:
             space.set_index_parameter(index, name, info["params"][name])
-    return Loaded(index, pq.read_table(path / META), info)
+    return Loaded(index, Meta(path / META), info)

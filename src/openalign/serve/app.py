@@ -214,8 +214,8 @@ def create_app(index_dir: Path, model_dir: str | None = None, limits: Limits = L
     def thumbnail(image_id: int, size: int = 256) -> Response:
         if not 0 <= image_id < len(index.meta):
             raise HTTPException(404, f"no image with id {image_id}")
-        path = index.meta.column("path")[image_id].as_py()
-        key = index.meta.column("key")[image_id].as_py()
+        row = index.meta.row(image_id)
+        path, key = row["path"], row["key"]
         try:
             data = tar_member(path, key) if path and path.endswith(".tar") else Path(path or "").read_bytes()
             image = image_lib.load_rgb(data)
