@@ -304,7 +304,8 @@ def cmd_index(args) -> int:
                            block_rows=args.block_rows)
     info = build(Path(args.embeddings), Path(args.out), options, engine=_engine(args), progress=not args.quiet)
     params = ", ".join(f"{k} {v}" for k, v in info["params"].items()) or "exact"
-    where = "; inverted lists on disk (index.ivfdata)" if info["storage"] == "disk" else ""
+    where = (f"; {len(info['shards'])} IVF shards on disk, searched together, tuned on the first"
+             if info["storage"] == "shards" else "")
     print(f"{info['kind']} index of {info['count']:,} {info['vectors']} vectors ({params}; recall@10 "
           f"{info['recall_at_10']:.3f} against exact search{where}) -> {args.out}")
     return 0
@@ -532,9 +533,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vectors", default="image", choices=["image", "text"],
                    help="text: the captions `openalign embed --texts` embedded (text->text search)")
     p.add_argument("--memory", default="", help="what the build may hold, e.g. 4G (vectors are streamed from the "
-                                                "parts; ivf lists beyond half of it are built in blocks on disk)")
-    p.add_argument("--block-rows", type=int, default=0, help="on-disk ivf: vectors per add task (0: from --memory)")
-    p.add_argument("--workers", type=int, default=1, help="on-disk ivf, local engine: add tasks run at once")
+                                                "parts; ivf codes beyond half of it go to IVF shards on disk)")
+    p.add_argument("--block-rows", type=int, default=0, help="ivf shards: vectors per shard / add task (0: from --memory)")
+    p.add_argument("--workers", type=int, default=1, help="ivf shards, local engine: add tasks run at once")
     _engine_flags(p)
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_index)

@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import faiss
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -179,20 +180,23 @@ def test_an_index_over_its_memory_budget_goes_to_disk_and_searches_the_same(tmp_
     # 40k codes of 32 + 8 bytes = 1.6 MB: a 1 MB budget puts the lists on disk, added in 2 processes
     assert cli.main(["index", str(emb), "--out", str(tmp_path / "disk"), "--memory", "1M", "--block-rows", "6000",
                      "--workers", "2", *common]) == 0
-    assert "inverted lists on disk" in capsys.readouterr().out
+    assert "7 IVF shards on disk" in capsys.readouterr().out
     mem, disk = build_lib.load(tmp_path / "mem"), build_lib.load(tmp_path / "disk")
-    assert disk.info["storage"] == "disk" and disk.info["params"]["blocks"] == 7 and mem.info["storage"] == "memory"
-    assert (tmp_path / "disk" / "index.ivfdata").is_file() and not (tmp_path / "disk" / "_blocks").exists()
+    assert disk.info["storage"] == "shards" and len(disk.info["shards"]) == 7 and mem.info["storage"] == "memory"
+    assert not (tmp_path / "disk" / "_work").exists() and not (tmp_path / "disk" / "index.faiss").exists()
     assert disk.index.ntotal == mem.index.ntotal == 40_000
-    for name in ("nprobe", "nlist", "trained_on"):
+    for name in ("nlist", "trained_on"):
         assert disk.info["params"][name] == mem.info["params"][name]
+    disk_nprobe = disk.info["params"]["nprobe"]
+    faiss.ParameterSpace().set_index_parameter(mem.index, "nprobe", disk_nprobe)
     s_mem, i_mem = mem.search(queries, 10)
-    s_disk, i_disk = disk.search(queries, 10)
-    np.testing.assert_allclose(s_disk, s_mem, rtol=0, atol=1e-6)  # the same codes, lists in another order
+    s_disk, i_disk = disk.search(queries, 10)  # every shard's top 10, merged exactly
+    np.testing.assert_allclose(s_disk, s_mem, rtol=0, atol=1e-6)  # the same cells and codes, split in row ranges
     assert [set(r) for r in i_disk.tolist()] == [set(r) for r in i_mem.tolist()]
+    np.testing.assert_allclose(disk.vector(23_456), mem.vector(23_456), atol=1e-6)  # by id, across shards
     exact = np.argsort(-(queries @ x.astype(np.float16).astype(np.float32).T), axis=1)[:, :10]
     assert build_lib.recall_at_10(i_disk, exact) >= 0.95
-    # moved elsewhere, the on-disk lists are found beside the index; ids are metadata rows
+    # moved elsewhere, the shards are found beside index.json; ids are metadata rows
     (tmp_path / "disk").rename(tmp_path / "moved")
     moved = build_lib.load(tmp_path / "moved")
     np.testing.assert_array_equal(moved.search(queries, 10)[1], i_disk)

@@ -14,10 +14,9 @@ in the space than the indexed vectors; raise `--recall` if their measured recall
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import faiss
@@ -31,7 +30,7 @@ from openalign.index.embed import part_files, read_manifest
 
 KINDS = ("auto", "flat", "ivf", "hnsw")
 CODES = ("auto", "flat", "sq8", "pq")
-FILE, META, INFO, IVFDATA = "index.faiss", "meta.parquet", "index.json", "index.ivfdata"
+FILE, META, INFO = "index.faiss", "meta.parquet", "index.json"
 
 
 @dataclass(frozen=True)
@@ -46,8 +45,8 @@ class IndexOptions:
     tune_queries: int = 1_000
     seed: int = 0
     vectors: str = "image"  # image | text (captions embedded by `openalign embed --texts`)
-    memory: int = 0  # bytes the build may hold (0: no limit); ivf lists beyond half of it go to disk
-    block_rows: int = 0  # on-disk ivf: rows per add task (0: what half the memory holds per worker)
+    memory: int = 0  # bytes the build may hold (0: no limit); ivf codes beyond half of it: shards on disk
+    block_rows: int = 0  # ivf shards: rows per shard, one add task each (0: what half the memory holds per worker)
     chunk_rows: int = 65_536  # rows converted to float32 at a time
 
 
@@ -153,21 +152,39 @@ def _ivf(d: int, nlist: int, codes: str, params: dict) -> faiss.Index:
     raise ConfigError(f"--codes must be one of {', '.join(CODES)}, not {codes!r}")
 
 
-def add_block(trained: str, files: list[str], start: int, stop: int, block: str, chunk_rows: int) -> dict:
-    """One add task: rows [start, stop) into a copy of the trained, empty index, written to `block`."""
+def add_shard(trained: str, files: list[str], start: int, stop: int, shard: str, chunk_rows: int) -> dict:
+    """One add task: rows [start, stop) into a copy of the trained, empty index, written as one IVF shard
+    (with its direct map, for queries by id)."""
     index = faiss.read_index(trained)
-    for first, chunk in Parts(files).chunks(start, stop, chunk_rows):
-        index.add_with_ids(chunk, np.arange(first, first + len(chunk), dtype=np.int64))
-    tmp = block + ".tmp"
+    for _, chunk in Parts(files).chunks(start, stop, chunk_rows):
+        index.add(chunk)
+    index.make_direct_map()
+    tmp = shard + ".tmp"
     faiss.write_index(index, tmp)
-    Path(tmp).replace(block)
+    Path(tmp).replace(shard)
     return {"rows": stop - start}
 
 
-def build_streaming(parts: Parts, out: Path, options: IndexOptions, engine=None, progress: bool = False) -> tuple:
+def shard_names(n_shards: int) -> list[str]:
+    return [f"shard-{i:06d}.faiss" for i in range(n_shards)]
+
+
+def open_shards(path: Path, names: list[str], d: int) -> tuple[faiss.Index, list]:
+    """IVF shards (contiguous row ranges, in order) searched together: FAISS's IndexShards searches each
+    memory-mapped shard and merges their top k exactly; ids are shifted to row ids of the whole. Returns
+    the shards too: they must outlive the IndexShards, which does not own them."""
+    shards = faiss.IndexShards(d, True, True)  # threaded, successive ids
+    members = [faiss.read_index(str(path / name), faiss.IO_FLAG_MMAP) for name in names]
+    for member in members:
+        shards.add_shard(member)
+    return shards, members
+
+
+def build_streaming(parts: Parts, out: Path | None, options: IndexOptions, engine=None, progress: bool = False) -> tuple:
     """An index over `parts` that never holds all vectors: exact (flat) while it fits `memory`, else IVF
-    trained on a sample and filled part by part; beyond `memory`, the inverted lists go to disk
-    (blocks added by parallel tasks, merged by FAISS into one on-disk `index.ivfdata`)."""
+    trained on a sample and filled part by part. When the IVF codes would pass half of `memory`, the rows are
+    cut into contiguous blocks, each added by a task (local processes or Spark) into an IVF shard of its own
+    on disk; they are searched together, memory-mapped (`open_shards`)."""
     from openalign.data.distribute import Engine, Task, run_tasks, task_id
 
     n, d = parts.n, parts.d
@@ -175,10 +192,8 @@ def build_streaming(parts: Parts, out: Path, options: IndexOptions, engine=None,
     kind = options.kind if options.kind != "auto" else ("flat" if n <= options.exact_up_to else "ivf")
     if kind in ("flat", "hnsw") and n * d * 4 > budget:
         raise ConfigError(f"a {kind} index of {n:,} vectors needs {n * d * 4 / 2**30:.1f} GiB, over --memory "
-                          f"{budget / 2**30:.1f} GiB; use --kind ivf (on-disk inverted lists) or raise --memory")
+                          f"{budget / 2**30:.1f} GiB; use --kind ivf (IVF shards on disk) or raise --memory")
     rng = np.random.default_rng(options.seed)
-    sample = np.sort(rng.choice(n, min(n, options.tune_queries), replace=False))
-    queries = parts.take(sample)
     params: dict = {}
     if kind in ("flat", "hnsw"):
         index = faiss.IndexFlatIP(d) if kind == "flat" else faiss.IndexHNSWFlat(d, 32, faiss.METRIC_INNER_PRODUCT)
@@ -189,6 +204,8 @@ def build_streaming(parts: Parts, out: Path, options: IndexOptions, engine=None,
             index.add(chunk)
         if kind == "flat":
             return index, {"kind": kind, "params": params, "recall_at_10": 1.0, "storage": "memory"}
+        sample = np.sort(rng.choice(n, min(n, options.tune_queries), replace=False))
+        queries = parts.take(sample)
         truth = _without_self(streaming_search(parts, queries, 11)[1], sample)
         params["efSearch"], recall = _tune(index, queries, sample, truth, "efSearch",
                                            [16, 32, 64, 128, 256, 512, 1024], options.recall)
@@ -201,37 +218,58 @@ def build_streaming(parts: Parts, out: Path, options: IndexOptions, engine=None,
     train_n = min(n, per_cell * nlist, max(39 * nlist, budget // 4 // (4 * d)))  # the sample: a quarter of the budget
     index.train(parts.take(np.sort(rng.choice(n, train_n, replace=False))))
     params["trained_on"] = int(train_n)
-    truth = _without_self(streaming_search(parts, queries, 11)[1], sample)
     code_bytes = index.code_size + 8  # a code and its id in an inverted list
-    if n * code_bytes <= budget // 2:
-        storage = "memory"
-        for first, chunk in parts.chunks(rows=options.chunk_rows):
-            index.add_with_ids(chunk, np.arange(first, first + len(chunk), dtype=np.int64))
-    else:  # on disk: blocks that fit the budget, added in parallel tasks, merged by FAISS
-        from faiss.contrib.ondisk import merge_ondisk
-
-        storage = "disk"
-        work = out / "_blocks"
-        work.mkdir(parents=True, exist_ok=True)
-        trained = work / "trained.index"
-        faiss.write_index(index, str(trained))
-        engine = engine or Engine()
-        workers = engine.workers or 1 if engine.name == "local" else 1
-        block_rows = options.block_rows or max(options.chunk_rows, budget // 2 // max(1, workers) // code_bytes)
-        bounds = [(a, min(a + block_rows, n)) for a in range(0, n, block_rows)]
-        tasks = [Task(task_id(i), add_block, (str(trained), parts.files, a, b, str(work / f"block-{task_id(i)}.index"),
-                                             options.chunk_rows), key=f"{parts.files}:{a}:{b}:{options}")
-                 for i, (a, b) in enumerate(bounds)]
-        run_tasks(tasks, work / "_status", engine, "index add", progress)
-        (out / IVFDATA).unlink(missing_ok=True)
-        with _silenced():  # FAISS prints each resize of the file
-            merge_ondisk(index, [str(work / f"block-{t.id}.index") for t in tasks], str(out / IVFDATA))
-        params["blocks"] = len(tasks)
-    index.make_direct_map()  # reconstruct(id): queries by an indexed image's id
     # powers of 2 and the midpoints between them (1, 2, 3, 4, 6, 8, 12, ...): recall moves fast with nprobe
     probes = sorted({min(nlist, int(m * 2**i)) for i in range(int(math.log2(nlist)) + 2) for m in (1, 1.5)})
-    params["nprobe"], recall = _tune(index, queries, sample, truth, "nprobe", probes, options.recall)
-    return index, {"kind": kind, "params": params, "recall_at_10": recall, "storage": storage}
+    if n * code_bytes <= budget // 2:
+        sample = np.sort(rng.choice(n, min(n, options.tune_queries), replace=False))
+        queries = parts.take(sample)
+        truth = _without_self(streaming_search(parts, queries, 11)[1], sample)
+        for first, chunk in parts.chunks(rows=options.chunk_rows):
+            index.add_with_ids(chunk, np.arange(first, first + len(chunk), dtype=np.int64))
+        index.make_direct_map()  # reconstruct(id): queries by an indexed image's id
+        params["nprobe"], recall = _tune(index, queries, sample, truth, "nprobe", probes, options.recall)
+        return index, {"kind": kind, "params": params, "recall_at_10": recall, "storage": "memory"}
+    if out is None:
+        raise ConfigError("an index over its memory budget is written as shards: give an output directory")
+    work = out / "_work"
+    work.mkdir(parents=True, exist_ok=True)
+    trained = work / "trained.index"
+    faiss.write_index(index, str(trained))
+    engine = engine or Engine()
+    workers = (engine.workers or 1) if engine.name == "local" else 1
+    block_rows = options.block_rows or max(options.chunk_rows, budget // 2 // max(1, workers) // code_bytes)
+    bounds = [(a, min(a + block_rows, n)) for a in range(0, n, block_rows)]
+    names = shard_names(len(bounds))
+    for stale in out.glob("shard-*.faiss"):
+        if stale.name not in names:
+            stale.unlink()
+    key = json.dumps([parts.files, repr(options)])
+    tasks = [Task(task_id(i), add_shard, (str(trained), parts.files, a, b, str(out / names[i]), options.chunk_rows),
+                  key=f"{key}:{a}:{b}") for i, (a, b) in enumerate(bounds)]
+    run_tasks(tasks, work / "_status", engine, "index add", progress)
+    # tuned on the first shard alone, against exact search over its own rows: the cells are the same, and a
+    # thousand queries probing every shard would map most of the index into memory
+    first = faiss.read_index(str(out / names[0]), faiss.IO_FLAG_MMAP)
+    rows = Parts(parts.files)
+    block = bounds[0][1]
+    sample = np.sort(rng.choice(block, min(block, options.tune_queries), replace=False))
+    queries = rows.take(sample)
+    truth = _without_self(streaming_search(_Slice(rows, block), queries, 11)[1], sample)
+    params["nprobe"], recall = _tune(first, queries, sample, truth, "nprobe", probes, options.recall)
+    params["shards"] = len(names)
+    return None, {"kind": kind, "params": params, "recall_at_10": recall, "storage": "shards", "shards": names,
+                  "tuned_on": "the first shard"}
+
+
+class _Slice:
+    """The first `n` rows of Parts, for `streaming_search`."""
+
+    def __init__(self, parts: Parts, n: int):
+        self.parts, self.n = parts, n
+
+    def chunks(self, rows: int = 65_536):
+        return self.parts.chunks(0, self.n, rows)
 
 
 def build(emb: Path, out: Path, options: IndexOptions = IndexOptions(), engine=None, progress: bool = False) -> dict:
@@ -248,15 +286,18 @@ def build(emb: Path, out: Path, options: IndexOptions = IndexOptions(), engine=N
         raise ConfigError(f"--kind must be one of {', '.join(KINDS)}, not {options.kind!r}")
     out.mkdir(parents=True, exist_ok=True)
     index, built = build_streaming(parts, out, options, engine, progress)
-    faiss.write_index(index, str(out / FILE))
-    shutil.rmtree(out / "_blocks", ignore_errors=True)
-    if built["storage"] == "memory":
-        (out / IVFDATA).unlink(missing_ok=True)
+    if index is not None:
+        faiss.write_index(index, str(out / FILE))
+        for stale in out.glob("shard-*.faiss"):
+            stale.unlink()
+    else:
+        (out / FILE).unlink(missing_ok=True)
+    shutil.rmtree(out / "_work", ignore_errors=True)
     write_meta(emb, out / META)
     info = {"kind": built["kind"], "params": built["params"], "recall_at_10": built["recall_at_10"],
             "recall_target": options.recall, "count": n, "dim": d, "vectors": options.vectors,
-            "storage": built["storage"], "embeddings": str(Path(emb).resolve()), "model": manifest["model"],
-            "weights": manifest.get("weights", "")}
+            "storage": built["storage"], "shards": built.get("shards", []), "tuned_on": built.get("tuned_on", "all"),
+            "embeddings": str(Path(emb).resolve()), "model": manifest["model"], "weights": manifest.get("weights", "")}
     (out / INFO).write_text(json.dumps(info, indent=2) + "\n")
     return info
 
@@ -275,27 +316,6 @@ def write_meta(emb: Path, path: Path) -> None:
         first += len(table)
     writer.close()
     tmp.replace(path)
-
-
-@contextlib.contextmanager
-def _silenced():
-    """Mute what FAISS's C++ prints to stdout/stderr (progress notes of its on-disk lists)."""
-    import os
-    import sys
-
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = [os.dup(1), os.dup(2)]
-    null = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(null, 1)
-        os.dup2(null, 2)
-        yield
-    finally:
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for fd in (*saved, null):
-            os.close(fd)
 
 
 class Meta:
@@ -338,6 +358,7 @@ class Loaded:
     index: faiss.Index
     meta: Meta
     info: dict
+    shards: list = field(default_factory=list)  # an IndexShards' members, kept alive here
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Scores and row ids [q, k]; a flat index is searched by `exact.search` (faster than FAISS's
@@ -350,17 +371,25 @@ class Loaded:
             return exact.search(vectors, queries, k)
         return self.index.search(queries, k)
 
+    def vector(self, i: int) -> np.ndarray:
+        """The indexed vector of row `i` (as stored: 8-bit codes come back to within their step)."""
+        if self.shards:
+            starts = np.cumsum([0] + [s.ntotal for s in self.shards])
+            shard = int(np.searchsorted(starts, i, side="right") - 1)
+            return self.shards[shard].reconstruct(int(i - starts[shard]))
+        return self.index.reconstruct(i)
+
 
 def load(path: Path, mmap: bool = True) -> Loaded:
     """The index memory-mapped where FAISS can (in-memory inverted lists and flat vectors are mapped from
-    index.faiss; on-disk lists from index.ivfdata beside it), its metadata by id, and search parameters."""
+    index.faiss; IVF shards from shard-*.faiss, searched together), its metadata by id, and search parameters."""
     path = Path(path)
     if not (path / INFO).is_file():
         raise ConfigError(f"{path} is not an `openalign index` output (no {INFO})")
     info = json.loads((path / INFO).read_text())
-    if info.get("storage") == "disk":  # on-disk lists are mapped already (and IO_FLAG_MMAP on them crashes FAISS)
-        with _silenced():  # FAISS prints where it found index.ivfdata
-            index = faiss.read_index(str(path / FILE), faiss.IO_FLAG_ONDISK_SAME_DIR)
+    members: list = []
+    if info.get("storage") == "shards":
+        index, members = open_shards(path, info["shards"], info["dim"])
     else:
         try:
             index = faiss.read_index(str(path / FILE), faiss.IO_FLAG_MMAP if mmap else 0)
@@ -370,4 +399,4 @@ def load(path: Path, mmap: bool = True) -> Loaded:
     for name in ("nprobe", "efSearch"):
         if name in info["params"]:
             space.set_index_parameter(index, name, info["params"][name])
-    return Loaded(index, Meta(path / META), info)
+    return Loaded(index, Meta(path / META), info, members)
