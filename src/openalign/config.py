@@ -111,6 +111,9 @@ class DataConfig:
     # train on this share of the training samples (0 < f <= 1): a fixed subset chosen by a hash of each sample's
     # key, the same for every seed and nested across fractions (the paper's Table 9 "10% of ALIGN data")
     fraction: float = 1.0
+    # train on the original shards (e.g. img2dataset's), reading only the pairs these keep-list directories keep
+    # (filter, dedup, screen outputs; intersected), instead of rewriting the corpus with `openalign shard`
+    keep: tuple[str, ...] = ()
     batch_size: int = 16_384  # global; paper: 16 pairs per core x 1024 cores
     workers: int = 1
     shuffle_buffer: int = 2_000

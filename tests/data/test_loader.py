@@ -223,3 +223,58 @@ def test_a_tar_cut_at_a_member_boundary_is_truncated_too(tmp_path):
     whole = tmp_path / "whole"
     write_shapes(whole, 10, 10, seed=3)
     assert len(list(shard_lib.read_samples([str(whole / "shapes-000000.tar")], counter=(c := {})))) == 10 and not c
+
+
+REDNESS = '''
+import numpy as np
+
+def redness(images):
+    return [float((np.asarray(im, dtype=np.float32)[..., 0] - np.asarray(im, dtype=np.float32)[..., 1]).mean() / 255)
+            for im in images]
+'''
+
+
+def test_training_reads_the_original_shards_through_keep_lists(shapes, tokenizer, tmp_path, capsys):
+    """data.keep: the stream, the counts and the tokenizer texts skip what the keep-lists drop (here: the red
+    shapes, by a screen classifier), without a rewritten corpus; each reader loads one shard's keys at a time."""
+    import dataclasses
+    import json
+
+    from openalign.cli import main
+    from openalign.data.shard import build_keep_index
+    from test_cli import train_args
+
+    tars = sorted(str(p) for p in shapes["train"].glob("*.tar"))
+    assert main(["ingest", *tars, "--out", str(tmp_path / "pairs.parquet"), "--workers", "1", "--quiet"]) == 0
+    (tmp_path / "clf.py").write_text(REDNESS)
+    assert main(["screen", str(tmp_path / "pairs.parquet"), "--classifier", f"{tmp_path / 'clf.py'}:redness",
+                 "--threshold", "0.1", "--out", str(tmp_path / "screen"), "--quiet"]) == 0
+    names = {s["__key__"]: json.loads(s["json"])["name"] for s in shard_lib.read_samples(tars)}
+    red = {k for k, name in names.items() if name.startswith("red")}
+    assert 10 < len(red) < 40
+
+    keep = build_keep_index([str(tmp_path / "screen")], tmp_path / "data")
+    assert build_keep_index([str(tmp_path / "screen")], tmp_path / "data") == keep  # built once
+    spec = dataclasses.replace(spec_for(shapes), keep=keep)
+    streamed = {k for batch in epoch_batches(spec, tokenizer) for k in batch["keys"]}
+    usable = set(names) - {"s00000", "s00001"}  # the two corrupt samples were never ingested
+    assert streamed and streamed <= usable - red and len(streamed) > len(usable - red) - 8  # one epoch, full batches
+    assert sum(shard_lib.count_samples(s, keep=keep) for s in spec.shards) == len(usable - red)
+    index = shard_lib.keep_index(keep)
+    assert index.keys(tars[1]) == {k for k in usable - red if k in {s["__key__"] for s in shard_lib.read_samples([tars[1]])}}
+    assert len(index.allowed) < len(usable - red)  # one shard's keys, not the corpus's
+    texts = set(shard_lib.all_texts(tars, keep=keep))
+    assert texts and not any(t.startswith("a red") or t.endswith(", red") for t in texts)
+
+    capsys.readouterr()
+    assert main(train_args(shapes, tmp_path / "run", "train.steps=2", f"data.keep={tmp_path / 'screen'}",
+                           f"data.data_dir={tmp_path / 'data'}")) == 0
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["data"]["keep"] == [str(tmp_path / "screen")]
+    # keep-lists of a pair table these shards were never ingested into keep nothing of them: one sentence
+    import shutil
+
+    shutil.copytree(shapes["train"], tmp_path / "copy")
+    capsys.readouterr()
+    assert main(train_args({"train": tmp_path / "copy", "eval": shapes["eval"]}, tmp_path / "other",
+                           f"data.keep={tmp_path / 'screen'}", f"data.data_dir={tmp_path / 'data'}")) == 2
+    assert "data.keep keeps 0 of the 96 samples in data.train" in capsys.readouterr().err

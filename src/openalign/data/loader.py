@@ -49,6 +49,7 @@ class StreamSpec:
     rank: int = 0
     world_size: int = 1
     fraction: float = 1.0  # read only this subset of the samples (shards.in_fraction; data.fraction)
+    keep: str = ""  # read only the samples this keep index keeps (shards.KeepIndex; data.keep)
 
     @classmethod
     def for_config(cls, cfg: Config, shards: list[str], **changes) -> StreamSpec:
@@ -146,7 +147,7 @@ class TrainStream(IterableDataset):
         for lap in itertools.count():
             rng = random.Random(stable_seed(self.spec.seed, epoch, "buffer", role, lap))
             raw = shard_lib.read_samples(shards_for_role(self.spec, epoch, role), fraction=self.spec.fraction,
-                                         counter=counter)
+                                         counter=counter, keep=self.spec.keep)
             decoded, lap_start = 0, consumed
             for sample in shuffled(raw, self.spec.shuffle_buffer, rng):
                 consumed += 1

@@ -16,6 +16,7 @@ skips finished shards and redoes only the missing ones.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tarfile
 import time
@@ -63,6 +64,49 @@ def _keep_table(con, pairs: Path, keep_dirs: list[Path]) -> None:
         con.execute(f"CREATE TEMP TABLE keep AS {keep}", [keep_source(k) for k in keep_dirs])
     else:  # no keep-list: every pair (an already clean collection)
         con.execute("CREATE TEMP TABLE keep AS SELECT DISTINCT uid FROM read_parquet(?)", [str(pairs)])
+
+
+REPORTS = {"filter_report.json": "input", "dedup_report.json": "pairs", "screen_report.json": "pairs"}
+
+
+def pair_table_of(keep_dir: Path) -> str:
+    """The pair table a keep-list directory was made from (its stage report says)."""
+    for name, field in REPORTS.items():
+        if (Path(keep_dir) / name).is_file():
+            return json.loads((Path(keep_dir) / name).read_text())[field]
+    raise ConfigError(f"{keep_dir} holds no filter, dedup or screen report; data.keep takes the --out directories "
+                      "of `openalign filter`, `openalign dedup` and `openalign screen`")
+
+
+def build_keep_index(keep_dirs: list[str], out_dir: Path) -> str:
+    """data.keep: the (tar path, sample key) of every kept pair whose image came from a webdataset tar, sorted
+    by path, as one Parquet file under `out_dir` named by a fingerprint of its inputs (built once, reused).
+    The training loader then reads the original shards and skips what this does not list: the corpus is not
+    rewritten, and each reader holds one shard's keys at a time (shards.KeepIndex)."""
+    from openalign.data.distribute import sources_key
+
+    tables = {str(pair_table_of(Path(k))) for k in keep_dirs}
+    if len(tables) != 1:
+        raise ConfigError(f"the keep-lists {', '.join(keep_dirs)} come from different pair tables ({', '.join(sorted(tables))}); "
+                          "give keep-lists of one pair table")
+    pairs = tables.pop()
+    sources = [keep_source(Path(k)) for k in keep_dirs]
+    key = sources_key(pairs, *[str(Path(k).resolve() / "keep.parquet") for k in keep_dirs], *sources)
+    out = Path(out_dir) / "keep-index" / f"{key}.parquet"
+    if out.is_file():
+        return str(out)
+    import duckdb
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    with duckdb.connect() as con:
+        _keep_table(con, Path(pairs), [Path(k) for k in keep_dirs])
+        con.execute(f"""COPY (SELECT DISTINCT p.path, regexp_replace(p.member, '\\.[^.]*$', '') AS key
+                              FROM read_parquet(?) p JOIN keep k ON p.uid = k.uid
+                              WHERE p.source = 'webdataset' ORDER BY path, key)
+                        TO '{str(tmp).replace("'", "''")}' (FORMAT parquet, ROW_GROUP_SIZE 100000)""", [pairs])
+    tmp.replace(out)
+    return str(out)
 
 
 def kept_images(pairs: Path, keep_dirs: list[Path]) -> list[dict]:

@@ -124,12 +124,12 @@ def _split_name(name: str) -> tuple[str, str]:
     return (f"{directory}/{stem}" if directory else stem), (ext.lower() if dot else "")
 
 
-def count_samples(shard: str, fraction: float = 1.0) -> int:
+def count_samples(shard: str, fraction: float = 1.0, keep: str = "") -> int:
     """Samples in one shard (in its `fraction` subset): from the manifest beside it, else by reading the tar
     headers (always, for a subset: its keys decide). In a tar cut short, the sample being read when it ended
     is not counted (`read_samples` skips it)."""
     manifest = Path(shard).parent / MANIFEST
-    if manifest.is_file() and fraction >= 1.0:
+    if manifest.is_file() and fraction >= 1.0 and not keep:
         counts = json.loads(manifest.read_text()).get("shards", {})
         if Path(shard).name in counts:
             return counts[Path(shard).name]
@@ -148,7 +148,8 @@ def count_samples(shard: str, fraction: float = 1.0) -> int:
     except (OSError, tarfile.TarError):
         if keys:
             keys.popitem()
-    return sum(in_fraction(key, fraction) for key in keys)
+    allowed = keep_index(keep).keys(shard) if keep else None
+    return sum(in_fraction(key, fraction) and (allowed is None or key in allowed) for key in keys)
 
 
 def _ended(tar: tarfile.TarFile) -> bool:
@@ -221,23 +222,57 @@ def sample_texts(sample: dict) -> list[str]:
     return [text]
 
 
-def all_texts(shards: list[str], fraction: float = 1.0, counter: dict | None = None) -> Iterator[str]:
-    """Every alt-text of every usable sample (of the `fraction` subset), in shard order (tokenizer training);
-    samples without usable text are skipped and counted."""
-    for sample in read_samples(shards, fraction=fraction, counter=counter):
+def all_texts(shards: list[str], fraction: float = 1.0, counter: dict | None = None, keep: str = "") -> Iterator[str]:
+    """Every alt-text of every usable sample (of the `fraction` subset, of what `keep` keeps), in shard order
+    (tokenizer training); samples without usable text are skipped and counted."""
+    for sample in read_samples(shards, fraction=fraction, counter=counter, keep=keep):
         try:
             yield from sample_texts(sample)
         except BadSample as err:
             skip(counter, err.reason)
 
 
-def read_samples(shards: list[str], fraction: float = 1.0, counter: dict | None = None) -> Iterator[dict]:
-    """Raw samples (dicts of bytes) from tar shards in order; only those `in_fraction` when fraction < 1.
-    Truncated or unreadable tars are counted in `counter` (see `tar_samples`)."""
+def read_samples(shards: list[str], fraction: float = 1.0, counter: dict | None = None, keep: str = ""
+                 ) -> Iterator[dict]:
+    """Raw samples (dicts of bytes) from tar shards in order; only those `in_fraction` when fraction < 1, and
+    only those a keep index keeps (`keep`: see `KeepIndex`). Truncated or unreadable tars are counted in
+    `counter` (see `tar_samples`); samples the keep-lists drop are not skips and are not counted."""
     for shard in shards:
+        allowed = keep_index(keep).keys(shard) if keep else None
         for sample in tar_samples(shard, counter):
+            if allowed is not None and sample["__key__"] not in allowed:
+                continue
             if fraction >= 1.0 or in_fraction(sample["__key__"], fraction):
                 yield sample
+
+
+class KeepIndex:
+    """Which samples of the original shards the keep-lists keep (`data.keep`; data/shard.py `keep_index`
+    writes it): a Parquet table of (path, key) sorted by path. A reader loads the keys of one shard at a time
+    (row-group statistics skip the rest), so no worker ever holds the corpus-wide set."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.shard, self.allowed = None, frozenset()
+
+    def keys(self, shard: str) -> frozenset:
+        import pyarrow.parquet as pq
+
+        shard = str(Path(shard).resolve())
+        if shard != self.shard:
+            table = pq.read_table(self.path, columns=["key"], filters=[("path", "=", shard)])
+            self.shard, self.allowed = shard, frozenset(table.column("key").to_pylist())
+        return self.allowed
+
+
+_KEEP_INDEXES: dict[str, KeepIndex] = {}
+
+
+def keep_index(path: str) -> KeepIndex:
+    """One KeepIndex per process and path (a DataLoader worker keeps its current shard's keys)."""
+    if path not in _KEEP_INDEXES:
+        _KEEP_INDEXES[path] = KeepIndex(path)
+    return _KEEP_INDEXES[path]
 
 
 def encode_image(image, fmt: str = "JPEG", quality: int = 90) -> bytes:

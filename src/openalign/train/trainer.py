@@ -27,6 +27,7 @@ from openalign.config import Config, ConfigError
 from openalign.data import shards as shard_lib
 from openalign.data.corpora import resolve_data
 from openalign.data.loader import Position, StreamSpec, epoch_plan, train_loader
+from openalign.data.shard import build_keep_index
 from openalign.eval.tasks import HELD_OUT_TASKS, EvalOptions, run_tasks
 from openalign.model import hub
 from openalign.model.dual_encoder import DualEncoder
@@ -67,7 +68,7 @@ def prepare_tokenizer(cfg: Config, train_shards: list[str], out: Path):
     if (saved / "tokenizer.json").is_file():
         return load_tokenizer(saved)
     counter: dict = {}
-    texts = shard_lib.all_texts(train_shards, cfg.data.fraction, counter)
+    texts = shard_lib.all_texts(train_shards, cfg.data.fraction, counter, keep=_keep(cfg))
     tokenizer = train_tokenizer(texts, cfg.model.text.vocab_size, cfg.model.text.max_length)
     tokenizer.save_pretrained(saved)
     if counter.get("skipped"):
@@ -154,6 +155,13 @@ def stop_if_diverged(loss: float, step: int, out: Path, bar) -> None:
                       "before it (rerun with a lower optim.lr or optim.grad_clip, then --resume, or start over)")
 
 
+def _keep(cfg: Config) -> str:
+    """The keep index of data.keep ('' without keep-lists); built once into data.data_dir, then reused."""
+    if not cfg.data.keep:
+        return ""
+    return build_keep_index(list(cfg.data.keep), Path(cfg.data.data_dir))
+
+
 def train(cfg: Config, resume: bool = False, progress: bool = True) -> TrainResult:
     check_before_work(cfg, resume)
     out = Path(cfg.out)
@@ -209,8 +217,16 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> TrainResu
             model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
 
     spec = StreamSpec.for_config(cfg, train_shards, batch_size=cfg.data.batch_size // layout.world,
-                                 rank=layout.rank, world_size=layout.world)
-    counts = {s: shard_lib.count_samples(s, cfg.data.fraction) for s in train_shards}
+                                 rank=layout.rank, world_size=layout.world, keep=_keep(cfg))
+    counts = {s: shard_lib.count_samples(s, cfg.data.fraction, keep=spec.keep) for s in train_shards}
+    if cfg.data.keep:
+        kept, total = sum(counts.values()), sum(shard_lib.count_samples(s) for s in train_shards)
+        if kept < cfg.data.batch_size:
+            raise ConfigError(f"data.keep keeps {kept:,} of the {total:,} samples in data.train, fewer than one batch of "
+                              f"{cfg.data.batch_size}; data.train must be the shards that were ingested into the pair "
+                              "table the keep-lists come from")
+        if progress:
+            print(f"data.keep: training on {kept:,} of {total:,} samples of the original shards")
     if cfg.data.fraction < 1.0:
         kept, total = sum(counts.values()), sum(shard_lib.count_samples(s) for s in train_shards)
         if kept < cfg.data.batch_size:
