@@ -235,3 +235,28 @@ def test_dedup_and_screen_on_spark_give_the_local_keep_lists(tmp_path, sources, 
     assert 0 < local_screen["removed_images"] < local_screen["images"] and local_screen["unreadable_images"] == 1
     assert without_engine(local_screen) == without_engine(spark_screen)
     assert read_keep(tmp_path / "sl") == read_keep(tmp_path / "ss")
+
+
+@needs_java
+def test_index_shards_added_by_spark_tasks_equal_local_ones(tmp_path, spark):
+    """The add phase of an index over its memory budget, as Spark tasks: the same IVF shards."""
+    from openalign.index import build as build_lib
+    from openalign.index.embed import MANIFEST, _write_part
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(6_000, 16)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    emb = tmp_path / "emb"
+    emb.mkdir()
+    for i in range(3):
+        rows = [{"key": f"k{i}-{j}", "path": "", "caption": "", "width": 1, "height": 1} for j in range(2_000)]
+        _write_part(emb, i, x[i * 2_000:(i + 1) * 2_000].astype(np.float16), rows)
+    (emb / MANIFEST).write_text(json.dumps({"complete": True, "parts": {str(i): {"rows": 2_000} for i in range(3)},
+                                            "model": "m", "dim": 16}))
+    options = build_lib.IndexOptions(kind="ivf", nlist=32, train_per_cell=39, memory=100_000, block_rows=1_500)
+    local = build_lib.build(emb, tmp_path / "local", options, engine=LOCAL)
+    distributed = build_lib.build(emb, tmp_path / "spark", options, engine=SPARK)
+    assert local["storage"] == distributed["storage"] == "shards" and len(local["shards"]) == 4
+    for name in local["shards"]:
+        assert (tmp_path / "local" / name).read_bytes() == (tmp_path / "spark" / name).read_bytes()
+    assert local["params"] == distributed["params"]

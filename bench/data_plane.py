@@ -1,0 +1,138 @@
+"""P11 the data plane: `ingest` and `shard` images/s on the local engine and on Spark `local[1]` / `local[2]`.
+
+The corpus is what img2dataset writes: webdataset tars of JPEGs (512 x 384 photos-like gradients with
+noise, ~60 KB each) with a caption `.txt` and a `.json`. `ingest` reads every tar (one task per tar on
+Spark), decodes each image and hashes it; `shard` then plans by SQL and rewrites every image resized to
+a 346-pixel short side (one task per output shard). Each stage runs, on the same inputs:
+- the local engine with 1 and 2 worker processes;
+- Spark `local[1]` and `local[2]` (the session is started and warmed before the clock starts: a cluster
+  pays that once per job, not per stage).
+The 2-core speed-up is local[2] / local[1] (and 2 / 1 local workers); the per-core figure is images/s
+divided by the cores used. Outputs of every run are checked equal to the local engine's first run.
+
+    .venv/bin/python bench/data_plane.py [--images 2000] [--per-tar 100]
+
+Writes its table into docs/benchmarks.md and ends with PERFORMANCE.md's verdict lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from _common import ROOT, verdict, write_section
+
+
+def make_corpus(root: Path, n: int, per_tar: int) -> list[str]:
+    from PIL import Image
+
+    from openalign.data.shards import ShardWriter
+
+    rng = np.random.default_rng(0)
+    y, x = np.mgrid[0:384, 0:512].astype(np.float32)
+    writer = ShardWriter(root, "web", per_tar)
+    for i in range(n):
+        a, b, c = rng.uniform(0.2, 1.0, 3)
+        base = np.stack([a * x / 2, b * y / 1.5, c * (x + y) / 3.5], axis=-1)
+        pixels = np.clip(base + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(pixels).save(buf, format="JPEG", quality=90)
+        writer.write(f"{i:08d}", buf.getvalue(), "jpg", f"a gradient photo number {i % 97}", {"url": f"http://x/{i}"})
+    writer.close()
+    return sorted(str(p) for p in root.glob("*.tar"))
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=int, default=2_000)
+    parser.add_argument("--per-tar", type=int, default=100)
+    args = parser.parse_args()
+
+    import pyarrow.parquet as pq
+
+    from openalign.data import distribute
+    from openalign.data.distribute import Engine
+    from openalign.data.ingest import IngestOptions, ingest
+    from openalign.data.shard import ShardOptions, shard
+
+    tmp = Path(tempfile.mkdtemp(prefix="openalign-p11-"))
+    try:
+        tars = make_corpus(tmp / "web", args.images, args.per_tar)
+        runs = {"local, 1 process": (Engine("local", workers=1), 1), "local, 2 processes": (Engine("local", workers=2), 2),
+                "Spark local[1]": (Engine("spark", "local[1]"), 1), "Spark local[2]": (Engine("spark", "local[2]"), 2)}
+        seconds: dict[str, dict[str, float]] = {}
+        reference = None
+        for name, (engine, cores) in runs.items():
+            if engine.name == "spark":  # a fresh session per master, started and warmed off the clock
+                from pyspark.sql import SparkSession
+
+                active = SparkSession.getActiveSession()
+                if active is not None:
+                    active.stop()
+                spark = distribute.spark_session(engine.master, retries=engine.retries)
+                spark.sparkContext.parallelize(range(8), 8).map(lambda v: v).collect()
+            out = tmp / name.replace(" ", "_").replace(",", "").replace("[", "").replace("]", "")
+            pairs = out / "pairs.parquet"
+            options = IngestOptions(workers=engine.workers if engine.name == "local" else 0)
+            t_ingest = timed(lambda: ingest(tars, pairs, options, progress=False, engine=engine))
+            shard_options = ShardOptions(samples_per_shard=args.per_tar, workers=engine.workers)
+            t_shard = timed(lambda: shard(pairs, [], out / "shards", shard_options, progress=False, engine=engine))
+            seconds[name] = {"ingest": t_ingest, "shard": t_shard, "cores": cores}
+            rows = sorted(pq.read_table(pairs).to_pylist(), key=lambda r: r["uid"])
+            shards = {p.name: p.read_bytes() for p in sorted((out / "shards").glob("*.tar"))}
+            if reference is None:
+                reference = (rows, shards)
+            elif (rows, shards) != reference:
+                raise SystemExit(f"{name}: outputs differ from the local engine's")
+            print(f"{name}: ingest {args.images / t_ingest:.0f} images/s, shard {args.images / t_shard:.0f} images/s",
+                  flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    def rate(name, stage):
+        return args.images / seconds[name][stage]
+
+    speedups = {stage: (rate("Spark local[2]", stage) / rate("Spark local[1]", stage),
+                        rate("local, 2 processes", stage) / rate("local, 1 process", stage)) for stage in ("ingest", "shard")}
+    lines = [verdict("P11", f"spark_speedup_2core_{stage}", speedups[stage][0], 1.8, at_least=True)
+             for stage in ("ingest", "shard")]
+    lines += [f"P11 local_speedup_2core_{stage}={speedups[stage][1]:.2f}" for stage in ("ingest", "shard")]
+    lines += [f"P11 spark_vs_local_1core_{stage}={rate('Spark local[1]', stage) / rate('local, 1 process', stage):.2f}"
+              for stage in ("ingest", "shard")]
+    table = [
+        "## P11 data plane",
+        "",
+        f"`.venv/bin/python bench/data_plane.py --images {args.images} --per-tar {args.per_tar}`: {args.images:,} "
+        f"JPEGs (512 x 384) in {args.images // args.per_tar} webdataset tars, as img2dataset writes them. Every run's "
+        "pair table (rows) and shards (bytes) were checked equal to the first run's.",
+        "",
+        "| engine | ingest images/s | per core | shard images/s | per core |",
+        "|---|---|---|---|---|",
+    ]
+    for name in runs:
+        cores = seconds[name]["cores"]
+        table.append(f"| {name} | {rate(name, 'ingest'):.0f} | {rate(name, 'ingest') / cores:.0f} | "
+                     f"{rate(name, 'shard'):.0f} | {rate(name, 'shard') / cores:.0f} |")
+    table += ["", f"2-core speed-up: Spark ingest {speedups['ingest'][0]:.2f}x, shard {speedups['shard'][0]:.2f}x; "
+              f"local engine ingest {speedups['ingest'][1]:.2f}x, shard {speedups['shard'][1]:.2f}x.", "",
+              "```", *lines, "```"]
+    write_section("P11", "\n".join(table))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT / "src"))
+    main()
