@@ -3,14 +3,15 @@
 The corpus is what img2dataset writes: webdataset tars of JPEGs (512 x 384 photos-like gradients with
 noise, ~60 KB each) with a caption `.txt` and a `.json`. `ingest` reads every tar (one task per tar on
 Spark), decodes each image and hashes it; `shard` then plans by SQL and rewrites every image resized to
-a 346-pixel short side (one task per output shard). Each stage runs, on the same inputs:
+a 346-pixel short side (one task per output shard); `dedup` (phash) hashes every image against 50
+evaluation images (one task per `--per-tar` images). Each stage runs, on the same inputs:
 - the local engine with 1 and 2 worker processes;
 - Spark `local[1]` and `local[2]` (the session is started and warmed before the clock starts: a cluster
   pays that once per job, not per stage).
 The 2-core speed-up is local[2] / local[1] (and 2 / 1 local workers); the per-core figure is images/s
 divided by the cores used. Outputs of every run are checked equal to the local engine's first run.
 
-    .venv/bin/python bench/data_plane.py [--images 2000] [--per-tar 100]
+    .venv/bin/python bench/data_plane.py [--images 4000] [--per-tar 100]
 
 Writes its table into docs/benchmarks.md and ends with PERFORMANCE.md's verdict lines.
 """
@@ -57,7 +58,7 @@ def timed(fn) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--images", type=int, default=2_000)
+    parser.add_argument("--images", type=int, default=4_000)
     parser.add_argument("--per-tar", type=int, default=100)
     args = parser.parse_args()
 
@@ -65,12 +66,18 @@ def main() -> None:
 
     from openalign.data import distribute
     from openalign.data.distribute import Engine
+    from openalign.data.dedup import DedupOptions, dedup
     from openalign.data.ingest import IngestOptions, ingest
+    from openalign.data.shards import read_samples
     from openalign.data.shard import ShardOptions, shard
 
     tmp = Path(tempfile.mkdtemp(prefix="openalign-p11-"))
     try:
         tars = make_corpus(tmp / "web", args.images, args.per_tar)
+        held = tmp / "held"  # evaluation images for dedup: 50 of the corpus's own
+        held.mkdir()
+        for sample in list(read_samples(tars[:1]))[:50]:
+            (held / f"{sample['__key__']}.jpg").write_bytes(sample["jpg"])
         runs = {"local, 1 process": (Engine("local", workers=1), 1), "local, 2 processes": (Engine("local", workers=2), 2),
                 "Spark local[1]": (Engine("spark", "local[1]"), 1), "Spark local[2]": (Engine("spark", "local[2]"), 2)}
         seconds: dict[str, dict[str, float]] = {}
@@ -90,15 +97,20 @@ def main() -> None:
             t_ingest = timed(lambda: ingest(tars, pairs, options, progress=False, engine=engine))
             shard_options = ShardOptions(samples_per_shard=args.per_tar, workers=engine.workers)
             t_shard = timed(lambda: shard(pairs, [], out / "shards", shard_options, progress=False, engine=engine))
-            seconds[name] = {"ingest": t_ingest, "shard": t_shard, "cores": cores}
+            dedup_options = DedupOptions(workers=engine.workers, images_per_task=args.per_tar)
+            t_dedup = timed(lambda: dedup(pairs, str(held), out / "dedup", dedup_options, progress=False, engine=engine))
+            seconds[name] = {"ingest": t_ingest, "shard": t_shard, "dedup": t_dedup, "cores": cores}
             rows = sorted(pq.read_table(pairs).to_pylist(), key=lambda r: r["uid"])
             shards = {p.name: p.read_bytes() for p in sorted((out / "shards").glob("*.tar"))}
             if reference is None:
                 reference = (rows, shards)
+                sizes = {"pair_bytes": pairs.stat().st_size / len(rows),
+                         "shard_bytes": sum(len(b) for b in shards.values()) / args.images,
+                         "source_bytes": sum(Path(t).stat().st_size for t in tars) / args.images}
             elif (rows, shards) != reference:
                 raise SystemExit(f"{name}: outputs differ from the local engine's")
-            print(f"{name}: ingest {args.images / t_ingest:.0f} images/s, shard {args.images / t_shard:.0f} images/s",
-                  flush=True)
+            print(f"{name}: ingest {args.images / t_ingest:.0f} images/s, shard {args.images / t_shard:.0f} images/s, "
+                  f"dedup {args.images / t_dedup:.0f} images/s", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -110,6 +122,8 @@ def main() -> None:
     lines = [verdict("P11", f"spark_speedup_2core_{stage}", speedups[stage][0], 1.8, at_least=True)
              for stage in ("ingest", "shard")]
     lines += [f"P11 local_speedup_2core_{stage}={speedups[stage][1]:.2f}" for stage in ("ingest", "shard")]
+    lines += [f"P11 dedup_images_per_s_per_core={rate('local, 1 process', 'dedup'):.0f}"]
+    lines += [f"P11 pair_bytes={sizes['pair_bytes']:.0f} shard_kb_per_image={sizes['shard_bytes'] / 1024:.1f}"]
     lines += [f"P11 spark_vs_local_1core_{stage}={rate('Spark local[1]', stage) / rate('local, 1 process', stage):.2f}"
               for stage in ("ingest", "shard")]
     table = [
@@ -119,14 +133,18 @@ def main() -> None:
         f"JPEGs (512 x 384) in {args.images // args.per_tar} webdataset tars, as img2dataset writes them. Every run's "
         "pair table (rows) and shards (bytes) were checked equal to the first run's.",
         "",
-        "| engine | ingest images/s | per core | shard images/s | per core |",
-        "|---|---|---|---|---|",
+        "| engine | ingest images/s | per core | shard images/s | per core | dedup (phash) images/s | per core |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name in runs:
         cores = seconds[name]["cores"]
         table.append(f"| {name} | {rate(name, 'ingest'):.0f} | {rate(name, 'ingest') / cores:.0f} | "
-                     f"{rate(name, 'shard'):.0f} | {rate(name, 'shard') / cores:.0f} |")
-    table += ["", f"2-core speed-up: Spark ingest {speedups['ingest'][0]:.2f}x, shard {speedups['shard'][0]:.2f}x; "
+                     f"{rate(name, 'shard'):.0f} | {rate(name, 'shard') / cores:.0f} | "
+                     f"{rate(name, 'dedup'):.0f} | {rate(name, 'dedup') / cores:.0f} |")
+    table += ["", f"Storage: {sizes['source_bytes'] / 1024:.0f} KB per source sample (512 x 384 JPEG), "
+              f"{sizes['pair_bytes']:.0f} bytes per pair-table row (Parquet), {sizes['shard_bytes'] / 1024:.0f} KB per "
+              "sharded image (461 x 346 JPEG, quality 90).", "",
+              f"2-core speed-up: Spark ingest {speedups['ingest'][0]:.2f}x, shard {speedups['shard'][0]:.2f}x; "
               f"local engine ingest {speedups['ingest'][1]:.2f}x, shard {speedups['shard'][1]:.2f}x.", "",
               "```", *lines, "```"]
     write_section("P11", "\n".join(table))

@@ -213,3 +213,15 @@ def test_a_diverging_run_stops_with_one_sentence(shapes, tmp_path, monkeypatch, 
     err = capsys.readouterr().err
     assert "training diverged: the loss is nan at step 3" in err and "Traceback" not in err
     assert torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)["step"] == 2  # kept, from before
+
+
+def test_sizes_on_the_command_line():
+    import pytest
+
+    from openalign.cli import _bytes
+    from openalign.config import ConfigError
+
+    assert [_bytes(t, "--memory") for t in ("4G", "512M", "1.5GiB", "1000", "", "2k")] == \
+        [4 * 2**30, 512 * 2**20, int(1.5 * 2**30), 1000, 0, 2048]
+    with pytest.raises(ConfigError, match="--memory 'four' is not a size"):
+        _bytes("four", "--memory")

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from openalign.config import ConfigError
 from openalign.index import exact
-from openalign.index.embed import part_files, read_manifest
+from openalign.index.parts import Parts, add_shard, part_files, read_manifest
 
 KINDS = ("auto", "flat", "ivf", "hnsw")
 CODES = ("auto", "flat", "sq8", "pq")
@@ -84,49 +84,10 @@ def build_index(vectors: np.ndarray, options: IndexOptions = IndexOptions()) -> 
 
 # ---------------------------------------------------------------------------------------------- streaming
 
-class Parts:
-    """The vector parts of an embed output, memory-mapped (float16 or float32 on disk), read in float32
-    chunks: nothing ever holds all the vectors."""
-
-    def __init__(self, files: list):
-        self.files = [f if isinstance(f, np.ndarray) else str(f) for f in files]  # .npy paths, or arrays
-        arrays = [self._array(i) for i in range(len(self.files))]
-        self.sizes = [len(a) for a in arrays]
-        self.offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
-        self.n = int(self.offsets[-1])
-        self.d = int(arrays[0].shape[1]) if arrays else 0
-        self.itemsize = arrays[0].dtype.itemsize if arrays else 4
-
-    def _array(self, i: int) -> np.ndarray:
-        f = self.files[i]
-        return f if isinstance(f, np.ndarray) else np.load(f, mmap_mode="r")
-
-    def chunks(self, start: int = 0, stop: int | None = None, rows: int = 65_536):
-        """(first row id, float32 [m, d]) over rows [start, stop), part by part."""
-        stop = self.n if stop is None else stop
-        for i in range(len(self.files)):
-            lo, hi = max(start, int(self.offsets[i])), min(stop, int(self.offsets[i + 1]))
-            if lo >= hi:
-                continue
-            array = self._array(i)
-            for a in range(lo, hi, rows):
-                b = min(a + rows, hi)
-                off = int(self.offsets[i])
-                yield a, np.ascontiguousarray(array[a - off:b - off], dtype=np.float32)
-
-    def take(self, ids: np.ndarray) -> np.ndarray:
-        """float32 rows `ids` (any order)."""
-        out = np.empty((len(ids), self.d), np.float32)
-        part = np.searchsorted(self.offsets, ids, side="right") - 1
-        for i in np.unique(part):
-            rows = np.nonzero(part == i)[0]
-            array = self._array(i)
-            out[rows] = array[ids[rows] - self.offsets[i]]
-        return out
-
-
-def streaming_search(parts: Parts, queries: np.ndarray, k: int, rows: int = 262_144) -> tuple[np.ndarray, np.ndarray]:
-    """Exact top k over all parts, a chunk at a time: each chunk's own top k merged into the running top k."""
+def streaming_search(parts: Parts, queries: np.ndarray, k: int, score_bytes: int = 2**28) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top k over all parts, a chunk at a time: each chunk's own top k merged into the running top k.
+    A chunk's rows are bounded so that its [queries x rows] scores stay within `score_bytes`."""
+    rows = int(max(4_096, min(262_144, score_bytes // (4 * max(1, len(queries))))))
     best_scores = np.full((len(queries), 0), -np.inf, np.float32)
     best_ids = np.zeros((len(queries), 0), np.int64)
     for first, chunk in parts.chunks(rows=rows):
@@ -150,19 +111,6 @@ def _ivf(d: int, nlist: int, codes: str, params: dict) -> faiss.Index:
         params["pq_subquantizers"] = m
         return faiss.IndexIVFPQ(quantizer, d, nlist, m, 8, faiss.METRIC_INNER_PRODUCT)
     raise ConfigError(f"--codes must be one of {', '.join(CODES)}, not {codes!r}")
-
-
-def add_shard(trained: str, files: list[str], start: int, stop: int, shard: str, chunk_rows: int) -> dict:
-    """One add task: rows [start, stop) into a copy of the trained, empty index, written as one IVF shard
-    (with its direct map, for queries by id)."""
-    index = faiss.read_index(trained)
-    for _, chunk in Parts(files).chunks(start, stop, chunk_rows):
-        index.add(chunk)
-    index.make_direct_map()
-    tmp = shard + ".tmp"
-    faiss.write_index(index, tmp)
-    Path(tmp).replace(shard)
-    return {"rows": stop - start}
 
 
 def shard_names(n_shards: int) -> list[str]:
@@ -238,7 +186,10 @@ def build_streaming(parts: Parts, out: Path | None, options: IndexOptions, engin
     faiss.write_index(index, str(trained))
     engine = engine or Engine()
     workers = (engine.workers or 1) if engine.name == "local" else 1
-    block_rows = options.block_rows or max(options.chunk_rows, budget // 2 // max(1, workers) // code_bytes)
+    # half the budget holds every concurrent task's codes, after each task's own float32 chunk and its
+    # process (numpy, FAISS, pyarrow: ~100 MiB; no torch in parts.py)
+    per_task = (budget // 2 - workers * (options.chunk_rows * d * 4 + 128 * 2**20)) // max(1, workers)
+    block_rows = options.block_rows or max(options.chunk_rows, per_task // code_bytes)
     bounds = [(a, min(a + block_rows, n)) for a in range(0, n, block_rows)]
     names = shard_names(len(bounds))
     for stale in out.glob("shard-*.faiss"):

@@ -38,7 +38,7 @@ from openalign.data import images as image_lib
 from openalign.data import shards as shard_lib
 from openalign.data import transforms
 from openalign.data.ingest import IMAGE_SUFFIXES
-MANIFEST = "manifest.json"
+from openalign.index.parts import MANIFEST, VECTORS, part_files, read_manifest  # noqa: F401 (re-exported)
 META_SCHEMA = pa.schema([("key", pa.string()), ("path", pa.string()), ("caption", pa.string()),
                          ("width", pa.int32()), ("height", pa.int32())])
 
@@ -320,26 +320,6 @@ def _manifest(out: Path, parts: list[Part], plan: dict, key: str, options: Embed
                    "complete": len(done) == len(parts), "count": sum(s["rows"] for s in done.values()),
                    "skipped": sum(s["skipped"] for s in done.values()), "unusable_samples": unusable,
                    "resumed_parts": resumed, "options": asdict(options)}
-
-
-VECTORS = {"image": "part", "text": "text"}
-
-
-def read_manifest(emb: Path, vectors: str = "image") -> dict:
-    manifest = json.loads((Path(emb) / MANIFEST).read_text()) if (Path(emb) / MANIFEST).is_file() else {}
-    if not manifest.get("complete"):
-        raise ConfigError(f"{emb} is not a finished `openalign embed` output; run (or rerun) openalign embed")
-    if vectors not in VECTORS:
-        raise ConfigError(f"--vectors must be image or text, not {vectors!r}")
-    if vectors == "text" and not manifest.get("texts"):
-        raise ConfigError(f"{emb} holds no caption embeddings; embed again with --texts")
-    return manifest
-
-
-def part_files(emb: Path, vectors: str = "image") -> list[Path]:
-    """The vector files of a finished embed output, in part order."""
-    manifest = read_manifest(emb, vectors)
-    return [Path(emb) / f"{VECTORS[vectors]}-{int(i):06d}.npy" for i in sorted(manifest["parts"], key=int)]
 
 
 def load(emb: Path, vectors: str = "image") -> tuple[np.ndarray, pa.Table]:
