@@ -260,3 +260,13 @@ def test_index_shards_added_by_spark_tasks_equal_local_ones(tmp_path, spark):
     for name in local["shards"]:
         assert (tmp_path / "local" / name).read_bytes() == (tmp_path / "spark" / name).read_bytes()
     assert local["params"] == distributed["params"]
+
+
+def test_local_ingest_of_many_tars_runs_a_task_per_tar_with_the_same_rows(tmp_path, sources):
+    """Four tars for two workers: each worker reads its own tars (no image bytes through a pipe); the rows
+    are those of one process reading every record in order."""
+    tars = [sources[1], sources[2], sources[1], sources[2]]
+    one = ingest(tars, tmp_path / "one.parquet", IngestOptions(workers=1), progress=False)
+    two = ingest(tars, tmp_path / "two.parquet", IngestOptions(workers=2), progress=False)
+    assert pq.read_table(tmp_path / "one.parquet").equals(pq.read_table(tmp_path / "two.parquet"))
+    assert without_engine(one) == without_engine(two) and one["rejected"] == {"truncated_tar": 2}

@@ -485,7 +485,13 @@ def ingest(sources: list[str], out: Path, options: IngestOptions = IngestOptions
     start = time.perf_counter()
     tally, notes = Tally(), Counter()  # notes: rows read with repairs (bytes that are not UTF-8 -> U+FFFD)
     resumed = 0
-    if engine.name == "local":
+    workers = options.workers or os.cpu_count() or 1
+    if engine.name == "local" and workers > 1 and _enough_units(sources, options, workers):
+        # many tars or tables: a worker per unit reads its own bytes (records would ship every image through a
+        # pipe to the pool, which costs what the work does); the same tasks and merge as on Spark
+        engine = Engine("local", workers=workers, retries=engine.retries)
+        resumed = _ingest_tasks(sources, out, rejects_path, options, engine, tally, notes, progress)
+    elif engine.name == "local":
         _ingest_local(sources, out, rejects_path, options, tally, notes, progress)
     else:
         resumed = _ingest_tasks(sources, out, rejects_path, options, engine, tally, notes, progress)
@@ -509,6 +515,12 @@ def ingest(sources: list[str], out: Path, options: IngestOptions = IngestOptions
     }
     manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def _enough_units(sources: list[str], options: IngestOptions, workers: int) -> bool:
+    """Whether the sources hold at least two units of work (tars, tables) per worker, without listing folders."""
+    files = [s for s in sources if Path(s).is_file()]
+    return len(files) == len(sources) and len(files) >= 2 * workers
 
 
 def _ingest_local(sources, out, rejects_path, options, tally, notes, progress) -> None:
