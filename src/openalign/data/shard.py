@@ -25,12 +25,12 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import webdataset as wds
 from PIL import Image
 from tqdm import tqdm
 
 from openalign.config import ConfigError
 from openalign.data import images
+from openalign.data import shards as shard_lib
 from openalign.data.distribute import (Engine, Task, duckdb_plan, previous, read_plan, run_tasks, spark_plan,
                                        spark_session, task_id)
 from openalign.data.filters import keep_source
@@ -209,7 +209,7 @@ def write_shard(path: Path, samples: list[dict], options: ShardOptions) -> dict:
     """Write one shard atomically; returns its counts (samples written, skipped with reasons)."""
     tmp = path.with_suffix(".tar.tmp")
     written, skipped = 0, {}
-    with wds.TarWriter(str(tmp), mtime=0.0) as writer:  # fixed mtime: reruns give identical bytes
+    with shard_lib.tar_writer(tmp, mtime=0.0) as writer:  # fixed mtime: reruns give identical bytes
         for sample in samples:
             try:
                 image = images.load_rgb(SOURCES.read(sample["path"], sample["member"]), options.max_pixels)

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Iterator
 
 import braceexpand
-import webdataset as wds
 
 from openalign.config import ConfigError
 
@@ -55,6 +54,14 @@ def skip_summary(counter: dict) -> str:
     return f"{counter.get('skipped', 0):,}" + (f" ({reasons})" if reasons else "")
 
 
+def tar_writer(path: Path, **options):
+    """webdataset's TarWriter. Imported here, not at the top: webdataset imports torch (~2 s), which no
+    reader of shards needs, and every ingest, dedup or screen worker and Spark executor would pay it."""
+    import webdataset
+
+    return webdataset.TarWriter(str(path), **options)
+
+
 class ShardWriter:
     """Writes samples into `out/PREFIX-000000.tar ...` and a manifest with per-shard counts."""
 
@@ -63,7 +70,7 @@ class ShardWriter:
         self.out.mkdir(parents=True, exist_ok=True)
         self.prefix, self.samples_per_shard, self.info = prefix, samples_per_shard, dict(info or {})
         self.counts: dict[str, int] = {}
-        self._writer: wds.TarWriter | None = None
+        self._writer = None
         self._name = ""
 
     def write(self, key: str, image: bytes, image_ext: str, text: str, meta: dict) -> None:
@@ -77,7 +84,7 @@ class ShardWriter:
             self._writer.close()
         self._name = f"{self.prefix}-{len(self.counts):06d}.tar"
         self.counts[self._name] = 0
-        self._writer = wds.TarWriter(str(self.out / self._name))
+        self._writer = tar_writer(self.out / self._name)
 
     def close(self) -> dict:
         if self._writer is not None:
