@@ -74,7 +74,7 @@ def phase_generate(args) -> dict:
 
 def phase_truth(args) -> dict:
     from openalign.index.build import Parts, streaming_search
-    from openalign.index.embed import part_files
+    from openalign.index.parts import part_files
 
     start = time.perf_counter()
     queries = np.load(Path(args.dir) / "queries.npy")

@@ -158,23 +158,9 @@ def test_embed_reads_any_sidecar_and_records_absolute_paths(model_dir, tmp_path,
     assert client.get("/image/0").status_code == 200 and client.get("/image/1").status_code == 200
 
 
-def float16_parts(path, vectors: np.ndarray, part: int) -> Path:
-    """An embed output stored as float16 parts, as `openalign embed --float16` writes it."""
-    path.mkdir(parents=True, exist_ok=True)
-    parts = {}
-    for i, start in enumerate(range(0, len(vectors), part)):
-        chunk = vectors[start:start + part].astype(np.float16)
-        rows = [{"key": f"k{start + j}", "path": f"/x/{start + j}.jpg", "caption": "", "width": 1, "height": 1}
-                for j in range(len(chunk))]
-        _write_part(path, i, chunk, rows)
-        parts[str(i)] = {"rows": len(chunk), "skipped": 0}
-    (path / MANIFEST).write_text(json.dumps({"complete": True, "parts": parts, "model": "m", "dim": vectors.shape[1]}))
-    return path
-
-
 def test_an_index_over_its_memory_budget_goes_to_disk_and_searches_the_same(tmp_path, capsys):
     x, queries = np.split(clustered(40_200, 32, 60, seed=2), [40_000])
-    emb = float16_parts(tmp_path / "emb", x, part=7_000)
+    emb = fake_embeddings(tmp_path / "emb", x.astype(np.float16), part=7_000)  # as `embed --float16` writes
     common = ["--kind", "ivf", "--nlist", "64", "--train-per-cell", "39", "--quiet"]
     assert cli.main(["index", str(emb), "--out", str(tmp_path / "mem"), *common]) == 0
     # 40k codes of 32 + 8 bytes = 1.6 MB: a 1 MB budget puts the lists on disk, added in 2 processes

@@ -272,6 +272,9 @@ def dedup(pairs: Path, against: str, out: Path, options: DedupOptions = DedupOpt
         raise ConfigError(f"unknown dedup mode {options.mode!r}; choose phash or embedding")
     if options.mode == "embedding" and not options.model:
         raise ConfigError("--mode embedding needs --model DIR (an openalign model directory)")
+    if engine.name == "local":  # the options' processes, else the engine's; embedding: 1 (the model uses every core)
+        engine = Engine(workers=options.workers or engine.workers or (1 if options.mode == "embedding" else 0),
+                        retries=engine.retries)
     start = time.perf_counter()
     eval_items = list(eval_images(against))
     if not eval_items:
@@ -287,8 +290,6 @@ def dedup(pairs: Path, against: str, out: Path, options: DedupOptions = DedupOpt
         np.save(eval_path, np.stack([h for _, h in hashes if h is not None]))
         fn, args, where, order = phash_task, (eval_path,), f"score <= {int(options.max_distance)}", "ASC"
     else:
-        if engine.name == "local" and not engine.workers:
-            engine = Engine(workers=1, retries=engine.retries)  # one process: the model uses every core
         threads = max(1, (os.cpu_count() or 1) // max(1, engine.workers)) if engine.name == "local" else 1
         embeds, ok = embed_blobs(options.model, (d for _, d in eval_items), options.batch_size)
         names = [eval_items[i][0] for i in ok]
@@ -296,8 +297,6 @@ def dedup(pairs: Path, against: str, out: Path, options: DedupOptions = DedupOpt
         fn, args = embedding_task, (eval_path, str(Path(options.model).resolve()), options.batch_size, threads)
         where, order = f"score > {float(options.threshold)!r}", "DESC"
     key = asdict(options) | {"workers": 0, "eval": sources_key(eval_path)}
-    if engine.name == "local" and options.workers and engine.workers != options.workers:
-        engine = Engine(workers=options.workers, retries=engine.retries)
     count, results, resumed = image_tasks(pairs, out, fn, args, key, options.images_per_task, engine, "dedup",
                                           progress)
     removed_images, examples, percentiles = score_summary(out, where, order, options.examples)

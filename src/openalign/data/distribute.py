@@ -28,7 +28,7 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -60,7 +60,6 @@ class Task:
     fn: Callable[..., dict]  # module-level (pickled by reference); returns a small JSON-able summary
     args: tuple = ()
     key: str | None = None  # fingerprint of the inputs and options; None: the task checks `previous` itself
-    kwargs: dict = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------- status
@@ -90,7 +89,7 @@ def run_one(task: Task, status_dir: str) -> tuple[str, dict | None, str | None]:
     the sentence) for bad input: that is no failure to retry, and the other tasks go on."""
     start = time.perf_counter()
     try:
-        result = task.fn(*task.args, **task.kwargs)
+        result = task.fn(*task.args)
     except ConfigError as err:
         return task.id, None, str(err)
     _write_status(Path(status_dir), task.id, {"id": task.id, "key": task.key, "result": result,

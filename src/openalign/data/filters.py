@@ -28,7 +28,6 @@ example texts) and `filter_report.png`.
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path

@@ -26,7 +26,6 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
-from tqdm import tqdm
 
 from openalign.config import ConfigError
 from openalign.data import images

@@ -84,13 +84,14 @@ def build_index(vectors: np.ndarray, options: IndexOptions = IndexOptions()) -> 
 
 # ---------------------------------------------------------------------------------------------- streaming
 
-def streaming_search(parts: Parts, queries: np.ndarray, k: int, score_bytes: int = 2**28) -> tuple[np.ndarray, np.ndarray]:
-    """Exact top k over all parts, a chunk at a time: each chunk's own top k merged into the running top k.
-    A chunk's rows are bounded so that its [queries x rows] scores stay within `score_bytes`."""
+def streaming_search(parts: Parts, queries: np.ndarray, k: int, stop: int | None = None, score_bytes: int = 2**28
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top k over the parts' rows [0, stop), a chunk at a time: each chunk's own top k merged into the
+    running top k. A chunk's rows are bounded so that its [queries x rows] scores stay within `score_bytes`."""
     rows = int(max(4_096, min(262_144, score_bytes // (4 * max(1, len(queries))))))
     best_scores = np.full((len(queries), 0), -np.inf, np.float32)
     best_ids = np.zeros((len(queries), 0), np.int64)
-    for first, chunk in parts.chunks(rows=rows):
+    for first, chunk in parts.chunks(0, stop, rows):
         scores, ids = exact.search(chunk, queries, k)
         scores = np.concatenate([best_scores, scores], axis=1)
         ids = np.concatenate([best_ids, ids + first], axis=1)
@@ -202,25 +203,14 @@ def build_streaming(parts: Parts, out: Path | None, options: IndexOptions, engin
     # tuned on the first shard alone, against exact search over its own rows: the cells are the same, and a
     # thousand queries probing every shard would map most of the index into memory
     first = faiss.read_index(str(out / names[0]), faiss.IO_FLAG_MMAP)
-    rows = Parts(parts.files)
     block = bounds[0][1]
     sample = np.sort(rng.choice(block, min(block, options.tune_queries), replace=False))
-    queries = rows.take(sample)
-    truth = _without_self(streaming_search(_Slice(rows, block), queries, 11)[1], sample)
+    queries = parts.take(sample)
+    truth = _without_self(streaming_search(parts, queries, 11, stop=block)[1], sample)
     params["nprobe"], recall = _tune(first, queries, sample, truth, "nprobe", probes, options.recall)
     params["shards"] = len(names)
     return None, {"kind": kind, "params": params, "recall_at_10": recall, "storage": "shards", "shards": names,
                   "tuned_on": "the first shard"}
-
-
-class _Slice:
-    """The first `n` rows of Parts, for `streaming_search`."""
-
-    def __init__(self, parts: Parts, n: int):
-        self.parts, self.n = parts, n
-
-    def chunks(self, rows: int = 65_536):
-        return self.parts.chunks(0, self.n, rows)
 
 
 def build(emb: Path, out: Path, options: IndexOptions = IndexOptions(), engine=None, progress: bool = False) -> dict:

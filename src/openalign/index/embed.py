@@ -38,7 +38,7 @@ from openalign.data import images as image_lib
 from openalign.data import shards as shard_lib
 from openalign.data import transforms
 from openalign.data.ingest import IMAGE_SUFFIXES
-from openalign.index.parts import MANIFEST, VECTORS, part_files, read_manifest  # noqa: F401 (re-exported)
+from openalign.index.parts import MANIFEST, part_files, read_manifest
 META_SCHEMA = pa.schema([("key", pa.string()), ("path", pa.string()), ("caption", pa.string()),
                          ("width", pa.int32()), ("height", pa.int32())])
 
@@ -230,7 +230,7 @@ class Encoder:
         return out
 
 
-def embed_part(encoder: Encoder, part: Part, items: list[Item], options: EmbedOptions, bar) -> tuple:
+def embed_part(encoder: Encoder, items: list[Item], options: EmbedOptions, bar) -> tuple:
     """(image embeddings, caption embeddings or None, metadata rows, skip counter) of one part."""
     resize, crop = encoder.cfg.model.vision.resize_size, encoder.cfg.model.vision.image_size
     counter: dict = {}
@@ -285,13 +285,10 @@ def embed(model_dir: Path, sources: list[str], out: Path, options: EmbedOptions 
     for part in todo:
         counter: dict = {}
         items = shard_items(part.shard, counter) if part.shard else listings[part.source][part.start:part.stop]
-        matrix, texts, rows, decoded = embed_part(encoder, part, items, options, bar)
+        matrix, texts, rows, decoded = embed_part(encoder, items, options, bar)
         _write_part(out, part.index, matrix.astype(dtype), rows, None if texts is None else texts.astype(dtype))
-        reasons = dict(counter.get("reasons", {}))
-        for reason, n in decoded.get("reasons", {}).items():
-            reasons[reason] = reasons.get(reason, 0) + n
         status = {"plan": key, "rows": len(rows), "skipped": decoded.get("skipped", 0) + counter.get("skipped", 0),
-                  "unusable": counter.get("reasons", {}), "reasons": reasons, "rank": layout.rank}
+                  "unusable": counter.get("reasons", {}), "rank": layout.rank}
         tmp = out / f"part-{part.index:06d}.json.tmp"
         tmp.write_text(json.dumps(status) + "\n")
         tmp.replace(out / f"part-{part.index:06d}.json")
@@ -312,8 +309,8 @@ def _manifest(out: Path, parts: list[Part], plan: dict, key: str, options: Embed
     for status in done.values():
         for reason, n in status.get("unusable", {}).items():
             unusable[reason] = unusable.get(reason, 0) + n
-    for stale in out.glob("part-*.npy"):  # parts of another plan (a larger collection, another model)
-        if str(int(stale.stem.split("-")[1])) not in done and int(stale.stem.split("-")[1]) >= len(parts):
+    for stale in out.glob("part-*.npy"):  # parts beyond this plan's (an earlier, larger collection)
+        if int(stale.stem[5:]) >= len(parts):
             for name in (stale.name, f"meta-{stale.stem[5:]}.parquet", f"text-{stale.stem[5:]}.npy", f"{stale.stem}.json"):
                 (out / name).unlink(missing_ok=True)
     return plan | {"parts": {k: {"rows": s["rows"], "skipped": s["skipped"]} for k, s in done.items()},

@@ -162,6 +162,15 @@ def _keep(cfg: Config) -> str:
     return build_keep_index(list(cfg.data.keep), Path(cfg.data.data_dir))
 
 
+def _too_few_kept(cfg: Config, kept: int, total: int) -> str:
+    batch = cfg.data.batch_size
+    if cfg.data.keep:
+        return (f"data.keep keeps {kept:,} of the {total:,} samples in data.train, fewer than one batch of {batch}; "
+                "data.train must be the shards that were ingested into the pair table the keep-lists come from")
+    return (f"data.fraction={cfg.data.fraction:g} keeps {kept:,} of {total:,} training samples, fewer than one batch "
+            f"of {batch}; raise data.fraction or lower data.batch_size")
+
+
 def train(cfg: Config, resume: bool = False, progress: bool = True) -> TrainResult:
     check_before_work(cfg, resume)
     out = Path(cfg.out)
@@ -219,22 +228,13 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> TrainResu
     spec = StreamSpec.for_config(cfg, train_shards, batch_size=cfg.data.batch_size // layout.world,
                                  rank=layout.rank, world_size=layout.world, keep=_keep(cfg))
     counts = {s: shard_lib.count_samples(s, cfg.data.fraction, keep=spec.keep) for s in train_shards}
-    if cfg.data.keep:
+    if cfg.data.keep or cfg.data.fraction < 1.0:  # training on a subset of the shards: at least one batch of it
         kept, total = sum(counts.values()), sum(shard_lib.count_samples(s) for s in train_shards)
         if kept < cfg.data.batch_size:
-            raise ConfigError(f"data.keep keeps {kept:,} of the {total:,} samples in data.train, fewer than one batch of "
-                              f"{cfg.data.batch_size}; data.train must be the shards that were ingested into the pair "
-                              "table the keep-lists come from")
+            raise ConfigError(_too_few_kept(cfg, kept, total))
         if progress:
-            print(f"data.keep: training on {kept:,} of {total:,} samples of the original shards")
-    if cfg.data.fraction < 1.0:
-        kept, total = sum(counts.values()), sum(shard_lib.count_samples(s) for s in train_shards)
-        if kept < cfg.data.batch_size:
-            raise ConfigError(f"data.fraction={cfg.data.fraction:g} keeps {kept:,} of {total:,} training samples, "
-                              f"fewer than one batch of {cfg.data.batch_size}; raise data.fraction or lower "
-                              "data.batch_size")
-        if progress:
-            print(f"data.fraction={cfg.data.fraction:g}: training on {kept:,} of {total:,} samples")
+            name = "data.keep" if cfg.data.keep else f"data.fraction={cfg.data.fraction:g}"
+            print(f"{name}: training on {kept:,} of {total:,} samples")
     eval_options = EvalOptions(batch_size=cfg.eval.batch_size, max_length=cfg.model.text.max_length,
                                templates=cfg.eval.templates)
 
