@@ -69,7 +69,7 @@ def main() -> None:
     from openalign.data.dedup import DedupOptions, dedup
     from openalign.data.ingest import IngestOptions, ingest
     from openalign.data.shards import read_samples
-    from openalign.data.shard import ShardOptions, shard
+    from openalign.data.sharding import ShardOptions, shard
 
     tmp = Path(tempfile.mkdtemp(prefix="openalign-p11-"))
     try:

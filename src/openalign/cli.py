@@ -115,7 +115,7 @@ def cmd_eval(args) -> int:
     import torch
 
     from openalign.eval.datasets import load_templates
-    from openalign.eval.embed import DEFAULT_TEMPLATES, EvalOptions, files_fingerprint
+    from openalign.eval.features import DEFAULT_TEMPLATES, EvalOptions, files_fingerprint
     from openalign.eval.finetune import parse_options
     from openalign.eval.report import metric_lines, write_report
     from openalign.eval.tasks import run_tasks
@@ -253,7 +253,7 @@ def cmd_screen(args) -> int:
 
 
 def cmd_shard(args) -> int:
-    from openalign.data.shard import ShardOptions, shard
+    from openalign.data.sharding import ShardOptions, shard
 
     options = ShardOptions(image_size=args.image_size, samples_per_shard=args.samples_per_shard,
                            prefix=args.prefix, workers=args.workers)

@@ -19,7 +19,7 @@ from openalign.config import ConfigError
 from openalign.data import distribute
 from openalign.data.distribute import Engine, Task, run_tasks
 from openalign.data.ingest import IngestOptions, ingest
-from openalign.data.shard import ShardOptions, shard
+from openalign.data.sharding import ShardOptions, shard
 
 needs_java = pytest.mark.skipif(shutil.which("java") is None and not os.environ.get("JAVA_HOME"),
                                 reason="the Spark engine needs Java (apt-get install default-jre-headless)")

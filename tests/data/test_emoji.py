@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from conftest import needs_emoji_data
@@ -57,7 +59,7 @@ def test_emoji_eval_export_writes_every_layout_consistently(tmp_path):
     import json
 
     from openalign.data import emoji_eval
-    from openalign.eval.datasets import folder_items, karpathy_items
+    from openalign.data.sources import karpathy_items, listing
 
     emoji.build(tmp_path / "corpus", heldout=0.5, limit=300)
     out = tmp_path / "formats"
@@ -65,16 +67,17 @@ def test_emoji_eval_export_writes_every_layout_consistently(tmp_path):
     test = karpathy_items(out / "karpathy.json", out / "images", "test")
     train = karpathy_items(out / "karpathy.json", out / "images", "train")
     assert (len(train), len(test)) == (summary["train_images"], summary["test_images"])
-    assert all(path.is_file() for path, _, _ in test + train)
-    sentids = {i for _, _, ids in test for i in ids}
-    assert len({i for _, _, ids in test + train for i in ids}) == sum(len(ids) for _, _, ids in test + train)  # unique
+    assert all(Path(item.path).is_file() for item in test + train)
+    sentids = {i for item in test for i in item.caption_ids}
+    all_ids = [i for item in test + train for i in item.caption_ids]
+    assert len(set(all_ids)) == len(all_ids)  # unique
     # class folders: only families with >= 2 variants, dealt to both sides, named in classnames.txt
-    labels = {label for _, label in folder_items(out / "classes" / "test")}
-    assert labels == {label for _, label in folder_items(out / "classes" / "train")} and len(labels) == summary["classes"]
+    labels = {item.label for item in listing(str(out / "classes" / "test"))}
+    assert labels == {item.label for item in listing(str(out / "classes" / "train"))} and len(labels) == summary["classes"]
     assert {line.split(",")[0] for line in (out / "classnames.txt").read_text().splitlines()} == labels
     # Multi30k: one line per test image in each language
     names = (out / "multi30k" / "test.txt").read_text().splitlines()
-    assert names == [p.name for p, _, _ in test]
+    assert names == [Path(item.path).name for item in test]
     for lang in emoji_eval.LANGUAGES:
         assert len((out / "multi30k" / f"test.{lang}").read_text().splitlines()) == len(names)
     # CxC-style ratings refer only to test-split captions and images

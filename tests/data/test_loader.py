@@ -3,7 +3,7 @@ import torch
 
 from openalign.config import ConfigError
 from openalign.data import shards as shard_lib
-from openalign.data.loader import Position, StreamSpec, eval_samples, epoch_plan, train_loader
+from openalign.data.loader import Position, StreamSpec, epoch_plan, train_loader
 from openalign.tokenizer import train_tokenizer
 
 
@@ -118,12 +118,6 @@ def test_two_workers_split_the_shards_and_yield_equal_counts(shapes, tokenizer):
 def test_too_large_a_batch_is_a_clear_error(shapes, tokenizer):
     with pytest.raises(ConfigError, match="lower data.batch_size"):
         epoch_batches(spec_for(shapes, batch_size=1000), tokenizer)
-
-
-def test_eval_samples_keep_all_texts_in_order(shapes):
-    samples = list(eval_samples(shard_lib.list_shards(str(shapes["eval"])), 36, 32))
-    assert len(samples) == 24 and all(len(s.texts) == 2 for s in samples)
-    assert samples[0].pixels.shape == (3, 32, 32) and samples[0].meta["key"] == "s00000"
 
 
 def test_missing_shards_are_a_clear_error(tmp_path):
@@ -241,7 +235,7 @@ def test_training_reads_the_original_shards_through_keep_lists(shapes, tokenizer
     import json
 
     from openalign.cli import main
-    from openalign.data.shard import build_keep_index
+    from openalign.data.sharding import build_keep_index
     from test_cli import train_args
 
     tars = sorted(str(p) for p in shapes["train"].glob("*.tar"))

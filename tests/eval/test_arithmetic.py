@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from openalign.eval import arithmetic as A
-from openalign.eval.embed import EvalData, EvalOptions
+from openalign.eval.features import EvalData, EvalOptions
 from openalign.index.search import combine
 
 NAMES = ["waving hand", "waving hand: medium skin tone", "waving hand: dark skin tone", "man", "man: red hair",
@@ -25,7 +25,7 @@ def data(monkeypatch):
     images = torch.nn.functional.normalize(torch.randn(len(NAMES), 8, generator=g, dtype=torch.float64), dim=-1)
     words = {w: torch.nn.functional.normalize(torch.randn(8, generator=g, dtype=torch.float64), dim=0)
              for w in ("medium skin tone", "dark skin tone", "red hair", "woman", "man")}
-    monkeypatch.setattr(A, "encode_texts", lambda model, tok, texts, options: torch.stack([words[t] for t in texts]))
+    monkeypatch.setattr(A, "encode_texts", lambda model, tok, texts, batch_size, max_length: torch.stack([words[t] for t in texts]))
     return EvalData(images, [], torch.empty(0, dtype=torch.long), list(NAMES)), words
 
 

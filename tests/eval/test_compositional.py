@@ -7,7 +7,7 @@ import torch
 
 from openalign.config import ConfigError
 from openalign.eval import compositional
-from openalign.eval.embed import EvalData, EvalOptions
+from openalign.eval.features import EvalData, EvalOptions
 
 COLOURS, SHAPES = ("red", "green", "blue"), ("circle", "star", "square")
 DIM = 12
@@ -19,7 +19,7 @@ def direction(word: str) -> torch.Tensor:
     return v
 
 
-def fake_encode_texts(model, tokenizer, texts, options):
+def fake_encode_texts(model, tokenizer, texts, batch_size, max_length):
     rows = [sum((direction(w) for w in t.replace(",", " ").split() if w in COLOURS + SHAPES), torch.zeros(DIM))
             for t in texts]
     return torch.nn.functional.normalize(torch.stack(rows), dim=1)

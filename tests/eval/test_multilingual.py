@@ -4,13 +4,13 @@ import pytest
 import torch
 
 from openalign.eval import multilingual as ml
-from openalign.eval.embed import EvalData, EvalOptions
+from openalign.eval.features import EvalData, EvalOptions
 
 WORDS = ("cat", "dog", "sun", "moon")
 GERMAN = {"Katze": "cat", "Hund": "dog", "Sonne": "sun", "Mond": "moon"}
 
 
-def fake_encode_texts(model, tokenizer, texts, options):
+def fake_encode_texts(model, tokenizer, texts, batch_size, max_length):
     """English words point at their image; German ones at the next image (a model that knows no German)."""
     rows = []
     for t in texts:

@@ -115,7 +115,7 @@ def test_embed_index_search_from_the_command_line(model_dir, tmp_path, capsys):
 
 
 def test_query_vector_is_the_papers_weighted_sum(model_dir):
-    from openalign.eval.embed import EvalOptions, encode_texts
+    from openalign.model.encode import encode_texts
     from openalign.index import search
     from openalign.model.hub import load_pretrained
 
@@ -127,7 +127,7 @@ def test_query_vector_is_the_papers_weighted_sum(model_dir):
     image.save(buf, format="PNG")
     q = search.query_vector(model, tokenizer, search.Query(image=buf.getvalue(), plus=("blue",), minus=("red",)))
     e_img = search.image_embedding(model, buf.getvalue())
-    e_txt = encode_texts(model, tokenizer, ["blue", "red"], EvalOptions(max_length=16)).numpy()
+    e_txt = encode_texts(model, tokenizer, ["blue", "red"], max_length=16).numpy()
     expected = 1.0 * e_img + 2.0 * (e_txt[0] - e_txt[1])
     np.testing.assert_allclose(q, expected / np.linalg.norm(expected), rtol=1e-5, atol=1e-6)
     text_only = search.query_vector(model, tokenizer, search.Query(text="blue"))

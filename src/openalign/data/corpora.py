@@ -11,6 +11,7 @@ from typing import Callable
 
 from openalign.config import ConfigError, DataConfig
 from openalign.data import emoji, openclipart, shapes
+from openalign.data.sharding import karpathy_shards
 from openalign.data.shards import MANIFEST, list_shards
 
 CORPORA: dict[str, Callable[..., dict]] = {"emoji": emoji.build, "openclipart": openclipart.build,
@@ -21,8 +22,6 @@ def _shards(spec: str, data: DataConfig, split: str, progress: bool) -> list[str
     """Shards as given, or those of a Karpathy-split JSON's `split`, sharded once into data_dir/karpathy/."""
     path = Path(spec)
     if path.suffix == ".json" and path.is_file():
-        from openalign.eval.datasets import karpathy_shards
-
         out = Path(data.data_dir) / "karpathy" / path.stem / split.replace(",", "-")
         manifest = karpathy_shards(path, Path(data.images) if data.images else path.parent, split, out, progress)
         if not manifest["n_samples"]:

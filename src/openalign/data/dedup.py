@@ -24,7 +24,6 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -33,8 +32,9 @@ import pyarrow.parquet as pq
 from openalign.config import ConfigError
 from openalign.data import images
 from openalign.data.filters import write_keep_without_images
-from openalign.data.ingest import IMAGE_COLUMNS, IMAGE_SUFFIXES, check_pair_table
-from openalign.data.shard import SOURCES
+from openalign.data import sources
+from openalign.data.ingest import IMAGE_COLUMNS, check_pair_table
+from openalign.data.sources import SOURCES
 from openalign.data.distribute import (Engine, Task, duckdb_plan, read_plan, run_tasks, sources_key, spark_plan,
                                        spark_session, task_id)
 
@@ -55,33 +55,18 @@ class DedupOptions:
 
 # ---------------------------------------------------------------------------------------------- inputs
 
-def train_images(pairs: Path) -> list[tuple[str, str, str | None]]:
-    """(image_key, path, member) of each distinct image of a (small) pair table, ordered by key."""
-    import duckdb
+def eval_images(spec: str) -> list[tuple[str, bytes | None]]:
+    """(name, encoded bytes, or None where unreadable) of every evaluation image (data/sources.py layouts)."""
+    if not Path(spec).exists() and not sources.is_shards(spec):
+        raise ConfigError(f"--against {spec} does not exist; give the evaluation set: a directory of shards or "
+                          "images, a Karpathy JSON, a caption table or a .parquet pair table")
+    def read(item: sources.Item) -> bytes | None:
+        try:
+            return item.read()
+        except OSError:
+            return None
 
-    with duckdb.connect() as con:
-        return con.execute(IMAGE_QUERY + " ORDER BY image_key", [str(pairs)]).fetchall()
-
-
-def eval_images(spec: str) -> Iterator[tuple[str, bytes]]:
-    """(name, encoded bytes) of every evaluation image."""
-    from openalign.data import shards as shard_lib
-
-    path = Path(spec)
-    if path.suffix == ".parquet" and path.is_file():
-        for key, src, member in train_images(path):
-            yield key, SOURCES.read(src, member)
-    elif path.is_dir() and any(path.glob("*.tar")):
-        for sample in shard_lib.read_samples(shard_lib.list_shards(spec)):
-            try:
-                yield sample["__key__"], shard_lib.image_bytes(sample)
-            except shard_lib.BadSample:
-                continue
-    elif path.is_dir():
-        for file in sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()):
-            yield str(file), file.read_bytes()
-    else:
-        raise ConfigError(f"--against {spec} is not a directory of shards or images, nor a .parquet pair table")
+    return [(item.name, read(item)) for item in sources.items(spec)]
 
 
 # ---------------------------------------------------------------------------------------------- plan
@@ -177,45 +162,28 @@ _MODELS: dict = {}  # per process: a task loads the model once
 def _model(path: str, threads: int):
     import torch
 
-    from openalign.model.hub import load_pretrained
+    from openalign.model.encode import load_for_inference
 
     if threads:
         torch.set_num_threads(threads)
     if path not in _MODELS:
-        _MODELS[path] = load_pretrained(Path(path))
+        _MODELS[path] = load_for_inference(Path(path), "cpu")
     return _MODELS[path]
 
 
 def embed_blobs(model_path: str, blobs, batch_size: int, threads: int = 0) -> tuple[np.ndarray, list[int]]:
     """Embeddings of the decodable images among `blobs` (evaluation transform), and their positions."""
-    import torch
-
     from openalign.data import transforms
+    from openalign.model.encode import encode_image_stream
 
     model, _, cfg = _model(model_path, threads)
     resize, crop = cfg.model.vision.resize_size, cfg.model.vision.image_size
-    out, kept, batch, batch_ids = [], [], [], []
-
-    def flush():
-        with torch.no_grad():
-            out.append(model.encode_image(torch.stack(batch)).embeds.float().numpy())
-        kept.extend(batch_ids)
-        batch.clear()
-        batch_ids.clear()
-
-    for i, data in enumerate(blobs):
-        try:
-            image = images.load_rgb(data) if data else None
-        except images.BadImage:
-            image = None
-        if image is None:
-            continue
-        batch.append(transforms.eval_transform(image, resize, crop))
-        batch_ids.append(i)
-        if len(batch) == batch_size:
-            flush()
-    if batch:
-        flush()
+    items = (sources.Item(str(i), "", data=data or b"") for i, data in enumerate(blobs))
+    pixels = ((int(item.key), transforms.eval_transform(image, resize, crop)) for item, image in sources.decoded(items))
+    out, kept = [], []
+    for positions, embeds in encode_image_stream(model, pixels, batch_size):
+        out.append(embeds.numpy())
+        kept.extend(positions)
     return (np.concatenate(out) if out else np.zeros((0, cfg.model.embed_dim), np.float32)), kept
 
 

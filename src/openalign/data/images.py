@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image, ImageOps
 
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff")  # files and shard members
 REJECT_REASONS = ("empty", "unreadable", "truncated", "too_many_pixels")
 CONVERSIONS = ("cmyk", "palette", "high_bit_depth", "alpha", "exif_rotated")
 DEFAULT_MAX_PIXELS = 89_478_485  # Pillow's own decompression-bomb threshold

@@ -39,11 +39,10 @@ from tqdm import tqdm
 from openalign.config import ConfigError
 from openalign.data import images
 from openalign.data import shards as shard_lib
+from openalign.data.sources import IMAGE_SUFFIXES, TABLE_SUFFIXES, folder_files, read_caption
 from openalign.data.distribute import Engine, Task, run_tasks, sources_key, task_id
 from openalign.data.workers import process_pool
 
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
-TABLE_SUFFIXES = {".csv", ".tsv", ".jsonl", ".json", ".parquet"}
 TEXT_REJECTS = ("no_text", "remote_not_fetched", "missing_file", "bad_row", "truncated_tar", "unreadable_tar",
                 "not_a_file")
 PAIR_SCHEMA = pa.schema([
@@ -130,22 +129,6 @@ def pair_uid(image_key: str, text: str) -> str:
 
 # ---------------------------------------------------------------------------------------------- sources
 
-def _read_text(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None
-
-
-def folder_files(root: Path) -> Iterator[Path]:
-    """Image files under `root` by absolute path (later stages run from anywhere), in a fixed order."""
-    for dirpath, dirnames, filenames in os.walk(root.resolve(), followlinks=True):
-        dirnames.sort()
-        for name in sorted(filenames):
-            if Path(name).suffix.lower() in IMAGE_SUFFIXES:
-                yield Path(dirpath) / name
-
-
 def file_record(path: Path) -> Record:
     """An image file with its sidecars: `.txt` the caption, `.json` may give the url. A FIFO or device named
     like an image is rejected by `examine` (`not_a_file`), and only regular sidecars are read."""
@@ -158,7 +141,7 @@ def file_record(path: Path) -> Record:
         except (OSError, ValueError):
             pass
     caption = path.with_suffix(".txt")
-    return Record("folder", str(path), _read_text(caption) if caption.is_file() else None, url=url)
+    return Record("folder", str(path), read_caption(caption) if caption.is_file() else None, url=url)
 
 
 def folder_records(root: Path) -> Iterator[Record]:

@@ -202,22 +202,3 @@ def train_loader(spec: StreamSpec, tokenizer, plan: tuple[int, ...], position: P
     return DataLoader(stream, batch_size=None, num_workers=spec.workers, worker_init_fn=_worker_init,
                       generator=torch.Generator().manual_seed(spec.seed),  # leaves the global RNG alone
                       prefetch_factor=4 if spec.workers else None)
-
-
-@dataclass
-class EvalSample:
-    pixels: torch.Tensor  # [3, crop, crop] (a PIL image when crop=0: see transforms.eval_pixels)
-    texts: list[str]
-    meta: dict
-
-
-def eval_samples(shards: list[str], resize: int, crop: int, counter: dict | None = None) -> Iterator[EvalSample]:
-    """Every sample of `shards` in order, center-cropped, with all its texts; corrupt ones counted."""
-    counter = counter if counter is not None else {}
-    for sample in shard_lib.read_samples(shards, counter=counter):
-        try:
-            image = transforms.decode(shard_lib.image_bytes(sample), resize)
-            yield EvalSample(transforms.eval_pixels(image, resize, crop), shard_lib.sample_texts(sample),
-                             shard_lib.sample_meta(sample) | {"key": sample["__key__"]})
-        except Exception as err:  # noqa: BLE001 - any unusable sample is skipped and counted
-            shard_lib.skip(counter, getattr(err, "reason", "undecodable_image"))

@@ -23,7 +23,7 @@ from openalign.config import ConfigError, FilterConfig
 from openalign.data import filters
 from openalign.data.ingest import IngestOptions, ingest
 from openalign.data.loader import stable_seed
-from openalign.data.shard import ShardOptions, kept_images, write_samples
+from openalign.data.sharding import ShardOptions, kept_images, write_samples
 
 DEFAULT_ROOT = "/usr/share/openclipart/png"
 

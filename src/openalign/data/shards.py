@@ -25,9 +25,10 @@ from typing import Iterator
 import braceexpand
 
 from openalign.config import ConfigError
+from openalign.data.images import IMAGE_SUFFIXES
 
 MANIFEST = "manifest.json"
-IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 SKIP_REASONS = ("truncated_tar", "unreadable_tar", "no_image", "no_text", "bad_json")
 
 
@@ -103,7 +104,7 @@ def list_shards(spec: str) -> list[str]:
         shards = [line.strip() for line in path.read_text().splitlines() if line.strip()]
     else:
         shards = list(braceexpand.braceexpand(spec))
-    not_tars = [s for s in shards if Path(s).is_file() and not s.endswith((".tar", ".tar.gz", ".tgz"))]
+    not_tars = [s for s in shards if Path(s).is_file() and not s.endswith(SHARD_SUFFIXES)]
     if not_tars:
         raise ConfigError(f"{not_tars[0]} is not a webdataset shard (.tar); give a directory of shards, a brace pattern "
                           "(shards-{000..009}.tar), a list file, or build shards with `openalign shard`")
@@ -198,10 +199,10 @@ def tar_samples(path: str, counter: dict | None = None) -> Iterator[dict]:
 
 
 def image_bytes(sample: dict) -> bytes:
-    for ext in IMAGE_EXTENSIONS:
-        if ext in sample:
-            return sample[ext]
-    raise BadSample("no_image", "no .jpg/.jpeg/.png/.webp member")
+    for suffix in IMAGE_SUFFIXES:
+        if suffix[1:] in sample:
+            return sample[suffix[1:]]
+    raise BadSample("no_image", f"no image member ({'/'.join(IMAGE_SUFFIXES)})")
 
 
 def sample_meta(sample: dict) -> dict:
@@ -254,7 +255,7 @@ def read_samples(shards: list[str], fraction: float = 1.0, counter: dict | None 
 
 
 class KeepIndex:
-    """Which samples of the original shards the keep-lists keep (`data.keep`; data/shard.py `keep_index`
+    """Which samples of the original shards the keep-lists keep (`data.keep`; data/sharding.py `build_keep_index`
     writes it): a Parquet table of (path, key) sorted by path. A reader loads the keys of one shard at a time
     (row-group statistics skip the rest), so no worker ever holds the corpus-wide set."""
 

@@ -20,7 +20,8 @@ import numpy as np
 import torch
 
 from openalign.eval import metrics as M
-from openalign.eval.embed import EvalData, EvalOptions, encode_texts
+from openalign.eval.features import EvalData, EvalOptions
+from openalign.model.encode import encode_texts
 
 WEIGHTS = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, "text")  # text weight against image weight 1
 PAPER_WEIGHT = 2.0
@@ -67,7 +68,7 @@ def arithmetic(model, tokenizer, data: EvalData, options: EvalOptions) -> dict:
     targets = torch.tensor([t for _, _, t in found])
     modifiers = [m for _, m, _ in found]
     unique = sorted(set(modifiers))
-    text = encode_texts(model, tokenizer, unique, options).float()
+    text = encode_texts(model, tokenizer, unique, options.batch_size, options.max_length).float()
     texts = text[torch.tensor([unique.index(m) for m in modifiers])]  # [Q, D]
     images = data.image_embeds.float()
     kinds = np.array([kind_of(m) for m in modifiers])

@@ -20,7 +20,8 @@ import torch
 from openalign.config import ConfigError
 from openalign.eval import metrics as M
 from openalign.eval.arithmetic import KS, PAPER_WEIGHT, WEIGHTS
-from openalign.eval.embed import EvalData, EvalOptions, encode_texts
+from openalign.eval.features import EvalData, EvalOptions
+from openalign.model.encode import encode_texts
 
 
 def _pairs(data: EvalData) -> tuple[list[str], list[str], list[tuple[str, str, bool]]]:
@@ -34,7 +35,7 @@ def _pairs(data: EvalData) -> tuple[list[str], list[str], list[tuple[str, str, b
 def classification(model, tokenizer, data: EvalData, options: EvalOptions, colours, shapes, rows) -> dict:
     classes = [(c, s) for c in colours for s in shapes]
     prompts = [t.format(f"{c} {s}") for c, s in classes for t in options.templates]
-    weights = M.class_weights(encode_texts(model, tokenizer, prompts, options), len(classes))
+    weights = M.class_weights(encode_texts(model, tokenizer, prompts, options.batch_size, options.max_length), len(classes))
     predicted = (data.image_embeds.float() @ weights.T).argmax(dim=1).tolist()
     out = {"n_classes": len(classes), "chance_unseen_top1": 1 / len(classes), "chance_seen_top1": 1 / len(classes)}
     for name, want in (("unseen", False), ("seen", True)):
@@ -69,12 +70,12 @@ def swap_colour(model, tokenizer, data: EvalData, options: EvalOptions, colours,
     for q, (_, _, c2, s) in enumerate(queries):
         positives[q, :len(members[c2, s])] = torch.tensor(members[c2, s])
     sources = torch.tensor([i for i, _, _, _ in queries])
-    words = encode_texts(model, tokenizer, colours, options).float().numpy()
+    words = encode_texts(model, tokenizer, colours, options.batch_size, options.max_length).float().numpy()
     word = {c: words[k] for k, c in enumerate(colours)}
     terms = np.stack([np.stack([word[c1], word[c2]]) for _, c1, c2, _ in queries])  # [Q, 2, D]
     signs = np.tile(np.array([[-1.0, 1.0]], dtype=np.float32), (len(queries), 1))
     names = sorted({f"{c2} {s}" for _, _, c2, s in queries})
-    named = encode_texts(model, tokenizer, names, options).float()
+    named = encode_texts(model, tokenizer, names, options.batch_size, options.max_length).float()
     out: dict = {"arithmetic_n_queries": len(queries)}
     for weight in WEIGHTS:
         if weight == "text":

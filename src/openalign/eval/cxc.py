@@ -27,7 +27,8 @@ import torch
 
 from openalign.config import ConfigError
 from openalign.eval import metrics as M
-from openalign.eval.embed import EvalData, EvalOptions, encode_texts
+from openalign.eval.features import EvalData, EvalOptions
+from openalign.model.encode import encode_texts
 
 KINDS = {"sts": ("caption1", "caption2"), "sis": ("image1", "image2"), "sits": ("caption", "image")}
 SCORE_COLUMNS = ("agg_score", "score", "similarity")
@@ -100,12 +101,12 @@ def cxc(model, tokenizer, data: EvalData, options: EvalOptions) -> dict:
         raise ConfigError("--task cxc needs captioned evaluation data (the Karpathy JSON the ratings refer to)")
     ratings = read_ratings(options.cxc, options.split)
     find = Resolver(data)
-    txt, img = encode_texts(model, tokenizer, data.captions, options), data.image_embeds
+    txt, img = encode_texts(model, tokenizer, data.captions, options.batch_size, options.max_length), data.image_embeds
     # captions that are not ids are encoded as literal text, for the correlations only
     refs = [ref for kind, rows in ratings.items() if kind != "sis" for row in rows
             for ref in (row[:2] if kind == "sts" else row[:1])]
     literal = {ref: i for i, ref in enumerate(dict.fromkeys(r for r in refs if not CAPTION_ID.match(r.strip())))}
-    texts = torch.cat([txt, encode_texts(model, tokenizer, list(literal), options)])
+    texts = torch.cat([txt, encode_texts(model, tokenizer, list(literal), options.batch_size, options.max_length)])
 
     def text_row(ref: str) -> int:
         return len(txt) + literal[ref] if ref in literal else find.caption(ref)

@@ -31,10 +31,11 @@ from tqdm import tqdm
 from openalign.config import ConfigError, FinetuneConfig, leaf_keys, override, validate
 from openalign.data import transforms
 from openalign.eval import metrics as M
-from openalign.eval.datasets import eval_stream
-from openalign.eval.embed import EvalOptions, device_of, evaluating
+from openalign.data import sources
+from openalign.eval.features import EvalOptions
+from openalign.model.encode import device_of, evaluating
 from openalign.model.dual_encoder import DualEncoder, vision_pooled_dim
-from openalign.train.schedule import lr_at
+from openalign.schedule import lr_at
 
 
 VTAB_SWEEP = ("lr=0.1,0.01", "steps=2500,10000", "batch_size=512", "head_lr_scale=1")
@@ -78,10 +79,12 @@ class Labeled:
 
 def load_labeled(path: str | Path, options: EvalOptions, resize: int) -> Labeled:
     counter: dict = {}
-    samples = list(eval_stream(str(path), resize, 0, counter, options.images, options.split))
+    samples = [(item.label, transforms.eval_pixels(image, resize, 0)) for item, image in
+               sources.decoded(sources.items(str(path), options.images, options.split, counter, captionless=False),
+                               counter)]
     if not samples:
         raise ConfigError(f"no readable labeled images in {path}")
-    return Labeled([s.pixels for s in samples], [s.meta.get("name", "") for s in samples], counter.get("skipped", 0))
+    return Labeled([pixels for _, pixels in samples], [label for label, _ in samples], counter.get("skipped", 0))
 
 
 class Classifier(torch.nn.Module):

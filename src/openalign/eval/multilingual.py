@@ -29,7 +29,8 @@ import torch
 
 from openalign.config import ConfigError
 from openalign.eval import metrics as M
-from openalign.eval.embed import EvalData, EvalOptions, encode_texts
+from openalign.eval.features import EvalData, EvalOptions
+from openalign.model.encode import encode_texts
 
 
 def _lines(path: Path) -> list[str]:
@@ -103,7 +104,7 @@ def multilingual(model, tokenizer, data: EvalData, options: EvalOptions) -> dict
     out: dict = {}
     for lang, (captions, owner) in per_language.items():
         owner_t = torch.tensor(owner, dtype=torch.long)
-        txt = encode_texts(model, tokenizer, captions, options)
+        txt = encode_texts(model, tokenizer, captions, options.batch_size, options.max_length)
         metrics = M.retrieval_metrics(images, txt, owner_t)
         chance = M.retrieval_chance(owner_t, len(rows))
         out |= {f"{lang}_{k}": v for k, v in metrics.items()} | {f"chance_{lang}_{k}": v for k, v in chance.items()}

@@ -22,7 +22,8 @@ from openalign.eval.arithmetic import arithmetic
 from openalign.eval.compositional import compositional
 from openalign.eval.cxc import cxc
 from openalign.eval.datasets import load_classnames, word_pairs
-from openalign.eval.embed import EvalData, EvalOptions, embed_split, encode_texts
+from openalign.eval.features import EvalData, EvalOptions, embed_split
+from openalign.model.encode import encode_texts
 from openalign.eval.finetune import finetune, vtab
 from openalign.eval.multilingual import multilingual
 from openalign.model.dual_encoder import DualEncoder
@@ -31,7 +32,7 @@ from openalign.model.dual_encoder import DualEncoder
 def retrieval(model: DualEncoder, tokenizer, data: EvalData, options: EvalOptions) -> dict:
     if not data.captions:
         raise ConfigError("the evaluation data has no captions (a classification set?): use --task zeroshot")
-    txt = encode_texts(model, tokenizer, data.captions, options)
+    txt = encode_texts(model, tokenizer, data.captions, options.batch_size, options.max_length)
     i2t = M.i2t_ranks(data.image_embeds, txt, data.text_to_image)
     t2i = M.t2i_ranks(data.image_embeds, txt, data.text_to_image)
     metrics = M.ranks_to_metrics(i2t, t2i) | M.modality_gap(data.image_embeds, txt) | {
@@ -52,7 +53,7 @@ def zeroshot(model: DualEncoder, tokenizer, data: EvalData, options: EvalOptions
             raise ConfigError(f"none of the labels in {options.class_subset} occur in the evaluation data")
     names = load_classnames(options.classnames, classes) if options.classnames else {c: c for c in classes}
     prompts = [t.format(names[c]) for c in classes for t in options.templates]  # class-major [C*T]
-    weights = M.class_weights(encode_texts(model, tokenizer, prompts, options), len(classes))  # [C, D]
+    weights = M.class_weights(encode_texts(model, tokenizer, prompts, options.batch_size, options.max_length), len(classes))  # [C, D]
     index = {c: i for i, c in enumerate(classes)}
     rows = torch.tensor([i for i, c in enumerate(data.labels) if c in index], dtype=torch.long)
     labels = torch.tensor([index[data.labels[i]] for i in rows.tolist()], dtype=torch.long)
@@ -116,7 +117,7 @@ def text_pair_similarity(model: DualEncoder, tokenizer, path: str, task: str, op
         raise ConfigError(f"{path} needs the columns {first}, {second} and one of {', '.join(score_names)}")
     texts = sorted({r[first] for r in rows} | {r[second] for r in rows})
     index = {t: i for i, t in enumerate(texts)}
-    embeds = encode_texts(model, tokenizer, texts, options)
+    embeds = encode_texts(model, tokenizer, texts, options.batch_size, options.max_length)
     a = embeds[[index[r[first]] for r in rows]]
     b = embeds[[index[r[second]] for r in rows]]
     cosine = (a * b).sum(dim=1).tolist()
@@ -143,7 +144,7 @@ def word_sim(model: DualEncoder, tokenizer, path: str, options: EvalOptions) -> 
         raise ConfigError(f"only {len(covered)} of the {len(pairs)} pairs of {path} have words the tokenizer knows "
                           "(all-[UNK] words are not a measurement); the model's vocabulary does not cover this set")
     index = {w: i for i, w in enumerate(sorted({w for a, b, _ in covered for w in (a, b)}))}
-    embeds = encode_texts(model, tokenizer, list(index), options)
+    embeds = encode_texts(model, tokenizer, list(index), options.batch_size, options.max_length)
     a = embeds[[index[p[0]] for p in covered]]
     b = embeds[[index[p[1]] for p in covered]]
     return out | {"spearman": float(spearmanr((a * b).sum(dim=1).tolist(), [s for _, _, s in covered]).statistic)}

@@ -19,13 +19,11 @@ one-process run. On CUDA the towers run in bf16 autocast, images in channels_las
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -34,11 +32,14 @@ import torch
 from tqdm import tqdm
 
 from openalign.config import ConfigError
-from openalign.data import images as image_lib
+from openalign import distributed
 from openalign.data import shards as shard_lib
+from openalign.data import sources as source_lib
 from openalign.data import transforms
-from openalign.data.ingest import IMAGE_SUFFIXES
 from openalign.index.parts import MANIFEST, part_files, read_manifest
+from openalign.model.encode import encode_image_stream, encode_texts, load_for_inference
+from openalign.model.hub import weights_fingerprint
+
 META_SCHEMA = pa.schema([("key", pa.string()), ("path", pa.string()), ("caption", pa.string()),
                          ("width", pa.int32()), ("height", pa.int32())])
 
@@ -53,70 +54,6 @@ class EmbedOptions:
     device: str = "auto"  # auto: this rank's GPU when there is one, else the CPU
 
 
-@dataclass
-class Item:
-    key: str
-    path: str
-    caption: str
-    read: callable  # () -> bytes
-
-
-def _caption(image: Path) -> str:
-    """The `.txt` sidecar of an image ('' without one); bytes that are not UTF-8 become U+FFFD, as ingest reads them."""
-    sidecar = image.with_suffix(".txt")
-    return sidecar.read_text(encoding="utf-8", errors="replace").strip() if sidecar.is_file() else ""
-
-
-def _listed(source: str, images_root: str) -> list[Item] | None:
-    """The images of a directory or an evaluation table, in a fixed order; None for shards."""
-    path = Path(source)
-    if path.is_dir() and not any(path.glob("*.tar")):
-        files = sorted(p for p in path.resolve().rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
-        if not files:
-            raise ConfigError(f"no images under {source}")
-        return [Item(str(f.relative_to(path.resolve())), str(f), _caption(f), f.read_bytes) for f in files]
-    if path.suffix in (".json", ".csv", ".tsv", ".jsonl") and path.is_file():
-        from openalign.eval.datasets import karpathy_items, table_items
-
-        root = (Path(images_root) if images_root else path.parent).resolve()
-        rows = karpathy_items(path, root, "all") if path.suffix == ".json" else table_items(path, root)
-        return [Item(str(p.relative_to(root)) if p.is_relative_to(root) else str(p), str(p), caps[0] if caps else "",
-                     p.read_bytes) for p, caps, *_ in rows]
-    return None
-
-
-def shard_items(shard: str, counter: dict | None = None) -> list[Item]:
-    """The samples of one shard (one part); shard samples that cannot be used are counted in `counter`."""
-    items = []
-    for sample in shard_lib.read_samples([shard], counter=counter):
-        try:
-            texts = shard_lib.sample_texts(sample)
-        except shard_lib.BadSample as err:
-            if err.reason != "no_text":  # an image without a caption is still an image to index
-                shard_lib.skip(counter, err.reason)
-                continue
-            texts = []
-        try:
-            data = shard_lib.image_bytes(sample)
-        except shard_lib.BadSample as err:
-            shard_lib.skip(counter, err.reason)
-            continue
-        items.append(Item(sample["__key__"], sample["__url__"], texts[0] if texts else "", lambda d=data: d))
-    return items
-
-
-def collection(source: str, images_root: str = "", counter: dict | None = None) -> list[Item]:
-    """Every image of `source` in a fixed order; paths are absolute, so the embeddings, the index and the
-    service work from any directory."""
-    listed = _listed(source, images_root)
-    if listed is not None:
-        return listed
-    items = [item for shard in shard_lib.list_shards(source) for item in shard_items(str(Path(shard).resolve()), counter)]
-    if not items:
-        raise ConfigError(f"no images in {source}: give an image directory, shards, or a Karpathy JSON / caption table")
-    return items
-
-
 @dataclass(frozen=True)
 class Part:
     """One unit of embedding work: a whole shard, or rows [start, stop) of a listed source."""
@@ -128,12 +65,12 @@ class Part:
     stop: int = 0
 
 
-def plan_parts(sources: list[str], options: EmbedOptions) -> tuple[list[Part], dict[str, list[Item]], str]:
+def plan_parts(sources: list[str], options: EmbedOptions) -> tuple[list[Part], dict[str, list[source_lib.Item]], str]:
     """The parts of `sources` in order, the listed sources' items, and a fingerprint of the layout (each
     shard's path, size and time; each listed file's path)."""
     parts, listings, layout = [], {}, hashlib.blake2b(digest_size=16)
     for source in sources:
-        listed = _listed(source, options.images)
+        listed = source_lib.listing(source, options.images, "all")
         if listed is None:
             shards = [str(Path(s).resolve()) for s in shard_lib.list_shards(source)]
             for shard in shards:
@@ -147,16 +84,6 @@ def plan_parts(sources: list[str], options: EmbedOptions) -> tuple[list[Part], d
         for start in range(0, len(listed), options.part_size):
             parts.append(Part(len(parts), source=source, start=start, stop=min(start + options.part_size, len(listed))))
     return parts, listings, layout.hexdigest()
-
-
-def _decoded(items: list[Item], resize: int, crop: int, counter: dict) -> Iterator[tuple[Item, torch.Tensor, tuple]]:
-    for item in items:
-        try:
-            image = image_lib.load_rgb(item.read())
-        except (OSError, image_lib.BadImage) as err:
-            shard_lib.skip(counter, getattr(err, "reason", "missing_file"))
-            continue
-        yield item, transforms.eval_transform(image, resize, crop), image.size
 
 
 def _write_part(out: Path, index: int, embeds: np.ndarray, rows: list[dict], texts: np.ndarray | None = None) -> None:
@@ -187,68 +114,33 @@ def _finished(out: Path, part: Part, key: str, texts: bool) -> dict | None:
 
 
 class Encoder:
-    """The model on this rank's device: eval mode, bf16 autocast and channels_last on CUDA, fp32 on CPU."""
+    """The model on this rank's device (model/encode.py: bf16 autocast and channels_last on CUDA)."""
 
     def __init__(self, model_dir: Path, device: str, local_rank: int):
-        from openalign.model.hub import load_pretrained
-
-        self.model, self.tokenizer, self.cfg = load_pretrained(model_dir)
-        if device == "auto":
-            device = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(device)
-        self.model.to(self.device)
-        if self.device.type == "cuda":
-            self.model.to(memory_format=torch.channels_last)
-        self.model.eval()
-
-    def autocast(self):
-        if self.device.type == "cuda":
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
-
-    def images(self, pixels: torch.Tensor) -> np.ndarray:
-        pixels = pixels.to(self.device)
-        if self.device.type == "cuda":
-            pixels = pixels.contiguous(memory_format=torch.channels_last)
-        with torch.no_grad(), self.autocast():
-            embeds = self.model.encode_image(pixels).embeds.float()
-        if self.device.type == "cuda":  # normalized again after bf16
-            embeds = torch.nn.functional.normalize(embeds, dim=-1)
-        return embeds.cpu().numpy()
+        self.model, self.tokenizer, self.cfg = load_for_inference(model_dir, device, local_rank)
 
     def texts(self, captions: list[str], batch_size: int) -> np.ndarray:
-        from openalign.eval.embed import EvalOptions, encode_texts
-
+        """[n, D] caption embeddings; zero rows where there is no caption."""
         out = np.zeros((len(captions), self.cfg.model.embed_dim), np.float32)
         rows = [i for i, c in enumerate(captions) if c]
         if rows:
-            with self.autocast():
-                vectors = encode_texts(self.model, self.tokenizer, [captions[i] for i in rows],
-                                       EvalOptions(batch_size=batch_size, max_length=self.cfg.model.text.max_length))
-            out[rows] = torch.nn.functional.normalize(vectors.float(), dim=-1).numpy() if self.device.type == "cuda" \
-                else vectors.numpy()
+            out[rows] = encode_texts(self.model, self.tokenizer, [captions[i] for i in rows], batch_size,
+                                     self.cfg.model.text.max_length).numpy()
         return out
 
 
-def embed_part(encoder: Encoder, items: list[Item], options: EmbedOptions, bar) -> tuple:
+def embed_part(encoder: Encoder, items, options: EmbedOptions, bar) -> tuple:
     """(image embeddings, caption embeddings or None, metadata rows, skip counter) of one part."""
     resize, crop = encoder.cfg.model.vision.resize_size, encoder.cfg.model.vision.image_size
     counter: dict = {}
-    embeds, rows, pending = [], [], []
-
-    def flush():
-        embeds.append(encoder.images(torch.stack([p for _, p, _ in pending])))
-        rows.extend({"key": item.key, "path": item.path, "caption": item.caption, "width": size[0],
-                     "height": size[1]} for item, _, size in pending)
-        pending.clear()
-
-    for decoded in _decoded(items, resize, crop, counter):
-        pending.append(decoded)
-        bar.update(1)
-        if len(pending) == options.batch_size:
-            flush()
-    if pending:
-        flush()
+    pixels = (((item, image.size), transforms.eval_transform(image, resize, crop))
+              for item, image in source_lib.decoded(items, counter))
+    embeds, rows = [], []
+    for batch, vectors in encode_image_stream(encoder.model, pixels, options.batch_size):
+        embeds.append(vectors.numpy())
+        rows.extend({"key": item.key, "path": item.path, "caption": item.texts[0] if item.texts else "",
+                     "width": size[0], "height": size[1]} for item, size in batch)
+        bar.update(len(batch))
     bar.update(counter.get("skipped", 0))
     dim = encoder.cfg.model.embed_dim
     matrix = np.concatenate(embeds) if embeds else np.zeros((0, dim), np.float32)
@@ -260,9 +152,6 @@ def embed(model_dir: Path, sources: list[str], out: Path, options: EmbedOptions 
           progress: bool = True) -> dict:
     """Embed every image of `sources` (in order; see the module docstring) into `out`: this rank's parts,
     then (rank 0, after every rank is done) the manifest."""
-    from openalign import distributed
-    from openalign.model.hub import weights_fingerprint
-
     layout = distributed.from_env()
     if layout.active and not torch.distributed.is_initialized():
         torch.distributed.init_process_group("gloo")  # only for the barrier; the work itself never talks
@@ -284,7 +173,7 @@ def embed(model_dir: Path, sources: list[str], out: Path, options: EmbedOptions 
                if layout.active else "embed", unit="img", disable=not progress)
     for part in todo:
         counter: dict = {}
-        items = shard_items(part.shard, counter) if part.shard else listings[part.source][part.start:part.stop]
+        items = source_lib.shard_items(part.shard, counter) if part.shard else listings[part.source][part.start:part.stop]
         matrix, texts, rows, decoded = embed_part(encoder, items, options, bar)
         _write_part(out, part.index, matrix.astype(dtype), rows, None if texts is None else texts.astype(dtype))
         status = {"plan": key, "rows": len(rows), "skipped": decoded.get("skipped", 0) + counter.get("skipped", 0),

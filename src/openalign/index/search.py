@@ -16,8 +16,8 @@ import numpy as np
 from openalign.config import ConfigError
 from openalign.data import images as image_lib
 from openalign.data import transforms
-from openalign.eval.embed import EvalOptions, encode_texts, evaluating
 from openalign.index.build import Loaded
+from openalign.model.encode import encode_images, encode_texts
 
 IMAGE_WEIGHT, TEXT_WEIGHT = 1.0, 2.0  # the paper's image+text query weights
 
@@ -47,9 +47,7 @@ def image_embedding(model, image_bytes: bytes) -> np.ndarray:
         image = image_lib.load_rgb(image_bytes)
     except image_lib.BadImage as err:
         raise ConfigError(f"the query image is not a readable image ({err.reason})") from None
-    pixels = transforms.eval_transform(image, cfg.resize_size, cfg.image_size)[None]
-    with evaluating(model):
-        return model.encode_image(pixels).embeds.float().numpy()[0]
+    return encode_images(model, transforms.eval_transform(image, cfg.resize_size, cfg.image_size)[None]).numpy()[0]
 
 
 def query_vector(model, tokenizer, query: Query, index: Loaded | None = None) -> np.ndarray:
@@ -64,8 +62,8 @@ def query_vector(model, tokenizer, query: Query, index: Loaded | None = None) ->
         image = index.vector(int(query.image_id))
     if image is None and not texts:
         raise ConfigError("a query needs a text, an image or an image id")
-    options = EvalOptions(max_length=model.cfg.text.max_length)
-    embeds = encode_texts(model, tokenizer, texts, options).numpy() if texts else np.zeros((0, model.cfg.embed_dim))
+    embeds = encode_texts(model, tokenizer, texts, max_length=model.cfg.text.max_length).numpy() if texts \
+        else np.zeros((0, model.cfg.embed_dim))
     return combine(None if image is None else image[None], embeds[None], np.asarray(signs, dtype=np.float32)[None],
                    query.image_weight, query.text_weight)[0]
 

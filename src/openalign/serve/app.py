@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from openalign.config import ConfigError
 from openalign.data import images as image_lib
-from openalign.data.ingest import IMAGE_SUFFIXES
+from openalign.data.images import IMAGE_SUFFIXES
 from openalign.index import build, search
 
 STATIC = Path(__file__).parent / "static"

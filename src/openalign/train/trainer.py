@@ -27,14 +27,14 @@ from openalign.config import Config, ConfigError
 from openalign.data import shards as shard_lib
 from openalign.data.corpora import resolve_data
 from openalign.data.loader import Position, StreamSpec, epoch_plan, train_loader
-from openalign.data.shard import build_keep_index
+from openalign.data.sharding import build_keep_index
 from openalign.eval.tasks import HELD_OUT_TASKS, EvalOptions, run_tasks
 from openalign.model import hub
 from openalign.model.dual_encoder import DualEncoder
 from openalign.tokenizer import check_tokenizer_dir, load_tokenizer, train_tokenizer
 from openalign.train import fsdp, report
 from openalign.train.optim import build_optimizer, full_state_dict, set_lr
-from openalign.train.schedule import lr_at
+from openalign.schedule import lr_at
 from openalign.train.step import forward_backward
 
 CHECKPOINT = "checkpoint.pt"

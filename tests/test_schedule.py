@@ -1,6 +1,6 @@
 import pytest
 
-from openalign.train.schedule import lr_at
+from openalign.schedule import lr_at
 
 
 def test_warmup_then_linear_decay_to_zero():

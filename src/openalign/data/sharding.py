@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tarfile
+import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,11 +30,12 @@ from PIL import Image
 from openalign.config import ConfigError
 from openalign.data import images
 from openalign.data import shards as shard_lib
-from openalign.data.distribute import (Engine, Task, duckdb_plan, previous, read_plan, run_tasks, spark_plan,
-                                       spark_session, task_id)
+from openalign.data.distribute import (Engine, Task, duckdb_plan, previous, read_plan, run_tasks, sources_key,
+                                       spark_plan, spark_session, task_id)
 from openalign.data.filters import keep_source
 from openalign.data.ingest import SOURCE_COLUMNS, blake, check_pair_table
 from openalign.data.shards import MANIFEST, encode_image
+from openalign.data.sources import SOURCES, karpathy_items
 
 STATUS = "_status"  # per-shard task status (distribute.py)
 
@@ -82,8 +83,6 @@ def build_keep_index(keep_dirs: list[str], out_dir: Path) -> str:
     by path, as one Parquet file under `out_dir` named by a fingerprint of its inputs (built once, reused).
     The training loader then reads the original shards and skips what this does not list: the corpus is not
     rewritten, and each reader holds one shard's keys at a time (shards.KeepIndex)."""
-    from openalign.data.distribute import sources_key
-
     tables = {str(pair_table_of(Path(k))) for k in keep_dirs}
     if len(tables) != 1:
         raise ConfigError(f"the keep-lists {', '.join(keep_dirs)} come from different pair tables ({', '.join(sorted(tables))}); "
@@ -154,46 +153,6 @@ def plan_samples(samples: list[dict], plan: Path, per_shard: int) -> int:
     rows = [s | {"pos": i + 1, "shard": i // per_shard} for i, s in enumerate(samples)]
     pq.write_table(pa.Table.from_pylist(rows), plan / "plan.parquet", row_group_size=max(per_shard, 2048))
     return len(samples)
-
-
-class _Sources:
-    """Image bytes by (path, member); tar indexes are built once per process and tar. A tar cut short keeps
-    the members before the cut; a member that cannot be read is an OSError, as a missing file is."""
-
-    def __init__(self):
-        self.tars: dict[str, tuple[tarfile.TarFile, dict]] = {}
-
-    def read(self, path: str, member: str | None) -> bytes:
-        if not member:
-            return Path(path).read_bytes()
-        if path not in self.tars:
-            self.tars[path] = self._index(path)
-        tar, index = self.tars[path]
-        info = index.get(member) or next((m for name, m in index.items() if name.endswith("/" + member)), None)
-        if info is None:
-            raise FileNotFoundError(f"{member} not in {path}")
-        try:
-            return tar.extractfile(info).read()
-        except tarfile.TarError as err:
-            raise OSError(f"{member} of {path}: {err}") from None
-
-    @staticmethod
-    def _index(path: str) -> tuple[tarfile.TarFile, dict]:
-        try:
-            tar = tarfile.open(path)
-        except tarfile.TarError as err:
-            raise OSError(f"{path}: {err}") from None
-        index = {}
-        try:
-            for info in tar:
-                if info.isfile():
-                    index[info.name] = info
-        except tarfile.TarError:  # truncated: the members before the cut are still there
-            pass
-        return tar, index
-
-
-SOURCES = _Sources()  # one per process: forked workers each build their own tar indexes
 
 
 def resize_short_side(image: Image.Image, size: int) -> Image.Image:
@@ -317,3 +276,17 @@ def run_plan(plan: Path, count: int, out: Path, options: ShardOptions, progress:
         raise ConfigError(f"no image of the {count:,} to shard could be read ({reasons}); the shards in {out} "
                           "are empty")
     return manifest
+
+
+def karpathy_shards(path: Path, images_root: Path, split: str, out: Path, progress: bool = True) -> dict:
+    """Shard a Karpathy split for training or evaluation (every caption of an image kept, the shorter side at
+    most 346, unreadable images skipped and counted); reruns reuse finished shards."""
+    keys: dict[str, int] = {}
+    samples = []
+    for item in karpathy_items(path, images_root, split):
+        key = re.sub(r"[^A-Za-z0-9_-]", "_", Path(item.path).stem)  # webdataset keys: no dots
+        keys[key] = keys.get(key, 0) + 1
+        samples.append({"image_key": key if keys[key] == 1 else f"{key}_{keys[key]}", "texts": item.texts,
+                        "uids": item.caption_ids, "path": item.path, "member": None, "url": ""})
+    return write_samples(samples, out, ShardOptions(prefix=f"{path.stem}-{split.replace(',', '-')}"), progress,
+                         {"source": str(path), "split": split, "images": str(images_root)})

@@ -1,11 +1,10 @@
-"""Embedding evaluation data once, for every task: options, the shared `EvalData`, and batched encoders."""
+"""The evaluation split's image features, computed once for every task (and cached): `EvalData`."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,9 +12,9 @@ import torch
 from tqdm import tqdm
 
 from openalign.config import ConfigError, EvalConfig, FinetuneConfig
-from openalign.data.loader import eval_samples
-from openalign.eval.datasets import eval_stream
+from openalign.data import sources, transforms
 from openalign.model.dual_encoder import DualEncoder
+from openalign.model.encode import encode_image_stream
 
 # A short generic prompt set for icons and emoji (one definition: the config's default).
 DEFAULT_TEMPLATES = EvalConfig().templates
@@ -62,45 +61,6 @@ class EvalData:
     figures: dict = field(default_factory=dict)  # tasks leave what the report's plots need here
 
 
-def device_of(model: DualEncoder) -> torch.device:
-    return next(model.parameters()).device
-
-
-@contextmanager
-def evaluating(model: DualEncoder):
-    """Eval mode (BatchNorm running statistics, no dropout) and no autograd; restores the mode after."""
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        model.train(was_training)
-
-
-def encode_texts(model: DualEncoder, tokenizer, texts: list[str], options: EvalOptions) -> torch.Tensor:
-    """[len(texts), D] normalized embeddings. All texts are tokenized in one call and encoded in order
-    of length, so each batch is padded only to its own longest text; rows come back in input order."""
-    if not texts:
-        return torch.empty(0, model.cfg.embed_dim)
-    ids = tokenizer(texts, truncation=True, max_length=options.max_length)["input_ids"]
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    pad = tokenizer.pad_token_id or 0
-    out = torch.empty(len(texts), model.cfg.embed_dim)
-    with evaluating(model):
-        for start in range(0, len(order), options.batch_size):
-            rows = order[start:start + options.batch_size]
-            width = max(len(ids[i]) for i in rows)
-            batch = torch.full((len(rows), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(rows), width), dtype=torch.long)
-            for j, i in enumerate(rows):
-                batch[j, :len(ids[i])] = torch.tensor(ids[i])
-                mask[j, :len(ids[i])] = 1
-            device = device_of(model)
-            out[rows] = model.encode_text(batch.to(device), mask.to(device)).embeds.float().cpu()
-    return out
-
-
 def files_fingerprint(*paths: str) -> str:
     """A hash of the names, sizes and modification times of every file at or under `paths`."""
     entries = []
@@ -140,36 +100,32 @@ def embed_split(model: DualEncoder, shards: str | list[str], options: EvalOption
     return data
 
 
+def split_items(data: str | list[str], options: EvalOptions, counter: dict):
+    """The items of an evaluation split: any data/sources.py layout, or a list of shards. Shard samples
+    without a caption are skipped and counted (every evaluation image needs a caption or a label)."""
+    if isinstance(data, str):
+        return sources.items(data, options.images, options.split, counter, captionless=False)
+    return (item for shard in data for item in sources.shard_items(shard, counter, captionless=False))
+
+
 def _embed(model: DualEncoder, shards: str | list[str], options: EvalOptions, resize: int, crop: int,
            progress: bool) -> EvalData:
     counter: dict = {}
-    if isinstance(shards, str):
-        stream = eval_stream(shards, resize, crop, counter, options.images, options.split)
-    else:
-        stream = eval_samples(shards, resize, crop, counter)
-    embeds, captions, owner, labels, keys, caption_ids, pending = [], [], [], [], [], [], []
-    by_language, attributes = [], []
-
-    def flush():
-        with evaluating(model):
-            embeds.append(model.encode_image(torch.stack(pending).to(device_of(model))).embeds.float().cpu())
-        pending.clear()
-
-    for sample in tqdm(stream, desc="embed eval images", unit="img",
-                       disable=not progress, leave=False):
-        index = len(labels)
-        labels.append(sample.meta.get("name") or (sample.texts[0] if sample.texts else ""))
-        keys.append(sample.meta.get("path") or sample.meta.get("key", str(index)))
-        caption_ids += sample.meta.get("caption_ids") or [f"{Path(keys[-1]).name}#{i}" for i in range(len(sample.texts))]
-        captions += sample.texts
-        owner += [index] * len(sample.texts)
-        by_language.append(sample.meta.get("texts_by_language") or {})
-        attributes.append(sample.meta.get("attributes") or {})
-        pending.append(sample.pixels)
-        if len(pending) == options.batch_size:
-            flush()
-    if pending:
-        flush()
+    decoded = sources.decoded(tqdm(split_items(shards, options, counter), desc="embed eval images", unit="img",
+                                   disable=not progress, leave=False), counter)
+    pixels = ((item, transforms.eval_transform(image, resize, crop)) for item, image in decoded)
+    embeds, captions, owner, labels, keys, caption_ids, by_language, attributes = [], [], [], [], [], [], [], []
+    for batch, vectors in encode_image_stream(model, pixels, options.batch_size):
+        embeds.append(vectors)
+        for item in batch:
+            index = len(labels)
+            labels.append(item.label or (item.texts[0] if item.texts else ""))
+            keys.append(item.name)
+            caption_ids += item.caption_ids or [f"{Path(item.name).name}#{i}" for i in range(len(item.texts))]
+            captions += item.texts
+            owner += [index] * len(item.texts)
+            by_language.append(item.meta.get("texts_by_language") or {})
+            attributes.append(item.meta.get("attributes") or {})
     if not labels:
         raise ConfigError(f"no readable evaluation images in {shards}")
     return EvalData(torch.cat(embeds), captions, torch.tensor(owner, dtype=torch.long), labels, keys, caption_ids,

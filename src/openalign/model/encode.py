@@ -1,0 +1,116 @@
+"""Encoding texts and images with a trained dual encoder: the one place every stage encodes through.
+
+    with evaluating(model): ...                          eval mode + no autograd, the mode restored after
+    encode_texts(model, tokenizer, texts, batch_size, max_length)   -> [N, D] float32, input order
+    encode_images(model, pixels)                          -> [n, D] float32 of one batch [n, 3, H, W]
+    encode_image_stream(model, decoded, batch_size)       -> (payloads, [n, D]) per batch of a stream
+
+Evaluation, `embed`, `dedup --mode embedding`, `search` and `serve` all call these. On CUDA the towers run
+under bf16 autocast with channels_last images, and the embeddings are normalized again in fp32; on the
+CPU everything is fp32 and the towers' normalized output is returned as is. Outputs are on the CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterable, Iterator, TypeVar
+
+import torch
+import torch.nn.functional as F
+
+from openalign.model.dual_encoder import DualEncoder
+
+T = TypeVar("T")
+
+
+def device_of(model: DualEncoder) -> torch.device:
+    return next(model.parameters()).device
+
+
+@contextmanager
+def evaluating(model: DualEncoder):
+    """Eval mode (BatchNorm running statistics, no dropout) and no autograd; restores the mode after."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
+
+
+def _autocast(device: torch.device):
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def _finish(embeds: torch.Tensor, device: torch.device) -> torch.Tensor:
+    embeds = embeds.float()
+    if device.type == "cuda":  # normalized again after bf16
+        embeds = F.normalize(embeds, dim=-1)
+    return embeds.cpu()
+
+
+def encode_texts(model: DualEncoder, tokenizer, texts: list[str], batch_size: int = 256,
+                 max_length: int = 64) -> torch.Tensor:
+    """[len(texts), D] normalized embeddings. All texts are tokenized in one call and encoded in order
+    of length, so each batch is padded only to its own longest text; rows come back in input order."""
+    if not texts:
+        return torch.empty(0, model.cfg.embed_dim)
+    ids = tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    pad = tokenizer.pad_token_id or 0
+    device = device_of(model)
+    out = torch.empty(len(texts), model.cfg.embed_dim)
+    with evaluating(model), _autocast(device):
+        for start in range(0, len(order), batch_size):
+            rows = order[start:start + batch_size]
+            width = max(len(ids[i]) for i in rows)
+            batch = torch.full((len(rows), width), pad, dtype=torch.long)
+            mask = torch.zeros((len(rows), width), dtype=torch.long)
+            for j, i in enumerate(rows):
+                batch[j, :len(ids[i])] = torch.tensor(ids[i])
+                mask[j, :len(ids[i])] = 1
+            out[rows] = _finish(model.encode_text(batch.to(device), mask.to(device)).embeds, device)
+    return out
+
+
+def encode_images(model: DualEncoder, pixels: torch.Tensor) -> torch.Tensor:
+    """[n, D] normalized embeddings of one batch of pixels [n, 3, H, W] (the evaluation transform's)."""
+    device = device_of(model)
+    pixels = pixels.to(device)
+    if device.type == "cuda":
+        pixels = pixels.contiguous(memory_format=torch.channels_last)
+    with evaluating(model), _autocast(device):
+        return _finish(model.encode_image(pixels).embeds, device)
+
+
+def encode_image_stream(model: DualEncoder, decoded: Iterable[tuple[T, torch.Tensor]], batch_size: int
+                        ) -> Iterator[tuple[list[T], torch.Tensor]]:
+    """Batches of a stream of (payload, pixels): yields (the batch's payloads, their [n, D] embeddings),
+    in stream order; the payload is whatever the caller needs back with each image (its metadata)."""
+    payloads, pending = [], []
+    for payload, pixels in decoded:
+        payloads.append(payload)
+        pending.append(pixels)
+        if len(pending) == batch_size:
+            yield payloads, encode_images(model, torch.stack(pending))
+            payloads, pending = [], []
+    if pending:
+        yield payloads, encode_images(model, torch.stack(pending))
+
+
+def load_for_inference(model_dir: Path, device: str = "auto", local_rank: int = 0):
+    """(model, tokenizer, config) on `device` in eval mode: `auto` is this rank's GPU when there is one,
+    else the CPU; on CUDA the weights are channels_last (EfficientNet's depthwise convolutions)."""
+    from openalign.model.hub import load_pretrained
+
+    model, tokenizer, cfg = load_pretrained(Path(model_dir))
+    if device == "auto":
+        device = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
+    model.to(torch.device(device))
+    if torch.device(device).type == "cuda":
+        model.to(memory_format=torch.channels_last)
+    model.eval()
+    return model, tokenizer, cfg

@@ -1,0 +1,99 @@
+"""The package's layers (DESIGN.md, Layers), read from every import in src/, function-level ones included:
+
+    config, schedule, loss, distributed, tokenizer, presets  <  model  <  data  <  index  <  eval, serve
+      <  train  <  study  <  cli
+
+A module imports only from its own layer or below, and no two modules import each other, directly or
+through others (a function-level import does not hide a cycle).
+"""
+
+import ast
+from pathlib import Path
+
+import openalign
+
+PACKAGE = Path(openalign.__file__).parent
+LAYERS = [("config", "schedule", "loss", "distributed", "tokenizer", "presets"), ("model",), ("data",), ("index",),
+          ("eval", "serve"), ("train",), ("study",), ("cli", "__main__")]
+RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> list[tuple[str, int]]:
+    """(imported openalign module, line) of every import statement in the file."""
+    me = module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            for alias in node.names:  # `from openalign.data import sources`: the module itself
+                candidate = f"{base}.{alias.name}"
+                is_module = (PACKAGE.parent / candidate.replace(".", "/")).with_suffix(".py").is_file() or \
+                    (PACKAGE.parent / candidate.replace(".", "/")).is_dir()
+                found.append((candidate if is_module else base, node.lineno))
+    return [(name, line) for name, line in found if name.startswith("openalign.") and name != me]
+
+
+def unit(module: str) -> str:
+    return module.split(".")[1]
+
+
+def graph() -> dict[str, list[tuple[str, int]]]:
+    return {module_name(p): imports(p) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def test_every_unit_has_a_layer():
+    units = {unit(m) for m in graph() if "." in m}
+    assert units <= set(RANK), f"give these a layer in LAYERS (and DESIGN.md): {sorted(units - set(RANK))}"
+
+
+def test_no_module_imports_from_a_layer_above_its_own():
+    upward = [f"{m.replace('.', '/')}.py:{line} imports {target} ({unit(m)} -> {unit(target)})"
+              for m, targets in graph().items() if "." in m for target, line in targets
+              if RANK[unit(target)] > RANK[unit(m)]]
+    assert not upward, "\n".join(upward)
+
+
+def test_no_import_cycle_between_modules():
+    modules = graph()
+    edges = {m: sorted({t for t, _ in targets if t in modules}) for m, targets in modules.items()}
+    cycles, state = [], {}
+
+    def visit(node, stack):
+        state[node] = "open"
+        for nxt in edges.get(node, ()):
+            if state.get(nxt) == "open":
+                cycles.append(" -> ".join(stack[stack.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = "done"
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node, [node])
+    assert not cycles, "\n".join(cycles)
+
+
+def test_the_checker_sees_function_level_and_relative_imports(tmp_path, monkeypatch):
+    """The checks above cannot pass vacuously: an upward import inside a function body is found."""
+    fake = tmp_path / "openalign"
+    (fake / "data").mkdir(parents=True)
+    (fake / "eval").mkdir()
+    for pkg in (fake, fake / "data", fake / "eval"):
+        (pkg / "__init__.py").write_text("")
+    (fake / "eval" / "tasks.py").write_text("X = 1\n")
+    (fake / "data" / "reader.py").write_text("def f():\n    from openalign.eval import tasks\n    from ..eval.tasks import X\n")
+    monkeypatch.setitem(globals(), "PACKAGE", fake)
+    found = imports(fake / "data" / "reader.py")
+    assert found == [("openalign.eval.tasks", 2), ("openalign.eval.tasks", 3)]
+    assert RANK[unit(found[0][0])] > RANK["data"]
