@@ -31,6 +31,7 @@ class Dist:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
+    local_world: int = 1  # processes on this machine
 
     @property
     def main(self) -> bool:
@@ -44,7 +45,14 @@ class Dist:
 def from_env() -> Dist:
     """The rank layout torchrun (or SLURM via torchrun) exports; a single process without it."""
     return Dist(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
-                int(os.environ.get("LOCAL_RANK", 0)))
+                int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+
+
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    """`auto`: this rank's GPU when there is one, else the CPU; `cuda`: this rank's GPU; else as named."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(f"cuda:{local_rank}") if name == "cuda" else torch.device(name)
 
 
 def init(device_type: str) -> Dist:

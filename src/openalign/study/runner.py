@@ -80,8 +80,7 @@ def run_one(cfg: Config, out: Path, layout: distributed.Dist = distributed.Dist(
     result = train(dataclasses.replace(cfg, out=str(out)), resume=resume, progress=False)
     row = None
     if layout.main:
-        last = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in line][-1]
-        row = result.metrics | {"temperature": last["temperature"], "final_loss": last["loss"],
+        row = result.metrics | {"temperature": result.last["temperature"], "final_loss": result.last["loss"],
                                 "minutes": (time.perf_counter() - start) / 60}
         result_file.write_text(json.dumps(row, indent=2) + "\n")
     return distributed.all_objects(row, layout)[0]
@@ -91,15 +90,13 @@ def run_study(name: str, base: Config, variants: list[Variant], seeds: int, out:
               progress: bool = True) -> dict:
     """Every variant for `seeds` seeds; returns {variant name: {"runs": [...], "mean": {...}, "std": {...}}}.
     Under torchrun each run is trained by all the processes and rank 0 writes results.json."""
-    from openalign.train.trainer import resolve_device
-
     if seeds < 1:
         raise ConfigError(f"--seeds must be at least 1, not {seeds}")
     names = [v.name for v in variants]
     if len(set(names)) != len(names):
         raise ConfigError(f"study {name}: variant names repeat")
     configs = {v.name: config_lib.override(base, list(v.overrides)) for v in variants}  # fail before any training
-    layout = distributed.init(resolve_device(base.train.device, distributed.from_env().local_rank).type)
+    layout = distributed.init(distributed.resolve_device(base.train.device, distributed.from_env().local_rank).type)
     if layout.main:
         out.mkdir(parents=True, exist_ok=True)
     results: dict = {}

@@ -33,8 +33,8 @@ from openalign.model import hub
 from openalign.model.dual_encoder import DualEncoder
 from openalign.tokenizer import check_tokenizer_dir, load_tokenizer, train_tokenizer
 from openalign.train import fsdp, report
-from openalign.train.optim import build_optimizer, full_state_dict, set_lr
 from openalign.schedule import lr_at
+from openalign.train.optim import build_optimizer, full_state_dict, set_lr
 from openalign.train.step import forward_backward
 
 CHECKPOINT = "checkpoint.pt"
@@ -47,18 +47,51 @@ class TrainResult:
     step: int
     metrics: dict  # final evaluation (empty without eval data)
     model_dir: Path
+    last: dict = dataclasses.field(default_factory=dict)  # the last training log row: step, loss, temperature, lr, ...
 
 
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(f"cuda:{local_rank}") if name == "cuda" else torch.device(name)
+@dataclass
+class Run:
+    """A run once its config is resolved: where it writes, on which device and processes, with what data."""
+
+    cfg: Config
+    out: Path
+    device: torch.device
+    layout: distributed.Dist
+    progress: bool
+    train_shards: list[str]
+    eval_shards: list[str]
+    tokenizer: object
 
 
 def autocast(device: torch.device, precision: str):
     use_bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
     # bf16 is emulated on CPU (~100x slower): auto means fp32 there.
     return torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
+
+
+def start(cfg: Config, progress: bool) -> Run:
+    """The device and process group, threads and seed, the data (built once), the tokenizer, and the config
+    with the vocabulary sized to the tokenizer, saved as RUN/config.json."""
+    out = Path(cfg.out)
+    device = distributed.resolve_device(cfg.train.device, distributed.from_env().local_rank)
+    layout = distributed.init(device.type)
+    if layout.main:
+        out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(cfg.train.threads or max(1, (os.cpu_count() or 1) // max(1, layout.local_world)))
+    torch.manual_seed(cfg.seed)
+    progress = progress and layout.main
+    # rank 0 builds what is missing (a built-in corpus, Karpathy shards, the tokenizer); the others then read it
+    train_shards, eval_shards = distributed.main_first(layout, lambda main: resolve_data(cfg.data, progress and main))
+    tokenizer = distributed.main_first(layout, lambda main: prepare_tokenizer(cfg, train_shards, out))
+    # The trained vocabulary may be smaller than asked for (small corpora): size the embedding to it.
+    # A model we start from keeps its own embedding table (it may be padded beyond its tokenizer).
+    if not cfg.model.init_from:
+        text = dataclasses.replace(cfg.model.text, vocab_size=len(tokenizer))
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, text=text))
+    if layout.main:
+        config_lib.save(cfg, out / "config.json")
+    return Run(cfg, out, device, layout, progress, train_shards, eval_shards, tokenizer)
 
 
 def prepare_tokenizer(cfg: Config, train_shards: list[str], out: Path):
@@ -74,6 +107,27 @@ def prepare_tokenizer(cfg: Config, train_shards: list[str], out: Path):
     if counter.get("skipped"):
         print(f"tokenizer: skipped {shard_lib.skip_summary(counter)} unusable training samples")
     return tokenizer
+
+
+def build_model(run: Run) -> tuple[DualEncoder, torch.optim.Optimizer]:
+    cfg = run.cfg
+    model = DualEncoder(cfg.model, cfg.loss)
+    if cfg.model.init_from:
+        hub.init_towers(model, Path(cfg.model.init_from))
+    if cfg.train.grad_checkpointing:
+        model.align.text_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.to(run.device).train()
+    if cfg.train.fsdp:
+        fsdp.shard(model)
+    return model, build_optimizer(model, cfg.optim, shard=cfg.train.shard_optimizer, fsdp=cfg.train.fsdp)
+
+
+def data_parallel(run: Run, model: DualEncoder) -> torch.nn.Module:
+    """What the step runs: DDP around the model under torchrun (FSDP shards the model itself)."""
+    if not run.layout.active or run.cfg.train.fsdp:
+        return model
+    return torch.nn.parallel.DistributedDataParallel(
+        model, device_ids=[run.device.index] if run.device.type == "cuda" else None, broadcast_buffers=False)
 
 
 def save_checkpoint(path: Path, model, optimizer, step: int, position: Position, cfg: Config,
@@ -92,6 +146,44 @@ def save_checkpoint(path: Path, model, optimizer, step: int, position: Position,
         torch.save(state, tmp)
         os.replace(tmp, path)  # atomic: a crash leaves the previous checkpoint intact
     distributed.barrier(layout)
+
+
+def load_checkpoint(run: Run, model: DualEncoder, optimizer) -> tuple[int, Position]:
+    """The inverse of `save_checkpoint`: model and optimizer state, this rank's stream position and RNG;
+    the log is cut back to the checkpoint's step. Returns (step, position)."""
+    cfg, layout = run.cfg, run.layout
+    state = read_checkpoint(run.out / CHECKPOINT, map_location="cpu" if cfg.train.fsdp else run.device)
+    if state.get("fsdp", False) != cfg.train.fsdp:
+        raise ConfigError(f"{run.out} was trained with train.fsdp={str(state.get('fsdp', False)).lower()}; "
+                          f"resume it with the same setting")
+    if cfg.train.fsdp:
+        fsdp.load_state(model, optimizer, state["model"], state["optimizer"])
+    else:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+    ranks = state.get("ranks") or [{"position": state["position"], "rng": state["rng"]}]
+    if len(ranks) != layout.world:
+        raise ConfigError(f"{run.out} was trained by {len(ranks)} processes; resume it with as many")
+    torch.set_rng_state(ranks[layout.rank]["rng"])
+    if layout.main:
+        truncate_log(run.out / METRICS, state["step"])
+    return state["step"], Position(**ranks[layout.rank]["position"])
+
+
+def read_checkpoint(path: Path, map_location="cpu", check_only: bool = False) -> dict | None:
+    """The checkpoint at `path`, or one sentence saying why it cannot be resumed from."""
+    if not path.is_file():
+        raise ConfigError(f"nothing to resume: no {CHECKPOINT} in {path.parent}")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=False, mmap=check_only)
+    except Exception as err:  # noqa: BLE001 - a truncated or foreign file: pickle, zip and torch errors alike
+        earlier = path.with_suffix(".tmp")
+        hint = (f"; {earlier} is a checkpoint that was being written: it may be usable (move it to {path.name})"
+                if earlier.is_file() else "; no earlier checkpoint is kept: train again without --resume")
+        raise ConfigError(f"{path} is corrupt and cannot be resumed from ({type(err).__name__}){hint}") from None
+    if not isinstance(state, dict) or not {"step", "model", "optimizer"} <= set(state):
+        raise ConfigError(f"{path} is not an openalign checkpoint (no step, model and optimizer state)")
+    return None if check_only else state
 
 
 def truncate_log(path: Path, step: int) -> None:
@@ -127,32 +219,7 @@ def check_before_work(cfg: Config, resume: bool) -> None:
     if cfg.data.tokenizer:
         check_tokenizer_dir(cfg.data.tokenizer)
     if resume:
-        load_checkpoint(Path(cfg.out) / CHECKPOINT, check_only=True)
-
-
-def load_checkpoint(path: Path, map_location="cpu", check_only: bool = False) -> dict | None:
-    """The checkpoint at `path`, or one sentence saying why it cannot be resumed from."""
-    if not path.is_file():
-        raise ConfigError(f"nothing to resume: no {CHECKPOINT} in {path.parent}")
-    try:
-        state = torch.load(path, map_location=map_location, weights_only=False, mmap=check_only)
-    except Exception as err:  # noqa: BLE001 - a truncated or foreign file: pickle, zip and torch errors alike
-        earlier = path.with_suffix(".tmp")
-        hint = (f"; {earlier} is a checkpoint that was being written: it may be usable (move it to {path.name})"
-                if earlier.is_file() else "; no earlier checkpoint is kept: train again without --resume")
-        raise ConfigError(f"{path} is corrupt and cannot be resumed from ({type(err).__name__}){hint}") from None
-    if not isinstance(state, dict) or not {"step", "model", "optimizer"} <= set(state):
-        raise ConfigError(f"{path} is not an openalign checkpoint (no step, model and optimizer state)")
-    return None if check_only else state
-
-
-def stop_if_diverged(loss: float, step: int, out: Path, bar) -> None:
-    """One sentence instead of training on NaN: `loss` is the mean over ranks, so every rank stops together."""
-    if math.isfinite(loss):
-        return
-    bar.close()
-    raise ConfigError(f"training diverged: the loss is {loss} at step {step}; the last checkpoint in {out} is from "
-                      "before it (rerun with a lower optim.lr or optim.grad_clip, then --resume, or start over)")
+        read_checkpoint(Path(cfg.out) / CHECKPOINT, check_only=True)
 
 
 def _keep(cfg: Config) -> str:
@@ -162,150 +229,155 @@ def _keep(cfg: Config) -> str:
     return build_keep_index(list(cfg.data.keep), Path(cfg.data.data_dir))
 
 
-def _too_few_kept(cfg: Config, kept: int, total: int) -> str:
-    batch = cfg.data.batch_size
-    if cfg.data.keep:
-        return (f"data.keep keeps {kept:,} of the {total:,} samples in data.train, fewer than one batch of {batch}; "
-                "data.train must be the shards that were ingested into the pair table the keep-lists come from")
-    return (f"data.fraction={cfg.data.fraction:g} keeps {kept:,} of {total:,} training samples, fewer than one batch "
-            f"of {batch}; raise data.fraction or lower data.batch_size")
+def training_stream(run: Run) -> tuple[StreamSpec, dict[str, int]]:
+    """This rank's share of the stream, and the samples per shard (of the data.fraction / data.keep subset,
+    which must hold at least one batch)."""
+    cfg, layout = run.cfg, run.layout
+    spec = StreamSpec.for_config(cfg, run.train_shards, batch_size=cfg.data.batch_size // layout.world,
+                                 rank=layout.rank, world_size=layout.world, keep=_keep(cfg))
+    counts = {s: shard_lib.count_samples(s, cfg.data.fraction, keep=spec.keep) for s in run.train_shards}
+    if cfg.data.keep or cfg.data.fraction < 1.0:
+        kept, total = sum(counts.values()), sum(shard_lib.count_samples(s) for s in run.train_shards)
+        name = "data.keep" if cfg.data.keep else f"data.fraction={cfg.data.fraction:g}"
+        if kept < cfg.data.batch_size:
+            raise ConfigError(f"data.keep keeps {kept:,} of the {total:,} samples in data.train, fewer than one batch "
+                              f"of {cfg.data.batch_size}; data.train must be the shards that were ingested into the "
+                              "pair table the keep-lists come from" if cfg.data.keep else
+                              f"{name} keeps {kept:,} of {total:,} training samples, fewer than one batch of "
+                              f"{cfg.data.batch_size}; raise data.fraction or lower data.batch_size")
+        if run.progress:
+            print(f"{name}: training on {kept:,} of {total:,} samples")
+    return spec, counts
+
+
+def optimizer_step(run: Run, runner: torch.nn.Module, model: DualEncoder, optimizer, batch: dict, step: int
+                   ) -> tuple[torch.Tensor, float]:
+    """One step at `step`: the scheduled lr, forward and backward, clipping, the update. Returns (loss, lr)."""
+    cfg = run.cfg
+    lr = lr_at(step, cfg.optim.lr, cfg.optim.warmup_steps, cfg.train.steps)
+    set_lr(optimizer, lr)
+    negatives_rng = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)  # a function of the step
+    optimizer.zero_grad(set_to_none=True)
+    loss = forward_backward(runner, model, batch, cfg.loss, cfg.train.micro_batch, run.layout, run.device,
+                            lambda: autocast(run.device, cfg.train.precision), negatives_rng)
+    if cfg.optim.grad_clip > 0 and cfg.train.fsdp:
+        fsdp.clip_grad_norm_(model, cfg.optim.grad_clip)
+    elif cfg.optim.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
+    optimizer.step()
+    return loss, lr
+
+
+def whole_model(run: Run, model: DualEncoder) -> DualEncoder | None:
+    """The model with whole parameters on rank 0 (every rank must call); None on the others."""
+    distributed.average_batchnorm_statistics(model, run.layout)
+    if run.cfg.train.fsdp:
+        copy = fsdp.whole_copy(model, run.cfg.loss)
+        return copy.to(run.device) if copy is not None else None
+    return model if run.layout.main else None
+
+
+def evaluate(run: Run, model: DualEncoder) -> dict:
+    """The held-out tasks on rank 0 (every rank must call: the whole model may be gathered)."""
+    core = whole_model(run, model)
+    cfg = run.cfg
+    options = EvalOptions(batch_size=cfg.eval.batch_size, max_length=cfg.model.text.max_length,
+                          templates=cfg.eval.templates)
+    metrics = run_tasks(core, run.tokenizer, run.eval_shards, list(cfg.eval.tasks), options,
+                        cfg.model.vision.resize_size, cfg.model.vision.image_size, progress=False) \
+        if run.layout.main else {}
+    distributed.barrier(run.layout)
+    return metrics
+
+
+class Log:
+    """metrics.jsonl (rank 0), the progress bar, and the throughput since the last row; stops on NaN."""
+
+    def __init__(self, run: Run, step: int):
+        self.run, self.last = run, {}
+        self.file = open(run.out / METRICS, "a") if run.layout.main else None
+        self.bar = tqdm(total=run.cfg.train.steps, initial=step, desc="train", unit="step", disable=not run.progress,
+                        dynamic_ncols=True)
+        self.pairs, self.skipped, self.data_time, self.tick = 0, 0, 0.0, time.perf_counter()
+
+    def timed(self, batches):
+        """The batches, counting the time spent waiting for them."""
+        batches = iter(batches)
+        while True:
+            start = time.perf_counter()
+            batch = next(batches, None)
+            self.data_time += time.perf_counter() - start
+            if batch is None:
+                return
+            yield batch
+
+    def step(self, step: int, loss: torch.Tensor, lr: float, model: DualEncoder, batch: dict, position: Position):
+        cfg, layout = self.run.cfg, self.run.layout
+        self.pairs += len(batch["keys"]) * layout.world
+        self.skipped += batch["skipped"]
+        self.bar.update(1)
+        if step % cfg.train.log_every and step != cfg.train.steps:
+            return
+        elapsed = time.perf_counter() - self.tick
+        row = {"step": step, "loss": distributed.mean_over_ranks(loss.item(), layout),
+               "temperature": model.temperature.item(), "lr": lr, "pairs_per_s": self.pairs / elapsed,
+               "data_frac": self.data_time / elapsed, "skipped": self.skipped, "epoch": position.epoch}
+        self.write(row)
+        self.stop_if_diverged(row["loss"], step)
+        self.bar.set_postfix(loss=f"{row['loss']:.3f}", temp=f"{row['temperature']:.4f}", lr=f"{lr:.2e}",
+                             pairs_s=f"{row['pairs_per_s']:.0f}")
+        self.last = row
+        self.pairs, self.data_time, self.tick = 0, 0.0, time.perf_counter()
+
+    def write(self, row: dict) -> None:
+        if self.file:
+            self.file.write(json.dumps(row) + "\n")
+            self.file.flush()
+
+    def stop_if_diverged(self, loss: float, step: int) -> None:
+        """One sentence instead of training on NaN: `loss` is the mean over ranks, so every rank stops together."""
+        if math.isfinite(loss):
+            return
+        self.bar.close()
+        raise ConfigError(f"training diverged: the loss is {loss} at step {step}; the last checkpoint in "
+                          f"{self.run.out} is from before it (rerun with a lower optim.lr or optim.grad_clip, then "
+                          "--resume, or start over)")
+
+    def close(self) -> None:
+        self.bar.close()
+        if self.file:
+            self.file.close()
 
 
 def train(cfg: Config, resume: bool = False, progress: bool = True) -> TrainResult:
     check_before_work(cfg, resume)
-    out = Path(cfg.out)
-    device = resolve_device(cfg.train.device, distributed.from_env().local_rank)
-    layout = distributed.init(device.type)
-    progress = progress and layout.main
-    if layout.main:
-        out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(cfg.train.threads or max(1, (os.cpu_count() or 1) // max(1, _local_world())))
-    torch.manual_seed(cfg.seed)
-    train_shards, eval_shards = _resolve_data(cfg, progress, layout)
-    tokenizer = _prepare_tokenizer(cfg, train_shards, out, layout)
-    # The trained vocabulary may be smaller than asked for (small corpora): size the embedding to it.
-    # A model we start from keeps its own embedding table (it may be padded beyond its tokenizer).
-    if not cfg.model.init_from:
-        text = dataclasses.replace(cfg.model.text, vocab_size=len(tokenizer))
-        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, text=text))
-    if layout.main:
-        config_lib.save(cfg, out / "config.json")
-
-    model = DualEncoder(cfg.model, cfg.loss)
-    if cfg.model.init_from:
-        hub.init_towers(model, Path(cfg.model.init_from))
-    if cfg.train.grad_checkpointing:
-        model.align.text_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.to(device).train()
-    if cfg.train.fsdp:
-        fsdp.shard(model)
-    optimizer = build_optimizer(model, cfg.optim, shard=cfg.train.shard_optimizer, fsdp=cfg.train.fsdp)
-    step, position = 0, Position()
-    if resume:
-        state = load_checkpoint(out / CHECKPOINT, map_location="cpu" if cfg.train.fsdp else device)
-        if state.get("fsdp", False) != cfg.train.fsdp:
-            raise ConfigError(f"{out} was trained with train.fsdp={str(state.get('fsdp', False)).lower()}; "
-                              f"resume it with the same setting")
-        if cfg.train.fsdp:
-            fsdp.load_state(model, optimizer, state["model"], state["optimizer"])
-        else:
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-        ranks = state.get("ranks") or [{"position": state["position"], "rng": state["rng"]}]
-        if len(ranks) != layout.world:
-            raise ConfigError(f"{out} was trained by {len(ranks)} processes; resume it with as many")
-        step, position = state["step"], Position(**ranks[layout.rank]["position"])
-        torch.set_rng_state(ranks[layout.rank]["rng"])
-        if layout.main:
-            truncate_log(out / METRICS, step)
-    elif layout.active:  # the same initial weights on every rank (DDP checks), then per-rank dropout
+    run = start(cfg, progress)
+    cfg, out, layout = run.cfg, run.out, run.layout
+    model, optimizer = build_model(run)
+    step, position = load_checkpoint(run, model, optimizer) if resume else (0, Position())
+    if not resume and layout.active:  # the same initial weights on every rank (DDP checks), then per-rank dropout
         torch.manual_seed(cfg.seed * 1_000_003 + layout.rank)
-    runner = model
-    if layout.active and not cfg.train.fsdp:
-        runner = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
-
-    spec = StreamSpec.for_config(cfg, train_shards, batch_size=cfg.data.batch_size // layout.world,
-                                 rank=layout.rank, world_size=layout.world, keep=_keep(cfg))
-    counts = {s: shard_lib.count_samples(s, cfg.data.fraction, keep=spec.keep) for s in train_shards}
-    if cfg.data.keep or cfg.data.fraction < 1.0:  # training on a subset of the shards: at least one batch of it
-        kept, total = sum(counts.values()), sum(shard_lib.count_samples(s) for s in train_shards)
-        if kept < cfg.data.batch_size:
-            raise ConfigError(_too_few_kept(cfg, kept, total))
-        if progress:
-            name = "data.keep" if cfg.data.keep else f"data.fraction={cfg.data.fraction:g}"
-            print(f"{name}: training on {kept:,} of {total:,} samples")
-    eval_options = EvalOptions(batch_size=cfg.eval.batch_size, max_length=cfg.model.text.max_length,
-                               templates=cfg.eval.templates)
-
-    def whole() -> DualEncoder | None:
-        """The model with whole parameters on rank 0 (every rank must call); None on the others."""
-        distributed.average_batchnorm_statistics(model, layout)
-        if cfg.train.fsdp:
-            copy = fsdp.whole_copy(model, cfg.loss)
-            return copy.to(device) if copy is not None else None
-        return model if layout.main else None
-
-    def evaluate(core: DualEncoder | None) -> dict:
-        metrics = run_tasks(core, tokenizer, eval_shards, list(cfg.eval.tasks), eval_options,
-                            cfg.model.vision.resize_size, cfg.model.vision.image_size, progress=False) \
-            if layout.main else {}
-        distributed.barrier(layout)
-        return metrics
-
-    def towers_autocast():
-        return autocast(device, cfg.train.precision)
-
-    log = open(out / METRICS, "a") if layout.main else None
-    bar = tqdm(total=cfg.train.steps, initial=step, desc="train", unit="step", disable=not progress, dynamic_ncols=True)
-    pairs, skipped, data_time, tick = 0, 0, 0.0, time.perf_counter()
+    runner = data_parallel(run, model)
+    spec, counts = training_stream(run)
+    log = Log(run, step)
     try:
         while step < cfg.train.steps:  # one loader for the whole run: its workers start once
             plan = epoch_plan(spec, counts, position, cfg.train.steps - step)
-            fetch_start = time.perf_counter()
-            for batch in train_loader(spec, tokenizer, plan, position):
-                data_time += time.perf_counter() - fetch_start
-                lr = lr_at(step, cfg.optim.lr, cfg.optim.warmup_steps, cfg.train.steps)
-                set_lr(optimizer, lr)
-                negatives_rng = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)  # a function of the step
-                optimizer.zero_grad(set_to_none=True)
-                loss = forward_backward(runner, model, batch, cfg.loss, cfg.train.micro_batch, layout, device,
-                                        towers_autocast, negatives_rng)
-                if cfg.optim.grad_clip > 0 and cfg.train.fsdp:
-                    fsdp.clip_grad_norm_(model, cfg.optim.grad_clip)
-                elif cfg.optim.grad_clip > 0:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
-                optimizer.step()
+            for batch in log.timed(train_loader(spec, run.tokenizer, plan, position)):
+                loss, lr = optimizer_step(run, runner, model, optimizer, batch, step)
                 step += 1
                 position.advance(batch)
-                pairs += len(batch["keys"]) * layout.world
-                skipped += batch["skipped"]
-                bar.update(1)
-                if step % cfg.train.log_every == 0 or step == cfg.train.steps:
-                    elapsed = time.perf_counter() - tick
-                    row = {"step": step, "loss": distributed.mean_over_ranks(loss.item(), layout),
-                           "temperature": model.temperature.item(), "lr": lr, "pairs_per_s": pairs / elapsed,
-                           "data_frac": data_time / elapsed, "skipped": skipped, "epoch": position.epoch}
-                    if log:
-                        log.write(json.dumps(row) + "\n")
-                        log.flush()
-                    stop_if_diverged(row["loss"], step, out, bar)
-                    bar.set_postfix(loss=f"{row['loss']:.3f}", temp=f"{row['temperature']:.4f}", lr=f"{lr:.2e}",
-                                    pairs_s=f"{row['pairs_per_s']:.0f}")
-                    pairs, data_time, tick = 0, 0.0, time.perf_counter()
-                if eval_shards and cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.steps:
-                    metrics = evaluate(whole())
-                    if log:
-                        log.write(json.dumps({"step": step, "eval": metrics}) + "\n")
-                        log.flush()
+                log.step(step, loss, lr, model, batch, position)
+                if run.eval_shards and cfg.train.eval_every and step % cfg.train.eval_every == 0 \
+                        and step < cfg.train.steps:
+                    log.write({"step": step, "eval": evaluate(run, model)})
                 if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
-                    stop_if_diverged(distributed.mean_over_ranks(loss.item(), layout), step, out, bar)  # never save NaN
+                    log.stop_if_diverged(distributed.mean_over_ranks(loss.item(), layout), step)  # never save NaN
                     save_checkpoint(out / CHECKPOINT, model, optimizer, step, position, cfg, layout)
                 if step >= cfg.train.steps:
                     break
-                fetch_start = time.perf_counter()
     except KeyboardInterrupt:
-        bar.close()
+        log.bar.close()
         if layout.active:  # the other ranks may be gone: no collective; resume from the last checkpoint
             raise SystemExit(f"interrupted at step {step}; continue from the last checkpoint with "
                              f"`torchrun ... openalign train --out {out} --resume`") from None
@@ -313,28 +385,29 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> TrainResu
         log.close()
         raise SystemExit(f"interrupted at step {step}; checkpoint saved, continue with "
                          f"`openalign train --out {out} --resume`")
-    bar.close()
+    log.bar.close()
     save_checkpoint(out / CHECKPOINT, model, optimizer, step, position, cfg, layout)
-    core = whole()
-    model_dir = hub.save_pretrained(core, tokenizer, out / "model", cfg) if layout.main else out / "model"
-    metrics = evaluate(core) if eval_shards else {}
-    if log:
-        log.write(json.dumps({"step": step, "eval": metrics, "final": True}) + "\n")
-        log.close()
-        report.write(out, cfg, metrics, hub.describe(core))
-    distributed.barrier(layout)
-    return TrainResult(out=out, step=step, metrics=metrics, model_dir=model_dir)
+    return finish(run, model, step, log)
 
 
-def _local_world() -> int:
-    return int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+def finish(run: Run, model: DualEncoder, step: int, log: Log) -> TrainResult:
+    """Save the model (a Hugging Face directory), evaluate it, write the report."""
+    core = whole_model(run, model)
+    model_dir = run.out / "model"
+    if run.layout.main:
+        hub.save_pretrained(core, run.tokenizer, model_dir, run.cfg)
+    metrics = evaluate(run, model) if run.eval_shards else {}
+    log.write({"step": step, "eval": metrics, "final": True})
+    log.close()
+    if run.layout.main:
+        report.write(run.out, run.cfg, metrics, hub.describe(core))
+    distributed.barrier(run.layout)
+    return TrainResult(out=run.out, step=step, metrics=metrics, model_dir=model_dir, last=log.last or last_row(run.out))
 
 
-def _resolve_data(cfg: Config, progress: bool, layout: distributed.Dist):
-    """Rank 0 builds what is missing (a built-in corpus, Karpathy shards); the others then read it."""
-    return distributed.main_first(layout, lambda main: resolve_data(cfg.data, progress and main))
-
-
-def _prepare_tokenizer(cfg: Config, train_shards: list[str], out: Path, layout: distributed.Dist):
-    """Rank 0 trains and saves the tokenizer (training again could number tokens differently); the others load it."""
-    return distributed.main_first(layout, lambda main: prepare_tokenizer(cfg, train_shards, out))
+def last_row(out: Path) -> dict:
+    """The last training row of RUN/metrics.jsonl ({} without one): a run resumed after its last step logs none."""
+    if not (out / METRICS).is_file():
+        return {}
+    rows = [json.loads(line) for line in (out / METRICS).read_text().splitlines()]
+    return next((r for r in reversed(rows) if "loss" in r), {})
