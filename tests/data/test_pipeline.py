@@ -53,8 +53,21 @@ def test_ingest_filter_shard_then_load(tmp_path, capsys):
     assert manifest["resumed_shards"] == 2 and manifest["n_samples"] == 20
     assert {n: (shards / n).read_bytes() for n in names} == before
 
-    # a second keep-list intersects; the tokenizer trains on the kept texts
-    assert main(["tokenizer", "--data", str(shards), "--vocab-size", "120", "--out", str(tmp_path / "tok")]) == 0
+    # a second keep-list intersects: dedup against copies of two kept images removes exactly their pairs
+    (tmp_path / "held").mkdir()
+    for i in (1, 2):
+        (tmp_path / "held" / f"copy{i}.png").write_bytes((tmp_path / "raw" / f"img{i:02d}.png").read_bytes())
+    assert main(["dedup", str(tmp_path / "pairs.parquet"), "--against", str(tmp_path / "held"), "--out",
+                 str(tmp_path / "dedup"), "--quiet", "--workers", "1"]) == 0
+    both = tmp_path / "both"
+    assert main(["shard", str(tmp_path / "pairs.parquet"), "--keep", str(tmp_path / "filter"), "--keep",
+                 str(tmp_path / "dedup"), "--out", str(both), "--quiet", "--workers", "1"]) == 0
+    kept = sorted(t for s in read_samples(list_shards(str(both))) for t in sample_texts(s))
+    assert kept == sorted(f"a picture of thing number {i}" for i in range(3, 30) if i % 5 and i % 7)
+    # the tokenizer trains on the kept texts only: the dropped one-word captions ("word") are not in its vocabulary
+    assert main(["tokenizer", "--data", str(both), "--vocab-size", "120", "--out", str(tmp_path / "tok")]) == 0
+    vocab = json.loads((tmp_path / "tok" / "tokenizer.json").read_text())["model"]["vocab"]
+    assert {"picture", "thing", "number"} <= set(vocab) and "word" not in vocab
 
 
 def test_openclipart_corpus_on_a_small_tree(tmp_path, capsys):
