@@ -1,8 +1,12 @@
 """End-to-end runs through `main(argv)` on tiny generated data."""
 
+import contextlib
+import io
 import json
 
-from conftest import read_jsonl, shape_image
+import pytest
+
+from conftest import read_jsonl, save_tiny_model, shape_image
 from openalign import cli
 from openalign.model.hub import load_pretrained
 from openalign.train import trainer
@@ -17,10 +21,23 @@ def loss_rows(run):
     return [(r["step"], r["loss"], r["temperature"]) for r in read_jsonl(run / "metrics.jsonl") if "loss" in r]
 
 
-def test_train_evaluates_saves_and_reports(shapes, tmp_path, capsys):
-    assert cli.main(train_args(shapes, tmp_path / "run", "train.eval_every=3")) == 0
-    run = tmp_path / "run"
-    printed = capsys.readouterr().out
+@pytest.fixture(scope="module")
+def trained(shapes, tmp_path_factory):
+    """One tiny run (evaluated at steps 3 and 6), shared by the tests of what a trained model does next."""
+    run = tmp_path_factory.mktemp("trained") / "run"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert cli.main(train_args(shapes, run, "train.eval_every=3")) == 0
+    return run, printed.getvalue()
+
+
+def eval_json(model_dir, tmp_path, *args) -> dict:
+    assert cli.main(["eval", str(model_dir), *args, "--out", str(tmp_path / "m.json")]) == 0
+    return json.loads((tmp_path / "m.json").read_text())
+
+
+def test_train_evaluates_saves_and_reports(trained):
+    run, printed = trained
     assert "i2t_r10" in printed and "x chance" in printed
     metrics = json.loads((run / "final_metrics.json").read_text())
     for key in ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "mean_recall", "zeroshot_top1",
@@ -32,11 +49,17 @@ def test_train_evaluates_saves_and_reports(shapes, tmp_path, capsys):
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "eval" in r] == [3, 6]
     model, tokenizer, cfg = load_pretrained(run / "model")
     assert tokenizer is not None and cfg.model.text.vocab_size == len(tokenizer)
-    # the saved model evaluates from the command line
-    assert cli.main(["eval", str(run / "model"), "--data", str(shapes["eval"]), "--out", str(tmp_path / "m.json")]) == 0
-    again = json.loads((tmp_path / "m.json").read_text())
-    assert again["i2t_r10"] == metrics["i2t_r10"] and (tmp_path / "m.md").is_file()
-    # ... and on a Karpathy-split JSON with 5 captions per image
+
+
+def test_the_saved_model_evaluates_as_training_did(trained, shapes, tmp_path):
+    run, _ = trained
+    again = eval_json(trained[0] / "model", tmp_path, "--data", str(shapes["eval"]))
+    final = json.loads((run / "final_metrics.json").read_text())
+    assert again["i2t_r10"] == final["i2t_r10"] and again["zeroshot_top1"] == final["zeroshot_top1"]
+    assert (tmp_path / "m.md").is_file()
+
+
+def test_eval_on_a_karpathy_json_with_five_captions_per_image(trained, tmp_path):
     (tmp_path / "imgs").mkdir()
     entries = []
     for i, (colour, shape) in enumerate([("red", "circle"), ("blue", "square"), ("green", "triangle")]):
@@ -44,38 +67,70 @@ def test_train_evaluates_saves_and_reports(shapes, tmp_path, capsys):
         entries.append({"filename": f"{i}.png", "split": "test",
                         "sentences": [{"raw": f"a {colour} {shape} {j}"} for j in range(5)]})
     (tmp_path / "k.json").write_text(json.dumps({"images": entries}))
-    assert cli.main(["eval", str(run / "model"), "--data", str(tmp_path / "k.json"), "--images", str(tmp_path / "imgs"),
-                     "--task", "retrieval", "--out", str(tmp_path / "k_metrics.json")]) == 0
-    karpathy = json.loads((tmp_path / "k_metrics.json").read_text())
+    karpathy = eval_json(trained[0] / "model", tmp_path, "--data", str(tmp_path / "k.json"), "--images", str(tmp_path / "imgs"),
+                         "--task", "retrieval")
     assert (karpathy["n_images"], karpathy["n_texts"]) == (3, 15) and karpathy["chance_t2i_r1"] == 1 / 3
-    # ... and zero-shot on ImageNet-style folders with CLIP's 80 templates and a class subset
+
+
+def colour_folders(root, shapes_):
     for colour in ("red", "blue", "green"):
-        (tmp_path / "cls" / colour).mkdir(parents=True)
-        shape_image(colour, "circle").save(tmp_path / "cls" / colour / "0.png")
+        (root / colour).mkdir(parents=True)
+        for shape in shapes_:
+            shape_image(colour, shape).save(root / colour / f"{shape}.png")
+    return root
+
+
+def test_zeroshot_on_class_folders_with_80_templates_and_a_class_subset(trained, tmp_path):
+    colour_folders(tmp_path / "cls", ["circle"])
     (tmp_path / "subset.txt").write_text("red\nblue\n")
-    assert cli.main(["eval", str(run / "model"), "--data", str(tmp_path / "cls"), "--templates", "imagenet80",
-                     "--class-subset", str(tmp_path / "subset.txt"), "--out", str(tmp_path / "z.json")]) == 0
-    zeroshot = json.loads((tmp_path / "z.json").read_text())
+    zeroshot = eval_json(trained[0] / "model", tmp_path, "--data", str(tmp_path / "cls"), "--templates", "imagenet80",
+                         "--class-subset", str(tmp_path / "subset.txt"))
     assert (zeroshot["zeroshot_n_classes"], zeroshot["zeroshot_n_images"]) == (2, 2) and "i2t_r1" not in zeroshot
-    # ... and image-only transfer: KNN and a linear probe against a labeled training split
-    for colour in ("red", "blue", "green"):
-        (tmp_path / "cls_train" / colour).mkdir(parents=True)
-        for shape in ("square", "triangle"):
-            shape_image(colour, shape).save(tmp_path / "cls_train" / colour / f"{shape}.png")
-    assert cli.main(["eval", str(run / "model"), "--data", str(tmp_path / "cls"), "--task", "knn", "--task",
-                     "linear-probe", "--train-data", str(tmp_path / "cls_train"), "--out", str(tmp_path / "t.json")]) == 0
-    transfer = json.loads((tmp_path / "t.json").read_text())
-    assert transfer["knn_n_train"] == 6 and 0 <= transfer["knn_top1"] <= 1 and "linear_probe_top5" in transfer
-    assert transfer["linear_probe_chance_top1"] == 1 / 3
-    assert cli.main(["eval", str(run / "model"), "--data", str(tmp_path / "cls"), "--task", "knn",
+
+
+def test_knn_and_linear_probe_against_a_labeled_training_split(tmp_path):
+    from openalign.eval.features import EvalOptions, embed_split
+
+    # a model whose image embeddings differ by colour (six steps of training embed these images alike)
+    model_dir = save_tiny_model(tmp_path / "model", [f"a {c} {s}" for c in ("red", "blue", "green")
+                                                     for s in ("circle", "square", "triangle")])
+    test = colour_folders(tmp_path / "cls", ["circle", "square", "triangle"])
+    train = colour_folders(tmp_path / "cls_train", ["square", "triangle"])
+    transfer = eval_json(model_dir, tmp_path, "--data", str(test), "--task", "knn", "--task",
+                         "linear-probe", "--train-data", str(train))
+    # oracle: each test image takes the label of its most similar training image (cosine, brute force)
+    model, _, cfg = load_pretrained(model_dir)
+    size = (cfg.model.vision.resize_size, cfg.model.vision.image_size)
+    a, b = (embed_split(model, str(d), EvalOptions(), *size, progress=False) for d in (test, train))
+    nearest = (a.image_embeds @ b.image_embeds.T).argmax(dim=1).tolist()
+    expected = sum(a.labels[i] == b.labels[j] for i, j in enumerate(nearest)) / len(nearest)
+    assert len(set(nearest)) > 1 and expected > 1 / 3  # the oracle is not decided by ties
+    assert transfer["knn_n_train"] == 6 and transfer["knn_top1"] == pytest.approx(expected)
+    assert "linear_probe_top5" in transfer and transfer["linear_probe_chance_top1"] == 1 / 3
+    assert cli.main(["eval", str(model_dir), "--data", str(test), "--task", "knn",
                      "--out", str(tmp_path / "t.json")]) == 2  # no --train-data: one sentence
-    # ... and word similarity on a SimLex-999-style file (tab-separated, with a POS column)
+
+
+def word_spearman(model_dir, pairs) -> float:
+    """Oracle: Spearman of the cosines of the words' embeddings against the human scores."""
+    from scipy.stats import spearmanr
+
+    from openalign.model.encode import encode_texts
+
+    model, tokenizer, cfg = load_pretrained(model_dir)
+    words = sorted({w for a, b, _ in pairs for w in (a, b)})
+    vectors = dict(zip(words, encode_texts(model, tokenizer, words, max_length=cfg.model.text.max_length)))
+    cosines = [float(vectors[a] @ vectors[b]) for a, b, _ in pairs]
+    return float(spearmanr(cosines, [s for _, _, s in pairs]).statistic)
+
+
+def test_word_similarity_on_a_simlex_file(trained, tmp_path):
     (tmp_path / "simlex.txt").write_text("word1\tword2\tPOS\tSimLex999\nred\tblue\tA\t3.5\n"
                                          "circle\tsquare\tN\t2.0\nred\tcircle\tA\t0.5\n")
-    assert cli.main(["eval", str(run / "model"), "--data", str(tmp_path / "simlex.txt"), "--task", "word-sim",
-                     "--out", str(tmp_path / "w.json")]) == 0
-    words = json.loads((tmp_path / "w.json").read_text())
-    assert words["word_sim_n_pairs"] == 3 and -1 <= words["word_sim_spearman"] <= 1
+    words = eval_json(trained[0] / "model", tmp_path, "--data", str(tmp_path / "simlex.txt"), "--task", "word-sim")
+    pairs = [("red", "blue", 3.5), ("circle", "square", 2.0), ("red", "circle", 0.5)]
+    assert words["word_sim_n_pairs"] == 3
+    assert words["word_sim_spearman"] == pytest.approx(word_spearman(trained[0] / "model", pairs))
 
 
 def test_interrupted_run_resumes_with_identical_losses(shapes, tmp_path, monkeypatch):

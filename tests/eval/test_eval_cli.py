@@ -26,6 +26,19 @@ def run(model_dir, tmp_path, *args) -> dict:
     return json.loads(out.read_text())
 
 
+def text_spearman(model_dir, pairs) -> float:
+    """Oracle: Spearman of the cosines of the texts' embeddings against the human scores."""
+    from scipy.stats import spearmanr
+
+    from openalign.model.encode import encode_texts
+    from openalign.model.hub import load_pretrained
+
+    model, tokenizer, cfg = load_pretrained(model_dir)
+    texts = sorted({t for a, b, _ in pairs for t in (a, b)})
+    vectors = dict(zip(texts, encode_texts(model, tokenizer, texts, max_length=cfg.model.text.max_length)))
+    return float(spearmanr([float(vectors[a] @ vectors[b]) for a, b, _ in pairs], [s for _, _, s in pairs]).statistic)
+
+
 def class_folders(root, per_class: int, seed: int = 0):
     for c in COLOURS[:3]:
         (root / c).mkdir(parents=True)
@@ -84,16 +97,34 @@ def test_cxc_on_a_karpathy_json_and_a_report_png(model_dir, tmp_path):
             "--images", str(tmp_path / "imgs"), "--cxc", str(cxc))
     assert m["n_images"] == 8 and m["cxc_sts_n_pairs"] == 10 and m["cxc_sis_n_pairs"] == 7
     assert 0 < m["cxc_t2t_n_queries"] <= 16 and "cxc_i2i_r10" in m and "cxc_sits_spearman" not in m
-    assert -1 <= m["cxc_mean_spearman"] <= 1
+    # oracle: STS is Spearman of the captions' cosines against the ratings; the mean is over STS and SIS
+    captions = {e["sentences"][j]["sentid"]: e["sentences"][j]["raw"] for e in entries for j in range(2)}
+    pairs = [(captions[i], captions[i + 2], (i % 5) + 0.5) for i in range(10)]
+    assert m["cxc_sts_spearman"] == pytest.approx(text_spearman(model_dir, pairs))
+    assert m["cxc_mean_spearman"] == pytest.approx((m["cxc_sts_spearman"] + m["cxc_sis_spearman"]) / 2)
     assert (tmp_path / "m.png").stat().st_size > 10_000 and "| cxc_t2t_r1 |" in (tmp_path / "m.md").read_text()
 
 
 def test_finetune_with_a_head_and_frozen_batchnorm(model_dir, tmp_path):
     train, test = class_folders(tmp_path / "train", 4), class_folders(tmp_path / "test", 2, seed=1)
+    (test / "green" / "1.png").unlink()  # an unbalanced test split: its top-1 is not the training split's
     m = run(model_dir, tmp_path, "--task", "finetune", "--data", str(test), "--train-data", str(train),
             "--ft", "steps=3", "--ft", "batch_size=4", "--ft", "lr=0.001", "--ft", "freeze_bn=true")
-    assert (m["finetune_n_train"], m["finetune_n_test"], m["finetune_n_classes"]) == (12, 6, 3)
-    assert m["finetune_freeze_bn"] is True and 0 <= m["finetune_top1"] <= 1 and m["finetune_top5"] == 1.0
+    assert (m["finetune_n_train"], m["finetune_n_test"], m["finetune_n_classes"]) == (12, 5, 3)
+    assert m["finetune_freeze_bn"] is True and m["finetune_top5"] == 1.0
+    # oracle: the same fit (a pure function of model, data, recipe and seed), scored on the test split
+    from openalign.eval.features import EvalOptions
+    from openalign.model.hub import load_pretrained
+
+    model, _, cfg = load_pretrained(model_dir)
+    resize, crop = cfg.model.vision.resize_size, cfg.model.vision.image_size
+    ft = finetune_lib.parse_options(["steps=3", "batch_size=4", "lr=0.001", "freeze_bn=true"])
+    train_set, test_set = (finetune_lib.load_labeled(str(d), EvalOptions(), resize) for d in (train, test))
+    classes = {c: i for i, c in enumerate(sorted(set(train_set.labels)))}
+    tuned = finetune_lib.fit(model, train_set, classes, ft, seed=0, crop=crop)
+    predicted = finetune_lib.predict(tuned, test_set, crop).argmax(dim=1).tolist()
+    expected = sum(p == classes[label] for p, label in zip(predicted, test_set.labels)) / len(predicted)
+    assert m["finetune_top1"] == pytest.approx(expected)
     assert cli.main(["eval", str(model_dir), "--task", "finetune", "--data", str(test), "--ft", "stpes=3",
                      "--train-data", str(train), "--out", str(tmp_path / "x.json")]) == 2  # a typo: one sentence
 
@@ -106,7 +137,13 @@ def test_vtab_protocol_sweeps_retrains_and_reports_mean_and_std(model_dir, tmp_p
             "--sweep", "lr=0.01,0.001", "--sweep", "steps=1,2", "--runs", "2")
     assert m["vtab_n_tasks"] == 2 and m["vtab_shapes_a_n_train"] == 15 and m["vtab_shapes_b_n_test"] == 6
     assert m["vtab_shapes_a_lr"] in (0.01, 0.001) and m["vtab_shapes_a_steps"] in (1, 2)
-    assert m["vtab_shapes_a_top1_std"] >= 0
+    # one point of the sweep, two seeds: the mean and population std of the two one-seed runs
+    one_point = ("--ft", "batch_size=4", "--sweep", "lr=0.01", "--sweep", "steps=2")
+    pair = run(model_dir, tmp_path, "--task", "vtab", "--data", str(tmp_path / "vtab"), *one_point, "--runs", "2")
+    seeds = [run(model_dir, tmp_path, "--task", "vtab", "--data", str(tmp_path / "vtab"), *one_point, "--runs", "1",
+                 "--seed", str(seed))["vtab_shapes_a_top1_mean"] for seed in (0, 1)]
+    assert pair["vtab_shapes_a_top1_mean"] == pytest.approx(sum(seeds) / 2)
+    assert pair["vtab_shapes_a_top1_std"] == pytest.approx(abs(seeds[0] - seeds[1]) / 2)
     assert m["vtab_mean_top1"] == pytest.approx((m["vtab_shapes_a_top1_mean"] + m["vtab_shapes_b_top1_mean"]) / 2)
 
 
@@ -196,6 +233,7 @@ def test_embedding_cache_is_reused_and_keyed_by_the_data(model_dir, tmp_path, mo
 def test_finetune_that_diverges_stops_with_one_sentence(model_dir, tmp_path, capsys):
     # Before: the loss went NaN, the logits NaN, and top-1 came out 1.000.
     train, test = class_folders(tmp_path / "train", 4), class_folders(tmp_path / "test", 2, seed=1)
+    (test / "green" / "1.png").unlink()  # an unbalanced test split: its top-1 is not the training split's
     assert cli.main(["eval", str(model_dir), "--task", "finetune", "--data", str(test), "--train-data", str(train),
                      "--ft", "steps=6", "--ft", "batch_size=4", "--ft", "lr=1e30", "--ft", "warmup_fraction=0",
                      "--out", str(tmp_path / "x.json")]) == 2
@@ -258,7 +296,8 @@ def test_word_sim_scores_only_pairs_the_vocabulary_covers(model_dir, tmp_path):
                                            "red,circle,1.0\nблин,щука,3.0\nred,щука,2.0\n")
     m = run(model_dir, tmp_path, "--task", "word-sim", "--data", str(tmp_path / "combined.csv"))
     assert (m["word_sim_n_pairs"], m["word_sim_n_covered"], m["word_sim_n_out_of_vocabulary"]) == (5, 3, 2)
-    assert -1 <= m["word_sim_spearman"] <= 1
+    assert m["word_sim_spearman"] == pytest.approx(text_spearman(
+        model_dir, [("red", "blue", 6.0), ("circle", "square", 5.0), ("red", "circle", 1.0)]))
     (tmp_path / "none.csv").write_text("Word 1,Word 2,Human (mean)\nблин,щука,3.0\nщука,блин,2.0\n")
     assert cli.main(["eval", str(model_dir), "--task", "word-sim", "--data", str(tmp_path / "none.csv"),
                      "--out", str(tmp_path / "x.json")]) == 2
