@@ -26,8 +26,8 @@ from _common import verdict, write_section
 from openalign import presets
 from openalign.eval import metrics as M
 from openalign.eval.datasets import load_templates
-from openalign.eval.tasks import EvalOptions, encode_texts
 from openalign.model.dual_encoder import DualEncoder
+from openalign.model.encode import encode_texts
 from openalign.tokenizer import train_tokenizer
 
 
@@ -54,7 +54,7 @@ def naive(model: DualEncoder, tokenizer, classes: list[str], templates: tuple[st
 
 def ours(model: DualEncoder, tokenizer, classes: list[str], templates: tuple[str, ...]) -> torch.Tensor:
     prompts = [t.format(c) for c in classes for t in templates]
-    return M.class_weights(encode_texts(model, tokenizer, prompts, EvalOptions(batch_size=256)), len(classes))
+    return M.class_weights(encode_texts(model, tokenizer, prompts, batch_size=256), len(classes))
 
 
 def main() -> int:

@@ -100,13 +100,16 @@ def test_knn_and_linear_probe_against_a_labeled_training_split(tmp_path):
                          "linear-probe", "--train-data", str(train))
     # oracle: each test image takes the label of its most similar training image (cosine, brute force)
     model, _, cfg = load_pretrained(model_dir)
-    size = (cfg.model.vision.resize_size, cfg.model.vision.image_size)
-    a, b = (embed_split(model, str(d), EvalOptions(), *size, progress=False) for d in (test, train))
+    options = EvalOptions(resize=cfg.model.vision.resize_size, crop=cfg.model.vision.image_size)
+    a, b = (embed_split(model, str(d), options, progress=False) for d in (test, train))
     nearest = (a.image_embeds @ b.image_embeds.T).argmax(dim=1).tolist()
     expected = sum(a.labels[i] == b.labels[j] for i, j in enumerate(nearest)) / len(nearest)
     assert len(set(nearest)) > 1 and expected > 1 / 3  # the oracle is not decided by ties
     assert transfer["knn_n_train"] == 6 and transfer["knn_top1"] == pytest.approx(expected)
     assert "linear_probe_top5" in transfer and transfer["linear_probe_chance_top1"] == 1 / 3
+    # task options as dotted overrides
+    three = eval_json(model_dir, tmp_path, "--data", str(test), "--task", "knn", "--train-data", str(train), "knn.k=3")
+    assert three["knn_k"] == 3 and three["knn_n_train"] == 6
     assert cli.main(["eval", str(model_dir), "--data", str(test), "--task", "knn",
                      "--out", str(tmp_path / "t.json")]) == 2  # no --train-data: one sentence
 

@@ -115,27 +115,27 @@ def cmd_eval(args) -> int:
     import torch
 
     from openalign.eval.datasets import load_templates
-    from openalign.eval.features import DEFAULT_TEMPLATES, EvalOptions, files_fingerprint
+    from openalign.eval.features import EvalOptions, files_fingerprint
     from openalign.eval.finetune import parse_options
     from openalign.eval.report import metric_lines, write_report
-    from openalign.eval.tasks import run_tasks
+    from openalign.eval.tasks import configure, run_tasks
     from openalign.model.hub import load_pretrained
 
     model, tokenizer, cfg = load_pretrained(Path(args.model))
     if tokenizer is None:
         raise ConfigError(f"{args.model} has no tokenizer (tokenizer.json); save the model with its tokenizer")
     torch.set_num_threads(os.cpu_count() or 1)
-    templates = load_templates(args.templates) if args.templates else DEFAULT_TEMPLATES
-    options = EvalOptions(batch_size=args.batch_size, max_length=cfg.model.text.max_length, templates=templates,
-                          images=args.images or "", split=args.split, classnames=args.classnames or "",
-                          class_subset=args.class_subset or "", train_data=args.train_data or "", knn_k=args.k,
-                          cxc=args.cxc or "", positive_score=args.positive_score, captions=args.captions or "",
-                          seed=args.seed, finetune=parse_options(args.ft or []), sweep=tuple(args.sweep or ()),
-                          runs=args.runs, cache=args.cache or "",
-                          model_id=files_fingerprint(args.model) if args.cache else "")
-    figures: dict = {}
-    metrics = run_tasks(model, tokenizer, args.data, args.task or [], options,
-                        cfg.model.vision.resize_size, cfg.model.vision.image_size, figures=figures)
+    common = EvalOptions(batch_size=args.batch_size, max_length=cfg.model.text.max_length, images=args.images or "",
+                         split=args.split, resize=cfg.model.vision.resize_size, crop=cfg.model.vision.image_size,
+                         cache=args.cache or "", model_id=files_fingerprint(args.model) if args.cache else "")
+    names = args.task or []
+    options = configure(names or ["retrieval", "zeroshot"], args.overrides,
+                        templates=load_templates(args.templates) if args.templates else None,
+                        classnames=args.classnames, class_subset=args.class_subset, train_data=args.train_data,
+                        k=args.k, dir=args.cxc, positive_score=args.positive_score, captions=args.captions,
+                        seed=args.seed, recipe=parse_options(args.ft or []), sweep=tuple(args.sweep or ()),
+                        runs=args.runs)
+    metrics, figures = run_tasks(model, tokenizer, args.data, names, common, options)
     written = write_report(metrics, Path(args.out), figures)
     print("\n".join(metric_lines(metrics)))
     print("wrote " + ", ".join(str(p) for p in written))
@@ -413,6 +413,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "same model, data and image size (e.g. several probes of one large set)")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--out", default="metrics.json")
+    p.add_argument("overrides", nargs="*", metavar="task.key=value",
+                   help="task options, e.g. knn.k=5 cxc.positive_score=4 finetune.recipe.lr=0.01")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("corpus", help="build a built-in corpus as webdataset shards")

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from openalign.eval import arithmetic as A
-from openalign.eval.features import EvalData, EvalOptions
+from openalign.eval import features
+from openalign.eval.features import Context, EvalData, EvalOptions
 from openalign.index.search import combine
 
 NAMES = ["waving hand", "waving hand: medium skin tone", "waving hand: dark skin tone", "man", "man: red hair",
@@ -25,7 +26,8 @@ def data(monkeypatch):
     images = torch.nn.functional.normalize(torch.randn(len(NAMES), 8, generator=g, dtype=torch.float64), dim=-1)
     words = {w: torch.nn.functional.normalize(torch.randn(8, generator=g, dtype=torch.float64), dim=0)
              for w in ("medium skin tone", "dark skin tone", "red hair", "woman", "man")}
-    monkeypatch.setattr(A, "encode_texts", lambda model, tok, texts, batch_size, max_length: torch.stack([words[t] for t in texts]))
+    monkeypatch.setattr(features, "encode_texts",
+                        lambda model, tok, texts, batch_size, max_length: torch.stack([words[t] for t in texts]))
     return EvalData(images, [], torch.empty(0, dtype=torch.long), list(NAMES)), words
 
 
@@ -36,7 +38,7 @@ def brute_rank(query: np.ndarray, images: np.ndarray, source: int, target: int) 
 
 def test_recalls_equal_a_brute_force_oracle(data):
     data, words = data
-    metrics = A.arithmetic(None, None, data, EvalOptions())
+    metrics, figures = A.arithmetic(Context(None, None, EvalOptions(), data))
     images = data.image_embeds.numpy()
     found = A.triplets(NAMES)
     for weight in (0.0, 0.5, 2.0, 8.0, "text"):
@@ -54,7 +56,7 @@ def test_recalls_equal_a_brute_force_oracle(data):
             assert metrics["r5"] == pytest.approx(np.mean([r < 5 for r in ranks]))
     assert metrics["n_queries"] == 5 and metrics["skin_tone_n"] == 2 and metrics["gender_n"] == 2
     assert metrics["chance_r1"] == pytest.approx(1 / (len(NAMES) - 1))
-    assert set(data.figures["arithmetic"]["recall"]) == {"skin_tone", "hair", "gender"}
+    assert set(figures["arithmetic"]["recall"]) == {"skin_tone", "hair", "gender"}
 
 
 def test_an_exact_sum_is_found_first(data):
@@ -64,5 +66,5 @@ def test_an_exact_sum_is_found_first(data):
     for source, modifier, target in A.triplets(NAMES):
         images[target] = torch.nn.functional.normalize(images[source] + 2 * words[modifier], dim=0)
     data.image_embeds = images
-    metrics = A.arithmetic(None, None, data, EvalOptions())
+    metrics, _ = A.arithmetic(Context(None, None, EvalOptions(), data))
     assert metrics["r1"] == metrics["w2_r1"] == 1.0 and metrics["w0_r1"] < 1.0

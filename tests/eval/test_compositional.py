@@ -7,7 +7,8 @@ import torch
 
 from openalign.config import ConfigError
 from openalign.eval import compositional
-from openalign.eval.features import EvalData, EvalOptions
+from openalign.eval import features
+from openalign.eval.features import Context, EvalData, EvalOptions
 
 COLOURS, SHAPES = ("red", "green", "blue"), ("circle", "star", "square")
 DIM = 12
@@ -43,8 +44,9 @@ def oracle_data(per_pair: int = 3) -> EvalData:
 
 
 def test_oracle_space_classifies_unseen_pairs_and_swaps_colours(monkeypatch):
-    monkeypatch.setattr(compositional, "encode_texts", fake_encode_texts)
-    out = compositional.compositional(None, None, oracle_data(), EvalOptions(templates=("{}",)))
+    monkeypatch.setattr(features, "encode_texts", fake_encode_texts)
+    out, _ = compositional.compositional(Context(None, None, EvalOptions(), oracle_data()),
+                                         compositional.CompositionalOptions(templates=("{}",)))
     assert out["unseen_top1"] == out["seen_top1"] == out["harmonic_top1"] == 1.0
     assert out["unseen_colour_top1"] == out["unseen_shape_top1"] == 1.0
     assert out["n_unseen_images"] == 9 and out["n_seen_images"] == 18 and out["n_classes"] == 9
@@ -61,4 +63,4 @@ def test_data_without_attributes_is_a_one_line_error():
     data = oracle_data()
     data.attributes = []
     with pytest.raises(ConfigError, match="shapes corpus"):
-        compositional.compositional(None, None, data, EvalOptions())
+        compositional.compositional(Context(None, None, EvalOptions(), data))

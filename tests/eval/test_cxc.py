@@ -3,7 +3,8 @@ import torch
 
 from openalign.config import ConfigError
 from openalign.eval import cxc as cxc_lib
-from openalign.eval.features import EvalData, EvalOptions
+from openalign.eval import features
+from openalign.eval.features import Context, EvalData, EvalOptions
 
 
 def brute_ranks(queries, gallery, positives, exclude_self):
@@ -24,7 +25,7 @@ def data(monkeypatch):
     literal = torch.nn.functional.normalize(torch.randn(1, 6, generator=g), dim=-1)
     captions = [f"caption {i}" for i in range(8)]
     vectors = dict(zip(captions, txt)) | {"a literal sentence": literal[0]}
-    monkeypatch.setattr(cxc_lib, "encode_texts", lambda model, tok, texts, batch_size, max_length: torch.stack(
+    monkeypatch.setattr(features, "encode_texts", lambda model, tok, texts, batch_size, max_length: torch.stack(
         [vectors[t] for t in texts]) if texts else torch.empty(0, 6))
     return EvalData(img, captions, torch.tensor([0, 0, 1, 1, 2, 2, 3, 3]), ["a", "b", "c", "d"],
                     keys=[f"/imgs/COCO_val2014_{i:012d}.jpg" for i in range(4)],
@@ -46,8 +47,8 @@ def test_cxc_recalls_and_correlations_equal_a_brute_force_oracle(tmp_path, data)
     (tmp_path / "sits_test.csv").write_text(
         "caption,image,agg_score,sampling_method\n"
         f"{sid(0)},{image(3)},4.0,c2i\n{sid(4)},{image(1)},1.0,c2i\n{sid(6)},{image(0)},2.0,c2i\n")
-    out = cxc_lib.cxc(None, None, data, EvalOptions(cxc=str(tmp_path)))
-    txt, img = torch.stack([torch.as_tensor(v) for v in cxc_lib.encode_texts(0, 0, data.captions, 0, 0)]), data.image_embeds
+    out, _ = cxc_lib.cxc(Context(None, None, EvalOptions(), data), cxc_lib.CxcOptions(dir=str(tmp_path)))
+    txt, img = torch.stack([torch.as_tensor(v) for v in features.encode_texts(0, 0, data.captions, 0, 0)]), data.image_embeds
     # text -> text: positives 0<->5 and 1<->2 (score >= 3), the query itself left out
     expected = brute_ranks(txt, txt, {0: {5}, 1: {2}, 2: {1}, 5: {0}}, exclude_self=True)
     assert out["t2t_n_queries"] == 4 and out["t2t_r1"] == pytest.approx(sum(r < 1 for r in expected) / 4)
@@ -61,7 +62,7 @@ def test_cxc_recalls_and_correlations_equal_a_brute_force_oracle(tmp_path, data)
     expected = brute_ranks(txt, img, {c: {c // 2} for c in range(8)} | {0: {0, 3}}, exclude_self=False)
     assert out["t2i_r1"] == pytest.approx(sum(r < 1 for r in expected) / 8)
     # correlations: the unknown sentid is counted, the literal sentence is encoded as text
-    literal = cxc_lib.encode_texts(0, 0, ["a literal sentence"], 0, 0)[0]
+    literal = features.encode_texts(0, 0, ["a literal sentence"], 0, 0)[0]
     sts = spearmanr([float(txt[0] @ txt[5]), float(txt[1] @ txt[2]), float(txt[3] @ txt[6]), float(literal @ txt[7])],
                     [4.2, 3.0, 1.0, 2.5]).statistic
     assert out["sts_spearman"] == pytest.approx(sts) and (out["sts_n_pairs"], out["sts_unmatched"]) == (4, 1)
@@ -73,9 +74,9 @@ def test_cxc_recalls_and_correlations_equal_a_brute_force_oracle(tmp_path, data)
 
 def test_cxc_needs_its_files(tmp_path, data):
     with pytest.raises(ConfigError, match="--cxc"):
-        cxc_lib.cxc(None, None, data, EvalOptions())
+        cxc_lib.cxc(Context(None, None, EvalOptions(), data))
     with pytest.raises(ConfigError, match="sts_test.csv"):
-        cxc_lib.cxc(None, None, data, EvalOptions(cxc=str(tmp_path)))
+        cxc_lib.cxc(Context(None, None, EvalOptions(), data), cxc_lib.CxcOptions(dir=str(tmp_path)))
     (tmp_path / "sis_test.csv").write_text("a,b\n1,2\n")
     with pytest.raises(ConfigError, match="image1, image2"):
-        cxc_lib.cxc(None, None, data, EvalOptions(cxc=str(tmp_path)))
+        cxc_lib.cxc(Context(None, None, EvalOptions(), data), cxc_lib.CxcOptions(dir=str(tmp_path)))

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from openalign.eval import multilingual as ml
-from openalign.eval.features import EvalData, EvalOptions
+from openalign.eval import features
+from openalign.eval.features import Context, EvalData, EvalOptions
 
 WORDS = ("cat", "dog", "sun", "moon")
 GERMAN = {"Katze": "cat", "Hund": "dog", "Sonne": "sun", "Mond": "moon"}
@@ -20,13 +21,13 @@ def fake_encode_texts(model, tokenizer, texts, batch_size, max_length):
 
 
 def test_per_language_recall_on_one_gallery_of_images_with_every_language(monkeypatch):
-    monkeypatch.setattr(ml, "encode_texts", fake_encode_texts)
+    monkeypatch.setattr(features, "encode_texts", fake_encode_texts)
     by_language = [{"en": [w], "de": [g]} for w, g in zip(WORDS, GERMAN)]
     by_language.append({"en": ["cat"]})  # no German text: not in the gallery of any language
     images = torch.cat([torch.eye(len(WORDS)), torch.eye(len(WORDS))[:1]])
     data = EvalData(images, [], torch.empty(0, dtype=torch.long), list(WORDS) + ["extra"],
                     [str(i) for i in range(5)], texts_by_language=by_language)
-    out = ml.multilingual(None, None, data, EvalOptions())
+    out, _ = ml.multilingual(Context(None, None, EvalOptions(), data))
     assert out["n_images"] == 4 and out["languages"] == "de,en"
     assert out["en_i2t_r1"] == out["en_t2i_r1"] == out["en_mean_recall"] == 1.0
     assert out["de_i2t_r1"] == out["de_t2i_r1"] == 0.0  # every German text ranks its image second of four

@@ -1,22 +1,69 @@
+import dataclasses
+
 import pytest
 import torch
 
-from openalign import presets
 from openalign.config import ConfigError
-from openalign.eval.tasks import EvalOptions
+from openalign.eval import features, tasks
+from openalign.eval.features import Context, EvalOptions
 
 
 def test_text_pair_spearman_against_an_exact_model(tmp_path, monkeypatch):
     """With embeddings whose cosines are known, the task returns scipy's Spearman of those cosines."""
-    from openalign.eval import tasks
-
     vectors = {"a": [1.0, 0.0], "b": [0.8, 0.6], "c": [0.0, 1.0], "d": [-1.0, 0.0]}
-    monkeypatch.setattr(tasks, "encode_texts", lambda model, tok, texts, batch_size, max_length: torch.tensor(
+    monkeypatch.setattr(features, "encode_texts", lambda model, tok, texts, batch_size, max_length: torch.tensor(
         [vectors[t] for t in texts]))
     (tmp_path / "sts.csv").write_text("sentence1,sentence2,score\na,b,4\na,c,2\na,d,0\nb,c,3\n")
     # cosines: a-b 0.8, a-c 0, a-d -1, b-c 0.6 -> same order as the scores: Spearman 1
-    out = tasks.text_pair_similarity(None, None, str(tmp_path / "sts.csv"), "sts", EvalOptions())
+    out = tasks.text_pair_similarity(Context(None, None, EvalOptions(), path=str(tmp_path / "sts.csv")), "sts")
     assert out == {"spearman": 1.0, "n_pairs": 4}
     (tmp_path / "bad.csv").write_text("x,y\n1,2\n")
     with pytest.raises(ConfigError, match="sentence1, sentence2"):
-        tasks.text_pair_similarity(None, None, str(tmp_path / "bad.csv"), "sts", EvalOptions())
+        tasks.text_pair_similarity(Context(None, None, EvalOptions(), path=str(tmp_path / "bad.csv")), "sts")
+
+
+def test_one_registry_declares_every_task_and_derives_the_held_out_ones():
+    assert list(tasks.TASKS) == ["retrieval", "zeroshot", "knn", "linear-probe", "cxc", "multilingual", "arithmetic",
+                                 "compositional", "word-sim", "sts", "finetune", "vtab"]
+    assert tasks.HELD_OUT_TASKS == ("retrieval", "zeroshot", "multilingual", "arithmetic", "compositional")
+    assert {n for n, t in tasks.TASKS.items() if t.reads == "path"} == {"word-sim", "sts", "finetune", "vtab"}
+    assert tasks.TASKS["linear-probe"].prefix == "linear_probe_" and tasks.TASKS["retrieval"].prefix == ""
+    for task in tasks.TASKS.values():  # frozen options with a default for every field
+        options = task.options()
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(options, "x", 1)
+
+
+def test_task_options_from_shared_values_and_dotted_overrides():
+    options = tasks.configure(["knn", "linear-probe", "zeroshot", "finetune"],
+                              ["knn.k=5", "finetune.recipe.lr=0.5", "linear_probe.train_data=other"],
+                              train_data="train/", templates=("a {}",), k=None)
+    assert options["knn"] == tasks.KnnOptions(train_data="train/", k=5)
+    assert options["linear-probe"].train_data == "other" and options["zeroshot"].templates == ("a {}",)
+    assert options["finetune"].recipe.lr == 0.5 and options["finetune"].train_data == "train/"
+    with pytest.raises(ConfigError, match="did you mean k"):
+        tasks.configure(["knn"], ["knn.kk=5"])
+    with pytest.raises(ConfigError, match="names no selected task"):
+        tasks.configure(["knn"], ["cxc.positive_score=4"])
+    with pytest.raises(ConfigError, match="unknown eval task 'knnn'"):
+        tasks.configure(["knnn"])
+
+
+def test_tasks_return_metrics_and_figures_and_mutate_nothing(monkeypatch):
+    import copy
+
+    from openalign.eval.features import EvalData
+
+    vectors = torch.eye(4)
+    monkeypatch.setattr(features, "encode_texts", lambda model, tok, texts, batch_size, max_length: torch.stack(
+        [vectors[int(t.split()[-1])] for t in texts]))
+    data = EvalData(vectors.clone(), [f"caption {i}" for i in range(4)], torch.arange(4), ["0", "1", "2", "3"])
+    before = copy.deepcopy(data)
+    ctx = Context(None, None, EvalOptions(), data)
+    metrics, figures = tasks.retrieval(ctx)
+    assert metrics["i2t_r1"] == metrics["t2i_r1"] == 1.0 and set(figures) == {"retrieval"}
+    metrics, figures = tasks.zeroshot(ctx, tasks.ZeroshotOptions(templates=("label {}",)))
+    assert metrics["top1"] == 1.0 and figures["zeroshot"]["classes"] == ["0", "1", "2", "3"]
+    assert all(torch.equal(getattr(data, f), getattr(before, f)) if torch.is_tensor(getattr(data, f))
+               else getattr(data, f) == getattr(before, f) for f in ("image_embeds", "captions", "text_to_image",
+                                                                     "labels", "keys", "attributes"))

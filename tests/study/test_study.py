@@ -172,17 +172,18 @@ def test_compositional_pipeline(tmp_path):
     # oracle: each run's saved model, evaluated afresh on its own corpus's held-out split (one seed: mean = run)
     from openalign import config as config_lib
     from openalign.data.corpora import resolve_data
-    from openalign.eval.tasks import EvalOptions, run_tasks
+    from openalign.eval.features import EvalOptions
+    from openalign.eval.tasks import configure, run_tasks
     from openalign.model.hub import load_pretrained
 
     for name, row in variants.items():
         run = tmp_path / "study" / "runs" / name / "seed0"
         cfg = config_lib.load(run / "config.json")
         model, tokenizer, _ = load_pretrained(run / "model")
-        options = EvalOptions(batch_size=cfg.eval.batch_size, max_length=cfg.model.text.max_length,
-                              templates=cfg.eval.templates)
-        fresh = run_tasks(model, tokenizer, resolve_data(cfg.data, progress=False)[1], ["compositional"], options,
-                          cfg.model.vision.resize_size, cfg.model.vision.image_size, progress=False)
+        common = EvalOptions(batch_size=cfg.eval.batch_size, max_length=cfg.model.text.max_length,
+                             resize=cfg.model.vision.resize_size, crop=cfg.model.vision.image_size)
+        fresh, _ = run_tasks(model, tokenizer, resolve_data(cfg.data, progress=False)[1], ["compositional"], common,
+                             configure(["compositional"], templates=cfg.eval.templates), progress=False)
         assert row["mean"]["compositional_unseen_top1"] == pytest.approx(fresh["compositional_unseen_top1"])
         assert row["chance"]["compositional_unseen_top1"] == 1 / 64
     report = (tmp_path / "study" / "report.md").read_text()

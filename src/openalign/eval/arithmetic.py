@@ -20,8 +20,7 @@ import numpy as np
 import torch
 
 from openalign.eval import metrics as M
-from openalign.eval.features import EvalData, EvalOptions
-from openalign.model.encode import encode_texts
+from openalign.eval.features import Context
 
 WEIGHTS = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, "text")  # text weight against image weight 1
 PAPER_WEIGHT = 2.0
@@ -57,18 +56,20 @@ def triplets(names: list[str]) -> list[tuple[int, str, int]]:
     return out
 
 
-def arithmetic(model, tokenizer, data: EvalData, options: EvalOptions) -> dict:
+def arithmetic(ctx: Context, _=None) -> tuple[dict, dict]:
+    """Image + text queries (the paper's Section 7) over the split's emoji variants, at several text weights."""
     from openalign.index.search import IMAGE_WEIGHT, combine
 
+    data = ctx.data
     found = triplets(data.labels)
     n = len(data.labels)
     if not found:
-        return {"n_queries": 0}
+        return {"n_queries": 0}, {}
     sources = torch.tensor([s for s, _, _ in found])
     targets = torch.tensor([t for _, _, t in found])
     modifiers = [m for _, m, _ in found]
     unique = sorted(set(modifiers))
-    text = encode_texts(model, tokenizer, unique, options.batch_size, options.max_length).float()
+    text = ctx.encode(unique).float()
     texts = text[torch.tensor([unique.index(m) for m in modifiers])]  # [Q, D]
     images = data.image_embeds.float()
     kinds = np.array([kind_of(m) for m in modifiers])
@@ -96,12 +97,11 @@ def arithmetic(model, tokenizer, data: EvalData, options: EvalOptions) -> dict:
     best = max((w for w in WEIGHTS if w != "text"), key=lambda w: (out[f"w{w:g}_r10"], out[f"w{w:g}_r1"]))
     out |= {"best_weight": best, "n_queries": len(found), "n_images": n}
     out |= {f"chance_r{k}": min(1.0, k / max(1, n - 1)) for k in KS}
-    data.figures["arithmetic"] = {"weights": [w for w in WEIGHTS if w != "text"],
-                                  "recall": {kind: [float((curve[f'w{w:g}'][torch.from_numpy(kinds == kind)] < 10)
-                                                          .float().mean()) for w in WEIGHTS if w != "text"]
-                                             for kind in sorted(set(kinds))},
-                                  "counts": {kind: int((kinds == kind).sum()) for kind in sorted(set(kinds))},
-                                  "all": [out[f"w{w:g}_r10"] for w in WEIGHTS if w != "text"],
-                                  "text_only": out["text_only_r10"], "chance": out["chance_r10"]}
-    return out
-
+    weights = [w for w in WEIGHTS if w != "text"]
+    figure = {"weights": weights,
+              "recall": {kind: [float((curve[f"w{w:g}"][torch.from_numpy(kinds == kind)] < 10).float().mean())
+                                for w in weights] for kind in sorted(set(kinds))},
+              "counts": {kind: int((kinds == kind).sum()) for kind in sorted(set(kinds))},
+              "all": [out[f"w{w:g}_r10"] for w in weights], "text_only": out["text_only_r10"],
+              "chance": out["chance_r10"]}
+    return out, {"arithmetic": figure}

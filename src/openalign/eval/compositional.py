@@ -14,14 +14,15 @@ split), two measurements:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
 from openalign.config import ConfigError
 from openalign.eval import metrics as M
 from openalign.eval.arithmetic import KS, PAPER_WEIGHT, WEIGHTS
-from openalign.eval.features import EvalData, EvalOptions
-from openalign.model.encode import encode_texts
+from openalign.eval.features import DEFAULT_TEMPLATES, Context, EvalData
 
 
 def _pairs(data: EvalData) -> tuple[list[str], list[str], list[tuple[str, str, bool]]]:
@@ -32,11 +33,16 @@ def _pairs(data: EvalData) -> tuple[list[str], list[str], list[tuple[str, str, b
     return sorted({c for c, _, _ in rows}), sorted({s for _, s, _ in rows}), rows
 
 
-def classification(model, tokenizer, data: EvalData, options: EvalOptions, colours, shapes, rows) -> dict:
+@dataclass(frozen=True)
+class CompositionalOptions:
+    templates: tuple[str, ...] = DEFAULT_TEMPLATES  # prompts of the pair classifier ({} = "colour shape")
+
+
+def classification(ctx: Context, templates: tuple[str, ...], colours, shapes, rows) -> dict:
     classes = [(c, s) for c in colours for s in shapes]
-    prompts = [t.format(f"{c} {s}") for c, s in classes for t in options.templates]
-    weights = M.class_weights(encode_texts(model, tokenizer, prompts, options.batch_size, options.max_length), len(classes))
-    predicted = (data.image_embeds.float() @ weights.T).argmax(dim=1).tolist()
+    prompts = [t.format(f"{c} {s}") for c, s in classes for t in templates]
+    weights = M.class_weights(ctx.encode(prompts), len(classes))
+    predicted = (ctx.data.image_embeds.float() @ weights.T).argmax(dim=1).tolist()
     out = {"n_classes": len(classes), "chance_unseen_top1": 1 / len(classes), "chance_seen_top1": 1 / len(classes)}
     for name, want in (("unseen", False), ("seen", True)):
         idx = [i for i, (_, _, seen) in enumerate(rows) if seen == want]
@@ -53,10 +59,10 @@ def classification(model, tokenizer, data: EvalData, options: EvalOptions, colou
     return out
 
 
-def swap_colour(model, tokenizer, data: EvalData, options: EvalOptions, colours, rows) -> dict:
+def swap_colour(ctx: Context, colours, rows) -> dict:
     from openalign.index.search import IMAGE_WEIGHT, combine
 
-    images = data.image_embeds.float()
+    images = ctx.data.image_embeds.float()
     members: dict[tuple[str, str], list[int]] = {}
     for i, (c, s, _) in enumerate(rows):
         members.setdefault((c, s), []).append(i)
@@ -70,12 +76,12 @@ def swap_colour(model, tokenizer, data: EvalData, options: EvalOptions, colours,
     for q, (_, _, c2, s) in enumerate(queries):
         positives[q, :len(members[c2, s])] = torch.tensor(members[c2, s])
     sources = torch.tensor([i for i, _, _, _ in queries])
-    words = encode_texts(model, tokenizer, colours, options.batch_size, options.max_length).float().numpy()
+    words = ctx.encode(colours).float().numpy()
     word = {c: words[k] for k, c in enumerate(colours)}
     terms = np.stack([np.stack([word[c1], word[c2]]) for _, c1, c2, _ in queries])  # [Q, 2, D]
     signs = np.tile(np.array([[-1.0, 1.0]], dtype=np.float32), (len(queries), 1))
     names = sorted({f"{c2} {s}" for _, _, c2, s in queries})
-    named = encode_texts(model, tokenizer, names, options.batch_size, options.max_length).float()
+    named = ctx.encode(names).float()
     out: dict = {"arithmetic_n_queries": len(queries)}
     for weight in WEIGHTS:
         if weight == "text":
@@ -93,7 +99,6 @@ def swap_colour(model, tokenizer, data: EvalData, options: EvalOptions, colours,
     return out | {f"chance_arithmetic_r{k}": chance[k] for k in KS}
 
 
-def compositional(model, tokenizer, data: EvalData, options: EvalOptions) -> dict:
-    colours, shapes, rows = _pairs(data)
-    return classification(model, tokenizer, data, options, colours, shapes, rows) | \
-        swap_colour(model, tokenizer, data, options, colours, rows)
+def compositional(ctx: Context, options: CompositionalOptions = CompositionalOptions()) -> tuple[dict, dict]:
+    colours, shapes, rows = _pairs(ctx.data)
+    return classification(ctx, options.templates, colours, shapes, rows) | swap_colour(ctx, colours, rows), {}

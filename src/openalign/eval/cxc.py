@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import csv
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from openalign.config import ConfigError
 from openalign.eval import metrics as M
-from openalign.eval.features import EvalData, EvalOptions
-from openalign.model.encode import encode_texts
+from openalign.eval.features import Context, EvalData
 
 KINDS = {"sts": ("caption1", "caption2"), "sis": ("image1", "image2"), "sits": ("caption", "image")}
 SCORE_COLUMNS = ("agg_score", "score", "similarity")
@@ -92,21 +92,28 @@ def cross_modal(img: torch.Tensor, txt: torch.Tensor, data: EvalData, pairs: lis
     return out | _recalls("t2i", M.positive_ranks(txt[queries], img, positives), positives, len(img))
 
 
-def cxc(model, tokenizer, data: EvalData, options: EvalOptions) -> dict:
+@dataclass(frozen=True)
+class CxcOptions:
+    dir: str = ""  # the directory of Crisscrossed Captions' sts_/sis_/sits_<split>.csv
+    positive_score: float = 3.0  # human score (0-5) at or above which a pair counts as a positive
+
+
+def cxc(ctx: Context, options: CxcOptions = CxcOptions()) -> tuple[dict, dict]:
     from scipy.stats import spearmanr
 
-    if not options.cxc:
+    data = ctx.data
+    if not options.dir:
         raise ConfigError("--task cxc needs --cxc DIR (the Crisscrossed Captions CSVs) and the Karpathy JSON as --data")
     if not data.captions:
         raise ConfigError("--task cxc needs captioned evaluation data (the Karpathy JSON the ratings refer to)")
-    ratings = read_ratings(options.cxc, options.split)
+    ratings = read_ratings(options.dir, ctx.options.split)
     find = Resolver(data)
-    txt, img = encode_texts(model, tokenizer, data.captions, options.batch_size, options.max_length), data.image_embeds
+    txt, img = ctx.encode(data.captions), data.image_embeds
     # captions that are not ids are encoded as literal text, for the correlations only
     refs = [ref for kind, rows in ratings.items() if kind != "sis" for row in rows
             for ref in (row[:2] if kind == "sts" else row[:1])]
     literal = {ref: i for i, ref in enumerate(dict.fromkeys(r for r in refs if not CAPTION_ID.match(r.strip())))}
-    texts = torch.cat([txt, encode_texts(model, tokenizer, list(literal), options.batch_size, options.max_length)])
+    texts = torch.cat([txt, ctx.encode(literal)])
 
     def text_row(ref: str) -> int:
         return len(txt) + literal[ref] if ref in literal else find.caption(ref)
@@ -140,4 +147,4 @@ def cxc(model, tokenizer, data: EvalData, options: EvalOptions) -> dict:
     correlations = [out[f"{k}_spearman"] for k in KINDS if f"{k}_spearman" in out]
     if correlations:
         out["mean_spearman"] = sum(correlations) / len(correlations)
-    return out
+    return out, {}

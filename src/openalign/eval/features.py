@@ -11,10 +11,10 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from openalign.config import ConfigError, EvalConfig, FinetuneConfig
+from openalign.config import ConfigError, EvalConfig
 from openalign.data import sources, transforms
 from openalign.model.dual_encoder import DualEncoder
-from openalign.model.encode import encode_image_stream
+from openalign.model.encode import encode_image_stream, encode_texts
 
 # A short generic prompt set for icons and emoji (one definition: the config's default).
 DEFAULT_TEMPLATES = EvalConfig().templates
@@ -22,25 +22,16 @@ DEFAULT_TEMPLATES = EvalConfig().templates
 
 @dataclass(frozen=True)
 class EvalOptions:
-    batch_size: int = 256
-    max_length: int = 64
-    templates: tuple[str, ...] = DEFAULT_TEMPLATES
-    images: str = ""  # image root for Karpathy JSON / caption tables (default: beside the file)
-    split: str = "test"  # Karpathy split to evaluate ("all" for every image)
-    classnames: str = ""  # zero-shot: a class-names file (see datasets.load_classnames)
-    class_subset: str = ""  # zero-shot: a file of labels; only these classes compete (ImageNet-R/A style)
-    train_data: str = ""  # knn / linear-probe: the labeled training split (any format with labels)
-    knn_k: int = 1  # knn: neighbours (1 = the paper's ImageNet KNN R@1)
-    cxc: str = ""  # cxc: directory of Crisscrossed Captions' sts_/sis_/sits_<split>.csv
-    positive_score: float = 3.0  # cxc: human score (0-5) at or above which a pair counts as a positive
-    captions: str = ""  # multilingual: directory of Multi30k caption files (default: beside the image list)
-    seed: int = 0  # finetune / vtab: first seed
-    finetune: FinetuneConfig = FinetuneConfig()  # finetune / vtab: the training recipe
-    sweep: tuple[str, ...] = ()  # vtab: grid as `key=v1,v2` items (default: VTAB's lightweight sweep)
-    runs: int = 3  # vtab: retrain runs (seeds) whose mean and std are reported
-    resize: int = 0  # image sizes of the model (set by run_tasks)
+    """What every task shares; each task's own settings are its options class (eval/tasks.py)."""
+
+    batch_size: int = 256  # images or texts encoded at once
+    max_length: int = 64  # text tokens (set from the model)
+    images: str = ""  # image root for a Karpathy JSON, a table or a list (default: beside the file)
+    split: str = "test"  # Karpathy split to evaluate (test: the 1K Flickr30K / 5K COCO protocol; all: every image)
+    resize: int = 0  # image sizes of the model (set from the model)
     crop: int = 0
-    cache: str = ""  # a directory: image embeddings are saved there and reused (see `cache_path`)
+    cache: str = ""  # a directory where image embeddings are kept and reused by later runs on the same model,
+    # data and image size (e.g. several probes of one large set)
     model_id: str = ""  # identifies the model's weights in cache keys (eval: a fingerprint of its files)
 
 
@@ -57,8 +48,22 @@ class EvalData:
     texts_by_language: list[dict] = field(default_factory=list)
     # [N] per image, attributes a corpus records for a task (shapes: colour, shape, seen in training)
     attributes: list[dict] = field(default_factory=list)
-    extra: dict = field(default_factory=dict)
-    figures: dict = field(default_factory=dict)  # tasks leave what the report's plots need here
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a task is given: the model and tokenizer, the shared options, and either the split's features
+    (tasks that read the split's images) or the path the user named (tasks that read their own files)."""
+
+    model: DualEncoder
+    tokenizer: object
+    options: EvalOptions
+    data: EvalData | None = None
+    path: str = ""
+
+    def encode(self, texts) -> torch.Tensor:
+        """[N, D] normalized text embeddings, in order."""
+        return encode_texts(self.model, self.tokenizer, list(texts), self.options.batch_size, self.options.max_length)
 
 
 def files_fingerprint(*paths: str) -> str:
@@ -72,25 +77,25 @@ def files_fingerprint(*paths: str) -> str:
     return hashlib.blake2b(json.dumps(entries).encode(), digest_size=16).hexdigest()
 
 
-def cache_path(shards: str | list[str], options: EvalOptions, resize: int, crop: int) -> Path | None:
+def cache_path(shards: str | list[str], options: EvalOptions) -> Path | None:
     """Where the embeddings of this data, model and image size are cached; None without a cache. The
     key covers the model, the data's files (and the image root's) and every option that changes them."""
     if not options.cache:
         return None
     sources = [shards] if isinstance(shards, str) else list(shards)
-    key = json.dumps([options.model_id, files_fingerprint(*sources, options.images), options.split, resize, crop])
+    key = json.dumps([options.model_id, files_fingerprint(*sources, options.images), options.split, options.resize,
+                      options.crop])
     return Path(options.cache) / f"embeddings-{hashlib.blake2b(key.encode(), digest_size=16).hexdigest()}.pt"
 
 
-def embed_split(model: DualEncoder, shards: str | list[str], options: EvalOptions, resize: int, crop: int,
-                progress: bool = True) -> EvalData:
+def embed_split(model: DualEncoder, shards: str | list[str], options: EvalOptions, progress: bool = True) -> EvalData:
     """Encode every image of the evaluation data (shards, Karpathy JSON or a caption table; see
     eval/datasets.py); captions are kept as text for the tasks. With `options.cache`, a second run on
     the same model and data loads the embeddings instead."""
-    cached = cache_path(shards, options, resize, crop)
+    cached = cache_path(shards, options)
     if cached is not None and cached.is_file():
         return EvalData(**torch.load(cached, weights_only=False))
-    data = _embed(model, shards, options, resize, crop, progress)
+    data = _embed(model, shards, options, progress)
     if cached is not None:
         cached.parent.mkdir(parents=True, exist_ok=True)
         fields = ("image_embeds", "captions", "text_to_image", "labels", "keys", "caption_ids", "skipped",
@@ -108,12 +113,11 @@ def split_items(data: str | list[str], options: EvalOptions, counter: dict):
     return (item for shard in data for item in sources.shard_items(shard, counter, captionless=False))
 
 
-def _embed(model: DualEncoder, shards: str | list[str], options: EvalOptions, resize: int, crop: int,
-           progress: bool) -> EvalData:
+def _embed(model: DualEncoder, shards: str | list[str], options: EvalOptions, progress: bool) -> EvalData:
     counter: dict = {}
     decoded = sources.decoded(tqdm(split_items(shards, options, counter), desc="embed eval images", unit="img",
                                    disable=not progress, leave=False), counter)
-    pixels = ((item, transforms.eval_transform(image, resize, crop)) for item, image in decoded)
+    pixels = ((item, transforms.eval_transform(image, options.resize, options.crop)) for item, image in decoded)
     embeds, captions, owner, labels, keys, caption_ids, by_language, attributes = [], [], [], [], [], [], [], []
     for batch, vectors in encode_image_stream(model, pixels, options.batch_size):
         embeds.append(vectors)

@@ -29,12 +29,11 @@ import torch
 from tqdm import tqdm
 
 from openalign.config import ConfigError, FinetuneConfig, leaf_keys, override, validate
-from openalign.data import transforms
+from openalign.data import sources, transforms
 from openalign.eval import metrics as M
-from openalign.data import sources
-from openalign.eval.features import EvalOptions
-from openalign.model.encode import device_of, evaluating
+from openalign.eval.features import Context, EvalOptions
 from openalign.model.dual_encoder import DualEncoder, vision_pooled_dim
+from openalign.model.encode import device_of, evaluating
 from openalign.schedule import lr_at
 
 
@@ -161,17 +160,33 @@ def score(classifier: Classifier, data: Labeled, classes: dict[str, int], crop: 
     return M.topk_accuracy(predict(classifier, subset, crop), labels)
 
 
-def finetune(model: DualEncoder, tokenizer, path: str, options: EvalOptions) -> dict:
+@dataclass(frozen=True)
+class FinetuneOptions:
+    train_data: str = ""  # the labeled training split (class folders, a label table or shards)
+    seed: int = 0
+    recipe: FinetuneConfig = FinetuneConfig()  # the training recipe (--ft key=value)
+
+
+@dataclass(frozen=True)
+class VtabOptions:
+    seed: int = 0  # the first seed
+    recipe: FinetuneConfig = FinetuneConfig()  # the recipe the sweep varies (--ft key=value)
+    sweep: tuple[str, ...] = ()  # grid as `key=v1,v2` items (default: VTAB's lightweight sweep)
+    runs: int = 3  # retrain runs (seeds) whose mean and std are reported
+
+
+def finetune(ctx: Context, options: FinetuneOptions = FinetuneOptions()) -> tuple[dict, dict]:
+    """The test split `ctx.path`, scored after fine-tuning on `options.train_data`."""
     if not options.train_data:
         raise ConfigError("--task finetune needs --train-data (a labeled training split: folders, a table or shards)")
-    resize, crop = options.resize, options.crop
-    train, test = load_labeled(options.train_data, options, resize), load_labeled(path, options, resize)
+    resize, crop = ctx.options.resize, ctx.options.crop
+    train, test = load_labeled(options.train_data, ctx.options, resize), load_labeled(ctx.path, ctx.options, resize)
     classes = {c: i for i, c in enumerate(sorted(set(train.labels)))}
-    classifier = fit(model, train, classes, options.finetune, options.seed, crop, progress=True)
+    classifier = fit(ctx.model, train, classes, options.recipe, options.seed, crop, progress=True)
     n = len(classes)
-    return score(classifier, test, classes, crop) | dataclasses.asdict(options.finetune) | {
+    return score(classifier, test, classes, crop) | dataclasses.asdict(options.recipe) | {
         "n_train": len(train.labels), "n_test": len(test.labels), "n_classes": n,
-        "n_skipped": train.skipped + test.skipped, "chance_top1": 1 / n, "chance_top5": min(1.0, 5 / n)}
+        "n_skipped": train.skipped + test.skipped, "chance_top1": 1 / n, "chance_top5": min(1.0, 5 / n)}, {}
 
 
 def vtab_tasks(root: Path) -> dict[str, Path]:
@@ -196,19 +211,21 @@ def split_1k(train: Labeled, val: Labeled | None, seed: int) -> tuple[Labeled, L
     return pick(order[:cut]), pick(order[cut:])
 
 
-def vtab(model: DualEncoder, tokenizer, path: str, options: EvalOptions) -> dict:
-    grid = parse_sweep(list(options.sweep) or list(VTAB_SWEEP), options.finetune)
+def vtab(ctx: Context, options: VtabOptions = VtabOptions()) -> tuple[dict, dict]:
+    """VTAB-1k over the task directories under `ctx.path` (see the module docstring)."""
+    grid = parse_sweep(list(options.sweep) or list(VTAB_SWEEP), options.recipe)
+    model, crop = ctx.model, ctx.options.crop
     out: dict = {}
-    for name, task in vtab_tasks(Path(path)).items():
-        load = lambda split: load_labeled(task / split, options, options.resize)  # noqa: E731
+    for name, task in vtab_tasks(Path(ctx.path)).items():
+        load = lambda split: load_labeled(task / split, ctx.options, ctx.options.resize)  # noqa: E731
         fit_set, val_set = split_1k(load("train"), load("val") if (task / "val").is_dir() else None, options.seed)
         test = load("test")
         classes = {c: i for i, c in enumerate(sorted(set(fit_set.labels) | set(val_set.labels)))}
         val_scores, diverged = [], []
         for ft in tqdm(grid, desc=f"{name}: sweep", leave=False):
             try:
-                val_scores.append(score(fit(model, fit_set, classes, ft, options.seed, options.crop), val_set,
-                                        classes, options.crop)["top1"])
+                val_scores.append(score(fit(model, fit_set, classes, ft, options.seed, crop), val_set, classes,
+                                        crop)["top1"])
             except Diverged as err:  # a diverged point cannot win the sweep with a meaningless score
                 val_scores.append(float("-inf"))
                 diverged.append(ft)
@@ -218,12 +235,12 @@ def vtab(model: DualEncoder, tokenizer, path: str, options: EvalOptions) -> dict
                               "rates (--sweep lr=...)")
         best = grid[val_scores.index(max(val_scores))]
         full = Labeled(fit_set.images + val_set.images, fit_set.labels + val_set.labels)
-        runs = [score(fit(model, full, classes, best, options.seed + run, options.crop), test, classes,
-                      options.crop)["top1"] for run in tqdm(range(options.runs), desc=f"{name}: runs", leave=False)]
+        runs = [score(fit(model, full, classes, best, options.seed + run, crop), test, classes, crop)["top1"]
+                for run in tqdm(range(options.runs), desc=f"{name}: runs", leave=False)]
         out |= {f"{name}_top1_mean": statistics.mean(runs), f"{name}_top1_std": statistics.pstdev(runs),
                 f"{name}_val_top1": max(val_scores), f"{name}_lr": best.lr, f"{name}_steps": best.steps,
                 f"{name}_n_train": len(full.labels), f"{name}_n_test": len(test.labels),
                 f"{name}_sweep_points": len(grid), f"{name}_sweep_diverged": len(diverged),
                 f"chance_{name}_top1_mean": 1 / len(classes)}
     means = [v for k, v in out.items() if k.endswith("_top1_mean") and not k.startswith("chance_")]
-    return out | {"mean_top1": statistics.mean(means), "n_tasks": len(means)}
+    return out | {"mean_top1": statistics.mean(means), "n_tasks": len(means)}, {}

@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import gzip
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from openalign.config import ConfigError
 from openalign.eval import metrics as M
-from openalign.eval.features import EvalData, EvalOptions
-from openalign.model.encode import encode_texts
+from openalign.eval.features import Context, EvalData
 
 
 def _lines(path: Path) -> list[str]:
@@ -90,8 +90,13 @@ def _metadata(data: EvalData) -> tuple[list[int], dict[str, tuple[list[str], lis
     return rows, out
 
 
-def multilingual(model, tokenizer, data: EvalData, options: EvalOptions) -> dict:
-    source = Path(data.extra.get("source", ""))
+@dataclass(frozen=True)
+class MultilingualOptions:
+    captions: str = ""  # the directory of Multi30k caption files (default: found beside the image list)
+
+
+def multilingual(ctx: Context, options: MultilingualOptions = MultilingualOptions()) -> tuple[dict, dict]:
+    data, source = ctx.data, Path(ctx.path)
     rows = list(range(len(data.keys)))
     if source.suffix == ".txt":
         per_language = _multi30k(data, source, Path(options.captions) if options.captions else None)
@@ -104,11 +109,11 @@ def multilingual(model, tokenizer, data: EvalData, options: EvalOptions) -> dict
     out: dict = {}
     for lang, (captions, owner) in per_language.items():
         owner_t = torch.tensor(owner, dtype=torch.long)
-        txt = encode_texts(model, tokenizer, captions, options.batch_size, options.max_length)
+        txt = ctx.encode(captions)
         metrics = M.retrieval_metrics(images, txt, owner_t)
         chance = M.retrieval_chance(owner_t, len(rows))
         out |= {f"{lang}_{k}": v for k, v in metrics.items()} | {f"chance_{lang}_{k}": v for k, v in chance.items()}
     languages = sorted(per_language)
     out["mean_recall"] = sum(out[f"{lang}_mean_recall"] for lang in languages) / len(languages)
     out["chance_mean_recall"] = sum(out[f"chance_{lang}_mean_recall"] for lang in languages) / len(languages)
-    return out | {"languages": ",".join(languages), "n_images": len(rows)}
+    return out | {"languages": ",".join(languages), "n_images": len(rows)}, {}

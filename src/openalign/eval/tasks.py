@@ -1,50 +1,83 @@
-"""Evaluation tasks, chosen by name from `TASKS` or `PATH_TASKS`.
+"""The evaluation tasks: one registry, one contract (in the style of big_vision's evaluators).
 
-    task(model, tokenizer, data: EvalData, options: EvalOptions) -> flat metrics dict    (TASKS)
-    task(model, tokenizer, path: str, options: EvalOptions) -> flat metrics dict         (PATH_TASKS)
+Each `Task` declares its name, what it reads, whether it runs on the held-out split during training, and
+its own small frozen options. Its function takes a `Context` (model, tokenizer, the shared `EvalOptions`,
+and the split's features, or the path the user named) and the options, and returns `(metrics, figures)`:
+flat metrics, and what the report's plots need. It mutates nothing.
 
-`EvalData` holds a split's image embeddings and captions, computed once and shared by the tasks;
-path tasks read their own data (scored text pairs, or images to fine-tune on).
+    reads="features"   the split's images are embedded once (eval/features.py) and shared by these tasks
+    reads="path"       the task reads --data itself (scored text pairs; images to fine-tune on)
+
+Options are set by dotted overrides, `knn.k=5 cxc.positive_score=4 finetune.recipe.lr=0.01`, or by a value
+every selected task with that field takes (`configure(..., train_data=...)`: the CLI's --train-data).
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Literal
 
 import torch
 
-from openalign.config import ConfigError
+from openalign.config import ConfigError, leaf_keys, override
 from openalign.eval import metrics as M
 from openalign.eval.arithmetic import arithmetic
-from openalign.eval.compositional import compositional
-from openalign.eval.cxc import cxc
+from openalign.eval.compositional import CompositionalOptions, compositional
+from openalign.eval.cxc import CxcOptions, cxc
 from openalign.eval.datasets import load_classnames, word_pairs
-from openalign.eval.features import EvalData, EvalOptions, embed_split
-from openalign.model.encode import encode_texts
-from openalign.eval.finetune import finetune, vtab
-from openalign.eval.multilingual import multilingual
+from openalign.eval.features import DEFAULT_TEMPLATES, Context, EvalOptions, embed_split
+from openalign.eval.finetune import FinetuneOptions, VtabOptions, finetune, vtab
+from openalign.eval.multilingual import MultilingualOptions, multilingual
 from openalign.model.dual_encoder import DualEncoder
 
 
-def retrieval(model: DualEncoder, tokenizer, data: EvalData, options: EvalOptions) -> dict:
+@dataclass(frozen=True)
+class NoOptions:
+    pass
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    run: Callable[[Context, object], tuple[dict, dict]]
+    options: type = NoOptions
+    reads: Literal["features", "path"] = "features"
+    held_out: bool = False  # needs nothing but the held-out split: training may run it (config eval.tasks)
+
+    @property
+    def prefix(self) -> str:
+        """Its metrics' prefix: retrieval's keys are bare, the others' are `zeroshot_top1`, `cxc_t2t_r1`, ..."""
+        return "" if self.name == "retrieval" else self.name.replace("-", "_") + "_"
+
+
+def retrieval(ctx: Context, _=None) -> tuple[dict, dict]:
+    data = ctx.data
     if not data.captions:
         raise ConfigError("the evaluation data has no captions (a classification set?): use --task zeroshot")
-    txt = encode_texts(model, tokenizer, data.captions, options.batch_size, options.max_length)
+    txt = ctx.encode(data.captions)
     i2t = M.i2t_ranks(data.image_embeds, txt, data.text_to_image)
     t2i = M.t2i_ranks(data.image_embeds, txt, data.text_to_image)
     metrics = M.ranks_to_metrics(i2t, t2i) | M.modality_gap(data.image_embeds, txt) | {
         "shared_captions": M.shared_caption_share(data.captions, data.text_to_image)}
     chance = M.retrieval_chance(data.text_to_image, len(data.labels))
-    data.figures["retrieval"] = {"i2t": i2t, "t2i": t2i, "captions_per_image": torch.bincount(
-        data.text_to_image, minlength=len(data.labels)), "n_texts": len(txt)}
-    return metrics | {f"chance_{k}": v for k, v in chance.items()}
+    figure = {"i2t": i2t, "t2i": t2i, "captions_per_image": torch.bincount(data.text_to_image,
+                                                                          minlength=len(data.labels)), "n_texts": len(txt)}
+    return metrics | {f"chance_{k}": v for k, v in chance.items()}, {"retrieval": figure}
 
 
-def zeroshot(model: DualEncoder, tokenizer, data: EvalData, options: EvalOptions) -> dict:
+@dataclass(frozen=True)
+class ZeroshotOptions:
+    templates: tuple[str, ...] = DEFAULT_TEMPLATES  # prompts, {} for the class name (--templates)
+    classnames: str = ""  # a class-names file: `label,name` lines, or one name per sorted label
+    class_subset: str = ""  # a file of labels: only these classes compete (ImageNet-R/A style)
+
+
+def zeroshot(ctx: Context, options: ZeroshotOptions = ZeroshotOptions()) -> tuple[dict, dict]:
     """Prompt-ensemble classifier over the data's labels (or a subset), top-1/top-5 on its images."""
+    data = ctx.data
     classes = sorted(set(data.labels))
     if options.class_subset:
         subset = {line.strip() for line in Path(options.class_subset).read_text().splitlines() if line.strip()}
@@ -53,48 +86,52 @@ def zeroshot(model: DualEncoder, tokenizer, data: EvalData, options: EvalOptions
             raise ConfigError(f"none of the labels in {options.class_subset} occur in the evaluation data")
     names = load_classnames(options.classnames, classes) if options.classnames else {c: c for c in classes}
     prompts = [t.format(names[c]) for c in classes for t in options.templates]  # class-major [C*T]
-    weights = M.class_weights(encode_texts(model, tokenizer, prompts, options.batch_size, options.max_length), len(classes))  # [C, D]
+    weights = M.class_weights(ctx.encode(prompts), len(classes))  # [C, D]
     index = {c: i for i, c in enumerate(classes)}
     rows = torch.tensor([i for i, c in enumerate(data.labels) if c in index], dtype=torch.long)
     labels = torch.tensor([index[data.labels[i]] for i in rows.tolist()], dtype=torch.long)
     logits = data.image_embeds[rows] @ weights.T
     metrics = M.topk_accuracy(logits, labels)
-    data.figures["zeroshot"] = {"true": labels, "predicted": logits.argmax(dim=1), "classes": [names[c] for c in classes]}
+    figure = {"true": labels, "predicted": logits.argmax(dim=1), "classes": [names[c] for c in classes]}
     return metrics | {"n_classes": len(classes), "n_images": len(rows), "chance_top1": 1 / len(classes),
-                      "chance_top5": min(1.0, 5 / len(classes))}
+                      "chance_top5": min(1.0, 5 / len(classes))}, {"zeroshot": figure}
 
 
-def _train_split(model: DualEncoder, data: EvalData, options: EvalOptions, task: str):
+@dataclass(frozen=True)
+class KnnOptions:
+    train_data: str = ""  # the labeled training split (class folders, a label table or shards)
+    k: int = 1  # neighbours (1: the paper's ImageNet KNN R@1)
+
+
+@dataclass(frozen=True)
+class ProbeOptions:
+    train_data: str = ""  # the labeled training split (class folders, a label table or shards)
+
+
+def _train_split(ctx: Context, train_data: str, task: str):
     """Embeddings and integer labels of the labeled training split, and the test labels, for image-only tasks."""
-    if not options.train_data:
+    if not train_data:
         raise ConfigError(f"--task {task} needs --train-data (a labeled training split: folders, a table or shards)")
-    train = embed_split(model, options.train_data, options, options.resize, options.crop, progress=False)
+    data = ctx.data
+    train = embed_split(ctx.model, train_data, ctx.options, progress=False)
     classes = {c: i for i, c in enumerate(sorted(set(train.labels) | set(data.labels)))}
     to_ids = lambda labels: torch.tensor([classes[c] for c in labels], dtype=torch.long)  # noqa: E731
     return train.image_embeds, to_ids(train.labels), to_ids(data.labels), len(classes)
 
 
-def knn(model: DualEncoder, tokenizer, data: EvalData, options: EvalOptions) -> dict:
-    train_x, train_y, test_y, n_classes = _train_split(model, data, options, "knn")
-    predicted = M.knn_predict(train_x, train_y, data.image_embeds, options.knn_k, n_classes)
+def knn(ctx: Context, options: KnnOptions = KnnOptions()) -> tuple[dict, dict]:
+    train_x, train_y, test_y, n_classes = _train_split(ctx, options.train_data, "knn")
+    predicted = M.knn_predict(train_x, train_y, ctx.data.image_embeds, options.k, n_classes)
     top1 = float((predicted == test_y).float().mean())
-    return {"top1": top1, "k": options.knn_k, "n_train": len(train_x), "n_classes": n_classes,
-            "chance_top1": 1 / n_classes}
+    return {"top1": top1, "k": options.k, "n_train": len(train_x), "n_classes": n_classes,
+            "chance_top1": 1 / n_classes}, {}
 
 
-def linear_probe(model: DualEncoder, tokenizer, data: EvalData, options: EvalOptions) -> dict:
-    train_x, train_y, test_y, n_classes = _train_split(model, data, options, "linear-probe")
-    metrics = M.linear_probe(train_x.double(), train_y, data.image_embeds.double(), test_y)
+def linear_probe(ctx: Context, options: ProbeOptions = ProbeOptions()) -> tuple[dict, dict]:
+    train_x, train_y, test_y, n_classes = _train_split(ctx, options.train_data, "linear-probe")
+    metrics = M.linear_probe(train_x.double(), train_y, ctx.data.image_embeds.double(), test_y)
     return metrics | {"n_train": len(train_x), "n_classes": n_classes, "chance_top1": 1 / n_classes,
-                      "chance_top5": min(1.0, 5 / n_classes)}
-
-
-TASKS: dict[str, Callable[..., dict]] = {"retrieval": retrieval, "zeroshot": zeroshot, "knn": knn,
-                                         "linear-probe": linear_probe, "cxc": cxc,
-                                         "multilingual": multilingual, "arithmetic": arithmetic,
-                                         "compositional": compositional}
-# tasks that need nothing but the held-out split: what training may run (config eval.tasks)
-HELD_OUT_TASKS = ("retrieval", "zeroshot", "multilingual", "arithmetic", "compositional")
+                      "chance_top5": min(1.0, 5 / n_classes)}, {}
 
 
 PAIR_COLUMNS = {  # text-only tasks: (first text, second text, candidate score columns)
@@ -102,11 +139,12 @@ PAIR_COLUMNS = {  # text-only tasks: (first text, second text, candidate score c
 }
 
 
-def text_pair_similarity(model: DualEncoder, tokenizer, path: str, task: str, options: EvalOptions) -> dict:
+def text_pair_similarity(ctx: Context, task: str) -> dict:
     """Spearman correlation between the model's cosine similarity of two texts and human scores."""
     from scipy.stats import spearmanr
 
     first, second, score_names = PAIR_COLUMNS[task]
+    path = ctx.path
     file = Path(path)
     if not file.is_file():
         raise ConfigError(f"--task {task} needs --data FILE (a CSV/TSV with {first}, {second} and a score)")
@@ -117,7 +155,7 @@ def text_pair_similarity(model: DualEncoder, tokenizer, path: str, task: str, op
         raise ConfigError(f"{path} needs the columns {first}, {second} and one of {', '.join(score_names)}")
     texts = sorted({r[first] for r in rows} | {r[second] for r in rows})
     index = {t: i for i, t in enumerate(texts)}
-    embeds = encode_texts(model, tokenizer, texts, options.batch_size, options.max_length)
+    embeds = ctx.encode(texts)
     a = embeds[[index[r[first]] for r in rows]]
     b = embeds[[index[r[second]] for r in rows]]
     cosine = (a * b).sum(dim=1).tolist()
@@ -125,11 +163,12 @@ def text_pair_similarity(model: DualEncoder, tokenizer, path: str, task: str, op
     return {"spearman": float(spearmanr(cosine, human).statistic), "n_pairs": len(rows)}
 
 
-def word_sim(model: DualEncoder, tokenizer, path: str, options: EvalOptions) -> dict:
+def word_sim(ctx: Context, _=None) -> tuple[dict, dict]:
     """Spearman correlation on the pairs the vocabulary covers: a word whose pieces are all [UNK] has no
     embedding of its own (every such word embeds alike), so its pairs are reported, not scored."""
     from scipy.stats import spearmanr
 
+    path, tokenizer = ctx.path, ctx.tokenizer
     file = Path(path)
     if not file.is_file():
         raise ConfigError("--task word-sim needs --data FILE (SimLex-999, WordSim-353, MEN or RW, as released)")
@@ -144,43 +183,84 @@ def word_sim(model: DualEncoder, tokenizer, path: str, options: EvalOptions) -> 
         raise ConfigError(f"only {len(covered)} of the {len(pairs)} pairs of {path} have words the tokenizer knows "
                           "(all-[UNK] words are not a measurement); the model's vocabulary does not cover this set")
     index = {w: i for i, w in enumerate(sorted({w for a, b, _ in covered for w in (a, b)}))}
-    embeds = encode_texts(model, tokenizer, list(index), options.batch_size, options.max_length)
+    embeds = ctx.encode(index)
     a = embeds[[index[p[0]] for p in covered]]
     b = embeds[[index[p[1]] for p in covered]]
-    return out | {"spearman": float(spearmanr((a * b).sum(dim=1).tolist(), [s for _, _, s in covered]).statistic)}
+    return out | {"spearman": float(spearmanr((a * b).sum(dim=1).tolist(), [s for _, _, s in covered]).statistic)}, {}
 
 
-def sts(model: DualEncoder, tokenizer, path: str, options: EvalOptions) -> dict:
-    return text_pair_similarity(model, tokenizer, path, "sts", options)
+def sts(ctx: Context, _=None) -> tuple[dict, dict]:
+    return text_pair_similarity(ctx, "sts"), {}
 
 
-# Tasks that read --data themselves (text pairs; training on images): task(model, tokenizer, path, options).
-PATH_TASKS: dict[str, Callable[..., dict]] = {"word-sim": word_sim, "sts": sts, "finetune": finetune, "vtab": vtab}
+TASKS: dict[str, Task] = {t.name: t for t in (
+    Task("retrieval", retrieval, held_out=True),
+    Task("zeroshot", zeroshot, ZeroshotOptions, held_out=True),
+    Task("knn", knn, KnnOptions),
+    Task("linear-probe", linear_probe, ProbeOptions),
+    Task("cxc", cxc, CxcOptions),
+    Task("multilingual", multilingual, MultilingualOptions, held_out=True),
+    Task("arithmetic", arithmetic, held_out=True),
+    Task("compositional", compositional, CompositionalOptions, held_out=True),
+    Task("word-sim", word_sim, reads="path"),
+    Task("sts", sts, reads="path"),
+    Task("finetune", finetune, FinetuneOptions, reads="path"),
+    Task("vtab", vtab, VtabOptions, reads="path"),
+)}
+HELD_OUT_TASKS = tuple(name for name, task in TASKS.items() if task.held_out)
 
 
-def run_tasks(model: DualEncoder, tokenizer, shards: str | list[str], tasks: list[str], options: EvalOptions,
-              resize: int, crop: int, progress: bool = True, figures: dict | None = None) -> dict:
-    """Flat metrics of all `tasks`: retrieval keys are bare, every other task's are prefixed with its name
-    (`zeroshot_top1`, `cxc_t2t_r1`, `vtab_mean_top1`). Images are embedded once for the tasks in `TASKS`.
-    `figures`, when given, receives what the report's plots need (eval/report.py)."""
-    unknown = [t for t in tasks or [] if t not in TASKS and t not in PATH_TASKS]
-    if unknown:
-        raise ConfigError(f"unknown eval task {unknown[0]!r}; choose from {', '.join([*TASKS, *PATH_TASKS])}")
-    options = dataclasses.replace(options, resize=resize, crop=crop)
-    prefix = lambda name: "" if name == "retrieval" else f"{name.replace('-', '_')}_"  # noqa: E731
-    out: dict = {}
-    for name in [t for t in tasks or [] if t in PATH_TASKS]:
-        if isinstance(shards, list):
-            raise ConfigError(f"--task {name} reads its own --data file or directory")
-        out |= {prefix(name) + k: v for k, v in PATH_TASKS[name](model, tokenizer, shards, options).items()}
-    if tasks and all(t in PATH_TASKS for t in tasks):
-        return out
-    data = embed_split(model, shards, options, resize, crop, progress)
-    data.extra |= {"source": shards if isinstance(shards, str) else ""}
-    if figures is not None:
-        data.figures = figures
-    tasks = tasks or (["retrieval", "zeroshot"] if data.captions else ["zeroshot"])  # default: what the data allows
-    out["n_skipped"] = data.skipped
-    for name in [t for t in tasks if t in TASKS]:
-        out |= {prefix(name) + k: v for k, v in TASKS[name](model, tokenizer, data, options).items()}
-    return out
+def _task(name: str) -> Task:
+    found = TASKS.get(name) or TASKS.get(name.replace("_", "-"))
+    if found is None:
+        raise ConfigError(f"unknown eval task {name!r}; choose from {', '.join(TASKS)}")
+    return found
+
+
+def configure(names: list[str], overrides: list[str] = (), **shared) -> dict[str, object]:
+    """Each named task's options: its defaults, then every `shared` value whose name is one of its fields
+    (a value that is None is not given), then the dotted overrides `task.key=value` aimed at it."""
+    options = {}
+    for name in names:
+        task = _task(name)
+        fields = {f.name for f in dataclasses.fields(task.options)}
+        options[task.name] = task.options(**{k: v for k, v in shared.items() if k in fields and v is not None})
+    for item in overrides:
+        head, dot, rest = item.partition(".")
+        task = _task(head) if dot else None
+        if task is None or task.name not in options:
+            raise ConfigError(f"eval override {item!r} names no selected task; write TASK.key=value for one of "
+                              f"{', '.join(options) or 'the --task tasks'}")
+        keys = leaf_keys(task.options)
+        options[task.name] = override(options[task.name], [rest], help_hint=f"{task.name}'s options are "
+                                      + (", ".join(keys) if keys else "none"))
+    return options
+
+
+def run_tasks(model: DualEncoder, tokenizer, data: str | list[str], names: list[str], common: EvalOptions,
+              options: dict[str, object] | None = None, progress: bool = True) -> tuple[dict, dict]:
+    """(flat metrics, figures) of the tasks `names` (none: retrieval and zero-shot, or zero-shot alone for a
+    set without captions). The split's images are embedded once for every task that reads features."""
+    tasks = [_task(n) for n in names]
+    options = options or configure([t.name for t in tasks])
+    path = data if isinstance(data, str) else ""
+    metrics, figures = {}, {}
+
+    def collect(task: Task, ctx: Context) -> None:
+        found, drawn = task.run(ctx, options.get(task.name, task.options()))
+        metrics.update({task.prefix + k: v for k, v in found.items()})
+        figures.update(drawn)
+
+    for task in (t for t in tasks if t.reads == "path"):
+        if not path:
+            raise ConfigError(f"--task {task.name} reads its own --data file or directory")
+        collect(task, Context(model, tokenizer, common, path=path))
+    if tasks and all(t.reads == "path" for t in tasks):
+        return metrics, figures
+    split = embed_split(model, data, common, progress)
+    if not tasks:
+        tasks = [TASKS["retrieval"], TASKS["zeroshot"]] if split.captions else [TASKS["zeroshot"]]
+    metrics["n_skipped"] = split.skipped
+    for task in (t for t in tasks if t.reads == "features"):
+        collect(task, Context(model, tokenizer, common, split, path))
+    return metrics, figures

@@ -28,7 +28,8 @@ from openalign.data import shards as shard_lib
 from openalign.data.corpora import resolve_data
 from openalign.data.loader import Position, StreamSpec, epoch_plan, train_loader
 from openalign.data.sharding import build_keep_index
-from openalign.eval.tasks import HELD_OUT_TASKS, EvalOptions, run_tasks
+from openalign.eval.features import EvalOptions
+from openalign.eval.tasks import HELD_OUT_TASKS, configure, run_tasks
 from openalign.model import hub
 from openalign.model.dual_encoder import DualEncoder
 from openalign.tokenizer import check_tokenizer_dir, load_tokenizer, train_tokenizer
@@ -281,11 +282,11 @@ def evaluate(run: Run, model: DualEncoder) -> dict:
     """The held-out tasks on rank 0 (every rank must call: the whole model may be gathered)."""
     core = whole_model(run, model)
     cfg = run.cfg
-    options = EvalOptions(batch_size=cfg.eval.batch_size, max_length=cfg.model.text.max_length,
-                          templates=cfg.eval.templates)
-    metrics = run_tasks(core, run.tokenizer, run.eval_shards, list(cfg.eval.tasks), options,
-                        cfg.model.vision.resize_size, cfg.model.vision.image_size, progress=False) \
-        if run.layout.main else {}
+    common = EvalOptions(batch_size=cfg.eval.batch_size, max_length=cfg.model.text.max_length,
+                         resize=cfg.model.vision.resize_size, crop=cfg.model.vision.image_size)
+    options = configure(list(cfg.eval.tasks), templates=cfg.eval.templates)
+    metrics = run_tasks(core, run.tokenizer, run.eval_shards, list(cfg.eval.tasks), common, options,
+                        progress=False)[0] if run.layout.main else {}
     distributed.barrier(run.layout)
     return metrics
 
