@@ -23,6 +23,7 @@ import os
 import shutil
 import time
 from dataclasses import asdict, dataclass
+from typing import Literal
 from pathlib import Path
 
 import numpy as np
@@ -43,13 +44,13 @@ WORK = "_work"  # the plan, the evaluation hashes or embeddings, each task's sco
 
 @dataclass(frozen=True)
 class DedupOptions:
-    mode: str = "phash"  # phash | embedding
+    mode: Literal["phash", "embedding"] = "phash"  # phash: a perceptual hash (no model); embedding: a model's cosine
     max_distance: int = 4  # phash: Hamming bits (of 64) at or below which two images are duplicates
     threshold: float = 0.975  # embedding: cosine above which two images are duplicates (paper)
     model: str = ""  # embedding: an openalign model directory
-    batch_size: int = 128
+    batch_size: int = 128  # embedding: images encoded at once
     workers: int = 0  # local engine: processes (0: all cores; embedding mode: 1 process, all cores for the model)
-    examples: int = 10
+    examples: int = 10  # closest removed matches listed in the report
     images_per_task: int = 2_000  # the unit of distribution, retry and resume
 
 

@@ -30,7 +30,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from tqdm import tqdm
 
@@ -41,7 +41,7 @@ ENGINES = ("local", "spark")
 
 @dataclass(frozen=True)
 class Engine:
-    name: str = "local"  # local | spark
+    name: Literal["local", "spark"] = "local"  # local: this machine's processes; spark: one Spark task per unit
     master: str = ""  # spark: local[N], spark://host:7077, yarn, k8s://...; "": spark-submit's, else local[*]
     workers: int = 0  # local: worker processes (0: all cores)
     retries: int = 2  # times a failed task is run again before the stage fails

@@ -58,10 +58,10 @@ REJECT_SCHEMA = pa.schema([("source", pa.string()), ("path", pa.string()), ("mem
 
 @dataclass(frozen=True)
 class IngestOptions:
-    image_column: str = "image"
-    text_column: str = "text"
-    max_pixels: int = images.DEFAULT_MAX_PIXELS
-    workers: int = 0  # 0: all cores
+    image_column: str = "image"  # tables: the column with an image path or URL
+    text_column: str = "text"  # tables: the column with the alt-text
+    max_pixels: int = images.DEFAULT_MAX_PIXELS  # larger images are rejected (decompression bombs)
+    workers: int = 0  # processes reading images (0: all cores)
     batch_rows: int = 50_000  # rows per Parquet row group
     files_per_task: int = 1_000  # distributed: image files of a directory per task (a tar or table is one task)
 

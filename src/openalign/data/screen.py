@@ -35,10 +35,11 @@ from openalign.data.ingest import IMAGE_COLUMNS, check_pair_table
 
 @dataclass(frozen=True)
 class ScreenOptions:
-    classifier: str = ""  # module:function or file.py:function
-    threshold: float = 0.5
-    batch_size: int = 64
-    examples: int = 10
+    classifier: str = ""  # module:function or file.py:function taking a list of RGB PIL images, returning scores
+    threshold: float = 0.5  # images scoring at or above it are dropped
+    batch_size: int = 64  # images per classifier call
+    workers: int = 1  # local engine: processes, each with its own classifier
+    examples: int = 10  # highest-scoring removed images listed in the report
     images_per_task: int = 2_000  # the unit of distribution, retry and resume
 
 
@@ -99,8 +100,7 @@ def screen_task(plan: str, index: int, scores_path: str, classifier: str, batch_
     return {"images": len(rows), "unreadable": sum(s is None for s in scores)}
 
 
-def screen(pairs: Path, out: Path, options: ScreenOptions, progress: bool = True, engine: Engine = Engine(workers=1)
-           ) -> dict:
+def screen(pairs: Path, out: Path, options: ScreenOptions, progress: bool = True, engine: Engine = Engine()) -> dict:
     """Score every image in tasks of `images_per_task` (local processes or Spark); drop those at or above the
     threshold. A classifier given as a file is named by its absolute path, so executors find it."""
     pairs, out = str(pairs), Path(out)
@@ -108,10 +108,12 @@ def screen(pairs: Path, out: Path, options: ScreenOptions, progress: bool = True
     load_classifier(options.classifier)  # fails here, in one sentence, before any task starts
     module, _, function = options.classifier.rpartition(":")
     classifier = f"{Path(module).resolve()}:{function}" if module.endswith(".py") else options.classifier
+    if engine.name == "local":
+        engine = Engine(workers=options.workers, retries=engine.retries)
     start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     where = f"score >= {float(options.threshold)!r}"
-    key = asdict(options) | {"classifier": classifier,
+    key = asdict(options) | {"workers": 0, "classifier": classifier,
                              "file": sources_key(module) if module.endswith(".py") else None}
     count, results, resumed = image_tasks(pairs, out, screen_task, (classifier, options.batch_size), key,
                                           options.images_per_task, engine, "screen", progress)

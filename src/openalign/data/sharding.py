@@ -42,12 +42,12 @@ STATUS = "_status"  # per-shard task status (distribute.py)
 
 @dataclass(frozen=True)
 class ShardOptions:
-    image_size: int = 346  # shorter side after resizing (never upscaled); 0 keeps the original size
-    samples_per_shard: int = 1000
-    quality: int = 90
-    prefix: str = "shard"
-    workers: int = 0  # 0: all cores
-    max_pixels: int = images.DEFAULT_MAX_PIXELS
+    image_size: int = 346  # shorter side after resizing (paper: 346; never upscaled); 0 keeps the original size
+    samples_per_shard: int = 1000  # images per shard
+    quality: int = 90  # JPEG quality of the stored images
+    prefix: str = "shard"  # shard names: PREFIX-000000.tar, ...
+    workers: int = 0  # local engine: processes writing shards (0: all cores)
+    max_pixels: int = images.DEFAULT_MAX_PIXELS  # larger images are skipped (decompression bombs)
 
 
 SAMPLE_QUERY = """

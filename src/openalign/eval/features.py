@@ -31,7 +31,7 @@ class EvalOptions:
     resize: int = 0  # image sizes of the model (set from the model)
     crop: int = 0
     cache: str = ""  # a directory where image embeddings are kept and reused by later runs on the same model,
-    # data and image size (e.g. several probes of one large set)
+        # data and image size (e.g. several probes of one large set)
     model_id: str = ""  # identifies the model's weights in cache keys (eval: a fingerprint of its files)
 
 

@@ -70,7 +70,8 @@ def retrieval(ctx: Context, _=None) -> tuple[dict, dict]:
 
 @dataclass(frozen=True)
 class ZeroshotOptions:
-    templates: tuple[str, ...] = DEFAULT_TEMPLATES  # prompts, {} for the class name (--templates)
+    templates: tuple[str, ...] = DEFAULT_TEMPLATES  # prompts, {} for the class name: imagenet80 (CLIP's 80), generic,
+        # or a file with one per line
     classnames: str = ""  # a class-names file: `label,name` lines, or one name per sorted label
     class_subset: str = ""  # a file of labels: only these classes compete (ImageNet-R/A style)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from typing import Literal
 from pathlib import Path
 
 import faiss
@@ -35,16 +36,17 @@ FILE, META, INFO = "index.faiss", "meta.parquet", "index.json"
 
 @dataclass(frozen=True)
 class IndexOptions:
-    kind: str = "auto"
+    kind: Literal["auto", "flat", "ivf", "hnsw"] = "auto"  # auto: exact up to exact_up_to vectors, IVF beyond
     recall: float = 0.95  # recall@10 target of approximate indexes, against exact search
     exact_up_to: int = 200_000  # auto: exact search up to this many vectors
-    codes: str = "auto"  # ivf: flat (float32) | sq8 (8-bit per dimension) | pq | auto: sq8, pq beyond max_bytes
+    codes: Literal["auto", "flat", "sq8", "pq"] = "auto"  # ivf: flat (float32), sq8 (8-bit per dimension), pq;
+        # auto: sq8, product quantization beyond max_bytes
     max_bytes: int = 8 * 2**30  # ivf auto: 8-bit codes up to this size, product quantization beyond
     nlist: int = 0  # ivf: k-means cells; 0: 4 sqrt(n) (FAISS's rule of thumb)
     train_per_cell: int = 64  # ivf: k-means training points per cell (FAISS warns below 39, caps at 256)
-    tune_queries: int = 1_000
-    seed: int = 0
-    vectors: str = "image"  # image | text (captions embedded by `openalign embed --texts`)
+    tune_queries: int = 1_000  # queries the recall is measured on while tuning
+    seed: int = 0  # of the k-means sample and the tuning queries
+    vectors: Literal["image", "text"] = "image"  # image, or text (captions embedded by `openalign embed --texts`)
     memory: int = 0  # bytes the build may hold (0: no limit); ivf codes beyond half of it: shards on disk
     block_rows: int = 0  # ivf shards: rows per shard, one add task each (0: what half the memory holds per worker)
     chunk_rows: int = 65_536  # rows converted to float32 at a time
@@ -77,8 +79,6 @@ def _tune(index, queries: np.ndarray, sample: np.ndarray, exact: np.ndarray, nam
 def build_index(vectors: np.ndarray, options: IndexOptions = IndexOptions()) -> tuple[faiss.Index, dict]:
     """A FAISS index over `vectors` [n, d] (normalized float32, in memory or memory-mapped) and a description
     of it: kind, parameters, and recall@10 against exact search on leave-one-out samples of the collection."""
-    if options.kind not in KINDS:
-        raise ConfigError(f"--kind must be one of {', '.join(KINDS)}, not {options.kind!r}")
     return build_streaming(Parts([vectors]), None, options)
 
 
@@ -134,6 +134,10 @@ def build_streaming(parts: Parts, out: Path | None, options: IndexOptions, engin
     trained on a sample and filled part by part. When the IVF codes would pass half of `memory`, the rows are
     cut into contiguous blocks, each added by a task (local processes or Spark) into an IVF shard of its own
     on disk; they are searched together, memory-mapped (`open_shards`)."""
+    if options.kind not in KINDS:
+        raise ConfigError(f"--kind must be one of {', '.join(KINDS)}, not {options.kind!r}")
+    if options.nlist < 0 or options.train_per_cell < 39:
+        raise ConfigError("--nlist must be 0 (automatic) or more, and --train-per-cell at least 39")
     from openalign.data.distribute import Engine, Task, run_tasks, task_id
 
     n, d = parts.n, parts.d
@@ -223,8 +227,6 @@ def build(emb: Path, out: Path, options: IndexOptions = IndexOptions(), engine=N
     n, d = parts.n, parts.d
     if n == 0:
         raise ConfigError(f"{emb} holds no embeddings")
-    if options.kind not in KINDS:
-        raise ConfigError(f"--kind must be one of {', '.join(KINDS)}, not {options.kind!r}")
     out.mkdir(parents=True, exist_ok=True)
     index, built = build_streaming(parts, out, options, engine, progress)
     if index is not None:

@@ -46,10 +46,10 @@ META_SCHEMA = pa.schema([("key", pa.string()), ("path", pa.string()), ("caption"
 
 @dataclass(frozen=True)
 class EmbedOptions:
-    batch_size: int = 128
-    part_size: int = 8_192  # images per part of a directory or table (a shard is one part)
-    float16: bool = False
-    images: str = ""  # image root for a Karpathy JSON / caption table
+    batch_size: int = 128  # images encoded at once
+    part_size: int = 8_192  # images per part of a directory or table (a shard is one part): the unit of resuming
+    float16: bool = False  # store float16 embeddings (half the size)
+    images: str = ""  # image root for a Karpathy JSON or caption table (default: beside it)
     texts: bool = False  # also embed each row's caption (text-*.npy): text->text search, text indexes
     device: str = "auto"  # auto: this rank's GPU when there is one, else the CPU
 

@@ -29,8 +29,8 @@ class Query:
     image_id: int | None = None  # an image of the index, by id
     plus: tuple[str, ...] = ()
     minus: tuple[str, ...] = ()
-    image_weight: float = IMAGE_WEIGHT
-    text_weight: float = TEXT_WEIGHT
+    image_weight: float = IMAGE_WEIGHT  # weight of the image in image+text queries (paper: 1)
+    text_weight: float = TEXT_WEIGHT  # weight of the texts in image+text queries (paper: 2)
 
 
 @dataclass

@@ -47,10 +47,10 @@ MAX_TERMS = 8  # plus + minus texts
 
 @dataclass(frozen=True)
 class Limits:
-    max_upload_bytes: int = 10 * 2**20
-    max_pixels: int = 40_000_000
-    max_k: int = 200
-    max_terms: int = MAX_TERMS
+    max_upload_bytes: int = 10 * 2**20  # largest query image accepted, e.g. 10M
+    max_pixels: int = 40_000_000  # largest query image in pixels
+    max_k: int = 200  # most results one request may ask for
+    max_terms: int = MAX_TERMS  # most plus/minus texts in one query
 
     @property
     def max_body_bytes(self) -> int:
