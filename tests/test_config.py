@@ -37,3 +37,36 @@ def test_config_is_frozen_and_round_trips_through_json(tmp_path):
 def test_unknown_preset_suggests():
     with pytest.raises(ConfigError, match="did you mean align-b7-base"):
         presets.get("align-b7-bas")
+
+
+def test_kinds_are_literal_and_checked_once_with_every_rule_across_fields_and_processes():
+    from openalign.config import check, override
+
+    cfg = presets.get("tiny")
+    with pytest.raises(ConfigError, match="loss.kind=hinge must be softmax or sigmoid"):
+        check(override(cfg, ["loss.kind=hinge"]))
+    bad = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, implementation="fast"))
+    with pytest.raises(ConfigError, match="loss.implementation=fast must be auto, naive or chunked"):
+        check(bad)
+    sigmoid = override(cfg, ["loss.kind=sigmoid", "loss.negatives_fraction=0.5", "train.fsdp=true"])
+    check(override(cfg, ["loss.kind=sigmoid"]))  # one process: fine
+    with pytest.raises(ConfigError, match="2 config values") as err:
+        check(dataclasses.replace(sigmoid, train=dataclasses.replace(sigmoid.train, fsdp=False)), world=2)
+    assert "sigmoid runs in one process" in str(err.value) and "negatives_fraction" in str(err.value)
+    with pytest.raises(ConfigError, match="train.fsdp=true shards over torchrun processes"):
+        check(override(cfg, ["train.fsdp=true"]), world=1)
+
+
+def test_the_temperature_settings_live_in_one_place_and_old_keys_still_work(tmp_path):
+    from openalign.config import load, override, to_dict
+
+    cfg = override(presets.get("tiny"), ["model.temperature_init=0.5", "loss.fixed_temperature=0.01",
+                                         "optim.temperature_lr_scale=10", "loss.temperature_min=0.002"])
+    assert cfg.loss.temperature == config_lib.TemperatureConfig(init=0.5, fixed=0.01, min=0.002, lr_scale=10.0)
+    old = to_dict(presets.get("tiny"))  # a config.json written before the move
+    old["loss"].pop("temperature")
+    old["model"]["temperature_init"] = 0.25
+    old["optim"]["temperature_lr_scale"] = 3.0
+    (tmp_path / "config.json").write_text(__import__("json").dumps(old))
+    assert load(tmp_path / "config.json").loss.temperature.init == 0.25
+    assert load(tmp_path / "config.json").loss.temperature.lr_scale == 3.0

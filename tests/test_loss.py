@@ -130,5 +130,11 @@ def test_auto_picks_the_chunked_loss_for_large_batches(monkeypatch):
     L.contrastive_loss(x, x, torch.tensor(1.0), implementation="auto")
     L.contrastive_loss(x, x, torch.tensor(1.0), negatives=torch.ones(8, 8, dtype=torch.bool), implementation="chunked")
     assert calls == [8]  # below the threshold and with a negatives mask: materialized
-    with pytest.raises(ValueError, match="naive or chunked"):
-        L.contrastive_loss(x, x, torch.tensor(1.0), implementation="fast")
+    assert [L.chunked(i, n) for i, n in (("auto", 7), ("auto", 8), ("naive", 9), ("chunked", 1))] == \
+        [False, True, False, True]  # one rule, which distributed.gathered_softmax_loss uses too
+    # an unknown implementation is refused once, when the config is checked, not on every call
+    from openalign import presets
+    from openalign.config import ConfigError, check, override
+
+    with pytest.raises(ConfigError, match="must be auto, naive or chunked"):
+        check(override(presets.get("tiny"), ["loss.implementation=fast"]))

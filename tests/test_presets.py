@@ -9,7 +9,7 @@ from openalign.model.dual_encoder import DualEncoder, vision_pooled_dim
 def test_paper_presets_build_on_meta_with_paper_dims(name):
     cfg = presets.get(name)
     assert (cfg.model.vision.resize_size, cfg.model.vision.image_size, cfg.model.text.max_length) == (346, 289, 64)
-    assert cfg.model.temperature_init == 1.0 and cfg.loss.label_smoothing == 0.1
+    assert cfg.loss.temperature.init == 1.0 and cfg.loss.label_smoothing == 0.1
     assert cfg.optim.name == "lamb" and cfg.optim.weight_decay == 1e-5 and cfg.data.batch_size == 16_384
     with torch.device("meta"):
         model = DualEncoder(cfg.model, cfg.loss)

@@ -168,7 +168,7 @@ def cmd_corpus(args) -> int:
 def _filter_config(overrides: list[str]) -> config_lib.FilterConfig:
     cfg = config_lib.override(config_lib.FilterConfig(), overrides,
                               help_hint="the filter keys are " + ", ".join(config_lib.leaf_keys(config_lib.FilterConfig)))
-    config_lib.validate(cfg)
+    config_lib.check(cfg)
     return cfg
 
 

@@ -11,6 +11,7 @@ import difflib
 import json
 import math
 import typing
+from typing import Literal
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,33 +70,42 @@ class ModelConfig:
     vision: VisionConfig = field(default_factory=VisionConfig)
     text: TextConfig = field(default_factory=TextConfig)
     embed_dim: int = 640  # B7 pools to 640, L2 to 1376; other towers get a linear layer
-    temperature_init: float = 1.0  # paper: 1.0 (CLIP: 0.07)
     init_from: str = ""  # a Hugging Face AlignModel directory to initialize both towers from
     channels_last: bool = True  # depthwise convs are ~7x faster in channels_last on CPU
 
 
 @dataclass(frozen=True)
+class TemperatureConfig:
+    """The learned scale of the logits, in one place: the model creates it, the loss clamps it, the optimizer
+    gives it its own learning rate (DualEncoder.scale_parameters)."""
+
+    init: float = 1.0  # paper: 1.0 (CLIP: 0.07)
+    fixed: float = 0.0  # > 0: not learned, held at this value (Table 8: 1/128, 1/64, 1/32)
+    min: float = 1e-3  # floor: logits stay finite, the loss cannot diverge
+    # Multiplier on its learning rate. The paper's 1.0 init moves by ~lr per step under LAMB (trust ratio
+    # x |t|), far too slowly for runs of a few hundred steps.
+    lr_scale: float = 1.0
+    sigmoid_bias_init: float = -10.0  # SigLIP's learned bias (loss.kind=sigmoid), in the same group
+
+
+@dataclass(frozen=True)
 class LossConfig:
-    kind: str = "softmax"  # softmax (the paper's normalized softmax) | sigmoid (SigLIP)
+    kind: Literal["softmax", "sigmoid"] = "softmax"  # softmax: the paper's normalized softmax; sigmoid: SigLIP
     label_smoothing: float = 0.1
     negatives_fraction: float = 1.0  # Table 8: 100/50/25% of in-batch negatives
-    fixed_temperature: float = 0.0  # > 0: do not learn the temperature (Table 8: 1/128, 1/64, 1/32)
-    temperature_min: float = 1e-3  # floor: logits stay finite, the loss cannot diverge
-    sigmoid_bias_init: float = -10.0  # SigLIP's learned bias
-    implementation: str = "auto"  # naive (materialized logits) | chunked (O(B x chunk) memory) | auto (chunked from 4,096)
+    # naive: materialized logits; chunked: O(B x chunk) memory; auto: chunked from 4,096 pairs
+    implementation: Literal["auto", "naive", "chunked"] = "auto"
+    temperature: TemperatureConfig = field(default_factory=TemperatureConfig)
 
 
 @dataclass(frozen=True)
 class OptimConfig:
-    name: str = "lamb"  # lamb | adamw
+    name: Literal["lamb", "adamw"] = "lamb"
     lr: float = 1e-3
     weight_decay: float = 1e-5  # not on biases, norms or the temperature
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-6
     warmup_steps: int = 10_000
-    # Multiplier on the learning rate of the temperature. The paper's 1.0 init moves by ~lr per
-    # step under LAMB (trust ratio x |t|), far too slowly for runs of a few hundred steps.
-    temperature_lr_scale: float = 1.0
     grad_clip: float = 0.0  # 0: off
 
 
@@ -132,7 +142,7 @@ class TrainConfig:
     eval_every: int = 0  # 0: only at the end
     checkpoint_every: int = 1_000
     threads: int = 0  # torch intra-op threads; 0: all cores (measured: no slower than leaving one to the workers)
-    precision: str = "auto"  # auto (bf16 autocast on GPU, fp32 on CPU) | fp32 | bf16; logits and loss stay fp32
+    precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on GPU, fp32 on CPU; logits, loss fp32
     micro_batch: int = 0  # > 0 and below the per-device batch: gradient caching in micro-batches of this size
     grad_checkpointing: bool = False  # recompute tower activations in backward (transformers' checkpointing)
     shard_optimizer: bool = False  # under torchrun: ZeRO-1, each rank keeps 1/world of LAMB's state (exact LAMB)
@@ -198,8 +208,35 @@ def to_dict(cfg) -> dict:
     return dataclasses.asdict(cfg)
 
 
+MOVED = {  # old dotted key -> where it lives now (configs saved before, and overrides written for them, still work)
+    "model.temperature_init": "loss.temperature.init", "loss.fixed_temperature": "loss.temperature.fixed",
+    "loss.temperature_min": "loss.temperature.min", "optim.temperature_lr_scale": "loss.temperature.lr_scale",
+    "loss.sigmoid_bias_init": "loss.temperature.sigmoid_bias_init",
+}
+
+
+def _moved(data: dict) -> dict:
+    """A saved Config dict with the keys of MOVED at their new places."""
+    data = json.loads(json.dumps(data))
+    for old, new in MOVED.items():
+        *path, name = old.split(".")
+        node = data
+        for part in path:
+            node = node.get(part, {}) if isinstance(node, dict) else {}
+        if isinstance(node, dict) and name in node:
+            value = node.pop(name)
+            *where, leaf = new.split(".")
+            target = data
+            for part in where:
+                target = target.setdefault(part, {})
+            target[leaf] = value
+    return data
+
+
 def from_dict(cls, data: dict):
     """Rebuild a config dataclass from `to_dict` output; unknown keys are an error."""
+    if cls is Config:
+        data = _moved(data)
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = set(data) - names
@@ -237,6 +274,8 @@ def leaf_keys(cls, prefix: str = "") -> list[str]:
 
 
 def _parse(text: str, kind, key: str):
+    if typing.get_origin(kind) is Literal:
+        return text  # `check` names the choices, with every other problem of the config
     try:
         if kind is bool:
             if text.lower() in ("1", "true", "yes", "on"):
@@ -266,6 +305,7 @@ def override(cfg, assignments: list[str], help_hint: str = "see `openalign train
         if not sep:
             raise ConfigError(f"override {item!r} is not of the form key=value (e.g. optim.lr=5e-4)")
         key = key.strip()
+        key = MOVED.get(key, key) if isinstance(cfg, Config) else key
         if key not in valid:
             close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
             hint = f"; did you mean {close[0]}?" if close else f"; {help_hint}"
@@ -283,7 +323,7 @@ def _replace(node, path: list[str], text: str, key: str):
 
 
 # ---------------------------------------------------------------------------------------------- validation
-# Every rule a resolved config must satisfy, checked once (`validate`) before any work: a bad value is a
+# Every rule a resolved config must satisfy, checked once (`check`) before any work: a bad value is a
 # sentence naming the key, never a hang (data.batch_size=-1), a ZeroDivisionError or a run that trains NaN.
 
 def _positive(x) -> bool:
@@ -331,20 +371,17 @@ RULES: dict[str, tuple] = {  # key (leaf of any config tree below) -> (predicate
     "max_length": (lambda x: x >= 3, "at least 3 ([CLS], a token, [SEP])"),
     "length_buckets": (_positive, "a positive integer"),
     "embed_dim": (_positive, "a positive integer"),
-    "temperature_init": (_positive, "a positive number"),
-    "kind": (lambda x: x in ("softmax", "sigmoid"), "softmax or sigmoid"),
     "label_smoothing": (_fraction_closed_open, "in [0, 1)"),
     "negatives_fraction": (_fraction_open_closed, "in (0, 1]"),
-    "fixed_temperature": (_non_negative, "0 (learned) or a positive number"),
-    "temperature_min": (_positive, "a positive number"),
-    "implementation": (lambda x: x in ("auto", "naive", "chunked"), "auto, naive or chunked"),
-    "name": (lambda x: x in ("lamb", "adamw"), "lamb or adamw"),
+    "loss.temperature.init": (_positive, "a positive number"),
+    "loss.temperature.fixed": (_non_negative, "0 (learned) or a positive number"),
+    "loss.temperature.min": (_positive, "a positive number"),
+    "loss.temperature.lr_scale": (_non_negative, "0 or more"),
     "lr": (_positive, "a positive number"),
     "weight_decay": (_non_negative, "0 or more"),
     "betas": (lambda b: len(b) == 2 and all(0 <= x < 1 for x in b), "two numbers in [0, 1)"),
     "eps": (_positive, "a positive number"),
     "warmup_steps": (_non_negative, "0 or more"),
-    "temperature_lr_scale": (_non_negative, "0 or more"),
     "grad_clip": (_non_negative, "0 (off) or more"),
     "fraction": (_fraction_open_closed, "the share of the training samples to use, in (0, 1]"),
     "batch_size": (_positive, "a positive integer"),
@@ -392,18 +429,33 @@ def violations(cfg, world: int = 1) -> list[str]:
         if any(isinstance(x, float) and not math.isfinite(x) for x in numbers):
             problems.append(f"{key}={value} must be a finite number")
             continue
-        if name in RULES:
-            rule, what = RULES[name]
+        rule_key = key if key in RULES else name
+        if rule_key in RULES:
+            rule, what = RULES[rule_key]
             try:
                 ok = rule(value)
             except TypeError:
                 ok = False
             if not ok:
                 problems.append(f"{key}={value} must be {what}")
+    problems += _literal_problems(cfg)
     if isinstance(cfg, Config):
         problems += _cross_field(cfg, world)
     elif isinstance(cfg, FilterConfig) and cfg.min_words > cfg.max_words:
         problems.append(f"min_words={cfg.min_words} must not exceed max_words={cfg.max_words}")
+    return problems
+
+
+def _literal_problems(node, prefix: str = "") -> list[str]:
+    """`key=value must be a, b or c` for every Literal-typed field whose value is not one of its choices."""
+    problems = []
+    for name, kind in typing.get_type_hints(type(node)).items():
+        value = getattr(node, name)
+        if dataclasses.is_dataclass(value):
+            problems += _literal_problems(value, f"{prefix}{name}.")
+        elif typing.get_origin(kind) is Literal and value not in typing.get_args(kind):
+            *rest, last = typing.get_args(kind)
+            problems.append(f"{prefix}{name}={value} must be {', '.join(rest)} or {last}")
     return problems
 
 
@@ -429,14 +481,22 @@ def _cross_field(cfg: Config, world: int) -> list[str]:
         problems.append(f"train.micro_batch={cfg.train.micro_batch} must divide each process's batch of {per_rank}")
     if cfg.train.fsdp and cfg.train.shard_optimizer:
         problems.append("train.fsdp=true already shards the optimizer state; leave train.shard_optimizer off")
-    if cfg.loss.fixed_temperature and cfg.loss.fixed_temperature < cfg.loss.temperature_min:
-        problems.append(f"loss.fixed_temperature={cfg.loss.fixed_temperature} is below loss.temperature_min="
-                        f"{cfg.loss.temperature_min}")
+    for option in ("shard_optimizer", "fsdp"):
+        if getattr(cfg.train, option) and world == 1:
+            problems.append(f"train.{option}=true shards over torchrun processes; launch with torchrun")
+    if world > 1 and cfg.loss.kind == "sigmoid":
+        problems.append("loss.kind=sigmoid runs in one process; use the softmax loss with torchrun")
+    if world > 1 and cfg.loss.negatives_fraction < 1.0:
+        problems.append("loss.negatives_fraction < 1 (the Table 8 ablation) runs in one process")
+    t = cfg.loss.temperature
+    if t.fixed and t.fixed < t.min:
+        problems.append(f"loss.temperature.fixed={t.fixed} is below loss.temperature.min={t.min}")
     return problems
 
 
-def validate(cfg, world: int = 1) -> None:
-    """Raise one ConfigError listing every violation (see RULES), or return."""
+def check(cfg, world: int = 1) -> None:
+    """Raise one ConfigError listing every violation (see RULES, the Literal kinds and the rules across
+    fields and processes), or return: run once, when a config is resolved, never in a hot path."""
     problems = violations(cfg, world)
     if len(problems) == 1:
         raise ConfigError(problems[0])

@@ -80,7 +80,7 @@ def gathered_softmax_loss(img: torch.Tensor, txt: torch.Tensor, temperature: tor
     n = img.shape[0]
     img_all, txt_all = gather(img), gather(txt)  # one all_gather per modality
     offset = dist.get_rank() * n
-    chunked = implementation == "chunked" or (implementation == "auto" and len(img_all) >= loss_lib.AUTO_CHUNKED_FROM)
+    chunked = loss_lib.chunked(implementation, len(img_all))
     if chunked:
         return (loss_lib.chunked_cross_entropy(img, txt_all, temperature, label_smoothing, offset=offset)
                 + loss_lib.chunked_cross_entropy(txt, img_all, temperature, label_smoothing, offset=offset))

@@ -24,6 +24,11 @@ CHUNK_BYTES = 32 * 2**20  # chunked loss: bytes of one [rows, B] block of logits
 AUTO_CHUNKED_FROM = 4_096  # `implementation="auto"`: batches at least this large use the chunked loss
 
 
+def chunked(implementation: str, rows: int) -> bool:
+    """Whether the loss streams its logits (loss.implementation: chunked; auto from AUTO_CHUNKED_FROM rows on)."""
+    return implementation == "chunked" or (implementation == "auto" and rows >= AUTO_CHUNKED_FROM)
+
+
 def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
     # Logits and the loss stay in fp32 under bf16 autocast; fp64 inputs stay fp64 (oracle tests).
     return x.to(torch.promote_types(x.dtype, torch.float32))
@@ -159,9 +164,6 @@ def contrastive_loss(img: torch.Tensor, txt: torch.Tensor, temperature: torch.Te
                      negatives: torch.Tensor | None = None, implementation: str = "auto") -> torch.Tensor:
     """The paper's loss, materialized or chunked: `implementation` is naive | chunked | auto (chunked from
     AUTO_CHUNKED_FROM pairs on; the negatives-fraction ablation always materializes its mask)."""
-    if implementation not in ("auto", "naive", "chunked"):
-        raise ValueError(f"loss.implementation must be auto, naive or chunked, not {implementation!r}")
-    chunked = implementation == "chunked" or (implementation == "auto" and len(img) >= AUTO_CHUNKED_FROM)
-    if negatives is not None or not chunked:
+    if negatives is not None or not chunked(implementation, len(img)):
         return softmax_loss(img, txt, temperature, label_smoothing, negatives)
     return chunked_cross_entropy(img, txt, temperature, label_smoothing, columns=True)

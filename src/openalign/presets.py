@@ -11,7 +11,7 @@ import difflib
 from typing import Callable
 
 from openalign.config import Config, ConfigError, DataConfig, LossConfig, ModelConfig, OptimConfig
-from openalign.config import TextConfig, TrainConfig, VisionConfig
+from openalign.config import TemperatureConfig, TextConfig, TrainConfig, VisionConfig
 
 # (width_coefficient, depth_coefficient), as in EfficientNet / Noisy Student.
 EFFICIENTNETS = {"b1": (1.0, 1.1), "b3": (1.2, 1.4), "b5": (1.6, 2.2), "b7": (2.0, 3.1), "l2": (4.3, 5.3)}
@@ -64,9 +64,9 @@ def demo() -> Config:
             text=TextConfig(hidden_size=256, num_layers=4, num_heads=4, intermediate_size=1024, vocab_size=4_000,
                             dropout=0.0, length_buckets=4),
             embed_dim=240,  # the width-0.75 tower pools to 240: no image projection, exact HF format
-            temperature_init=0.07,
         ),
-        optim=OptimConfig(lr=5e-3, warmup_steps=50, temperature_lr_scale=1.0),
+        loss=LossConfig(temperature=TemperatureConfig(init=0.07)),
+        optim=OptimConfig(lr=5e-3, warmup_steps=50),
         data=DataConfig(corpus="emoji", batch_size=128, workers=1, shuffle_buffer=1_000),
         train=TrainConfig(steps=600, log_every=10, eval_every=100, checkpoint_every=100),
     )

@@ -19,7 +19,7 @@ def test_ablation_plan_changes_one_thing_per_variant():
                                            "temperature init and lr", "label smoothing", "loss"}
     dims = [v.overrides[0] for v in plan if v.group == "embedding dimension"]
     assert dims == [f"model.embed_dim={base.model.embed_dim // f}" for f in (2, 4, 8)]
-    assert "loss.fixed_temperature=0.0078125" in [v.overrides[0] for v in plan[1:]]  # 1/128
+    assert "loss.temperature.fixed=0.0078125" in [v.overrides[0] for v in plan[1:]]  # 1/128
 
 
 def test_study_runs_variants_over_seeds_resumes_and_reports(shapes, tmp_path, monkeypatch):

@@ -5,7 +5,7 @@ import torch
 from pytorch_optimizer import Lamb
 
 from openalign import presets
-from openalign.config import LossConfig
+from openalign.config import LossConfig, TemperatureConfig
 from openalign.model.dual_encoder import DualEncoder
 from openalign.train.optim import build_optimizer, param_groups
 
@@ -64,8 +64,8 @@ def test_the_optimizer_steps_as_the_library_optimizer_on_the_paper_groups(name):
 
 def test_temperature_starts_at_one_and_is_learned():
     cfg = presets.get("tiny")
-    paper_init = presets.get("align-b7-base").model.temperature_init
-    model = DualEncoder(dataclasses.replace(cfg.model, temperature_init=paper_init))
+    paper_init = presets.get("align-b7-base").loss.temperature.init
+    model = DualEncoder(cfg.model, LossConfig(temperature=TemperatureConfig(init=paper_init)))
     assert model.temperature.item() == 1.0 and model.temperature.requires_grad
     opt = build_optimizer(model, cfg.optim)
     for g in opt.param_groups:
@@ -78,7 +78,7 @@ def test_temperature_starts_at_one_and_is_learned():
 
 def test_fixed_temperature_is_not_a_parameter_to_optimize():
     cfg = presets.get("tiny")
-    model = DualEncoder(cfg.model, LossConfig(fixed_temperature=1 / 64))
+    model = DualEncoder(cfg.model, LossConfig(temperature=TemperatureConfig(fixed=1 / 64)))
     assert model.temperature.item() == 1 / 64 and not model.temperature.requires_grad
     assert "temperature" not in {g["name"] for g in param_groups(model, cfg.optim)}
 

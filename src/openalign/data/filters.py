@@ -32,7 +32,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from openalign.config import ConfigError, FilterConfig, validate
+from openalign.config import ConfigError, FilterConfig, check
 from openalign.data.distribute import spark_session
 from openalign.data.ingest import FILTER_COLUMNS, check_pair_table
 
@@ -320,7 +320,7 @@ def run_filters(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), engi
     """Filter the pair table `pairs` into a keep-list and report in `out`; returns the report."""
     pairs, out = str(pairs), Path(out)  # pairs may be a glob, or a URL the Spark cluster reads
     check_pair_table(pairs, FILTER_COLUMNS)
-    validate(cfg)
+    check(cfg)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     runner = make_engine(engine, master, memory_limit, threads, str(out / "tmp"))

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from openalign.config import ConfigError, FinetuneConfig, leaf_keys, override, validate
+from openalign.config import ConfigError, FinetuneConfig, check, leaf_keys, override
 from openalign.data import sources, transforms
 from openalign.eval import metrics as M
 from openalign.eval.features import Context, EvalOptions
@@ -43,7 +43,7 @@ VTAB_TRAIN, VTAB_VAL = 800, 200
 
 def parse_options(assignments: list[str]) -> FinetuneConfig:
     ft = override(FinetuneConfig(), assignments, help_hint="the fine-tuning keys are " + ", ".join(leaf_keys(FinetuneConfig)))
-    validate(ft)
+    check(ft)
     return ft
 
 
@@ -57,7 +57,7 @@ def parse_sweep(assignments: list[str], base: FinetuneConfig) -> list[FinetuneCo
         axes.append([f"{key}={v}" for v in values.split(",")])
     grid = [override(base, list(point)) for point in itertools.product(*axes)] or [base]
     for point in grid:
-        validate(point)
+        check(point)
     return grid
 
 

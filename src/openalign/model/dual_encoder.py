@@ -27,7 +27,7 @@ class Encoding:
     features: torch.Tensor  # [B, D_tower] tower output before projection and normalization
 
 
-def hf_config(cfg: ModelConfig, pad_token_id: int = 0) -> AlignConfig:
+def hf_config(cfg: ModelConfig, pad_token_id: int = 0, temperature_init: float = 1.0) -> AlignConfig:
     v, t = cfg.vision, cfg.text
     vision = AlignVisionConfig(
         width_coefficient=v.width_coefficient,
@@ -58,7 +58,7 @@ def hf_config(cfg: ModelConfig, pad_token_id: int = 0) -> AlignConfig:
         text_config=text.to_dict(),
         vision_config=vision.to_dict(),
         projection_dim=cfg.embed_dim,
-        temperature_init_value=cfg.temperature_init,
+        temperature_init_value=temperature_init,
     )
 
 
@@ -71,24 +71,32 @@ class DualEncoder(nn.Module):
         super().__init__()
         loss = loss or LossConfig()
         self.cfg = cfg
-        self.align = align if align is not None else AlignModel(hf_config(cfg))
+        self.align = align if align is not None else AlignModel(hf_config(cfg,
+                                                                           temperature_init=loss.temperature.init))
         # [CLS] is used directly: the pooler would be a parameter without gradient (breaks DDP).
         self.align.text_model.pooler = None
         pooled = vision_pooled_dim(self.align)
         # Only towers whose pooled width differs from embed_dim (e.g. B5: 512 -> 640) get this layer.
         self.image_projection = nn.Linear(pooled, cfg.embed_dim) if pooled != cfg.embed_dim else None
-        if loss.fixed_temperature > 0:
+        if loss.temperature.fixed > 0:
             with torch.no_grad():
-                self.align.temperature.fill_(loss.fixed_temperature)
+                self.align.temperature.fill_(loss.temperature.fixed)
             self.align.temperature.requires_grad_(False)
         # SigLIP's learned bias; only the sigmoid loss has one.
-        self.logit_bias = nn.Parameter(torch.tensor(loss.sigmoid_bias_init)) if loss.kind == "sigmoid" else None
+        self.logit_bias = nn.Parameter(torch.tensor(loss.temperature.sigmoid_bias_init)) if loss.kind == "sigmoid" \
+            else None
         if cfg.channels_last:
             self.align.vision_model.to(memory_format=torch.channels_last)
 
     @property
     def temperature(self) -> torch.Tensor:
         return self.align.temperature
+
+    def scale_parameters(self) -> dict[str, nn.Parameter]:
+        """The learned scales of the logits (loss.temperature): the temperature, and SigLIP's bias when the loss
+        has one; those of them that are learned. The optimizer gives them their own group."""
+        found = {"temperature": self.align.temperature, "bias": self.logit_bias}
+        return {name: p for name, p in found.items() if p is not None and p.requires_grad}
 
     def encode_image(self, pixel_values: torch.Tensor) -> Encoding:
         """pixel_values [B, 3, H, W] in [-1, 1] (data/transforms.py), mapped to what the tower was trained on."""

@@ -108,7 +108,6 @@ def _model_config_from_hf(hf) -> ModelConfig:
             intermediate_size=t.intermediate_size, dropout=t.hidden_dropout_prob, vocab_size=t.vocab_size,
         ),
         embed_dim=hf.projection_dim,
-        temperature_init=hf.temperature_init_value,
     )
 
 
@@ -119,14 +118,16 @@ def load_config(path: Path) -> Config:
         raise ConfigError(f"{path} is not a model directory (no config.json); pass the `model` folder of a run")
     if (path / CONFIG_FILE).is_file():
         return config_lib.load(path / CONFIG_FILE)
-    model = _model_config_from_hf(transformers.AlignConfig.from_pretrained(path))
+    hf = transformers.AlignConfig.from_pretrained(path)
+    model = _model_config_from_hf(hf)
     if (path / PROCESSOR_FILE).is_file():  # the checkpoint's own preprocessing, not resize = crop = image size
         try:
             processor = json.loads((path / PROCESSOR_FILE).read_text())
         except ValueError:
             raise ConfigError(f"{path / PROCESSOR_FILE} is not JSON") from None
         model = dataclasses.replace(model, vision=vision_from_processor(model.vision, processor))
-    return Config(model=model)
+    loss = config_lib.LossConfig(temperature=config_lib.TemperatureConfig(init=hf.temperature_init_value))
+    return Config(model=model, loss=loss)
 
 
 def weights_fingerprint(path: Path) -> str:

@@ -31,19 +31,19 @@ def _paper(key: str) -> dict:
 
 def variants(base: Config) -> list[Variant]:
     dim = base.model.embed_dim
-    other_init = 1.0 if base.model.temperature_init != 1.0 else 0.07
+    other_init = 1.0 if base.loss.temperature.init != 1.0 else 0.07
     plan = [Variant("baseline", "baseline", (), f"baseline (dim {dim}, learned T)", baseline=True,
                     paper=_paper("baseline"))]
     plan += [Variant(f"dim{dim // f}", "embedding dimension", (f"model.embed_dim={dim // f}",), f"dim {dim // f}",
                      paper=_paper(f"dim/{f}")) for f in (2, 4, 8)]
     plan += [Variant(f"negatives{p}", "in-batch negatives", (f"loss.negatives_fraction={p / 100}",), f"{p}% negatives",
                      paper=_paper(f"negatives{p}")) for p in (50, 25)]
-    plan += [Variant(f"fixed_t{d}", "temperature", (f"loss.fixed_temperature={1 / d!r}",), f"fixed T = 1/{d}",
+    plan += [Variant(f"fixed_t{d}", "temperature", (f"loss.temperature.fixed={1 / d!r}",), f"fixed T = 1/{d}",
                      paper=_paper(f"fixed_t{d}")) for d in (128, 64, 32)]
-    plan += [Variant(f"t_init{other_init:g}", "temperature init and lr", (f"model.temperature_init={other_init}",),
+    plan += [Variant(f"t_init{other_init:g}", "temperature init and lr", (f"loss.temperature.init={other_init}",),
                      f"init T = {other_init:g}"),
              Variant("t_lr10", "temperature init and lr",
-                     (f"optim.temperature_lr_scale={base.optim.temperature_lr_scale * 10:g}",), "T lr x10")]
+                     (f"loss.temperature.lr_scale={base.loss.temperature.lr_scale * 10:g}",), "T lr x10")]
     plan += [Variant("no_smoothing", "label smoothing", ("loss.label_smoothing=0.0",), "no label smoothing")]
     plan += [Variant("sigmoid", "loss", ("loss.kind=sigmoid",), "sigmoid loss (SigLIP)")]
     return plan

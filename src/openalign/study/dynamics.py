@@ -25,7 +25,7 @@ INTRO = ("The learned temperature, from the paper's initial value 1.0 and from C
 
 
 def variants(base: Config) -> list[Variant]:
-    return [Variant(f"t_init{t:g}", "temperature init", (f"model.temperature_init={t}",),
+    return [Variant(f"t_init{t:g}", "temperature init", (f"loss.temperature.init={t}",),
                     f"init T = {t:g}" + (" (paper)" if t == 1.0 else " (CLIP)"), baseline=t == 1.0) for t in INITS]
 
 

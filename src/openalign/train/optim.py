@@ -2,7 +2,7 @@
 
 Weight decay (1e-5) applies to weight matrices, convolution kernels and embeddings only: never to
 biases, normalization parameters or the temperature. The temperature has its own group so that its
-learning rate can be scaled (`optim.temperature_lr_scale`).
+learning rate can be scaled (`loss.temperature.lr_scale`).
 """
 
 from __future__ import annotations
@@ -17,13 +17,15 @@ from openalign.model.dual_encoder import DualEncoder
 from openalign.train import fsdp
 
 
-def param_groups(model: DualEncoder, cfg: OptimConfig) -> list[dict]:
-    decay, no_decay, temperature = [], [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
+def param_groups(model: DualEncoder, cfg: OptimConfig, scale_lr: float = 1.0) -> list[dict]:
+    """Decayed weight matrices, undecayed biases and norms, and the logit scales (`model.scale_parameters()`,
+    no decay, their learning rate times `scale_lr`: loss.temperature.lr_scale)."""
+    decay, no_decay = [], []
+    temperature = list(model.scale_parameters().values())
+    scales = {id(p) for p in temperature}
+    for _, p in model.named_parameters():
+        if not p.requires_grad or id(p) in scales:
             continue
-        if name in ("align.temperature", "logit_bias"):
-            temperature.append(p)
         elif p.ndim < 2:  # biases, BatchNorm/LayerNorm scales and shifts
             no_decay.append(p)
         else:
@@ -33,7 +35,7 @@ def param_groups(model: DualEncoder, cfg: OptimConfig) -> list[dict]:
         {"params": no_decay, "weight_decay": 0.0, "lr_scale": 1.0, "name": "no_decay"},
     ]
     if temperature:
-        groups.append({"params": temperature, "weight_decay": 0.0, "lr_scale": cfg.temperature_lr_scale,
+        groups.append({"params": temperature, "weight_decay": 0.0, "lr_scale": scale_lr,
                        "name": "temperature"})
     return groups
 
@@ -116,15 +118,15 @@ def _tensor_norms(params, weights, updates) -> tuple[torch.Tensor, torch.Tensor]
     return norms[:, 0], norms[:, 1]
 
 
-def build_optimizer(model: DualEncoder, cfg: OptimConfig, shard: bool = False, fsdp: bool = False
-                    ) -> torch.optim.Optimizer:
+def build_optimizer(model: DualEncoder, cfg: OptimConfig, shard: bool = False, fsdp: bool = False,
+                    scale_lr: float = 1.0) -> torch.optim.Optimizer:
     """LAMB (or AdamW) over the paper's parameter groups.
 
     With `shard` (under torchrun), ZeRO-1: each rank keeps the optimizer state of its share of whole
     parameters, updates them, and broadcasts them, so LAMB's per-tensor trust ratio is exact while its
     two moments take 1/world of the memory. With `fsdp`, the model's parameters are already sharded
     (train/fsdp.py): LAMB is `FsdpLamb`, AdamW steps the shards as they are."""
-    groups = param_groups(model, cfg)
+    groups = param_groups(model, cfg, scale_lr)
     if cfg.name == "lamb" and fsdp:
         return FsdpLamb(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
     if cfg.name == "lamb":

@@ -82,8 +82,8 @@ def write(out: Path, cfg: Config, metrics: dict, model_info: dict) -> str:
         f" {model_info['text_params']:,} params), embedding {cfg.model.embed_dim}",
         f"- steps {steps[-1]['step'] if steps else 0}, batch {cfg.data.batch_size}, images {cfg.model.vision.image_size}px,"
         f" median {speed[len(speed) // 2]:.0f} pairs/s",
-        f"- temperature: init {cfg.model.temperature_init}, final {model_info['temperature']:.4f}"
-        f" (lr scale {cfg.optim.temperature_lr_scale}; the paper's init is 1.0 — for runs this short it"
+        f"- temperature: init {cfg.loss.temperature.init}, final {model_info['temperature']:.4f}"
+        f" (lr scale {cfg.loss.temperature.lr_scale}; the paper's init is 1.0 — for runs this short it"
         " costs held-out recall, measured in docs/demo.md)", "",
         "## Held-out evaluation (family split: no variant of these emoji was seen in training)" if cfg.data.corpus == "emoji"
         and not cfg.data.train else f"## Held-out evaluation ({cfg.data.eval or 'none'})", "",

@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from openalign import distributed
 from openalign import loss as loss_lib
-from openalign.config import ConfigError, LossConfig
+from openalign.config import LossConfig
 from openalign.data import transforms
 from openalign.model.dual_encoder import DualEncoder
 from openalign.train import fsdp
@@ -35,24 +35,13 @@ def compute_loss(core: DualEncoder, img: torch.Tensor, txt: torch.Tensor, cfg: L
     """The configured loss of aligned embeddings; `scales` replaces the temperature / bias parameters
     (gradient caching differentiates with respect to detached copies)."""
     scales = scales or {}
-    temperature = loss_lib.clamp_temperature(scales.get("temperature", core.temperature), cfg.temperature_min)
-    if cfg.kind == "sigmoid":
-        if layout.active:
-            raise ConfigError("loss.kind=sigmoid runs in one process; use the softmax loss with torchrun")
+    temperature = loss_lib.clamp_temperature(scales.get("temperature", core.temperature), cfg.temperature.min)
+    if cfg.kind == "sigmoid":  # one process, the softmax's negatives fraction 1 under torchrun: config.check
         return loss_lib.sigmoid_loss(img, txt, temperature, scales.get("bias", core.logit_bias))
     if layout.active:
-        if cfg.negatives_fraction < 1.0:
-            raise ConfigError("loss.negatives_fraction < 1 (the Table 8 ablation) runs in one process")
         return distributed.gathered_softmax_loss(img, txt, temperature, cfg.label_smoothing, cfg.implementation)
     negatives = loss_lib.negatives_mask(len(img), cfg.negatives_fraction, generator, img.device)
     return loss_lib.contrastive_loss(img, txt, temperature, cfg.label_smoothing, negatives, cfg.implementation)
-
-
-def _scale_parameters(core: DualEncoder) -> dict[str, torch.nn.Parameter]:
-    params = {"temperature": core.align.temperature}
-    if core.logit_bias is not None:
-        params["bias"] = core.logit_bias
-    return {k: p for k, p in params.items() if p.requires_grad}
 
 
 def _rng_state(device: torch.device):
@@ -110,7 +99,7 @@ def _forward_backward(model, core, batch, loss_cfg, micro_batch, layout, device,
     after = _rng_state(device)
     img = torch.cat(img_parts).requires_grad_()
     txt = torch.cat(txt_parts).requires_grad_()
-    params = _scale_parameters(core)
+    params = core.scale_parameters()
     scales = {k: p.detach().requires_grad_() for k, p in params.items()}
     loss = compute_loss(core, img, txt, loss_cfg, layout, generator, scales)
     loss.backward()  # d loss / d embeddings (and temperature), for the whole batch

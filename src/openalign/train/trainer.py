@@ -120,7 +120,8 @@ def build_model(run: Run) -> tuple[DualEncoder, torch.optim.Optimizer]:
     model.to(run.device).train()
     if cfg.train.fsdp:
         fsdp.shard(model)
-    return model, build_optimizer(model, cfg.optim, shard=cfg.train.shard_optimizer, fsdp=cfg.train.fsdp)
+    return model, build_optimizer(model, cfg.optim, shard=cfg.train.shard_optimizer, fsdp=cfg.train.fsdp,
+                                  scale_lr=cfg.loss.temperature.lr_scale)
 
 
 def data_parallel(run: Run, model: DualEncoder) -> torch.nn.Module:
@@ -206,14 +207,11 @@ def truncate_log(path: Path, step: int) -> None:
 def check_before_work(cfg: Config, resume: bool) -> None:
     """Everything a run needs that can be checked before any work (building a corpus, training a tokenizer)."""
     world = distributed.from_env().world
-    config_lib.validate(cfg, world=world)
+    config_lib.check(cfg, world=world)
     unknown = [t for t in cfg.eval.tasks if t not in HELD_OUT_TASKS]
     if unknown:
         raise ConfigError(f"eval.tasks: {unknown[0]!r} is not a held-out task; choose from {', '.join(HELD_OUT_TASKS)} "
                           "(the others run on a saved model: `openalign eval`)")
-    for option in ("shard_optimizer", "fsdp"):
-        if getattr(cfg.train, option) and world == 1:
-            raise ConfigError(f"train.{option}=true shards over torchrun processes; launch with torchrun")
     if cfg.train.device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"train.device={cfg.train.device} but this machine has no CUDA device PyTorch can use; "
                           "use train.device=auto or cpu")
