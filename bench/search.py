@@ -93,6 +93,7 @@ def main() -> int:
 
     torch.set_num_threads(args.threads)
     faiss.omp_set_num_threads(args.threads)
+    numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))  # exact search's scan
     start = time.perf_counter()
     base, queries = collection(args.n, args.dim, args.centres, args.spread, max(BATCHES))
     print(f"collection {args.n:,} x {args.dim} in {time.perf_counter() - start:.1f} s", flush=True)

@@ -38,3 +38,19 @@ def test_demo_is_small_and_uses_pytorch_batchnorm_momentum():
     assert n_params < 6_000_000  # ~5.5M: minutes of CPU time
     bn = next(m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d))
     assert bn.momentum == cfg.model.vision.batch_norm_momentum <= 0.1  # never transformers' 0.99
+
+
+def test_the_demo_and_tiny_are_the_paper_recipe_plus_their_stated_deviations():
+    from openalign.config import _leaves
+
+    def leaves(cfg):
+        return {key: value for key, _, value in _leaves(cfg)}
+
+    paper = leaves(presets.get("align-b1-mini"))
+    towers = ("preset", "out", "model.vision.width_coefficient", "model.vision.depth_coefficient",
+              "model.text.hidden_size", "model.text.num_layers", "model.text.num_heads", "model.text.intermediate_size",
+              "model.embed_dim")
+    for name, deviations in (("demo", presets.DEMO), ("tiny", presets.TINY)):
+        changed = {k for k, v in leaves(presets.get(name)).items() if paper[k] != v}
+        stated = {d.split("=")[0] for d in deviations}
+        assert changed - set(towers) <= stated, f"{name} deviates without saying so: {changed - set(towers) - stated}"

@@ -16,6 +16,10 @@ from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # we fork data workers after tokenizing
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # offline by default: a local path never falls through to a hub
+# transformers' load reports (the text pooler openalign drops is "missing") and per-file progress bars, set once
+# at process start (read when transformers is imported); set these variables to see them
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 from openalign import config as config_lib  # noqa: E402
 from openalign import presets  # noqa: E402

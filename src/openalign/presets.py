@@ -6,12 +6,11 @@ Mini/Medium/Base/Large text towers, e.g. `align-b7-base`, `align-l2-large` (the 
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 from typing import Callable
 
-from openalign.config import Config, ConfigError, DataConfig, LossConfig, ModelConfig, OptimConfig
-from openalign.config import TemperatureConfig, TextConfig, TrainConfig, VisionConfig
+from openalign.config import Config, ConfigError, DataConfig, ModelConfig, OptimConfig, TextConfig, TrainConfig
+from openalign.config import VisionConfig, override
 
 # (width_coefficient, depth_coefficient), as in EfficientNet / Noisy Student.
 EFFICIENTNETS = {"b1": (1.0, 1.1), "b3": (1.2, 1.4), "b5": (1.6, 2.2), "b7": (2.0, 3.1), "l2": (4.3, 5.3)}
@@ -19,76 +18,63 @@ EFFICIENTNETS = {"b1": (1.0, 1.1), "b3": (1.2, 1.4), "b5": (1.6, 2.2), "b7": (2.
 BERTS = {"mini": (4, 256, 4), "medium": (8, 512, 8), "base": (12, 768, 12), "large": (24, 1024, 16)}
 
 
-def paper(image_tower: str, text_tower: str) -> Config:
-    width, depth = EFFICIENTNETS[image_tower]
-    layers, hidden, heads = BERTS[text_tower]
-    return Config(
-        preset=f"align-{image_tower}-{text_tower}",
-        out=f"runs/align-{image_tower}-{text_tower}",
+def dual_encoder(name: str, image: tuple[float, float], text: tuple[int, int, int], embed_dim: int,
+                 deviations: tuple[str, ...] = ()) -> Config:
+    """The paper's recipe around one EfficientNet (width, depth) x BERT (layers, hidden, heads) pair, with the
+    preset's deviations from it as dotted overrides. Every model preset is built here: the paper's sizes, the
+    demo and tiny are siblings that differ only in their towers and their stated deviations."""
+    (width, depth), (layers, hidden, heads) = image, text
+    cfg = Config(
+        preset=name,
+        out=f"runs/{name}",
         model=ModelConfig(
             vision=VisionConfig(width_coefficient=width, depth_coefficient=depth),
             text=TextConfig(hidden_size=hidden, num_layers=layers, num_heads=heads, intermediate_size=4 * hidden),
-            # L2 pools to 1376 and is used as is; B7 pools to 640; B1/B3/B5 get a linear layer to 640.
-            embed_dim=1376 if image_tower == "l2" else 640,
+            embed_dim=embed_dim,
         ),
-        loss=LossConfig(),
-        optim=OptimConfig(),
         data=DataConfig(batch_size=16_384),
         train=TrainConfig(steps=1_200_000, checkpoint_every=5_000, eval_every=10_000),
     )
+    return override(cfg, list(deviations))
+
+
+def paper(image_tower: str, text_tower: str) -> Config:
+    # L2 pools to 1376 and is used as is; B7 pools to 640; B1/B3/B5 get a linear layer to 640.
+    return dual_encoder(f"align-{image_tower}-{text_tower}", EFFICIENTNETS[image_tower], BERTS[text_tower],
+                        1376 if image_tower == "l2" else 640)
+
+
+# The demo's deviations from the paper recipe, each measured on the emoji corpus (docs/demo.md):
+# - temperature init 0.07 (CLIP's) instead of 1.0: in a few hundred steps 1.0 cannot fall to where the loss
+#   wants it, and held-out recall is markedly lower (paper: 1.2M steps hide this);
+# - LAMB peak lr 5e-3 over a 50-step warmup, no text dropout: a short run needs fast, clean steps;
+# - 64 px images (resize 72, crop 64) instead of 346/289 (64 px beats 48 px at equal wall time on held-out
+#   recall); towers sized for minutes of CPU time (EfficientNet width 0.75 / depth 0.5, BERT 4 layers x 256):
+#   widening the text tower from 128 to 256 raised held-out R@10 from ~10x to ~14x chance, the largest gain;
+# - BatchNorm momentum 0.1: in a short run the statistics must follow the weights quickly.
+DEMO = ("model.vision.drop_connect_rate=0.0", "model.vision.batch_norm_momentum=0.1", "model.vision.resize_size=72",
+        "model.vision.image_size=64", "model.text.vocab_size=4000", "model.text.dropout=0.0",
+        "model.text.length_buckets=4", "loss.temperature.init=0.07", "optim.lr=5e-3", "optim.warmup_steps=50",
+        "data.corpus=emoji", "data.batch_size=128", "data.workers=1", "data.shuffle_buffer=1000", "train.steps=600",
+        "train.log_every=10", "train.eval_every=100", "train.checkpoint_every=100")
+# tiny: the demo's recipe at the smallest sensible size, for tests and smoke runs (seconds on CPU)
+TINY = (*DEMO, "model.vision.resize_size=36", "model.vision.image_size=32", "model.text.intermediate_size=64",
+        "model.text.vocab_size=300", f"model.text.dropout={TextConfig.dropout}",
+        f"model.text.length_buckets={TextConfig.length_buckets}", "data.batch_size=8", "data.workers=0",
+        "data.shuffle_buffer=16", "train.steps=4", "train.log_every=1", "train.eval_every=0",
+        "train.checkpoint_every=2")
 
 
 def demo() -> Config:
-    """A ~5.5M-parameter model trained for a few minutes on 2 CPU cores on the built-in emoji corpus.
-
-    Deviations from the paper recipe, each measured on this corpus (docs/demo.md):
-    - temperature init 0.07 (CLIP's) instead of 1.0: in a few hundred steps 1.0 cannot fall to where
-      the loss wants it, and held-out recall is markedly lower (paper: 1.2M steps hide this);
-    - LAMB peak lr 5e-3 over a 50-step warmup, no text dropout: a short run needs fast, clean steps;
-    - 64 px images (resize 72, crop 64) instead of 346/289; towers sized for minutes of CPU time
-      (EfficientNet width 0.75 / depth 0.5, BERT 4 layers x 256): widening the text tower from 128 to
-      256 raised held-out R@10 from ~10x to ~14x chance, the largest single gain measured.
-    """
-    return Config(
-        preset="demo",
-        out="runs/demo",
-        model=ModelConfig(
-            vision=VisionConfig(
-                width_coefficient=0.75,
-                depth_coefficient=0.5,
-                drop_connect_rate=0.0,
-                batch_norm_momentum=0.1,  # short run: statistics must follow the weights quickly
-                resize_size=72,
-                image_size=64,  # measured: 64 px beats 48 px at equal wall time on held-out recall
-            ),
-            text=TextConfig(hidden_size=256, num_layers=4, num_heads=4, intermediate_size=1024, vocab_size=4_000,
-                            dropout=0.0, length_buckets=4),
-            embed_dim=240,  # the width-0.75 tower pools to 240: no image projection, exact HF format
-        ),
-        loss=LossConfig(temperature=TemperatureConfig(init=0.07)),
-        optim=OptimConfig(lr=5e-3, warmup_steps=50),
-        data=DataConfig(corpus="emoji", batch_size=128, workers=1, shuffle_buffer=1_000),
-        train=TrainConfig(steps=600, log_every=10, eval_every=100, checkpoint_every=100),
-    )
+    """A ~5.5M-parameter model trained for a few minutes on 2 CPU cores on the built-in emoji corpus
+    (the deviations from the paper: DEMO above)."""
+    # the width-0.75 tower pools to 240: no image projection, exact HF format
+    return dual_encoder("demo", (0.75, 0.5), (4, 256, 4), 240, DEMO)
 
 
 def tiny() -> Config:
     """The smallest sensible model, for tests and smoke runs (seconds on CPU)."""
-    cfg = demo()
-    return dataclasses.replace(
-        cfg,
-        preset="tiny",
-        out="runs/tiny",
-        model=dataclasses.replace(
-            cfg.model,
-            vision=dataclasses.replace(cfg.model.vision, width_coefficient=0.25, depth_coefficient=0.25,
-                                       resize_size=36, image_size=32),
-            text=TextConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, vocab_size=300),
-            embed_dim=80,
-        ),
-        data=dataclasses.replace(cfg.data, batch_size=8, workers=0, shuffle_buffer=16),
-        train=TrainConfig(steps=4, log_every=1, eval_every=0, checkpoint_every=2),
-    )
+    return dual_encoder("tiny", (0.25, 0.25), (1, 32, 2), 80, TINY)
 
 
 FINETUNE_STEPS = {"flickr30k": 3_000, "coco": 6_000}

@@ -51,3 +51,12 @@ def test_evaluating_restores_the_training_mode_and_disables_autograd():
     with evaluating(model):
         pass
     assert not model.training
+
+
+def test_evaluating_never_writes_to_a_model_already_in_eval_mode(monkeypatch):
+    """A service's model is shared by concurrent requests: encoding must not flip its mode."""
+    model = _model().eval()
+    monkeypatch.setattr(model, "train", lambda mode=True: (_ for _ in ()).throw(AssertionError("mode flipped")))
+    monkeypatch.setattr(model, "eval", lambda: (_ for _ in ()).throw(AssertionError("mode flipped")))
+    size = model.cfg.vision.image_size
+    assert encode_images(model, torch.zeros(1, 3, size, size)).shape == (1, model.cfg.embed_dim)

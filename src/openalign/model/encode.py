@@ -31,14 +31,18 @@ def device_of(model: DualEncoder) -> torch.device:
 
 @contextmanager
 def evaluating(model: DualEncoder):
-    """Eval mode (BatchNorm running statistics, no dropout) and no autograd; restores the mode after."""
+    """Eval mode (BatchNorm running statistics, no dropout) and no autograd. A model in training mode is put
+    in eval mode and back after; a model already in eval mode (a service's, shared by its requests) is not
+    touched, so concurrent requests never write to it."""
     was_training = model.training
-    model.eval()
+    if was_training:
+        model.eval()
     try:
         with torch.no_grad():
             yield
     finally:
-        model.train(was_training)
+        if was_training:
+            model.train()
 
 
 def _autocast(device: torch.device):

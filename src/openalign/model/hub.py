@@ -20,7 +20,6 @@ from pathlib import Path
 import transformers
 from safetensors.torch import load_file, save_file
 from transformers import AlignModel
-from transformers.utils import logging as hf_logging
 
 from openalign import config as config_lib
 from openalign.config import Config, ConfigError, ModelConfig, TextConfig, VisionConfig
@@ -34,13 +33,7 @@ PROCESSOR_FILE = "preprocessor_config.json"  # transformers' image processor set
 def save_pretrained(model: DualEncoder, tokenizer, out: Path, cfg: Config) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # a one-item "Writing model shards" bar, even under --quiet
-    try:
-        model.align.save_pretrained(out)
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
+    model.align.save_pretrained(out)  # (transformers' own bars and reports: cli.py quiets them at process start)
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
     (out / PROCESSOR_FILE).write_text(json.dumps(processor_settings(cfg.model.vision), indent=2) + "\n")
@@ -150,12 +143,9 @@ def load_pretrained(path: Path) -> tuple[DualEncoder, object, Config]:
     """Load (model in eval mode, tokenizer or None, config) from an AlignModel directory."""
     path = Path(path)
     cfg = load_config(path)
-    verbosity = transformers.logging.get_verbosity()
-    transformers.logging.set_verbosity_error()  # the unused text pooler is reported missing; it is
-    try:
-        align = AlignModel.from_pretrained(path, local_files_only=True)
-    finally:
-        transformers.logging.set_verbosity(verbosity)
+    # transformers reports the text pooler missing: openalign drops it (it pools [CLS] itself). The command line
+    # quiets such reports at process start (cli.py); a library user's logging settings are left as they are.
+    align = AlignModel.from_pretrained(path, local_files_only=True)
     model = DualEncoder(cfg.model, cfg.loss, align=align)
     if (path / EXTRA_FILE).is_file():
         model.load_state_dict(load_file(path / EXTRA_FILE), strict=False)
