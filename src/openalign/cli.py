@@ -70,12 +70,13 @@ def cmd_train(args) -> int:
     if args.show_config:
         print(json.dumps(config_lib.to_dict(cfg), indent=2))
         return 0
+    from openalign import distributed
     from openalign.train import report
     from openalign.train.trainer import train
 
     start = time.perf_counter()
     result = train(cfg, resume=args.resume, progress=not args.quiet)
-    if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 reports
+    if not distributed.from_env().main:  # under torchrun, rank 0 reports
         return 0
     minutes = (time.perf_counter() - start) / 60
     print(f"\ntrained {result.step} steps in {minutes:.1f} min -> {result.out}")
@@ -88,6 +89,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_study(args) -> int:
+    from openalign import distributed
     from openalign.study import QUICK, STUDIES, run_study
     from openalign.study import report as study_report
 
@@ -102,7 +104,7 @@ def cmd_study(args) -> int:
     out = Path(args.out)
     start = time.perf_counter()
     results = run_study(args.name, cfg, variants, args.seeds, out, progress=not args.quiet)
-    if os.environ.get("RANK", "0") != "0":  # under torchrun every rank trained; rank 0 reports
+    if not distributed.from_env().main:  # under torchrun every rank trained; rank 0 reports
         return 0
     report = study_report.write(args.name, study, results, args.seeds, out, study.headline(cfg))
     if study.extra_report:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from openalign.config import Config, ConfigError
-from openalign.study.report import grouped_bars
+from openalign.study.report import grouped_bars, save_figure
 from openalign.study.runner import Study, Variant, corpus_override
 
 NOISE = (0.0, 0.2, 0.5)
@@ -71,10 +71,7 @@ def extra_report(results: dict, out) -> list[str]:
                        [results[n]["std"].get(k, 0.0) for k, _ in shown]) for n in names],
                  [label for _, label in shown], rotation=20, ha="right", fontsize=8)
     ax.set(ylabel="held-out score", title="compositional zero-shot (shapes)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "compositional.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, out / "compositional.png", [ax])
     return lines
 
 

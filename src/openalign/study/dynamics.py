@@ -14,7 +14,7 @@ import statistics
 from pathlib import Path
 
 from openalign.config import Config
-from openalign.study.report import mean_std
+from openalign.study.report import mean_std, save_figure
 from openalign.study.runner import Study, Variant
 
 INITS = (1.0, 0.07)  # the paper's and CLIP's
@@ -105,10 +105,7 @@ def extra_report(results: dict, out) -> list[str]:
     axes[2].set(title="cones: mean cosine within a modality", xlabel="step", ylim=(0, 1))
     for ax in axes:
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "dynamics.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, out / "dynamics.png", axes, legend_size=7)
     return lines + ["", "Paper: the temperature is within about 1.2x of its converged value after 100k of 1.2M steps "
                         "(8%).", "", "![temperature and geometry over steps](dynamics.png)", ""]
 

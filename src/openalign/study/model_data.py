@@ -12,6 +12,7 @@ curated set is a dataset of its own: train on it with `openalign study model-vs-
 from __future__ import annotations
 
 from openalign.config import Config, ConfigError
+from openalign.study.report import save_figure
 from openalign.study.runner import Study, Variant, corpus_override
 
 FRACTION = 0.1  # the paper's "10% of ALIGN data"
@@ -82,10 +83,7 @@ def extra_report(results: dict, out) -> list[str]:
     for ax, labels in ((axes[0], [label for _, label, _ in data]), (axes[1], ["ALIGN full", "ALIGN 10%", "CC-3M"])):
         ax.set_xticks(range(len(labels)), labels)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "model_vs_data.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, out / "model_vs_data.png", axes)
     gain = {size: results[f"{size}_full"]["mean"]["mean_recall"] - results[f"{size}_10"]["mean"]["mean_recall"]
             for size in ("large", "small")}
     verdict = ("the larger model gains more from the full data than the smaller one" if gain["large"] > gain["small"]

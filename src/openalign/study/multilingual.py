@@ -11,7 +11,7 @@ neither model saw: close relatives of a training language (Dutch, Portuguese, Sl
 from __future__ import annotations
 
 from openalign.config import Config, ConfigError
-from openalign.study.report import grouped_bars
+from openalign.study.report import grouped_bars, save_figure
 from openalign.study.runner import Study, Variant, corpus_override
 
 TRAIN_LANGUAGES = ("en", "de", "fr", "cs", "es", "ja")  # the paper's Multi30k four, plus a Romance and a CJK one
@@ -98,10 +98,7 @@ def extra_report(results: dict, out) -> list[str]:
     ax.axvline(split - 0.5, color="black", lw=0.8)
     ax.text(split - 0.45, ax.get_ylim()[1] * 0.95, "held out →", fontsize=8, va="top")
     ax.set(ylabel="held-out mean recall", title="zero-shot retrieval per language")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "multilingual.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, out / "multilingual.png", [ax])
     return lines
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from openalign.config import Config, ConfigError
 from openalign.data.corpora import corpus_options
+from openalign.study.report import save_figure
 from openalign.study.runner import Study, Variant, corpus_override
 
 NOISE = 0.5  # the noisy corpora's rate: half the alt-texts replaced by one of the four kinds of noise
@@ -79,10 +80,7 @@ def extra_report(results: dict, out) -> list[str]:
     ax.set_xticklabels([f"{n}x" for n in sizes])
     ax.minorticks_off()  # (a log axis labels its minor ticks, 3 x 10^0, otherwise)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "noise_vs_scale.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, out / "noise_vs_scale.png", [ax])
     key, label = ("mean_recall", "mean recall") if "mean_recall" in clean["mean"] else ("zeroshot_top1",
                                                                                          "zero-shot top-1")
     target = clean["mean"][key]

@@ -65,6 +65,15 @@ def write(name: str, study: Study, results: dict, seeds: int, out: Path, headlin
     return path
 
 
+def save_figure(fig, path: Path, legend_axes=(), legend_size: int = 8) -> None:
+    """A study's figure: legends on `legend_axes`, tight layout, a 110-dpi PNG at `path`, the figure closed."""
+    for ax in legend_axes:
+        ax.legend(fontsize=legend_size)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def grouped_bars(ax, series: list[tuple[str, list[float], list[float]]], ticks: list[str], **tick_options) -> None:
     """One bar per (label, means, stds) series at each tick, side by side; error bars only where a std is known."""
     width = 0.8 / len(series)
@@ -95,6 +104,4 @@ def _plot(results: dict, out: Path, key: str, metric: str) -> None:
         ax.set_xticks(range(len(rows)), labels, rotation=30, ha="right", fontsize=8)
         ax.set(title=group, ylabel=f"held-out {metric}")
         ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save_figure(fig, out)
