@@ -301,3 +301,14 @@ def test_word_sim_scores_only_pairs_the_vocabulary_covers(model_dir, tmp_path):
     (tmp_path / "none.csv").write_text("Word 1,Word 2,Human (mean)\nблин,щука,3.0\nщука,блин,2.0\n")
     assert cli.main(["eval", str(model_dir), "--task", "word-sim", "--data", str(tmp_path / "none.csv"),
                      "--out", str(tmp_path / "x.json")]) == 2
+
+
+def test_zeroshot_reports_calibration_and_fits_a_temperature(model_dir, tmp_path):
+    test = class_folders(tmp_path / "test", 3, seed=1)
+    m = run(model_dir, tmp_path, "--task", "zeroshot", "--data", str(test), "--calibrate", str(test),
+            "zeroshot.templates={}")
+    assert 0 <= m["zeroshot_ece"] <= 1 and m["zeroshot_temperature"] > 0 and m["zeroshot_calibration_images"] == 9
+    # fitted on the evaluated images themselves, the temperature minimizes their NLL: never worse than the model's
+    assert m["zeroshot_nll_calibrated"] <= m["zeroshot_nll"] + 1e-9
+    assert m["zeroshot_calibrated_temperature"] != pytest.approx(m["zeroshot_temperature"])
+    assert (tmp_path / "m.png").stat().st_size > 10_000  # the reliability diagram

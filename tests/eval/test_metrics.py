@@ -224,3 +224,29 @@ def test_permuted_labels_fall_to_chance():
     assert M.linear_probe(x[:50], y[:50], x[50:], y[50:])["top1"] == 1.0
     assert M.linear_probe(x[:50], y[:50], x[50:], permuted[50:])["top1"] == 0.0
     assert float((M.knn_predict(x[:50], y[:50], x[50:]) == permuted[50:]).float().mean()) == 0.0
+
+
+def test_expected_calibration_error_equals_a_hand_computed_case():
+    # top probabilities 0.9, 0.9, 0.62 and 0.35, in the 15 bins of width 1/15: 0.9 -> bin 13 (13.5), 0.62 -> bin 9
+    # (9.3), 0.35 -> bin 5 (5.25). Right: yes, no, yes, no. ECE = 2/4 |0.5 - 0.9| + 1/4 |1 - 0.62| + 1/4 |0 - 0.35|
+    import math
+
+    two = lambda p: [math.log(p / (1 - p)), 0.0, -math.inf]  # noqa: E731 - class 0 with probability p
+    logits = torch.tensor([two(0.9), two(0.9), two(0.62), [math.log(0.3), math.log(0.35), math.log(0.35)]],
+                          dtype=torch.float64)
+    labels = torch.tensor([0, 1, 0, 0])  # the 4th predicts class 1 (the first of the tie at 0.35): wrong
+    out = M.reliability(logits, labels)
+    assert out["ece"] == pytest.approx(2 / 4 * 0.4 + 1 / 4 * 0.38 + 1 / 4 * 0.35, abs=1e-12)
+    assert [out["count"][i] for i in (13, 9, 5)] == [2, 1, 1] and sum(out["count"]) == 4
+    assert out["accuracy"][13] == 0.5 and out["confidence"][9] == pytest.approx(0.62)
+    assert math.isnan(out["accuracy"][0])  # an empty bin has no accuracy
+
+
+def test_temperature_scaling_recovers_a_known_temperature():
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(20_000, 10, generator=g, dtype=torch.float64) * 2
+    labels = torch.distributions.Categorical(logits=base).sample()  # labels drawn from softmax(base)
+    # logits that are 4x too confident: the fitted temperature is 4 (up to sampling noise)
+    assert M.fit_temperature(4.0 * base, labels) == pytest.approx(4.0, rel=0.03)
+    assert M.nll(base, labels) < M.nll(4.0 * base, labels)
+    assert M.reliability(base, labels)["ece"] < 0.02 < M.reliability(4.0 * base, labels)["ece"]

@@ -216,6 +216,50 @@ def topk_accuracy(logits: torch.Tensor, labels: torch.Tensor, ks=(1, 5)) -> dict
     return {f"top{k}": float((ranks < k).float().mean()) for k in ks}
 
 
+ECE_BINS = 15  # Guo et al. 2017
+
+
+def reliability(logits: torch.Tensor, labels: torch.Tensor, bins: int = ECE_BINS) -> dict:
+    """Confidence (the top softmax probability of `logits` [N, C]) against accuracy, in `bins` equal-width
+    bins over (0, 1] (bin m holds confidences in (m/M, (m+1)/M]): per bin its count, mean confidence and
+    accuracy, and the expected calibration error ECE = sum_m |B_m|/N * |acc(B_m) - conf(B_m)|."""
+    probs = torch.softmax(logits.double(), dim=1)
+    confidence, predicted = probs.max(dim=1)
+    correct = (predicted == labels).double()
+    index = (torch.ceil(confidence * bins).long() - 1).clamp(0, bins - 1)
+    count = torch.bincount(index, minlength=bins).double()
+    conf_sum = torch.zeros(bins, dtype=torch.float64).index_add_(0, index, confidence)
+    acc_sum = torch.zeros(bins, dtype=torch.float64).index_add_(0, index, correct)
+    ece = float((acc_sum - conf_sum).abs().sum() / max(1, len(labels)))
+    used = count > 0
+    return {"ece": ece, "count": count.long().tolist(),
+            "confidence": torch.where(used, conf_sum / count.clamp(min=1), torch.nan).tolist(),
+            "accuracy": torch.where(used, acc_sum / count.clamp(min=1), torch.nan).tolist()}
+
+
+def nll(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    """Mean negative log-likelihood of the labels under softmax(logits)."""
+    return float(torch.nn.functional.cross_entropy(logits.double(), labels))
+
+
+def fit_temperature(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    """Temperature scaling (Guo et al. 2017): the T > 0 minimizing the NLL of softmax(logits / T), by L-BFGS
+    on log T in fp64 (the NLL is convex in 1/T, so the optimum is unique)."""
+    logits = logits.double()
+    log_t = torch.zeros((), dtype=torch.float64, requires_grad=True)
+    optimizer = torch.optim.LBFGS([log_t], lr=0.5, max_iter=200, tolerance_grad=1e-12, tolerance_change=1e-14,
+                                  line_search_fn="strong_wolfe")
+
+    def closure():
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(logits / log_t.exp(), labels)
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    return float(log_t.detach().exp())
+
+
 def knn_predict(train: torch.Tensor, train_labels: torch.Tensor, test: torch.Tensor, k: int = 1,
                 n_classes: int | None = None, chunk: int | None = None) -> torch.Tensor:
     """[Q] predicted labels of `test` [Q, D] from its k nearest `train` [N, D] embeddings (cosine).

@@ -63,12 +63,31 @@ def recall_curve(ranks: torch.Tensor, max_k: int) -> tuple[list[int], list[float
     return ks, (counts.double() / len(ranks)).tolist()
 
 
+def reliability_panel(ax, data: dict) -> None:
+    """Zero-shot reliability diagram: accuracy per confidence bin, at the model's temperature and (when
+    fitted) after temperature scaling, against the diagonal of perfect calibration."""
+    bins = len(data["before"]["count"])
+    width = 1 / bins
+    drawn = [(key, color, text) for key, color, text in (("before", "tab:red", "model's temperature"),
+                                                          ("after", "tab:green", "temperature-scaled"))
+             if key in data]
+    for i, (key, color, text) in enumerate(drawn):
+        shift = (i - (len(drawn) - 1) / 2) * width / len(drawn)
+        accuracy = [a if a == a else 0.0 for a in data[key]["accuracy"]]  # an empty bin: no bar
+        ax.bar([(m + 0.5) * width + shift for m in range(bins)], accuracy, width=width / len(drawn), color=color,
+               alpha=0.7, label=f"{text} (ECE {data[key]['ece']:.3f})")
+    ax.plot([0, 1], [0, 1], color="black", ls="--", lw=1, label="perfectly calibrated")
+    ax.set(xlabel="confidence (top probability)", ylabel="accuracy", xlim=(0, 1), ylim=(0, 1.02),
+           title=f"zero-shot reliability ({bins} bins)")
+    ax.legend(fontsize=8, loc="upper left")
+
+
 def plot(figures: dict, out: Path) -> bool:
     """Draw the panels `figures` has data for into `out`; False (and nothing written) when none."""
     zeroshot = figures.get("zeroshot")
     if zeroshot and int(torch.bincount(zeroshot["true"]).max()) < 2:  # one image per class: nothing to confuse
         figures = {k: v for k, v in figures.items() if k != "zeroshot"}
-    panels = [name for name in ("retrieval", "zeroshot", "arithmetic") if name in figures]
+    panels = [name for name in ("retrieval", "zeroshot", "calibration", "arithmetic") if name in figures]
     if not panels:
         return False
     fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 5), squeeze=False)
@@ -87,6 +106,8 @@ def plot(figures: dict, out: Path) -> bool:
                    title=f"retrieval: {n_images:,} images, {data['n_texts']:,} texts")
             ax.grid(alpha=0.3)
             ax.legend(loc="lower right", fontsize=8)
+        elif name == "calibration":
+            reliability_panel(ax, data)
         elif name == "arithmetic":
             weights = data["weights"]
             for kind, recall in data["recall"].items():

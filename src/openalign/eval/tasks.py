@@ -74,6 +74,7 @@ class ZeroshotOptions:
         # or a file with one per line
     classnames: str = ""  # a class-names file: `label,name` lines, or one name per sorted label
     class_subset: str = ""  # a file of labels: only these classes compete (ImageNet-R/A style)
+    calibrate: str = ""  # a labeled split: fit one temperature on it (NLL), report ECE and NLL before and after
 
 
 def zeroshot(ctx: Context, options: ZeroshotOptions = ZeroshotOptions()) -> tuple[dict, dict]:
@@ -93,9 +94,33 @@ def zeroshot(ctx: Context, options: ZeroshotOptions = ZeroshotOptions()) -> tupl
     labels = torch.tensor([index[data.labels[i]] for i in rows.tolist()], dtype=torch.long)
     logits = data.image_embeds[rows] @ weights.T
     metrics = M.topk_accuracy(logits, labels)
-    figure = {"true": labels, "predicted": logits.argmax(dim=1), "classes": [names[c] for c in classes]}
+    figures = {"zeroshot": {"true": labels, "predicted": logits.argmax(dim=1), "classes": [names[c] for c in classes]}}
+    if ctx.model is not None:  # probabilities at the model's own scale, softmax(cosine / T)
+        calibration, figures["calibration"] = _calibration(ctx, options, logits, labels, weights, index)
+        metrics |= calibration
     return metrics | {"n_classes": len(classes), "n_images": len(rows), "chance_top1": 1 / len(classes),
-                      "chance_top5": min(1.0, 5 / len(classes))}, {"zeroshot": figure}
+                      "chance_top5": min(1.0, 5 / len(classes))}, figures
+
+
+def _calibration(ctx: Context, options: ZeroshotOptions, logits, labels, weights, index) -> tuple[dict, dict]:
+    """ECE (15 bins) and NLL of the zero-shot probabilities at the model's temperature; with `calibrate`, also
+    after temperature scaling fitted on that labeled split's images (the same classifier)."""
+    temperature = float(ctx.model.temperature.detach().clamp(min=1e-6))
+    before = M.reliability(logits / temperature, labels)
+    out = {"temperature": temperature, "ece": before["ece"], "nll": M.nll(logits / temperature, labels)}
+    figure = {"before": before}
+    if options.calibrate:
+        split = embed_split(ctx.model, options.calibrate, ctx.options, progress=False)
+        rows = [i for i, c in enumerate(split.labels) if c in index]
+        if not rows:
+            raise ConfigError(f"none of the labels of {options.calibrate} are classes of the evaluation data")
+        fit_labels = torch.tensor([index[split.labels[i]] for i in rows], dtype=torch.long)
+        fitted = M.fit_temperature(split.image_embeds[rows] @ weights.T, fit_labels)
+        after = M.reliability(logits / fitted, labels)
+        out |= {"calibrated_temperature": fitted, "calibration_images": len(rows), "ece_calibrated": after["ece"],
+                "nll_calibrated": M.nll(logits / fitted, labels)}
+        figure["after"] = after
+    return out, figure
 
 
 @dataclass(frozen=True)
