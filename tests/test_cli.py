@@ -41,7 +41,7 @@ def test_train_evaluates_saves_and_reports(trained):
     assert "i2t_r10" in printed and "x chance" in printed
     metrics = json.loads((run / "final_metrics.json").read_text())
     for key in ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "mean_recall", "zeroshot_top1",
-                "zeroshot_top5", "n_images", "n_texts"):
+                "zeroshot_top5", "n_images", "n_texts", "i2t_threshold_std", "t2i_youden_shared", "zeroshot_ece"):
         assert key in metrics
     assert metrics["n_images"] == 24 and metrics["n_texts"] == 48
     assert (run / "training.png").stat().st_size > 10_000 and (run / "report.md").is_file()

@@ -250,3 +250,38 @@ def test_temperature_scaling_recovers_a_known_temperature():
     assert M.fit_temperature(4.0 * base, labels) == pytest.approx(4.0, rel=0.03)
     assert M.nll(base, labels) < M.nll(4.0 * base, labels)
     assert M.reliability(base, labels)["ece"] < 0.02 < M.reliability(4.0 * base, labels)["ece"]
+
+
+def brute_best_threshold(scores: list[float], positive: list[bool]) -> tuple[float, float]:
+    """Every distinct score as a cut, highest first; the first best J wins; the threshold is the midpoint
+    to the next lower distinct score (or the cut minus 1 below the lowest)."""
+    levels = sorted(set(scores), reverse=True)
+    p, n = sum(positive), len(positive) - sum(positive)
+    best = None
+    for i, level in enumerate(levels):
+        tp = sum(s >= level and y for s, y in zip(scores, positive))
+        fp = sum(s >= level and not y for s, y in zip(scores, positive))
+        lower = levels[i + 1] if i + 1 < len(levels) else level - 1.0
+        if best is None or tp * n - fp * p > best[2]:  # exact: J = tp/p - fp/n
+            best = ((level + lower) / 2, tp / p - fp / n, tp * n - fp * p)
+    return best[:2]
+
+
+def test_per_query_thresholds_and_their_spread_equal_a_brute_force_oracle():
+    g = torch.Generator().manual_seed(3)
+    scores = torch.randint(0, 6, (40, 9), generator=g).double() / 5  # coarse: many ties
+    positive = torch.rand(40, 9, generator=g) < 0.3
+    positive[:, 0], positive[:, 1] = True, False  # every row has a match and a non-match
+    t, j = M.best_thresholds(scores, positive)
+    for row in range(40):
+        bt, bj = brute_best_threshold(scores[row].tolist(), positive[row].tolist())
+        assert (float(t[row]), float(j[row])) == pytest.approx((bt, bj), abs=1e-12), row
+    # the spread: i2t and t2i of a toy set, and a shared threshold never beats each query's own
+    img = torch.nn.functional.normalize(torch.randn(12, 6, generator=g), dim=-1)
+    txt = torch.nn.functional.normalize(img.repeat_interleave(2, 0) + 0.3 * torch.randn(24, 6, generator=g), dim=-1)
+    owner = torch.arange(12).repeat_interleave(2)
+    out = M.threshold_spread(img, txt, owner, chunk=5)
+    expected = [brute_best_threshold((img[q] @ txt.T).tolist(), (owner == q).tolist())[0] for q in range(12)]
+    assert out["i2t_threshold_std"] == pytest.approx(float(torch.tensor(expected).std(unbiased=False)), abs=1e-6)
+    assert out["i2t_youden_shared"] <= out["i2t_youden_own"] + 1e-12
+    assert out["t2i_youden_shared"] <= out["t2i_youden_own"] + 1e-12 and out["t2i_threshold_iqr"] >= 0

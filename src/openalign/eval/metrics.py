@@ -216,6 +216,72 @@ def topk_accuracy(logits: torch.Tensor, labels: torch.Tensor, ks=(1, 5)) -> dict
     return {f"top{k}": float((ranks < k).float().mean()) for k in ks}
 
 
+def best_thresholds(scores: torch.Tensor, positive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of `scores` [b, n] with its `positive` mask [b, n] (at least one positive and one negative):
+    the similarity threshold that best separates its matches from its non-matches, and how well: Youden's
+    J = TPR - FPR of "score >= threshold", maximized over every cut of the row's sorted scores. The
+    threshold is the midpoint of the cut (equal scores are never split); ties between cuts go to the first."""
+    order = scores.argsort(dim=1, descending=True, stable=True)
+    ranked = scores.gather(1, order).double()
+    hits = positive.gather(1, order).long()
+    n_pos, n_neg = hits.sum(1, keepdim=True), (1 - hits).sum(1, keepdim=True)
+    # J = tp/P - fp/N at a cut after position k (the first k+1 called matches), compared exactly as tp N - fp P
+    gain = hits.cumsum(1) * n_neg - (1 - hits).cumsum(1) * n_pos
+    cut_ok = torch.ones_like(gain, dtype=torch.bool)
+    cut_ok[:, :-1] = ranked[:, :-1] > ranked[:, 1:]  # a cut between equal scores is no threshold
+    best = gain.masked_fill(~cut_ok, torch.iinfo(gain.dtype).min).argmax(dim=1)  # [b], the first best
+    j = gain.double() / (n_pos * n_neg).double()
+    above = ranked.gather(1, best[:, None])[:, 0]
+    below = ranked.gather(1, (best + 1).clamp(max=ranked.shape[1] - 1)[:, None])[:, 0]
+    below = torch.where(best + 1 < ranked.shape[1], below, above - 1.0)
+    return (above + below) / 2, j.gather(1, best[:, None])[:, 0]
+
+
+def youden_at(scores: torch.Tensor, positive: torch.Tensor, threshold: float) -> torch.Tensor:
+    """[b] Youden's J of each row at one shared `threshold`."""
+    called = scores >= threshold
+    tpr = (called & positive).sum(1).double() / positive.sum(1).double()
+    fpr = (called & ~positive).sum(1).double() / (~positive).sum(1).double()
+    return tpr - fpr
+
+
+def threshold_spread(img: torch.Tensor, txt: torch.Tensor, text_to_image: torch.Tensor, chunk: int | None = None
+                     ) -> dict[str, float]:
+    """Does one global similarity threshold separate matches from non-matches equally well for every query?
+    For image queries over all texts (i2t) and text queries over all images (t2i): the spread of the
+    per-query best thresholds (std, interquartile range), and the mean Youden's J at each query's own best
+    threshold against the mean J at one shared threshold (their median). A loss that pins every score to
+    one constant (the symmetric softmax, as PMI) should give a small spread and a small J loss."""
+    out: dict[str, float] = {}
+    directions = {"i2t": (img, txt, lambda rows: text_to_image[None, :] == rows[:, None]),
+                  "t2i": (txt, img, lambda rows: torch.arange(len(img))[None, :] == text_to_image[rows][:, None])}
+    for name, (queries, gallery, positives) in directions.items():
+        step = _rows_per_block(len(gallery), chunk)
+        thresholds, own = [], []
+        for start in range(0, len(queries), step):
+            rows = torch.arange(start, min(start + step, len(queries)))
+            scores, positive = queries[rows].float() @ gallery.float().T, positives(rows)
+            usable = positive.any(1) & (~positive).any(1)  # a query needs a match and a non-match
+            t, j = best_thresholds(scores[usable], positive[usable])
+            thresholds.append(t)
+            own.append(j)
+        t, own_j = torch.cat(thresholds), torch.cat(own)
+        if not len(t):
+            continue
+        shared = float(t.median())
+        shared_j = []
+        for start in range(0, len(queries), step):
+            rows = torch.arange(start, min(start + step, len(queries)))
+            positive = positives(rows)
+            usable = positive.any(1) & (~positive).any(1)
+            shared_j.append(youden_at(queries[rows][usable].float() @ gallery.float().T, positive[usable], shared))
+        q1, q3 = torch.quantile(t, torch.tensor([0.25, 0.75], dtype=t.dtype)).tolist()
+        out |= {f"{name}_threshold_std": float(t.std(unbiased=False)), f"{name}_threshold_iqr": q3 - q1,
+                f"{name}_threshold_median": shared, f"{name}_youden_own": float(own_j.mean()),
+                f"{name}_youden_shared": float(torch.cat(shared_j).mean())}
+    return out
+
+
 ECE_BINS = 15  # Guo et al. 2017
 
 

@@ -61,7 +61,8 @@ def retrieval(ctx: Context, _=None) -> tuple[dict, dict]:
     i2t = M.i2t_ranks(data.image_embeds, txt, data.text_to_image)
     t2i = M.t2i_ranks(data.image_embeds, txt, data.text_to_image)
     metrics = M.ranks_to_metrics(i2t, t2i) | M.modality_gap(data.image_embeds, txt) | {
-        "shared_captions": M.shared_caption_share(data.captions, data.text_to_image)}
+        "shared_captions": M.shared_caption_share(data.captions, data.text_to_image)} | \
+        M.threshold_spread(data.image_embeds, txt, data.text_to_image)
     chance = M.retrieval_chance(data.text_to_image, len(data.labels))
     figure = {"i2t": i2t, "t2i": t2i, "captions_per_image": torch.bincount(data.text_to_image,
                                                                           minlength=len(data.labels)), "n_texts": len(txt)}
