@@ -43,8 +43,8 @@ def test_types_defaults_and_help_come_from_the_dataclass():
 def test_none_defaults_leave_unset_flags_to_the_dataclass_and_seen_flags_are_added_once():
     seen: set = set()
     parser = argparse.ArgumentParser()
-    add_options(parser, Example, defaults=None, seen=seen, only=("size", "ratio"), where={"size": "a, b: "})
-    add_options(parser, Example, defaults=None, seen=seen, rename={"ratio": "--share"})  # ratio already added
+    add_options(parser, Example, unset=True, seen=seen, only=("size", "ratio"), where={"size": "a, b: "})
+    add_options(parser, Example, unset=True, seen=seen, rename={"ratio": "--share"})  # ratio already added
     args = parser.parse_args(["--size", "4"])
     assert given(args, ("size", "ratio", "mode")) == {"size": 4}
     assert options_from(args, Example) == Example(size=4)

@@ -382,7 +382,7 @@ def _eval_flags(p) -> None:
             users.setdefault(f.name, []).append(task.name)
     seen: set = set()
     for task in TASKS.values():  # each task's options; a flag shared by several tasks sets it in each
-        add_options(p, task.options, defaults=None, seen=seen, where={k: f"{', '.join(v)}: " for k, v in users.items()},
+        add_options(p, task.options, unset=True, seen=seen, where={k: f"{', '.join(v)}: " for k, v in users.items()},
                     rename={"dir": "--cxc", "k": "-k"}, convert={"templates": str}, skip=("recipe",))
     p.add_argument("--ft", action="append", metavar="key=value",
                    help="finetune, vtab: the recipe, e.g. --ft steps=500 --ft lr=0.01 --ft freeze_bn=true (keys: "

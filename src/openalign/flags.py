@@ -3,7 +3,7 @@ written once, in its dataclass (the help is the comment after the field, continu
 below it that are indented deeper than the field).
 
     add_options(parser, ShardOptions)                       --image-size N --samples-per-shard N ...
-    add_options(parser, KnnOptions, defaults=None, seen=s)  flags whose value None means "not given"
+    add_options(parser, KnnOptions, unset=True, seen=s)     flags whose value None means "not given"
     options_from(args, ShardOptions)                        ShardOptions(image_size=..., ...)
 
 A field typed `bool` becomes --flag/--no-flag, a `Literal[...]` a choice, a `tuple[...]` a repeatable flag;
@@ -67,11 +67,11 @@ def _default(f: dataclasses.Field):
 
 
 def add_options(parser, cls: type, *, only: tuple[str, ...] = (), skip: tuple[str, ...] = (), rename: dict | None = None,
-                convert: dict | None = None, defaults: str | None = "dataclass", seen: set | None = None,
+                convert: dict | None = None, unset: bool = False, seen: set | None = None,
                 where: str | dict = "") -> None:
     """One flag per field of `cls` (those in `only`, if given; none in `skip`, nor in `seen`, which collects
-    the names added). `rename`: {field: flag}; `convert`: {field: callable(text)}. `defaults="dataclass"` puts
-    the field's default in the flag; `None` leaves None (not given) and names the default in the help.
+    the names added). `rename`: {field: flag}; `convert`: {field: callable(text)}. The field's default is the
+    flag's, or with `unset` the flag is None when not given (the dataclass keeps its default; the help names it).
     `where` prefixes the help ({field: prefix}, or one prefix for all: which tasks a shared flag serves)."""
     hints, comments = typing.get_type_hints(cls), field_comments(cls)
     for f in dataclasses.fields(cls):
@@ -92,7 +92,7 @@ def add_options(parser, cls: type, *, only: tuple[str, ...] = (), skip: tuple[st
         else:
             continue  # a nested dataclass: dotted overrides
         repeatable = kwargs.get("action") == "append"
-        kwargs["default"] = None if defaults is None or repeatable else default
+        kwargs["default"] = None if unset or repeatable else default
         shown = "" if default in ("", (), None) else f" (default: {default})"
         prefix = where.get(f.name, "") if isinstance(where, dict) else where
         kwargs["help"] = (prefix + comments.get(f.name, "")).strip() + shown

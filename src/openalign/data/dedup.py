@@ -31,11 +31,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from openalign.config import ConfigError
-from openalign.data import images
+from openalign.data import images, sources
 from openalign.data.filters import write_keep_without_images
-from openalign.data import sources
 from openalign.data.ingest import IMAGE_COLUMNS, check_pair_table
-from openalign.data.sources import SOURCES
 from openalign.data.distribute import (Engine, Task, duckdb_plan, read_plan, run_tasks, sources_key, spark_plan,
                                        spark_session, task_id)
 
@@ -58,16 +56,8 @@ class DedupOptions:
 
 def eval_images(spec: str) -> list[tuple[str, bytes | None]]:
     """(name, encoded bytes, or None where unreadable) of every evaluation image (data/sources.py layouts)."""
-    if not Path(spec).exists() and not sources.is_shards(spec):
-        raise ConfigError(f"--against {spec} does not exist; give the evaluation set: a directory of shards or "
-                          "images, a Karpathy JSON, a caption table or a .parquet pair table")
-    def read(item: sources.Item) -> bytes | None:
-        try:
-            return item.read()
-        except OSError:
-            return None
-
-    return [(item.name, read(item)) for item in sources.items(spec)]
+    return [(item.name, item.data if item.data is not None else sources.read_bytes(item.path, item.member))
+            for item in sources.items(spec)]
 
 
 # ---------------------------------------------------------------------------------------------- plan
@@ -115,13 +105,6 @@ def write_scores(path: str, rows: list[dict], scores: list[float | None], matche
     os.replace(tmp, path)
 
 
-def read_image(row: dict) -> bytes | None:
-    try:
-        return SOURCES.read(row["path"], row["member"])
-    except OSError:
-        return None
-
-
 # ---------------------------------------------------------------------------------------------- phash
 
 def phash_bytes(data: bytes | None) -> np.ndarray | None:
@@ -142,7 +125,7 @@ def phash_task(plan: str, index: int, scores_path: str, eval_path: str) -> dict:
     import faiss
 
     rows = read_plan(plan, index)
-    hashes = [phash_bytes(read_image(r)) for r in rows]
+    hashes = [phash_bytes(sources.read_bytes(r["path"], r["member"])) for r in rows]
     ok = [i for i, h in enumerate(hashes) if h is not None]
     scores, matches = [None] * len(rows), [None] * len(rows)
     if ok:
@@ -194,7 +177,7 @@ def embedding_task(plan: str, index: int, scores_path: str, eval_path: str, mode
     import faiss
 
     rows = read_plan(plan, index)
-    embeds, ok = embed_blobs(model_path, (read_image(r) for r in rows), batch_size, threads)
+    embeds, ok = embed_blobs(model_path, (sources.read_bytes(r["path"], r["member"]) for r in rows), batch_size, threads)
     scores, matches = [None] * len(rows), [None] * len(rows)
     if ok:
         evaluation = np.load(eval_path)

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Callable
 
 from openalign.config import ConfigError
-from openalign.data import images
-from openalign.data.dedup import WORK, image_tasks, read_image, score_summary, write_scores
+from openalign.data import images, sources
+from openalign.data.dedup import WORK, image_tasks, score_summary, write_scores
 from openalign.data.distribute import Engine, read_plan, sources_key
 from openalign.data.filters import write_keep_without_images
 from openalign.data.ingest import IMAGE_COLUMNS, check_pair_table
@@ -85,7 +85,7 @@ def screen_task(plan: str, index: int, scores_path: str, classifier: str, batch_
         batch.clear()
 
     for i, row in enumerate(rows):
-        data = read_image(row)
+        data = sources.read_bytes(row["path"], row["member"])
         if data is None:
             continue
         try:

@@ -104,14 +104,15 @@ def listing(spec: str, images_root: str = "", split: str = "test") -> list[Item]
                       f"a Multi30k list (.txt) or a table ({', '.join(TABLE_SUFFIXES)})")
 
 
-def items(spec: str, images_root: str = "", split: str = "test", counter: dict | None = None,
+def items(spec: str | list[str], images_root: str = "", split: str = "test", counter: dict | None = None,
           captionless: bool = True) -> Iterator[Item]:
-    """Every item of `spec`, in order (shards are read lazily, one at a time); shard samples that cannot
-    be used are skipped and counted in `counter`, those without text too unless `captionless`."""
-    listed = listing(spec, images_root, split)
+    """Every item of `spec` (or of a list of shards), in order (shards are read lazily, one at a time);
+    shard samples that cannot be used are skipped and counted in `counter`, those without text too unless
+    `captionless`."""
+    listed = None if isinstance(spec, list) else listing(spec, images_root, split)
     if listed is not None:
         return iter(listed)
-    shards = shard_lib.list_shards(spec)
+    shards = spec if isinstance(spec, list) else shard_lib.list_shards(spec)
     return (item for shard in shards for item in shard_items(shard, counter, captionless))
 
 
@@ -304,3 +305,11 @@ class _Sources:
 
 
 SOURCES = _Sources()  # one per process: forked workers each build their own tar indexes
+
+
+def read_bytes(path: str, member: str | None) -> bytes | None:
+    """The bytes of a file or tar member; None where they cannot be read (missing, or cut off by a truncated tar)."""
+    try:
+        return SOURCES.read(path, member)
+    except OSError:
+        return None

@@ -108,9 +108,7 @@ def embed_split(model: DualEncoder, shards: str | list[str], options: EvalOption
 def split_items(data: str | list[str], options: EvalOptions, counter: dict):
     """The items of an evaluation split: any data/sources.py layout, or a list of shards. Shard samples
     without a caption are skipped and counted (every evaluation image needs a caption or a label)."""
-    if isinstance(data, str):
-        return sources.items(data, options.images, options.split, counter, captionless=False)
-    return (item for shard in data for item in sources.shard_items(shard, counter, captionless=False))
+    return sources.items(data, options.images, options.split, counter, captionless=False)
 
 
 def _embed(model: DualEncoder, shards: str | list[str], options: EvalOptions, progress: bool) -> EvalData:

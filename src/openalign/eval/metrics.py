@@ -257,24 +257,21 @@ def threshold_spread(img: torch.Tensor, txt: torch.Tensor, text_to_image: torch.
                   "t2i": (txt, img, lambda rows: torch.arange(len(img))[None, :] == text_to_image[rows][:, None])}
     for name, (queries, gallery, positives) in directions.items():
         step = _rows_per_block(len(gallery), chunk)
-        thresholds, own = [], []
-        for start in range(0, len(queries), step):
-            rows = torch.arange(start, min(start + step, len(queries)))
-            scores, positive = queries[rows].float() @ gallery.float().T, positives(rows)
-            usable = positive.any(1) & (~positive).any(1)  # a query needs a match and a non-match
-            t, j = best_thresholds(scores[usable], positive[usable])
-            thresholds.append(t)
-            own.append(j)
-        t, own_j = torch.cat(thresholds), torch.cat(own)
+
+        def blocks():
+            """(scores, positive) of each block of the queries that have a match and a non-match."""
+            for start in range(0, len(queries), step):
+                rows = torch.arange(start, min(start + step, len(queries)))
+                positive = positives(rows)
+                usable = positive.any(1) & (~positive).any(1)
+                yield queries[rows][usable].float() @ gallery.float().T, positive[usable]
+
+        # two passes over bounded blocks: the shared threshold needs every query's own first
+        t, own_j = (torch.cat(part) for part in zip(*(best_thresholds(s, p) for s, p in blocks())))
         if not len(t):
             continue
         shared = float(t.median())
-        shared_j = []
-        for start in range(0, len(queries), step):
-            rows = torch.arange(start, min(start + step, len(queries)))
-            positive = positives(rows)
-            usable = positive.any(1) & (~positive).any(1)
-            shared_j.append(youden_at(queries[rows][usable].float() @ gallery.float().T, positive[usable], shared))
+        shared_j = [youden_at(s, p, shared) for s, p in blocks()]
         q1, q3 = torch.quantile(t, torch.tensor([0.25, 0.75], dtype=t.dtype)).tolist()
         out |= {f"{name}_threshold_std": float(t.std(unbiased=False)), f"{name}_threshold_iqr": q3 - q1,
                 f"{name}_threshold_median": shared, f"{name}_youden_own": float(own_j.mean()),

@@ -276,9 +276,8 @@ def whole_model(run: Run, model: DualEncoder) -> DualEncoder | None:
     return model if run.layout.main else None
 
 
-def evaluate(run: Run, model: DualEncoder) -> dict:
-    """The held-out tasks on rank 0 (every rank must call: the whole model may be gathered)."""
-    core = whole_model(run, model)
+def evaluate(run: Run, core: DualEncoder | None) -> dict:
+    """The held-out tasks of `core` (whole_model's: the model on rank 0, None elsewhere); every rank calls."""
     cfg = run.cfg
     common = EvalOptions(batch_size=cfg.eval.batch_size, max_length=cfg.model.text.max_length,
                          resize=cfg.model.vision.resize_size, crop=cfg.model.vision.image_size)
@@ -369,7 +368,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> TrainResu
                 log.step(step, loss, lr, model, batch, position)
                 if run.eval_shards and cfg.train.eval_every and step % cfg.train.eval_every == 0 \
                         and step < cfg.train.steps:
-                    log.write({"step": step, "eval": evaluate(run, model)})
+                    log.write({"step": step, "eval": evaluate(run, whole_model(run, model))})
                 if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
                     log.stop_if_diverged(distributed.mean_over_ranks(loss.item(), layout), step)  # never save NaN
                     save_checkpoint(out / CHECKPOINT, model, optimizer, step, position, cfg, layout)
@@ -395,7 +394,7 @@ def finish(run: Run, model: DualEncoder, step: int, log: Log) -> TrainResult:
     model_dir = run.out / "model"
     if run.layout.main:
         hub.save_pretrained(core, run.tokenizer, model_dir, run.cfg)
-    metrics = evaluate(run, model) if run.eval_shards else {}
+    metrics = evaluate(run, core) if run.eval_shards else {}  # the same whole model: gathered once
     log.write({"step": step, "eval": metrics, "final": True})
     log.close()
     if run.layout.main:
