@@ -55,6 +55,11 @@ def test_kinds_are_literal_and_checked_once_with_every_rule_across_fields_and_pr
     assert "sigmoid runs in one process" in str(err.value) and "negatives_fraction" in str(err.value)
     with pytest.raises(ConfigError, match="train.fsdp=true shards over torchrun processes"):
         check(override(cfg, ["train.fsdp=true"]), world=1)
+    check(override(cfg, ["loss.direction=text_to_image"]), world=2)  # one term is exact when gathered too
+    with pytest.raises(ConfigError, match="the sigmoid loss has no direction"):
+        check(override(cfg, ["loss.kind=sigmoid", "loss.direction=image_to_text"]))
+    with pytest.raises(ConfigError, match="loss.direction=rows must be both, image_to_text or text_to_image"):
+        check(override(cfg, ["loss.direction=rows"]))
 
 
 def test_the_temperature_settings_live_in_one_place_and_old_keys_still_work(tmp_path):

@@ -34,7 +34,7 @@ def leave() -> None:
     os._exit(0)
 
 
-def worker(rank: int, port: int, out: str, micro_batch: int, implementation: str) -> None:
+def worker(rank: int, port: int, out: str, micro_batch: int, implementation: str, direction: str) -> None:
     import torch.distributed.nn.functional as dist_fn
 
     from openalign import distributed
@@ -44,7 +44,7 @@ def worker(rank: int, port: int, out: str, micro_batch: int, implementation: str
     gathers = []
     real = dist_fn.all_gather
     dist_fn.all_gather = lambda x, *a, **k: gathers.append(tuple(x.shape)) or real(x, *a, **k)
-    loss_cfg = LossConfig(label_smoothing=0.1, implementation=implementation)
+    loss_cfg = LossConfig(label_smoothing=0.1, implementation=implementation, direction=direction)
     model = make_model(loss=loss_cfg)
     ddp = torch.nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
     layout = distributed.from_env()
@@ -58,13 +58,15 @@ def worker(rank: int, port: int, out: str, micro_batch: int, implementation: str
     leave()
 
 
-@pytest.mark.parametrize("micro_batch,implementation", [(0, "naive"), (0, "chunked"), (2, "naive")])
-def test_two_processes_equal_the_single_process_batch(tmp_path, micro_batch, implementation):
-    mp.start_processes(worker, args=(free_port(), str(tmp_path), micro_batch, implementation), nprocs=WORLD,
-                       start_method="fork")
+@pytest.mark.parametrize("micro_batch,implementation,direction", [
+    (0, "naive", "both"), (0, "chunked", "both"), (2, "naive", "both"), (0, "naive", "text_to_image"),
+    (0, "chunked", "image_to_text")])
+def test_two_processes_equal_the_single_process_batch(tmp_path, micro_batch, implementation, direction):
+    mp.start_processes(worker, args=(free_port(), str(tmp_path), micro_batch, implementation, direction),
+                       nprocs=WORLD, start_method="fork")
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
     # the reference: one process, the whole batch, BatchNorm per device batch (per micro-batch with caching)
-    loss_cfg = LossConfig(label_smoothing=0.1, implementation="naive")
+    loss_cfg = LossConfig(label_smoothing=0.1, implementation="naive", direction=direction)
     parts = 8 // micro_batch if micro_batch else WORLD
     model = make_model(loss=loss_cfg)
     losses = []

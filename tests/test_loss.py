@@ -41,6 +41,21 @@ def test_equals_fp64_naive_reference_with_gradients(smoothing):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("implementation", ["naive", "chunked"])
+def test_one_direction_is_one_cross_entropy_term(implementation):
+    g = torch.Generator().manual_seed(3)
+    img = F.normalize(torch.randn(12, 6, generator=g, dtype=torch.float64), dim=-1)
+    txt = F.normalize(torch.randn(12, 6, generator=g, dtype=torch.float64), dim=-1)
+    t, labels = torch.tensor(0.1, dtype=torch.float64), torch.arange(12)
+    logits = img @ txt.T / t
+    rows = F.cross_entropy(logits, labels, label_smoothing=0.1)  # each image picks its caption
+    columns = F.cross_entropy(logits.T, labels, label_smoothing=0.1)  # each caption picks its image
+    assert rows.item() != pytest.approx(columns.item(), rel=1e-3)  # the case tells the two apart
+    for direction, expected in (("image_to_text", rows), ("text_to_image", columns), ("both", rows + columns)):
+        got = L.contrastive_loss(img, txt, t, 0.1, implementation=implementation, direction=direction)
+        assert got.item() == pytest.approx(expected.item(), rel=1e-12), direction
+
+
 def test_temperature_floor_keeps_loss_finite():
     img = F.normalize(torch.randn(8, 4), dim=-1)
     t = L.clamp_temperature(torch.tensor(-3.0), 1e-3)

@@ -95,6 +95,9 @@ class LossConfig:
     negatives_fraction: float = 1.0  # Table 8: 100/50/25% of in-batch negatives
     # naive: materialized logits; chunked: O(B x chunk) memory; auto: chunked from 4,096 pairs
     implementation: Literal["auto", "naive", "chunked"] = "auto"
+    # softmax terms summed: both (the paper), image_to_text (the rows of img @ txt.T: each image picks its
+    # caption) or text_to_image (the columns) alone: the one-direction ablation of the PMI view
+    direction: Literal["both", "image_to_text", "text_to_image"] = "both"
     temperature: TemperatureConfig = field(default_factory=TemperatureConfig)
 
 
@@ -486,6 +489,9 @@ def _cross_field(cfg: Config, world: int) -> list[str]:
             problems.append(f"train.{option}=true shards over torchrun processes; launch with torchrun")
     if world > 1 and cfg.loss.kind == "sigmoid":
         problems.append("loss.kind=sigmoid runs in one process; use the softmax loss with torchrun")
+    if cfg.loss.kind == "sigmoid" and cfg.loss.direction != "both":
+        problems.append(f"loss.direction={cfg.loss.direction} applies to the softmax loss; the sigmoid loss has no "
+                        "direction")
     if world > 1 and cfg.loss.negatives_fraction < 1.0:
         problems.append("loss.negatives_fraction < 1 (the Table 8 ablation) runs in one process")
     t = cfg.loss.temperature

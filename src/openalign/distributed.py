@@ -75,22 +75,23 @@ def gather(x: torch.Tensor) -> torch.Tensor:
 
 
 def gathered_softmax_loss(img: torch.Tensor, txt: torch.Tensor, temperature: torch.Tensor,
-                          label_smoothing: float = 0.1, implementation: str = "auto") -> torch.Tensor:
+                          label_smoothing: float = 0.1, implementation: str = "auto",
+                          direction: str = "both") -> torch.Tensor:
     """This rank's share of the global-batch loss (see the module docstring); equal rank batch sizes."""
     n = img.shape[0]
     img_all, txt_all = gather(img), gather(txt)  # one all_gather per modality
     offset = dist.get_rank() * n
     chunked = loss_lib.chunked(implementation, len(img_all))
-    if chunked:
-        return (loss_lib.chunked_cross_entropy(img, txt_all, temperature, label_smoothing, offset=offset)
-                + loss_lib.chunked_cross_entropy(txt, img_all, temperature, label_smoothing, offset=offset))
     targets = torch.arange(offset, offset + n, device=img.device)
-    img32, txt32 = loss_lib.at_least_fp32(img), loss_lib.at_least_fp32(txt)
-    i2t = F.cross_entropy(img32 @ loss_lib.at_least_fp32(txt_all).T / temperature, targets,
-                          label_smoothing=label_smoothing)
-    t2i = F.cross_entropy(txt32 @ loss_lib.at_least_fp32(img_all).T / temperature, targets,
-                          label_smoothing=label_smoothing)
-    return i2t + t2i
+
+    def term(queries, candidates):  # this rank's rows of queries @ candidates.T, positives at offset + i
+        if chunked:
+            return loss_lib.chunked_cross_entropy(queries, candidates, temperature, label_smoothing, offset=offset)
+        logits = loss_lib.at_least_fp32(queries) @ loss_lib.at_least_fp32(candidates).T / temperature
+        return F.cross_entropy(logits, targets, label_smoothing=label_smoothing)
+
+    rows, columns = loss_lib.DIRECTIONS[direction]
+    return sum(term(*pair) for pair, kept in (((img, txt_all), rows), ((txt, img_all), columns)) if kept)
 
 
 def mean_over_ranks(value: float, layout: Dist) -> float:

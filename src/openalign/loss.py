@@ -72,13 +72,21 @@ def smoothed_cross_entropy(logits: torch.Tensor, label_smoothing: float, mask: t
     return -((1.0 - label_smoothing) * positive + label_smoothing * uniform).mean()
 
 
+DIRECTIONS = {"both": (True, True), "image_to_text": (True, False), "text_to_image": (False, True)}
+
+
 def softmax_loss(img: torch.Tensor, txt: torch.Tensor, temperature: torch.Tensor, label_smoothing: float = 0.1,
-                 negatives: torch.Tensor | None = None) -> torch.Tensor:
-    """The paper's loss for aligned rows `img[i] <-> txt[i]`, both [B, D] and L2-normalized."""
+                 negatives: torch.Tensor | None = None, direction: str = "both") -> torch.Tensor:
+    """The paper's loss for aligned rows `img[i] <-> txt[i]`, both [B, D] and L2-normalized; `direction`
+    keeps one of its two terms (image_to_text: the rows of the logits, text_to_image: the columns)."""
+    rows, columns = DIRECTIONS[direction]
     logits = at_least_fp32(img) @ at_least_fp32(txt).T / temperature  # [B, B], fp32 even under autocast
-    i2t = smoothed_cross_entropy(logits, label_smoothing, negatives)
-    t2i = smoothed_cross_entropy(logits.T, label_smoothing, None if negatives is None else negatives.T)
-    return i2t + t2i
+    loss = logits.new_zeros(())
+    if rows:
+        loss = loss + smoothed_cross_entropy(logits, label_smoothing, negatives)
+    if columns:
+        loss = loss + smoothed_cross_entropy(logits.T, label_smoothing, None if negatives is None else negatives.T)
+    return loss
 
 
 def sigmoid_loss(img: torch.Tensor, txt: torch.Tensor, temperature: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -161,9 +169,13 @@ def chunked_cross_entropy(a: torch.Tensor, b: torch.Tensor, temperature: torch.T
 
 
 def contrastive_loss(img: torch.Tensor, txt: torch.Tensor, temperature: torch.Tensor, label_smoothing: float = 0.1,
-                     negatives: torch.Tensor | None = None, implementation: str = "auto") -> torch.Tensor:
+                     negatives: torch.Tensor | None = None, implementation: str = "auto",
+                     direction: str = "both") -> torch.Tensor:
     """The paper's loss, materialized or chunked: `implementation` is naive | chunked | auto (chunked from
     AUTO_CHUNKED_FROM pairs on; the negatives-fraction ablation always materializes its mask)."""
     if negatives is not None or not chunked(implementation, len(img)):
-        return softmax_loss(img, txt, temperature, label_smoothing, negatives)
-    return chunked_cross_entropy(img, txt, temperature, label_smoothing, columns=True)
+        return softmax_loss(img, txt, temperature, label_smoothing, negatives, direction)
+    if direction == "both":
+        return chunked_cross_entropy(img, txt, temperature, label_smoothing, columns=True)
+    a, b = (img, txt) if direction == "image_to_text" else (txt, img)
+    return chunked_cross_entropy(a, b, temperature, label_smoothing)

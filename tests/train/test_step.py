@@ -44,9 +44,9 @@ def grads(model):
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("kind", ["softmax", "sigmoid"])
-def test_gradient_caching_equals_the_direct_step(kind):
-    loss_cfg = LossConfig(kind=kind, label_smoothing=0.1)
+@pytest.mark.parametrize("kind,direction", [("softmax", "both"), ("sigmoid", "both"), ("softmax", "text_to_image")])
+def test_gradient_caching_equals_the_direct_step(kind, direction):
+    loss_cfg = LossConfig(kind=kind, label_smoothing=0.1, direction=direction)
     batch = make_batch()
     ref_model = make_model(dropout=0.3, loss=loss_cfg)
     torch.manual_seed(7)

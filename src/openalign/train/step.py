@@ -39,9 +39,11 @@ def compute_loss(core: DualEncoder, img: torch.Tensor, txt: torch.Tensor, cfg: L
     if cfg.kind == "sigmoid":  # one process, the softmax's negatives fraction 1 under torchrun: config.check
         return loss_lib.sigmoid_loss(img, txt, temperature, scales.get("bias", core.logit_bias))
     if layout.active:
-        return distributed.gathered_softmax_loss(img, txt, temperature, cfg.label_smoothing, cfg.implementation)
+        return distributed.gathered_softmax_loss(img, txt, temperature, cfg.label_smoothing, cfg.implementation,
+                                                 cfg.direction)
     negatives = loss_lib.negatives_mask(len(img), cfg.negatives_fraction, generator, img.device)
-    return loss_lib.contrastive_loss(img, txt, temperature, cfg.label_smoothing, negatives, cfg.implementation)
+    return loss_lib.contrastive_loss(img, txt, temperature, cfg.label_smoothing, negatives, cfg.implementation,
+                                     cfg.direction)
 
 
 def _rng_state(device: torch.device):
