@@ -127,7 +127,7 @@ def cmd_eval(args) -> int:
     from openalign.eval.finetune import parse_options
     from openalign.eval.report import metric_lines, write_report
     from openalign.eval.tasks import TASKS, configure, run_tasks
-    from openalign.model.hub import load_pretrained
+    from openalign.model.hub import load_pretrained, weights_fingerprint
 
     model, tokenizer, cfg = load_pretrained(Path(args.model))
     if tokenizer is None:
@@ -140,7 +140,8 @@ def cmd_eval(args) -> int:
     options = configure(names or ["retrieval", "zeroshot"], args.overrides, **shared | {
         "templates": load_templates(args.templates) if args.templates else None, "recipe": parse_options(args.ft or [])})
     metrics, figures = run_tasks(model, tokenizer, args.data, names, common, options)
-    written = write_report(metrics, Path(args.out), figures)
+    # the model's fingerprint: `search --min-score` checks that a calibrated threshold is this model's
+    written = write_report(metrics | {"model_weights": weights_fingerprint(Path(args.model))}, Path(args.out), figures)
     print("\n".join(metric_lines(metrics)))
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
@@ -307,11 +308,14 @@ def cmd_search(args) -> int:
     if args.image and not Path(args.image).is_file():
         raise ConfigError(f"no image file {args.image}")
     query = options_from(args, search.Query, image=Path(args.image).read_bytes() if args.image else None)
-    hits = search.search(index, search.query_vector(model, tokenizer, query, index), args.k)
+    floor = search.min_score(args.min_score, index.info.get("weights"))
+    hits = search.search(index, search.query_vector(model, tokenizer, query, index), args.k, floor)
     print(f"{'rank':>4}  {'score':>6}  {'id':>7}  path / caption")
     for hit in hits:
         caption = f"  \"{hit.meta.get('caption')}\"" if hit.meta.get("caption") else ""
         print(f"{hit.rank:>4}  {hit.score:6.3f}  {hit.id:>7}  {hit.meta.get('path') or hit.meta.get('key')}{caption}")
+    if floor is not None and len(hits) < args.k:
+        print(f"{len(hits)} result{'s' * (len(hits) != 1)} score at least --min-score {floor:.4f}")
     return 0
 
 
@@ -320,7 +324,7 @@ def cmd_serve(args) -> int:
 
     from openalign.serve.app import Limits, create_app
 
-    app = create_app(Path(args.index), args.model, options_from(args, Limits))
+    app = create_app(Path(args.index), args.model, options_from(args, Limits), args.min_score)
     print(f"openalign search on http://{args.host}:{args.port}/ (API docs at /docs); Ctrl-C stops it")
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
@@ -506,6 +510,9 @@ def _search_flags(p) -> None:
     p.add_argument("--model", help="the model the index was embedded with (default: the one recorded)")
     p.add_argument("--image", help="an image file as the query")
     p.add_argument("-k", type=int, default=10, help="results")
+    p.add_argument("--min-score", metavar="SCORE|METRICS_JSON",
+                   help="leave out results scoring below this cosine; or `openalign eval`'s metrics JSON for this "
+                        "model: its calibrated threshold (t2i_threshold_median)")
     add_options(p, Query, skip=("image",), rename={"plus": "--plus", "minus": "--minus"})
 
 
@@ -516,6 +523,9 @@ def _serve_flags(p) -> None:
     p.add_argument("--model", help="the model the index was embedded with (default: the one recorded)")
     p.add_argument("--host", default="127.0.0.1", help="127.0.0.1: this machine only; 0.0.0.0 to share it")
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--min-score", metavar="SCORE|METRICS_JSON",
+                   help="requests without min_score leave out results scoring below this cosine; or `openalign eval`'s metrics JSON for this "
+                        "model: its calibrated threshold (t2i_threshold_median)")
     add_options(p, Limits, convert={"max_upload_bytes": _size})
 
 

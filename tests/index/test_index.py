@@ -112,6 +112,25 @@ def test_embed_index_search_from_the_command_line(model_dir, tmp_path, capsys):
     other = save_tiny_model(tmp_path / "other", ["a different vocabulary entirely"] * 3)
     assert cli.main(["search", str(idx), "--model", str(other), "--text", "red"]) == 2
     assert "not the model this index was embedded with" in capsys.readouterr().err
+    # --min-score: the calibrated threshold from eval's metrics JSON for this model, or a number
+    assert cli.main(["eval", str(model_dir), "--data", str(images), "--task", "retrieval",
+                     "--out", str(tmp_path / "m.json")]) == 0
+    threshold = json.loads((tmp_path / "m.json").read_text())["t2i_threshold_median"]
+    capsys.readouterr()
+    assert cli.main(["search", str(idx), "--text", "a red circle", "-k", "12"]) == 0
+    scores = [float(line.split()[1]) for line in capsys.readouterr().out.strip().splitlines()[1:]]
+    above = [s for s in scores if s >= threshold]
+    assert 0 < len(above) < 12  # the case tells a floor from none
+    assert cli.main(["search", str(idx), "--text", "a red circle", "-k", "12", "--min-score", str(tmp_path / "m.json")]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert [float(line.split()[1]) for line in out[1:-1]] == above and out[-1].startswith(f"{len(above)} result")
+    other_model = json.loads((tmp_path / "m.json").read_text()) | {"model_weights": "0" * 32}
+    (tmp_path / "other.json").write_text(json.dumps(other_model))
+    for floor, message in ((tmp_path / "other.json", "measured on another model"), ("2", "not a cosine similarity"),
+                           (tmp_path / "nothing.json", "neither a number nor a metrics JSON"),
+                           (images / "red" / "circle.txt", "not a JSON file")):
+        assert cli.main(["search", str(idx), "--text", "red", "--min-score", str(floor)]) == 2
+        assert message in capsys.readouterr().err
 
 
 def test_query_vector_is_the_papers_weighted_sum(model_dir):

@@ -2,6 +2,8 @@
 
 import base64
 import io
+import json
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -58,11 +60,28 @@ def test_text_image_and_arithmetic_queries(client):
     ({"image_id": 999}, 400, "no image with id 999"),
     ({"text": "x", "plus": ["a"] * 5, "minus": ["b"] * 4}, 400, "at most 8"),
     ({"text": "x", "k": 0}, 422, ""),
+    ({"text": "x", "min_score": 1.5}, 422, ""),
 ])
 def test_bad_requests_get_a_clear_4xx(client, body, status, message):
     response = client.post("/search", json=body)
     assert response.status_code == status
     assert message in str(response.json()["detail"])
+
+
+def test_min_score_per_request_and_as_the_server_default(client, tmp_path):
+    from openalign.serve.app import create_app
+
+    everything = client.post("/search", json={"text": "a red circle", "k": 12}).json()
+    scores = [r["score"] for r in everything["results"]]
+    floor = (scores[3] + scores[4]) / 2  # between the 4th and the 5th result
+    some = client.post("/search", json={"text": "a red circle", "k": 12, "min_score": floor}).json()
+    assert [r["score"] for r in some["results"]] == scores[:4] and some["min_score"] == floor
+    assert everything["min_score"] is None
+    (tmp_path / "m.json").write_text(json.dumps({"t2i_threshold_median": floor}))  # as `openalign eval` writes it
+    index_dir = Path(client.app.state.index_dir)
+    server = TestClient(create_app(index_dir, None, min_score=str(tmp_path / "m.json")))
+    assert len(server.post("/search", json={"text": "a red circle", "k": 12}).json()["results"]) == 4
+    assert len(server.post("/search", json={"text": "a red circle", "k": 12, "min_score": -1}).json()["results"]) == 12
 
 
 def test_thumbnails(client):

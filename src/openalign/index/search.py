@@ -8,6 +8,7 @@ by cosine with the index's metadata.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -84,12 +85,47 @@ def combine(images: np.ndarray | None, texts: np.ndarray, signs: np.ndarray, ima
     return (total / norm).astype(np.float32)
 
 
-def search(index: Loaded, vector: np.ndarray, k: int = 10) -> list[Hit]:
+def search(index: Loaded, vector: np.ndarray, k: int = 10, min_score: float | None = None) -> list[Hit]:
+    """The top k by cosine; with `min_score`, only those scoring at least that (possibly fewer than k)."""
     scores, ids = index.search(vector[None].astype(np.float32), k)
-    found = [(float(s), int(i)) for s, i in zip(scores[0].tolist(), ids[0].tolist()) if i >= 0]  # -1: fewer than k
+    found = [(float(s), int(i)) for s, i in zip(scores[0].tolist(), ids[0].tolist())
+             if i >= 0 and (min_score is None or s >= min_score)]  # id -1: fewer than k in the index
     rows = index.meta.take([i for _, i in found]).to_pylist()  # ids are row numbers of the metadata
     return [Hit(rank + 1, score, i, {k: v for k, v in row.items() if k != "id"})
             for rank, ((score, i), row) in enumerate(zip(found, rows))]
+
+
+THRESHOLD_KEY = "t2i_threshold_median"  # eval's retrieval: the shared threshold of text queries over images
+
+
+def min_score(spec: str | float | None, weights: str | None = None) -> float | None:
+    """A score floor from `--min-score`: a number, or the metrics JSON `openalign eval` wrote for this model
+    (its retrieval's THRESHOLD_KEY: the median of each text query's best threshold between its matching and
+    other images). `weights` (the index's model fingerprint) must match the JSON's `model_weights`."""
+    if spec is None or spec == "":
+        return None
+    try:
+        value = float(spec)
+    except ValueError:
+        path = Path(str(spec))
+        if not path.is_file():
+            raise ConfigError(f"--min-score {spec} is neither a number nor a metrics JSON file from `openalign eval`"
+                              ) from None
+        try:
+            metrics = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ConfigError(f"{path} is not a JSON file; give --min-score a number or `openalign eval`'s "
+                              "metrics JSON") from None
+        if not isinstance(metrics, dict) or not isinstance(metrics.get(THRESHOLD_KEY), (int, float)):
+            raise ConfigError(f"{path} has no {THRESHOLD_KEY}; run `openalign eval MODEL --data LABELLED_PAIRS "
+                              "--task retrieval --out FILE` and pass that file")
+        if weights and metrics.get("model_weights") and metrics["model_weights"] != weights:
+            raise ConfigError(f"{path} was measured on another model than this index's; rerun `openalign eval` on "
+                              "the index's model")
+        value = float(metrics[THRESHOLD_KEY])
+    if not -1.0 <= value <= 1.0:
+        raise ConfigError(f"--min-score {value:g} is not a cosine similarity; give a number in [-1, 1]")
+    return value
 
 
 def load_model_for(index: Loaded, model_dir: str | None):

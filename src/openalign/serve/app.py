@@ -72,6 +72,8 @@ class SearchRequest(BaseModel):
     text_weight: float = Field(search.TEXT_WEIGHT, ge=0, le=100, description="weight of texts next to an image (paper: 2)")
     image_weight: float = Field(search.IMAGE_WEIGHT, ge=0, le=100, description="weight of the image (paper: 1)")
     k: int = Field(24, ge=1)
+    min_score: float | None = Field(None, ge=-1, le=1, description="leave out results scoring below this cosine "
+                                    "(default: the server's --min-score, if any)")
 
 
 class BodyLimit:
@@ -141,6 +143,7 @@ class Result(BaseModel):
 class SearchResponse(BaseModel):
     results: list[Result]
     count: int
+    min_score: float | None = None  # the score floor applied, if any
 
 
 def _decode_upload(data: str, limits: Limits) -> bytes:
@@ -179,11 +182,15 @@ def tar_member(path: str, key: str) -> bytes:
         return f.read(size)
 
 
-def create_app(index_dir: Path, model_dir: str | None = None, limits: Limits = Limits()) -> FastAPI:
+def create_app(index_dir: Path, model_dir: str | None = None, limits: Limits = Limits(),
+               min_score: str | float | None = None) -> FastAPI:
+    """The app over one index; `min_score` is the default score floor (a number or eval's metrics JSON)."""
     index = build.load(Path(index_dir))
     model, tokenizer = search.load_model_for(index, model_dir)
+    default_floor = search.min_score(min_score, index.info.get("weights"))
     app = FastAPI(title="openalign search", version="1",
                   description="Search images by text, by image, and by image plus/minus texts (ALIGN, Section 7).")
+    app.state.index_dir = str(index_dir)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
 
@@ -204,8 +211,9 @@ def create_app(index_dir: Path, model_dir: str | None = None, limits: Limits = L
             vector = search.query_vector(model, tokenizer, query, index)
         except ConfigError as err:
             raise HTTPException(400, str(err)) from None
-        hits = search.search(index, vector, min(request.k, limits.max_k))
-        return SearchResponse(count=index.index.ntotal, results=[
+        floor = default_floor if request.min_score is None else request.min_score
+        hits = search.search(index, vector, min(request.k, limits.max_k), floor)
+        return SearchResponse(count=index.index.ntotal, min_score=floor, results=[
             Result(rank=h.rank, score=h.score, id=h.id, path=h.meta.get("path"), caption=h.meta.get("caption"),
                    width=h.meta.get("width"), height=h.meta.get("height"), thumbnail=f"/image/{h.id}")
             for h in hits])
