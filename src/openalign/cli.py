@@ -93,8 +93,10 @@ def cmd_study(args) -> int:
     from openalign.study import QUICK, STUDIES, run_study
     from openalign.study import report as study_report
 
+    if args.name == "pmi":
+        return _study_pmi(args)
     if args.name not in STUDIES:
-        raise ConfigError(f"unknown study {args.name!r}; choose from {', '.join(STUDIES)}")
+        raise ConfigError(f"unknown study {args.name!r}; choose from {', '.join(STUDIES)} or pmi")
     study = STUDIES[args.name]
     cfg = _with_data(presets.get(args.preset), args)
     cfg = config_lib.override(cfg, ([*QUICK, *study.quick] if args.quick else []) + list(args.overrides))
@@ -116,6 +118,31 @@ def cmd_study(args) -> int:
     for name, row in results.items():
         mean, std = row["mean"].get(key, float("nan")), row["std"].get(key, 0.0)
         print(f"  {row['label']:<40} {metric} {mean:.3f} ± {std:.3f}")
+    return 0
+
+
+def _study_pmi(args) -> int:
+    """`study pmi`: no towers and no data: the loss alone on a synthetic count table (study/pmi.py)."""
+    from openalign.study import pmi
+
+    for flag in ("data", "eval_data", "images", "only"):
+        if getattr(args, flag):
+            raise ConfigError(f"--{flag.replace('_', '-')} does not apply to the pmi study (it makes its own table); "
+                              "set its options as key=value, e.g. widths=4,16 steps=600")
+    options = config_lib.override(pmi.PmiOptions(), [*(pmi.QUICK if args.quick else ()), *args.overrides],
+                                  help_hint="the pmi study's options are those of study/pmi.py's PmiOptions")
+    if min(options.widths) < 1 or options.steps < 1 or options.batch_size < 2 or options.pairs < 1:
+        raise ConfigError("the pmi study needs widths >= 1, steps >= 1, batch_size >= 2 and pairs >= 1")
+    start = time.perf_counter()
+    results = pmi.run(options, args.seeds, Path(args.out), progress=not args.quiet)
+    report = pmi.write_report(results, Path(args.out))
+    print(f"{len(options.widths)} widths x 3 losses x {args.seeds} seed(s) in "
+          f"{(time.perf_counter() - start) / 60:.1f} min -> {report}, {Path(args.out) / 'pmi.png'}")
+    for width in options.widths:
+        cells = [f"{name.split(' (')[0]} {results['learned'][d][str(width)]['mean']['residual']:.3f}"
+                 for d, name in pmi.DIRECTIONS.items()]
+        print(f"  d={width:<3} residual from PMI + one constant: " + ", ".join(cells)
+              + f"; rank-d SVD {results['svd'][str(width)]['residual']:.3f}")
     return 0
 
 
@@ -362,7 +389,8 @@ def _train_flags(p) -> None:
 
 
 def _study_flags(p) -> None:
-    p.add_argument("name", help="ablation, noise-vs-scale, model-vs-data, multilingual, compositional or dynamics")
+    p.add_argument("name", help="ablation, noise-vs-scale, model-vs-data, multilingual, compositional, dynamics or pmi "
+                                "(the loss alone on a synthetic table: its options as key=value)")
     p.add_argument("--out", required=True)
     _run_flags(p, "the base config of every run")
     p.add_argument("--quick", action="store_true", help="short runs: minutes each on a CPU")
