@@ -16,7 +16,7 @@ def test_ablation_plan_changes_one_thing_per_variant():
     assert [v for v in plan if v.baseline] == [plan[0]] and plan[0].overrides == ()
     assert all(len(v.overrides) == 1 for v in plan[1:])
     assert {v.group for v in plan[1:]} == {"embedding dimension", "in-batch negatives", "temperature",
-                                           "temperature init and lr", "label smoothing", "loss"}
+                                           "temperature init and lr", "label smoothing", "loss", "loss direction"}
     dims = [v.overrides[0] for v in plan if v.group == "embedding dimension"]
     assert dims == [f"model.embed_dim={base.model.embed_dim // f}" for f in (2, 4, 8)]
     assert "loss.temperature.fixed=0.0078125" in [v.overrides[0] for v in plan[1:]]  # 1/128
@@ -24,11 +24,11 @@ def test_ablation_plan_changes_one_thing_per_variant():
 
 def test_study_runs_variants_over_seeds_resumes_and_reports(shapes, tmp_path, monkeypatch):
     argv = ["study", "ablation", "--out", str(tmp_path / "study"), "--preset", "tiny", "--data", str(shapes["train"]),
-            "--eval-data", str(shapes["eval"]), "--only", "label smoothing", "--seeds", "2", "--quiet",
+            "--eval-data", str(shapes["eval"]), "--only", "label smoothing", "--only", "rows_only", "--seeds", "2", "--quiet",
             "train.steps=3", "train.eval_every=0", "train.checkpoint_every=0"]
     assert cli.main(argv) == 0
     results = json.loads((tmp_path / "study" / "results.json").read_text())
-    assert list(results["variants"]) == ["baseline", "no_smoothing"] and results["seeds"] == 2
+    assert list(results["variants"]) == ["baseline", "no_smoothing", "rows_only"] and results["seeds"] == 2
     baseline = results["variants"]["baseline"]
     assert len(baseline["runs"]) == 2 and baseline["runs"][0] != baseline["runs"][1]  # two seeds, two runs
     recalls = [r["mean_recall"] for r in baseline["runs"]]
@@ -36,6 +36,11 @@ def test_study_runs_variants_over_seeds_resumes_and_reports(shapes, tmp_path, mo
     assert abs(baseline["std"]["mean_recall"] - abs(recalls[0] - recalls[1]) / 2) < 1e-12
     report = (tmp_path / "study" / "report.md").read_text()
     assert "## label smoothing" in report and "no label smoothing" in report and " ± " in report
+    # the loss-direction group's threshold table: the baseline's and the row loss's spreads, from their runs
+    table = report[report.index("## One threshold for every query?"):].splitlines()
+    rows = {line.split(" | ")[0].strip("| "): line for line in table if line.startswith("| ")}
+    std = results["variants"]["rows_only"]["mean"]["t2i_threshold_std"]
+    assert f"{std:.3f} ± " in rows["row loss alone (image→text)"] and "baseline" in " ".join(rows)
     assert (tmp_path / "study" / "study.png").stat().st_size > 0
     # a second call trains nothing: every run has its result
     import openalign.train.trainer as trainer
