@@ -126,7 +126,7 @@ def fsdp_sizes(preset: str, world: int = 2) -> dict:
     cfg = presets.get(preset)
     with torch.device("meta"):
         model = DualEncoder(cfg.model, cfg.loss)
-    units = [*model.align.vision_model.encoder.blocks, *model.align.text_model.encoder.layer]
+    units = model.tower_blocks()
     params = sum(p.numel() for p in model.parameters())
     return {"static_bytes": 16 * params / world,
             "largest_unit_bytes": max(sum(4 * p.numel() for p in u.parameters()) for u in units)}

@@ -24,6 +24,24 @@ def test_paper_presets_build_on_meta_with_paper_dims(name):
     assert model.align.text_projection.out_features == cfg.model.embed_dim
 
 
+@pytest.mark.parametrize("name,width,layers,heads,patch", [("vit-b32-base", 768, 12, 12, 32),
+                                                            ("vit-b16-base", 768, 12, 12, 16),
+                                                            ("vit-l14-large", 1024, 24, 16, 14)])
+def test_clip_vit_presets_have_clip_sizes(name, width, layers, heads, patch):
+    cfg = presets.get(name)
+    v = cfg.model.vision
+    assert (v.kind, v.hidden_size, v.num_layers, v.num_heads, v.patch_size, v.image_size) == \
+        ("vit", width, layers, heads, patch, 224)
+    with torch.device("meta"):
+        model = DualEncoder(cfg.model, cfg.loss)
+    # by hand: per block 12 w^2 + 13 w (attention with biases, MLP 4w, two LayerNorms); the patch convolution
+    # (no bias), CLS token, position embeddings for every patch and the CLS, pre- and post-LayerNorm
+    tokens = (224 // patch) ** 2 + 1
+    expected = layers * (12 * width**2 + 13 * width) + 3 * patch**2 * width + width + tokens * width + 4 * width
+    assert sum(p.numel() for p in model.vision_tower.parameters()) == expected  # B/16: 85.8M, L/14: 303.2M
+    assert model.dual.visual_projection.weight.shape == (640, width) and model.image_projection is None
+
+
 def test_bert_sizes_match_the_paper():
     sizes = {"mini": (4, 256), "medium": (8, 512), "base": (12, 768), "large": (24, 1024)}
     for text, (layers, hidden) in sizes.items():

@@ -83,7 +83,8 @@ def cmd_train(args) -> int:
     if result.metrics:
         print("held-out evaluation (R@K: fraction of queries whose match ranks in the top K):")
         print("\n".join(report.summary_lines(result.metrics)))
-    print(f"model: {result.model_dir} (a Hugging Face AlignModel directory)")
+    kind = "VisionTextDualEncoderModel" if cfg.model.vision.kind == "vit" else "AlignModel"
+    print(f"model: {result.model_dir} (a Hugging Face {kind} directory)")
     print(f"report: {result.out / 'report.md'}, plot: {result.out / 'training.png'}")
     return 0
 
@@ -160,8 +161,13 @@ def cmd_eval(args) -> int:
     if tokenizer is None:
         raise ConfigError(f"{args.model} has no tokenizer (tokenizer.json); save the model with its tokenizer")
     torch.set_num_threads(os.cpu_count() or 1)
-    common = options_from(args, EvalOptions, max_length=cfg.model.text.max_length, resize=cfg.model.vision.resize_size,
-                          crop=cfg.model.vision.image_size, model_id=files_fingerprint(args.model) if args.cache else "")
+    v = cfg.model.vision
+    crop = args.crop or (round(args.resize * v.image_size / v.resize_size) if args.resize else v.image_size)
+    resize = args.resize or round(crop * v.resize_size / v.image_size)  # the model's resize-to-crop ratio
+    if crop > resize:
+        raise ConfigError(f"--crop {crop} is larger than --resize {resize}; the crop is taken from the resized image")
+    common = options_from(args, EvalOptions, max_length=cfg.model.text.max_length, resize=resize, crop=crop,
+                          model_id=files_fingerprint(args.model) if args.cache else "")
     names = args.task or []
     shared = given(args, {f.name for t in TASKS.values() for f in dataclasses.fields(t.options)})
     options = configure(names or ["retrieval", "zeroshot"], args.overrides, **shared | {
@@ -407,7 +413,7 @@ def _eval_flags(p) -> None:
                                                  "table, class folders, a Multi30k list, or a task's own file")
     p.add_argument("--task", action="append", help=f"{', '.join(TASKS)} (default: retrieval and zeroshot, or zeroshot "
                                                    "for a set without captions; see docs/evaluation.md)")
-    add_options(p, EvalOptions, skip=("max_length", "resize", "crop", "model_id"))
+    add_options(p, EvalOptions, skip=("max_length", "model_id"))
     users: dict[str, list[str]] = {}
     for task in TASKS.values():
         for f in dataclasses.fields(task.options):

@@ -22,6 +22,10 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class VisionConfig:
+    # efficientnet: the paper's tower (transformers' AlignVisionModel), saved as an AlignModel directory;
+    # vit: a Vision Transformer (transformers' CLIP vision model: patch embedding, a CLS token, learned
+    # position embeddings, pre-norm blocks), saved as a VisionTextDualEncoderModel directory
+    kind: Literal["efficientnet", "vit"] = "efficientnet"
     # EfficientNet scaling (Tan & Le 2019): B1 (1.0, 1.1) ... B7 (2.0, 3.1), L2 (4.3, 5.3).
     width_coefficient: float = 2.0
     depth_coefficient: float = 3.1
@@ -47,6 +51,14 @@ class VisionConfig:
     pixel_offset: float = -1.0
     pixel_mean: tuple[float, ...] = ()
     pixel_std: tuple[float, ...] = ()
+    # ViT sizes (kind=vit only; CLIP's ViT-B/16 here). Evaluated at another image_size than trained, the
+    # position embeddings are interpolated bicubically to the new grid of patches (CLIP's and timm's way).
+    patch_size: int = 16
+    hidden_size: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    intermediate_size: int = 3072
+    pool: Literal["cls", "mean"] = "cls"  # the image's feature: the CLS token, or the mean of the patch tokens
 
 
 @dataclass(frozen=True)
@@ -70,7 +82,7 @@ class ModelConfig:
     vision: VisionConfig = field(default_factory=VisionConfig)
     text: TextConfig = field(default_factory=TextConfig)
     embed_dim: int = 640  # B7 pools to 640, L2 to 1376; other towers get a linear layer
-    init_from: str = ""  # a Hugging Face AlignModel directory to initialize both towers from
+    init_from: str = ""  # a model directory (AlignModel, or VisionTextDualEncoderModel for a ViT) to initialize from
     channels_last: bool = True  # depthwise convs are ~7x faster in channels_last on CPU
 
 
@@ -365,6 +377,7 @@ RULES: dict[str, tuple] = {  # key (leaf of any config tree below) -> (predicate
     "pixel_std": (lambda xs: all(x > 0 for x in xs), "positive numbers"),
     "resize_size": (_positive, "a positive integer"),
     "image_size": (_positive, "a positive integer"),
+    "patch_size": (_positive, "a positive integer"),
     "hidden_size": (_positive, "a positive integer"),
     "num_layers": (_positive, "a positive integer"),
     "num_heads": (_positive, "a positive integer"),
@@ -474,6 +487,13 @@ def _cross_field(cfg: Config, world: int) -> list[str]:
                         f"{v.resize_size}")
     if len(v.pixel_mean) not in (0, 3) or len(v.pixel_std) != len(v.pixel_mean):
         problems.append("model.vision.pixel_mean and pixel_std must both be empty or both give 3 channels")
+    if v.kind == "vit":
+        if v.patch_size > 0 and v.image_size % v.patch_size:
+            problems.append(f"model.vision.image_size={v.image_size} must divide by model.vision.patch_size="
+                            f"{v.patch_size} (a whole grid of patches)")
+        if v.num_heads > 0 and v.hidden_size % v.num_heads:
+            problems.append(f"model.vision.hidden_size={v.hidden_size} must divide by model.vision.num_heads="
+                            f"{v.num_heads}")
     if t.num_heads > 0 and t.hidden_size % t.num_heads:
         problems.append(f"model.text.hidden_size={t.hidden_size} must divide by model.text.num_heads={t.num_heads}")
     batch = cfg.data.batch_size

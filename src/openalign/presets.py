@@ -14,6 +14,8 @@ from openalign.config import VisionConfig, override
 
 # (width_coefficient, depth_coefficient), as in EfficientNet / Noisy Student.
 EFFICIENTNETS = {"b1": (1.0, 1.1), "b3": (1.2, 1.4), "b5": (1.6, 2.2), "b7": (2.0, 3.1), "l2": (4.3, 5.3)}
+# CLIP's vision transformers (Radford et al. 2021): (width, layers, heads, patch); MLP width is 4x width.
+VITS = {"b32": (768, 12, 12, 32), "b16": (768, 12, 12, 16), "l14": (1024, 24, 16, 14)}
 # (layers, hidden, heads); intermediate size is 4x hidden.
 BERTS = {"mini": (4, 256, 4), "medium": (8, 512, 8), "base": (12, 768, 12), "large": (24, 1024, 16)}
 
@@ -36,6 +38,20 @@ def dual_encoder(name: str, image: tuple[float, float], text: tuple[int, int, in
         train=TrainConfig(steps=1_200_000, checkpoint_every=5_000, eval_every=10_000),
     )
     return override(cfg, list(deviations))
+
+
+def vit(width: int, layers: int, heads: int, patch: int, pool: str = "cls") -> tuple[str, ...]:
+    """The overrides that make a preset's image tower a ViT of these sizes (MLP 4x width)."""
+    return ("model.vision.kind=vit", f"model.vision.hidden_size={width}", f"model.vision.num_layers={layers}",
+            f"model.vision.num_heads={heads}", f"model.vision.intermediate_size={4 * width}",
+            f"model.vision.patch_size={patch}", f"model.vision.pool={pool}", "model.channels_last=false")
+
+
+def clip_vit(image_tower: str, text_tower: str) -> Config:
+    """A CLIP-sized ViT with a paper-sized BERT in the paper's recipe, at CLIP's 224 px (resize 256): the
+    paper's 346/289 are EfficientNet-B7's resolution. Joint space 640, the paper's."""
+    return dual_encoder(f"vit-{image_tower}-{text_tower}", EFFICIENTNETS["b7"], BERTS[text_tower], 640,
+                        (*vit(*VITS[image_tower]), "model.vision.resize_size=256", "model.vision.image_size=224"))
 
 
 def paper(image_tower: str, text_tower: str) -> Config:
@@ -72,6 +88,18 @@ def demo() -> Config:
     return dual_encoder("demo", (0.75, 0.5), (4, 256, 4), 240, DEMO)
 
 
+# demo-vit: the demo with a ViT image tower of the EfficientNet's parameters (1.25M with its projection, against
+# 1.23M): 8x8 patches of the 64 px images (64 tokens), width 128, 6 layers, 4 heads. (Its BERT keeps the pooler
+# VisionTextDualEncoderModel projects: +66K parameters on the text side.)
+DEMO_VIT = vit(128, 6, 4, 8)
+
+
+def demo_vit() -> Config:
+    """The demo with a ViT image tower (DEMO_VIT) instead of the EfficientNet: the EfficientNet-vs-ViT
+    comparison in docs/results.md."""
+    return dual_encoder("demo-vit", (0.75, 0.5), (4, 256, 4), 240, (*DEMO, *DEMO_VIT))
+
+
 def tiny() -> Config:
     """The smallest sensible model, for tests and smoke runs (seconds on CPU)."""
     return dual_encoder("tiny", (0.25, 0.25), (1, 32, 2), 80, TINY)
@@ -96,7 +124,12 @@ def finetune_retrieval(dataset: str) -> Config:
     )
 
 
-PRESETS: dict[str, Callable[[], Config]] = {"demo": demo, "tiny": tiny}
+def tiny_vit() -> Config:
+    """tiny with a one-layer ViT (8x8 patches of 32 px), for tests."""
+    return dual_encoder("tiny-vit", (0.25, 0.25), (1, 32, 2), 80, (*TINY, *vit(32, 1, 2, 8)))
+
+
+PRESETS: dict[str, Callable[[], Config]] = {"demo": demo, "tiny": tiny, "demo-vit": demo_vit, "tiny-vit": tiny_vit}
 NEEDS_INIT = set()  # presets that fine-tune a trained model: `--init MODEL` is required
 for _dataset in FINETUNE_STEPS:
     PRESETS[f"finetune-{_dataset}"] = lambda d=_dataset: finetune_retrieval(d)
@@ -104,6 +137,9 @@ for _dataset in FINETUNE_STEPS:
 for _image in EFFICIENTNETS:
     for _text in BERTS:
         PRESETS[f"align-{_image}-{_text}"] = lambda i=_image, t=_text: paper(i, t)
+for _image in VITS:
+    for _text in BERTS:
+        PRESETS[f"vit-{_image}-{_text}"] = lambda i=_image, t=_text: clip_vit(i, t)
 
 
 def get(name: str) -> Config:

@@ -28,8 +28,8 @@ class EvalOptions:
     max_length: int = 64  # text tokens (set from the model)
     images: str = ""  # image root for a Karpathy JSON, a table or a list (default: beside the file)
     split: str = "test"  # Karpathy split to evaluate (test: the 1K Flickr30K / 5K COCO protocol; all: every image)
-    resize: int = 0  # image sizes of the model (set from the model)
-    crop: int = 0
+    resize: int = 0  # evaluate at these image sizes (resize, then center crop) instead of the model's; a ViT's
+    crop: int = 0  # position embeddings are then interpolated (bicubic) to the new grid of patches
     cache: str = ""  # a directory where image embeddings are kept and reused by later runs on the same model,
         # data and image size (e.g. several probes of one large set)
     model_id: str = ""  # identifies the model's weights in cache keys (eval: a fingerprint of its files)

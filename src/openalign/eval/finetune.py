@@ -32,7 +32,7 @@ from openalign.config import ConfigError, FinetuneConfig, check, leaf_keys, over
 from openalign.data import sources, transforms
 from openalign.eval import metrics as M
 from openalign.eval.features import Context, EvalOptions
-from openalign.model.dual_encoder import DualEncoder, vision_pooled_dim
+from openalign.model.dual_encoder import DualEncoder
 from openalign.model.encode import device_of, evaluating
 from openalign.schedule import lr_at
 
@@ -92,8 +92,8 @@ class Classifier(torch.nn.Module):
     def __init__(self, model: DualEncoder, n_classes: int):
         super().__init__()
         self.tower = copy.deepcopy(model)
-        self.tower.align.text_model = None  # not used; never trained
-        self.head = torch.nn.Linear(vision_pooled_dim(self.tower.align), n_classes)
+        self.tower.hf.text_model = None  # not used; never trained
+        self.head = torch.nn.Linear(self.tower.image_features_dim, n_classes)
         torch.nn.init.zeros_(self.head.weight)
         torch.nn.init.zeros_(self.head.bias)
 

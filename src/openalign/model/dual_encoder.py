@@ -1,22 +1,31 @@
-"""ALIGN's dual encoder built from transformers' ALIGN towers.
+"""ALIGN's dual encoder built from transformers' towers, with an EfficientNet or a ViT image tower.
 
-image: EfficientNet (AlignVisionModel) -> global average pool of the last block (no top 1x1 conv)
-       [-> linear layer to embed_dim when the tower's pooled width differs] -> L2 normalize
-text:  BERT (AlignTextModel, no pooler) -> [CLS] -> linear projection to embed_dim -> L2 normalize
-plus one learned temperature shared by both directions (transformers stores it as a raw divisor).
-
-The towers, the text projection and the temperature live in a `transformers.AlignModel`, so a trained
-model saves as, and loads from, a Hugging Face AlignModel directory (see hub.py).
+model.vision.kind=efficientnet (the paper):
+  image: EfficientNet (AlignVisionModel) -> global average pool of the last block (no top 1x1 conv)
+         [-> linear layer to embed_dim when the tower's pooled width differs] -> L2 normalize
+  text:  BERT (AlignTextModel, no pooler) -> [CLS] -> linear projection to embed_dim -> L2 normalize
+  The towers, the text projection and the temperature live in a `transformers.AlignModel` (`self.align`).
+model.vision.kind=vit (CLIP's towers' layout):
+  image: ViT (CLIPVisionModel) -> post-norm CLS token (or the mean of the patch tokens, model.vision.pool)
+         -> linear projection (no bias) -> L2 normalize
+  text:  BERT (BertModel with its pooler) -> pooled [CLS] -> linear projection (no bias) -> L2 normalize
+  The towers and projections live in a `transformers.VisionTextDualEncoderModel` (`self.dual`), so
+  plain transformers' get_image_features / get_text_features give the same embeddings (cls pooling).
+Both have one learned temperature shared by both directions, as a raw divisor (the paper's); the ViT's
+is kept beside the HF model and written into its logit_scale = log(1/T) when saved (hub.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AlignConfig, AlignModel, AlignTextConfig, AlignVisionConfig
+from transformers import (AlignConfig, AlignModel, AlignTextConfig, AlignVisionConfig, BertConfig, CLIPVisionConfig,
+                          VisionTextDualEncoderConfig, VisionTextDualEncoderModel)
 
 from openalign.config import LossConfig, ModelConfig
 
@@ -27,8 +36,30 @@ class Encoding:
     features: torch.Tensor  # [B, D_tower] tower output before projection and normalization
 
 
+def _text_kwargs(cfg: ModelConfig, pad_token_id: int) -> dict:
+    t = cfg.text
+    return dict(vocab_size=t.vocab_size, hidden_size=t.hidden_size, num_hidden_layers=t.num_layers,
+                num_attention_heads=t.num_heads, intermediate_size=t.intermediate_size, hidden_dropout_prob=t.dropout,
+                attention_probs_dropout_prob=t.dropout, max_position_embeddings=max(t.max_length, 64),
+                pad_token_id=pad_token_id)
+
+
+def hf_vit_config(cfg: ModelConfig, pad_token_id: int = 0, temperature_init: float = 1.0
+                  ) -> VisionTextDualEncoderConfig:
+    """The VisionTextDualEncoderConfig of a kind=vit model: CLIP's vision transformer and BERT."""
+    v = cfg.vision
+    vision = CLIPVisionConfig(hidden_size=v.hidden_size, intermediate_size=v.intermediate_size,
+                              num_hidden_layers=v.num_layers, num_attention_heads=v.num_heads,
+                              image_size=v.image_size, patch_size=v.patch_size, projection_dim=cfg.embed_dim)
+    return VisionTextDualEncoderConfig.from_vision_text_configs(
+        vision, BertConfig(**_text_kwargs(cfg, pad_token_id)), projection_dim=cfg.embed_dim,
+        logit_scale_init_value=math.log(1.0 / temperature_init))
+
+
 def hf_config(cfg: ModelConfig, pad_token_id: int = 0, temperature_init: float = 1.0) -> AlignConfig:
-    v, t = cfg.vision, cfg.text
+    v = cfg.vision
+    if v.kind == "vit":
+        raise ValueError("hf_config describes EfficientNet models; kind=vit models use hf_vit_config")
     vision = AlignVisionConfig(
         width_coefficient=v.width_coefficient,
         depth_coefficient=v.depth_coefficient,
@@ -43,17 +74,7 @@ def hf_config(cfg: ModelConfig, pad_token_id: int = 0, temperature_init: float =
         batch_norm_eps=v.batch_norm_eps,
         image_size=v.image_size,
     )
-    text = AlignTextConfig(
-        vocab_size=t.vocab_size,
-        hidden_size=t.hidden_size,
-        num_hidden_layers=t.num_layers,
-        num_attention_heads=t.num_heads,
-        intermediate_size=t.intermediate_size,
-        hidden_dropout_prob=t.dropout,
-        attention_probs_dropout_prob=t.dropout,
-        max_position_embeddings=max(t.max_length, 64),
-        pad_token_id=pad_token_id,
-    )
+    text = AlignTextConfig(**_text_kwargs(cfg, pad_token_id))
     return AlignConfig(
         text_config=text.to_dict(),
         vision_config=vision.to_dict(),
@@ -67,45 +88,91 @@ def vision_pooled_dim(align: AlignModel) -> int:
 
 
 class DualEncoder(nn.Module):
-    def __init__(self, cfg: ModelConfig, loss: LossConfig | None = None, align: AlignModel | None = None):
+    def __init__(self, cfg: ModelConfig, loss: LossConfig | None = None,
+                 hf: AlignModel | VisionTextDualEncoderModel | None = None):
+        """`hf`: an already built (loaded) transformers model of the configured kind, else a new one."""
         super().__init__()
         loss = loss or LossConfig()
         self.cfg = cfg
-        self.align = align if align is not None else AlignModel(hf_config(cfg,
-                                                                           temperature_init=loss.temperature.init))
-        # [CLS] is used directly: the pooler would be a parameter without gradient (breaks DDP).
-        self.align.text_model.pooler = None
-        pooled = vision_pooled_dim(self.align)
-        # Only towers whose pooled width differs from embed_dim (e.g. B5: 512 -> 640) get this layer.
-        self.image_projection = nn.Linear(pooled, cfg.embed_dim) if pooled != cfg.embed_dim else None
+        self.vit = cfg.vision.kind == "vit"
+        self.image_projection = None
+        if self.vit:
+            self.dual = hf if hf is not None else VisionTextDualEncoderModel(
+                hf_vit_config(cfg, temperature_init=loss.temperature.init))
+            # the temperature is a raw divisor like the EfficientNet's; logit_scale is only where it is saved
+            self.dual.logit_scale.requires_grad_(False)
+            self.vit_temperature = nn.Parameter(torch.exp(-self.dual.logit_scale.detach().float()).clone())
+        else:
+            self.align = hf if hf is not None else AlignModel(hf_config(cfg, temperature_init=loss.temperature.init))
+            # [CLS] is used directly: the pooler would be a parameter without gradient (breaks DDP).
+            self.align.text_model.pooler = None
+            pooled = vision_pooled_dim(self.align)
+            # Only towers whose pooled width differs from embed_dim (e.g. B5: 512 -> 640) get this layer.
+            self.image_projection = nn.Linear(pooled, cfg.embed_dim) if pooled != cfg.embed_dim else None
         if loss.temperature.fixed > 0:
             with torch.no_grad():
-                self.align.temperature.fill_(loss.temperature.fixed)
-            self.align.temperature.requires_grad_(False)
+                self.temperature.fill_(loss.temperature.fixed)
+            self.temperature.requires_grad_(False)
         # SigLIP's learned bias; only the sigmoid loss has one.
         self.logit_bias = nn.Parameter(torch.tensor(loss.temperature.sigmoid_bias_init)) if loss.kind == "sigmoid" \
             else None
-        if cfg.channels_last:
+        if cfg.channels_last and not self.vit:
             self.align.vision_model.to(memory_format=torch.channels_last)
 
     @property
+    def hf(self) -> AlignModel | VisionTextDualEncoderModel:
+        """The transformers model holding the towers (what hub.py saves)."""
+        return self.dual if self.vit else self.align
+
+    @property
+    def vision_tower(self) -> nn.Module:
+        return self.hf.vision_model
+
+    @property
+    def text_tower(self) -> nn.Module:
+        return self.hf.text_model
+
+    @property
+    def image_features_dim(self) -> int:
+        """Width of `encode_image(...).features`: the pooled tower output, before any projection."""
+        return self.cfg.vision.hidden_size if self.vit else vision_pooled_dim(self.align)
+
+    def tower_blocks(self) -> list[nn.Module]:
+        """The towers' repeated blocks (FSDP's units; memory bench)."""
+        vision = self.dual.vision_model.encoder.layers if self.vit else self.align.vision_model.encoder.blocks
+        return [*vision, *self.text_tower.encoder.layer]
+
+    @property
     def temperature(self) -> torch.Tensor:
-        return self.align.temperature
+        return self.vit_temperature if self.vit else self.align.temperature
 
     def scale_parameters(self) -> dict[str, nn.Parameter]:
         """The learned scales of the logits (loss.temperature): the temperature, and SigLIP's bias when the loss
         has one; those of them that are learned. The optimizer gives them their own group."""
-        found = {"temperature": self.align.temperature, "bias": self.logit_bias}
+        found = {"temperature": self.temperature, "bias": self.logit_bias}
         return {name: p for name, p in found.items() if p is not None and p.requires_grad}
 
     def encode_image(self, pixel_values: torch.Tensor) -> Encoding:
         """pixel_values [B, 3, H, W] in [-1, 1] (data/transforms.py), mapped to what the tower was trained on."""
         pixel_values = self.tower_pixels(pixel_values)
+        if self.vit:
+            features = self._vit_features(pixel_values)
+            embeds = self.dual.visual_projection(features)
+            return Encoding(embeds=F.normalize(embeds, dim=-1), features=features)
         if self.cfg.channels_last:
             pixel_values = pixel_values.contiguous(memory_format=torch.channels_last)
         features = self.align.vision_model(pixel_values=pixel_values).pooler_output  # [B, C_last]
         embeds = self.image_projection(features) if self.image_projection is not None else features
         return Encoding(embeds=F.normalize(embeds, dim=-1), features=features)
+
+    def _vit_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """[B, hidden] post-norm CLS token or mean patch token; another resolution than the trained one gets
+        its position embeddings interpolated (bicubic) to its grid of patches."""
+        other_size = tuple(pixel_values.shape[-2:]) != (self.cfg.vision.image_size,) * 2
+        out = self.dual.vision_model(pixel_values=pixel_values, interpolate_pos_encoding=other_size)
+        if self.cfg.vision.pool == "cls":
+            return out.pooler_output  # post_layernorm(last_hidden_state[:, 0])
+        return self.dual.vision_model.post_layernorm(out.last_hidden_state[:, 1:].mean(dim=1))
 
     def tower_pixels(self, unit: torch.Tensor) -> torch.Tensor:
         """[-1, 1] pixels -> the tower's own input (VisionConfig.pixel_*): identity for openalign's models."""
@@ -126,12 +193,14 @@ class DualEncoder(nn.Module):
             features = self._cls_by_length(input_ids, attention_mask, buckets)
         else:
             features = self._cls(input_ids, attention_mask)
-        embeds = self.align.text_projection(features)  # [B, D]
+        embeds = self.hf.text_projection(features)  # [B, D]
         return Encoding(embeds=F.normalize(embeds, dim=-1), features=features)
 
     def _cls(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.align.text_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        return hidden[:, 0, :]  # [B, H] the [CLS] token
+        out = self.text_tower(input_ids=input_ids, attention_mask=attention_mask)
+        if self.vit:
+            return out.pooler_output  # [B, H] BERT's pooled [CLS] (what VisionTextDualEncoderModel projects)
+        return out.last_hidden_state[:, 0, :]  # [B, H] the [CLS] token
 
     def _cls_by_length(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, buckets: int) -> torch.Tensor:
         """[CLS] features with the batch sorted by length and encoded in `buckets` groups, each trimmed

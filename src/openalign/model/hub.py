@@ -1,4 +1,5 @@
-"""Save and load a dual encoder as a Hugging Face AlignModel directory, offline.
+"""Save and load a dual encoder as a Hugging Face AlignModel (EfficientNet) or VisionTextDualEncoderModel
+(ViT) directory, offline.
 
 Directory layout (the format of the public kakaobrain/align-base checkpoint, plus two extras):
     config.json, model.safetensors     transformers.AlignModel (towers, text projection, temperature)
@@ -8,6 +9,13 @@ Directory layout (the format of the public kakaobrain/align-base checkpoint, plu
     openalign_extra.safetensors        image projection / SigLIP bias, only for models that have them
 A plain `transformers.AlignModel.from_pretrained(dir)` loads the towers; it ignores the extras, so it
 reproduces openalign's embeddings exactly when the model has neither (e.g. B7 at 640, L2 at 1376).
+
+A ViT model (model.vision.kind=vit) saves the same files around a `VisionTextDualEncoderModel` (CLIP's
+vision transformer + BERT, both projections, logit_scale = log(1/T)); `openalign_extra.safetensors`
+then holds the raw temperature (and SigLIP's bias). Plain transformers' `get_image_features` /
+`get_text_features`, L2-normalized, give openalign's embeddings for CLS pooling; a mean-pooled model
+(model.vision.pool=mean) pools as `post_layernorm(last_hidden_state[:, 1:].mean(1))` before the
+visual projection, which transformers' class does not do by itself.
 """
 
 from __future__ import annotations
@@ -15,11 +23,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from pathlib import Path
+
+import torch
 
 import transformers
 from safetensors.torch import load_file, save_file
-from transformers import AlignModel
+from transformers import AlignModel, VisionTextDualEncoderModel
 
 from openalign import config as config_lib
 from openalign.config import Config, ConfigError, ModelConfig, TextConfig, VisionConfig
@@ -33,13 +44,16 @@ PROCESSOR_FILE = "preprocessor_config.json"  # transformers' image processor set
 def save_pretrained(model: DualEncoder, tokenizer, out: Path, cfg: Config) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    model.align.save_pretrained(out)  # (transformers' own bars and reports: cli.py quiets them at process start)
+    if model.vit:  # the HF model's own scale, so its logits_per_image are openalign's too
+        with torch.no_grad():
+            model.dual.logit_scale.copy_(-torch.log(model.temperature.detach().to(model.dual.logit_scale.dtype)))
+    model.hf.save_pretrained(out)  # (transformers' own bars and reports: cli.py quiets them at process start)
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
     (out / PROCESSOR_FILE).write_text(json.dumps(processor_settings(cfg.model.vision), indent=2) + "\n")
     config_lib.save(cfg, out / CONFIG_FILE)
     extra = {name: p.detach().cpu().contiguous() for name, p in model.named_parameters()
-             if not name.startswith("align.")}
+             if not name.startswith(("align.", "dual."))}
     if extra:
         save_file(extra, out / EXTRA_FILE)
     return out
@@ -48,7 +62,8 @@ def save_pretrained(model: DualEncoder, tokenizer, out: Path, cfg: Config) -> Pa
 def processor_settings(v: VisionConfig) -> dict:
     """The EfficientNetImageProcessor settings that give openalign's evaluation pixels (resize to a square,
     center crop, rescale and offset, optional normalization), so `AlignProcessor.from_pretrained(dir)` works."""
-    return {"image_processor_type": "EfficientNetImageProcessor", "processor_class": "AlignProcessor",
+    processor = "VisionTextDualEncoderProcessor" if v.kind == "vit" else "AlignProcessor"
+    return {"image_processor_type": "EfficientNetImageProcessor", "processor_class": processor,
             "do_resize": True, "size": {"height": v.resize_size, "width": v.resize_size}, "resample": 2,  # bilinear
             "do_center_crop": True, "crop_size": {"height": v.image_size, "width": v.image_size},
             "do_rescale": True, "rescale_factor": v.pixel_scale, "rescale_offset": v.pixel_offset == -1.0,
@@ -104,22 +119,57 @@ def _model_config_from_hf(hf) -> ModelConfig:
     )
 
 
+def _model_config_from_dual(hf) -> ModelConfig:
+    """A ModelConfig describing a foreign VisionTextDualEncoderModel checkpoint of CLIP vision + BERT."""
+    v, t = hf.vision_config, hf.text_config
+    if v.model_type not in ("clip_vision_model", "clip") or t.model_type != "bert":
+        raise ConfigError(f"this VisionTextDualEncoderModel pairs {v.model_type} with {t.model_type}; openalign reads "
+                          "CLIP vision transformers with BERT text towers")
+    if v.hidden_act != "quick_gelu":
+        raise ConfigError(f"the checkpoint's vision transformer uses {v.hidden_act}; openalign's ViT is CLIP's "
+                          "(quick_gelu)")
+    return ModelConfig(
+        vision=VisionConfig(kind="vit", patch_size=v.patch_size, hidden_size=v.hidden_size,
+                            num_layers=v.num_hidden_layers, num_heads=v.num_attention_heads,
+                            intermediate_size=v.intermediate_size, image_size=v.image_size, resize_size=v.image_size),
+        text=TextConfig(hidden_size=t.hidden_size, num_layers=t.num_hidden_layers, num_heads=t.num_attention_heads,
+                        intermediate_size=t.intermediate_size, dropout=t.hidden_dropout_prob, vocab_size=t.vocab_size),
+        embed_dim=hf.projection_dim, channels_last=False)
+
+
+def model_type(path: Path) -> str:
+    """config.json's model_type: "align" or "vision-text-dual-encoder" (anything else is refused)."""
+    try:
+        kind = json.loads((Path(path) / "config.json").read_text()).get("model_type", "")
+    except ValueError:
+        raise ConfigError(f"{Path(path) / 'config.json'} is not JSON") from None
+    if kind not in ("align", "vision-text-dual-encoder"):
+        raise ConfigError(f"{path} holds a {kind or 'unknown'} model; openalign loads AlignModel and "
+                          "VisionTextDualEncoderModel directories")
+    return kind
+
+
 def load_config(path: Path) -> Config:
-    """The config of an AlignModel directory (openalign's own, or one describing a foreign checkpoint)."""
+    """The config of an AlignModel or VisionTextDualEncoderModel directory (openalign's own, or one
+    describing a foreign checkpoint)."""
     path = Path(path)
     if not (path / "config.json").is_file():
         raise ConfigError(f"{path} is not a model directory (no config.json); pass the `model` folder of a run")
     if (path / CONFIG_FILE).is_file():
         return config_lib.load(path / CONFIG_FILE)
-    hf = transformers.AlignConfig.from_pretrained(path)
-    model = _model_config_from_hf(hf)
+    if model_type(path) == "vision-text-dual-encoder":
+        hf = transformers.VisionTextDualEncoderConfig.from_pretrained(path)
+        model, temperature = _model_config_from_dual(hf), math.exp(-hf.logit_scale_init_value)
+    else:
+        hf = transformers.AlignConfig.from_pretrained(path)
+        model, temperature = _model_config_from_hf(hf), hf.temperature_init_value
     if (path / PROCESSOR_FILE).is_file():  # the checkpoint's own preprocessing, not resize = crop = image size
         try:
             processor = json.loads((path / PROCESSOR_FILE).read_text())
         except ValueError:
             raise ConfigError(f"{path / PROCESSOR_FILE} is not JSON") from None
         model = dataclasses.replace(model, vision=vision_from_processor(model.vision, processor))
-    loss = config_lib.LossConfig(temperature=config_lib.TemperatureConfig(init=hf.temperature_init_value))
+    loss = config_lib.LossConfig(temperature=config_lib.TemperatureConfig(init=temperature))
     return Config(model=model, loss=loss)
 
 
@@ -145,8 +195,8 @@ def load_pretrained(path: Path) -> tuple[DualEncoder, object, Config]:
     cfg = load_config(path)
     # transformers reports the text pooler missing: openalign drops it (it pools [CLS] itself). The command line
     # quiets such reports at process start (cli.py); a library user's logging settings are left as they are.
-    align = AlignModel.from_pretrained(path, local_files_only=True)
-    model = DualEncoder(cfg.model, cfg.loss, align=align)
+    kind = VisionTextDualEncoderModel if cfg.model.vision.kind == "vit" else AlignModel
+    model = DualEncoder(cfg.model, cfg.loss, hf=kind.from_pretrained(path, local_files_only=True))
     if (path / EXTRA_FILE).is_file():
         model.load_state_dict(load_file(path / EXTRA_FILE), strict=False)
     tokenizer = None
@@ -167,8 +217,8 @@ def init_towers(model: DualEncoder, path: Path) -> None:
 def describe(model: DualEncoder) -> dict:
     count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     return {
-        "vision_params": count(model.align.vision_model),
-        "text_params": count(model.align.text_model),
+        "vision_params": count(model.vision_tower),
+        "text_params": count(model.text_tower),
         "embed_dim": model.cfg.embed_dim,
         "temperature": model.temperature.item(),
     }

@@ -41,11 +41,9 @@ warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a v
 
 def shard(model: DualEncoder) -> None:
     """Shard `model` in place over the default process group."""
-    model.align.vision_model.to(memory_format=torch.contiguous_format)
-    for block in model.align.vision_model.encoder.blocks:
+    model.vision_tower.to(memory_format=torch.contiguous_format)
+    for block in model.tower_blocks():
         fully_shard(block)
-    for layer in model.align.text_model.encoder.layer:
-        fully_shard(layer)
     fully_shard(model, ignored_params={p for p in model.parameters() if p.ndim == 0})
 
 
