@@ -153,3 +153,48 @@ def test_auto_picks_the_chunked_loss_for_large_batches(monkeypatch):
 
     with pytest.raises(ConfigError, match="must be auto, naive or chunked"):
         check(override(presets.get("tiny"), ["loss.implementation=fast"]))
+
+
+def test_late_interaction_equals_a_hand_computed_case():
+    # image: two patches e1, e2; text: tokens e1 and (e1 + e2)/sqrt2, then a padding token equal to e2
+    e1, e2 = torch.tensor([1.0, 0.0], dtype=torch.float64), torch.tensor([0.0, 1.0], dtype=torch.float64)
+    img = torch.stack([e1, e2])[None]  # [1, 2, 2]
+    txt = torch.stack([e1, (e1 + e2) / math.sqrt(2), e2])[None]  # [1, 3, 2]
+    i2t, t2i = L.late_interaction(img, torch.tensor([[True, True]]), txt, torch.tensor([[True, True, False]]))
+    r = 1 / math.sqrt(2)
+    # patch e1: best token e1 (1); patch e2: best real token (e1+e2)/sqrt2 (r), not the padding e2 (1)
+    assert i2t.item() == pytest.approx((1 + r) / 2, rel=1e-12)
+    # token e1: best patch e1 (1); token (e1+e2)/sqrt2: r with either patch
+    assert t2i.item() == pytest.approx((1 + r) / 2, rel=1e-12)
+    _, t2i_one_patch = L.late_interaction(img, torch.tensor([[False, True]]), txt, torch.tensor([[True, True, False]]))
+    assert t2i_one_patch.item() == pytest.approx((0 + r) / 2, rel=1e-12)  # only patch e2 counts
+
+
+def test_chunked_late_interaction_and_the_filip_loss_with_its_gradients():
+    g = torch.Generator().manual_seed(4)
+    img = F.normalize(torch.randn(6, 3, 5, generator=g, dtype=torch.float64), dim=-1).requires_grad_()
+    txt = F.normalize(torch.randn(6, 4, 5, generator=g, dtype=torch.float64), dim=-1).requires_grad_()
+    img_mask, txt_mask = torch.ones(6, 3, dtype=torch.bool), torch.rand(6, 4, generator=g) > 0.3
+    txt_mask[:, 0] = True
+    whole = L.late_interaction(img, img_mask, txt, txt_mask)
+    for a, b in zip(L.late_interaction(img, img_mask, txt, txt_mask, chunk=4), whole):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-15)
+    # the loss: label-smoothed cross-entropy of i2t's rows and t2i's columns, by torch's own cross_entropy
+    t, labels = torch.tensor(0.1, dtype=torch.float64), torch.arange(6)
+    ours = L.filip_loss(img, img_mask, txt, txt_mask, t, 0.1)
+    ref = F.cross_entropy(whole[0] / t, labels, label_smoothing=0.1) + F.cross_entropy(whole[1].T / t, labels,
+                                                                                         label_smoothing=0.1)
+    assert ours.item() == pytest.approx(ref.item(), rel=1e-12)
+    for a, b in zip(torch.autograd.grad(ours, (img, txt)), torch.autograd.grad(ref, (img, txt))):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_the_rank_bound_of_pooled_scores_and_its_escape_by_late_interaction():
+    g = torch.Generator().manual_seed(5)
+    d = 4
+    img = F.normalize(torch.randn(40, 8, d, generator=g, dtype=torch.float64), dim=-1)  # 8 patches per image
+    txt = F.normalize(torch.randn(40, 5, d, generator=g, dtype=torch.float64), dim=-1)  # 5 tokens per text
+    pooled = F.normalize(img.mean(dim=1), dim=-1) @ F.normalize(txt.mean(dim=1), dim=-1).T  # [40, 40]
+    assert torch.linalg.matrix_rank(pooled).item() == d  # one dot product in d dimensions: rank d
+    i2t, t2i = L.late_interaction(img, torch.ones(40, 8, dtype=torch.bool), txt, torch.ones(40, 5, dtype=torch.bool))
+    assert torch.linalg.matrix_rank(i2t).item() == 40 and torch.linalg.matrix_rank(t2i).item() == 40  # full rank

@@ -102,7 +102,10 @@ class TemperatureConfig:
 
 @dataclass(frozen=True)
 class LossConfig:
-    kind: Literal["softmax", "sigmoid"] = "softmax"  # softmax: the paper's normalized softmax; sigmoid: SigLIP
+    # softmax: the paper's normalized softmax; sigmoid: SigLIP; filip: the softmax loss plus the same loss over
+    # late-interaction scores (FILIP's token-wise max similarity of patch and token vectors), so that the pooled
+    # embeddings a two-stage search shortlists with are trained too; memory O(B_local x B x patches x tokens)
+    kind: Literal["softmax", "sigmoid", "filip"] = "softmax"
     label_smoothing: float = 0.1
     negatives_fraction: float = 1.0  # Table 8: 100/50/25% of in-batch negatives
     # naive: materialized logits; chunked: O(B x chunk) memory; auto: chunked from 4,096 pairs
@@ -509,6 +512,11 @@ def _cross_field(cfg: Config, world: int) -> list[str]:
             problems.append(f"train.{option}=true shards over torchrun processes; launch with torchrun")
     if world > 1 and cfg.loss.kind == "sigmoid":
         problems.append("loss.kind=sigmoid runs in one process; use the softmax loss with torchrun")
+    if cfg.loss.kind == "filip" and cfg.train.micro_batch:
+        problems.append("loss.kind=filip does not run with train.micro_batch (gradient caching keeps pooled embeddings, "
+                        "not token vectors); set train.micro_batch=0")
+    if cfg.loss.kind == "filip" and cfg.loss.negatives_fraction < 1.0:
+        problems.append("loss.negatives_fraction < 1 (the Table 8 ablation) is for the pooled softmax loss")
     if cfg.loss.kind == "sigmoid" and cfg.loss.direction != "both":
         problems.append(f"loss.direction={cfg.loss.direction} applies to the softmax loss; the sigmoid loss has no "
                         "direction")

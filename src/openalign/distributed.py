@@ -71,7 +71,12 @@ def gather(x: torch.Tensor) -> torch.Tensor:
 
     with warnings.catch_warnings():  # deprecated in favour of a private API; public and correct meanwhile
         warnings.filterwarnings("ignore", message=".*all_gather is deprecated", category=FutureWarning)
-        return torch.cat(dist_fn.all_gather(x.contiguous()))
+        out = torch.cat(dist_fn.all_gather(x.contiguous()))
+    if out.requires_grad:
+        # its backward exchanges the gradient's slices as raw memory (gloo: all-to-all): a strided gradient
+        # (einsum's, for token vectors) would arrive scrambled, so it is made contiguous first
+        out.register_hook(lambda grad: grad.contiguous())
+    return out
 
 
 def gathered_softmax_loss(img: torch.Tensor, txt: torch.Tensor, temperature: torch.Tensor,
@@ -92,6 +97,33 @@ def gathered_softmax_loss(img: torch.Tensor, txt: torch.Tensor, temperature: tor
 
     rows, columns = loss_lib.DIRECTIONS[direction]
     return sum(term(*pair) for pair, kept in (((img, txt_all), rows), ((txt, img_all), columns)) if kept)
+
+
+def gathered_filip_loss(img: torch.Tensor, img_mask: torch.Tensor, txt: torch.Tensor, txt_mask: torch.Tensor,
+                        temperature: torch.Tensor, label_smoothing: float = 0.1, direction: str = "both") -> torch.Tensor:
+    """This rank's share of the global-batch late-interaction loss: its images' token-wise scores against every
+    rank's texts, and its texts' against every rank's images (loss.filip_loss; equal rank batch sizes). Texts
+    are padded to the longest over ranks (masked) so that they gather."""
+    n = img.shape[0]
+    longest = torch.tensor([txt.shape[1]], device=txt.device)
+    dist.all_reduce(longest, op=dist.ReduceOp.MAX)
+    pad = int(longest.item()) - txt.shape[1]
+    if pad:
+        txt, txt_mask = F.pad(txt, (0, 0, 0, pad)), F.pad(txt_mask, (0, pad))
+    img, txt = loss_lib.at_least_fp32(img), loss_lib.at_least_fp32(txt)
+    offset = dist.get_rank() * n
+    targets = torch.arange(offset, offset + n, device=img.device)
+    rows, columns = loss_lib.DIRECTIONS[direction]
+    loss = img.new_zeros(())
+    if rows:
+        txt_all, txt_mask_all = gather(txt), gather(txt_mask.to(torch.uint8)).bool()
+        i2t = loss_lib.late_interaction(img, img_mask, txt_all, txt_mask_all)[0]  # [n, B]
+        loss = loss + F.cross_entropy(i2t / temperature, targets, label_smoothing=label_smoothing)
+    if columns:
+        img_all, img_mask_all = gather(img), gather(img_mask.to(torch.uint8)).bool()
+        t2i = loss_lib.late_interaction(img_all, img_mask_all, txt, txt_mask)[1]  # [B, n]
+        loss = loss + F.cross_entropy(t2i.T / temperature, targets, label_smoothing=label_smoothing)
+    return loss
 
 
 def mean_over_ranks(value: float, layout: Dist) -> float:

@@ -179,3 +179,46 @@ def contrastive_loss(img: torch.Tensor, txt: torch.Tensor, temperature: torch.Te
         return chunked_cross_entropy(img, txt, temperature, label_smoothing, columns=True)
     a, b = (img, txt) if direction == "image_to_text" else (txt, img)
     return chunked_cross_entropy(a, b, temperature, label_smoothing)
+
+
+# ---------------------------------------------------------------------------------------------- late interaction
+# FILIP (Yao et al. 2022): one vector per image patch (or feature-map cell) and per text token, all in the
+# joint space and L2-normalized. The similarity of image i and text j is token-wise:
+#     i2t[i, j] = mean over i's patches p of  max over j's tokens k of <x_p, y_k>
+#     t2i[i, j] = mean over j's tokens k  of  max over i's patches p of <x_p, y_k>
+# A pooled dual encoder's score matrix has rank <= D; these have no such bound (tests/test_loss.py).
+# Memory: the [images, texts, P, L] block of token similarities, against [images, texts] for pooled scores;
+# `chunk` bounds it to [chunk, texts, P, L] when no gradient is needed (re-ranking), while the loss keeps every
+# block for its backward: O(B_local x B_global x P x L) floats.
+
+def late_interaction(img: torch.Tensor, img_mask: torch.Tensor, txt: torch.Tensor, txt_mask: torch.Tensor,
+                     chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(i2t, t2i), both [Ni, Nt], of images `img` [Ni, P, D] and texts `txt` [Nt, L, D] (unit vectors) with
+    bool masks [Ni, P] / [Nt, L] of their real patches and tokens (text padding is False)."""
+    txt_valid = txt_mask.to(img.dtype)  # [Nt, L]
+    txt_count = txt_valid.sum(dim=1)  # [Nt]
+    rows = chunk or len(img)
+    parts_i2t, parts_t2i = [], []
+    for s in range(0, len(img), rows):
+        x, x_mask = img[s:s + rows], img_mask[s:s + rows]
+        sim = torch.einsum("ipd,tld->itpl", x, txt)  # [c, Nt, P, L]
+        best_token = sim.masked_fill(~txt_mask[None, :, None, :], float("-inf")).amax(dim=3)  # [c, Nt, P]
+        x_valid = x_mask.to(img.dtype)[:, None, :]  # [c, 1, P]
+        parts_i2t.append((best_token * x_valid).sum(dim=2) / x_valid.sum(dim=2))
+        best_patch = sim.masked_fill(~x_mask[:, None, :, None], float("-inf")).amax(dim=2)  # [c, Nt, L]
+        parts_t2i.append((best_patch * txt_valid[None]).sum(dim=2) / txt_count[None])
+    return torch.cat(parts_i2t), torch.cat(parts_t2i)
+
+
+def filip_loss(img: torch.Tensor, img_mask: torch.Tensor, txt: torch.Tensor, txt_mask: torch.Tensor,
+               temperature: torch.Tensor, label_smoothing: float = 0.1, direction: str = "both") -> torch.Tensor:
+    """The contrastive loss over late-interaction scores (one process): rows of i2t / T (each image picks its
+    text) plus rows of t2i.T / T (each text picks its image), label-smoothed as the pooled loss."""
+    i2t, t2i = late_interaction(at_least_fp32(img), img_mask, at_least_fp32(txt), txt_mask)
+    rows, columns = DIRECTIONS[direction]
+    loss = i2t.new_zeros(())
+    if rows:
+        loss = loss + smoothed_cross_entropy(i2t / temperature, label_smoothing)
+    if columns:
+        loss = loss + smoothed_cross_entropy(t2i.T / temperature, label_smoothing)
+    return loss

@@ -9,12 +9,13 @@ import torch
 from openalign import presets
 from openalign.config import LossConfig
 from openalign.distributed import Dist
-from openalign.model.dual_encoder import DualEncoder
-from openalign.train.step import compute_loss, forward_backward
+from openalign.model.dual_encoder import DualEncoder, Encoding
+from openalign.train.step import batch_loss, forward_backward
 
 
 def make_model(dropout: float = 0.0, loss: LossConfig = LossConfig()) -> DualEncoder:
-    cfg = presets.get("tiny").model
+    """The tiny model in fp64; with the late-interaction loss, tiny-vit (16 patches per image, not one cell)."""
+    cfg = presets.get("tiny-vit" if loss.kind == "filip" else "tiny").model
     cfg = dataclasses.replace(cfg, text=dataclasses.replace(cfg.text, dropout=dropout))
     torch.manual_seed(0)
     return DualEncoder(cfg, loss).double().train()
@@ -33,9 +34,16 @@ def direct_reference(model: DualEncoder, batch: dict, parts: int, loss_cfg: Loss
     img, txt = [], []
     for chunk in zip(*(batch[k].chunk(parts) for k in ("pixel_values", "input_ids", "attention_mask"))):
         i, t = model(*chunk)
-        img.append(i.embeds)
-        txt.append(t.embeds)
-    loss = compute_loss(model, torch.cat(img), torch.cat(txt), loss_cfg)
+        img.append(i)
+        txt.append(t)
+
+    def joined(parts: list[Encoding]) -> Encoding:
+        tokens = parts[0].tokens is not None
+        return Encoding(torch.cat([p.embeds for p in parts]), torch.cat([p.features for p in parts]),
+                        torch.cat([p.tokens for p in parts]) if tokens else None,
+                        torch.cat([p.mask for p in parts]) if tokens else None)
+
+    loss = batch_loss(model, joined(img), joined(txt), loss_cfg)
     loss.backward()
     return loss.detach()
 

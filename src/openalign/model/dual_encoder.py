@@ -34,6 +34,10 @@ from openalign.config import LossConfig, ModelConfig
 class Encoding:
     embeds: torch.Tensor  # [B, D] L2-normalized joint-space embeddings
     features: torch.Tensor  # [B, D_tower] tower output before projection and normalization
+    # late interaction (with `tokens=True`): one L2-normalized joint-space vector per image patch (ViT) or last
+    # feature-map cell (EfficientNet), or per text token, [B, N, D]; and which of them are real, [B, N] bool
+    tokens: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
 
 
 def _text_kwargs(cfg: ModelConfig, pad_token_id: int) -> dict:
@@ -95,6 +99,7 @@ class DualEncoder(nn.Module):
         loss = loss or LossConfig()
         self.cfg = cfg
         self.vit = cfg.vision.kind == "vit"
+        self.keep_tokens = loss.kind == "filip"  # forward() returns token vectors too (the late-interaction loss)
         self.image_projection = None
         if self.vit:
             self.dual = hf if hf is not None else VisionTextDualEncoderModel(
@@ -152,27 +157,34 @@ class DualEncoder(nn.Module):
         found = {"temperature": self.temperature, "bias": self.logit_bias}
         return {name: p for name, p in found.items() if p is not None and p.requires_grad}
 
-    def encode_image(self, pixel_values: torch.Tensor) -> Encoding:
-        """pixel_values [B, 3, H, W] in [-1, 1] (data/transforms.py), mapped to what the tower was trained on."""
+    def encode_image(self, pixel_values: torch.Tensor, tokens: bool = False) -> Encoding:
+        """pixel_values [B, 3, H, W] in [-1, 1] (data/transforms.py), mapped to what the tower was trained on;
+        `tokens`: also the patch / cell vectors (late interaction)."""
         pixel_values = self.tower_pixels(pixel_values)
         if self.vit:
-            features = self._vit_features(pixel_values)
+            other_size = tuple(pixel_values.shape[-2:]) != (self.cfg.vision.image_size,) * 2
+            # another resolution than the trained one: position embeddings interpolated (bicubic) to its grid
+            out = self.dual.vision_model(pixel_values=pixel_values, interpolate_pos_encoding=other_size)
+            if self.cfg.vision.pool == "cls":
+                features = out.pooler_output  # post_layernorm(last_hidden_state[:, 0])
+            else:
+                features = self.dual.vision_model.post_layernorm(out.last_hidden_state[:, 1:].mean(dim=1))
             embeds = self.dual.visual_projection(features)
-            return Encoding(embeds=F.normalize(embeds, dim=-1), features=features)
-        if self.cfg.channels_last:
-            pixel_values = pixel_values.contiguous(memory_format=torch.channels_last)
-        features = self.align.vision_model(pixel_values=pixel_values).pooler_output  # [B, C_last]
-        embeds = self.image_projection(features) if self.image_projection is not None else features
-        return Encoding(embeds=F.normalize(embeds, dim=-1), features=features)
-
-    def _vit_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """[B, hidden] post-norm CLS token or mean patch token; another resolution than the trained one gets
-        its position embeddings interpolated (bicubic) to its grid of patches."""
-        other_size = tuple(pixel_values.shape[-2:]) != (self.cfg.vision.image_size,) * 2
-        out = self.dual.vision_model(pixel_values=pixel_values, interpolate_pos_encoding=other_size)
-        if self.cfg.vision.pool == "cls":
-            return out.pooler_output  # post_layernorm(last_hidden_state[:, 0])
-        return self.dual.vision_model.post_layernorm(out.last_hidden_state[:, 1:].mean(dim=1))
+            cells = self.dual.visual_projection(self.dual.vision_model.post_layernorm(out.last_hidden_state[:, 1:])) \
+                if tokens else None
+        else:
+            if self.cfg.channels_last:
+                pixel_values = pixel_values.contiguous(memory_format=torch.channels_last)
+            out = self.align.vision_model(pixel_values=pixel_values)
+            features = out.pooler_output  # [B, C_last]: the mean of the last feature map's cells
+            project = self.image_projection or nn.Identity()
+            embeds = project(features)
+            cells = project(out.last_hidden_state.flatten(2).transpose(1, 2)) if tokens else None  # [B, h*w, D]
+        encoding = Encoding(embeds=F.normalize(embeds, dim=-1), features=features)
+        if tokens:
+            encoding.tokens = F.normalize(cells, dim=-1)
+            encoding.mask = torch.ones(cells.shape[:2], dtype=torch.bool, device=cells.device)
+        return encoding
 
     def tower_pixels(self, unit: torch.Tensor) -> torch.Tensor:
         """[-1, 1] pixels -> the tower's own input (VisionConfig.pixel_*): identity for openalign's models."""
@@ -186,7 +198,14 @@ class DualEncoder(nn.Module):
             x = (x - mean) / std
         return x
 
-    def encode_text(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Encoding:
+    def encode_text(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, tokens: bool = False) -> Encoding:
+        """`tokens`: also every token's vector (text_projection of its last hidden state), padding masked."""
+        if tokens:
+            out = self.text_tower(input_ids=input_ids, attention_mask=attention_mask)
+            features = out.pooler_output if self.vit else out.last_hidden_state[:, 0, :]
+            projection = self.hf.text_projection
+            return Encoding(embeds=F.normalize(projection(features), dim=-1), features=features,
+                            tokens=F.normalize(projection(out.last_hidden_state), dim=-1), mask=attention_mask.bool())
         buckets = min(self.cfg.text.length_buckets, input_ids.shape[0])
         right_padded = bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all())
         if buckets > 1 and right_padded:
@@ -217,4 +236,6 @@ class DualEncoder(nn.Module):
         return features[torch.argsort(order)]  # undo the sort
 
     def forward(self, pixel_values, input_ids, attention_mask) -> tuple[Encoding, Encoding]:
-        return self.encode_image(pixel_values), self.encode_text(input_ids, attention_mask)
+        """Training's forward: token vectors too when the loss is late interaction (loss.kind=filip)."""
+        return (self.encode_image(pixel_values, self.keep_tokens),
+                self.encode_text(input_ids, attention_mask, self.keep_tokens))

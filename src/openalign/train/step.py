@@ -25,7 +25,7 @@ from openalign import distributed
 from openalign import loss as loss_lib
 from openalign.config import LossConfig
 from openalign.data import transforms
-from openalign.model.dual_encoder import DualEncoder
+from openalign.model.dual_encoder import DualEncoder, Encoding
 from openalign.train import fsdp
 
 
@@ -44,6 +44,19 @@ def compute_loss(core: DualEncoder, img: torch.Tensor, txt: torch.Tensor, cfg: L
     negatives = loss_lib.negatives_mask(len(img), cfg.negatives_fraction, generator, img.device)
     return loss_lib.contrastive_loss(img, txt, temperature, cfg.label_smoothing, negatives, cfg.implementation,
                                      cfg.direction)
+
+
+def batch_loss(core: DualEncoder, img: Encoding, txt: Encoding, cfg: LossConfig,
+               layout: distributed.Dist = distributed.Dist(), generator: torch.Generator | None = None) -> torch.Tensor:
+    """The configured loss of one batch's encodings. loss.kind=filip: the pooled softmax loss plus the same loss
+    over the late-interaction scores of their token vectors; the pooled term trains the embeddings the
+    two-stage search shortlists with, the late term those it re-ranks with."""
+    pooled = compute_loss(core, img.embeds, txt.embeds, cfg, layout, generator)
+    if cfg.kind != "filip":
+        return pooled
+    temperature = loss_lib.clamp_temperature(core.temperature, cfg.temperature.min)
+    args = (img.tokens, img.mask, txt.tokens, txt.mask, temperature, cfg.label_smoothing, cfg.direction)
+    return pooled + (distributed.gathered_filip_loss(*args) if layout.active else loss_lib.filip_loss(*args))
 
 
 def _rng_state(device: torch.device):
@@ -82,7 +95,7 @@ def _forward_backward(model, core, batch, loss_cfg, micro_batch, layout, device,
     if not micro_batch or micro_batch >= n:
         with autocast():
             img, txt = model(pixels, ids, mask)
-        loss = compute_loss(core, img.embeds, txt.embeds, loss_cfg, layout, generator)
+        loss = batch_loss(core, img, txt, loss_cfg, layout, generator)
         loss.backward()
         return loss.detach()
 
