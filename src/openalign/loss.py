@@ -191,23 +191,28 @@ def contrastive_loss(img: torch.Tensor, txt: torch.Tensor, temperature: torch.Te
 # `chunk` bounds it to [chunk, texts, P, L] when no gradient is needed (re-ranking), while the loss keeps every
 # block for its backward: O(B_local x B_global x P x L) floats.
 
+def late_interaction_pairs(img: torch.Tensor, img_mask: torch.Tensor, txt: torch.Tensor, txt_mask: torch.Tensor
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(i2t, t2i), both [Q, A, C]: for each of Q groups, its A images [Q, A, P, D] against its C texts
+    [Q, C, L, D], masks [Q, A, P] / [Q, C, L] (a re-rank: one query against its K candidates, A or C = 1)."""
+    sim = torch.einsum("qapd,qcld->qacpl", img, txt)  # [Q, A, C, P, L]
+    txt_valid, img_valid = txt_mask.to(sim.dtype), img_mask.to(sim.dtype)
+    best_token = sim.masked_fill(~txt_mask[:, None, :, None, :], float("-inf")).amax(dim=4)  # [Q, A, C, P]
+    i2t = (best_token * img_valid[:, :, None, :]).sum(dim=3) / img_valid.sum(dim=2)[:, :, None]
+    best_patch = sim.masked_fill(~img_mask[:, :, None, :, None], float("-inf")).amax(dim=3)  # [Q, A, C, L]
+    t2i = (best_patch * txt_valid[:, None, :, :]).sum(dim=3) / txt_valid.sum(dim=2)[:, None, :]
+    return i2t, t2i
+
+
 def late_interaction(img: torch.Tensor, img_mask: torch.Tensor, txt: torch.Tensor, txt_mask: torch.Tensor,
                      chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(i2t, t2i), both [Ni, Nt], of images `img` [Ni, P, D] and texts `txt` [Nt, L, D] (unit vectors) with
-    bool masks [Ni, P] / [Nt, L] of their real patches and tokens (text padding is False)."""
-    txt_valid = txt_mask.to(img.dtype)  # [Nt, L]
-    txt_count = txt_valid.sum(dim=1)  # [Nt]
+    bool masks [Ni, P] / [Nt, L] of their real patches and tokens (text padding is False); `chunk` images at
+    a time."""
     rows = chunk or len(img)
-    parts_i2t, parts_t2i = [], []
-    for s in range(0, len(img), rows):
-        x, x_mask = img[s:s + rows], img_mask[s:s + rows]
-        sim = torch.einsum("ipd,tld->itpl", x, txt)  # [c, Nt, P, L]
-        best_token = sim.masked_fill(~txt_mask[None, :, None, :], float("-inf")).amax(dim=3)  # [c, Nt, P]
-        x_valid = x_mask.to(img.dtype)[:, None, :]  # [c, 1, P]
-        parts_i2t.append((best_token * x_valid).sum(dim=2) / x_valid.sum(dim=2))
-        best_patch = sim.masked_fill(~x_mask[:, None, :, None], float("-inf")).amax(dim=2)  # [c, Nt, L]
-        parts_t2i.append((best_patch * txt_valid[None]).sum(dim=2) / txt_count[None])
-    return torch.cat(parts_i2t), torch.cat(parts_t2i)
+    parts = [late_interaction_pairs(img[None, s:s + rows], img_mask[None, s:s + rows], txt[None], txt_mask[None])
+             for s in range(0, len(img), rows)]
+    return torch.cat([i2t[0] for i2t, _ in parts]), torch.cat([t2i[0] for _, t2i in parts])
 
 
 def filip_loss(img: torch.Tensor, img_mask: torch.Tensor, txt: torch.Tensor, txt_mask: torch.Tensor,

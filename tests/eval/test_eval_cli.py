@@ -312,3 +312,31 @@ def test_zeroshot_reports_calibration_and_fits_a_temperature(model_dir, tmp_path
     assert m["zeroshot_nll_calibrated"] <= m["zeroshot_nll"] + 1e-9
     assert m["zeroshot_calibrated_temperature"] != pytest.approx(m["zeroshot_temperature"])
     assert (tmp_path / "m.png").stat().st_size > 10_000  # the reliability diagram
+
+
+def test_rerank_over_the_whole_gallery_ranks_by_late_interaction(model_dir, shapes, tmp_path):
+    from openalign.eval.features import EvalOptions, embed_split
+    from openalign.loss import late_interaction
+    from openalign.model.encode import encode_text_tokens
+    from openalign.model.hub import load_pretrained
+
+    data = ["--data", str(shapes["eval"]), "--task", "retrieval"]
+    everything = run(model_dir, tmp_path, *data, "--rerank", "1000")
+    assert everything["rerank_k"] == 1000 and everything["rerank_ms_per_query"] > everything["ms_per_query"]
+    # oracle: rank every text's image, and every image's captions, by FILIP scores over the whole gallery
+    model, tok, cfg = load_pretrained(model_dir)
+    split = embed_split(model, str(shapes["eval"]), EvalOptions(resize=cfg.model.vision.resize_size,
+                                                                crop=cfg.model.vision.image_size), False, patches=True)
+    tokens, mask = encode_text_tokens(model, tok, split.captions)
+    i2t, t2i = late_interaction(split.image_patches, torch.ones(split.image_patches.shape[:2], dtype=torch.bool),
+                                tokens, mask)
+    owner = split.text_to_image
+    text_rank = [(t2i[:, j] >= t2i[owner[j], j]).sum().item() - 1 for j in range(len(owner))]
+    image_rank = []
+    for i in range(len(split.labels)):
+        mine = owner == i
+        best = i2t[i, mine].max()
+        image_rank.append(((i2t[i] >= best) & ~mine).sum().item())
+    for k in (1, 5, 10):
+        assert everything[f"t2i_r{k}_rerank"] == pytest.approx(sum(r < k for r in text_rank) / len(text_rank))
+        assert everything[f"i2t_r{k}_rerank"] == pytest.approx(sum(r < k for r in image_rank) / len(image_rank))

@@ -285,3 +285,21 @@ def test_per_query_thresholds_and_their_spread_equal_a_brute_force_oracle():
     assert out["i2t_threshold_std"] == pytest.approx(float(torch.tensor(expected).std(unbiased=False)), abs=1e-6)
     assert out["i2t_youden_shared"] <= out["i2t_youden_own"] + 1e-12
     assert out["t2i_youden_shared"] <= out["t2i_youden_own"] + 1e-12 and out["t2i_threshold_iqr"] >= 0
+
+
+def test_reranked_ranks_equal_the_position_in_the_two_stage_list():
+    g = torch.Generator().manual_seed(6)
+    queries = torch.nn.functional.normalize(torch.randn(30, 8, generator=g), dim=-1)
+    gallery = torch.nn.functional.normalize(torch.randn(50, 8, generator=g), dim=-1)
+    late = torch.randn(30, 50, generator=g)  # any second-stage score
+    positives = torch.full((30, 2), -1, dtype=torch.long)
+    positives[:, 0] = torch.randint(0, 50, (30,), generator=g)
+    positives[::3, 1] = torch.randint(0, 50, (10,), generator=g)  # some queries have two positives
+    pooled = M.positive_ranks(queries, gallery, positives)
+    got = M.reranked_ranks(queries, gallery, positives, pooled, lambda rows, top: late[rows[:, None], top], k=7, chunk=4)
+    for q in range(30):  # the final list: the top 7 by pooled score in late order, then the rest in pooled order
+        order = (queries[q] @ gallery.T).argsort(descending=True).tolist()
+        final = sorted(order[:7], key=lambda i: -late[q, i].item()) + order[7:]
+        wanted = {i for i in positives[q].tolist() if i >= 0}
+        assert got[q].item() == min(final.index(i) for i in wanted), q
+    assert (got != pooled).any() and (got[pooled >= 7] == pooled[pooled >= 7]).all()

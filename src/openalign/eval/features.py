@@ -14,7 +14,8 @@ from tqdm import tqdm
 from openalign.config import ConfigError, EvalConfig
 from openalign.data import sources, transforms
 from openalign.model.dual_encoder import DualEncoder
-from openalign.model.encode import encode_image_stream, encode_texts
+from openalign.model.encode import (encode_image_stream, encode_image_tokens, encode_images, encode_text_tokens,
+                                    encode_texts)
 
 # A short generic prompt set for icons and emoji (one definition: the config's default).
 DEFAULT_TEMPLATES = EvalConfig().templates
@@ -48,6 +49,7 @@ class EvalData:
     texts_by_language: list[dict] = field(default_factory=list)
     # [N] per image, attributes a corpus records for a task (shapes: colour, shape, seen in training)
     attributes: list[dict] = field(default_factory=list)
+    image_patches: torch.Tensor | None = None  # [N, P, D] patch / cell vectors (late interaction: --rerank)
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,11 @@ class Context:
         """[N, D] normalized text embeddings, in order."""
         return encode_texts(self.model, self.tokenizer, list(texts), self.options.batch_size, self.options.max_length)
 
+    def encode_tokens(self, texts) -> tuple[torch.Tensor, torch.Tensor]:
+        """([N, L, D] normalized token vectors, [N, L] mask of real tokens), in order (late interaction)."""
+        return encode_text_tokens(self.model, self.tokenizer, list(texts), self.options.batch_size,
+                                  self.options.max_length)
+
 
 def files_fingerprint(*paths: str) -> str:
     """A hash of the names, sizes and modification times of every file at or under `paths`."""
@@ -77,29 +84,30 @@ def files_fingerprint(*paths: str) -> str:
     return hashlib.blake2b(json.dumps(entries).encode(), digest_size=16).hexdigest()
 
 
-def cache_path(shards: str | list[str], options: EvalOptions) -> Path | None:
+def cache_path(shards: str | list[str], options: EvalOptions, patches: bool = False) -> Path | None:
     """Where the embeddings of this data, model and image size are cached; None without a cache. The
     key covers the model, the data's files (and the image root's) and every option that changes them."""
     if not options.cache:
         return None
     sources = [shards] if isinstance(shards, str) else list(shards)
     key = json.dumps([options.model_id, files_fingerprint(*sources, options.images), options.split, options.resize,
-                      options.crop])
+                      options.crop] + (["patches"] if patches else []))
     return Path(options.cache) / f"embeddings-{hashlib.blake2b(key.encode(), digest_size=16).hexdigest()}.pt"
 
 
-def embed_split(model: DualEncoder, shards: str | list[str], options: EvalOptions, progress: bool = True) -> EvalData:
+def embed_split(model: DualEncoder, shards: str | list[str], options: EvalOptions, progress: bool = True,
+                patches: bool = False) -> EvalData:
     """Encode every image of the evaluation data (shards, Karpathy JSON or a caption table; see
-    eval/datasets.py); captions are kept as text for the tasks. With `options.cache`, a second run on
-    the same model and data loads the embeddings instead."""
-    cached = cache_path(shards, options)
+    eval/datasets.py); captions are kept as text for the tasks. `patches`: each image's patch vectors too
+    (late interaction). With `options.cache`, a second run on the same model and data loads them instead."""
+    cached = cache_path(shards, options, patches)
     if cached is not None and cached.is_file():
         return EvalData(**torch.load(cached, weights_only=False))
-    data = _embed(model, shards, options, progress)
+    data = _embed(model, shards, options, progress, patches)
     if cached is not None:
         cached.parent.mkdir(parents=True, exist_ok=True)
         fields = ("image_embeds", "captions", "text_to_image", "labels", "keys", "caption_ids", "skipped",
-                  "texts_by_language", "attributes")
+                  "texts_by_language", "attributes", "image_patches")
         torch.save({name: getattr(data, name) for name in fields}, cached.with_suffix(".tmp"))
         os.replace(cached.with_suffix(".tmp"), cached)
     return data
@@ -111,13 +119,19 @@ def split_items(data: str | list[str], options: EvalOptions, counter: dict):
     return sources.items(data, options.images, options.split, counter, captionless=False)
 
 
-def _embed(model: DualEncoder, shards: str | list[str], options: EvalOptions, progress: bool) -> EvalData:
+def _embed(model: DualEncoder, shards: str | list[str], options: EvalOptions, progress: bool,
+           patches: bool = False) -> EvalData:
     counter: dict = {}
     decoded = sources.decoded(tqdm(split_items(shards, options, counter), desc="embed eval images", unit="img",
                                    disable=not progress, leave=False), counter)
     pixels = ((item, transforms.eval_transform(image, options.resize, options.crop)) for item, image in decoded)
     embeds, captions, owner, labels, keys, caption_ids, by_language, attributes = [], [], [], [], [], [], [], []
-    for batch, vectors in encode_image_stream(model, pixels, options.batch_size):
+    cells = []
+    encoder = encode_image_tokens if patches else encode_images
+    for batch, vectors in encode_image_stream(model, pixels, options.batch_size, encoder):
+        if patches:
+            vectors, patch_vectors = vectors
+            cells.append(patch_vectors)
         embeds.append(vectors)
         for item in batch:
             index = len(labels)
@@ -132,4 +146,4 @@ def _embed(model: DualEncoder, shards: str | list[str], options: EvalOptions, pr
         raise ConfigError(f"no readable evaluation images in {shards}")
     return EvalData(torch.cat(embeds), captions, torch.tensor(owner, dtype=torch.long), labels, keys, caption_ids,
                     counter.get("skipped", 0), by_language if any(by_language) else [],
-                    attributes if any(attributes) else [])
+                    attributes if any(attributes) else [], torch.cat(cells) if patches else None)

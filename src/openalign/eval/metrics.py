@@ -12,6 +12,7 @@ high as the target. Without this, `logits >= true` is all False for NaN logits a
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 
@@ -114,6 +115,30 @@ def t2i_ranks(img: torch.Tensor, txt: torch.Tensor, text_to_image: torch.Tensor,
               ) -> torch.Tensor:
     """[M] rank of each text's image among all N images."""
     return positive_ranks(txt, img, text_to_image[:, None], chunk=chunk)
+
+
+def reranked_ranks(queries: torch.Tensor, gallery: torch.Tensor, positives: torch.Tensor, ranks: torch.Tensor,
+                   late: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], k: int, chunk: int | None = None
+                   ) -> torch.Tensor:
+    """[Q] rank of each query's best positive after a two-stage search: the pooled scores shortlist the top
+    `k`, whose order `late(query rows [b], candidates [b, k]) -> scores [b, k]` replaces (late interaction).
+    A query whose shortlist holds a positive: the shortlisted wrong items scoring at least as well as its best
+    shortlisted positive (ties count against, as positive_ranks); otherwise its pooled rank `ranks` [Q]
+    (it stays behind the shortlist, in pooled order)."""
+    k = min(k, gallery.shape[0])
+    out = ranks.clone()
+    step = _rows_per_block(gallery.shape[0], chunk)
+    for start in range(0, queries.shape[0], step):
+        rows = torch.arange(start, min(start + step, queries.shape[0]))
+        top = (queries[rows] @ gallery.T).topk(k, dim=1).indices  # [b, k]
+        idx = positives[rows]  # [b, p]
+        is_positive = ((top[:, :, None] == idx[:, None, :]) & (idx[:, None, :] >= 0)).any(dim=2)  # [b, k]
+        scores = late(rows, top)
+        best = scores.masked_fill(~is_positive, float("-inf")).max(dim=1, keepdim=True).values  # [b, 1]
+        found = is_positive.any(dim=1)
+        wrong_ahead = ((scores >= best) & ~is_positive).sum(dim=1)
+        out[rows[found]] = wrong_ahead[found]
+    return out
 
 
 def pair_positives(pairs: list[tuple[int, int]], n_queries: int) -> tuple[torch.Tensor, torch.Tensor]:

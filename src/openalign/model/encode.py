@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator, TypeVar
+from typing import Callable, Iterable, Iterator, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -56,28 +56,52 @@ def _finish(embeds: torch.Tensor, device: torch.device) -> torch.Tensor:
     return embeds.cpu()
 
 
-def encode_texts(model: DualEncoder, tokenizer, texts: list[str], batch_size: int = 256,
-                 max_length: int = 64) -> torch.Tensor:
-    """[len(texts), D] normalized embeddings. All texts are tokenized in one call and encoded in order
-    of length, so each batch is padded only to its own longest text; rows come back in input order."""
+def _text_batches(tokenizer, texts: list[str], batch_size: int, max_length: int):
+    """(rows, ids [b, width], mask [b, width]) of `texts` tokenized in one call, in order of length, so each
+    batch is padded only to its own longest text."""
     if not texts:
-        return torch.empty(0, model.cfg.embed_dim)
+        return
     ids = tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     pad = tokenizer.pad_token_id or 0
-    device = device_of(model)
+    for start in range(0, len(order), batch_size):
+        rows = order[start:start + batch_size]
+        width = max(len(ids[i]) for i in rows)
+        batch = torch.full((len(rows), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for j, i in enumerate(rows):
+            batch[j, :len(ids[i])] = torch.tensor(ids[i])
+            mask[j, :len(ids[i])] = 1
+        yield rows, batch, mask
+
+
+def encode_texts(model: DualEncoder, tokenizer, texts: list[str], batch_size: int = 256,
+                 max_length: int = 64) -> torch.Tensor:
+    """[len(texts), D] normalized embeddings, rows in input order (encoded in order of length)."""
     out = torch.empty(len(texts), model.cfg.embed_dim)
+    device = device_of(model)
     with evaluating(model), _autocast(device):
-        for start in range(0, len(order), batch_size):
-            rows = order[start:start + batch_size]
-            width = max(len(ids[i]) for i in rows)
-            batch = torch.full((len(rows), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(rows), width), dtype=torch.long)
-            for j, i in enumerate(rows):
-                batch[j, :len(ids[i])] = torch.tensor(ids[i])
-                mask[j, :len(ids[i])] = 1
-            out[rows] = _finish(model.encode_text(batch.to(device), mask.to(device)).embeds, device)
+        for rows, ids, mask in _text_batches(tokenizer, texts, batch_size, max_length):
+            out[rows] = _finish(model.encode_text(ids.to(device), mask.to(device)).embeds, device)
     return out
+
+
+def encode_text_tokens(model: DualEncoder, tokenizer, texts: list[str], batch_size: int = 256,
+                       max_length: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """Late interaction's text side: ([len(texts), L, D] normalized token vectors, [len(texts), L] bool mask of
+    real tokens), L the longest text's token count, rows in input order."""
+    ids = tokenizer(texts, truncation=True, max_length=max_length)["input_ids"] if texts else []
+    longest = max((len(i) for i in ids), default=1)
+    tokens = torch.zeros(len(texts), longest, model.cfg.embed_dim)
+    real = torch.zeros(len(texts), longest, dtype=torch.bool)
+    device = device_of(model)
+    with evaluating(model), _autocast(device):
+        for rows, batch, mask in _text_batches(tokenizer, texts, batch_size, max_length):
+            out = model.encode_text(batch.to(device), mask.to(device), tokens=True)
+            width = batch.shape[1]
+            tokens[rows, :width] = _finish(out.tokens, device)
+            real[rows, :width] = mask.bool()
+    return tokens, real
 
 
 def encode_images(model: DualEncoder, pixels: torch.Tensor) -> torch.Tensor:
@@ -90,19 +114,31 @@ def encode_images(model: DualEncoder, pixels: torch.Tensor) -> torch.Tensor:
         return _finish(model.encode_image(pixels).embeds, device)
 
 
-def encode_image_stream(model: DualEncoder, decoded: Iterable[tuple[T, torch.Tensor]], batch_size: int
-                        ) -> Iterator[tuple[list[T], torch.Tensor]]:
-    """Batches of a stream of (payload, pixels): yields (the batch's payloads, their [n, D] embeddings),
-    in stream order; the payload is whatever the caller needs back with each image (its metadata)."""
+def encode_image_tokens(model: DualEncoder, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """([n, D] normalized embeddings, [n, P, D] normalized patch / feature-map cell vectors) of one batch."""
+    device = device_of(model)
+    pixels = pixels.to(device)
+    if device.type == "cuda":
+        pixels = pixels.contiguous(memory_format=torch.channels_last)
+    with evaluating(model), _autocast(device):
+        out = model.encode_image(pixels, tokens=True)
+        return _finish(out.embeds, device), _finish(out.tokens, device)
+
+
+def encode_image_stream(model: DualEncoder, decoded: Iterable[tuple[T, torch.Tensor]], batch_size: int,
+                        encoder: Callable = encode_images) -> Iterator[tuple[list[T], object]]:
+    """Batches of a stream of (payload, pixels): yields (the batch's payloads, `encoder(model, pixels)`: their
+    [n, D] embeddings, or with encode_image_tokens also their patch vectors), in stream order; the payload is
+    whatever the caller needs back with each image (its metadata)."""
     payloads, pending = [], []
     for payload, pixels in decoded:
         payloads.append(payload)
         pending.append(pixels)
         if len(pending) == batch_size:
-            yield payloads, encode_images(model, torch.stack(pending))
+            yield payloads, encoder(model, torch.stack(pending))
             payloads, pending = [], []
     if pending:
-        yield payloads, encode_images(model, torch.stack(pending))
+        yield payloads, encoder(model, torch.stack(pending))
 
 
 def load_for_inference(model_dir: Path, device: str = "auto", local_rank: int = 0):
