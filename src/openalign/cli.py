@@ -307,6 +307,8 @@ def cmd_tokenizer(args) -> int:
 
 
 def cmd_embed(args) -> int:
+    import numpy as np
+
     from openalign import distributed
     from openalign.index.embed import EmbedOptions, embed
 
@@ -317,6 +319,11 @@ def cmd_embed(args) -> int:
         print(f"{manifest['count']:,} image{texts} embeddings ({manifest['dim']}-d {manifest['dtype']}) -> {args.out}; "
               f"{manifest['skipped']:,} unreadable images skipped; {manifest['resumed_parts']} of "
               f"{len(manifest['parts'])} parts were already done")
+        if manifest.get("patch_bytes_per_image"):
+            per = manifest["patch_bytes_per_image"]
+            print(f"patch vectors for re-ranking: {manifest['patches_per_image']} per image, float16, {per:,} bytes per "
+                  f"image ({per * manifest['count'] / 2**20:,.1f} MiB in all; the pooled embedding is "
+                  f"{manifest['dim'] * np.dtype(manifest['dtype']).itemsize:,} bytes)")
     return 0
 
 
@@ -342,13 +349,20 @@ def cmd_search(args) -> int:
         raise ConfigError(f"no image file {args.image}")
     query = options_from(args, search.Query, image=Path(args.image).read_bytes() if args.image else None)
     floor = search.min_score(args.min_score, index.info.get("weights"))
-    hits = search.search(index, search.query_vector(model, tokenizer, query, index), args.k, floor)
+    patches = search.patch_store(index) if args.rerank else None
+    hits = search.search(index, search.query_vector(model, tokenizer, query, index), max(args.k, args.rerank), floor)
+    if args.rerank:
+        start = time.perf_counter()
+        hits = search.rerank(model, tokenizer, query, hits, patches, args.k)
+        note = f"re-ranked the top {args.rerank} by late interaction in {1000 * (time.perf_counter() - start):.1f} ms"
     print(f"{'rank':>4}  {'score':>6}  {'id':>7}  path / caption")
     for hit in hits:
         caption = f"  \"{hit.meta.get('caption')}\"" if hit.meta.get("caption") else ""
         print(f"{hit.rank:>4}  {hit.score:6.3f}  {hit.id:>7}  {hit.meta.get('path') or hit.meta.get('key')}{caption}")
     if floor is not None and len(hits) < args.k:
         print(f"{len(hits)} result{'s' * (len(hits) != 1)} score at least --min-score {floor:.4f}")
+    if args.rerank:
+        print(note + " (scores: late interaction's)")
     return 0
 
 
@@ -544,6 +558,8 @@ def _search_flags(p) -> None:
     p.add_argument("--model", help="the model the index was embedded with (default: the one recorded)")
     p.add_argument("--image", help="an image file as the query")
     p.add_argument("-k", type=int, default=10, help="results")
+    p.add_argument("--rerank", type=int, default=0, metavar="K",
+                   help="re-order the top K by late interaction (a text query; needs `embed --patches`)")
     p.add_argument("--min-score", metavar="SCORE|METRICS_JSON",
                    help="leave out results scoring below this cosine; or `openalign eval`'s metrics JSON for this "
                         "model: its calibrated threshold (t2i_threshold_median)")

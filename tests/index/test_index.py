@@ -208,3 +208,51 @@ def test_an_index_over_its_memory_budget_goes_to_disk_and_searches_the_same(tmp_
     assert moved.meta.take([39_999, 3])["key"].to_pylist() == ["k39999", "k3"] and len(moved.meta) == 40_000
     assert cli.main(["index", str(emb), "--out", str(tmp_path / "flat"), "--kind", "flat", "--memory", "1M"]) == 2
     assert "use --kind ivf" in capsys.readouterr().err
+
+
+def test_rerank_orders_the_shortlist_by_late_interaction_in_search_and_serve(tmp_path, capsys):
+    import torch
+    from fastapi.testclient import TestClient
+    from PIL import Image
+
+    from openalign.data import transforms
+    from openalign.loss import late_interaction
+    from openalign.model.encode import encode_image_tokens, encode_text_tokens
+    from openalign.model.hub import load_pretrained
+    from openalign.serve.app import create_app
+
+    model_dir = save_tiny_model(tmp_path / "model", [f"a {c} {s}" for c in COLORS for s in SHAPES])
+    images = tmp_path / "images"
+    images.mkdir()
+    for colour in COLORS:
+        for shape in SHAPES:
+            shape_image(colour, shape).save(images / f"{colour}_{shape}.png")
+    emb, idx = tmp_path / "emb", tmp_path / "idx"
+    assert cli.main(["embed", str(model_dir), "--images", str(images), "--out", str(emb), "--patches", "--quiet"]) == 0
+    assert "bytes per image" in capsys.readouterr().out
+    manifest = json.loads((emb / MANIFEST).read_text())
+    assert manifest["patch_bytes_per_image"] == manifest["patches_per_image"] * 80 * 2  # float16
+    assert cli.main(["index", str(emb), "--out", str(idx)]) == 0
+    capsys.readouterr()
+    assert cli.main(["search", str(idx), "--text", "a red circle", "-k", "3", "--rerank", "12"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    got = [int(line.split()[2]) for line in lines[1:4]]
+    assert lines[-1].startswith("re-ranked the top 12 by late interaction")
+    # oracle: every image's FILIP text-to-image score for the query, from the model directly
+    model, tok, cfg = load_pretrained(model_dir)
+    paths = pq.read_table(emb / "meta-000000.parquet")["path"].to_pylist()
+    pixels = torch.stack([transforms.eval_transform(Image.open(p).convert("RGB"), cfg.model.vision.resize_size,
+                                                    cfg.model.vision.image_size) for p in paths])
+    _, patches = encode_image_tokens(model, pixels)
+    tokens, mask = encode_text_tokens(model, tok, ["a red circle"])
+    scores = late_interaction(patches, torch.ones(patches.shape[:2], dtype=torch.bool), tokens, mask)[1][:, 0]
+    assert got == scores.argsort(descending=True)[:3].tolist()
+    client = TestClient(create_app(idx))
+    served = client.post("/search", json={"text": "a red circle", "k": 3, "rerank": 12}).json()
+    assert [r["id"] for r in served["results"]] == got and served["rerank"] == 12
+    assert client.post("/search", json={"image_id": 0, "rerank": 5}).status_code == 400  # not a text query
+    # an index whose embeddings have no patch vectors says what to do
+    assert cli.main(["embed", str(model_dir), "--images", str(images), "--out", str(tmp_path / "plain"), "--quiet"]) == 0
+    assert cli.main(["index", str(tmp_path / "plain"), "--out", str(tmp_path / "plain-idx")]) == 0
+    assert cli.main(["search", str(tmp_path / "plain-idx"), "--text", "red", "--rerank", "5"]) == 2
+    assert "embed again with `openalign embed ... --patches`" in capsys.readouterr().err

@@ -3,6 +3,9 @@
     EMB/manifest.json          model, its fingerprint, dim, dtype, count, and the finished parts
     EMB/part-000000.npy        [n, D] L2-normalized image embeddings (float32, or float16 with --float16)
     EMB/text-000000.npy        [n, D] embeddings of the same rows' captions (--texts; zeros for no caption)
+    EMB/patch-000000.npy       [n, P, D] float16 patch (ViT) or feature-map cell (EfficientNet) vectors
+                               (--patches; --top-patches N keeps the N of largest norm), for late-interaction
+                               re-ranking; the manifest says their bytes per image
     EMB/meta-000000.parquet    key, path, caption, width, height (`load` adds id: the row over all parts)
     EMB/part-000000.json       the part's status: rows, skipped, the plan it belongs to (written last)
 
@@ -36,8 +39,9 @@ from openalign import distributed
 from openalign.data import shards as shard_lib
 from openalign.data import sources as source_lib
 from openalign.data import transforms
-from openalign.index.parts import MANIFEST, part_files, read_manifest
-from openalign.model.encode import encode_image_stream, encode_texts, load_for_inference
+from openalign.index.parts import MANIFEST, PATCHES, part_files, read_manifest
+from openalign.model.encode import (encode_image_stream, encode_image_tokens, encode_images, encode_texts,
+                                    load_for_inference)
 from openalign.model.hub import weights_fingerprint
 
 META_SCHEMA = pa.schema([("key", pa.string()), ("path", pa.string()), ("caption", pa.string()),
@@ -51,6 +55,8 @@ class EmbedOptions:
     float16: bool = False  # store float16 embeddings (half the size)
     images: str = ""  # image root for a Karpathy JSON or caption table (default: beside it)
     texts: bool = False  # also embed each row's caption (text-*.npy): text->text search, text indexes
+    patches: bool = False  # also store each image's patch vectors (patch-*.npy, float16): search/serve --rerank
+    top_patches: int = 0  # > 0: keep only this many patch vectors per image, those of largest norm (less disk)
     device: str = "auto"  # auto: this rank's GPU when there is one, else the CPU
 
 
@@ -86,11 +92,14 @@ def plan_parts(sources: list[str], options: EmbedOptions) -> tuple[list[Part], d
     return parts, listings, layout.hexdigest()
 
 
-def _write_part(out: Path, index: int, embeds: np.ndarray, rows: list[dict], texts: np.ndarray | None = None) -> None:
+def _write_part(out: Path, index: int, embeds: np.ndarray, rows: list[dict], texts: np.ndarray | None = None,
+                patches: np.ndarray | None = None) -> None:
     files = [(f"part-{index:06d}.npy", lambda f: np.save(f, embeds)),
              (f"meta-{index:06d}.parquet", lambda f: pq.write_table(pa.Table.from_pylist(rows, schema=META_SCHEMA), f))]
     if texts is not None:
         files.append((f"text-{index:06d}.npy", lambda f: np.save(f, texts)))
+    if patches is not None:
+        files.append((f"{PATCHES}-{index:06d}.npy", lambda f: np.save(f, patches)))
     for name, write in files:
         tmp = out / (name + ".tmp")
         with open(tmp, "wb") as f:
@@ -105,9 +114,11 @@ def _status(out: Path, index: int) -> dict | None:
         return None
 
 
-def _finished(out: Path, part: Part, key: str, texts: bool) -> dict | None:
+def _finished(out: Path, part: Part, key: str, options: EmbedOptions) -> dict | None:
     status = _status(out, part.index)
-    files = [f"part-{part.index:06d}.npy", f"meta-{part.index:06d}.parquet"] + ([f"text-{part.index:06d}.npy"] if texts else [])
+    files = [f"part-{part.index:06d}.npy", f"meta-{part.index:06d}.parquet"] + \
+        ([f"text-{part.index:06d}.npy"] if options.texts else []) + \
+        ([f"{PATCHES}-{part.index:06d}.npy"] if options.patches else [])
     if status and status.get("plan") == key and all((out / f).is_file() for f in files):
         return status
     return None
@@ -130,13 +141,19 @@ class Encoder:
 
 
 def embed_part(encoder: Encoder, items, options: EmbedOptions, bar) -> tuple:
-    """(image embeddings, caption embeddings or None, metadata rows, skip counter) of one part."""
+    """(image embeddings, caption embeddings or None, metadata rows, skip counter, patch vectors or None) of
+    one part."""
     resize, crop = encoder.cfg.model.vision.resize_size, encoder.cfg.model.vision.image_size
     counter: dict = {}
     pixels = (((item, image.size), transforms.eval_transform(image, resize, crop))
               for item, image in source_lib.decoded(items, counter))
-    embeds, rows = [], []
-    for batch, vectors in encode_image_stream(encoder.model, pixels, options.batch_size):
+    embeds, rows, cells = [], [], []
+    encode = (lambda model, batch: encode_image_tokens(model, batch, options.top_patches)) if options.patches \
+        else encode_images
+    for batch, vectors in encode_image_stream(encoder.model, pixels, options.batch_size, encode):
+        if options.patches:
+            vectors, patch_vectors = vectors
+            cells.append(patch_vectors.numpy().astype(np.float16))
         embeds.append(vectors.numpy())
         rows.extend({"key": item.key, "path": item.path, "caption": item.texts[0] if item.texts else "",
                      "width": size[0], "height": size[1]} for item, size in batch)
@@ -145,7 +162,10 @@ def embed_part(encoder: Encoder, items, options: EmbedOptions, bar) -> tuple:
     dim = encoder.cfg.model.embed_dim
     matrix = np.concatenate(embeds) if embeds else np.zeros((0, dim), np.float32)
     texts = encoder.texts([r["caption"] for r in rows], options.batch_size) if options.texts else None
-    return matrix, texts, rows, counter
+    patches = None
+    if options.patches:
+        patches = np.concatenate(cells) if cells else np.zeros((0, max(options.top_patches, 1), dim), np.float16)
+    return matrix, texts, rows, counter, patches
 
 
 def embed(model_dir: Path, sources: list[str], out: Path, options: EmbedOptions = EmbedOptions(),
@@ -165,17 +185,21 @@ def embed(model_dir: Path, sources: list[str], out: Path, options: EmbedOptions 
     plan = {"model": str(Path(model_dir).resolve()), "weights": weights_fingerprint(model_dir),
             "source": ",".join(sources), "layout": layout_key, "part_size": options.part_size,
             "dtype": np.dtype(dtype).name, "dim": cfg.model.embed_dim, "resize": cfg.model.vision.resize_size,
-            "crop": cfg.model.vision.image_size, "texts": options.texts}
+            "crop": cfg.model.vision.image_size, "texts": options.texts, "patches": options.patches,
+            "top_patches": options.top_patches}
+    if options.top_patches < 0:
+        raise ConfigError(f"--top-patches {options.top_patches} must be 0 (all) or a count of patches to keep")
     key = hashlib.blake2b(json.dumps(plan, sort_keys=True).encode(), digest_size=16).hexdigest()
     mine = [p for p in parts if p.index % layout.world == layout.rank]
-    todo = [p for p in mine if not _finished(out, p, key, options.texts)]
+    todo = [p for p in mine if not _finished(out, p, key, options)]
     bar = tqdm(total=sum(p.stop - p.start for p in todo if not p.shard) or None, desc=f"embed (rank {layout.rank})"
                if layout.active else "embed", unit="img", disable=not progress)
     for part in todo:
         counter: dict = {}
         items = source_lib.shard_items(part.shard, counter) if part.shard else listings[part.source][part.start:part.stop]
-        matrix, texts, rows, decoded = embed_part(encoder, items, options, bar)
-        _write_part(out, part.index, matrix.astype(dtype), rows, None if texts is None else texts.astype(dtype))
+        matrix, texts, rows, decoded, patches = embed_part(encoder, items, options, bar)
+        _write_part(out, part.index, matrix.astype(dtype), rows, None if texts is None else texts.astype(dtype),
+                    patches)
         status = {"plan": key, "rows": len(rows), "skipped": decoded.get("skipped", 0) + counter.get("skipped", 0),
                   "unusable": counter.get("reasons", {}), "rank": layout.rank}
         tmp = out / f"part-{part.index:06d}.json.tmp"
@@ -193,16 +217,22 @@ def embed(model_dir: Path, sources: list[str], out: Path, options: EmbedOptions 
 
 
 def _manifest(out: Path, parts: list[Part], plan: dict, key: str, options: EmbedOptions, resumed: int) -> dict:
-    done = {str(p.index): s for p in parts if (s := _finished(out, p, key, options.texts))}
+    done = {str(p.index): s for p in parts if (s := _finished(out, p, key, options))}
     unusable: dict = {}
     for status in done.values():
         for reason, n in status.get("unusable", {}).items():
             unusable[reason] = unusable.get(reason, 0) + n
     for stale in out.glob("part-*.npy"):  # parts beyond this plan's (an earlier, larger collection)
         if int(stale.stem[5:]) >= len(parts):
-            for name in (stale.name, f"meta-{stale.stem[5:]}.parquet", f"text-{stale.stem[5:]}.npy", f"{stale.stem}.json"):
+            for name in (stale.name, f"meta-{stale.stem[5:]}.parquet", f"text-{stale.stem[5:]}.npy",
+                         f"{PATCHES}-{stale.stem[5:]}.npy", f"{stale.stem}.json"):
                 (out / name).unlink(missing_ok=True)
-    return plan | {"parts": {k: {"rows": s["rows"], "skipped": s["skipped"]} for k, s in done.items()},
+    cost = {}
+    if options.patches and done:  # the disk cost of late interaction: float16 patch vectors per image
+        shapes = [np.load(out / f"{PATCHES}-{int(k):06d}.npy", mmap_mode="r").shape for k in done]
+        patches = max((s[1] for s in shapes if s[0]), default=0)
+        cost = {"patches_per_image": patches, "patch_bytes_per_image": patches * plan["dim"] * 2}
+    return plan | cost | {"parts": {k: {"rows": s["rows"], "skipped": s["skipped"]} for k, s in done.items()},
                    "complete": len(done) == len(parts), "count": sum(s["rows"] for s in done.values()),
                    "skipped": sum(s["skipped"] for s in done.values()), "unusable_samples": unusable,
                    "resumed_parts": resumed, "options": asdict(options)}

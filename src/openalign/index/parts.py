@@ -16,6 +16,7 @@ from openalign.config import ConfigError
 
 MANIFEST = "manifest.json"
 VECTORS = {"image": "part", "text": "text"}
+PATCHES = "patch"  # patch-000000.npy: [n, P, D] float16 patch vectors (embed --patches), for re-ranking
 
 
 def read_manifest(emb: Path, vectors: str = "image") -> dict:
@@ -47,6 +48,8 @@ class Parts:
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
         self.n = int(self.offsets[-1])
         self.d = int(arrays[0].shape[1]) if arrays else 0
+        shaped = [a for a in arrays if len(a)] or arrays
+        self.row_shape = tuple(shaped[0].shape[1:]) if arrays else (0,)  # (d,), or (patches, d): patch vectors
         self.itemsize = arrays[0].dtype.itemsize if arrays else 4
 
     def _array(self, i: int) -> np.ndarray:
@@ -68,7 +71,7 @@ class Parts:
 
     def take(self, ids: np.ndarray) -> np.ndarray:
         """float32 rows `ids` (any order)."""
-        out = np.empty((len(ids), self.d), np.float32)
+        out = np.empty((len(ids), *self.row_shape), np.float32)
         part = np.searchsorted(self.offsets, ids, side="right") - 1
         for i in np.unique(part):
             rows = np.nonzero(part == i)[0]

@@ -13,12 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from openalign.config import ConfigError
 from openalign.data import images as image_lib
 from openalign.data import transforms
 from openalign.index.build import Loaded
-from openalign.model.encode import encode_images, encode_texts
+from openalign.index.parts import PATCHES, Parts, read_manifest
+from openalign.loss import late_interaction_pairs
+from openalign.model.encode import encode_images, encode_text_tokens, encode_texts
 
 IMAGE_WEIGHT, TEXT_WEIGHT = 1.0, 2.0  # the paper's image+text query weights
 
@@ -83,6 +86,37 @@ def combine(images: np.ndarray | None, texts: np.ndarray, signs: np.ndarray, ima
     if (norm == 0.0).any():
         raise ConfigError("the query terms cancel out (a zero vector); change the terms or their weights")
     return (total / norm).astype(np.float32)
+
+
+def patch_store(index: Loaded) -> Parts:
+    """The patch vectors (embed --patches) of the rows of `index`, memory-mapped, for re-ranking."""
+    emb = Path(index.info.get("embeddings", ""))
+    try:
+        manifest = read_manifest(emb)
+    except ConfigError:
+        manifest = {}
+    if not manifest.get("patches"):
+        raise ConfigError(f"re-ranking needs the images' patch vectors, and {emb} has none; embed again with "
+                          "`openalign embed ... --patches` and rebuild the index")
+    return Parts([emb / f"{PATCHES}-{int(i):06d}.npy" for i in sorted(manifest["parts"], key=int)])
+
+
+def rerank(model, tokenizer, query: Query, hits: list[Hit], patches: Parts, k: int) -> list[Hit]:
+    """The pooled shortlist `hits` re-ordered by late interaction with the query text's tokens (FILIP's
+    text-to-image score: the mean over its tokens of the best patch), the top k of it; each hit's score is its
+    late-interaction score, its pooled one is kept in meta["pooled_score"]."""
+    if query.image is not None or query.image_id is not None or query.plus or query.minus or not query.text:
+        raise ConfigError("re-ranking compares a text's tokens with each image's patches: it takes a text query "
+                          "alone (no image, no plus or minus terms)")
+    if not hits:
+        return []
+    tokens, mask = encode_text_tokens(model, tokenizer, [query.text], max_length=model.cfg.text.max_length)
+    cells = torch.from_numpy(patches.take(np.array([h.id for h in hits], dtype=np.int64)))  # [K, P, D]
+    scores = late_interaction_pairs(cells[None], torch.ones(cells.shape[:2], dtype=torch.bool)[None], tokens[None],
+                                    mask[None])[1][0, :, 0].tolist()
+    order = sorted(range(len(hits)), key=lambda i: -scores[i])[:k]
+    return [Hit(rank + 1, scores[i], hits[i].id, hits[i].meta | {"pooled_score": hits[i].score})
+            for rank, i in enumerate(order)]
 
 
 def search(index: Loaded, vector: np.ndarray, k: int = 10, min_score: float | None = None) -> list[Hit]:

@@ -38,6 +38,7 @@ class Encoding:
     # feature-map cell (EfficientNet), or per text token, [B, N, D]; and which of them are real, [B, N] bool
     tokens: torch.Tensor | None = None
     mask: torch.Tensor | None = None
+    token_norms: torch.Tensor | None = None  # [B, N] each token vector's norm before normalization (salience)
 
 
 def _text_kwargs(cfg: ModelConfig, pad_token_id: int) -> dict:
@@ -184,6 +185,7 @@ class DualEncoder(nn.Module):
         if tokens:
             encoding.tokens = F.normalize(cells, dim=-1)
             encoding.mask = torch.ones(cells.shape[:2], dtype=torch.bool, device=cells.device)
+            encoding.token_norms = cells.norm(dim=-1)
         return encoding
 
     def tower_pixels(self, unit: torch.Tensor) -> torch.Tensor:

@@ -114,15 +114,20 @@ def encode_images(model: DualEncoder, pixels: torch.Tensor) -> torch.Tensor:
         return _finish(model.encode_image(pixels).embeds, device)
 
 
-def encode_image_tokens(model: DualEncoder, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """([n, D] normalized embeddings, [n, P, D] normalized patch / feature-map cell vectors) of one batch."""
+def encode_image_tokens(model: DualEncoder, pixels: torch.Tensor, top: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """([n, D] normalized embeddings, [n, P, D] normalized patch / feature-map cell vectors) of one batch;
+    `top` > 0: only that many patch vectors per image, those largest before normalization, in that order."""
     device = device_of(model)
     pixels = pixels.to(device)
     if device.type == "cuda":
         pixels = pixels.contiguous(memory_format=torch.channels_last)
     with evaluating(model), _autocast(device):
         out = model.encode_image(pixels, tokens=True)
-        return _finish(out.embeds, device), _finish(out.tokens, device)
+        patches = out.tokens
+        if 0 < top < patches.shape[1]:
+            keep = out.token_norms.topk(top, dim=1).indices  # [n, top]
+            patches = patches.gather(1, keep[:, :, None].expand(-1, -1, patches.shape[2]))
+        return _finish(out.embeds, device), _finish(patches, device)
 
 
 def encode_image_stream(model: DualEncoder, decoded: Iterable[tuple[T, torch.Tensor]], batch_size: int,

@@ -74,6 +74,8 @@ class SearchRequest(BaseModel):
     k: int = Field(24, ge=1)
     min_score: float | None = Field(None, ge=-1, le=1, description="leave out results scoring below this cosine "
                                     "(default: the server's --min-score, if any)")
+    rerank: int = Field(0, ge=0, description="re-order the top K by late interaction (a text query alone; the "
+                                             "index's embeddings need patch vectors: `openalign embed --patches`)")
 
 
 class BodyLimit:
@@ -144,6 +146,7 @@ class SearchResponse(BaseModel):
     results: list[Result]
     count: int
     min_score: float | None = None  # the score floor applied, if any
+    rerank: int = 0  # the shortlist re-ordered by late interaction (0: none); scores are then its scores
 
 
 def _decode_upload(data: str, limits: Limits) -> bytes:
@@ -188,6 +191,7 @@ def create_app(index_dir: Path, model_dir: str | None = None, limits: Limits = L
     index = build.load(Path(index_dir))
     model, tokenizer = search.load_model_for(index, model_dir)
     default_floor = search.min_score(min_score, index.info.get("weights"))
+    state: dict = {}  # the patch vectors, memory-mapped at the first re-ranking request
     app = FastAPI(title="openalign search", version="1",
                   description="Search images by text, by image, and by image plus/minus texts (ALIGN, Section 7).")
     app.state.index_dir = str(index_dir)
@@ -212,8 +216,18 @@ def create_app(index_dir: Path, model_dir: str | None = None, limits: Limits = L
         except ConfigError as err:
             raise HTTPException(400, str(err)) from None
         floor = default_floor if request.min_score is None else request.min_score
-        hits = search.search(index, vector, min(request.k, limits.max_k), floor)
-        return SearchResponse(count=index.index.ntotal, min_score=floor, results=[
+        k = min(request.k, limits.max_k)
+        if request.rerank > limits.max_k:
+            raise HTTPException(400, f"rerank shortlists at most {limits.max_k} results")
+        hits = search.search(index, vector, max(k, request.rerank), floor)
+        if request.rerank:
+            try:
+                if "patches" not in state:
+                    state["patches"] = search.patch_store(index)
+                hits = search.rerank(model, tokenizer, query, hits, state["patches"], k)
+            except ConfigError as err:
+                raise HTTPException(400, str(err)) from None
+        return SearchResponse(count=index.index.ntotal, min_score=floor, rerank=request.rerank, results=[
             Result(rank=h.rank, score=h.score, id=h.id, path=h.meta.get("path"), caption=h.meta.get("caption"),
                    width=h.meta.get("width"), height=h.meta.get("height"), thumbnail=f"/image/{h.id}")
             for h in hits])
