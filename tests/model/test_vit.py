@@ -99,17 +99,22 @@ def test_vit_config_checks():
 
 
 def test_vit_pipeline_train_eval_embed_index_search(shapes, tmp_path, capsys):
+    """A ViT trained with the late-interaction loss, through every command: eval with a re-rank and at another
+    resolution, embed with its top patch vectors, index, search with a re-rank, serve."""
     from conftest import COLORS, SHAPES, shape_image
     from openalign import cli
 
     run = tmp_path / "run"
     assert cli.main(["train", "--preset", "tiny-vit", "--data", str(shapes["train"]), "--eval-data",
-                     str(shapes["eval"]), "--out", str(run), "--quiet", "train.steps=4"]) == 0
+                     str(shapes["eval"]), "--out", str(run), "--quiet", "train.steps=4", "loss.kind=filip"]) == 0
     model_dir = run / "model"
     assert json.loads((model_dir / "config.json").read_text())["model_type"] == "vision-text-dual-encoder"
     final = json.loads((run / "final_metrics.json").read_text())
     assert cli.main(["eval", str(model_dir), "--data", str(shapes["eval"]), "--out", str(tmp_path / "m.json")]) == 0
     assert json.loads((tmp_path / "m.json").read_text())["i2t_r10"] == final["i2t_r10"]
+    assert cli.main(["eval", str(model_dir), "--data", str(shapes["eval"]), "--task", "retrieval", "--rerank", "5",
+                     "--out", str(tmp_path / "r.json")]) == 0
+    assert json.loads((tmp_path / "r.json").read_text())["patches_per_image"] == 16  # 32 px in 8 px patches
     # at another resolution: the position embeddings are interpolated, the evaluation runs
     assert cli.main(["eval", str(model_dir), "--data", str(shapes["eval"]), "--crop", "48", "--resize", "54",
                      "--out", str(tmp_path / "m48.json")]) == 0
@@ -118,14 +123,37 @@ def test_vit_pipeline_train_eval_embed_index_search(shapes, tmp_path, capsys):
     for colour in COLORS:
         for shape in SHAPES:
             shape_image(colour, shape).save(images / f"{colour}_{shape}.png")
-    assert cli.main(["embed", str(model_dir), "--images", str(images), "--out", str(tmp_path / "emb"), "--quiet"]) == 0
+    assert cli.main(["embed", str(model_dir), "--images", str(images), "--out", str(tmp_path / "emb"), "--quiet",
+                     "--patches", "--top-patches", "4"]) == 0
+    manifest = json.loads((tmp_path / "emb" / "manifest.json").read_text())
+    assert (manifest["patches_per_image"], manifest["patch_bytes_per_image"]) == (4, 4 * 80 * 2)
     assert cli.main(["index", str(tmp_path / "emb"), "--out", str(tmp_path / "idx")]) == 0
     capsys.readouterr()
-    assert cli.main(["search", str(tmp_path / "idx"), "--text", "a red circle", "-k", "3"]) == 0
-    assert len(capsys.readouterr().out.strip().splitlines()) == 4
+    assert cli.main(["search", str(tmp_path / "idx"), "--text", "a red circle", "-k", "3", "--rerank", "8"]) == 0
+    assert len(capsys.readouterr().out.strip().splitlines()) == 5  # header, 3 hits, the re-rank's line
     from fastapi.testclient import TestClient
 
     from openalign.serve.app import create_app
 
     served = TestClient(create_app(tmp_path / "idx")).post("/search", json={"text": "a red circle", "k": 5}).json()
     assert len(served["results"]) == 5
+
+
+def test_top_patches_keeps_the_vectors_of_largest_norm():
+    from openalign.model.encode import encode_image_tokens
+
+    _, model = vit_model()
+    pixels = torch.rand(3, 3, 32, 32) * 2 - 1
+    with torch.no_grad():
+        out = model.encode_image(pixels, tokens=True)
+    _, every = encode_image_tokens(model, pixels)
+    _, kept = encode_image_tokens(model, pixels, top=4)
+    assert every.shape == (3, 16, 80) and kept.shape == (3, 4, 80)
+    for i in range(3):
+        # each kept vector is one of the image's own, and no dropped one had a larger norm
+        match = (kept[i] @ every[i].T).isclose(torch.tensor(1.0), atol=1e-5)  # [4, 16]
+        chosen = match.float().argmax(dim=1)
+        assert match.any(dim=1).all() and len(set(chosen.tolist())) == 4
+        dropped = torch.ones(16, dtype=torch.bool)
+        dropped[chosen] = False
+        assert out.token_norms[i, chosen].min() >= out.token_norms[i, dropped].max()
