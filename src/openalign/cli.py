@@ -349,6 +349,8 @@ def cmd_search(args) -> int:
         raise ConfigError(f"no image file {args.image}")
     query = options_from(args, search.Query, image=Path(args.image).read_bytes() if args.image else None)
     floor = search.min_score(args.min_score, index.info.get("weights"))
+    if args.rerank < 0:
+        raise ConfigError(f"--rerank {args.rerank} must be 0 (off) or a shortlist size K >= 1")
     patches = search.patch_store(index) if args.rerank else None
     hits = search.search(index, search.query_vector(model, tokenizer, query, index), max(args.k, args.rerank), floor)
     if args.rerank:

@@ -98,6 +98,9 @@ def patch_store(index: Loaded) -> Parts:
     if not manifest.get("patches"):
         raise ConfigError(f"re-ranking needs the images' patch vectors, and {emb} has none; embed again with "
                           "`openalign embed ... --patches` and rebuild the index")
+    if index.info.get("weights") and manifest.get("weights") != index.info["weights"]:
+        raise ConfigError(f"{emb} was embedded again with another model since this index was built; rebuild the "
+                          "index from it")
     return Parts([emb / f"{PATCHES}-{int(i):06d}.npy" for i in sorted(manifest["parts"], key=int)])
 
 

@@ -17,9 +17,8 @@ is kept beside the HF model and written into its logit_scale = log(1/T) when sav
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
