@@ -43,7 +43,7 @@ def test_kinds_are_literal_and_checked_once_with_every_rule_across_fields_and_pr
     from openalign.config import check, override
 
     cfg = presets.get("tiny")
-    with pytest.raises(ConfigError, match="loss.kind=hinge must be softmax or sigmoid"):
+    with pytest.raises(ConfigError, match="loss.kind=hinge must be softmax, sigmoid or filip"):
         check(override(cfg, ["loss.kind=hinge"]))
     bad = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, implementation="fast"))
     with pytest.raises(ConfigError, match="loss.implementation=fast must be auto, naive or chunked"):
