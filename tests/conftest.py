@@ -100,17 +100,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def shape_images(images: Path) -> Path:
+    """The 12 colour x shape images in `images`, each with its caption beside it (`a red circle`)."""
+    images.mkdir(parents=True, exist_ok=True)
+    for colour in COLORS:
+        for shape in SHAPES:
+            shape_image(colour, shape).save(images / f"{colour}_{shape}.png")
+            (images / f"{colour}_{shape}.txt").write_text(f"a {colour} {shape}")
+    return images
+
+
 def shape_index(root: Path) -> Path:
     """A tiny model, the 12 colour x shape images with captions, and an index of them: the index directory."""
     from openalign import cli
 
     model = save_tiny_model(root / "model", [f"a {c} {s}" for c in COLORS for s in SHAPES])
-    images = root / "images"
-    images.mkdir()
-    for colour in COLORS:
-        for shape in SHAPES:
-            shape_image(colour, shape).save(images / f"{colour}_{shape}.png")
-            (images / f"{colour}_{shape}.txt").write_text(f"a {colour} {shape}")
+    images = shape_images(root / "images")
     assert cli.main(["embed", str(model), "--images", str(images), "--out", str(root / "emb"), "--quiet"]) == 0
     assert cli.main(["index", str(root / "emb"), "--out", str(root / "idx")]) == 0
     return root / "idx"

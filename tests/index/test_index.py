@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import COLORS, SHAPES, save_tiny_model, shape_image
+from conftest import COLORS, SHAPES, save_tiny_model, shape_image, shape_images
 from openalign import cli
 from openalign.index import build as build_lib
 from openalign.index.embed import MANIFEST, _write_part
@@ -222,11 +222,7 @@ def test_rerank_orders_the_shortlist_by_late_interaction_in_search_and_serve(tmp
     from openalign.serve.app import create_app
 
     model_dir = save_tiny_model(tmp_path / "model", [f"a {c} {s}" for c in COLORS for s in SHAPES])
-    images = tmp_path / "images"
-    images.mkdir()
-    for colour in COLORS:
-        for shape in SHAPES:
-            shape_image(colour, shape).save(images / f"{colour}_{shape}.png")
+    images = shape_images(tmp_path / "images")
     emb, idx = tmp_path / "emb", tmp_path / "idx"
     assert cli.main(["embed", str(model_dir), "--images", str(images), "--out", str(emb), "--patches", "--quiet"]) == 0
     assert "bytes per image" in capsys.readouterr().out

@@ -101,7 +101,7 @@ def test_vit_config_checks():
 def test_vit_pipeline_train_eval_embed_index_search(shapes, tmp_path, capsys):
     """A ViT trained with the late-interaction loss, through every command: eval with a re-rank and at another
     resolution, embed with its top patch vectors, index, search with a re-rank, serve."""
-    from conftest import COLORS, SHAPES, shape_image
+    from conftest import shape_images
     from openalign import cli
 
     run = tmp_path / "run"
@@ -118,11 +118,7 @@ def test_vit_pipeline_train_eval_embed_index_search(shapes, tmp_path, capsys):
     # at another resolution: the position embeddings are interpolated, the evaluation runs
     assert cli.main(["eval", str(model_dir), "--data", str(shapes["eval"]), "--crop", "48", "--resize", "54",
                      "--out", str(tmp_path / "m48.json")]) == 0
-    images = tmp_path / "images"
-    images.mkdir()
-    for colour in COLORS:
-        for shape in SHAPES:
-            shape_image(colour, shape).save(images / f"{colour}_{shape}.png")
+    images = shape_images(tmp_path / "images")
     assert cli.main(["embed", str(model_dir), "--images", str(images), "--out", str(tmp_path / "emb"), "--quiet",
                      "--patches", "--top-patches", "4"]) == 0
     manifest = json.loads((tmp_path / "emb" / "manifest.json").read_text())
