@@ -27,6 +27,7 @@ from transformers import (AlignConfig, AlignModel, AlignTextConfig, AlignVisionC
                           VisionTextDualEncoderConfig, VisionTextDualEncoderModel)
 
 from openalign.config import LossConfig, ModelConfig
+from openalign.model.depthwise import use_fast_depthwise
 
 
 @dataclass
@@ -123,6 +124,8 @@ class DualEncoder(nn.Module):
             else None
         if cfg.channels_last and not self.vit:
             self.align.vision_model.to(memory_format=torch.channels_last)
+        if not self.vit:  # oneDNN's weight gradient on 2x2 and 4x4 maps is most of the step (model/depthwise.py)
+            use_fast_depthwise(self.align.vision_model)
 
     @property
     def hf(self) -> AlignModel | VisionTextDualEncoderModel:
