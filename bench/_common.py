@@ -24,7 +24,11 @@ def write_section(name: str, body: str, path: Path = BENCHMARKS) -> None:
 
 def verdict(target: str, name: str, value: float, bound: float, at_least: bool, fmt: str = ".2f") -> str:
     ok = value >= bound if at_least else value <= bound
-    return f"{target} {name}={value:{fmt}} target{'>=' if at_least else '<='}{bound:g} {'PASS' if ok else 'FAIL'}"
+    line = f"{target} {name}={value:{fmt}} target{'>=' if at_least else '<='}{bound:g} {'PASS' if ok else 'FAIL'}"
+    if not ok and bound and value == value:  # how far off, as a factor of the target
+        line += f" ({value / bound:.2f}x the target: {'short' if at_least else 'over'} by " \
+                f"{abs(value - bound) / bound:.0%})"
+    return line
 
 
 def peak_rss_mib() -> float:
