@@ -98,11 +98,11 @@ def main() -> int:
     rows = [
         f"### P6 retrieval metrics ({n:,} images x {m:,} captions, d={args.dim}, {args.threads} threads)", "",
         "| what | seconds (median of %d) | extra peak memory |" % args.repeats, "|---|---|---|",
-        f"| openalign i2t + t2i ranks and recalls (blocks of ~64 MiB) | {ours['seconds']:.3f} | "
+        f"| openalign i2t + t2i ranks and recalls, one pass over blocks of ~64 MiB | {ours['seconds']:.3f} | "
         f"{ours['extra_mib']:.0f} MiB |",
         f"| one full similarity GEMM [{n:,} x {m:,}] (reference unit) | {gemm_s:.3f} | {4 * n * m / 2**20:.0f} MiB "
         "(the matrix) |", "",
-        f"- time / one GEMM: **{ratio:.2f}x** (target <= 2.5x; both directions need the scores once each)",
+        f"- time / one GEMM: **{ratio:.2f}x** (target <= 1.5x: one pass over the score blocks serves both directions)",
         f"- recalls identical to the full-matrix reference: **{identical}** "
         f"(i2t R@1 {ref['i2t_r1']:.4f}, t2i R@1 {ref['t2i_r1']:.4f})",
         f"- command: `.venv/bin/python bench/eval_retrieval.py --images {n} --captions-per-image "
@@ -110,7 +110,7 @@ def main() -> int:
     ]
     print("\n".join(rows))
     write_section("P6", "\n".join(rows))
-    print(verdict("P6", "retrieval_time_vs_gemm", ratio, 2.5, at_least=False))
+    print(verdict("P6", "retrieval_time_vs_gemm", ratio, 1.5, at_least=False))
     print(verdict("P6", "retrieval_extra_mib", ours["extra_mib"], 256, at_least=False))
     print(f"P6 retrieval_identical={identical} target=True {'PASS' if identical else 'FAIL'}")
     return 0

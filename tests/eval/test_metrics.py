@@ -67,9 +67,9 @@ def test_topk_accuracy_with_ties_against():
     assert acc["top2"] == pytest.approx(2 / 3)
 
 
-def full_matrix_ranks(img, txt, text_to_image):
+def full_matrix_ranks(img, txt, text_to_image, sims=None):
     """The naive reference: the whole [N, M] matrix, ranks by the definition in the module docstring."""
-    sims = img @ txt.T
+    sims = img @ txt.T if sims is None else sims
     own = text_to_image[None, :] == torch.arange(img.shape[0])[:, None]
     best = sims.masked_fill(~own, float("-inf")).max(dim=1, keepdim=True).values
     i2t = ((sims >= best) & ~own).sum(dim=1)
@@ -88,6 +88,26 @@ def test_blocked_ranks_equal_the_full_matrix_with_shuffled_captions_and_ties():
     for chunk in (None, 1, 5, 64):
         assert torch.equal(M.i2t_ranks(img, txt, owner, chunk), ref_i2t)
         assert torch.equal(M.t2i_ranks(img, txt, owner, chunk), ref_t2i)
+        one_pass = M.retrieval_ranks(img, txt, owner, chunk)
+        assert torch.equal(one_pass[0], ref_i2t) and torch.equal(one_pass[1], ref_t2i)
+
+
+def test_one_pass_ranks_settle_near_ties_by_the_gemm_values():
+    # float32 embeddings whose own-image scores a plain dot product rounds differently from the GEMM, with
+    # duplicated images and captions (exact ties) and near-duplicates one rounding step apart
+    g = torch.Generator().manual_seed(1)
+    img = torch.nn.functional.normalize(torch.randn(60, 48, generator=g), dim=1)
+    img[30:40] = img[:10]
+    img[40:50] = img[:10] + 1e-7 * torch.randn(10, 48, generator=g)
+    owner = torch.arange(60).repeat_interleave(3)[torch.randperm(180, generator=g)]
+    txt = torch.nn.functional.normalize(img[owner] + 0.05 * torch.randn(180, 48, generator=g), dim=1)
+    txt[90:] = txt[:90]
+    for chunk in (None, 7):
+        # the same scores as the pass sees them: a GEMM's rounding can depend on the block's shape
+        sims = torch.cat([img[s:s + (chunk or 60)] @ txt.T for s in range(0, 60, chunk or 60)])
+        ref_i2t, ref_t2i = full_matrix_ranks(img, txt, owner, sims)
+        i2t, t2i = M.retrieval_ranks(img, txt, owner, chunk)
+        assert torch.equal(i2t, ref_i2t) and torch.equal(t2i, ref_t2i)
 
 
 def test_captions_by_image_table():

@@ -94,15 +94,19 @@ def positive_ranks(queries: torch.Tensor, gallery: torch.Tensor, positives: torc
             left_out = exclude[start:start + step]
             rows = torch.nonzero(left_out >= 0).squeeze(1)
             sims[rows, left_out[rows]] = float("-inf")
-        idx = positives[start:start + step]  # [b, p]
-        scores = sims.gather(1, idx.clamp(min=0))  # [b, p]
-        valid = (idx >= 0) & scores.isfinite()  # a non-finite positive score is no hit
-        scores = scores.masked_fill(~valid, float("-inf"))
-        best = scores.max(dim=1, keepdim=True).values  # [b, 1]
-        # wrong items at least as good as the best positive = all such - positives such
-        block = count_at_least(sims if finite else against_target(sims), best) - ((scores >= best) & valid).sum(dim=1)
-        ranks[start:start + step] = block.masked_fill(~valid.any(dim=1), MISS)
+        ranks[start:start + step] = _block_ranks(sims, positives[start:start + step], finite)
     return ranks
+
+
+def _block_ranks(sims: torch.Tensor, idx: torch.Tensor, finite: bool) -> torch.Tensor:
+    """[b] ranks of a block of query rows: sims [b, G], idx [b, p] their positives (padded with -1)."""
+    scores = sims.gather(1, idx.clamp(min=0))  # [b, p]
+    valid = (idx >= 0) & scores.isfinite()  # a non-finite positive score is no hit
+    scores = scores.masked_fill(~valid, float("-inf"))
+    best = scores.max(dim=1, keepdim=True).values  # [b, 1]
+    # wrong items at least as good as the best positive = all such - positives such
+    block = count_at_least(sims if finite else against_target(sims), best) - ((scores >= best) & valid).sum(dim=1)
+    return block.masked_fill(~valid.any(dim=1), MISS)
 
 
 def i2t_ranks(img: torch.Tensor, txt: torch.Tensor, text_to_image: torch.Tensor, chunk: int | None = None
@@ -163,9 +167,53 @@ def recalls(ranks: torch.Tensor, prefix: str, ks=KS) -> dict[str, float]:
     return out
 
 
+def retrieval_ranks(img: torch.Tensor, txt: torch.Tensor, text_to_image: torch.Tensor, chunk: int | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(i2t_ranks, t2i_ranks) from one pass over the [N, M] scores, equal to them ties included.
+
+    Image rows are scored in blocks; each block ranks its images (their captions are in the block) and, for
+    the texts' side, counts per column the images scoring at least a little below each text's own image. That
+    own-image score comes from another block, so a plain dot product stands in for it beforehand, and its
+    rounding difference from the GEMM's value (at most `delta`, the fp error bound of a length-D dot product,
+    twice) is settled afterwards: the few scores that land within +-delta of it are kept and compared with the
+    GEMM's exact value once its block has been seen. Non-finite embeddings take the two-pass path."""
+    n, m = img.shape[0], txt.shape[0]
+    finite = math.isfinite(float(img.sum())) and math.isfinite(float(txt.sum()))
+    if not finite or n == 0 or m == 0:
+        return i2t_ranks(img, txt, text_to_image, chunk), t2i_ranks(img, txt, text_to_image, chunk)
+    captions = captions_by_image(text_to_image, n)
+    approx = (img[text_to_image] * txt).sum(dim=1)  # [M] each text's own-image score, up to rounding
+    unit = torch.finfo(img.dtype).eps * img.shape[1]
+    delta = 2.2 * unit * img.norm(dim=1)[text_to_image] * txt.norm(dim=1)
+    low, high = (approx - delta)[None, :], (approx + delta)[None, :]
+    own = torch.empty(m, dtype=img.dtype)  # each text's own-image score as the GEMM computes it
+    at_least_low = torch.zeros(m, dtype=torch.long)
+    near_cols, near_vals = [], []
+    i2t = torch.empty(n, dtype=torch.long)
+    step = _rows_per_block(m, chunk)
+    for start in range(0, n, step):
+        sims = img[start:start + step] @ txt.T  # [b, M]
+        idx = captions[start:start + step]
+        i2t[start:start + step] = _block_ranks(sims, idx, finite=True)
+        rows, slots = torch.nonzero(idx >= 0, as_tuple=True)
+        own[idx[rows, slots]] = sims[rows, idx[rows, slots]]
+        above = sims >= low
+        at_least_low += above.sum(dim=0, dtype=torch.int16 if sims.shape[0] <= _INT16_MAX else torch.int32)
+        near = torch.nonzero(above & (sims <= high), as_tuple=True)
+        near_cols.append(near[1])
+        near_vals.append(sims[near])
+    if not bool(((own >= low[0]) & (own <= high[0])).all()):  # the bound did not hold (cannot for finite input)
+        return i2t, t2i_ranks(img, txt, text_to_image, chunk)
+    cols, vals = torch.cat(near_cols), torch.cat(near_vals)
+    below_own = torch.bincount(cols[vals < own[cols]], minlength=m)
+    # images >= own score = (>= low) - (in the band but below it); minus the text's own image
+    t2i = at_least_low - below_own - 1
+    return i2t, t2i
+
+
 def retrieval_metrics(img: torch.Tensor, txt: torch.Tensor, text_to_image: torch.Tensor) -> dict[str, float]:
     """The DESIGN.md keys: i2t_r1/5/10, t2i_r1/5/10, mean_recall, plus median ranks and counts."""
-    return ranks_to_metrics(i2t_ranks(img, txt, text_to_image), t2i_ranks(img, txt, text_to_image))
+    return ranks_to_metrics(*retrieval_ranks(img, txt, text_to_image))
 
 
 def ranks_to_metrics(i2t: torch.Tensor, t2i: torch.Tensor) -> dict[str, float]:

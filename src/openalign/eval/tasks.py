@@ -69,8 +69,7 @@ def retrieval(ctx: Context, options: RetrievalOptions = RetrievalOptions()) -> t
         raise ConfigError(f"retrieval.rerank={options.rerank} must be 0 (off) or a shortlist size K >= 1")
     txt = ctx.encode(data.captions)
     start = time.perf_counter()
-    i2t = M.i2t_ranks(data.image_embeds, txt, data.text_to_image)
-    t2i = M.t2i_ranks(data.image_embeds, txt, data.text_to_image)
+    i2t, t2i = M.retrieval_ranks(data.image_embeds, txt, data.text_to_image)
     pooled_s = time.perf_counter() - start
     metrics = M.ranks_to_metrics(i2t, t2i) | M.modality_gap(data.image_embeds, txt) | {
         "shared_captions": M.shared_caption_share(data.captions, data.text_to_image)} | \
