@@ -52,3 +52,13 @@ def test_efficientnet_routes_its_stride_one_depthwise_layers_and_keeps_its_state
         before = model.encode_image(pixels).embeds
         use_fast_depthwise(model.align.vision_model)
         torch.testing.assert_close(model.encode_image(pixels).embeds, before)
+
+
+def test_bf16_autocast_on_cpu_keeps_the_library_path():
+    conv = nn.Conv2d(4, 4, 5, padding="same", groups=4, bias=False)
+    use_fast_depthwise(conv)
+    x = torch.randn(2, 4, 2, 2, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = conv(x)
+    y.float().sum().backward()
+    assert y.dtype == torch.bfloat16 and conv.weight.grad.dtype == torch.float32

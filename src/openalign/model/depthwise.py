@@ -93,7 +93,9 @@ def _small_map(conv: nn.Conv2d, x: torch.Tensor, pad: int) -> bool:
 
 
 def _forward(conv: nn.Conv2d, pad: int, x: torch.Tensor) -> torch.Tensor:
-    if x.device.type != "cpu" or not torch.is_grad_enabled() or not _small_map(conv, x, pad):
+    # under autocast the library's path keeps the gradient's dtype consistent with the saved inputs
+    if (x.device.type != "cpu" or not torch.is_grad_enabled() or torch.is_autocast_enabled("cpu")
+            or not _small_map(conv, x, pad)):
         return conv._conv_forward(x, conv.weight, conv.bias)
     return _DepthwiseConv.apply(x, conv.weight, conv.stride[0], pad)
 
