@@ -84,12 +84,11 @@ def _padding(conv: nn.Conv2d) -> int | None:
 
 
 def _small_map(conv: nn.Conv2d, x: torch.Tensor, pad: int) -> bool:
-    k, s = conv.kernel_size[0], conv.stride[0]
-    if s != 1:
+    """A stride-1 layer whose Ho*Wo*H*W is within SMALL_MAP (where the direct weight gradient wins)."""
+    if conv.stride != (1, 1):
         return False
-    ho = (x.shape[-2] + 2 * pad - k) // s + 1
-    wo = (x.shape[-1] + 2 * pad - k) // s + 1
-    return ho * wo * x.shape[-2] * x.shape[-1] <= SMALL_MAP
+    k, (h, w) = conv.kernel_size[0], x.shape[-2:]
+    return (h + 2 * pad - k + 1) * (w + 2 * pad - k + 1) * h * w <= SMALL_MAP
 
 
 def _forward(conv: nn.Conv2d, pad: int, x: torch.Tensor) -> torch.Tensor:
