@@ -1,4 +1,5 @@
-"""Blocked exact search equals brute-force numpy top-k, across blocks, for one query and many."""
+"""Exact search equals brute-force numpy top-k: the scan (its strided 4-row tiles, a short last block, the last
+rows outside any tile, an odd query count) and FAISS beyond it."""
 
 import numpy as np
 import pytest
@@ -6,20 +7,22 @@ import pytest
 from openalign.index import exact
 
 
-@pytest.mark.parametrize("n_queries", [1, 3, 17, 200])  # whole, whole, blocked, FAISS
+@pytest.mark.parametrize("n_queries", [1, 2, 3, 17, 64, 200])  # the scan up to 64, FAISS at 200
 def test_exact_search_equals_numpy_top_k(tmp_path, monkeypatch, n_queries):
-    monkeypatch.setattr(exact, "MIN_ROWS", 1000)  # several blocks, and a short last one
-    monkeypatch.setattr(exact, "BLOCKED_UP_TO", 100)  # 200 queries go to FAISS
-    monkeypatch.setattr(exact, "BLOCK_BYTES", 4 * 1000)
+    monkeypatch.setattr(exact, "SCAN_UP_TO", 100)  # 200 queries go to FAISS
+    # 4,321 rows: scan tasks of 2,048, 2,048 and 225 rows; the last has one 128-row block (tile stride 32),
+    # one of 96 (stride 24) and 1 row outside any tile
     rng = np.random.default_rng(0)
     vectors = rng.standard_normal((4_321, 24)).astype(np.float32)
+    queries = rng.standard_normal((n_queries, 24)).astype(np.float32)
+    vectors[-1] = 3 * queries[-1]  # the row outside any tile is the last query's best
     np.save(tmp_path / "v.npy", vectors)
     mapped = np.load(tmp_path / "v.npy", mmap_mode="r")  # read-only memory map, as an index is loaded
-    queries = rng.standard_normal((n_queries, 24)).astype(np.float32)
     scores, ids = exact.search(mapped, queries, k=10)
     full = queries @ vectors.T
     want = np.argsort(-full, axis=1, kind="stable")[:, :10]
     assert scores.shape == ids.shape == (n_queries, 10)
+    assert ids[-1, 0] == 4_320
     np.testing.assert_array_equal(ids, want)  # continuous random scores: no ties
     np.testing.assert_allclose(scores, np.take_along_axis(full, want, 1), rtol=1e-5)
 
@@ -30,3 +33,14 @@ def test_fewer_rows_than_k_and_tied_scores():
     assert scores.shape == (1, 3)
     assert set(ids[0, :2]) == {0, 1} and ids[0, 2] == 2  # ties in either order, then the rest
     np.testing.assert_allclose(scores[0], [1.0, 1.0, 0.0])
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 127, 128, 129, 225, 300])
+def test_scan_tiles_score_every_row_once(rows):
+    """The scan's tiles (4 rows `stride` apart, in blocks; then the last rows one by one) fill every score."""
+    rng = np.random.default_rng(rows)
+    vectors = rng.standard_normal((rows + 7, 16)).astype(np.float32)
+    queries = rng.standard_normal((4, 16)).astype(np.float32)
+    scores = np.full((4, rows), np.nan, np.float32)
+    exact._tile_scores(vectors, queries, 7, rows + 7, scores)  # rows 7.. : tiles start where a task starts
+    np.testing.assert_allclose(scores, queries @ vectors[7:].T, rtol=1e-5, atol=1e-5)
