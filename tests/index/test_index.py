@@ -10,6 +10,7 @@ import pytest
 
 from conftest import COLORS, SHAPES, save_tiny_model, shape_image, shape_images
 from openalign import cli
+from openalign.config import ConfigError
 from openalign.index import build as build_lib
 from openalign.index.embed import MANIFEST, _write_part
 
@@ -208,6 +209,46 @@ def test_an_index_over_its_memory_budget_goes_to_disk_and_searches_the_same(tmp_
     assert moved.meta.take([39_999, 3])["key"].to_pylist() == ["k39999", "k3"] and len(moved.meta) == 40_000
     assert cli.main(["index", str(emb), "--out", str(tmp_path / "flat"), "--kind", "flat", "--memory", "1M"]) == 2
     assert "use --kind ivf" in capsys.readouterr().err
+
+
+def test_refine_rescores_the_shortlist_with_float16_vectors(tmp_path, capsys):
+    x, queries = np.split(clustered(20_200, 32, 60, seed=3), [20_000])
+    emb = fake_embeddings(tmp_path / "emb", x, part=7_000)
+    common = ["--kind", "ivf", "--codes", "sq8", "--nlist", "64", "--train-per-cell", "39", "--quiet"]
+    assert cli.main(["index", str(emb), "--out", str(tmp_path / "plain"), *common]) == 0
+    assert cli.main(["index", str(emb), "--out", str(tmp_path / "ref"), "--refine", "4", *common]) == 0
+    plain, ref = build_lib.load(tmp_path / "plain"), build_lib.load(tmp_path / "ref")
+    assert ref.info["params"]["refine"] == 4 and (tmp_path / "ref" / "vectors-f16.npy").is_file()
+    assert not (tmp_path / "plain" / "vectors-f16.npy").exists() and ref.index.ntotal == 20_000
+    nprobe = ref.info["params"]["nprobe"]
+    faiss.ParameterSpace().set_index_parameter(plain.index, "nprobe", nprobe)
+    x16 = x.astype(np.float16).astype(np.float32)
+    # oracle: the 40 candidates the 8-bit codes shortlist, ranked by their float16 vectors' exact scores
+    shortlist = plain.index.search(queries, 40)[1]
+    exact_scores = np.einsum("qkd,qd->qk", x16[shortlist], queries)
+    want = np.take_along_axis(shortlist, np.argsort(-exact_scores, axis=1, kind="stable")[:, :10], 1)
+    scores, ids = ref.search(queries, 10)
+    assert [set(r) for r in ids.tolist()] == [set(r) for r in want.tolist()]
+    np.testing.assert_allclose(scores, np.einsum("qkd,qd->qk", x16[ids], queries), rtol=1e-5, atol=1e-6)
+    assert np.all(np.diff(scores, axis=1) <= 0)
+    truth = np.argsort(-(queries @ x16.T), axis=1)[:, :10]
+    assert build_lib.recall_at_10(ids, truth) > build_lib.recall_at_10(plain.search(queries, 10)[1], truth)
+    np.testing.assert_array_equal(ref.vector(12_345), x16[12_345])  # by id: the float16 copy, not the codes
+    # IVF shards on disk with the same cells: the same refined results
+    assert cli.main(["index", str(emb), "--out", str(tmp_path / "disk"), "--refine", "4", "--memory", "1M",
+                     "--block-rows", "7000", "--workers", "1", *common]) == 0
+    disk = build_lib.load(tmp_path / "disk")
+    assert disk.info["storage"] == "shards" and disk.info["params"]["nprobe"] == nprobe
+    np.testing.assert_array_equal(disk.search(queries, 10)[1], ids)
+    # rebuilt without refine, the float16 copy goes; a refined index without it says what to do
+    (tmp_path / "ref" / "vectors-f16.npy").unlink()
+    with pytest.raises(ConfigError, match="build the index again"):
+        build_lib.load(tmp_path / "ref")
+    assert cli.main(["index", str(emb), "--out", str(tmp_path / "disk"), *common]) == 0
+    assert not (tmp_path / "disk" / "vectors-f16.npy").exists()
+    capsys.readouterr()
+    assert cli.main(["index", str(emb), "--out", str(tmp_path / "bad"), "--refine", "-1", *common]) == 2
+    assert "--refine -1 must be 0" in capsys.readouterr().err
 
 
 def test_rerank_orders_the_shortlist_by_late_interaction_in_search_and_serve(tmp_path, capsys):

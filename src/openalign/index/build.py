@@ -3,12 +3,15 @@
     INDEX/index.faiss      the FAISS index (inner product = cosine: the embeddings are normalized)
     INDEX/meta.parquet     id, key, path, caption, width, height (read with DuckDB or pyarrow)
     INDEX/index.json       kind, search parameters, the recall@10 measured against exact search, counts
+    INDEX/vectors-f16.npy  with `refine`: the vectors as float16, memory-mapped, to re-score the shortlist
 
 Kinds: `flat` (exact), `ivf` (inverted lists over k-means cells; vectors stored as 8-bit codes, or
 product-quantized when those would not fit `max_bytes`; `codes=flat` keeps float32), `hnsw` (a graph). `auto` is exact up to `exact_up_to` vectors
 and IVF beyond. Approximate indexes are tuned on a sample of the collection's own vectors as queries:
 the smallest nprobe / efSearch whose recall@10 against exact search reaches the target, each
-query's own vector left out. Queries from the other modality (texts against images) sit elsewhere
+query's own vector left out. With `refine` F, an approximate index returns F·k candidates, re-scored
+exactly with float16 copies of the vectors (2 bytes per dimension on disk, read only for the candidates):
+the codes' rounding no longer reorders near neighbours (bench/search.py, P8). Queries from the other modality (texts against images) sit elsewhere
 in the space than the indexed vectors; raise `--recall` if their measured recall falls short.
 """
 
@@ -31,7 +34,7 @@ from openalign.index.parts import Parts, add_shard, part_files, read_manifest
 
 KINDS = ("auto", "flat", "ivf", "hnsw")
 CODES = ("auto", "flat", "sq8", "pq")
-FILE, META, INFO = "index.faiss", "meta.parquet", "index.json"
+FILE, META, INFO, EXACT16 = "index.faiss", "meta.parquet", "index.json", "vectors-f16.npy"
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,7 @@ class IndexOptions:
     memory: int = 0  # bytes the build may hold (0: no limit); ivf codes beyond half of it: shards on disk
     block_rows: int = 0  # ivf shards: rows per shard, one add task each (0: what half the memory holds per worker)
     chunk_rows: int = 65_536  # rows converted to float32 at a time
+    refine: int = 0  # ivf/hnsw: re-score refine x k candidates with float16 copies of the vectors (0: off)
 
 
 def recall_at_10(found: np.ndarray, exact: np.ndarray) -> float:
@@ -64,13 +68,15 @@ def _without_self(ids: np.ndarray, sample: np.ndarray) -> np.ndarray:
 
 
 def _tune(index, queries: np.ndarray, sample: np.ndarray, exact: np.ndarray, name: str, values: list[int],
-          target: float):
-    """The smallest value of parameter `name` reaching `target` (or the largest tried), and its recall."""
+          target: float, search=None):
+    """The smallest value of parameter `name` reaching `target` (or the largest tried), and its recall;
+    `search(queries, k)` searches the index as it will be searched (default: the FAISS index itself)."""
     space = faiss.ParameterSpace()
+    search = search or index.search
     recall = 0.0
     for value in values:
         space.set_index_parameter(index, name, value)
-        recall = recall_at_10(_without_self(index.search(queries, 11)[1], sample), exact)
+        recall = recall_at_10(_without_self(search(queries, 11)[1], sample), exact)
         if recall >= target:
             return value, recall
     return values[-1], recall
@@ -78,8 +84,52 @@ def _tune(index, queries: np.ndarray, sample: np.ndarray, exact: np.ndarray, nam
 
 def build_index(vectors: np.ndarray, options: IndexOptions = IndexOptions()) -> tuple[faiss.Index, dict]:
     """A FAISS index over `vectors` [n, d] (normalized float32, in memory or memory-mapped) and a description
-    of it: kind, parameters, and recall@10 against exact search on leave-one-out samples of the collection."""
+    of it: kind, parameters, and recall@10 against exact search on leave-one-out samples of the collection.
+    With `options.refine`, the index is a `Refined` one (float16 vectors in memory)."""
     return build_streaming(Parts([vectors]), None, options)
+
+
+class Refined:
+    """An approximate index whose shortlist of `factor`·k candidates is re-scored with the exact vectors,
+    stored as float16 (`exact16`: an array or a read-only memory map, [n, d]); row ids as the index's."""
+
+    def __init__(self, index: faiss.Index, exact16: np.ndarray, factor: int):
+        self.index, self.exact16, self.factor = index, exact16, factor
+
+    @property
+    def ntotal(self) -> int:
+        return self.exact16.shape[0]
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        queries = np.ascontiguousarray(queries, dtype=np.float32)
+        _, ids = self.index.search(queries, max(k, self.factor * k))
+        found = ids >= 0  # fewer candidates than asked: FAISS pads with -1
+        rows = np.sort(np.unique(ids[found]))  # each candidate's vector read once, in file order
+        vectors = np.asarray(self.exact16[rows], dtype=np.float32)
+        at = np.searchsorted(rows, np.where(found, ids, rows[0] if len(rows) else 0))
+        scores = (vectors[at] @ queries[:, :, None])[..., 0] if len(rows) else np.zeros(ids.shape, np.float32)
+        scores = np.where(found, scores, -np.inf).astype(np.float32)
+        order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+        return np.take_along_axis(scores, order, 1), np.where(np.take_along_axis(found, order, 1),
+                                                               np.take_along_axis(ids, order, 1), -1)
+
+    def reconstruct(self, i: int) -> np.ndarray:
+        return np.asarray(self.exact16[i], dtype=np.float32)
+
+
+def _exact16(parts: Parts, out: Path | None, chunk_rows: int) -> np.ndarray:
+    """The vectors as float16, written part by part to out/vectors-f16.npy (memory-mapped), or in memory."""
+    if out is None:
+        exact16 = np.empty((parts.n, parts.d), np.float16)
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        exact16 = np.lib.format.open_memmap(out / EXACT16, mode="w+", dtype=np.float16, shape=(parts.n, parts.d))
+    for first, chunk in parts.chunks(rows=chunk_rows):
+        exact16[first:first + len(chunk)] = chunk
+    if out is not None:
+        exact16.flush()
+        exact16 = np.load(out / EXACT16, mmap_mode="r")
+    return exact16
 
 
 # ---------------------------------------------------------------------------------------------- streaming
@@ -114,6 +164,18 @@ def _ivf(d: int, nlist: int, codes: str, params: dict) -> faiss.Index:
     raise ConfigError(f"--codes must be one of {', '.join(CODES)}, not {codes!r}")
 
 
+def _refined(index: faiss.Index, parts: Parts, out: Path | None, options: IndexOptions, params: dict):
+    """`index` as it will be searched: Refined over float16 copies of the vectors with `options.refine`."""
+    if not options.refine:
+        return index
+    params["refine"] = options.refine
+    return Refined(index, _exact16(parts, out, options.chunk_rows), options.refine)
+
+
+def _faiss(index) -> faiss.Index:
+    return index.index if isinstance(index, Refined) else index
+
+
 def shard_names(n_shards: int) -> list[str]:
     return [f"shard-{i:06d}.faiss" for i in range(n_shards)]
 
@@ -138,6 +200,8 @@ def build_streaming(parts: Parts, out: Path | None, options: IndexOptions, engin
         raise ConfigError(f"--kind must be one of {', '.join(KINDS)}, not {options.kind!r}")
     if options.nlist < 0 or options.train_per_cell < 39:
         raise ConfigError("--nlist must be 0 (automatic) or more, and --train-per-cell at least 39")
+    if options.refine < 0:
+        raise ConfigError(f"--refine {options.refine} must be 0 (off) or a shortlist factor of 1 or more")
     from openalign.data.distribute import Engine, Task, run_tasks, task_id
 
     n, d = parts.n, parts.d
@@ -160,8 +224,9 @@ def build_streaming(parts: Parts, out: Path | None, options: IndexOptions, engin
         sample = np.sort(rng.choice(n, min(n, options.tune_queries), replace=False))
         queries = parts.take(sample)
         truth = _without_self(streaming_search(parts, queries, 11)[1], sample)
-        params["efSearch"], recall = _tune(index, queries, sample, truth, "efSearch",
-                                           [16, 32, 64, 128, 256, 512, 1024], options.recall)
+        index = _refined(index, parts, out, options, params)
+        params["efSearch"], recall = _tune(_faiss(index), queries, sample, truth, "efSearch",
+                                           [16, 32, 64, 128, 256, 512, 1024], options.recall, index.search)
         return index, {"kind": kind, "params": params, "recall_at_10": recall, "storage": "memory"}
     nlist = max(1, min(n // 39, options.nlist or int(4 * math.sqrt(n))))  # faiss wants >= 39 training points per cell
     codes = options.codes if options.codes != "auto" else ("sq8" if n * d <= options.max_bytes else "pq")
@@ -181,7 +246,9 @@ def build_streaming(parts: Parts, out: Path | None, options: IndexOptions, engin
         for first, chunk in parts.chunks(rows=options.chunk_rows):
             index.add_with_ids(chunk, np.arange(first, first + len(chunk), dtype=np.int64))
         index.make_direct_map()  # reconstruct(id): queries by an indexed image's id
-        params["nprobe"], recall = _tune(index, queries, sample, truth, "nprobe", probes, options.recall)
+        index = _refined(index, parts, out, options, params)
+        params["nprobe"], recall = _tune(_faiss(index), queries, sample, truth, "nprobe", probes, options.recall,
+                                         index.search)
         return index, {"kind": kind, "params": params, "recall_at_10": recall, "storage": "memory"}
     if out is None:
         raise ConfigError("an index over its memory budget is written as shards: give an output directory")
@@ -211,7 +278,8 @@ def build_streaming(parts: Parts, out: Path | None, options: IndexOptions, engin
     sample = np.sort(rng.choice(block, min(block, options.tune_queries), replace=False))
     queries = parts.take(sample)
     truth = _without_self(streaming_search(parts, queries, 11, stop=block)[1], sample)
-    params["nprobe"], recall = _tune(first, queries, sample, truth, "nprobe", probes, options.recall)
+    refined = _refined(first, parts, out, options, params)  # the first shard's rows are the file's first rows
+    params["nprobe"], recall = _tune(first, queries, sample, truth, "nprobe", probes, options.recall, refined.search)
     params["shards"] = len(names)
     return None, {"kind": kind, "params": params, "recall_at_10": recall, "storage": "shards", "shards": names,
                   "tuned_on": "the first shard"}
@@ -229,8 +297,10 @@ def build(emb: Path, out: Path, options: IndexOptions = IndexOptions(), engine=N
         raise ConfigError(f"{emb} holds no embeddings")
     out.mkdir(parents=True, exist_ok=True)
     index, built = build_streaming(parts, out, options, engine, progress)
+    if not built["params"].get("refine"):
+        (out / EXACT16).unlink(missing_ok=True)  # a previous build's
     if index is not None:
-        faiss.write_index(index, str(out / FILE))
+        faiss.write_index(_faiss(index), str(out / FILE))
         for stale in out.glob("shard-*.faiss"):
             stale.unlink()
     else:
@@ -315,7 +385,10 @@ class Loaded:
         return self.index.search(queries, k)
 
     def vector(self, i: int) -> np.ndarray:
-        """The indexed vector of row `i` (as stored: 8-bit codes come back to within their step)."""
+        """The indexed vector of row `i` (as stored: 8-bit codes come back to within their step, a refined
+        index's float16 copies to within float16's)."""
+        if isinstance(self.index, Refined):
+            return self.index.reconstruct(i)
         if self.shards:
             starts = np.cumsum([0] + [s.ntotal for s in self.shards])
             shard = int(np.searchsorted(starts, i, side="right") - 1)
@@ -342,4 +415,8 @@ def load(path: Path, mmap: bool = True) -> Loaded:
     for name in ("nprobe", "efSearch"):
         if name in info["params"]:
             space.set_index_parameter(index, name, info["params"][name])
+    if info["params"].get("refine"):
+        if not (path / EXACT16).is_file():
+            raise ConfigError(f"{path} was built with --refine but its {EXACT16} is missing; build the index again")
+        index = Refined(index, np.load(path / EXACT16, mmap_mode="r"), info["params"]["refine"])
     return Loaded(index, Meta(path / META), info, members)
