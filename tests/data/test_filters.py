@@ -168,3 +168,21 @@ def test_a_rule_that_removes_most_of_a_corpus_is_said_first(tmp_path):
     (tmp_path / "lower").mkdir()
     _, fine = kept(tmp_path / "lower", t, min_short_side=100)
     assert fine["warnings"] == [] and fine["kept_pairs"] == 10
+
+
+def test_duckdb_spills_under_a_memory_limit_says_so_and_keeps_the_same_pairs(tmp_path):
+    # 60,000 texts of random words: the term table's hash aggregate does not fit 40 MB
+    rng = random.Random(5)
+    t = Table()
+    for i in range(60_000):
+        t.add(f"img{i}", " ".join(f"{rng.getrandbits(40):x}" for _ in range(rng.randint(3, 12))))
+    pairs = t.write(tmp_path / "pairs.parquet")
+    cfg = FilterConfig(vocab_size=50_000)
+    free = filters.run_filters(pairs, tmp_path / "free", cfg, progress=False)
+    tight = filters.run_filters(pairs, tmp_path / "tight", cfg, memory_limit="40MB", threads=1, progress=False)
+    assert free["spilled_bytes"] == 0 and not any("spilled" in line for line in filters.summary_lines(free))
+    assert tight["spilled_bytes"] > 0 and tight["memory_limit"] == "40MB"
+    note = next(line for line in filters.summary_lines(tight) if "spilled" in line)
+    assert "out-of-core" in note and "40MB" in note
+    assert filters.read_keep(tmp_path / "tight") == filters.read_keep(tmp_path / "free")
+    assert tight["rules"] == free["rules"]

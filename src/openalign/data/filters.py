@@ -27,7 +27,10 @@ example texts) and `filter_report.png`.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -254,6 +257,38 @@ class SparkEngine:
         self.spark.catalog.clearCache()
 
 
+class SpillWatch:
+    """The most bytes of DuckDB's temporary files seen in `directory` (where it spills what does not fit its
+    memory limit: hash tables, sorts, temporary tables), sampled every `every` seconds on a thread."""
+
+    def __init__(self, directory: Path, every: float = 0.25):
+        self.directory, self.every, self.peak = Path(directory), every, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def sample(self) -> int:
+        try:
+            with os.scandir(self.directory) as entries:
+                size = sum(e.stat().st_size for e in entries if e.is_file())
+        except FileNotFoundError:  # not created until DuckDB first spills
+            size = 0
+        self.peak = max(self.peak, size)
+        return size
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self.sample()
+
+    def __enter__(self) -> "SpillWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+
 def _sql_path(path: Path) -> str:
     return str(path).replace("'", "''")
 
@@ -324,39 +359,42 @@ def run_filters(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), engi
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     runner = make_engine(engine, master, memory_limit, threads, str(out / "tmp"))
-    try:
-        runner.register(pairs)
-        counting = count_statements(cfg, runner.dialect)
-        bar = _progress(progress, len(counting))
-        for name, query in counting:
-            runner.materialize(name, query)
-            bar.update()
-        histogram = runner.rows(HISTOGRAM)
-        distinct_terms = sum(n for _, n in histogram)
-        cut = vocab_cut(histogram, cfg.vocab_size)
-        flagging = flag_statements(cfg, runner.dialect, cut, distinct_terms - cfg.vocab_size)
-        bar.total += len(flagging)
-        for name, query in flagging:
-            runner.materialize(name, query)
-            bar.update()
-        bar.close()
-        total, *counts, kept = runner.rows(summary_query())[0]
-        kept_uids = runner.rows("SELECT count(DISTINCT uid) FROM (" + keep_query() + ") k")[0][0]
-        rules = []
-        for i, (rule, description) in enumerate(RULES.items()):
-            examples = [r[0] for r in runner.rows(examples_query(rule, cfg.examples))] if counts[2 * i] else []
-            rules.append({"rule": rule, "description": description.format(**asdict(cfg)),
-                          "removed_alone": int(counts[2 * i] or 0), "removed_in_sequence": int(counts[2 * i + 1] or 0),
-                          "examples": examples})
-        keep_path = out / "keep.parquet"
-        runner.write_keep(keep_path)
-    finally:
-        runner.close()
+    spill = SpillWatch(out / "tmp")  # DuckDB's spill files (Spark's shuffle files are not spills)
+    with spill if engine == "duckdb" else contextlib.nullcontext():
+        try:
+            runner.register(pairs)
+            counting = count_statements(cfg, runner.dialect)
+            bar = _progress(progress, len(counting))
+            for name, query in counting:
+                runner.materialize(name, query)
+                bar.update()
+            histogram = runner.rows(HISTOGRAM)
+            distinct_terms = sum(n for _, n in histogram)
+            cut = vocab_cut(histogram, cfg.vocab_size)
+            flagging = flag_statements(cfg, runner.dialect, cut, distinct_terms - cfg.vocab_size)
+            bar.total += len(flagging)
+            for name, query in flagging:
+                runner.materialize(name, query)
+                bar.update()
+            bar.close()
+            total, *counts, kept = runner.rows(summary_query())[0]
+            kept_uids = runner.rows("SELECT count(DISTINCT uid) FROM (" + keep_query() + ") k")[0][0]
+            rules = []
+            for i, (rule, description) in enumerate(RULES.items()):
+                examples = [r[0] for r in runner.rows(examples_query(rule, cfg.examples))] if counts[2 * i] else []
+                rules.append({"rule": rule, "description": description.format(**asdict(cfg)),
+                              "removed_alone": int(counts[2 * i] or 0), "removed_in_sequence": int(counts[2 * i + 1] or 0),
+                              "examples": examples})
+            keep_path = out / "keep.parquet"
+            runner.write_keep(keep_path)
+        finally:
+            runner.close()
     report = {
         "stage": "filter", "input": str(pairs), "engine": engine, "config": asdict(cfg),
         "pairs": int(total), "kept_pairs": int(kept or 0), "kept_uids": int(kept_uids),
         "removed_pairs": int(total) - int(kept or 0), "distinct_terms": int(distinct_terms), "rules": rules,
         "keep": str(keep_path), "seconds": round(time.perf_counter() - start, 2),
+        "memory_limit": memory_limit, "spilled_bytes": spill.peak,
     }
     report["warnings"] = dominant_rules(report)
     (out / "filter_report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
@@ -411,6 +449,11 @@ def dominant_rules(report: dict) -> list[str]:
 
 def summary_lines(report: dict) -> list[str]:
     lines = [f"warning: {w}" for w in report.get("warnings", [])]
+    if report.get("spilled_bytes"):
+        limit = f"its memory limit ({report['memory_limit']})" if report.get("memory_limit") else "memory"
+        lines.append(f"note: DuckDB spilled up to {report['spilled_bytes'] / 2**30:.2f} GiB to disk "
+                     f"({Path(report['keep']).parent / 'tmp'}): the work did not fit {limit}, so it ran out-of-core "
+                     "(slower; raise --memory-limit to avoid it)")
     lines += [f"{report['pairs']:,} pairs -> {report['kept_pairs']:,} kept "
              f"({report['kept_pairs'] / max(report['pairs'], 1):.1%}) by {report['engine']} in {report['seconds']:.1f} s"]
     for r in report["rules"]:
