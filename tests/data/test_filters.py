@@ -186,3 +186,13 @@ def test_duckdb_spills_under_a_memory_limit_says_so_and_keeps_the_same_pairs(tmp
     assert "out-of-core" in note and "40MB" in note
     assert filters.read_keep(tmp_path / "tight") == filters.read_keep(tmp_path / "free")
     assert tight["rules"] == free["rules"]
+
+
+def test_words_split_on_every_whitespace_character_and_only_those(tmp_path):
+    t = Table()
+    t.add("i1", "a\x0bb\x0cc", name="vt_ff")  # vertical tab, form feed: 3 words
+    t.add("i2", " a\r\nb  c\t", name="cr_lf_runs")  # carriage return + line feed, runs, ends: 3 words
+    t.add("i3", "a\u00a0b c", name="nbsp")  # a no-break space is not a word break here: 2 words
+    t.add("i4", "a b", name="two")
+    keep, _ = kept(tmp_path, t, min_words=3, max_words=3)
+    assert keep == {t.uids["vt_ff"], t.uids["cr_lf_runs"]}

@@ -56,7 +56,6 @@ RULES = {
 
 @dataclass(frozen=True)
 class Dialect:
-    spaces: str  # {x}: every run of whitespace (the same class in RE2 and java.util.regex) -> one space
     split: str  # {x}: string -> list of strings on single spaces
     nonempty: str  # {x}: list without empty strings
     bigrams: str  # {x}: list of words -> list of "a b" strings
@@ -70,7 +69,6 @@ class Dialect:
 
 
 DUCKDB = Dialect(
-    spaces=r"regexp_replace({x}, '[\t\n\x0B\f\r ]+', ' ', 'g')",  # SQL literals keep backslashes
     split="string_split({x}, ' ')",
     nonempty="list_filter({x}, lambda s: s <> '')",
     bigrams="list_transform(range(1, len({x})), lambda i: {x}[i] || ' ' || {x}[i + 1])",
@@ -83,7 +81,6 @@ DUCKDB = Dialect(
     anti_join="ANTI JOIN",
 )
 SPARK = Dialect(
-    spaces=r"regexp_replace({x}, '[\\t\\n\\x0B\\f\\r ]+', ' ')",  # Spark SQL literals unescape backslashes
     split="split({x}, ' ')",
     nonempty="filter({x}, s -> s != '')",
     bigrams="zip_with(slice({x}, 1, greatest(size({x}) - 1, 0)), slice({x}, 2, greatest(size({x}) - 1, 0)), "
@@ -98,9 +95,17 @@ SPARK = Dialect(
 )
 
 
+WHITESPACE = (9, 10, 11, 12, 13)  # tab, line feed, vertical tab, form feed, carriage return (and the space)
+
+
 def _terms(cfg: FilterConfig, d: Dialect) -> tuple[str, str]:
-    """SQL expressions for a text's words and its terms (words, plus bigrams when vocab_ngrams is 2)."""
-    norm = "trim(" + d.spaces.format(x="text") + ")"
+    """SQL expressions for a text's words and its terms (words, plus bigrams when vocab_ngrams is 2).
+
+    Words: the text's other whitespace turned into spaces by plain replaces, split on single spaces, empty
+    pieces dropped (= split on runs of whitespace; 3x faster here than one regular-expression replace)."""
+    norm = "text"
+    for code in WHITESPACE:
+        norm = f"replace({norm}, chr({code}), ' ')"
     if cfg.lowercase:
         norm = f"lower({norm})"
     words = d.nonempty.format(x=d.split.format(x=norm))
@@ -163,10 +168,12 @@ def flag_statements(cfg: FilterConfig, d: Dialect, cut: tuple[int, int] | None, 
         ("text_flags", f"SELECT t.text, t.n_images > {cfg.max_images_per_text} AS text_shared, "
                        f"({size} < {cfg.min_words} OR {size} > {cfg.max_words}) AS text_length, "
                        "r.tid IS NOT NULL AS text_rare FROM texts t LEFT JOIN rare_texts r ON t.tid = r.tid"),
-        ("image_flags", f"SELECT image_key, least(min(width), min(height)) <= {cfg.min_short_side} AS image_small, "
-                        f"greatest(max(width), max(height)) >= {float(cfg.max_aspect)} * least(min(width), min(height)) "
-                        f"AS image_aspect, count(DISTINCT text) > {cfg.max_texts_per_image} AS image_many_texts "
-                        "FROM pairs GROUP BY image_key"),
+        # texts per image in two plain aggregations (count(DISTINCT text) was ~20% slower here)
+        ("image_flags", f"SELECT image_key, least(min(w), min(h)) <= {cfg.min_short_side} AS image_small, "
+                        f"greatest(max(wm), max(hm)) >= {float(cfg.max_aspect)} * least(min(w), min(h)) "
+                        f"AS image_aspect, count(text) > {cfg.max_texts_per_image} AS image_many_texts FROM "
+                        "(SELECT image_key, text, min(width) AS w, min(height) AS h, max(width) AS wm, max(height) AS hm "
+                        "FROM pairs GROUP BY image_key, text) it GROUP BY image_key"),
         ("flags", "SELECT p.uid, p.text, " + ", ".join(f"{g}.{r}" for r, g in _rule_tables()) +
                   " FROM pairs p JOIN image_flags i ON p.image_key = i.image_key "
                   "JOIN text_flags t ON p.text = t.text"),
