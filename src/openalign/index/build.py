@@ -118,18 +118,23 @@ class Refined:
 
 
 def _exact16(parts: Parts, out: Path | None, chunk_rows: int) -> np.ndarray:
-    """The vectors as float16, written part by part to out/vectors-f16.npy (memory-mapped), or in memory."""
+    """The vectors as float16: streamed part by part into out/vectors-f16.npy (plain writes: the file never
+    sits in this process's memory) and memory-mapped back, or in memory without `out`."""
     if out is None:
         exact16 = np.empty((parts.n, parts.d), np.float16)
-    else:
-        out.mkdir(parents=True, exist_ok=True)
-        exact16 = np.lib.format.open_memmap(out / EXACT16, mode="w+", dtype=np.float16, shape=(parts.n, parts.d))
-    for first, chunk in parts.chunks(rows=chunk_rows):
-        exact16[first:first + len(chunk)] = chunk
-    if out is not None:
-        exact16.flush()
-        exact16 = np.load(out / EXACT16, mmap_mode="r")
-    return exact16
+        for first, chunk in parts.chunks(rows=chunk_rows):
+            exact16[first:first + len(chunk)] = chunk
+        return exact16
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / (EXACT16 + ".tmp")
+    with open(tmp, "wb") as f:
+        header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float16)), "fortran_order": False,
+                  "shape": (parts.n, parts.d)}
+        np.lib.format.write_array_header_1_0(f, header)
+        for _, chunk in parts.chunks(rows=chunk_rows):
+            f.write(np.ascontiguousarray(chunk, dtype=np.float16).tobytes())
+    tmp.replace(out / EXACT16)
+    return np.load(out / EXACT16, mmap_mode="r")
 
 
 # ---------------------------------------------------------------------------------------------- streaming
