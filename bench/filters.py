@@ -10,7 +10,11 @@ peak memory (max RSS) is measured per engine:
   GiB here) — its keep-list must equal DuckDB's, which makes it an oracle as well as a baseline;
 - openalign's Spark engine (local[2]) on the pandas size: its keep-list must equal DuckDB's.
 
+- with `--huge-rows N` (e.g. 100M), openalign's DuckDB engine out-of-core on N generated pairs under
+  `--memory-limit` (spilling to disk), for issue 19's 100M rows within 4 GiB of peak memory.
+
     .venv/bin/python bench/filters.py [--rows 10000000] [--pandas-rows 1000000] [--vocab-size 1000000]
+                                      [--huge-rows 100000000]
 
 Writes its table into docs/benchmarks.md and ends with PERFORMANCE.md's verdict lines.
 """
@@ -47,7 +51,7 @@ def generate(n: int, out: Path, seed: float = 0.42) -> float:
                   ELSE array_to_string(list_transform(range(1 + floor(r3 * 24)::INT),
                        lambda k: 'w' || floor(200000 * pow(random(), 3))::INT::VARCHAR), ' ') END AS text,
              (120 + hash(img) % 600)::INT AS width, (120 + hash(img + 1) % 600)::INT AS height  -- one size per image
-      FROM base ORDER BY i) TO '{out}' (FORMAT parquet)""")
+      FROM base) TO '{out}' (FORMAT parquet)""")  # in range order: DuckDB preserves insertion order
     con.close()
     return time.perf_counter() - start
 
@@ -112,7 +116,9 @@ def child(args) -> None:
                             progress=False)
     seconds = time.perf_counter() - start
     peak = peak_rss_mib() / 1024  # DuckDB and pandas run in this process
-    print(json.dumps({"engine": args.child, "seconds": seconds, "peak_gib": peak}))
+    spilled = json.loads((out / "filter_report.json").read_text()).get("spilled_bytes", 0) \
+        if args.child != "pandas" else 0
+    print(json.dumps({"engine": args.child, "seconds": seconds, "peak_gib": peak, "spilled_gib": spilled / 2**30}))
 
 
 def read_keep(result_dir: Path) -> list[str]:
@@ -129,6 +135,7 @@ def main() -> int:
     parser.add_argument("--pandas-rows", type=int, default=1_000_000)
     parser.add_argument("--vocab-size", type=int, default=1_000_000)
     parser.add_argument("--memory-limit", default="3GB")
+    parser.add_argument("--huge-rows", type=int, default=0, help="also DuckDB out-of-core on this many pairs")
     parser.add_argument("--no-spark", action="store_true")
     parser.add_argument("--workdir", default="")
     parser.add_argument("--child", choices=["duckdb", "spark", "pandas"])
@@ -145,13 +152,18 @@ def main() -> int:
     print(f"generating {args.rows:,} and {args.pandas_rows:,} pairs in {work}", flush=True)
     gen_big = generate(args.rows, big)
     generate(args.pandas_rows, small)
+    huge = work / "pairs_huge.parquet"
+    if args.huge_rows:
+        print(f"generating {args.huge_rows:,} pairs", flush=True)
+        gen_huge = generate(args.huge_rows, huge)
     runs = {}
     for name, engine, pairs in [("duckdb_big", "duckdb", big), ("duckdb_small", "duckdb", small),
                                 ("pandas_small", "pandas", small)] + \
-                               ([] if args.no_spark else [("spark_small", "spark", small)]):
+                               ([] if args.no_spark else [("spark_small", "spark", small)]) + \
+                               ([("duckdb_huge", "duckdb", huge)] if args.huge_rows else []):
         print(f"running {name} ...", flush=True)
         runs[name] = run_child(engine, pairs, work / name, args.vocab_size, args.memory_limit)
-        runs[name]["rows"] = args.rows if pairs == big else args.pandas_rows
+        runs[name]["rows"] = {big: args.rows, small: args.pandas_rows, huge: args.huge_rows}[pairs]
         runs[name]["rows_per_s"] = runs[name]["rows"] / runs[name]["seconds"]
         print(f"  {runs[name]['seconds']:.1f} s, {runs[name]['rows_per_s']:,.0f} rows/s, "
               f"peak {runs[name]['peak_gib']:.2f} GiB", flush=True)
@@ -163,11 +175,14 @@ def main() -> int:
     ratio_big = runs["duckdb_big"]["rows_per_s"] / runs["pandas_small"]["rows_per_s"]
     rows = [
         f"### P9 corpus filters ({args.rows:,} generated pairs, 2 cores, vocab_size {args.vocab_size:,})", "",
-        "| engine | pairs | seconds | rows/s | peak memory (max RSS) |", "|---|---|---|---|---|",
+        f"| engine | pairs | seconds | rows/s | peak memory (max RSS) | spilled to disk (DuckDB limit "
+        f"{args.memory_limit}) |", "|---|---|---|---|---|---|",
     ]
     for name, r in runs.items():
         memory = "(JVM not measured)" if name.startswith("spark") else f"{r['peak_gib']:.2f} GiB"
-        rows.append(f"| {name.split('_')[0]} | {r['rows']:,} | {r['seconds']:.1f} | {r['rows_per_s']:,.0f} | {memory} |")
+        spilled = f"{r['spilled_gib']:.2f} GiB" if name.startswith("duckdb") else "-"
+        rows.append(f"| {name.split('_')[0]} | {r['rows']:,} | {r['seconds']:.1f} | {r['rows_per_s']:,.0f} | {memory} "
+                    f"| {spilled} |")
     rows += [
         "",
         f"- DuckDB rows/s at {args.rows:,} / pandas rows/s at {args.pandas_rows:,}: **{ratio_big:.1f}x** "
@@ -179,14 +194,18 @@ def main() -> int:
                                                             for r in report["rules"]),
         f"- generating the {args.rows:,}-row table took {gen_big:.0f} s (not counted); pandas runs on "
         f"{args.pandas_rows:,} rows because its exploded Python strings need tens of GiB at {args.rows:,}",
+        *([f"- generating the {args.huge_rows:,}-row table took {gen_huge:.0f} s (not counted)"] if args.huge_rows else []),
         f"- command: `.venv/bin/python bench/filters.py --rows {args.rows} --pandas-rows {args.pandas_rows} "
-        f"--vocab-size {args.vocab_size}`",
+        f"--vocab-size {args.vocab_size}" + (f" --huge-rows {args.huge_rows}" if args.huge_rows else "") + "`",
         "",
     ]
     print("\n".join(rows))
     write_section("P9", "\n".join(rows))
     print(verdict("P9", "filters_rows_per_s_ratio", ratio_big, 30, at_least=True))
     print(verdict("P9", "filters_peak_gib", runs["duckdb_big"]["peak_gib"], 4, at_least=False))
+    if args.huge_rows:
+        key = f"filters_{args.huge_rows // 1_000_000}m_peak_gib"
+        print(verdict("P9", key, runs["duckdb_huge"]["peak_gib"], 4, at_least=False))
     identical = pandas_equal and spark_equal is not False
     print(f"P9 keep_lists_identical={identical} target=True {'PASS' if identical else 'FAIL'}")
     return 0
