@@ -196,3 +196,15 @@ def test_words_split_on_every_whitespace_character_and_only_those(tmp_path):
     t.add("i4", "a b", name="two")
     keep, _ = kept(tmp_path, t, min_words=3, max_words=3)
     assert keep == {t.uids["vt_ff"], t.uids["cr_lf_runs"]}
+
+
+def test_duckdb_out_of_memory_is_one_sentence_with_what_to_do(tmp_path, capsys):
+    from openalign import cli
+
+    pairs = random_corpus(3000).write(tmp_path / "pairs.parquet")
+    code = cli.main(["filter", str(pairs), "--out", str(tmp_path / "out"), "--memory-limit", "1MB", "--threads", "1",
+                     "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert "DuckDB ran out of memory in the filter's" in err and "--memory-limit 1MB" in err
+    assert "raise --memory-limit" in err and "--engine spark" in err

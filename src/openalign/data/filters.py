@@ -214,6 +214,7 @@ class DuckDBEngine:
         import duckdb
 
         self.con = duckdb.connect()
+        self.memory_limit = memory_limit
         self.con.execute("SET preserve_insertion_order = false")
         self.con.execute("SET enable_progress_bar = false")
         if memory_limit:
@@ -223,18 +224,29 @@ class DuckDBEngine:
         if temp_dir:
             self.con.execute(f"SET temp_directory = '{temp_dir}'")
 
+    def _execute(self, stage: str, sql: str):
+        import duckdb
+
+        try:
+            return self.con.execute(sql)
+        except duckdb.OutOfMemoryException as e:  # a step that could not spill what it holds
+            limit = f"--memory-limit {self.memory_limit}" if self.memory_limit else "the default memory limit"
+            raise ConfigError(f"DuckDB ran out of memory in the filter's {stage} step under {limit} (it spills "
+                              f"what it can to disk, but not this step): raise --memory-limit, lower --threads, "
+                              f"or run it with --engine spark") from e
+
     def register(self, pairs: str) -> None:
         self.con.execute(f"CREATE OR REPLACE VIEW pairs AS SELECT uid, image_key, text, width, height "
                          f"FROM read_parquet('{_sql_path(pairs)}')")
 
     def materialize(self, name: str, query: str) -> None:
-        self.con.execute(self.dialect.materialize.format(name=name, query=query))
+        self._execute(name, self.dialect.materialize.format(name=name, query=query))
 
     def rows(self, query: str) -> list[tuple]:
-        return self.con.execute(query).fetchall()
+        return self._execute("summary", query).fetchall()
 
     def write_keep(self, path: Path) -> None:
-        self.con.execute(f"COPY ({keep_query()}) TO '{_sql_path(path)}' (FORMAT parquet)")
+        self._execute("keep-list", f"COPY ({keep_query()}) TO '{_sql_path(path)}' (FORMAT parquet)")
 
     def close(self) -> None:
         self.con.close()
