@@ -11,8 +11,9 @@ and IVF beyond. Approximate indexes are tuned on a sample of the collection's ow
 the smallest nprobe / efSearch whose recall@10 against exact search reaches the target, each
 query's own vector left out. With `refine` F, an approximate index returns F·k candidates, re-scored
 exactly with float16 copies of the vectors (2 bytes per dimension on disk, read only for the candidates):
-the codes' rounding no longer reorders near neighbours (bench/search.py, P8). Queries from the other modality (texts against images) sit elsewhere
-in the space than the indexed vectors; raise `--recall` if their measured recall falls short.
+the codes' rounding no longer reorders near neighbours (bench/search.py, P8). Queries from the other
+modality (texts against images) sit elsewhere in the space than the indexed vectors; raise `--recall`
+if their measured recall falls short.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def _tune(index, queries: np.ndarray, sample: np.ndarray, exact: np.ndarray, nam
     return values[-1], recall
 
 
-def build_index(vectors: np.ndarray, options: IndexOptions = IndexOptions()) -> tuple[faiss.Index, dict]:
+def build_index(vectors: np.ndarray, options: IndexOptions = IndexOptions()) -> tuple[faiss.Index | Refined, dict]:
     """A FAISS index over `vectors` [n, d] (normalized float32, in memory or memory-mapped) and a description
     of it: kind, parameters, and recall@10 against exact search on leave-one-out samples of the collection.
     With `options.refine`, the index is a `Refined` one (float16 vectors in memory)."""

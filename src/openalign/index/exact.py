@@ -6,7 +6,7 @@ Measured on 1M x 640 vectors with 2 threads (bench/search.py, P7):
   the speed of a streaming sum over the matrix (the memory-bandwidth bound), at 64 queries at the
   GEMM rate of torch's MKL or better; BLAS GEMV/GEMM with thin query matrices reached 23-56% of that
   at 1 query and ~35% at 16-64 (torch GEMMs over row blocks, this module's previous middle path, were
-  2-3x slower than the scan at every batch up to 256), and FAISS's flat search does not use BLAS
+  1.3-3x slower than the scan at every batch up to 256), and FAISS's flat search does not use BLAS
   below 20 queries (3-10x slower here);
 - larger batches: FAISS's blocked GEMM and heaps (`faiss.knn`), the fastest here from ~256 queries
   (its GEMM ran at 1.3x torch's MKL on this AMD CPU), with database tiles of 4,096 rows instead of
