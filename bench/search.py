@@ -69,10 +69,12 @@ def parallel_sum(x):
 
 
 def timed_quiet(fn) -> tuple[float, object]:
-    """Seconds of one call of `fn` started on idle cores (see `quiet`), after one warm-up, and its result."""
+    """Seconds of one call of `fn` started on idle cores, after one warm-up, and its result. OpenBLAS's and
+    OpenMP's threads spin for a while after a call: a 16-query scan right after a numpy GEMM took 360 ms
+    here, against 300 ms on idle cores."""
     result = fn()
-    time.sleep(0.3)  # OpenBLAS's and OpenMP's threads spin for a while after a call: a 16-query scan right
-    start = time.perf_counter()  # after a numpy GEMM took 360 ms here, against 300 ms on idle cores
+    time.sleep(0.3)
+    start = time.perf_counter()
     result = fn()
     return time.perf_counter() - start, result
 
