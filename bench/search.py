@@ -68,22 +68,14 @@ def parallel_sum(x):
     return total
 
 
-def timed_quiet(fn) -> tuple[float, object]:
-    """Seconds of one call of `fn` started on idle cores, after one warm-up, and its result. OpenBLAS's and
-    OpenMP's threads spin for a while after a call: a 16-query scan right after a numpy GEMM took 360 ms
-    here, against 300 ms on idle cores."""
-    result = fn()
-    time.sleep(0.3)
-    start = time.perf_counter()
-    result = fn()
-    return time.perf_counter() - start, result
-
-
-def timed(fn, repeats: int) -> tuple[float, object]:
-    """Median seconds of `repeats` calls after one warm-up, and the last result."""
+def timed(fn, repeats: int, idle: float = 0.0) -> tuple[float, object]:
+    """Median seconds of `repeats` calls after one warm-up, and the last result; with `idle`, each call starts
+    after that many seconds of idle cores (OpenBLAS's and OpenMP's threads spin for a while after a call: a
+    16-query scan right after a numpy GEMM took 360 ms here, against 300 ms on idle cores)."""
     result = fn()
     times = []
     for _ in range(repeats):
+        time.sleep(idle)
         start = time.perf_counter()
         result = fn()
         times.append(time.perf_counter() - start)
@@ -160,8 +152,8 @@ def main() -> int:
         rounds = []
         for _ in range(rounds_for(nq)):
             read_s, rate = read(), gemm_rate()
-            t_ours, (_, ids) = timed_quiet(lambda: exact.search(xb, q, 10))
-            t_faiss, (_, faiss_ids) = timed_quiet(lambda: flat.search(q, 10))
+            t_ours, (_, ids) = timed(lambda: exact.search(xb, q, 10), 1, idle=0.3)
+            t_faiss, (_, faiss_ids) = timed(lambda: flat.search(q, 10), 1, idle=0.3)
             bound = max(read_s, 2 * nq * args.n * args.dim / rate)
             rounds.append((t_ours, t_faiss, bound))
             reads.append(read_s)
