@@ -22,7 +22,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 from openalign import config as config_lib  # noqa: E402
-from openalign import presets  # noqa: E402
+from openalign import host, presets  # noqa: E402
 from openalign.config import ConfigError  # noqa: E402
 from openalign.flags import add_options, given, options_from  # noqa: E402
 
@@ -161,6 +161,7 @@ def cmd_eval(args) -> int:
     if tokenizer is None:
         raise ConfigError(f"{args.model} has no tokenizer (tokenizer.json); save the model with its tokenizer")
     torch.set_num_threads(os.cpu_count() or 1)
+    host.reuse_freed_memory()
     v = cfg.model.vision
     crop = args.crop or (round(args.resize * v.image_size / v.resize_size) if args.resize else v.image_size)
     resize = args.resize or round(crop * v.resize_size / v.image_size)  # the model's resize-to-crop ratio
@@ -312,6 +313,7 @@ def cmd_embed(args) -> int:
     from openalign import distributed
     from openalign.index.embed import EmbedOptions, embed
 
+    host.reuse_freed_memory()
     manifest = embed(Path(args.model), args.sources, Path(args.out), options_from(args, EmbedOptions),
                      progress=not args.quiet)
     if distributed.from_env().main:

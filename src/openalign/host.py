@@ -1,0 +1,46 @@
+"""How a process that computes on the CPU uses the host's memory.
+
+PyTorch has no caching allocator on the CPU: every tensor comes from the C library's `malloc`, and glibc
+serves blocks above its mmap threshold (at most 32 MiB) with a fresh `mmap` and gives them back with
+`munmap` when freed. A training step on the CPU allocates and frees the same large activations every
+step (the demo: [128, 96, 32, 32] float maps, 50 MB each), so every step faults each of their 4 KiB pages
+in again and the kernel zeroes them: ~64,000 page faults and ~0.1 s of system time per demo step, and
+memory-bound operators (BatchNorm, SiLU, padding) ran 3x slower than on reused memory.
+
+`reuse_freed_memory()` makes glibc keep what it has: no `mmap` for large blocks (they come from the heap)
+and no trimming of the heap's top, so the next step reuses the pages. The process's resident memory then
+stays at its peak (the demo: +5%) instead of rising and falling each step, which is what a long-running
+training or evaluation process wants anyway. Other C libraries (macOS, musl) are left alone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+
+M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
+M_MMAP_MAX = -4
+_applied = False
+
+
+def reuse_freed_memory() -> bool:
+    """Make glibc reuse freed memory instead of returning it to the kernel (once per process; children
+    forked later inherit it). Returns whether it is in effect."""
+    global _applied
+    if _applied:
+        return True
+    try:
+        if not os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc"):
+            return False
+    except (ValueError, OSError, AttributeError):  # not glibc, or no confstr on this platform
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    # mallopt returns 1 on success; the trim threshold is an int: its largest value means "never trim"
+    _applied = bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
+    return _applied
