@@ -1,8 +1,10 @@
+import copy as copy_module
 import dataclasses
 
 import torch
 
 from openalign import presets
+from openalign.model import cls_only as cls_only_module
 from openalign.model.dual_encoder import DualEncoder
 
 
@@ -30,3 +32,34 @@ def test_length_buckets_give_the_same_embeddings_and_gradients():
     torch.testing.assert_close(out[0][0], out[1][0], rtol=1e-7, atol=1e-9)
     for a, b in zip(out[0][1], out[1][1]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+
+
+def _text_grads(model, ids, mask, features):
+    model.zero_grad()
+    feats = features(model, ids, mask)
+    (feats * torch.linspace(-1, 1, feats.shape[1], dtype=feats.dtype)).sum().backward()
+    return feats.detach(), {n: p.grad.clone() for n, p in model.align.text_model.named_parameters() if p.grad is not None}
+
+
+def test_cls_only_last_layer_equals_the_whole_layer():
+    cfg = presets.get("tiny").model
+    cfg = dataclasses.replace(cfg, text=dataclasses.replace(cfg.text, num_layers=2))
+    torch.manual_seed(0)
+    model = DualEncoder(cfg).double().eval()
+    assert model.align.text_model.encoder.layer[-1].forward.func is cls_only_module._forward
+    lengths = torch.tensor([3, 9, 2, 5, 9])
+    ids = torch.randint(5, 300, (5, 9))
+    mask = (torch.arange(9)[None, :] < lengths[:, None]).long()
+    ids = ids * mask
+    whole = _text_grads(model, ids, mask, lambda m, i, a: m.text_tower(input_ids=i, attention_mask=a).last_hidden_state[:, 0])
+    routed = _text_grads(model, ids, mask, lambda m, i, a: m._cls(i, a))
+    torch.testing.assert_close(routed[0], whole[0], rtol=1e-9, atol=1e-10)
+    assert routed[1].keys() == whole[1].keys()  # every text parameter still gets its gradient
+    for name in whole[1]:
+        torch.testing.assert_close(routed[1][name], whole[1][name], rtol=1e-7, atol=1e-9)
+    with cls_only_module.cls_only():
+        assert model.text_tower(input_ids=ids, attention_mask=mask).last_hidden_state.shape == (5, 1, cfg.text.hidden_size)
+    # outside cls_only() (token vectors, late interaction) the layer is the library's: every token
+    assert model.encode_text(ids, mask, tokens=True).tokens.shape[:2] == (5, 9)
+    copy = copy_module.deepcopy(model)  # fine-tuning's Classifier copies the model: the routing follows the copy
+    assert copy.align.text_model.encoder.layer[-1].forward.args[0] is copy.align.text_model.encoder.layer[-1]

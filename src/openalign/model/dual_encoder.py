@@ -27,6 +27,7 @@ from transformers import (AlignConfig, AlignModel, AlignTextConfig, AlignVisionC
                           VisionTextDualEncoderConfig, VisionTextDualEncoderModel)
 
 from openalign.config import LossConfig, ModelConfig
+from openalign.model.cls_only import cls_only, use_cls_only_last_layer
 from openalign.model.depthwise import use_fast_depthwise
 
 
@@ -126,6 +127,7 @@ class DualEncoder(nn.Module):
             self.align.vision_model.to(memory_format=torch.channels_last)
         if not self.vit:  # oneDNN's weight gradient on 2x2 and 4x4 maps is most of the step (model/depthwise.py)
             use_fast_depthwise(self.align.vision_model)
+            use_cls_only_last_layer(self.align.text_model)  # under cls_only(): [CLS]'s row only (model/cls_only.py)
 
     @property
     def hf(self) -> AlignModel | VisionTextDualEncoderModel:
@@ -220,9 +222,11 @@ class DualEncoder(nn.Module):
         return Encoding(embeds=F.normalize(embeds, dim=-1), features=features)
 
     def _cls(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        out = self.text_tower(input_ids=input_ids, attention_mask=attention_mask)
         if self.vit:
+            out = self.text_tower(input_ids=input_ids, attention_mask=attention_mask)
             return out.pooler_output  # [B, H] BERT's pooled [CLS] (what VisionTextDualEncoderModel projects)
+        with cls_only():  # the last layer computes only the [CLS] row: [B, 1, H]
+            out = self.text_tower(input_ids=input_ids, attention_mask=attention_mask)
         return out.last_hidden_state[:, 0, :]  # [B, H] the [CLS] token
 
     def _cls_by_length(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, buckets: int) -> torch.Tensor:
