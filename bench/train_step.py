@@ -1,8 +1,10 @@
 """P3, P4: the training step in one process and in two gloo processes.
 
 P4: openalign's step (train/step.py) vs a plain transformers AlignModel(return_loss=True) + AdamW step:
-same towers, same batch, same threads; medians over interleaved repeats, so machine noise hits both
-sides alike. Also the share of step time spent waiting for the real data loader.
+same towers, same batch, same threads; medians over repeats. openalign's step runs in this process as
+the trainer runs it (host.reuse_freed_memory: glibc keeps freed blocks); the plain step runs in a fresh
+process with the C library's defaults, as a plain script would (each waits while the other runs). Also
+the share of step time spent waiting for the real data loader.
 
 P3: two gloo processes (DDP, one thread each), each with half the batch, run one step in fp64; their
 loss and every parameter gradient are compared with one process on the whole batch (BatchNorm per
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import multiprocessing as mp
 import os
 import statistics
 import sys
@@ -30,7 +33,7 @@ import transformers
 from torch.utils import flop_counter
 
 from _common import free_port, verdict, write_section
-from openalign import presets
+from openalign import host, presets
 from openalign.distributed import Dist
 from openalign.data import shards as shard_lib
 from openalign.data import transforms
@@ -57,6 +60,16 @@ def plain_step(model, optimizer, batch):
     optimizer.zero_grad(set_to_none=True)
     out.loss.backward()
     optimizer.step()
+
+
+def plain_worker(conn, cfg, state: dict, batch: dict, steps: int, threads: int) -> None:
+    """The plain step timed on request, in its own process (the C library's default allocator)."""
+    torch.set_num_threads(threads)
+    plain = transformers.AlignModel(hf_config(cfg.model)).train()
+    plain.load_state_dict(state, strict=False)  # same weights as openalign's (plain keeps its pooler)
+    plain_opt = torch.optim.AdamW(plain.parameters(), lr=1e-4)
+    while conn.recv() == "go":
+        conn.send(time_steps(lambda b: plain_step(plain, plain_opt, b), batch, steps))
 
 
 def time_steps(step, batch, n: int) -> float:
@@ -246,14 +259,19 @@ def main() -> int:
     ours = DualEncoder(cfg.model, cfg.loss).train()
     ours_opt = build_optimizer(ours, cfg.optim)
     set_lr(ours_opt, 1e-4)
-    plain = transformers.AlignModel(hf_config(cfg.model)).train()
-    plain.load_state_dict(ours.align.state_dict(), strict=False)  # same weights (plain keeps its pooler)
-    plain_opt = torch.optim.AdamW(plain.parameters(), lr=1e-4)
-
     ours_t, plain_t = [], []
-    for _ in range(args.repeats):  # interleaved: noise hits both alike
+    context = mp.get_context("spawn")  # a fresh process: glibc's default malloc settings
+    here, there = context.Pipe()
+    child = context.Process(target=plain_worker, args=(there, cfg, ours.align.state_dict(), batch, args.steps,
+                                                       torch.get_num_threads()))
+    child.start()
+    host.reuse_freed_memory()  # what the trainer does (train/trainer.py)
+    for _ in range(args.repeats):  # alternating: noise hits both alike
+        here.send("go")
+        plain_t.append(here.recv())
         ours_t.append(time_steps(lambda b: openalign_step(ours, ours_opt, cfg, b), batch, args.steps))
-        plain_t.append(time_steps(lambda b: plain_step(plain, plain_opt, b), batch, args.steps))
+    here.send("stop")
+    child.join()
     ours_s, plain_s = statistics.median(ours_t), statistics.median(plain_t)
     ratio = plain_s / ours_s  # pairs/s ratio = inverse time ratio
     data_frac = data_wait_fraction(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, batch_size=args.batch)),

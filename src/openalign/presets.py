@@ -67,12 +67,14 @@ def paper(image_tower: str, text_tower: str) -> Config:
 # - 64 px images (resize 72, crop 64) instead of 346/289 (64 px beats 48 px at equal wall time on held-out
 #   recall); towers sized for minutes of CPU time (EfficientNet width 0.75 / depth 0.5, BERT 4 layers x 256):
 #   widening the text tower from 128 to 256 raised held-out R@10 from ~10x to ~14x chance, the largest gain;
-# - BatchNorm momentum 0.1: in a short run the statistics must follow the weights quickly.
+# - BatchNorm momentum 0.1: in a short run the statistics must follow the weights quickly;
+# - a WordPiece vocabulary of up to 8,000 (the corpus yields ~5,600; 2,000 split too many words), 640 steps
+#   and 4 evaluations: what fits five minutes on 2 cores (docs/demo.md).
 DEMO = ("model.vision.drop_connect_rate=0.0", "model.vision.batch_norm_momentum=0.1", "model.vision.resize_size=72",
-        "model.vision.image_size=64", "model.text.vocab_size=4000", "model.text.dropout=0.0",
+        "model.vision.image_size=64", "model.text.vocab_size=8000", "model.text.dropout=0.0",
         "model.text.length_buckets=4", "loss.temperature.init=0.07", "optim.lr=5e-3", "optim.warmup_steps=50",
-        "data.corpus=emoji", "data.batch_size=128", "data.workers=1", "data.shuffle_buffer=1000", "train.steps=600",
-        "train.log_every=10", "train.eval_every=100", "train.checkpoint_every=100")
+        "data.corpus=emoji", "data.batch_size=128", "data.workers=1", "data.shuffle_buffer=1000", "train.steps=640",
+        "train.log_every=10", "train.eval_every=160", "train.checkpoint_every=160")
 # tiny: the demo's recipe at the smallest sensible size, for tests and smoke runs (seconds on CPU)
 TINY = (*DEMO, "model.vision.resize_size=36", "model.vision.image_size=32", "model.text.intermediate_size=64",
         "model.text.vocab_size=300", f"model.text.dropout={TextConfig.dropout}",
