@@ -84,7 +84,7 @@ TINY = (*DEMO, "model.vision.resize_size=36", "model.vision.image_size=32", "mod
 
 
 def demo() -> Config:
-    """A ~5.5M-parameter model trained for a few minutes on 2 CPU cores on the built-in emoji corpus
+    """A ~5.9M-parameter model trained for under five minutes on 2 CPU cores on the built-in emoji corpus
     (the deviations from the paper: DEMO above)."""
     # the width-0.75 tower pools to 240: no image projection, exact HF format
     return dual_encoder("demo", (0.75, 0.5), (4, 256, 4), 240, DEMO)
