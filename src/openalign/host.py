@@ -9,8 +9,9 @@ memory-bound operators (BatchNorm, SiLU, padding) ran 3x slower than on reused m
 
 `reuse_freed_memory()` makes glibc keep what it has: no `mmap` for large blocks (they come from the heap)
 and no trimming of the heap's top, so the next step reuses the pages. The process's resident memory then
-stays at its peak (the demo: +5%) instead of rising and falling each step, which is what a long-running
-training or evaluation process wants anyway. Other C libraries (macOS, musl) are left alone.
+stays at its peak (the demo step: +5-10% peak RSS) instead of rising and falling each step, which is what
+a long-running training or evaluation process wants anyway. Other C libraries (macOS, musl) are left
+alone.
 """
 
 from __future__ import annotations
