@@ -114,11 +114,19 @@ def _terms(cfg: FilterConfig, d: Dialect) -> tuple[str, str]:
 
 
 def count_statements(cfg: FilterConfig, d: Dialect) -> list[tuple[str, str]]:
-    """Phase 1: distinct texts (with an id), their term occurrences, and each term's corpus frequency."""
+    """Phase 1: distinct texts (with an id), the texts shared by too many images, the texts' term occurrences,
+    and each term's corpus frequency.
+
+    Images per text are counted only for texts in more than max_images_per_text pairs (a text in fewer pairs
+    cannot be on more images): `count(DISTINCT image_key)` grouped over every text was the step DuckDB could
+    not spill (100M generated pairs under a 3GB limit ran out of memory there; counting pairs alone fits)."""
     words, terms = _terms(cfg, d)
+    limit = cfg.max_images_per_text
     return [
-        ("texts", f"SELECT {d.row_id} AS tid, text, n_pairs, n_images, {words} AS words FROM "
-                  "(SELECT text, count(*) AS n_pairs, count(DISTINCT image_key) AS n_images FROM pairs GROUP BY text) g"),
+        ("texts", f"SELECT {d.row_id} AS tid, text, n_pairs, {words} AS words FROM "
+                  "(SELECT text, count(*) AS n_pairs FROM pairs GROUP BY text) g"),
+        ("shared_texts", f"SELECT p.text FROM pairs p {d.semi_join} (SELECT text FROM texts WHERE n_pairs > {limit}) c "
+                         f"ON p.text = c.text GROUP BY p.text HAVING count(DISTINCT p.image_key) > {limit}"),
         ("occurrences", f"SELECT tid, n_pairs, {d.explode.format(x=terms)} AS term FROM texts"),
         ("term_counts", "SELECT term, sum(n_pairs) AS c FROM occurrences GROUP BY term"),
     ]
@@ -165,9 +173,10 @@ def flag_statements(cfg: FilterConfig, d: Dialect, cut: tuple[int, int] | None, 
                                         "ON e.term = v.term"))
     size = d.size.format(x="t.words")
     steps += [
-        ("text_flags", f"SELECT t.text, t.n_images > {cfg.max_images_per_text} AS text_shared, "
+        ("text_flags", "SELECT t.text, s.text IS NOT NULL AS text_shared, "
                        f"({size} < {cfg.min_words} OR {size} > {cfg.max_words}) AS text_length, "
-                       "r.tid IS NOT NULL AS text_rare FROM texts t LEFT JOIN rare_texts r ON t.tid = r.tid"),
+                       "r.tid IS NOT NULL AS text_rare FROM texts t LEFT JOIN rare_texts r ON t.tid = r.tid "
+                       "LEFT JOIN shared_texts s ON t.text = s.text"),
         # texts per image in two plain aggregations (count(DISTINCT text) was ~20% slower here)
         ("image_flags", f"SELECT image_key, least(min(w), min(h)) <= {cfg.min_short_side} AS image_small, "
                         f"greatest(max(wm), max(hm)) >= {float(cfg.max_aspect)} * least(min(w), min(h)) "
