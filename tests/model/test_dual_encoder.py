@@ -63,3 +63,19 @@ def test_cls_only_last_layer_equals_the_whole_layer():
     assert model.encode_text(ids, mask, tokens=True).tokens.shape[:2] == (5, 9)
     copy = copy_module.deepcopy(model)  # fine-tuning's Classifier copies the model: the routing follows the copy
     assert copy.align.text_model.encoder.layer[-1].forward.args[0] is copy.align.text_model.encoder.layer[-1]
+
+
+def test_cls_only_last_layer_under_activation_checkpointing():
+    """The checkpointed last layer is recomputed in backward, outside cls_only(): it must recompute the same
+    [CLS]-only function (a [B, T, H] recompute would not match what was saved)."""
+    cfg = presets.get("tiny").model
+    cfg = dataclasses.replace(cfg, text=dataclasses.replace(cfg.text, num_layers=2, dropout=0.0))
+    torch.manual_seed(0)
+    plain = DualEncoder(cfg).double().train()
+    checkpointed = copy_module.deepcopy(plain)
+    checkpointed.text_tower.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ids, mask = torch.randint(5, 300, (4, 7)), torch.ones(4, 7, dtype=torch.long)
+    grads = [_text_grads(model, ids, mask, lambda m, i, a: m._cls(i, a))[1] for model in (plain, checkpointed)]
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-9, atol=1e-12)
