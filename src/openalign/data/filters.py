@@ -114,8 +114,8 @@ def _terms(cfg: FilterConfig, d: Dialect) -> tuple[str, str]:
 
 
 def count_statements(cfg: FilterConfig, d: Dialect) -> list[tuple[str, str]]:
-    """Phase 1: distinct texts (with an id), the texts shared by too many images, and each term's corpus
-    frequency.
+    """Phase 1: distinct texts (with an id), the texts shared by too many images, the texts' term occurrences,
+    and each term's corpus frequency.
 
     Images per text are counted only for texts in more than max_images_per_text pairs (a text in fewer pairs
     cannot be on more images): `count(DISTINCT image_key)` grouped over every text was the step DuckDB could
@@ -127,10 +127,8 @@ def count_statements(cfg: FilterConfig, d: Dialect) -> list[tuple[str, str]]:
                   "(SELECT text, count(*) AS n_pairs FROM pairs GROUP BY text) g"),
         ("shared_texts", f"SELECT p.text FROM pairs p {d.semi_join} (SELECT text FROM texts WHERE n_pairs > {limit}) c "
                          f"ON p.text = c.text GROUP BY p.text HAVING count(DISTINCT p.image_key) > {limit}"),
-        # every term occurrence is exploded where it is used, not stored: at 100M pairs that table (~1B rows)
-        # was the largest thing spilled to disk
-        ("term_counts", f"SELECT term, sum(n_pairs) AS c FROM (SELECT n_pairs, {d.explode.format(x=terms)} AS term "
-                        "FROM texts) o GROUP BY term"),
+        ("occurrences", f"SELECT tid, n_pairs, {d.explode.format(x=terms)} AS term FROM texts"),
+        ("term_counts", "SELECT term, sum(n_pairs) AS c FROM occurrences GROUP BY term"),
     ]
 
 
@@ -166,12 +164,11 @@ def flag_statements(cfg: FilterConfig, d: Dialect, cut: tuple[int, int] | None, 
                                  f"LIMIT 1 OFFSET {m - 1}"))
             rare = f"t.c < {c_k} OR (t.c = {c_k} AND t.term > cut.b)"
         # probe the smaller set: occurrences of a rare term (semi-join), or not in the vocabulary (anti-join)
-        occurrences = f"(SELECT tid, {d.explode.format(x=_terms(cfg, d)[1])} AS term FROM texts)"
         if n_rare <= cfg.vocab_size:
-            steps.append(("rare_texts", f"SELECT DISTINCT e.tid FROM {occurrences} e {d.semi_join} "
+            steps.append(("rare_texts", f"SELECT DISTINCT e.tid FROM occurrences e {d.semi_join} "
                                         f"(SELECT t.term FROM term_counts t CROSS JOIN cut WHERE {rare}) r ON e.term = r.term"))
         else:
-            steps.append(("rare_texts", f"SELECT DISTINCT e.tid FROM {occurrences} e {d.anti_join} "
+            steps.append(("rare_texts", f"SELECT DISTINCT e.tid FROM occurrences e {d.anti_join} "
                                         f"(SELECT t.term FROM term_counts t CROSS JOIN cut WHERE NOT ({rare})) v "
                                         "ON e.term = v.term"))
     size = d.size.format(x="t.words")
