@@ -53,7 +53,8 @@ def test_demo_is_small_and_uses_pytorch_batchnorm_momentum():
     cfg = presets.get("demo")
     model = DualEncoder(cfg.model)
     n_params = sum(p.numel() for p in model.parameters())
-    assert n_params < 6_000_000  # ~5.5M: minutes of CPU time
+    # 6.5M with the configured vocabulary of 8,000; ~5.9M trained (the emoji corpus yields 5,571 tokens)
+    assert n_params < 7_000_000
     bn = next(m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d))
     assert bn.momentum == cfg.model.vision.batch_norm_momentum <= 0.1  # never transformers' 0.99
 
