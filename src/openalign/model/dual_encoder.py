@@ -18,6 +18,7 @@ is kept beside the HF model and written into its logit_scale = log(1/T) when sav
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -222,11 +223,10 @@ class DualEncoder(nn.Module):
         return Encoding(embeds=F.normalize(embeds, dim=-1), features=features)
 
     def _cls(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        with nullcontext() if self.vit else cls_only():  # ALIGN's last layer: only the [CLS] row, [B, 1, H]
+            out = self.text_tower(input_ids=input_ids, attention_mask=attention_mask)
         if self.vit:
-            out = self.text_tower(input_ids=input_ids, attention_mask=attention_mask)
             return out.pooler_output  # [B, H] BERT's pooled [CLS] (what VisionTextDualEncoderModel projects)
-        with cls_only():  # the last layer computes only the [CLS] row: [B, 1, H]
-            out = self.text_tower(input_ids=input_ids, attention_mask=attention_mask)
         return out.last_hidden_state[:, 0, :]  # [B, H] the [CLS] token
 
     def _cls_by_length(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, buckets: int) -> torch.Tensor:
