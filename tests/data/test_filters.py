@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import shutil
 import random
@@ -143,6 +144,32 @@ def test_vocab_cut_from_the_count_histogram():
     assert filters.vocab_cut(histogram, 2) == (5, 0)  # cut between counts: all terms counted <= 5 are rare
     assert filters.vocab_cut(histogram, 3) == (5, 1)  # one of the three 5-count terms (the smallest) is in
     assert filters.vocab_cut(histogram, 14) == (1, 9)
+
+
+def test_terms_counted_by_hash_then_exactly_give_the_exact_vocabulary_even_with_collisions(tmp_path, monkeypatch):
+    """Terms are counted by a 64-bit hash, then only those that can reach the vocabulary by their strings: a
+    hash that collides (here: 3,000 buckets for ~9,000 terms) must still give the exact keep-list."""
+    t = random_corpus(3000, seed=5)
+    cfg = {"vocab_size": 400}
+    (tmp_path / "exact").mkdir()
+    keep, report = kept(tmp_path / "exact", t, **cfg)
+    assert 0 < report["exactly_counted_terms"] < report["distinct_terms"] / 4  # only the candidates, by strings
+    rounds = []
+    materialize = filters.DuckDBEngine.materialize
+
+    def counting(self, name, query):
+        rounds.append(name)
+        materialize(self, name, query)
+
+    monkeypatch.setattr(filters.DuckDBEngine, "materialize", counting)
+    monkeypatch.setattr(filters.DuckDBEngine, "dialect", dataclasses.replace(filters.DUCKDB, hash64="hash({x}) % 3000"))
+    (tmp_path / "collide").mkdir()
+    keep_collide, report_collide = kept(tmp_path / "collide", t, **cfg)
+    assert rounds.count("term_counts") > 1  # collisions lifted the first floor above the true cut: lowered
+    assert keep_collide == keep
+    strip = ("input", "seconds", "keep", "distinct_terms", "exactly_counted_terms")
+    assert {k: v for k, v in report_collide.items() if k not in strip} == \
+           {k: v for k, v in report.items() if k not in strip}
 
 
 def test_a_glob_of_pair_tables_equals_one_table(tmp_path):

@@ -17,12 +17,15 @@ Rules (thresholds are `FilterConfig` fields; every statistic is counted on the r
 
 Words are the alt-text split on whitespace (optionally lowercased): nothing language-specific, so the
 multilingual corpus uses the same rules. Term frequencies count every pair; terms are ranked by count,
-then by their UTF-8 bytes, so the top-K cut is deterministic. Lowercasing follows each engine's
+then by their UTF-8 bytes, so the top-K cut is deterministic. Terms are counted by a 64-bit hash first
+(fixed-size keys that spill to disk), then exactly, by their strings, only those that can reach the top K:
+the result is exact whatever the hash collides (`exact_cut`). Lowercasing follows each engine's
 Unicode tables; they agree except for a few special cases (e.g. Turkish dotted I).
 
 Outputs in DIR: `keep.parquet` (sorted distinct uids of kept pairs: a file from DuckDB, a directory of
 sorted part files from Spark), `filter_report.json` (per rule: pairs removed on its own and in sequence,
-example texts) and `filter_report.png`.
+example texts; `distinct_terms` as counted by hash, which a collision would lower by one;
+`exactly_counted_terms`: the candidates counted by their strings) and `filter_report.png`.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ class Dialect:
     row_id: str  # a unique id per row of a query (internal only, never compared across engines)
     semi_join: str  # rows of the left side with a match
     anti_join: str  # rows of the left side without a match
+    hash64: str  # {x}: a 64-bit hash of a string (terms are counted by it first; see count_statements)
 
 
 DUCKDB = Dialect(
@@ -79,6 +83,7 @@ DUCKDB = Dialect(
     row_id="row_number() OVER ()",
     semi_join="SEMI JOIN",
     anti_join="ANTI JOIN",
+    hash64="hash({x})",
 )
 SPARK = Dialect(
     split="split({x}, ' ')",
@@ -92,6 +97,7 @@ SPARK = Dialect(
     row_id="monotonically_increasing_id()",
     semi_join="LEFT SEMI JOIN",
     anti_join="LEFT ANTI JOIN",
+    hash64="xxhash64({x})",
 )
 
 
@@ -113,26 +119,53 @@ def _terms(cfg: FilterConfig, d: Dialect) -> tuple[str, str]:
     return words, terms
 
 
+def _occurrences(cfg: FilterConfig, d: Dialect, columns: str) -> str:
+    """Every term occurrence of every distinct text, with the text's `columns`: a query, not a table (stored,
+    the occurrences were the largest thing the filter wrote: 11 GiB spilled at 10M pairs)."""
+    _, terms = _terms(cfg, d)
+    return f"SELECT {columns}, {d.explode.format(x=terms)} AS term FROM texts"
+
+
 def count_statements(cfg: FilterConfig, d: Dialect) -> list[tuple[str, str]]:
-    """Phase 1: distinct texts (with an id), the texts shared by too many images, the texts' term occurrences,
-    and each term's corpus frequency.
+    """Phase 1: distinct texts (with an id and their words), the texts shared by too many images, and how often
+    each term occurs, counted by its 64-bit hash.
 
     Images per text are counted only for texts in more than max_images_per_text pairs (a text in fewer pairs
     cannot be on more images): `count(DISTINCT image_key)` grouped over every text was the step DuckDB could
-    not spill (100M generated pairs under a 3GB limit ran out of memory there; counting pairs alone fits)."""
-    words, terms = _terms(cfg, d)
+    not spill (100M generated pairs under a 3GB limit ran out of memory there; counting pairs alone fits).
+
+    Terms are counted by hash because grouping the strings themselves was the next step that ran out of
+    memory at 100M pairs (hundreds of millions of distinct bigrams): integer keys are a fixed 16 bytes per
+    group and spill. A hash's count is its terms' total (a collision adds two terms' counts, never loses
+    one), so it bounds each term's count from above; `candidate_statement` then counts the few terms that
+    can reach the vocabulary exactly, by their strings (`exact_cut`)."""
+    words, _ = _terms(cfg, d)
     limit = cfg.max_images_per_text
     return [
         ("texts", f"SELECT {d.row_id} AS tid, text, n_pairs, {words} AS words FROM "
                   "(SELECT text, count(*) AS n_pairs FROM pairs GROUP BY text) g"),
         ("shared_texts", f"SELECT p.text FROM pairs p {d.semi_join} (SELECT text FROM texts WHERE n_pairs > {limit}) c "
                          f"ON p.text = c.text GROUP BY p.text HAVING count(DISTINCT p.image_key) > {limit}"),
-        ("occurrences", f"SELECT tid, n_pairs, {d.explode.format(x=terms)} AS term FROM texts"),
-        ("term_counts", "SELECT term, sum(n_pairs) AS c FROM occurrences GROUP BY term"),
+        ("term_hashes", f"SELECT h, sum(n_pairs) AS c FROM (SELECT n_pairs, {d.hash64.format(x='term')} AS h FROM "
+                        f"({_occurrences(cfg, d, 'n_pairs')}) e) x GROUP BY h"),
     ]
 
 
+HASH_HISTOGRAM = "SELECT c, count(*) AS n FROM term_hashes GROUP BY c ORDER BY c DESC"
 HISTOGRAM = "SELECT c, count(*) AS n FROM term_counts GROUP BY c ORDER BY c DESC"
+
+
+def candidate_statements(cfg: FilterConfig, d: Dialect, floor: int) -> list[tuple[str, str]]:
+    """`term_counts`: the exact count of every term whose hash was counted at least `floor` times (0: every
+    term). A term outside it occurs fewer than `floor` times. (The frequent hashes are stored first: joined
+    as a filtered subquery, DuckDB misjudged their number and the step took 4x longer.)"""
+    occurrences = _occurrences(cfg, d, "n_pairs")
+    if floor <= 1:
+        return [("term_counts", f"SELECT term, sum(n_pairs) AS c FROM ({occurrences}) e GROUP BY term")]
+    return [("frequent_hashes", f"SELECT h FROM term_hashes WHERE c >= {floor}"),
+            ("term_counts", f"SELECT e.term, sum(e.n_pairs) AS c FROM (SELECT n_pairs, term, "
+                            f"{d.hash64.format(x='term')} AS h FROM ({occurrences}) o) e {d.semi_join} frequent_hashes f "
+                            "ON e.h = f.h GROUP BY e.term")]
 
 
 def vocab_cut(histogram: list[tuple[int, int]], k: int) -> tuple[int, int] | None:
@@ -149,8 +182,32 @@ def vocab_cut(histogram: list[tuple[int, int]], k: int) -> tuple[int, int] | Non
     return None
 
 
-def flag_statements(cfg: FilterConfig, d: Dialect, cut: tuple[int, int] | None, n_rare: int) -> list[tuple[str, str]]:
-    """Phase 2: texts with a rare term, then per-text and per-image rule flags, then per-pair flags."""
+def exact_cut(runner, cfg: FilterConfig) -> tuple[tuple[int, int] | None, int, int]:
+    """The vocabulary's cut over exact term counts, materializing `term_counts` for the terms that can reach it.
+
+    The floor starts at the count of the vocab_size-th most frequent hash: every term above the true cut has
+    a hash counted at least that often, unless collisions put two of the top terms on one hash; the cut
+    found among the candidates is exact when its count is >= the floor (any other term occurs fewer times,
+    strictly below the cut). Otherwise the floor is lowered (twice as many hashes) until it holds or every
+    term is a candidate. Returns (cut, distinct hashes, candidate terms)."""
+    hashes = runner.rows(HASH_HISTOGRAM)
+    distinct = sum(n for _, n in hashes)
+    k = cfg.vocab_size
+    while True:
+        hash_cut = vocab_cut(hashes, k)
+        floor = hash_cut[0] if hash_cut is not None else 0
+        for name, query in candidate_statements(cfg, runner.dialect, floor):
+            runner.materialize(name, query)
+        histogram = runner.rows(HISTOGRAM)
+        cut = vocab_cut(histogram, cfg.vocab_size)
+        if floor <= 1 or (cut is not None and cut[0] >= floor):
+            return cut, distinct, sum(n for _, n in histogram)
+        k *= 2
+
+
+def flag_statements(cfg: FilterConfig, d: Dialect, cut: tuple[int, int] | None) -> list[tuple[str, str]]:
+    """Phase 2: texts with a term outside the vocabulary, then per-text and per-image rule flags, then per-pair
+    flags."""
     steps = []
     if cut is None:
         steps.append(("rare_texts", "SELECT tid FROM texts WHERE 1 = 0"))
@@ -158,19 +215,15 @@ def flag_statements(cfg: FilterConfig, d: Dialect, cut: tuple[int, int] | None, 
         c_k, m = cut
         if m == 0:  # the cut falls between two counts: no tie to break
             steps.append(("cut", "SELECT 1 AS b"))
-            rare = f"t.c <= {c_k}"
+            vocab = f"t.c > {c_k}"
         else:
             steps.append(("cut", f"SELECT term AS b FROM term_counts WHERE c = {c_k} ORDER BY term "
                                  f"LIMIT 1 OFFSET {m - 1}"))
-            rare = f"t.c < {c_k} OR (t.c = {c_k} AND t.term > cut.b)"
-        # probe the smaller set: occurrences of a rare term (semi-join), or not in the vocabulary (anti-join)
-        if n_rare <= cfg.vocab_size:
-            steps.append(("rare_texts", f"SELECT DISTINCT e.tid FROM occurrences e {d.semi_join} "
-                                        f"(SELECT t.term FROM term_counts t CROSS JOIN cut WHERE {rare}) r ON e.term = r.term"))
-        else:
-            steps.append(("rare_texts", f"SELECT DISTINCT e.tid FROM occurrences e {d.anti_join} "
-                                        f"(SELECT t.term FROM term_counts t CROSS JOIN cut WHERE NOT ({rare})) v "
-                                        "ON e.term = v.term"))
+            vocab = f"t.c > {c_k} OR (t.c = {c_k} AND t.term <= cut.b)"
+        # the vocabulary (vocab_size strings) is the small side: texts with an occurrence outside it
+        steps.append(("rare_texts", f"SELECT DISTINCT e.tid FROM ({_occurrences(cfg, d, 'tid')}) e {d.anti_join} "
+                                    f"(SELECT t.term FROM term_counts t CROSS JOIN cut WHERE {vocab}) v "
+                                    "ON e.term = v.term"))
     size = d.size.format(x="t.words")
     steps += [
         ("text_flags", "SELECT t.text, s.text IS NOT NULL AS text_shared, "
@@ -183,9 +236,12 @@ def flag_statements(cfg: FilterConfig, d: Dialect, cut: tuple[int, int] | None, 
                         f"AS image_aspect, count(text) > {cfg.max_texts_per_image} AS image_many_texts FROM "
                         "(SELECT image_key, text, min(width) AS w, min(height) AS h, max(width) AS wm, max(height) AS hm "
                         "FROM pairs GROUP BY image_key, text) it GROUP BY image_key"),
-        ("flags", "SELECT p.uid, p.text, " + ", ".join(f"{g}.{r}" for r, g in _rule_tables()) +
-                  " FROM pairs p JOIN image_flags i ON p.image_key = i.image_key "
-                  "JOIN text_flags t ON p.text = t.text"),
+        # one join per step: DuckDB can take a join out of core alone, not two chained in one pipeline (10M
+        # pairs under 300MB ran out of memory joining both flag tables at once)
+        ("pair_text_flags", "SELECT p.uid, p.image_key, p.text, " + ", ".join(f"t.{r}" for r, g in _rule_tables() if g == "t")
+                            + " FROM pairs p JOIN text_flags t ON p.text = t.text"),
+        ("flags", "SELECT p.uid, p.text, " + ", ".join(f"{'p' if g == 't' else g}.{r}" for r, g in _rule_tables()) +
+                  " FROM pair_text_flags p JOIN image_flags i ON p.image_key = i.image_key"),
     ]
     return steps
 
@@ -392,14 +448,13 @@ def run_filters(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), engi
         try:
             runner.register(pairs)
             counting = count_statements(cfg, runner.dialect)
-            bar = _progress(progress, len(counting))
+            bar = _progress(progress, len(counting) + 1)
             for name, query in counting:
                 runner.materialize(name, query)
                 bar.update()
-            histogram = runner.rows(HISTOGRAM)
-            distinct_terms = sum(n for _, n in histogram)
-            cut = vocab_cut(histogram, cfg.vocab_size)
-            flagging = flag_statements(cfg, runner.dialect, cut, distinct_terms - cfg.vocab_size)
+            cut, distinct_terms, candidates = exact_cut(runner, cfg)
+            bar.update()
+            flagging = flag_statements(cfg, runner.dialect, cut)
             bar.total += len(flagging)
             for name, query in flagging:
                 runner.materialize(name, query)
@@ -420,7 +475,8 @@ def run_filters(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), engi
     report = {
         "stage": "filter", "input": str(pairs), "engine": engine, "config": asdict(cfg),
         "pairs": int(total), "kept_pairs": int(kept or 0), "kept_uids": int(kept_uids),
-        "removed_pairs": int(total) - int(kept or 0), "distinct_terms": int(distinct_terms), "rules": rules,
+        "removed_pairs": int(total) - int(kept or 0), "distinct_terms": int(distinct_terms),
+        "exactly_counted_terms": int(candidates), "rules": rules,
         "keep": str(keep_path), "seconds": round(time.perf_counter() - start, 2),
         "memory_limit": memory_limit, "spilled_bytes": spill.peak,
     }
