@@ -204,7 +204,8 @@ def main() -> int:
         f"- keep-lists at {args.pandas_rows:,}: pandas == DuckDB: **{pandas_equal}**"
         + ("" if spark_equal is None else f"; Spark == DuckDB: **{spark_equal}**"),
         f"- {args.rows:,} pairs: {report['kept_pairs']:,} kept; {report['distinct_terms']:,} distinct "
-        "unigrams+bigrams; removed in sequence: " + ", ".join(f"{r['rule']} {r['removed_in_sequence']:,}"
+        f"unigrams+bigrams (counted by hash), {report['exactly_counted_terms']:,} of them counted exactly (those "
+        "that could reach the vocabulary); removed in sequence: " + ", ".join(f"{r['rule']} {r['removed_in_sequence']:,}"
                                                             for r in report["rules"]),
         f"- generating the {args.rows:,}-row table took {gen_big:.0f} s (not counted); pandas runs on "
         f"{args.pandas_rows:,} rows because its exploded Python strings need tens of GiB at {args.rows:,}",

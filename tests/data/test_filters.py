@@ -172,6 +172,27 @@ def test_terms_counted_by_hash_then_exactly_give_the_exact_vocabulary_even_with_
            {k: v for k, v in report.items() if k not in strip}
 
 
+def test_terms_counted_and_texts_flagged_in_parts_give_the_same_keep_list(tmp_path, monkeypatch):
+    """Past its memory limit DuckDB groups the term hashes (split by hash into Parquet files) and finds the rare
+    texts (split by text id) in parts: the same keep-list and report as in one pass."""
+    t = random_corpus(3000, seed=7)
+    cfg = {"vocab_size": 300}
+    (tmp_path / "whole").mkdir()
+    keep, report = kept(tmp_path / "whole", t, **cfg)
+    seen = []
+    parts = filters.DuckDBEngine.parts
+    monkeypatch.setattr(filters.DuckDBEngine, "parts", lambda self, q: seen.append(parts(self, q)) or seen[-1])
+    monkeypatch.setattr(filters, "GROUP_ROW_BYTES", 10**6)  # as if each group took 1 MB: many parts
+    (tmp_path / "parts").mkdir()
+    keep_parts, report_parts = kept(tmp_path / "parts", t, **cfg)
+    assert seen and seen[0] >= 5
+    assert keep_parts == keep and 0 < len(keep) < 3000
+    strip = ("input", "seconds", "keep", "spilled_bytes")
+    assert {k: v for k, v in report_parts.items() if k not in strip} == \
+           {k: v for k, v in report.items() if k not in strip}
+    assert not list((tmp_path / "parts" / "duckdb" / "tmp").rglob("*.parquet"))  # the split files are removed
+
+
 def test_a_glob_of_pair_tables_equals_one_table(tmp_path):
     t = random_corpus(400, seed=3)
     (tmp_path / "one").mkdir()

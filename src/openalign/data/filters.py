@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -119,11 +120,23 @@ def _terms(cfg: FilterConfig, d: Dialect) -> tuple[str, str]:
     return words, terms
 
 
-def _occurrences(cfg: FilterConfig, d: Dialect, columns: str) -> str:
-    """Every term occurrence of every distinct text, with the text's `columns`: a query, not a table (stored,
-    the occurrences were the largest thing the filter wrote: 11 GiB spilled at 10M pairs)."""
+def _occurrences(cfg: FilterConfig, d: Dialect, columns: str, where: str = "") -> str:
+    """Every term occurrence of every distinct text (or of the texts matching `where`), with the text's
+    `columns`: a query, not a table (stored, the occurrences were the largest thing the filter wrote: 11 GiB
+    spilled at 10M pairs)."""
     _, terms = _terms(cfg, d)
-    return f"SELECT {columns}, {d.explode.format(x=terms)} AS term FROM texts"
+    return f"SELECT {columns}, {d.explode.format(x=terms)} AS term FROM texts" + (f" WHERE {where}" if where else "")
+
+
+def occurrence_count_query(cfg: FilterConfig, d: Dialect) -> str:
+    """How many term occurrences the texts have (how many rows `_occurrences` gives)."""
+    size = d.size.format(x="words")
+    return f"SELECT sum({size if cfg.vocab_ngrams == 1 else f'greatest(2 * {size} - 1, 0)'}) FROM texts"
+
+
+def hash_query(cfg: FilterConfig, d: Dialect) -> str:
+    """(n_pairs, h): every term occurrence's text count and 64-bit hash, for `Engine.count_hashes`."""
+    return f"SELECT n_pairs, {d.hash64.format(x='term')} AS h FROM ({_occurrences(cfg, d, 'n_pairs')}) e"
 
 
 def count_statements(cfg: FilterConfig, d: Dialect) -> list[tuple[str, str]]:
@@ -134,9 +147,9 @@ def count_statements(cfg: FilterConfig, d: Dialect) -> list[tuple[str, str]]:
     cannot be on more images): `count(DISTINCT image_key)` grouped over every text was the step DuckDB could
     not spill (100M generated pairs under a 3GB limit ran out of memory there; counting pairs alone fits).
 
-    Terms are counted by hash because grouping the strings themselves was the next step that ran out of
-    memory at 100M pairs (hundreds of millions of distinct bigrams): integer keys are a fixed 16 bytes per
-    group and spill. A hash's count is its terms' total (a collision adds two terms' counts, never loses
+    Then (`hash_query`, `Engine.count_hashes`) terms are counted by hash, because grouping the strings themselves
+    was the next step that ran out of memory at 100M pairs (hundreds of millions of distinct bigrams): integer
+    keys are a fixed 16 bytes per group. A hash's count is its terms' total (a collision adds two terms' counts, never loses
     one), so it bounds each term's count from above; `candidate_statement` then counts the few terms that
     can reach the vocabulary exactly, by their strings (`exact_cut`)."""
     words, _ = _terms(cfg, d)
@@ -146,12 +159,17 @@ def count_statements(cfg: FilterConfig, d: Dialect) -> list[tuple[str, str]]:
                   "(SELECT text, count(*) AS n_pairs FROM pairs GROUP BY text) g"),
         ("shared_texts", f"SELECT p.text FROM pairs p {d.semi_join} (SELECT text FROM texts WHERE n_pairs > {limit}) c "
                          f"ON p.text = c.text GROUP BY p.text HAVING count(DISTINCT p.image_key) > {limit}"),
-        ("term_hashes", f"SELECT h, sum(n_pairs) AS c FROM (SELECT n_pairs, {d.hash64.format(x='term')} AS h FROM "
-                        f"({_occurrences(cfg, d, 'n_pairs')}) e) x GROUP BY h"),
     ]
 
 
 HASH_HISTOGRAM = "SELECT c, count(*) AS n FROM term_hashes GROUP BY c ORDER BY c DESC"
+DONE_AFTER = {  # tables no later step reads, dropped (with their spill) once this step is stored
+    "text_flags": ("texts", "shared_texts", "term_counts", "cut", "vocab", "rare_texts"),
+    "pair_text_flags": ("text_flags",),
+    "flags": ("pair_text_flags", "image_flags"),
+}
+PARTED = {"rare_texts"}  # steps with a {part} condition on the texts, that an engine may run in parts
+GROUP_ROW_BYTES = 48  # DuckDB's memory per group of an integer key and a sum (measured: ~30 spilled per input row)
 HISTOGRAM = "SELECT c, count(*) AS n FROM term_counts GROUP BY c ORDER BY c DESC"
 
 
@@ -182,15 +200,15 @@ def vocab_cut(histogram: list[tuple[int, int]], k: int) -> tuple[int, int] | Non
     return None
 
 
-def exact_cut(runner, cfg: FilterConfig) -> tuple[tuple[int, int] | None, int, int]:
+def exact_cut(runner, cfg: FilterConfig, hashes: list[tuple[int, int]]) -> tuple[tuple[int, int] | None, int, int]:
     """The vocabulary's cut over exact term counts, materializing `term_counts` for the terms that can reach it.
 
     The floor starts at the count of the vocab_size-th most frequent hash: every term above the true cut has
     a hash counted at least that often, unless collisions put two of the top terms on one hash; the cut
     found among the candidates is exact when its count is >= the floor (any other term occurs fewer times,
     strictly below the cut). Otherwise the floor is lowered (twice as many hashes) until it holds or every
-    term is a candidate. Returns (cut, distinct hashes, candidate terms)."""
-    hashes = runner.rows(HASH_HISTOGRAM)
+    term is a candidate. `hashes`: the histogram of the hashes' counts (`Engine.count_hashes`). Returns (cut,
+    distinct hashes, candidate terms)."""
     distinct = sum(n for _, n in hashes)
     k = cfg.vocab_size
     while True:
@@ -220,10 +238,11 @@ def flag_statements(cfg: FilterConfig, d: Dialect, cut: tuple[int, int] | None) 
             steps.append(("cut", f"SELECT term AS b FROM term_counts WHERE c = {c_k} ORDER BY term "
                                  f"LIMIT 1 OFFSET {m - 1}"))
             vocab = f"t.c > {c_k} OR (t.c = {c_k} AND t.term <= cut.b)"
-        # the vocabulary (vocab_size strings) is the small side: texts with an occurrence outside it
-        steps.append(("rare_texts", f"SELECT DISTINCT e.tid FROM ({_occurrences(cfg, d, 'tid')}) e {d.anti_join} "
-                                    f"(SELECT t.term FROM term_counts t CROSS JOIN cut WHERE {vocab}) v "
-                                    "ON e.term = v.term"))
+        steps.append(("vocab", f"SELECT t.term FROM term_counts t CROSS JOIN cut WHERE {vocab}"))
+        # the vocabulary (vocab_size strings) is the small side: texts with an occurrence outside it, {part}: a
+        # condition on the texts (the engine may run this in parts, each texts' share of DISTINCT in memory)
+        steps.append(("rare_texts", f"SELECT DISTINCT e.tid FROM ({_occurrences(cfg, d, 'tid', '{part}')}) e "
+                                    f"{d.anti_join} vocab v ON e.term = v.term"))
     size = d.size.format(x="t.words")
     steps += [
         ("text_flags", "SELECT t.text, s.text IS NOT NULL AS text_shared, "
@@ -280,14 +299,14 @@ class DuckDBEngine:
 
         self.con = duckdb.connect()
         self.memory_limit = memory_limit
+        self.temp_dir = Path(temp_dir or tempfile.mkdtemp(prefix="openalign-filter-"))
         self.con.execute("SET preserve_insertion_order = false")
         self.con.execute("SET enable_progress_bar = false")
         if memory_limit:
             self.con.execute(f"SET memory_limit = '{memory_limit}'")
         if threads:
             self.con.execute(f"SET threads = {int(threads)}")
-        if temp_dir:
-            self.con.execute(f"SET temp_directory = '{temp_dir}'")
+        self.con.execute(f"SET temp_directory = '{_sql_path(self.temp_dir)}'")
 
     def _execute(self, stage: str, sql: str):
         import duckdb
@@ -306,6 +325,65 @@ class DuckDBEngine:
 
     def materialize(self, name: str, query: str) -> None:
         self._execute(name, self.dialect.materialize.format(name=name, query=query))
+
+    def parts(self, count_query: str) -> int:
+        """In how many passes to group the term occurrences (`count_query` counts them) so that each pass's
+        groups fit in half of DuckDB's memory limit: grouped beyond it, DuckDB spills ~30 bytes per input row
+        (100M pairs, ~2B occurrences, filled a 64 GB disk); in parts, nothing is spilled."""
+        rows = self.rows(count_query)[0][0] or 0
+        limit = _size_bytes(self.rows("SELECT current_setting('memory_limit')")[0][0])
+        return max(1, -(-int(rows) * GROUP_ROW_BYTES // (limit // 2)))
+
+    def materialize_parts(self, name: str, query: str, parts: int) -> None:
+        """`query` with its `{part}` condition on the texts' ids, in `parts` passes appended to one table.
+
+        The join's sides stay as written (the right one hashed): on a share of the texts DuckDB's optimizer
+        otherwise hashes the occurrences instead of the vocabulary (10M pairs in 2 parts: 35 s against 9 s
+        in one)."""
+        self.con.execute("SET disabled_optimizers = 'build_side_probe_side'")
+        try:
+            for p in range(parts):
+                part = query.format(part=f"tid % {parts} = {p}" if parts > 1 else "true")
+                self._execute(name, f"CREATE OR REPLACE TEMP TABLE {name} AS {part}" if p == 0 else
+                              f"INSERT INTO {name} {part}")
+        finally:
+            self.con.execute("RESET disabled_optimizers")
+
+    def count_hashes(self, query: str, parts: int) -> list[tuple[int, int]]:
+        """`term_hashes` (h, c): every hash of `query`'s (n_pairs, h) rows counted at least twice, with its
+        count (sum of n_pairs); returns the histogram of all the counts, singles included, as (c, n) rows in
+        descending c. In `parts` > 1 passes: the rows are written once to Parquet files split by h (kept
+        under the spill directory and removed after), then each split is grouped on its own."""
+        if parts == 1:
+            self.materialize("term_hashes", f"SELECT h, sum(n_pairs) AS c FROM ({query}) q GROUP BY h")
+            return self.rows(HASH_HISTOGRAM)
+        import shutil
+
+        directory = self.temp_dir / "term_hashes"
+        shutil.rmtree(directory, ignore_errors=True)
+        self.temp_dir.mkdir(parents=True, exist_ok=True)
+        self._execute("term_hashes", f"COPY (SELECT h, n_pairs, h % {parts} AS part FROM ({query}) q) TO "
+                                     f"'{_sql_path(directory)}' (FORMAT parquet, PARTITION_BY (part))")
+        histogram: dict[int, int] = {}
+        for p in range(parts):
+            split = directory / f"part={p}"
+            source = f"read_parquet('{_sql_path(split)}/*.parquet')" if split.is_dir() else \
+                "(SELECT 0::UBIGINT AS h, 0::BIGINT AS n_pairs WHERE false)"
+            self.materialize("hash_part", f"SELECT h, sum(n_pairs) AS c FROM {source} GROUP BY h")
+            for c, n in self.rows("SELECT c, count(*) FROM hash_part GROUP BY c"):
+                histogram[c] = histogram.get(c, 0) + n
+            kept = "SELECT h, c FROM hash_part WHERE c >= 2"
+            self._execute("term_hashes", f"CREATE OR REPLACE TEMP TABLE term_hashes AS {kept}" if p == 0 else
+                          f"INSERT INTO term_hashes {kept}")
+            shutil.rmtree(split, ignore_errors=True)
+        self.drop("hash_part")
+        shutil.rmtree(directory, ignore_errors=True)
+        return sorted(histogram.items(), reverse=True)
+
+    def drop(self, *names: str) -> None:
+        """Tables no later step reads: their memory and spill space are freed."""
+        for name in names:
+            self.con.execute(f"DROP TABLE IF EXISTS {name}")
 
     def rows(self, query: str) -> list[tuple]:
         return self._execute("summary", query).fetchall()
@@ -331,6 +409,19 @@ class SparkEngine:
         self.spark.sql(self.dialect.materialize.format(name=name, query=query))
         self.spark.catalog.cacheTable(name)
 
+    def parts(self, count_query: str) -> int:
+        return 1  # Spark's shuffles partition the groupings themselves
+
+    def materialize_parts(self, name: str, query: str, parts: int) -> None:
+        self.materialize(name, query.format(part="true"))
+
+    def count_hashes(self, query: str, parts: int) -> list[tuple[int, int]]:
+        self.materialize("term_hashes", f"SELECT h, sum(n_pairs) AS c FROM ({query}) q GROUP BY h")
+        return self.rows(HASH_HISTOGRAM)
+
+    def drop(self, *names: str) -> None:
+        pass  # temp views are resolved again when read: a later view may still read these
+
     def rows(self, query: str) -> list[tuple]:
         return [tuple(r) for r in self.spark.sql(query).collect()]
 
@@ -343,7 +434,8 @@ class SparkEngine:
 
 class SpillWatch:
     """The most bytes of DuckDB's temporary files seen in `directory` (where it spills what does not fit its
-    memory limit: hash tables, sorts, temporary tables), sampled every `every` seconds on a thread."""
+    memory limit: hash tables, sorts, temporary tables; and the filter's own split files), sampled every `every`
+    seconds on a thread."""
 
     def __init__(self, directory: Path, every: float = 0.25):
         self.directory, self.every, self.peak = Path(directory), every, 0
@@ -351,11 +443,11 @@ class SpillWatch:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def sample(self) -> int:
-        try:
-            with os.scandir(self.directory) as entries:
-                size = sum(e.stat().st_size for e in entries if e.is_file())
-        except FileNotFoundError:  # not created until DuckDB first spills
-            size = 0
+        size = 0
+        for root, _, files in os.walk(self.directory):  # (no directory until DuckDB first spills)
+            for name in files:
+                with contextlib.suppress(FileNotFoundError):  # removed while being summed
+                    size += os.stat(os.path.join(root, name)).st_size
         self.peak = max(self.peak, size)
         return size
 
@@ -375,6 +467,14 @@ class SpillWatch:
 
 def _sql_path(path: Path) -> str:
     return str(path).replace("'", "''")
+
+
+def _size_bytes(text: str) -> int:
+    """DuckDB's spelling of a size ("2.7 GiB", "300.0 MB", "512 bytes") in bytes."""
+    number, _, unit = text.strip().partition(" ")
+    units = {"bytes": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+             "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+    return int(float(number) * units.get(unit.strip(), 1))
 
 
 def make_engine(name: str, master: str = "", memory_limit: str = "", threads: int = 0, temp_dir: str = ""):
@@ -448,16 +548,24 @@ def run_filters(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), engi
         try:
             runner.register(pairs)
             counting = count_statements(cfg, runner.dialect)
-            bar = _progress(progress, len(counting) + 1)
+            bar = _progress(progress, len(counting) + 2)
             for name, query in counting:
                 runner.materialize(name, query)
                 bar.update()
-            cut, distinct_terms, candidates = exact_cut(runner, cfg)
+            parts = runner.parts(occurrence_count_query(cfg, runner.dialect))
+            hashes = runner.count_hashes(hash_query(cfg, runner.dialect), parts)
+            bar.update()
+            cut, distinct_terms, candidates = exact_cut(runner, cfg, hashes)
+            runner.drop("term_hashes", "frequent_hashes")
             bar.update()
             flagging = flag_statements(cfg, runner.dialect, cut)
             bar.total += len(flagging)
             for name, query in flagging:
-                runner.materialize(name, query)
+                if name in PARTED:
+                    runner.materialize_parts(name, query, parts)
+                else:
+                    runner.materialize(name, query)
+                runner.drop(*DONE_AFTER.get(name, ()))
                 bar.update()
             bar.close()
             total, *counts, kept = runner.rows(summary_query())[0]
