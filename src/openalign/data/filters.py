@@ -337,13 +337,16 @@ class DuckDBEngine:
     def materialize_parts(self, name: str, query: str, parts: int) -> None:
         """`query` with its `{part}` condition on the texts' ids, in `parts` passes appended to one table.
 
-        The join's sides stay as written (the right one hashed): on a share of the texts DuckDB's optimizer
-        otherwise hashes the occurrences instead of the vocabulary (10M pairs in 2 parts: 35 s against 9 s
-        in one)."""
+        Each pass takes a range of ids (the texts are stored in id order, so a pass reads only its share of
+        the table; a condition like `tid % parts = p` read the whole spilled table in every pass). The join's
+        sides stay as written (the right one hashed): on a share of the texts DuckDB's optimizer otherwise
+        hashes the occurrences instead of the vocabulary (10M pairs in 2 parts: 35 s against 9 s in one)."""
+        last = int(self.rows("SELECT coalesce(max(tid), 0) FROM texts")[0][0]) if parts > 1 else 0
         self.con.execute("SET disabled_optimizers = 'build_side_probe_side'")
         try:
             for p in range(parts):
-                part = query.format(part=f"tid % {parts} = {p}" if parts > 1 else "true")
+                lo, hi = last * p // parts, last * (p + 1) // parts
+                part = query.format(part=f"tid > {lo} AND tid <= {hi}" if parts > 1 else "true")
                 self._execute(name, f"CREATE OR REPLACE TEMP TABLE {name} AS {part}" if p == 0 else
                               f"INSERT INTO {name} {part}")
         finally:
