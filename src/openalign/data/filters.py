@@ -147,11 +147,12 @@ def count_statements(cfg: FilterConfig, d: Dialect) -> list[tuple[str, str]]:
     cannot be on more images): `count(DISTINCT image_key)` grouped over every text was the step DuckDB could
     not spill (100M generated pairs under a 3GB limit ran out of memory there; counting pairs alone fits).
 
-    Then (`hash_query`, `Engine.count_hashes`) terms are counted by hash, because grouping the strings themselves
-    was the next step that ran out of memory at 100M pairs (hundreds of millions of distinct bigrams): integer
-    keys are a fixed 16 bytes per group. A hash's count is its terms' total (a collision adds two terms' counts, never loses
-    one), so it bounds each term's count from above; `candidate_statement` then counts the few terms that
-    can reach the vocabulary exactly, by their strings (`exact_cut`)."""
+    Then (`hash_query`, `Engine.count_hashes`) terms are counted by hash, because grouping the strings
+    themselves was the next step that ran out of memory at 100M pairs (hundreds of millions of distinct
+    bigrams): integer keys are a fixed 16 bytes per group. A hash's count is its terms' total (a collision
+    adds two terms' counts, never loses one), so it bounds each term's count from above;
+    `candidate_statements` then counts the few terms that can reach the vocabulary exactly, by their
+    strings (`exact_cut`)."""
     words, _ = _terms(cfg, d)
     limit = cfg.max_images_per_text
     return [
@@ -183,8 +184,8 @@ def candidate_statements(cfg: FilterConfig, d: Dialect, floor: int) -> list[tupl
         return [("term_counts", f"SELECT term, sum(n_pairs) AS c FROM ({occurrences}) e GROUP BY term")]
     return [("frequent_hashes", f"SELECT h FROM term_hashes WHERE c >= {floor}"),
             ("term_counts", f"SELECT e.term, sum(e.n_pairs) AS c FROM (SELECT n_pairs, term, "
-                            f"{d.hash64.format(x='term')} AS h FROM ({occurrences}) o) e {d.semi_join} frequent_hashes f "
-                            "ON e.h = f.h GROUP BY e.term")]
+                            f"{d.hash64.format(x='term')} AS h FROM ({occurrences}) o) e "
+                            f"{d.semi_join} frequent_hashes f ON e.h = f.h GROUP BY e.term")]
 
 
 def vocab_cut(histogram: list[tuple[int, int]], k: int) -> tuple[int, int] | None:
@@ -254,8 +255,9 @@ def flag_statements(cfg: FilterConfig, d: Dialect, cut: tuple[int, int] | None) 
         # every (image, text) first ran out of memory at 100M pairs under 3GB)
         ("images", "SELECT image_key, least(min(width), min(height)) AS short, greatest(max(width), max(height)) "
                    "AS long, count(*) AS n_pairs FROM pairs GROUP BY image_key"),
-        ("crowded_images", f"SELECT p.image_key FROM pairs p {d.semi_join} (SELECT image_key FROM images WHERE n_pairs > "
-                           f"{cfg.max_texts_per_image}) c ON p.image_key = c.image_key GROUP BY p.image_key "
+        ("crowded_images", f"SELECT p.image_key FROM pairs p {d.semi_join} (SELECT image_key FROM images "
+                           f"WHERE n_pairs > {cfg.max_texts_per_image}) c ON p.image_key = c.image_key "
+                           "GROUP BY p.image_key "
                            f"HAVING count(DISTINCT p.text) > {cfg.max_texts_per_image}"),
         ("image_flags", f"SELECT i.image_key, i.short <= {cfg.min_short_side} AS image_small, "
                         f"i.long >= {float(cfg.max_aspect)} * i.short AS image_aspect, "
@@ -263,7 +265,8 @@ def flag_statements(cfg: FilterConfig, d: Dialect, cut: tuple[int, int] | None) 
                         "LEFT JOIN crowded_images c ON i.image_key = c.image_key"),
         # one join per step: DuckDB can take a join out of core alone, not two chained in one pipeline (10M
         # pairs under 300MB ran out of memory joining both flag tables at once)
-        ("pair_text_flags", "SELECT p.uid, p.image_key, p.text, " + ", ".join(f"t.{r}" for r, g in _rule_tables() if g == "t")
+        ("pair_text_flags", "SELECT p.uid, p.image_key, p.text, "
+                            + ", ".join(f"t.{r}" for r, g in _rule_tables() if g == "t")
                             + " FROM pairs p JOIN text_flags t ON p.text = t.text"),
         ("flags", "SELECT p.uid, p.text, " + ", ".join(f"{'p' if g == 't' else g}.{r}" for r, g in _rule_tables()) +
                   " FROM pair_text_flags p JOIN image_flags i ON p.image_key = i.image_key"),
