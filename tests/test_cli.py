@@ -283,3 +283,22 @@ def test_sizes_on_the_command_line():
         [4 * 2**30, 512 * 2**20, int(1.5 * 2**30), 1000, 0, 2048]
     with pytest.raises(ConfigError, match="--memory 'four' is not a size"):
         _bytes("four", "--memory")
+
+
+def test_activation_checkpointing_trains_the_same_steps_without_deprecated_calls(shapes, tmp_path):
+    """train.grad_checkpointing recomputes the text tower's activations in backward: the same losses as without,
+    through transformers' current call (its old name warns it will be removed in v6)."""
+    import warnings
+
+    plain = tmp_path / "plain"
+    assert cli.main(train_args(shapes, plain, "train.steps=3")) == 0
+    checkpointed = tmp_path / "checkpointed"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cli.main(train_args(shapes, checkpointed, "train.steps=3", "train.grad_checkpointing=true")) == 0
+    assert not [w for w in caught if "checkpointing_enable" in str(w.message)]
+
+    def flat(run):
+        return [x for row in loss_rows(run) for x in row]
+
+    assert len(loss_rows(plain)) == 3 and flat(checkpointed) == pytest.approx(flat(plain), rel=1e-5)

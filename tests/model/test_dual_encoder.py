@@ -73,7 +73,7 @@ def test_cls_only_last_layer_under_activation_checkpointing():
     torch.manual_seed(0)
     plain = DualEncoder(cfg).double().train()
     checkpointed = copy_module.deepcopy(plain)
-    checkpointed.text_tower.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    checkpointed.text_tower.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     ids, mask = torch.randint(5, 300, (4, 7)), torch.ones(4, 7, dtype=torch.long)
     grads = [_text_grads(model, ids, mask, lambda m, i, a: m._cls(i, a))[1] for model in (plain, checkpointed)]
     assert grads[0].keys() == grads[1].keys()

@@ -118,7 +118,7 @@ def build_model(run: Run) -> tuple[DualEncoder, torch.optim.Optimizer]:
     if cfg.model.init_from:
         hub.init_towers(model, Path(cfg.model.init_from))
     if cfg.train.grad_checkpointing:
-        model.text_tower.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.text_tower.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     model.to(run.device).train()
     if cfg.train.fsdp:
         fsdp.shard(model)
