@@ -134,6 +134,11 @@ def occurrence_count_query(cfg: FilterConfig, d: Dialect) -> str:
     return f"SELECT sum({size if cfg.vocab_ngrams == 1 else f'greatest(2 * {size} - 1, 0)'}) FROM texts"
 
 
+def hash_counts(source: str) -> str:
+    """Each hash of `source`'s (n_pairs, h) rows with its count: `term_hashes`' rows."""
+    return f"SELECT h, sum(n_pairs) AS c FROM {source} GROUP BY h"
+
+
 def hash_query(cfg: FilterConfig, d: Dialect) -> str:
     """(n_pairs, h): every term occurrence's text count and 64-bit hash, for `Engine.count_hashes`."""
     return f"SELECT n_pairs, {d.hash64.format(x='term')} AS h FROM ({_occurrences(cfg, d, 'n_pairs')}) e"
@@ -356,8 +361,7 @@ class DuckDBEngine:
             for p in range(parts):
                 lo, hi = last * p // parts, last * (p + 1) // parts
                 part = query.format(part=f"tid > {lo} AND tid <= {hi}" if parts > 1 else "true")
-                self._execute(name, f"CREATE OR REPLACE TEMP TABLE {name} AS {part}" if p == 0 else
-                              f"INSERT INTO {name} {part}")
+                self._append(name, part, first=p == 0)
         finally:
             self.con.execute("RESET disabled_optimizers")
 
@@ -367,7 +371,7 @@ class DuckDBEngine:
         descending c. In `parts` > 1 passes: the rows are written once to Parquet files split by h (kept
         under the spill directory and removed after), then each split is grouped on its own."""
         if parts == 1:
-            self.materialize("term_hashes", f"SELECT h, sum(n_pairs) AS c FROM ({query}) q GROUP BY h")
+            self.materialize("term_hashes", hash_counts(f"({query}) q"))
             return self.rows(HASH_HISTOGRAM)
         import shutil
 
@@ -381,16 +385,21 @@ class DuckDBEngine:
             split = directory / f"part={p}"
             source = f"read_parquet('{_sql_path(split)}/*.parquet')" if split.is_dir() else \
                 "(SELECT 0::UBIGINT AS h, 0::BIGINT AS n_pairs WHERE false)"
-            self.materialize("hash_part", f"SELECT h, sum(n_pairs) AS c FROM {source} GROUP BY h")
+            self.materialize("hash_part", hash_counts(source))
             for c, n in self.rows("SELECT c, count(*) FROM hash_part GROUP BY c"):
                 histogram[c] = histogram.get(c, 0) + n
-            kept = "SELECT h, c FROM hash_part WHERE c >= 2"
-            self._execute("term_hashes", f"CREATE OR REPLACE TEMP TABLE term_hashes AS {kept}" if p == 0 else
-                          f"INSERT INTO term_hashes {kept}")
+            self._append("term_hashes", "SELECT h, c FROM hash_part WHERE c >= 2", first=p == 0)
             shutil.rmtree(split, ignore_errors=True)
         self.drop("hash_part")
         shutil.rmtree(directory, ignore_errors=True)
         return sorted(histogram.items(), reverse=True)
+
+    def _append(self, name: str, query: str, first: bool) -> None:
+        """`query`'s rows as table `name` (first) or appended to it (a later part)."""
+        if first:
+            self.materialize(name, query)
+        else:
+            self._execute(name, f"INSERT INTO {name} {query}")
 
     def drop(self, *names: str) -> None:
         """Tables no later step reads: their memory and spill space are freed."""
@@ -428,7 +437,7 @@ class SparkEngine:
         self.materialize(name, query.format(part="true"))
 
     def count_hashes(self, query: str, parts: int) -> list[tuple[int, int]]:
-        self.materialize("term_hashes", f"SELECT h, sum(n_pairs) AS c FROM ({query}) q GROUP BY h")
+        self.materialize("term_hashes", hash_counts(f"({query}) q"))
         return self.rows(HASH_HISTOGRAM)
 
     def drop(self, *names: str) -> None:
