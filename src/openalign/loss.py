@@ -104,15 +104,19 @@ class _LogSumExp(torch.autograd.Function):
     """sum_i lse(S[i, :]) / n (+ sum_j lse(S[:, j]) / m with `columns`), S = a @ b.T / t, in row blocks.
 
     Forward keeps only the per-row (and per-column) log-sum-exps; backward recomputes each block of S
-    and forms its gradient (row softmax / n + column softmax / m) block by block."""
+    and forms its gradient G = row softmax / n + column softmax / m block by block, in two reused block
+    buffers (fresh [c, m] tensors cost page faults on every block). The temperature divides each [c, d]
+    slice of `a` rather than each [c, m] block, and its gradient needs no block either:
+    sum_ij G_ij S_ij = sum(a / t * (G @ b)), a [c, d] product (G @ b is grad_a's GEMM anyway)."""
 
     @staticmethod
     def forward(ctx, a, b, t, columns: bool, chunk: int):
         n, m = a.shape[0], b.shape[0]
         row_lse = a.new_empty(n)
         col_max = col_sum = None
+        buffer = a.new_empty(min(chunk, n), m)  # one block's memory, reused: no fresh pages per block
         for s in range(0, n, chunk):
-            block = (a[s:s + chunk] @ b.T).div_(t)  # [c, m]
+            block = torch.mm(a[s:s + chunk] / t, b.T, out=buffer[:min(chunk, n - s)])  # [c, m]
             row_lse[s:s + chunk] = torch.logsumexp(block, dim=1)
             if columns:  # streaming column log-sum-exp: running max and rescaled running sum
                 top = block.amax(dim=0)
@@ -135,19 +139,25 @@ class _LogSumExp(torch.autograd.Function):
         need_a, need_b, need_t = ctx.needs_input_grad[:3]
         grad_a = torch.empty_like(a) if need_a else None
         grad_b = torch.zeros_like(b) if need_b else None
-        grad_t = torch.zeros((), dtype=a.dtype, device=a.device) if need_t else None
+        grad_t = torch.zeros((), dtype=a.dtype, device=a.device)
+        rows = min(ctx.chunk, n)
+        buffer, softmax = a.new_empty(rows, m), a.new_empty(rows, m)
         for s in range(0, n, ctx.chunk):
-            block = (a[s:s + ctx.chunk] @ b.T).div_(t)  # [c, m]: recomputed
-            d = (block - row_lse[s:s + ctx.chunk, None]).exp_().mul_(grad / n)  # d loss / d S: row softmax
-            if ctx.columns:
-                d.add_((block - col_lse[None, :]).exp_().mul_(grad / m))  # + column softmax
-            if need_t:
-                grad_t -= (d * block).sum() / t
-            d.div_(t)
-            if need_a:
-                grad_a[s:s + ctx.chunk] = d @ b
+            c = min(ctx.chunk, n - s)
+            scaled = a[s:s + c] / t  # [c, d]
+            block = torch.mm(scaled, b.T, out=buffer[:c])  # [c, m]: recomputed
+            d = torch.sub(block, row_lse[s:s + c, None], out=softmax[:c]).exp_()  # row softmax
+            if ctx.columns:  # + (n / m) x column softmax, in the block's own memory
+                d.add_(block.sub_(col_lse[None, :]).exp_(), alpha=n / m)
+            d.mul_(grad / n)  # d loss / d S
+            if need_a or need_t:
+                g_b = d @ b  # [c, d]
+                if need_t:
+                    grad_t -= (scaled * g_b).sum() / t
+                if need_a:
+                    torch.div(g_b, t, out=grad_a[s:s + c])
             if need_b:
-                torch.addmm(grad_b, d.T, a[s:s + ctx.chunk], out=grad_b)  # (not addmm_: FLOP counters miss it)
+                torch.addmm(grad_b, d.T, scaled, out=grad_b)  # (not addmm_: FLOP counters miss it)
         return grad_a, grad_b, grad_t.to(t.dtype) if need_t else None, None, None
 
 
