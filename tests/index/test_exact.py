@@ -35,12 +35,13 @@ def test_fewer_rows_than_k_and_tied_scores():
     np.testing.assert_allclose(scores[0], [1.0, 1.0, 0.0])
 
 
+@pytest.mark.parametrize("n_queries", [2, 4, 6, 8])  # 4 x 4 tiles for multiples of 4, 4 x 2 otherwise
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 127, 128, 129, 225, 300])
-def test_scan_tiles_score_every_row_once(rows):
+def test_scan_tiles_score_every_row_once(rows, n_queries):
     """The scan's tiles (4 rows `stride` apart, in blocks; then the last rows one by one) fill every score."""
     rng = np.random.default_rng(rows)
     vectors = rng.standard_normal((rows + 7, 16)).astype(np.float32)
-    queries = rng.standard_normal((4, 16)).astype(np.float32)
-    scores = np.full((4, rows), np.nan, np.float32)
+    queries = rng.standard_normal((n_queries, 16)).astype(np.float32)
+    scores = np.full((n_queries, rows), np.nan, np.float32)
     exact._tile_scores(vectors, queries, 7, rows + 7, scores)  # rows 7.. : tiles start where a task starts
     np.testing.assert_allclose(scores, queries @ vectors[7:].T, rtol=1e-5, atol=1e-5)

@@ -2,7 +2,7 @@
 
 Measured on 1M x 640 vectors with 2 threads (bench/search.py, P7):
 - up to `SCAN_UP_TO` queries: one parallel scan (numba) that reads each row once from memory and takes
-  its dot products with every query in register tiles (4 rows x 2 queries): at one query it runs at
+  its dot products with every query in register tiles (4 rows x 4 queries; 4 x 2 for one or two): at one query it runs at
   the speed of a streaming sum over the matrix (the memory-bandwidth bound), at 64 queries at the
   GEMM rate of torch's MKL or better; BLAS GEMV/GEMM with thin query matrices reached 23-56% of that
   at 1 query and ~35% at 16-64 (torch GEMMs over row blocks, this module's previous middle path, were
@@ -47,17 +47,24 @@ def search(vectors: np.ndarray, queries: np.ndarray, k: int) -> tuple[np.ndarray
 def _tile_scores(vectors, queries, lo, hi, scores):
     """scores[j, i - lo] = vectors[i] . queries[j] for rows lo..hi and an even number of queries.
 
-    Register tiles of 4 rows x 2 queries: 8 accumulators that the t loop vectorizes, so each loaded
-    row element serves 2 queries and each query element 4 rows. The 4 rows of a tile are `s` apart
-    (i, i+s, i+2s, i+3s in a block of 4s rows), so that each is the continuation of a sequential
-    stream through the block that the hardware prefetcher follows; adjacent rows (i..i+3) would start
-    4 new streams every tile and stall on memory (measured: 16 queries 0.35 s against 0.27 s)."""
-    d = vectors.shape[1]
+    Register tiles of 4 rows x 4 queries (4 x 2 when the count is not a multiple of 4): 16 accumulators
+    that the t loop vectorizes, so each loaded row element serves 4 queries and each query element 4 rows
+    (measured on 64 queries over 1M x 640: 4 x 4 ran the scores at 275 GFLOP/s, 4 x 2 at 228, the loads
+    of the narrower tile being its limit). The 4 rows of a tile are `s` apart (i, i+s, i+2s, i+3s in a
+    block of 4s rows), so that each is the continuation of a sequential stream through the block that the
+    hardware prefetcher follows; adjacent rows (i..i+3) would start 4 new streams every tile and stall on
+    memory (measured: 16 queries 0.35 s against 0.27 s)."""
+    d, nq = vectors.shape[1], queries.shape[0]
+    step = 4 if nq % 4 == 0 else 2
     b = lo
     while hi - b >= 4:
         s = min(SCAN_STRIDE, (hi - b) // 4)
         for i in range(b, b + s):
-            for j in range(0, queries.shape[0], 2):
+            r = i - lo
+            for j in range(0, nq, step):
+                if step == 4:
+                    _tile_4x4(vectors, queries, i, s, j, d, r, scores)
+                    continue
                 a00 = a01 = a10 = a11 = a20 = a21 = a30 = a31 = np.float32(0.0)
                 for t in range(d):
                     q0, q1 = queries[j, t], queries[j + 1, t]
@@ -70,14 +77,13 @@ def _tile_scores(vectors, queries, lo, hi, scores):
                     a21 += v2 * q1
                     a30 += v3 * q0
                     a31 += v3 * q1
-                r = i - lo
                 scores[j, r], scores[j + 1, r] = a00, a01
                 scores[j, r + s], scores[j + 1, r + s] = a10, a11
                 scores[j, r + 2 * s], scores[j + 1, r + 2 * s] = a20, a21
                 scores[j, r + 3 * s], scores[j + 1, r + 3 * s] = a30, a31
         b += 4 * s
     for i in range(b, hi):  # the last 0-3 rows
-        for j in range(0, queries.shape[0], 2):
+        for j in range(0, nq, 2):
             a0 = a1 = np.float32(0.0)
             for t in range(d):
                 a0 += vectors[i, t] * queries[j, t]
@@ -85,12 +91,42 @@ def _tile_scores(vectors, queries, lo, hi, scores):
             scores[j, i - lo], scores[j + 1, i - lo] = a0, a1
 
 
+@numba.njit(fastmath={"reassoc", "contract"}, cache=True, inline="always")
+def _tile_4x4(vectors, queries, i, s, j, d, r, scores):
+    """One 4 rows (i + 0..3 s) x 4 queries (j..j+3) tile of `_tile_scores`, written at column r."""
+    a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = np.float32(0.0)
+    a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = np.float32(0.0)
+    for t in range(d):
+        q0, q1, q2, q3 = queries[j, t], queries[j + 1, t], queries[j + 2, t], queries[j + 3, t]
+        v0, v1, v2, v3 = vectors[i, t], vectors[i + s, t], vectors[i + 2 * s, t], vectors[i + 3 * s, t]
+        a00 += v0 * q0
+        a01 += v0 * q1
+        a02 += v0 * q2
+        a03 += v0 * q3
+        a10 += v1 * q0
+        a11 += v1 * q1
+        a12 += v1 * q2
+        a13 += v1 * q3
+        a20 += v2 * q0
+        a21 += v2 * q1
+        a22 += v2 * q2
+        a23 += v2 * q3
+        a30 += v3 * q0
+        a31 += v3 * q1
+        a32 += v3 * q2
+        a33 += v3 * q3
+    for row, (x0, x1, x2, x3) in enumerate(((a00, a01, a02, a03), (a10, a11, a12, a13), (a20, a21, a22, a23),
+                                             (a30, a31, a32, a33))):
+        c = r + row * s
+        scores[j, c], scores[j + 1, c], scores[j + 2, c], scores[j + 3, c] = x0, x1, x2, x3
+
+
 @numba.njit(parallel=True, fastmath={"reassoc", "contract"}, cache=True)
 def _scan_top(vectors, queries, top_scores, top_ids):
     """Each task's own top k ([queries, tasks, k], best first) of its SCAN_ROWS rows: the task's scores
     for every query (`_tile_scores`, each row read once from memory), then a score enters the task's
-    list only when it beats the list's last. `queries` may carry one zero row of padding (an even
-    count for the tiles); only the first top_scores.shape[0] are ranked."""
+    list only when it beats the list's last. `queries` may carry zero rows of padding (a count the
+    tiles take); only the first top_scores.shape[0] are ranked."""
     n, n_padded = vectors.shape[0], queries.shape[0]
     k = top_scores.shape[2]
     for task in numba.prange(top_scores.shape[1]):
@@ -123,7 +159,8 @@ def _scan(vectors: np.ndarray, queries: np.ndarray, k: int) -> tuple[np.ndarray,
     top_ids = np.empty((len(queries), tasks, max(k, 1)), np.int64)
     if not vectors.flags.c_contiguous:
         vectors = np.ascontiguousarray(vectors)
-    padded = np.zeros((len(queries) + len(queries) % 2, queries.shape[1]), np.float32)  # tiles take 2 queries
+    width = 2 if len(queries) <= 2 else 4  # tiles take 4 queries (2 for one or two)
+    padded = np.zeros((-(-len(queries) // width) * width, queries.shape[1]), np.float32)
     padded[:len(queries)] = queries
     with _SCAN_LOCK:  # numba's threads: NUMBA_NUM_THREADS, set at process start (default: every core)
         _scan_top(vectors, padded, top_scores, top_ids)
