@@ -2,9 +2,10 @@
 
 Measured on 1M x 640 vectors with 2 threads (bench/search.py, P7):
 - up to `SCAN_UP_TO` queries: one parallel scan (numba) that reads each row once from memory and takes
-  its dot products with every query in register tiles (4 rows x 4 queries; 4 x 2 for one or two): at one query it runs at
-  the speed of a streaming sum over the matrix (the memory-bandwidth bound), at 64 queries at the
-  GEMM rate of torch's MKL or better; BLAS GEMV/GEMM with thin query matrices reached 23-56% of that
+  its dot products with every query in register tiles (4 rows x 4 queries; 4 x 2 for one or two): at
+  one query at 85% of the speed of a streaming sum over the matrix (the memory-bandwidth bound), at 64
+  queries at ~250 GFLOP/s, 1.5x the GEMM rate of torch's MKL here and 69% of the kernel's own rate on
+  cached rows; BLAS GEMV/GEMM with thin query matrices reached 23-56% of the read
   at 1 query and ~35% at 16-64 (torch GEMMs over row blocks, this module's previous middle path, were
   1.3-3x slower than the scan at every batch up to 256), and FAISS's flat search does not use BLAS
   below 20 queries (3-10x slower here);
