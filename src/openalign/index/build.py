@@ -6,7 +6,8 @@
     INDEX/vectors-f16.npy  with `refine`: the vectors as float16, memory-mapped, to re-score the shortlist
 
 Kinds: `flat` (exact), `ivf` (inverted lists over k-means cells; vectors stored as 8-bit codes, or
-product-quantized when those would not fit `max_bytes`; `codes=flat` keeps float32), `hnsw` (a graph). `auto` is exact up to `exact_up_to` vectors
+product-quantized when those would not fit `max_bytes`; `codes=flat` keeps float32, and batches of queries
+are then searched cell-major: cells.py), `hnsw` (a graph). `auto` is exact up to `exact_up_to` vectors
 and IVF beyond. Approximate indexes are tuned on a sample of the collection's own vectors as queries:
 the smallest nprobe / efSearch whose recall@10 against exact search reaches the target, each
 query's own vector left out. With `refine` F, an approximate index returns F·k candidates, re-scored
@@ -31,6 +32,7 @@ import pyarrow.parquet as pq
 
 from openalign.config import ConfigError
 from openalign.index import exact
+from openalign.index.cells import CellScan
 from openalign.index.parts import Parts, add_shard, part_files, read_manifest
 
 KINDS = ("auto", "flat", "ivf", "hnsw")
@@ -83,7 +85,8 @@ def _tune(index, queries: np.ndarray, sample: np.ndarray, exact: np.ndarray, nam
     return values[-1], recall
 
 
-def build_index(vectors: np.ndarray, options: IndexOptions = IndexOptions()) -> tuple[faiss.Index | Refined, dict]:
+def build_index(vectors: np.ndarray, options: IndexOptions = IndexOptions()
+                ) -> tuple[faiss.Index | Refined | CellScan, dict]:
     """A FAISS index over `vectors` [n, d] (normalized float32, in memory or memory-mapped) and a description
     of it: kind, parameters, and recall@10 against exact search on leave-one-out samples of the collection.
     With `options.refine`, the index is a `Refined` one (float16 vectors in memory)."""
@@ -179,7 +182,14 @@ def _refined(index: faiss.Index, parts: Parts, out: Path | None, options: IndexO
 
 
 def _faiss(index) -> faiss.Index:
-    return index.index if isinstance(index, Refined) else index
+    while isinstance(index, (Refined, CellScan)):
+        index = index.index
+    return index
+
+
+def _batched(index: faiss.Index):
+    """Float32 cells are searched cell-major in batches (cells.py: ~4x FAISS's own search at 1,024 queries)."""
+    return CellScan(index) if isinstance(index, faiss.IndexIVFFlat) else index
 
 
 def shard_names(n_shards: int) -> list[str]:
@@ -252,7 +262,7 @@ def build_streaming(parts: Parts, out: Path | None, options: IndexOptions, engin
         for first, chunk in parts.chunks(rows=options.chunk_rows):
             index.add_with_ids(chunk, np.arange(first, first + len(chunk), dtype=np.int64))
         index.make_direct_map()  # reconstruct(id): queries by an indexed image's id
-        index = _refined(index, parts, out, options, params)
+        index = _refined(_batched(index), parts, out, options, params)
         params["nprobe"], recall = _tune(_faiss(index), queries, sample, truth, "nprobe", probes, options.recall,
                                          index.search)
         return index, {"kind": kind, "params": params, "recall_at_10": recall, "storage": "memory"}
@@ -374,7 +384,7 @@ class Meta:
 
 @dataclass
 class Loaded:
-    index: faiss.Index
+    index: faiss.Index | Refined | CellScan
     meta: Meta
     info: dict
     shards: list = field(default_factory=list)  # an IndexShards' members, kept alive here
@@ -421,6 +431,8 @@ def load(path: Path, mmap: bool = True) -> Loaded:
     for name in ("nprobe", "efSearch"):
         if name in info["params"]:
             space.set_index_parameter(index, name, info["params"][name])
+    if not members:
+        index = _batched(index)
     if info["params"].get("refine"):
         if not (path / EXACT16).is_file():
             raise ConfigError(f"{path} was built with --refine but its {EXACT16} is missing; build the index again")
