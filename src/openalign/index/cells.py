@@ -20,7 +20,7 @@ import numba
 import numpy as np
 from numba.typed import List
 
-from openalign.index.exact import _tile_scores
+from openalign.index.exact import _SCAN_LOCK, _tile_scores
 
 BATCH_FROM = 2  # queries: smaller batches go to FAISS's own search (one query gains nothing from grouping)
 
@@ -70,8 +70,9 @@ class CellScan:
         top_scores = np.full((len(queries), nprobe, k), -np.inf, np.float32)
         top_ids = np.full((len(queries), nprobe, k), -1, np.int64)
         vectors, ids = self.cells()
-        _scan_cells(vectors, ids, queries, cells.astype(np.int64), starts, order // nprobe, order % nprobe,
-                    top_scores, top_ids)
+        with _SCAN_LOCK:  # numba's thread pool runs one parallel region at a time (as the exact scan's)
+            _scan_cells(vectors, ids, queries, cells.astype(np.int64), starts, order // nprobe, order % nprobe,
+                        top_scores, top_ids)
         scores, found = top_scores.reshape(len(queries), -1), top_ids.reshape(len(queries), -1)
         best = np.argsort(-scores, axis=1, kind="stable")[:, :k]
         return np.take_along_axis(scores, best, 1), np.take_along_axis(found, best, 1)
