@@ -20,7 +20,7 @@ import numba
 import numpy as np
 from numba.typed import List
 
-from openalign.index.exact import _SCAN_LOCK, _tile_scores
+from openalign.index.exact import _SCAN_LOCK, _tile_scores, keep_best, padded_queries
 
 BATCH_FROM = 2  # queries: smaller batches go to FAISS's own search (one query gains nothing from grouping)
 
@@ -82,29 +82,18 @@ class CellScan:
 def _scan_cells(vectors, ids, queries, cells, starts, pair_query, pair_probe, top_scores, top_ids):
     """For each probed cell (in parallel): its vectors against the queries that probe it (pairs
     starts[i]..starts[i+1] of `pair_query` / `pair_probe`), each pair's top k kept in
-    top_scores/top_ids[query, probe] (best first; a score enters only when it beats the list's last)."""
-    d, k = queries.shape[1], top_scores.shape[2]
+    top_scores/top_ids[query, probe] (`keep_best`)."""
+    d = queries.shape[1]
     for i in numba.prange(len(cells)):
         x, row_ids = vectors[cells[i]], ids[cells[i]]
         lo, hi = starts[i], starts[i + 1]
         if x.shape[0] == 0:
             continue
-        width = 2 if hi - lo <= 2 else 4  # the tiles take 4 queries (2 for one or two)
-        batch = np.zeros((-(-(hi - lo) // width) * width, d), np.float32)
+        batch = np.zeros((padded_queries(hi - lo), d), np.float32)
         for j in range(hi - lo):
             batch[j] = queries[pair_query[lo + j]]
         scores = np.empty((batch.shape[0], x.shape[0]), np.float32)
         _tile_scores(x, batch, 0, x.shape[0], scores)
         for j in range(hi - lo):
             q, probe = pair_query[lo + j], pair_probe[lo + j]
-            best, best_ids = top_scores[q, probe], top_ids[q, probe]
-            last = best[k - 1]
-            for r in range(x.shape[0]):
-                score = scores[j, r]
-                if score > last:
-                    s = k - 1
-                    while s > 0 and best[s - 1] < score:
-                        best[s], best_ids[s] = best[s - 1], best_ids[s - 1]
-                        s -= 1
-                    best[s], best_ids[s] = score, row_ids[r]
-                    last = best[k - 1]
+            keep_best(scores[j], row_ids, top_scores[q, probe], top_ids[q, probe])

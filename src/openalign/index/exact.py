@@ -65,23 +65,8 @@ def _tile_scores(vectors, queries, lo, hi, scores):
             for j in range(0, nq, step):
                 if step == 4:
                     _tile_4x4(vectors, queries, i, s, j, d, r, scores)
-                    continue
-                a00 = a01 = a10 = a11 = a20 = a21 = a30 = a31 = np.float32(0.0)
-                for t in range(d):
-                    q0, q1 = queries[j, t], queries[j + 1, t]
-                    v0, v1, v2, v3 = vectors[i, t], vectors[i + s, t], vectors[i + 2 * s, t], vectors[i + 3 * s, t]
-                    a00 += v0 * q0
-                    a01 += v0 * q1
-                    a10 += v1 * q0
-                    a11 += v1 * q1
-                    a20 += v2 * q0
-                    a21 += v2 * q1
-                    a30 += v3 * q0
-                    a31 += v3 * q1
-                scores[j, r], scores[j + 1, r] = a00, a01
-                scores[j, r + s], scores[j + 1, r + s] = a10, a11
-                scores[j, r + 2 * s], scores[j + 1, r + 2 * s] = a20, a21
-                scores[j, r + 3 * s], scores[j + 1, r + 3 * s] = a30, a31
+                else:
+                    _tile_4x2(vectors, queries, i, s, j, d, r, scores)
         b += 4 * s
     for i in range(b, hi):  # the last 0-3 rows
         for j in range(0, nq, 2):
@@ -90,6 +75,25 @@ def _tile_scores(vectors, queries, lo, hi, scores):
                 a0 += vectors[i, t] * queries[j, t]
                 a1 += vectors[i, t] * queries[j + 1, t]
             scores[j, i - lo], scores[j + 1, i - lo] = a0, a1
+
+
+@numba.njit(fastmath={"reassoc", "contract"}, cache=True, inline="always")
+def _tile_4x2(vectors, queries, i, s, j, d, r, scores):
+    """One 4 rows (i + 0..3 s) x 2 queries (j, j+1) tile of `_tile_scores`, written at column r."""
+    a00 = a01 = a10 = a11 = a20 = a21 = a30 = a31 = np.float32(0.0)
+    for t in range(d):
+        q0, q1 = queries[j, t], queries[j + 1, t]
+        v0, v1, v2, v3 = vectors[i, t], vectors[i + s, t], vectors[i + 2 * s, t], vectors[i + 3 * s, t]
+        a00 += v0 * q0
+        a01 += v0 * q1
+        a10 += v1 * q0
+        a11 += v1 * q1
+        a20 += v2 * q0
+        a21 += v2 * q1
+        a30 += v3 * q0
+        a31 += v3 * q1
+    for row, (x0, x1) in enumerate(((a00, a01), (a10, a11), (a20, a21), (a30, a31))):
+        scores[j, r + row * s], scores[j + 1, r + row * s] = x0, x1
 
 
 @numba.njit(fastmath={"reassoc", "contract"}, cache=True, inline="always")
@@ -129,26 +133,39 @@ def _scan_top(vectors, queries, top_scores, top_ids):
     list only when it beats the list's last. `queries` may carry zero rows of padding (a count the
     tiles take); only the first top_scores.shape[0] are ranked."""
     n, n_padded = vectors.shape[0], queries.shape[0]
-    k = top_scores.shape[2]
     for task in numba.prange(top_scores.shape[1]):
         top_scores[:, task, :] = -np.inf
         top_ids[:, task, :] = -1
         lo, hi = task * SCAN_ROWS, min(n, (task + 1) * SCAN_ROWS)
         scores = np.empty((n_padded, hi - lo), np.float32)
         _tile_scores(vectors, queries, lo, hi, scores)
-        for j in range(top_scores.shape[0]):  # insert, keeping the list sorted (earlier rows win ties)
-            last = top_scores[j, task, k - 1]
-            for r in range(hi - lo):
-                score = scores[j, r]
-                if score > last:
-                    s = k - 1
-                    while s > 0 and top_scores[j, task, s - 1] < score:
-                        top_scores[j, task, s] = top_scores[j, task, s - 1]
-                        top_ids[j, task, s] = top_ids[j, task, s - 1]
-                        s -= 1
-                    top_scores[j, task, s] = score
-                    top_ids[j, task, s] = lo + r
-                    last = top_scores[j, task, k - 1]
+        rows = np.arange(lo, hi)
+        for j in range(top_scores.shape[0]):
+            keep_best(scores[j], rows, top_scores[j, task], top_ids[j, task])
+
+
+@numba.njit(cache=True)
+def keep_best(scores, ids, best, best_ids):
+    """Merge `scores` (of rows `ids`) into the sorted list `best` / `best_ids` (best first, full length k):
+    a score enters only when it beats the list's last, by insertion (earlier rows win ties)."""
+    k = len(best)
+    last = best[k - 1]
+    for r in range(len(ids)):
+        score = scores[r]
+        if score > last:
+            s = k - 1
+            while s > 0 and best[s - 1] < score:
+                best[s], best_ids[s] = best[s - 1], best_ids[s - 1]
+                s -= 1
+            best[s], best_ids[s] = score, ids[r]
+            last = best[k - 1]
+
+
+@numba.njit(cache=True)
+def padded_queries(n: int) -> int:
+    """How many query rows the tiles take for n queries: a multiple of 4 (of 2 for one or two)."""
+    width = 2 if n <= 2 else 4
+    return -(-n // width) * width
 
 
 _SCAN_LOCK = threading.Lock()  # one scan at a time, each on every thread (numba's default pool is not reentrant)
@@ -160,8 +177,7 @@ def _scan(vectors: np.ndarray, queries: np.ndarray, k: int) -> tuple[np.ndarray,
     top_ids = np.empty((len(queries), tasks, max(k, 1)), np.int64)
     if not vectors.flags.c_contiguous:
         vectors = np.ascontiguousarray(vectors)
-    width = 2 if len(queries) <= 2 else 4  # tiles take 4 queries (2 for one or two)
-    padded = np.zeros((-(-len(queries) // width) * width, queries.shape[1]), np.float32)
+    padded = np.zeros((padded_queries(len(queries)), queries.shape[1]), np.float32)
     padded[:len(queries)] = queries
     with _SCAN_LOCK:  # numba's threads: NUMBA_NUM_THREADS, set at process start (default: every core)
         _scan_top(vectors, padded, top_scores, top_ids)
