@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from dataclasses import dataclass, field
 from typing import Literal
 from pathlib import Path
@@ -349,7 +350,12 @@ def write_meta(emb: Path, path: Path) -> None:
 
 class Meta:
     """meta.parquet read by row id on demand, a row group at a time (a few cached): a 160M-row table is
-    never loaded whole by search or serve."""
+    never loaded whole by search or serve.
+
+    Safe for a service's request threads: pyarrow's `ParquetFile` is not (two threads reading row groups of
+    one file corrupt its read cache: `ArrowInvalid: ReadRangeCache did not find matching cache entry`, then a
+    crash in libparquet), so every read of the file and every change of the cache holds one lock. A cached
+    row group is an immutable Arrow table, used outside the lock."""
 
     def __init__(self, path: Path, cached_groups: int = 8):
         self.file = pq.ParquetFile(path)
@@ -357,16 +363,19 @@ class Meta:
         self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.cache: dict[int, pa.Table] = {}
         self.cached_groups = cached_groups
+        self.lock = threading.Lock()
 
     def __len__(self) -> int:
         return int(self.starts[-1])
 
     def _group(self, g: int) -> pa.Table:
-        if g not in self.cache:
-            if len(self.cache) >= self.cached_groups:
-                self.cache.pop(next(iter(self.cache)))
-            self.cache[g] = self.file.read_row_group(g)
-        return self.cache[g]
+        with self.lock:
+            table = self.cache.get(g)
+            if table is None:
+                if len(self.cache) >= self.cached_groups:
+                    self.cache.pop(next(iter(self.cache)))
+                table = self.cache[g] = self.file.read_row_group(g)
+            return table
 
     def take(self, ids: list[int]) -> pa.Table:
         rows = []
@@ -379,7 +388,8 @@ class Meta:
         return self.take([i]).to_pylist()[0]
 
     def to_pylist(self) -> list[dict]:
-        return self.file.read().to_pylist()
+        with self.lock:
+            return self.file.read().to_pylist()
 
 
 @dataclass

@@ -13,6 +13,7 @@ CPU everything is fp32 and the towers' normalized output is returned as is. Outp
 from __future__ import annotations
 
 import contextlib
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, TypeVar
@@ -56,12 +57,23 @@ def _finish(embeds: torch.Tensor, device: torch.device) -> torch.Tensor:
     return embeds.cpu()
 
 
+_TOKENIZING = threading.Lock()
+
+
+def token_ids(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
+    """Each text's ids, truncated to `max_length`. One call at a time: a fast tokenizer sets its truncation on
+    the Rust object it shares with every thread, and a second thread encoding meanwhile gets "RuntimeError:
+    Already borrowed" (huggingface/tokenizers#537); a service's request threads tokenize through here."""
+    with _TOKENIZING:
+        return tokenizer(texts, truncation=True, max_length=max_length)["input_ids"] if texts else []
+
+
 def _text_batches(tokenizer, texts: list[str], batch_size: int, max_length: int):
     """(rows, ids [b, width], mask [b, width]) of `texts` tokenized in one call, in order of length, so each
     batch is padded only to its own longest text."""
     if not texts:
         return
-    ids = tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
+    ids = token_ids(tokenizer, texts, max_length)
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     pad = tokenizer.pad_token_id or 0
     for start in range(0, len(order), batch_size):
@@ -90,7 +102,7 @@ def encode_text_tokens(model: DualEncoder, tokenizer, texts: list[str], batch_si
                        max_length: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     """Late interaction's text side: ([len(texts), L, D] normalized token vectors, [len(texts), L] bool mask of
     real tokens), L the longest text's token count, rows in input order."""
-    ids = tokenizer(texts, truncation=True, max_length=max_length)["input_ids"] if texts else []
+    ids = token_ids(tokenizer, texts, max_length)
     longest = max((len(i) for i in ids), default=1)
     tokens = torch.zeros(len(texts), longest, model.cfg.embed_dim)
     real = torch.zeros(len(texts), longest, dtype=torch.bool)

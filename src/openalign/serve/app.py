@@ -23,6 +23,7 @@ import binascii
 import functools
 import io
 import tarfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -192,6 +193,7 @@ def create_app(index_dir: Path, model_dir: str | None = None, limits: Limits = L
     model, tokenizer = search.load_model_for(index, model_dir)
     default_floor = search.min_score(min_score, index.info.get("weights"))
     state: dict = {}  # the patch vectors, memory-mapped at the first re-ranking request
+    state_lock = threading.Lock()  # request threads race to that first request
     app = FastAPI(title="openalign search", version="1",
                   description="Search images by text, by image, and by image plus/minus texts (ALIGN, Section 7).")
     app.state.index_dir = str(index_dir)
@@ -222,8 +224,9 @@ def create_app(index_dir: Path, model_dir: str | None = None, limits: Limits = L
         hits = search.search(index, vector, max(k, request.rerank), floor)
         if request.rerank:
             try:
-                if "patches" not in state:
-                    state["patches"] = search.patch_store(index)
+                with state_lock:
+                    if "patches" not in state:
+                        state["patches"] = search.patch_store(index)
                 hits = search.rerank(model, tokenizer, query, hits, state["patches"], k)
             except ConfigError as err:
                 raise HTTPException(400, str(err)) from None
