@@ -119,3 +119,20 @@ def shape_index(root: Path) -> Path:
     assert cli.main(["embed", str(model), "--images", str(images), "--out", str(root / "emb"), "--quiet"]) == 0
     assert cli.main(["index", str(root / "emb"), "--out", str(root / "idx")]) == 0
     return root / "idx"
+
+
+class WritesAFile:
+    """A pickled object whose unpickling creates `marker`: what an attacker puts in a file we load."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def save_code_running_pickle(path: Path, marker: Path, **tensors) -> None:
+    """A torch file with the attacker's object beside `tensors`; loading it without weights_only creates `marker`."""
+    import torch
+
+    torch.save({**tensors, "payload": WritesAFile(marker)}, path)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import read_jsonl, save_tiny_model, shape_image
+from conftest import save_code_running_pickle, read_jsonl, save_tiny_model, shape_image
 from openalign import cli
 from openalign.model.hub import load_pretrained
 from openalign.train import trainer
@@ -220,6 +220,23 @@ def test_resume_and_tokenizer_mistakes_are_caught_before_any_work(shapes, tmp_pa
         f.write('{"step": 7, "lo')  # a crash in the middle of a write
     assert cli.main(["train", "--out", str(run), "--resume", "--quiet", "train.steps=8"]) == 0
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "loss" in r][-1] == 8
+
+
+def test_a_checkpoint_with_a_pickled_object_is_refused_without_running_it(shapes, tmp_path, capsys):
+    # Before: torch.load(weights_only=False) ran the payload on `train --resume` (and in its check before work).
+    run = tmp_path / "run"
+    assert cli.main(train_args(shapes, run)) == 0
+    import torch
+
+    state = torch.load(run / "checkpoint.pt", weights_only=True)
+    marker = tmp_path / "pwned"
+    save_code_running_pickle(run / "checkpoint.pt", marker, **state)
+    assert cli.main(["train", "--out", str(run), "--resume", "--quiet", "train.steps=8"]) == 2
+    err = capsys.readouterr().err
+    assert not marker.exists(), "the checkpoint's pickled object ran"
+    assert "holds Python objects besides tensors" in err and "Traceback" not in err and err.count("\n") == 1
+    torch.save(state, run / "checkpoint.pt")  # the real checkpoint, tensors and plain values: loads as before
+    assert cli.main(["train", "--out", str(run), "--resume", "--quiet", "train.steps=8"]) == 0
 
 
 def test_inputs_of_the_wrong_kind_are_one_sentence(tmp_path, capsys):

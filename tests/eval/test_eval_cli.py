@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from conftest import save_tiny_model, shape_image
+from conftest import save_code_running_pickle, save_tiny_model, shape_image
 from openalign import cli
 from openalign.eval import finetune as finetune_lib
 from openalign.model.dual_encoder import DualEncoder
@@ -228,6 +228,21 @@ def test_embedding_cache_is_reused_and_keyed_by_the_data(model_dir, tmp_path, mo
     shape_image("red", "circle", 40).save(tmp_path / "test" / "red" / "new.png")  # the data changed: embed again
     with pytest.raises(AssertionError, match="embedded again"):
         run(model_dir, tmp_path, *args)
+
+
+def test_a_cache_file_with_a_pickled_object_is_embedded_again_not_run(model_dir, tmp_path, capsys):
+    # Before: `eval --cache` loaded embeddings-<hash>.pt with torch.load(weights_only=False): the payload ran.
+    test = class_folders(tmp_path / "test", 2, seed=1)
+    args = ["--data", str(test), "--task", "zeroshot", "--cache", str(tmp_path / "cache")]
+    first = run(model_dir, tmp_path, *args)
+    [cached] = (tmp_path / "cache").glob("embeddings-*.pt")
+    marker = tmp_path / "pwned"
+    save_code_running_pickle(cached, marker, **torch.load(cached, weights_only=True))
+    assert run(model_dir, tmp_path, *args) == first  # embedded again, the same numbers
+    assert not marker.exists(), "the cache file's pickled object ran"
+    assert "holds Python objects besides tensors" in capsys.readouterr().err
+    cached.write_bytes(cached.read_bytes()[:100])  # damaged: embedded again too
+    assert run(model_dir, tmp_path, *args) == first
 
 
 def test_finetune_that_diverges_stops_with_one_sentence(model_dir, tmp_path, capsys):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,15 +103,34 @@ def embed_split(model: DualEncoder, shards: str | list[str], options: EvalOption
     (late interaction). With `options.cache`, a second run on the same model and data loads them instead."""
     cached = cache_path(shards, options, patches)
     if cached is not None and cached.is_file():
-        return EvalData(**torch.load(cached, weights_only=False))
+        data = read_cache(cached)
+        if data is not None:
+            return data
     data = _embed(model, shards, options, progress, patches)
     if cached is not None:
         cached.parent.mkdir(parents=True, exist_ok=True)
-        fields = ("image_embeds", "captions", "text_to_image", "labels", "keys", "caption_ids", "skipped",
-                  "texts_by_language", "attributes", "image_patches")
-        torch.save({name: getattr(data, name) for name in fields}, cached.with_suffix(".tmp"))
+        torch.save({name: getattr(data, name) for name in CACHED_FIELDS}, cached.with_suffix(".tmp"))
         os.replace(cached.with_suffix(".tmp"), cached)
     return data
+
+
+CACHED_FIELDS = ("image_embeds", "captions", "text_to_image", "labels", "keys", "caption_ids", "skipped",
+                 "texts_by_language", "attributes", "image_patches")
+
+
+def read_cache(path: Path) -> EvalData | None:
+    """The cached embeddings at `path`, tensors and plain values only (a pickled object, which loading would run
+    as code, is refused); None, with a line saying why, when the file is damaged or not ours: embed again."""
+    try:
+        state = torch.load(path, weights_only=True)
+        if not isinstance(state, dict) or set(state) != set(CACHED_FIELDS):
+            raise ValueError("not openalign's cached embeddings")
+        return EvalData(**state)
+    except Exception as err:  # noqa: BLE001 - refused objects, truncated zips, foreign files: all embedded again
+        why = ("it holds Python objects besides tensors, which loading would run as code"
+               if "Weights only load failed" in str(err) else f"it is damaged or not openalign's ({type(err).__name__})")
+        print(f"openalign: ignoring the cached embeddings {path}: {why}; embedding again", file=sys.stderr)
+        return None
 
 
 def split_items(data: str | list[str], options: EvalOptions, counter: dict):

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import math
 import os
+import pickle
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -178,16 +179,26 @@ def read_checkpoint(path: Path, map_location="cpu", check_only: bool = False) ->
     """The checkpoint at `path`, or one sentence saying why it cannot be resumed from."""
     if not path.is_file():
         raise ConfigError(f"nothing to resume: no {CHECKPOINT} in {path.parent}")
-    try:
-        state = torch.load(path, map_location=map_location, weights_only=False, mmap=check_only)
+    try:  # tensors and plain Python values only: a pickled object in a checkpoint would run code when loaded
+        state = torch.load(path, map_location=map_location, weights_only=True, mmap=check_only)
+    except pickle.UnpicklingError as err:
+        if "Weights only load failed" not in str(err):  # a damaged pickle stream, not a refused object
+            raise ConfigError(f"{path} is corrupt and cannot be resumed from (UnpicklingError){_earlier(path)}") from None
+        raise ConfigError(f"{path} holds Python objects besides tensors and plain values, which loading would run as "
+                          "code; openalign does not load it (an openalign checkpoint never holds them): train again "
+                          "without --resume, into a new --out") from None
     except Exception as err:  # noqa: BLE001 - a truncated or foreign file: pickle, zip and torch errors alike
-        earlier = path.with_suffix(".tmp")
-        hint = (f"; {earlier} is a checkpoint that was being written: it may be usable (move it to {path.name})"
-                if earlier.is_file() else "; no earlier checkpoint is kept: train again without --resume")
-        raise ConfigError(f"{path} is corrupt and cannot be resumed from ({type(err).__name__}){hint}") from None
+        raise ConfigError(f"{path} is corrupt and cannot be resumed from ({type(err).__name__}){_earlier(path)}"
+                          ) from None
     if not isinstance(state, dict) or not {"step", "model", "optimizer"} <= set(state):
         raise ConfigError(f"{path} is not an openalign checkpoint (no step, model and optimizer state)")
     return None if check_only else state
+
+
+def _earlier(path: Path) -> str:
+    earlier = path.with_suffix(".tmp")
+    return (f"; {earlier} is a checkpoint that was being written: it may be usable (move it to {path.name})"
+            if earlier.is_file() else "; no earlier checkpoint is kept: train again without --resume")
 
 
 def truncate_log(path: Path, step: int) -> None:
