@@ -136,3 +136,31 @@ def save_code_running_pickle(path: Path, marker: Path, **tensors) -> None:
     import torch
 
     torch.save({**tensors, "payload": WritesAFile(marker)}, path)
+
+
+def mark_ingested(table: Path) -> Path:
+    """The manifest `openalign ingest` writes last beside a pair table, for tables a test builds by hand."""
+    import pyarrow.parquet as pq
+
+    manifest = {"stage": "ingest", "pairs": pq.read_metadata(table).num_rows}
+    Path(table).with_suffix(".manifest.json").write_text(json.dumps(manifest))
+    return Path(table)
+
+
+def interrupt_after(monkeypatch, owner, name: str, calls: int) -> None:
+    """Ctrl-C in the middle of a stage: `owner.name` works `calls` times, then raises KeyboardInterrupt."""
+    real = getattr(owner, name)
+    seen = {"n": 0}
+
+    def interrupted(*args, **kwargs):
+        seen["n"] += 1
+        if seen["n"] > calls:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, interrupted)
+
+
+def leftovers(root: Path) -> list[str]:
+    """Temporary files a stage left behind under `root`."""
+    return sorted(str(p.relative_to(root)) for p in Path(root).rglob("*") if p.name.endswith(".tmp"))

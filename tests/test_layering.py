@@ -1,6 +1,6 @@
 """The package's layers (DESIGN.md, Layers), read from every import in src/, function-level ones included:
 
-    config, schedule, loss, distributed, host, tokenizer, presets  <  model  <  data  <  index  <  eval, serve
+    config, schedule, loss, distributed, host, outputs, tokenizer, presets  <  model  <  data  <  index  <  eval, serve
       <  train  <  study  <  cli, flags
 
 A module imports only from its own layer or below, and no two modules import each other, directly or
@@ -13,7 +13,7 @@ from pathlib import Path
 import openalign
 
 PACKAGE = Path(openalign.__file__).parent
-LAYERS = [("config", "schedule", "loss", "distributed", "host", "tokenizer", "presets"), ("model",), ("data",),
+LAYERS = [("config", "schedule", "loss", "distributed", "host", "outputs", "tokenizer", "presets"), ("model",), ("data",),
           ("index",), ("eval", "serve"), ("train",), ("study",), ("cli", "flags", "__main__")]
 RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}
 

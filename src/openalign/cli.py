@@ -651,6 +651,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"openalign: error: {_sentence(err)}", file=sys.stderr)
         return 2
+    except OSError as err:
+        from openalign.outputs import disk_full, is_disk_full
+
+        if not is_disk_full(err):
+            raise
+        print(f"openalign: error: {disk_full(err)}", file=sys.stderr)
+        return 2
     if "torch.distributed" in sys.modules:  # under torchrun: every rank leaves the group together
         from openalign import distributed
 

@@ -10,6 +10,7 @@ import pytest
 from openalign.config import FilterConfig
 from openalign.data import filters
 from openalign.data.ingest import PAIR_SCHEMA, pair_uid
+from conftest import mark_ingested
 
 
 class Table:
@@ -29,7 +30,7 @@ class Table:
 
     def write(self, path):
         pq.write_table(pa.Table.from_pylist(self.rows, PAIR_SCHEMA), path)
-        return path
+        return mark_ingested(path)
 
 
 def kept(tmp_path, table: Table, engine="duckdb", **cfg) -> tuple[set, dict]:
@@ -201,6 +202,7 @@ def test_a_glob_of_pair_tables_equals_one_table(tmp_path):
     parts.mkdir()
     for i in range(2):
         pq.write_table(pa.Table.from_pylist(t.rows[i * 200:(i + 1) * 200], PAIR_SCHEMA), parts / f"part-{i}.parquet")
+        mark_ingested(parts / f"part-{i}.parquet")
     report = filters.run_filters(str(parts / "*.parquet"), tmp_path / "glob", FilterConfig(vocab_size=150),
                                  progress=False)
     assert set(filters.read_keep(tmp_path / "glob")) == whole and report["pairs"] == 400

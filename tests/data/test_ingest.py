@@ -168,3 +168,65 @@ def test_reject_details_are_the_same_on_every_run(tmp_path):
     ingest([str(tmp_path / "imgs")], tmp_path / "pairs.parquet", IngestOptions(workers=1), progress=False)
     detail = pq.read_table(tmp_path / "pairs.rejects.parquet").column("detail")[0].as_py()
     assert detail == "unreadable: UnidentifiedImageError: cannot identify image file <_io.BytesIO>"
+
+
+def picture_folder(root, n: int, seed: int = 0):
+    root.mkdir(parents=True)
+    for i in range(n):
+        Image.fromarray(np.full((240, 260, 3), (seed * 40 + i * 9) % 255, np.uint8)).save(root / f"{i}.png")
+        (root / f"{i}.txt").write_text(f"picture number {i} of set {seed}")
+    return root
+
+
+def test_an_interrupted_ingest_leaves_nothing_that_looks_finished(tmp_path, monkeypatch, capsys):
+    # Before: the local ingest renamed its partial table into place in a `finally` (Ctrl-C left 107,260 of
+    # 300,000 rows and no manifest, and `filter` took it); a rerun left the old manifest beside a new partial table.
+    from conftest import interrupt_after, leftovers
+    from openalign import cli
+    from openalign.data import ingest as ingest_lib
+
+    out = tmp_path / "out" / "pairs.parquet"
+    first, second = picture_folder(tmp_path / "a", 6), picture_folder(tmp_path / "b", 6, seed=1)
+    args = ["ingest", "--out", str(out), "--quiet", "--workers", "1"]
+    with monkeypatch.context() as patch:
+        interrupt_after(patch, ingest_lib, "examine", 3)
+        with pytest.raises(KeyboardInterrupt):
+            cli.main(args[:1] + [str(first)] + args[1:])
+    assert sorted(p.name for p in out.parent.iterdir()) == [] and leftovers(tmp_path) == []
+    assert cli.main(args[:1] + [str(first)] + args[1:]) == 0
+    table = out.read_bytes()
+    with monkeypatch.context() as patch:  # a rerun from another source, killed: the old manifest goes first
+        interrupt_after(patch, ingest_lib, "examine", 3)
+        with pytest.raises(KeyboardInterrupt):
+            cli.main(args[:1] + [str(second)] + args[1:])
+    assert out.read_bytes() == table and not out.with_suffix(".manifest.json").exists() and leftovers(tmp_path) == []
+    capsys.readouterr()
+    assert cli.main(["filter", str(out), "--out", str(tmp_path / "f")]) == 2
+    err = capsys.readouterr().err
+    assert "pairs.manifest.json beside it, so the ingest that wrote it did not finish" in err and "Traceback" not in err
+    assert not (tmp_path / "f").exists()
+
+
+def test_a_pair_table_that_is_not_the_one_its_manifest_describes_is_refused(tmp_path, capsys):
+    from openalign import cli
+
+    out = tmp_path / "pairs.parquet"
+    assert cli.main(["ingest", str(picture_folder(tmp_path / "a", 6)), "--out", str(out), "--quiet"]) == 0
+    table = pq.read_table(out)
+    pq.write_table(table.slice(0, 4), out)  # replaced behind the manifest's back
+    assert cli.main(["filter", str(out), "--out", str(tmp_path / "f")]) == 2
+    assert "holds 4 pairs but pairs.manifest.json says 6" in capsys.readouterr().err
+    out.with_suffix(".manifest.json").write_text("{not json")
+    assert cli.main(["filter", str(out), "--out", str(tmp_path / "f")]) == 2
+    assert "is damaged (not JSON)" in capsys.readouterr().err
+
+
+def test_a_missing_source_among_good_ones_writes_nothing(tmp_path, capsys):
+    # Before: "source does not exist", yet the rows of the good source before it were written.
+    from openalign import cli
+
+    out = tmp_path / "out" / "pairs.parquet"
+    good = picture_folder(tmp_path / "a", 3)
+    assert cli.main(["ingest", str(good), str(tmp_path / "nonexistent"), "--out", str(out), "--quiet"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert not out.parent.exists() or not any(out.parent.iterdir())

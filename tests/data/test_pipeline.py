@@ -8,6 +8,7 @@ from PIL import Image
 from openalign.cli import main
 from openalign.data import sources
 from openalign.data.shards import list_shards, read_samples, sample_texts
+from conftest import mark_ingested
 
 
 def make_folder(root, n=30):
@@ -117,6 +118,7 @@ def test_shard_without_keep_lists_and_from_another_directory(tmp_path, capsys, m
     relative = [str(p).replace(str(tmp_path) + "/", "") for p in table.column("path").to_pylist()]
     pq.write_table(table.set_column(table.schema.get_field_index("path"), "path", pa.array(relative)),
                    tmp_path / "old.parquet")
+    mark_ingested(tmp_path / "old.parquet")
     capsys.readouterr()
     assert main(["shard", str(tmp_path / "old.parquet"), "--out", "s2", "--quiet", "--workers", "1"]) == 2
     assert "none of the 6 source files checked" in capsys.readouterr().err

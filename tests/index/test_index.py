@@ -293,3 +293,55 @@ def test_rerank_orders_the_shortlist_by_late_interaction_in_search_and_serve(tmp
     assert cli.main(["index", str(tmp_path / "plain"), "--out", str(tmp_path / "plain-idx")]) == 0
     assert cli.main(["search", str(tmp_path / "plain-idx"), "--text", "red", "--rerank", "5"]) == 2
     assert "embed again with `openalign embed ... --patches`" in capsys.readouterr().err
+
+
+def test_a_rebuild_that_fails_leaves_the_working_index(tmp_path, monkeypatch, capsys):
+    # Before: index.faiss was written in place, so a rebuild that failed (a full disk) destroyed the working
+    # index, and `search` then gave a traceback.
+    import errno
+
+    from conftest import leftovers
+
+    x, queries = np.split(clustered(3_100, 16, 20, seed=4), [3_000])
+    emb, out = fake_embeddings(tmp_path / "emb", x, part=1_000), tmp_path / "idx"
+    assert cli.main(["index", str(emb), "--out", str(out), "--kind", "flat"]) == 0
+    before = build_lib.load(out).search(queries, 10)
+
+    def full_disk(emb, path):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(build_lib, "write_meta", full_disk)
+        assert cli.main(["index", str(emb), "--out", str(out), "--kind", "hnsw", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "the disk is full: writing" in err and "MiB free on" in err and "Traceback" not in err
+    after = build_lib.load(out)
+    assert after.info["kind"] == "flat" and leftovers(tmp_path) == [] and not list((out / "_build").glob("*.faiss"))
+    for a, b in zip(before, after.search(queries, 10)):
+        np.testing.assert_array_equal(a, b)
+    with monkeypatch.context() as patch:  # Ctrl-C while tuning: the same
+        patch.setattr(build_lib, "_tune", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+        with pytest.raises(KeyboardInterrupt):
+            cli.main(["index", str(emb), "--out", str(out), "--kind", "hnsw", "--quiet"])
+    assert build_lib.load(out).info["kind"] == "flat"
+    assert cli.main(["index", str(emb), "--out", str(out), "--kind", "hnsw", "--quiet"]) == 0  # then it succeeds
+    assert build_lib.load(out).info["kind"] == "hnsw" and not (out / "_build").exists()
+
+
+def test_shards_of_an_interrupted_build_are_not_reused_once_the_vectors_changed(tmp_path, monkeypatch, capsys):
+    # Before: the add tasks were keyed by the parts' paths; after the vectors changed, a rerun reused the shards
+    # built from the old ones and printed `recall@10 0.000` without an error.
+    x, y = clustered(8_000, 16, 30, seed=5), clustered(8_000, 16, 30, seed=6)
+    emb, out = fake_embeddings(tmp_path / "emb", x, part=2_000), tmp_path / "idx"
+    args = ["index", str(emb), "--out", str(out), "--kind", "ivf", "--nlist", "32", "--train-per-cell", "39",
+            "--memory", "300K", "--block-rows", "2000", "--quiet"]
+    with monkeypatch.context() as patch:  # every shard is added, then the build is killed
+        patch.setattr(build_lib, "_tune", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+        with pytest.raises(KeyboardInterrupt):
+            cli.main(args)
+    assert len(list(out.rglob("shard-*.faiss"))) == 4
+    fake_embeddings(tmp_path / "emb", y, part=2_000)  # embedded again: the same files, other vectors
+    assert cli.main(args) == 0
+    index = build_lib.load(out)
+    assert index.info["recall_at_10"] >= 0.9
+    assert np.abs(index.vector(5) - y[5]).max() < 0.01 < np.abs(index.vector(5) - x[5]).max()  # 8-bit codes of y

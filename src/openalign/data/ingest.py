@@ -42,6 +42,7 @@ from openalign.data import shards as shard_lib
 from openalign.data.sources import IMAGE_SUFFIXES, TABLE_SUFFIXES, folder_files, read_caption
 from openalign.data.distribute import Engine, Task, run_tasks, sources_key, task_id
 from openalign.data.workers import process_pool
+from openalign.outputs import staged, unfinish, write_json
 
 TEXT_REJECTS = ("no_text", "remote_not_fetched", "missing_file", "bad_row", "truncated_tar", "unreadable_tar",
                 "not_a_file")
@@ -98,21 +99,48 @@ def check_pair_table(spec, columns: tuple[str, ...] = ()) -> str:
         matches = sorted(glob.glob(text))
         if not matches:
             raise ConfigError(f"no pair tables match {text}; build them with `openalign ingest SRC --out FILE.parquet`")
-        first = matches[0]
     elif not Path(text).is_file():
         raise ConfigError(f"pair table {text} does not exist; build it with `openalign ingest SRC --out {text}`")
     else:
-        first = text
+        matches = [text]
     try:
-        names = pq.read_schema(first).names
+        names = pq.read_schema(matches[0]).names
     except (OSError, pa.ArrowException):
-        raise ConfigError(f"{first} is not a Parquet pair table; build one with `openalign ingest SRC --out "
+        raise ConfigError(f"{matches[0]} is not a Parquet pair table; build one with `openalign ingest SRC --out "
                           "pairs.parquet`") from None
     missing = [c for c in columns if c not in names]
     if missing:
-        raise ConfigError(f"{first} lacks the column{'s' if len(missing) > 1 else ''} {', '.join(missing)} (it has "
-                          f"{', '.join(names)}); a pair table comes from `openalign ingest`")
+        raise ConfigError(f"{matches[0]} lacks the column{'s' if len(missing) > 1 else ''} {', '.join(missing)} (it "
+                          f"has {', '.join(names)}); a pair table comes from `openalign ingest`")
+    for match in matches:
+        check_finished(Path(match))
     return text
+
+
+def manifest_path(table: Path) -> Path:
+    return Path(table).with_suffix(".manifest.json")
+
+
+def check_finished(table: Path) -> None:
+    """A pair table is finished when the manifest its ingest writes last is beside it and counts its rows; a table
+    an interrupted ingest left (no manifest, or another run's) is refused in one sentence."""
+    manifest = manifest_path(table)
+    again = f"run `openalign ingest SRC --out {table}` again"
+    try:
+        written = json.loads(manifest.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{table} has no {manifest.name} beside it, so the ingest that wrote it did not finish (or "
+                          f"it was not written by `openalign ingest`); {again}") from None
+    except (OSError, ValueError):
+        raise ConfigError(f"{manifest} is damaged (not JSON); {again}") from None
+    try:
+        rows = pq.read_metadata(table).num_rows
+    except (OSError, pa.ArrowException):
+        raise ConfigError(f"{table} is not a readable Parquet file (cut short?); {again}") from None
+    if not isinstance(written, dict) or written.get("stage") != "ingest" or written.get("pairs") != rows:
+        said = written.get("pairs") if isinstance(written, dict) else None
+        raise ConfigError(f"{table} holds {rows:,} pairs but {manifest.name} says {said}: the table is not the one "
+                          f"that manifest describes (changed, or a rerun was interrupted); {again}")
 
 
 def normalize_text(text: str | None) -> str:
@@ -422,12 +450,15 @@ class TableWriter:
             self.rows[kind].clear()
 
     def close(self, commit: bool = True) -> None:
+        """commit: the two tables replace their final names; otherwise their temporary files are removed."""
         for kind, writer in self.writers.items():
             if commit:
                 self._flush(kind)
             writer.close()
             if commit:
                 self.tmp[kind].replace(self.paths[kind])
+            else:
+                self.tmp[kind].unlink(missing_ok=True)
 
 
 def ingest_unit(unit: tuple, parts: str, part_id: str, options: IngestOptions) -> dict:
@@ -464,7 +495,10 @@ def ingest(sources: list[str], out: Path, options: IngestOptions = IngestOptions
         out.parent.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
         raise ConfigError(f"cannot write {out}: {out.parent} is a file, not a directory; choose another --out") from None
-    rejects_path, manifest_path = out.with_suffix(".rejects.parquet"), out.with_suffix(".manifest.json")
+    rejects_path, manifest = out.with_suffix(".rejects.parquet"), manifest_path(out)
+    for _ in units(sources):  # every source exists and is of a known kind, before anything is written
+        pass
+    unfinish(manifest)  # a rerun into an existing --out: the old manifest goes before any new table does
     start = time.perf_counter()
     tally, notes = Tally(), Counter()  # notes: rows read with repairs (bytes that are not UTF-8 -> U+FFFD)
     resumed = 0
@@ -484,7 +518,7 @@ def ingest(sources: list[str], out: Path, options: IngestOptions = IngestOptions
         distinct = con.execute("SELECT count(DISTINCT uid), count(DISTINCT image_key) FROM read_parquet(?)",
                                [str(out)]).fetchone()
     counts = tally.counts
-    manifest = {
+    written = {
         "stage": "ingest", "sources": [str(s) for s in sources], "options": asdict(options), "out": str(out),
         "engine": engine.name, "resumed_tasks": resumed,
         "rejects": str(rejects_path), "pairs": counts["pairs"], "distinct_pairs": distinct[0], "images": distinct[1],
@@ -496,8 +530,8 @@ def ingest(sources: list[str], out: Path, options: IngestOptions = IngestOptions
         "repaired": dict(notes),
         "seconds": round(time.perf_counter() - start, 2),
     }
-    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
-    return manifest
+    write_json(manifest, written)  # last: the table is finished
+    return written
 
 
 def _enough_units(sources: list[str], options: IngestOptions, workers: int) -> bool:
@@ -516,10 +550,13 @@ def _ingest_local(sources, out, rejects_path, options, tally, notes, progress) -
         for kind, row in tqdm(results, desc="ingest", unit="pair", disable=not progress):
             writer.add(kind, row)
             tally.add(kind, row)
+    except BaseException:  # an error or Ctrl-C: nothing appears under --out (the tables stay as they were)
+        writer.close(commit=False)
+        raise
     finally:
         if pool:
             pool.terminate()
-        writer.close()
+    writer.close()
 
 
 def _ingest_tasks(sources, out, rejects_path, options, engine, tally, notes, progress) -> int:
@@ -534,12 +571,10 @@ def _ingest_tasks(sources, out, rejects_path, options, engine, tally, notes, pro
         tally.merge(results[task.id])
         notes.update(results[task.id]["notes"])
     for kind, target, schema in (("pairs", out, PAIR_SCHEMA), ("rejects", rejects_path, REJECT_SCHEMA)):
-        tmp = target.with_name(target.name + ".tmp")
-        with pq.ParquetWriter(tmp, schema) as writer:  # concatenated in task order, a row group at a time
+        with staged(target) as tmp, pq.ParquetWriter(tmp, schema) as writer:  # in task order, a row group at a time
             for task in tasks:
                 part = pq.ParquetFile(parts / f"{kind}-{task.id}.parquet")
                 for group in range(part.num_row_groups):
                     writer.write_table(part.read_row_group(group))
-        tmp.replace(target)
     shutil.rmtree(parts)
     return resumed

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import Literal
@@ -32,6 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from openalign.config import ConfigError
+from openalign.outputs import unfinish, write_json
 from openalign.index import exact
 from openalign.index.cells import CellScan
 from openalign.index.parts import Parts, add_shard, part_files, read_manifest
@@ -284,7 +286,7 @@ def build_streaming(parts: Parts, out: Path | None, options: IndexOptions, engin
     for stale in out.glob("shard-*.faiss"):
         if stale.name not in names:
             stale.unlink()
-    key = json.dumps([parts.files, repr(options)])
+    key = json.dumps([parts.fingerprint(), repr(options)])  # the vectors' files as they are now, not their names
     tasks = [Task(task_id(i), add_shard, (str(trained), parts.files, a, b, str(out / names[i]), options.chunk_rows),
                   key=f"{key}:{a}:{b}") for i, (a, b) in enumerate(bounds)]
     run_tasks(tasks, work / "_status", engine, "index add", progress)
@@ -302,9 +304,16 @@ def build_streaming(parts: Parts, out: Path | None, options: IndexOptions, engin
                   "tuned_on": "the first shard"}
 
 
+BUILDING = "_build"  # OUT/_build: a build's files until it has succeeded (and its resumable shard tasks)
+
+
 def build(emb: Path, out: Path, options: IndexOptions = IndexOptions(), engine=None, progress: bool = False) -> dict:
     """Index the `vectors` of an embed output into `out` (see build_streaming); metadata is copied part by
-    part into meta.parquet with the row ids."""
+    part into meta.parquet with the row ids.
+
+    Everything is built in OUT/_build first; only a build that succeeded replaces the index in `out` (index.json
+    removed first, each file renamed into place, index.json written last). So a rebuild that fails (a full disk,
+    Ctrl-C) leaves the working index as it was."""
     import shutil
 
     manifest = read_manifest(emb, options.vectors)
@@ -312,23 +321,31 @@ def build(emb: Path, out: Path, options: IndexOptions = IndexOptions(), engine=N
     n, d = parts.n, parts.d
     if n == 0:
         raise ConfigError(f"{emb} holds no embeddings")
-    out.mkdir(parents=True, exist_ok=True)
-    index, built = build_streaming(parts, out, options, engine, progress)
-    if not built["params"].get("refine"):
-        (out / EXACT16).unlink(missing_ok=True)  # a previous build's
-    if index is not None:
-        faiss.write_index(_faiss(index), str(out / FILE))
-        for stale in out.glob("shard-*.faiss"):
-            stale.unlink()
-    else:
-        (out / FILE).unlink(missing_ok=True)
-    shutil.rmtree(out / "_work", ignore_errors=True)
-    write_meta(emb, out / META)
+    staging = out / BUILDING
+    staging.mkdir(parents=True, exist_ok=True)
+    try:
+        index, built = build_streaming(parts, staging, options, engine, progress)
+        if index is not None:
+            faiss.write_index(_faiss(index), str(staging / FILE))
+        write_meta(emb, staging / META)
+    except BaseException:  # the working index in `out` is untouched; finished shard tasks are kept for a rerun
+        for leftover in staging.iterdir():
+            if leftover.is_file() and not leftover.name.startswith("shard-"):
+                leftover.unlink()
+        raise
     info = {"kind": built["kind"], "params": built["params"], "recall_at_10": built["recall_at_10"],
             "recall_target": options.recall, "count": n, "dim": d, "vectors": options.vectors,
             "storage": built["storage"], "shards": built.get("shards", []), "tuned_on": built.get("tuned_on", "all"),
             "embeddings": str(Path(emb).resolve()), "model": manifest["model"], "weights": manifest.get("weights", "")}
-    (out / INFO).write_text(json.dumps(info, indent=2) + "\n")
+    new = [FILE] * (index is not None) + built.get("shards", []) + [EXACT16] * bool(built["params"].get("refine"))
+    unfinish(out / INFO)  # from here until index.json is written, `out` is not an index: load says so
+    for stale in [out / FILE, out / EXACT16, *out.glob("shard-*.faiss")]:
+        if stale.name not in new:
+            stale.unlink(missing_ok=True)  # a previous build's
+    for name in new + [META]:
+        os.replace(staging / name, out / name)
+    write_json(out / INFO, info)
+    shutil.rmtree(staging, ignore_errors=True)
     return info
 
 

@@ -52,6 +52,15 @@ class Parts:
         self.row_shape = tuple(shaped[0].shape[1:]) if arrays else (0,)  # (d,), or (patches, d): patch vectors
         self.itemsize = arrays[0].dtype.itemsize if arrays else 4
 
+    def fingerprint(self) -> list:
+        """What the vectors are now: each file's path, size and modification time (an array: its shape and a
+        hash of its bytes), for the keys of work that reads them."""
+        import hashlib
+
+        return [[f.shape, hashlib.blake2b(np.ascontiguousarray(f).tobytes(), digest_size=16).hexdigest()]
+                if isinstance(f, np.ndarray) else [f, Path(f).stat().st_size, Path(f).stat().st_mtime_ns]
+                for f in self.files]
+
     def _array(self, i: int) -> np.ndarray:
         f = self.files[i]
         return f if isinstance(f, np.ndarray) else np.load(f, mmap_mode="r")

@@ -1,0 +1,67 @@
+"""A stage's outputs on disk: each appears under its final name only when the stage has succeeded, the manifest
+last, so a file that looks finished is finished.
+
+    with staged(path) as tmp: ...   write `tmp`; renamed onto `path` only when the block ends without an error
+                                    (an exception or Ctrl-C removes `tmp` and leaves what was at `path`)
+    write_json(path, obj)           one JSON file, written whole or not at all (temp + rename)
+    unfinish(manifest)              before new work into an existing output: its old manifest goes first, so an
+                                    interrupted rerun never leaves the old manifest beside new, partial files
+    disk_full(err)                  the one sentence for a full disk: the path, the free space, what to do
+
+Readers refuse an output without its manifest (each stage's reader says so in one sentence).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+
+def temp_name(path: Path) -> Path:
+    """A temporary name beside `path` (same directory: the rename is atomic), unique to this process."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+@contextmanager
+def staged(path: Path) -> Iterator[Path]:
+    """Yields a temporary path beside `path`; on success it replaces `path`, on any error (KeyboardInterrupt
+    included) it is removed and `path` is left as it was."""
+    tmp = temp_name(path)
+    try:
+        yield tmp
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, obj) -> None:
+    with staged(Path(path)) as tmp:
+        Path(tmp).write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def unfinish(manifest: Path) -> None:
+    """Marks an output as not finished before a rerun starts writing into it: its manifest is removed."""
+    Path(manifest).unlink(missing_ok=True)
+
+
+def is_disk_full(err: BaseException) -> bool:
+    return isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full(err: OSError) -> str:
+    """One sentence for ENOSPC: which file, how much room is left where, and what to do."""
+    path = Path(err.filename) if err.filename else None
+    where = path.parent if path else Path.cwd()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    what = f"writing {path}" if path else "writing an output"
+    return (f"the disk is full: {what} failed with {free / 2**20:,.0f} MiB free on {where}; free some space there "
+            "or choose an --out on another disk, then run the command again (finished work is kept)")
