@@ -30,3 +30,85 @@ def test_a_user_classifier_drops_flagged_images(tmp_path, capsys):
     assert main(["screen", str(tmp_path / "p.parquet"), "--classifier", "no_such_module:f", "--out",
                  str(tmp_path / "s2")]) == 2
     assert "cannot import" in capsys.readouterr().err
+
+
+def squares(tmp_path, colours=("red", "blue", "red", "green")):
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    for i, colour in enumerate(colours):
+        Image.new("RGB", (240, 240), colour).save(folder / f"{i}.png")
+        (folder / f"{i}.txt").write_text(f"a {colour} square number {i}")
+    assert main(["ingest", str(folder), "--out", str(tmp_path / "p.parquet"), "--quiet", "--workers", "1"]) == 0
+    return tmp_path / "p.parquet"
+
+
+def test_a_classifier_returning_nan_removes_nothing_and_is_counted(tmp_path):
+    # Before: DuckDB orders NaN above every number, so `score >= 0.5` removed 752 of 752 images.
+    pairs = squares(tmp_path)
+    (tmp_path / "nan.py").write_text("def score(images):\n    return [float('nan') if i % 2 else float('inf')"
+                                     " for i in range(len(images))]\n")
+    assert main(["screen", str(pairs), "--classifier", f"{tmp_path / 'nan.py'}:score", "--out", str(tmp_path / "s"),
+                 "--quiet"]) == 0
+    report = json.loads((tmp_path / "s" / "screen_report.json").read_text())
+    assert (report["removed_images"], report["removed_pairs"]) == (0, 0) and report["nonfinite_scores"] == 3
+    assert len(read_keep(tmp_path / "s")) == 4
+
+
+def test_a_rerun_after_the_classifier_changed_scores_again(tmp_path, monkeypatch):
+    # Before: a relative --classifier path was never fingerprinted: after a killed run, the edited classifier's
+    # rerun reused the old scores.
+    from openalign.data import screen as screen_lib
+
+    pairs = squares(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "clf.py").write_text(CLASSIFIER)
+    args = ["screen", str(pairs), "--classifier", "clf.py:redness", "--out", str(tmp_path / "s"), "--quiet"]
+    with monkeypatch.context() as patch:  # every image scored, then killed before the keep-list
+        patch.setattr(screen_lib, "write_keep_without_images", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+        try:
+            main(args)
+            raise AssertionError("the run should have stopped")
+        except KeyboardInterrupt:
+            pass
+    assert not (tmp_path / "s" / "screen_report.json").exists()
+    (tmp_path / "clf.py").write_text(CLASSIFIER.replace("[..., 0]", "[..., 2]"))  # now it flags blue
+    assert main(args) == 0
+    report = json.loads((tmp_path / "s" / "screen_report.json").read_text())
+    assert (report["removed_images"], report["removed_pairs"], report["resumed_tasks"]) == (1, 1, 0)
+
+
+def test_score_files_of_another_plan_are_never_read(tmp_path):
+    # Before: the keep-list read OUT/_work/scores-*.parquet, so a killed run's extra task files counted.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pairs = squares(tmp_path)
+    (tmp_path / "clf.py").write_text(CLASSIFIER)
+    work = tmp_path / "s" / "_work"
+    work.mkdir(parents=True)
+    keys = pq.read_table(pairs, columns=["image_key"]).column(0).to_pylist()
+    pq.write_table(pa.table({"image_key": keys, "score": [1.0] * len(keys), "match": [None] * len(keys)}),
+                   work / "scores-999999.parquet")  # a stale task of a larger plan: every image flagged
+    assert main(["screen", str(pairs), "--classifier", f"{tmp_path / 'clf.py'}:redness", "--out", str(tmp_path / "s"),
+                 "--quiet"]) == 0
+    report = json.loads((tmp_path / "s" / "screen_report.json").read_text())
+    assert (report["removed_images"], report["removed_pairs"]) == (1, 2)
+
+
+def test_an_interrupted_screen_leaves_no_keep_list_that_shard_would_take(tmp_path, monkeypatch, capsys):
+    from openalign.data import screen as screen_lib
+
+    pairs = squares(tmp_path)
+    (tmp_path / "clf.py").write_text(CLASSIFIER)
+    args = ["screen", str(pairs), "--classifier", f"{tmp_path / 'clf.py'}:redness", "--out", str(tmp_path / "s"),
+            "--quiet"]
+    assert main(args) == 0
+    with monkeypatch.context() as patch:  # a rerun killed after the new keep-list, before its report
+        patch.setattr(screen_lib, "write_json", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+        try:
+            main(args)
+        except KeyboardInterrupt:
+            pass
+    capsys.readouterr()
+    assert main(["shard", str(pairs), "--keep", str(tmp_path / "s"), "--out", str(tmp_path / "shards"), "--quiet"]) == 2
+    assert "has no filter, dedup or screen report beside it" in capsys.readouterr().err

@@ -18,7 +18,7 @@ closest matches removed).
 
 from __future__ import annotations
 
-import json
+import hashlib
 import os
 import shutil
 import time
@@ -31,12 +31,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from openalign.config import ConfigError
+from openalign.outputs import unfinish, write_json
 from openalign.data import images, sources
 from openalign.data.filters import write_keep_without_images
 from openalign.data.ingest import IMAGE_COLUMNS, check_pair_table
 from openalign.data.distribute import (Engine, Task, duckdb_plan, read_plan, run_tasks, sources_key, spark_plan,
                                        spark_session, task_id)
+from openalign.model.hub import weights_fingerprint
 
+REPORT = "dedup_report.json"
 WORK = "_work"  # the plan, the evaluation hashes or embeddings, each task's scores and status
 
 
@@ -84,17 +87,22 @@ def plan_images(pairs: str, plan: Path, per_task: int, engine: Engine) -> int:
 def image_tasks(pairs: str, out: Path, fn, args: tuple, key: dict, per_task: int, engine: Engine, desc: str,
                 progress: bool) -> tuple[int, dict, int]:
     """Plan the images, then run `fn(plan, index, scores_path, *args)` once per task of images, each writing
-    its scores to OUT/_work/scores-ID.parquet; returns (images, {id: result}, tasks resumed)."""
+    its scores to OUT/_work/scores-ID.parquet; returns (images, {id: result}, tasks resumed, the score files of
+    this plan: files a killed run of another plan left are never read)."""
     work = out / WORK
     work.mkdir(parents=True, exist_ok=True)
     plan = work / "plan.parquet"
     count = plan_images(pairs, plan, per_task, engine)
     n_tasks = -(-count // per_task)
     inputs = sources_key(pairs if "://" in str(pairs) else str(Path(pairs).resolve()), key, per_task, count)
-    tasks = [Task(task_id(i), fn, (str(plan), i, str(work / f"scores-{task_id(i)}.parquet"), *args),
-                  key=sources_key(inputs, i)) for i in range(n_tasks)]
+    scores = [str(work / f"scores-{task_id(i)}.parquet") for i in range(n_tasks)]
+    tasks = [Task(task_id(i), fn, (str(plan), i, scores[i], *args), key=sources_key(inputs, i)) for i in range(n_tasks)]
     results, resumed = run_tasks(tasks, work / "_status", engine, desc, progress)
-    return count, results, resumed
+    return count, results, resumed, scores
+
+
+def array_digest(array: np.ndarray) -> str:
+    return hashlib.blake2b(np.ascontiguousarray(array).tobytes() + str(array.shape).encode(), digest_size=16).hexdigest()
 
 
 def write_scores(path: str, rows: list[dict], scores: list[float | None], matches: list[int | None]) -> None:
@@ -195,12 +203,17 @@ def embedding_task(plan: str, index: int, scores_path: str, eval_path: str, mode
 PERCENTILES = (0, 1, 5, 25, 50, 75, 95, 99, 100)
 
 
-def score_summary(out: Path, where: str, order: str, n_examples: int) -> tuple[int, list, dict]:
-    """From the tasks' score files: how many images the rule removes, the first examples in `order`, and the
-    percentiles of every score (numpy's linear interpolation, as DuckDB's quantile_cont)."""
+# A score decides only when it is a finite number: DuckDB and Spark order NaN above every number (a classifier
+# returning NaN removed 752 of 752 images), and an infinite score is no measurement either.
+FINITE = "score BETWEEN -1.7976931348623157e308 AND 1.7976931348623157e308"
+
+
+def score_summary(out: Path, scores: list[str], where: str, order: str, n_examples: int) -> tuple[int, list, dict, int]:
+    """From the tasks' score files: how many images the rule removes, the first examples in `order`, the
+    percentiles of every finite score (numpy's linear interpolation, as DuckDB's quantile_cont), and how many
+    scores were NaN or infinite."""
     import duckdb
 
-    scores = str(out / WORK / "scores-*.parquet")
     plan = str(out / WORK / "plan.parquet")
     with duckdb.connect() as con:
         removed = con.execute(f"SELECT count(*) FROM read_parquet(?) WHERE {where}", [scores]).fetchone()[0]
@@ -208,10 +221,12 @@ def score_summary(out: Path, where: str, order: str, n_examples: int) -> tuple[i
                                    JOIN read_parquet(?) p USING (image_key) WHERE {where}
                                    ORDER BY s.score {order}, s.image_key LIMIT {int(n_examples)}""",
                                [scores, plan]).fetchall()
-        quantiles = con.execute("SELECT quantile_cont(score, ?::DOUBLE[]) FROM read_parquet(?) WHERE score IS NOT NULL",
+        quantiles = con.execute(f"SELECT quantile_cont(score, ?::DOUBLE[]) FROM read_parquet(?) WHERE {FINITE}",
                                 [[q / 100 for q in PERCENTILES], scores]).fetchone()[0]
+        nonfinite = con.execute(f"SELECT count(*) FROM read_parquet(?) WHERE score IS NOT NULL AND NOT ({FINITE})",
+                                [scores]).fetchone()[0]
     percentiles = {f"p{q:g}": float(v) for q, v in zip(PERCENTILES, quantiles)} if quantiles else {}
-    return removed, examples, percentiles
+    return removed, examples, percentiles, int(nonfinite)
 
 
 def dedup(pairs: Path, against: str, out: Path, options: DedupOptions = DedupOptions(), progress: bool = True,
@@ -232,6 +247,7 @@ def dedup(pairs: Path, against: str, out: Path, options: DedupOptions = DedupOpt
     if not eval_items:
         raise ConfigError(f"no evaluation images found in {against}")
     out.mkdir(parents=True, exist_ok=True)
+    unfinish(out / REPORT)  # the old keep-list is no longer this output's until the new report says so
     (out / WORK).mkdir(exist_ok=True)
     eval_path = str(out / WORK / "eval.npy")
     if options.mode == "phash":
@@ -241,18 +257,21 @@ def dedup(pairs: Path, against: str, out: Path, options: DedupOptions = DedupOpt
             raise ConfigError("none of the evaluation images could be decoded")
         np.save(eval_path, np.stack([h for _, h in hashes if h is not None]))
         fn, args, where, order = phash_task, (eval_path,), f"score <= {int(options.max_distance)}", "ASC"
+        weights = None
     else:
         threads = max(1, (os.cpu_count() or 1) // max(1, engine.workers)) if engine.name == "local" else 1
         embeds, ok = embed_blobs(options.model, (d for _, d in eval_items), options.batch_size)
         names = [eval_items[i][0] for i in ok]
         np.save(eval_path, np.ascontiguousarray(embeds))
         fn, args = embedding_task, (eval_path, str(Path(options.model).resolve()), options.batch_size, threads)
-        where, order = f"score > {float(options.threshold)!r}", "DESC"
-    key = asdict(options) | {"workers": 0, "eval": sources_key(eval_path)}
-    count, results, resumed = image_tasks(pairs, out, fn, args, key, options.images_per_task, engine, "dedup",
-                                          progress)
-    removed_images, examples, percentiles = score_summary(out, where, order, options.examples)
-    removed_pairs = write_keep_without_images(pairs, str(out / WORK / "scores-*.parquet"), where, out, engine)
+        where, order = f"{FINITE} AND score > {float(options.threshold)!r}", "DESC"
+        weights = weights_fingerprint(Path(options.model))
+    # the evaluation set by content: eval.npy is written again by every run, so its time would defeat resuming
+    key = asdict(options) | {"workers": 0, "eval": array_digest(np.load(eval_path)), "model_weights": weights}
+    count, results, resumed, scores = image_tasks(pairs, out, fn, args, key, options.images_per_task, engine,
+                                                  "dedup", progress)
+    removed_images, examples, percentiles, nonfinite = score_summary(out, scores, where, order, options.examples)
+    removed_pairs = write_keep_without_images(pairs, scores, where, out, engine)
     report = {
         "stage": "dedup", "pairs": str(pairs), "against": str(against), "mode": options.mode, "engine": engine.name,
         "rule": (f"Hamming distance <= {options.max_distance} of 64 bits" if options.mode == "phash"
@@ -263,8 +282,9 @@ def dedup(pairs: Path, against: str, out: Path, options: DedupOptions = DedupOpt
         "examples": [{"train": train, "eval": names[match], "score": score} for train, match, score in examples],
         # how close the training set comes to the evaluation set, to choose a threshold with
         "closest_score_percentiles": percentiles,
+        "nonfinite_scores": nonfinite,  # counted, never removed: a NaN or infinite score decides nothing
         "seconds": round(time.perf_counter() - start, 2),
     }
-    (out / "dedup_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_json(out / REPORT, report)  # last: the keep-list is finished
     shutil.rmtree(out / WORK)
     return report

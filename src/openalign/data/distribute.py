@@ -35,6 +35,7 @@ from typing import Any, Callable, Literal
 from tqdm import tqdm
 
 from openalign.config import ConfigError
+from openalign.outputs import is_disk_full
 
 ENGINES = ("local", "spark")
 
@@ -135,6 +136,8 @@ def _run_local(tasks: list[Task], status_dir: str, engine: Engine, desc: str, pr
     bar = tqdm(total=len(tasks), desc=desc, unit="task", disable=not progress)
 
     def failed(task: Task, err: BaseException) -> None:
+        if is_disk_full(err):  # not a transient fault: every retry would fail the same way
+            raise err
         attempts[task.id] += 1
         if attempts[task.id] > engine.retries:
             raise RuntimeError(f"task {task.id} of {desc} failed {attempts[task.id]} times; the last error: "
@@ -311,15 +314,23 @@ def task_id(index: int) -> str:
 
 
 def sources_key(*parts: Any) -> str:
-    """A fingerprint of a task's inputs: options, and each input file's path, size and modification time."""
+    """A fingerprint of a task's inputs: options, and each input file's path, size and modification time.
+    Every string (in lists and dicts too) that names an existing file, relative or absolute, stands for that
+    file as it is now (a relative `--classifier my.py` included: it was never fingerprinted before)."""
     import hashlib
 
     def describe(item):
         if isinstance(item, (list, tuple)):
             return [describe(i) for i in item]
-        if isinstance(item, (str, Path)) and str(item).startswith("/") and Path(item).is_file():
-            stat = Path(item).stat()
-            return [str(item), stat.st_size, stat.st_mtime_ns]
+        if isinstance(item, dict):
+            return {str(k): describe(v) for k, v in item.items()}
+        if isinstance(item, (str, Path)) and str(item) and "\n" not in str(item):
+            try:
+                if Path(item).is_file():
+                    stat = Path(item).stat()
+                    return [str(Path(item).resolve()), stat.st_size, stat.st_mtime_ns]
+            except (OSError, ValueError):  # not a path (too long, a NUL byte)
+                pass
         return item
 
     text = json.dumps([describe(p) for p in parts], sort_keys=True, default=str)

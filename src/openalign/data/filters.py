@@ -31,7 +31,6 @@ example texts; `distinct_terms` as counted by hash, which a collision would lowe
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import tempfile
 import threading
@@ -42,6 +41,9 @@ from pathlib import Path
 from openalign.config import ConfigError, FilterConfig, check
 from openalign.data.distribute import spark_session
 from openalign.data.ingest import FILTER_COLUMNS, check_pair_table
+from openalign.outputs import unfinish, write_json
+
+REPORT = "filter_report.json"
 
 RULE_OPTIONS = {  # the FilterConfig keys that set each rule's threshold (`openalign filter ... key=value`)
     "image_small": ("min_short_side",), "image_aspect": ("max_aspect",), "image_many_texts": ("max_texts_per_image",),
@@ -506,14 +508,21 @@ def make_engine(name: str, master: str = "", memory_limit: str = "", threads: in
     raise ConfigError(f"unknown engine {name!r}; choose duckdb or spark")
 
 
+KEEP_REPORTS = ("filter_report.json", "dedup_report.json", "screen_report.json")  # each written after its keep-list
+
+
 def keep_source(path: Path) -> str:
     """A keep-list written by either engine, as a `read_parquet` argument: the file DuckDB writes, or
-    the glob of the part files Spark writes. `path` may also be the stage's output directory."""
+    the glob of the part files Spark writes. `path` may also be the stage's output directory. A keep-list is
+    read only beside the report its stage writes last (an interrupted stage leaves none)."""
     path = Path(path)
     if path.is_dir() and (path / "keep.parquet").exists():
         path = path / "keep.parquet"
     if not path.exists():
         raise ConfigError(f"no keep-list at {path}; run `openalign filter` (or `openalign dedup`) first")
+    if not any((path.parent / report).is_file() for report in KEEP_REPORTS):
+        raise ConfigError(f"{path} has no filter, dedup or screen report beside it, so the stage that wrote it did "
+                          f"not finish; run that stage again into {path.parent}")
     return str(path / "*.parquet") if path.is_dir() else str(path)
 
 
@@ -525,10 +534,11 @@ def read_keep(path: Path) -> list[str]:
         return [r[0] for r in con.execute("SELECT uid FROM read_parquet(?) ORDER BY uid", [keep_source(path)]).fetchall()]
 
 
-def write_keep_without_images(pairs: str, scores: str, where: str, out: Path, engine=None) -> int:
+def write_keep_without_images(pairs: str, scores: list[str], where: str, out: Path, engine=None) -> int:
     """Keep-list `out/keep.parquet` of every pair whose image is not removed: the images of the Parquet files
     `scores` (image_key, score, ...) that match the SQL condition `where` (the dedup and screen stages). The
     Spark engine joins on the executors and writes part files; returns how many pairs were removed."""
+    scores = list(scores)
     import shutil
 
     keep = out / "keep.parquet"
@@ -539,7 +549,7 @@ def write_keep_without_images(pairs: str, scores: str, where: str, out: Path, en
     if engine is not None and engine.name == "spark":
         spark = spark_session(engine.master, retries=engine.retries, memory=engine.memory)
         table = spark.read.parquet(str(pairs))
-        removed = spark.read.parquet(scores).where(where).select("image_key")
+        removed = spark.read.parquet(*scores).where(where).select("image_key")
         table.join(removed, "image_key", "left_anti").select("uid").distinct().orderBy("uid") \
             .write.mode("overwrite").parquet(str(keep))
         return table.join(removed, "image_key", "left_semi").count()
@@ -562,6 +572,7 @@ def run_filters(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), engi
     check_pair_table(pairs, FILTER_COLUMNS)
     check(cfg)
     out.mkdir(parents=True, exist_ok=True)
+    unfinish(out / REPORT)  # the old keep-list is no longer this output's until the new report says so
     start = time.perf_counter()
     runner = make_engine(engine, master, memory_limit, threads, str(out / "tmp"))
     spill = SpillWatch(out / "tmp")  # DuckDB's spill files (Spark's shuffle files are not spills)
@@ -610,8 +621,8 @@ def run_filters(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), engi
         "memory_limit": memory_limit, "spilled_bytes": spill.peak,
     }
     report["warnings"] = dominant_rules(report)
-    (out / "filter_report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     plot_report(report, out / "filter_report.png")
+    write_json(out / REPORT, report)  # last: the keep-list is finished
     return report
 
 

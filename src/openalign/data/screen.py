@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import json
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -27,10 +26,13 @@ from typing import Callable
 
 from openalign.config import ConfigError
 from openalign.data import images, sources
-from openalign.data.dedup import WORK, image_tasks, score_summary, write_scores
-from openalign.data.distribute import Engine, read_plan, sources_key
+from openalign.data.dedup import FINITE, WORK, image_tasks, score_summary, write_scores
+from openalign.data.distribute import Engine, read_plan
 from openalign.data.filters import write_keep_without_images
 from openalign.data.ingest import IMAGE_COLUMNS, check_pair_table
+from openalign.outputs import unfinish, write_json
+
+REPORT = "screen_report.json"
 
 
 @dataclass(frozen=True)
@@ -69,9 +71,11 @@ _CLASSIFIERS: dict = {}  # per process: a task loads the classifier once
 
 def screen_task(plan: str, index: int, scores_path: str, classifier: str, batch_size: int) -> dict:
     """One task: the classifier's score for each of its images (None: unreadable)."""
-    if classifier not in _CLASSIFIERS:
-        _CLASSIFIERS[classifier] = load_classifier(classifier)
-    classify = _CLASSIFIERS[classifier]
+    module = classifier.rpartition(":")[0]
+    version = (classifier, Path(module).stat().st_mtime_ns) if module.endswith(".py") else classifier
+    if version not in _CLASSIFIERS:  # a file edited since it was loaded is loaded again
+        _CLASSIFIERS[version] = load_classifier(classifier)
+    classify = _CLASSIFIERS[version]
     rows = read_plan(plan, index)
     scores: list = [None] * len(rows)
     batch: list = []
@@ -112,13 +116,14 @@ def screen(pairs: Path, out: Path, options: ScreenOptions, progress: bool = True
         engine = Engine(workers=options.workers, retries=engine.retries)
     start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
-    where = f"score >= {float(options.threshold)!r}"
-    key = asdict(options) | {"workers": 0, "classifier": classifier,
-                             "file": sources_key(module) if module.endswith(".py") else None}
-    count, results, resumed = image_tasks(pairs, out, screen_task, (classifier, options.batch_size), key,
-                                          options.images_per_task, engine, "screen", progress)
-    removed_images, examples, _ = score_summary(out, where, "DESC", options.examples)
-    removed_pairs = write_keep_without_images(pairs, str(out / WORK / "scores-*.parquet"), where, out, engine)
+    unfinish(out / REPORT)  # the old keep-list is no longer this output's until the new report says so
+    where = f"{FINITE} AND score >= {float(options.threshold)!r}"  # a NaN score never removes an image
+    key = asdict(options) | {"workers": 0, "classifier": classifier,  # the file itself: sources_key fingerprints it
+                             "file": str(Path(module).resolve()) if module.endswith(".py") else None}
+    count, results, resumed, scores = image_tasks(pairs, out, screen_task, (classifier, options.batch_size), key,
+                                                  options.images_per_task, engine, "screen", progress)
+    removed_images, examples, _, nonfinite = score_summary(out, scores, where, "DESC", options.examples)
+    removed_pairs = write_keep_without_images(pairs, scores, where, out, engine)
     unreadable = sum(r["unreadable"] for r in results.values())
     report = {
         "stage": "screen", "pairs": str(pairs), "classifier": options.classifier, "threshold": options.threshold,
@@ -126,8 +131,9 @@ def screen(pairs: Path, out: Path, options: ScreenOptions, progress: bool = True
         "removed_images": removed_images, "removed_pairs": int(removed_pairs), "keep": str(out / "keep.parquet"),
         "resumed_tasks": resumed,
         "examples": [{"image": image, "score": score} for image, _, score in examples],
+        "nonfinite_scores": nonfinite,  # NaN or infinite: counted, never removed
         "seconds": round(time.perf_counter() - start, 2),
     }
-    (out / "screen_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_json(out / REPORT, report)  # last: the keep-list is finished
     shutil.rmtree(out / WORK)
     return report
