@@ -321,6 +321,9 @@ def cmd_embed(args) -> int:
         print(f"{manifest['count']:,} image{texts} embeddings ({manifest['dim']}-d {manifest['dtype']}) -> {args.out}; "
               f"{manifest['skipped']:,} unreadable images skipped; {manifest['resumed_parts']} of "
               f"{len(manifest['parts'])} parts were already done")
+        redone = {r: n for r, n in manifest.get("redone", {}).items() if r != "new"}
+        if redone:
+            print("embedded again: " + ", ".join(f"{n} part{'s' * (n > 1)} ({reason})" for reason, n in redone.items()))
         if manifest.get("patch_bytes_per_image"):
             per = manifest["patch_bytes_per_image"]
             print(f"patch vectors for re-ranking: {manifest['patches_per_image']} per image, float16, {per:,} bytes per "

@@ -345,3 +345,54 @@ def test_shards_of_an_interrupted_build_are_not_reused_once_the_vectors_changed(
     index = build_lib.load(out)
     assert index.info["recall_at_10"] >= 0.9
     assert np.abs(index.vector(5) - y[5]).max() < 0.01 < np.abs(index.vector(5) - x[5]).max()  # 8-bit codes of y
+
+
+def test_a_rerun_of_embed_redoes_exactly_the_parts_whose_images_or_captions_changed(model_dir, tmp_path, capsys):
+    # Before: parts were keyed by paths only: a replaced image and an edited caption were "12 of 12 parts already
+    # done", with the old caption and size kept.
+    from openalign.index.embed import load
+
+    images = shape_images(tmp_path / "images")
+    args = ["embed", str(model_dir), "--images", str(images), "--out", str(tmp_path / "emb"), "--part-size", "3",
+            "--quiet"]
+    assert cli.main(args) == 0
+    shape_image("green", "circle", size=48).save(images / "red_circle.png")  # another image under the same name
+    (images / "blue_square.txt").write_text("a blue box")
+    capsys.readouterr()
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    assert "2 of 4 parts were already done" in out and "embedded again: 2 parts (images or captions changed)" in out
+    vectors, meta = load(tmp_path / "emb")
+    rows = {row["key"]: row for row in meta.to_pylist()}
+    assert rows["blue_square.png"]["caption"] == "a blue box" and rows["red_circle.png"]["width"] == 48
+    assert cli.main(args[:4] + ["--out", str(tmp_path / "fresh"), "--part-size", "3", "--quiet"]) == 0
+    np.testing.assert_array_equal(vectors, load(tmp_path / "fresh")[0])  # the same as embedding from scratch
+
+
+def test_a_killed_reembed_with_another_model_leaves_no_finished_manifest(model_dir, tmp_path, monkeypatch, capsys):
+    # Before: the old manifest still said complete: True, and `index` built over parts of two models.
+    from openalign.index import embed as embed_lib
+
+    images = shape_images(tmp_path / "images")
+    args = ["--images", str(images), "--out", str(tmp_path / "emb"), "--part-size", "3", "--quiet"]
+    assert cli.main(["embed", str(model_dir), *args]) == 0
+    other = save_tiny_model(tmp_path / "other", ["another vocabulary entirely", "of other words"])
+    real = embed_lib.embed_part
+    calls = {"n": 0}
+
+    def killed_after_one_part(*a, **k):
+        calls["n"] += 1
+        if calls["n"] > 1:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(embed_lib, "embed_part", killed_after_one_part)
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(["embed", str(other), *args])
+    monkeypatch.setattr(embed_lib, "embed_part", real)
+    capsys.readouterr()
+    assert cli.main(["index", str(tmp_path / "emb"), "--out", str(tmp_path / "idx")]) == 2
+    assert "is not a finished `openalign embed` output" in capsys.readouterr().err
+    assert cli.main(["embed", str(other), *args]) == 0
+    out = capsys.readouterr().out
+    assert "1 of 4 parts were already done" in out and "3 parts (model or options changed)" in out

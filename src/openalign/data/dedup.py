@@ -37,7 +37,7 @@ from openalign.data.filters import write_keep_without_images
 from openalign.data.ingest import IMAGE_COLUMNS, check_pair_table
 from openalign.data.distribute import (Engine, Task, duckdb_plan, read_plan, run_tasks, sources_key, spark_plan,
                                        spark_session, task_id)
-from openalign.model.hub import weights_fingerprint
+from openalign.model.hub import model_fingerprint
 
 REPORT = "dedup_report.json"
 WORK = "_work"  # the plan, the evaluation hashes or embeddings, each task's scores and status
@@ -265,7 +265,7 @@ def dedup(pairs: Path, against: str, out: Path, options: DedupOptions = DedupOpt
         np.save(eval_path, np.ascontiguousarray(embeds))
         fn, args = embedding_task, (eval_path, str(Path(options.model).resolve()), options.batch_size, threads)
         where, order = f"{FINITE} AND score > {float(options.threshold)!r}", "DESC"
-        weights = weights_fingerprint(Path(options.model))
+        weights = model_fingerprint(Path(options.model))
     # the evaluation set by content: eval.npy is written again by every run, so its time would defeat resuming
     key = asdict(options) | {"workers": 0, "eval": array_digest(np.load(eval_path)), "model_weights": weights}
     count, results, resumed, scores = image_tasks(pairs, out, fn, args, key, options.images_per_task, engine,

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -42,7 +43,8 @@ from openalign.data import transforms
 from openalign.index.parts import MANIFEST, PATCHES, part_files, read_manifest
 from openalign.model.encode import (encode_image_stream, encode_image_tokens, encode_images, encode_texts,
                                     load_for_inference)
-from openalign.model.hub import weights_fingerprint
+from openalign.model.hub import model_fingerprint, weights_fingerprint
+from openalign.outputs import unfinish, write_json
 
 META_SCHEMA = pa.schema([("key", pa.string()), ("path", pa.string()), ("caption", pa.string()),
                          ("width", pa.int32()), ("height", pa.int32())])
@@ -71,25 +73,37 @@ class Part:
     stop: int = 0
 
 
-def plan_parts(sources: list[str], options: EmbedOptions) -> tuple[list[Part], dict[str, list[source_lib.Item]], str]:
-    """The parts of `sources` in order, the listed sources' items, and a fingerprint of the layout (each
-    shard's path, size and time; each listed file's path)."""
-    parts, listings, layout = [], {}, hashlib.blake2b(digest_size=16)
+def plan_parts(sources: list[str], options: EmbedOptions) -> tuple[list[Part], dict[str, list[source_lib.Item]],
+                                                                  dict[int, str]]:
+    """The parts of `sources` in order, the listed sources' items, and each part's inputs fingerprint: a shard's
+    path, size and modification time; for listed images, each one's path, size, time and captions. A changed
+    image or caption changes only its own part's fingerprint."""
+    parts, listings, inputs = [], {}, {}
     for source in sources:
         listed = source_lib.listing(source, options.images, "all")
         if listed is None:
-            shards = [str(Path(s).resolve()) for s in shard_lib.list_shards(source)]
-            for shard in shards:
-                stat = Path(shard).stat()
-                layout.update(f"{shard}\t{stat.st_size}\t{stat.st_mtime_ns}\n".encode())
+            for shard in (str(Path(s).resolve()) for s in shard_lib.list_shards(source)):
+                inputs[len(parts)] = _digest([_stat(shard)])
                 parts.append(Part(len(parts), shard=shard))
             continue
         listings[source] = listed
-        for item in listed:
-            layout.update(f"{item.path}\n".encode())
         for start in range(0, len(listed), options.part_size):
-            parts.append(Part(len(parts), source=source, start=start, stop=min(start + options.part_size, len(listed))))
-    return parts, listings, layout.hexdigest()
+            stop = min(start + options.part_size, len(listed))
+            inputs[len(parts)] = _digest([[*_stat(i.path), i.member, i.texts] for i in listed[start:stop]])
+            parts.append(Part(len(parts), source=source, start=start, stop=stop))
+    return parts, listings, inputs
+
+
+def _stat(path: str) -> list:
+    try:
+        stat = Path(path).stat()
+    except OSError:  # gone: counted as unreadable when embedded
+        return [path, None, None]
+    return [path, stat.st_size, stat.st_mtime_ns]
+
+
+def _digest(value) -> str:
+    return hashlib.blake2b(json.dumps(value, sort_keys=True).encode(), digest_size=16).hexdigest()
 
 
 def _write_part(out: Path, index: int, embeds: np.ndarray, rows: list[dict], texts: np.ndarray | None = None,
@@ -114,13 +128,23 @@ def _status(out: Path, index: int) -> dict | None:
         return None
 
 
-def _finished(out: Path, part: Part, key: str, options: EmbedOptions) -> dict | None:
-    status = _status(out, part.index)
+def _finished(out: Path, part: Part, key: str, inputs: str, options: EmbedOptions) -> dict | None:
+    return status if _why_redo(out, part, key, inputs, options, status := _status(out, part.index)) is None else None
+
+
+def _why_redo(out: Path, part: Part, key: str, inputs: str, options: EmbedOptions, status: dict | None) -> str | None:
+    """Why a part must be embedded (again), or None when its files are this plan's and its inputs unchanged."""
     files = [f"part-{part.index:06d}.npy", f"meta-{part.index:06d}.parquet"] + \
         ([f"text-{part.index:06d}.npy"] if options.texts else []) + \
         ([f"{PATCHES}-{part.index:06d}.npy"] if options.patches else [])
-    if status and status.get("plan") == key and all((out / f).is_file() for f in files):
-        return status
+    if not status:
+        return "new"
+    if status.get("plan") != key:
+        return "model or options changed"
+    if status.get("inputs") != inputs:
+        return "images or captions changed"
+    if not all((out / f).is_file() for f in files):
+        return "files missing"
     return None
 
 
@@ -177,21 +201,26 @@ def embed(model_dir: Path, sources: list[str], out: Path, options: EmbedOptions 
         torch.distributed.init_process_group("gloo")  # only for the barrier; the work itself never talks
     encoder = Encoder(Path(model_dir), options.device, layout.local_rank)
     cfg = encoder.cfg
-    parts, listings, layout_key = plan_parts(sources, options)
+    parts, listings, inputs = plan_parts(sources, options)
     if not parts:
         raise ConfigError(f"no images in {', '.join(sources)}")
     out.mkdir(parents=True, exist_ok=True)
     dtype = np.float16 if options.float16 else np.float32
     plan = {"model": str(Path(model_dir).resolve()), "weights": weights_fingerprint(model_dir),
-            "source": ",".join(sources), "layout": layout_key, "part_size": options.part_size,
+            "model_files": model_fingerprint(model_dir), "source": ",".join(sources), "part_size": options.part_size,
             "dtype": np.dtype(dtype).name, "dim": cfg.model.embed_dim, "resize": cfg.model.vision.resize_size,
             "crop": cfg.model.vision.image_size, "texts": options.texts, "patches": options.patches,
             "top_patches": options.top_patches}
     if options.top_patches < 0:
         raise ConfigError(f"--top-patches {options.top_patches} must be 0 (all) or a count of patches to keep")
     key = hashlib.blake2b(json.dumps(plan, sort_keys=True).encode(), digest_size=16).hexdigest()
+    if layout.main:
+        unfinish(out / MANIFEST)  # `index` refuses this output until every part is this plan's
+    if layout.active:
+        torch.distributed.barrier()
     mine = [p for p in parts if p.index % layout.world == layout.rank]
-    todo = [p for p in mine if not _finished(out, p, key, options)]
+    why = {p.index: _why_redo(out, p, key, inputs[p.index], options, _status(out, p.index)) for p in mine}
+    todo = [p for p in mine if why[p.index] is not None]
     bar = tqdm(total=sum(p.stop - p.start for p in todo if not p.shard) or None, desc=f"embed (rank {layout.rank})"
                if layout.active else "embed", unit="img", disable=not progress)
     for part in todo:
@@ -200,24 +229,26 @@ def embed(model_dir: Path, sources: list[str], out: Path, options: EmbedOptions 
         matrix, texts, rows, decoded, patches = embed_part(encoder, items, options, bar)
         _write_part(out, part.index, matrix.astype(dtype), rows, None if texts is None else texts.astype(dtype),
                     patches)
-        status = {"plan": key, "rows": len(rows), "skipped": decoded.get("skipped", 0) + counter.get("skipped", 0),
+        status = {"plan": key, "inputs": inputs[part.index], "rows": len(rows),
+                  "skipped": decoded.get("skipped", 0) + counter.get("skipped", 0),
                   "unusable": counter.get("reasons", {}), "rank": layout.rank}
-        tmp = out / f"part-{part.index:06d}.json.tmp"
-        tmp.write_text(json.dumps(status) + "\n")
-        tmp.replace(out / f"part-{part.index:06d}.json")
+        write_json(out / f"part-{part.index:06d}.json", status)  # last: the part is finished
     bar.close()
     if layout.active:
         torch.distributed.barrier()
-    manifest = _manifest(out, parts, plan, key, options, len(mine) - len(todo))
+    redone = distributed.all_objects(Counter(why[p.index] for p in todo), layout)  # every rank's, by reason
+    manifest = _manifest(out, parts, plan, key, inputs, options, len(mine) - len(todo))
+    manifest["redone"] = dict(sum(redone, Counter()))
     if layout.main:
-        (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        write_json(out / MANIFEST, manifest)  # last: every part is finished
     if layout.active:
         torch.distributed.barrier()
     return manifest
 
 
-def _manifest(out: Path, parts: list[Part], plan: dict, key: str, options: EmbedOptions, resumed: int) -> dict:
-    done = {str(p.index): s for p in parts if (s := _finished(out, p, key, options))}
+def _manifest(out: Path, parts: list[Part], plan: dict, key: str, inputs: dict[int, str], options: EmbedOptions,
+              resumed: int) -> dict:
+    done = {str(p.index): s for p in parts if (s := _finished(out, p, key, inputs[p.index], options))}
     unusable: dict = {}
     for status in done.values():
         for reason, n in status.get("unusable", {}).items():

@@ -185,6 +185,20 @@ def weights_fingerprint(path: Path) -> str:
     return digest.hexdigest()
 
 
+MODEL_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json", "spiece.model",
+               "sentencepiece.bpe.model", "vocab.json", "merges.txt", PROCESSOR_FILE, "processor_config.json")
+
+
+def model_fingerprint(path: Path) -> str:
+    """What a model directory's outputs depend on: its weights and config (weights_fingerprint) and its tokenizer
+    and processor files, by content; the key of work that encodes with it."""
+    digest = hashlib.blake2b(weights_fingerprint(path).encode(), digest_size=16)
+    for name in MODEL_FILES:
+        if (Path(path) / name).is_file():
+            digest.update(name.encode() + b"\0" + (Path(path) / name).read_bytes())
+    return digest.hexdigest()
+
+
 def has_tokenizer(path: Path) -> bool:
     return (Path(path) / "tokenizer.json").is_file() or (Path(path) / "vocab.txt").is_file()
 
