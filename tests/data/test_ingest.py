@@ -230,3 +230,23 @@ def test_a_missing_source_among_good_ones_writes_nothing(tmp_path, capsys):
     assert cli.main(["ingest", str(good), str(tmp_path / "nonexistent"), "--out", str(out), "--quiet"]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert not out.parent.exists() or not any(out.parent.iterdir())
+
+
+def test_symlink_loops_and_repeated_links_list_each_directory_once(tmp_path):
+    # Before: os.walk(followlinks=True) turned 3 images into 123 pairs through one `loop -> .` link, and two links
+    # made the walk exponential.
+    import os
+
+    from openalign.data.sources import folder_files
+
+    root = picture_folder(tmp_path / "raw", 2)
+    sub = picture_folder(root / "sub", 1, seed=3)
+    os.symlink(".", root / "loop")
+    assert len(list(folder_files(root))) == 3  # (before: 123)
+    os.symlink("sub", root / "a")
+    os.symlink("sub", root / "b")
+    os.symlink("..", sub / "up")
+    files = list(folder_files(root))
+    assert len(files) == 3 and len({os.path.realpath(f) for f in files}) == 3
+    manifest = ingest([str(root)], tmp_path / "pairs.parquet", IngestOptions(workers=1), progress=False)
+    assert manifest["pairs"] == 3

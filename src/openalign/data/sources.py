@@ -134,9 +134,17 @@ def decoded(collection, counter: dict | None = None) -> Iterator[tuple[Item, "im
 # ---------------------------------------------------------------------------------------------- formats
 
 def folder_files(root: Path) -> Iterator[Path]:
-    """Image files under `root` by absolute path (later stages run from anywhere), in a fixed order."""
+    """Image files under `root` by absolute path (later stages run from anywhere), in a fixed order. Symbolic
+    links to directories are followed, each directory once by its real path: a link back to an ancestor
+    (`loop -> .`) or two links to one place do not list images again (before: 3 images became 123 pairs)."""
+    seen: set[str] = set()
     for dirpath, dirnames, filenames in os.walk(Path(root).resolve(), followlinks=True):
-        dirnames.sort()
+        real = os.path.realpath(dirpath)
+        if real in seen:
+            dirnames.clear()
+            continue
+        seen.add(real)
+        dirnames[:] = sorted(d for d in dirnames if os.path.realpath(os.path.join(dirpath, d)) not in seen)
         for name in sorted(filenames):
             if Path(name).suffix.lower() in IMAGE_SUFFIXES:
                 yield Path(dirpath) / name
