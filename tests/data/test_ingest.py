@@ -1,6 +1,7 @@
 import io
 import json
 import tarfile
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -250,3 +251,38 @@ def test_symlink_loops_and_repeated_links_list_each_directory_once(tmp_path):
     assert len(files) == 3 and len({os.path.realpath(f) for f in files}) == 3
     manifest = ingest([str(root)], tmp_path / "pairs.parquet", IngestOptions(workers=1), progress=False)
     assert manifest["pairs"] == 3
+
+
+@pytest.mark.parametrize("layout", ["files", "table"])
+def test_an_interrupted_task_ingest_redoes_the_tasks_whose_captions_or_images_changed(tmp_path, monkeypatch, layout):
+    # Before: a `files` task was keyed by its images alone (an edited caption was ignored), a table task by the
+    # table file (a replaced image was ignored).
+    from openalign.data import ingest as ingest_lib
+    from openalign.data.distribute import Engine
+
+    folder = picture_folder(tmp_path / "raw", 4)
+    if layout == "table":
+        (tmp_path / "t.csv").write_text("image,text\n" + "".join(f"raw/{i}.png,caption {i} of the table\n"
+                                                                  for i in range(4)))
+    sources = [str(tmp_path / "t.csv")] if layout == "table" else [str(folder)]
+    out = tmp_path / "pairs.parquet"
+    options = IngestOptions(workers=1, files_per_task=2)
+
+    def run():
+        from collections import Counter
+
+        tally = ingest_lib.Tally()
+        ingest_lib._ingest_tasks(sources, out, out.with_suffix(".rejects.parquet"), options, Engine("local", workers=1),
+                                 tally, Counter(), False)
+
+    with monkeypatch.context() as patch:  # every task done, then killed before the table is put together
+        patch.setattr(ingest_lib, "staged", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+        with pytest.raises(KeyboardInterrupt):
+            run()
+    (folder / "1.txt").write_text("an edited caption")
+    Image.fromarray(np.zeros((250, 300, 3), np.uint8)).save(folder / "2.png")
+    run()
+    rows = {Path(r["path"]).name: r for r in pq.read_table(out).to_pylist()}
+    if layout == "files":
+        assert rows["1.png"]["text"] == "an edited caption"
+    assert (rows["2.png"]["width"], rows["2.png"]["height"]) == (300, 250)

@@ -353,6 +353,20 @@ def units(sources: list[str], files_per_unit: int = 0) -> Iterator[tuple]:
                               f"({', '.join(sorted(TABLE_SUFFIXES))})")
 
 
+def unit_inputs(unit: tuple, options: IngestOptions) -> list[str]:
+    """Every file a unit's output depends on, for its task's key (sources_key fingerprints each by size and
+    time): a tar; a table and the local images its rows name; image files with their caption and JSON
+    sidecars. So an edited caption or a replaced image redoes its own task."""
+    kind, where = unit
+    if kind == "tar":
+        return [where]
+    if kind == "table":
+        return [where] + [r.path for r in table_records(Path(where), options) if not (r.bad or r.remote)]
+    images = [str(f) for f in folder_files(Path(where))] if kind == "folder" else list(where)
+    return [str(f) for image in images for f in (image, Path(image).with_suffix(".txt"),
+                                                 Path(image).with_suffix(".json"))]
+
+
 def unit_records(unit: tuple, options: IngestOptions, notes: Counter) -> Iterator[Record]:
     kind, where = unit
     if kind == "folder":
@@ -564,7 +578,7 @@ def _ingest_tasks(sources, out, rejects_path, options, engine, tally, notes, pro
     parts.mkdir(exist_ok=True)
     plan = list(units(sources, options.files_per_task))
     tasks = [Task(task_id(i), ingest_unit, (unit, str(parts), task_id(i), options),
-                  key=sources_key(unit, asdict(options) | {"workers": 0}))
+                  key=sources_key(unit_inputs(unit, options), asdict(options) | {"workers": 0}))
              for i, unit in enumerate(plan)]
     results, resumed = run_tasks(tasks, parts / "_status", engine, "ingest", progress)
     for task in tasks:
