@@ -50,7 +50,7 @@ browser:
 setup: $(BIN)/.installed sysdeps
 
 demo: setup
-	$(BIN)/openalign train
+	$(BIN)/openalign train --overwrite
 
 test: setup browser
 	$(BIN)/python -m pytest

@@ -239,6 +239,22 @@ def test_a_checkpoint_with_a_pickled_object_is_refused_without_running_it(shapes
     assert cli.main(["train", "--out", str(run), "--resume", "--quiet", "train.steps=8"]) == 0
 
 
+def test_train_into_an_existing_run_is_refused_unless_overwrite(shapes, tmp_path, capsys):
+    # Before: `train --out EXISTING` without --resume overwrote the checkpoint and appended to metrics.jsonl, so
+    # steps 1-6 appeared twice; the old run's tokenizer was reused whatever the data.
+    run = tmp_path / "run"
+    assert cli.main(train_args(shapes, run)) == 0
+    first = loss_rows(run)
+    capsys.readouterr()
+    assert cli.main(train_args(shapes, run)) == 2
+    err = capsys.readouterr().err
+    assert "holds a run already (checkpoint.pt, metrics.jsonl)" in err and "--overwrite" in err
+    assert loss_rows(run) == first
+    (run / "tokenizer" / "tokenizer.json").write_text("{}")  # an old run's tokenizer is never reused by a new run
+    assert cli.main(train_args(shapes, run) + ["--overwrite"]) == 0
+    assert loss_rows(run) == first  # one run's rows, the same numbers
+
+
 def test_inputs_of_the_wrong_kind_are_one_sentence(tmp_path, capsys):
     import pyarrow as pa
     import pyarrow.parquet as pq

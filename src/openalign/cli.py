@@ -75,7 +75,7 @@ def cmd_train(args) -> int:
     from openalign.train.trainer import train
 
     start = time.perf_counter()
-    result = train(cfg, resume=args.resume, progress=not args.quiet)
+    result = train(cfg, resume=args.resume, progress=not args.quiet, overwrite=args.overwrite)
     if not distributed.from_env().main:  # under torchrun, rank 0 reports
         return 0
     minutes = (time.perf_counter() - start) / 60
@@ -412,6 +412,8 @@ def _train_flags(p) -> None:
                                   "(required by the finetune-flickr30k / finetune-coco presets)")
     p.add_argument("--out", help="run directory (default: the preset's)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="start again in an --out that holds a run (its "
+                                                             "checkpoint, log, tokenizer and model are replaced)")
     p.add_argument("--show-config", action="store_true", help="print the resolved config and exit")
 
 

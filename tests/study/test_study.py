@@ -260,3 +260,22 @@ def test_an_interrupted_run_starts_again_or_resumes(shapes, tmp_path, monkeypatc
     with pytest.raises(RuntimeError, match="resume=True"):
         runner.run_one(cfg, out)
     assert (out / "metrics.jsonl").is_file()  # kept for the resumed run
+
+
+def test_a_finished_run_is_reused_only_for_the_same_config_and_data(shapes, tmp_path, monkeypatch):
+    # Before: run_one returned an earlier result.json whatever the config it was now asked to run.
+    from openalign import config as config_lib
+    from openalign.study import runner
+
+    base = [f"data.train={shapes['train']}", f"data.eval={shapes['eval']}", "train.steps=2", "train.checkpoint_every=0"]
+    cfg = config_lib.override(presets.get("tiny"), base)
+    out = tmp_path / "run"
+    first = runner.run_one(cfg, out)
+    import openalign.train.trainer as trainer
+
+    calls = []
+    real = trainer.train
+    monkeypatch.setattr(trainer, "train", lambda c, **k: calls.append(c) or real(c, **k))
+    assert runner.run_one(cfg, out) == first and calls == []  # the same config: reused
+    changed = runner.run_one(config_lib.override(cfg, ["seed=1"]), out)
+    assert len(calls) == 1 and calls[0].seed == 1 and changed["final_loss"] != first["final_loss"]

@@ -17,6 +17,7 @@ from openalign import config as config_lib
 from openalign import distributed
 from openalign.config import Config, ConfigError
 from openalign.eval import metrics as M
+from openalign.outputs import write_json
 
 
 @dataclass(frozen=True)
@@ -61,15 +62,25 @@ def run_one(cfg: Config, out: Path, layout: distributed.Dist = distributed.Dist(
     """Train one run (or read its earlier result); its final held-out metrics and temperature. A run that
     was interrupted resumes from its last checkpoint, or starts again when it has none. Under torchrun
     every rank trains its share and returns rank 0's row; rank 0 alone writes."""
+    from openalign.eval.features import files_fingerprint
     from openalign.train.trainer import CHECKPOINT, train
 
-    result_file = out / "result.json"
+    result_file, key_file = out / "result.json", out / "run_key.json"
+    cfg = dataclasses.replace(cfg, out=str(out))
+    data = [p for p in (cfg.data.train, cfg.data.eval, cfg.data.images) if p and Path(p).exists()]
+    key = {"config": config_lib.to_dict(cfg), "data": files_fingerprint(*data)}  # a built-in corpus: by its options
 
     def earlier() -> dict | None:
-        if result_file.is_file():
+        try:
+            same = json.loads(key_file.read_text()) == json.loads(json.dumps(key))
+        except (OSError, ValueError):
+            same = False
+        if same and result_file.is_file():
             return json.loads(result_file.read_text())
-        if out.exists() and not (out / CHECKPOINT).is_file():
-            shutil.rmtree(out)  # a partial run without a checkpoint: its log would mix with the new one
+        if out.exists() and (not same or not (out / CHECKPOINT).is_file()):
+            shutil.rmtree(out)  # another config's or data's run, or a partial one without a checkpoint
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(key_file, key)
         return None
 
     done = distributed.all_objects(earlier() if layout.main else None, layout)[0]  # rank 0 decides for all
@@ -77,12 +88,12 @@ def run_one(cfg: Config, out: Path, layout: distributed.Dist = distributed.Dist(
         return done
     resume = (out / CHECKPOINT).is_file()
     start = time.perf_counter()
-    result = train(dataclasses.replace(cfg, out=str(out)), resume=resume, progress=False)
+    result = train(cfg, resume=resume, progress=False)
     row = None
     if layout.main:
         row = result.metrics | {"temperature": result.last["temperature"], "final_loss": result.last["loss"],
                                 "minutes": (time.perf_counter() - start) / 60}
-        result_file.write_text(json.dumps(row, indent=2) + "\n")
+        write_json(result_file, row)
     return distributed.all_objects(row, layout)[0]
 
 

@@ -14,6 +14,7 @@ import json
 import math
 import os
 import pickle
+import shutil
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -72,14 +73,21 @@ def autocast(device: torch.device, precision: str):
     return torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
 
 
-def start(cfg: Config, progress: bool) -> Run:
+def start(cfg: Config, progress: bool, resume: bool = False) -> Run:
     """The device and process group, threads and seed, the data (built once), the tokenizer, and the config
-    with the vocabulary sized to the tokenizer, saved as RUN/config.json."""
+    with the vocabulary sized to the tokenizer, saved as RUN/config.json. A run that does not resume starts from
+    an empty run directory: what an earlier run there left (its tokenizer, trained on other data perhaps; a log)
+    is removed first (check_before_work has refused a finished run without --overwrite)."""
     out = Path(cfg.out)
     device = distributed.resolve_device(cfg.train.device, distributed.from_env().local_rank)
     layout = distributed.init(device.type)
     if layout.main:
         out.mkdir(parents=True, exist_ok=True)
+        for name in RUN_FILES if not resume else ():
+            if (out / name).is_dir():
+                shutil.rmtree(out / name)
+            else:
+                (out / name).unlink(missing_ok=True)
     torch.set_num_threads(cfg.train.threads or max(1, (os.cpu_count() or 1) // max(1, layout.local_world)))
     if device.type == "cpu":
         host.reuse_freed_memory()  # the step's activations reuse last step's pages: ~15% of a CPU step (host.py)
@@ -217,8 +225,16 @@ def truncate_log(path: Path, step: int) -> None:
     path.write_text("".join(line + "\n" for line in kept))
 
 
-def check_before_work(cfg: Config, resume: bool) -> None:
+RUN_FILES = (CHECKPOINT, "checkpoint.tmp", METRICS, "tokenizer", "model", "report.md", "training.png", "config.json")
+
+
+def check_before_work(cfg: Config, resume: bool, overwrite: bool = False) -> None:
     """Everything a run needs that can be checked before any work (building a corpus, training a tokenizer)."""
+    earlier = [name for name in (CHECKPOINT, METRICS) if (Path(cfg.out) / name).exists()]
+    if earlier and not resume and not overwrite:
+        raise ConfigError(f"{cfg.out} holds a run already ({', '.join(earlier)}); continue it with --resume, start it "
+                          "again with --overwrite (its checkpoint, log, tokenizer and model are replaced), or choose "
+                          "another --out")
     world = distributed.from_env().world
     config_lib.check(cfg, world=world)
     unknown = [t for t in cfg.eval.tasks if t not in HELD_OUT_TASKS]
@@ -360,9 +376,9 @@ class Log:
             self.file.close()
 
 
-def train(cfg: Config, resume: bool = False, progress: bool = True) -> TrainResult:
-    check_before_work(cfg, resume)
-    run = start(cfg, progress)
+def train(cfg: Config, resume: bool = False, progress: bool = True, overwrite: bool = False) -> TrainResult:
+    check_before_work(cfg, resume, overwrite)
+    run = start(cfg, progress, resume)
     cfg, out, layout = run.cfg, run.out, run.layout
     model, optimizer = build_model(run)
     step, position = load_checkpoint(run, model, optimizer) if resume else (0, Position())
