@@ -6,6 +6,7 @@ User mistakes (bad path, unknown key, missing system package) end in one sentenc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import inspect
 import json
@@ -638,6 +639,18 @@ def _sentence(err: ConfigError) -> str:
     return text
 
 
+def _owner(args):
+    """The output's lock for the run (outputs.owned), taken by the driver: rank 0 under torchrun. `train` takes
+    its own (its run directory may come from the config)."""
+    from openalign import distributed
+    from openalign.outputs import owned
+
+    out = getattr(args, "out", None)
+    if not out or args.command == "train" or distributed.from_env().rank != 0:
+        return contextlib.nullcontext()
+    return owned(Path(out))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
@@ -652,7 +665,8 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        code = args.func(args)
+        with _owner(args):
+            code = args.func(args)
     except ConfigError as err:
         print(f"openalign: error: {_sentence(err)}", file=sys.stderr)
         return 2

@@ -65,3 +65,67 @@ def disk_full(err: OSError) -> str:
     what = f"writing {path}" if path else "writing an output"
     return (f"the disk is full: {what} failed with {free / 2**20:,.0f} MiB free on {where}; free some space there "
             "or choose an --out on another disk, then run the command again (finished work is kept)")
+
+
+# ---------------------------------------------------------------------------------------------- one owner
+
+LOCK = ".openalign.lock"
+
+
+def lock_path(out: Path) -> Path:
+    """Where the lock of an output lives: inside an output directory (a path without a suffix, or an existing
+    directory), beside an output file (`.pairs.parquet.lock`). Every run computes the same path for one --out."""
+    out = Path(out)
+    if out.is_dir() or (not out.suffix and not out.is_file()):
+        return out / LOCK
+    return out.parent / f".{out.name}.lock"
+
+
+@contextmanager
+def owned(out: Path) -> Iterator[None]:
+    """This process owns `out` for the block: a second run on the same output refuses in one sentence, naming the
+    owner's host and pid. The lock is the kernel's (flock on the lock file), so a run that died (kill -9, a lost
+    node) holds nothing and the next run takes its output over. Workers, executors and other ranks write under
+    the owner's lock; only the driver (rank 0) calls this."""
+    import fcntl
+    import socket
+    import time
+
+    from openalign.config import ConfigError
+
+    path = lock_path(out)
+    made = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                owner = json.loads(os.read(fd, 4096) or b"{}")
+            except ValueError:
+                owner = {}
+            os.close(fd)
+            since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(owner["since"])) if "since" in owner else "?"
+            raise ConfigError(f"{out} is being written by another openalign run (pid {owner.get('pid', '?')} on "
+                              f"{owner.get('host', '?')}, since {since}); wait for it to finish, or choose another "
+                              "--out") from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:  # not a lock file its last owner removed while this process was opening it
+            break
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    os.write(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}).encode())
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        os.close(fd)
+        for directory in made:  # directories made only for the lock, if the run left nothing in them
+            try:
+                directory.rmdir()
+            except OSError:
+                break

@@ -33,6 +33,7 @@ from openalign.data.sharding import build_keep_index
 from openalign.eval.features import EvalOptions
 from openalign.eval.tasks import HELD_OUT_TASKS, configure, run_tasks
 from openalign.model import hub
+from openalign.outputs import owned
 from openalign.model.dual_encoder import DualEncoder
 from openalign.tokenizer import check_tokenizer_dir, load_tokenizer, train_tokenizer
 from openalign.train import fsdp, report
@@ -377,6 +378,12 @@ class Log:
 
 
 def train(cfg: Config, resume: bool = False, progress: bool = True, overwrite: bool = False) -> TrainResult:
+    """Train `cfg` into cfg.out (rank 0 owns it for the run: a second run there refuses in one sentence)."""
+    with owned(Path(cfg.out)) if distributed.from_env().rank == 0 else nullcontext():
+        return _train(cfg, resume, progress, overwrite)
+
+
+def _train(cfg: Config, resume: bool, progress: bool, overwrite: bool) -> TrainResult:
     check_before_work(cfg, resume, overwrite)
     run = start(cfg, progress, resume)
     cfg, out, layout = run.cfg, run.out, run.layout

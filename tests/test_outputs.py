@@ -1,0 +1,96 @@
+"""A stage's outputs: staged writes, and one owner per output directory (a second run refuses, a dead one's lock
+is taken over)."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from openalign import cli
+from openalign.config import ConfigError
+from openalign.outputs import lock_path, owned, staged
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from openalign.outputs import owned
+with owned(Path(sys.argv[1])):
+    print("locked", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_staged_writes_replace_only_on_success(tmp_path):
+    target = tmp_path / "out.txt"
+    target.write_text("old")
+    with pytest.raises(KeyboardInterrupt):
+        with staged(target) as tmp:
+            tmp.write_text("half")
+            raise KeyboardInterrupt
+    assert target.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
+    with staged(target) as tmp:
+        tmp.write_text("new")
+    assert target.read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
+
+
+def test_a_second_owner_is_refused_with_the_first_ones_host_and_pid(tmp_path):
+    out = tmp_path / "shards"
+    with owned(out):
+        assert lock_path(out) == out / ".openalign.lock"
+        with pytest.raises(ConfigError, match=rf"is being written by another openalign run \(pid {os.getpid()} on "
+                                              rf"{socket.gethostname()}, since "):
+            with owned(out):
+                pass
+    assert not out.exists()  # made for the lock alone, and left empty: removed
+    with owned(tmp_path / "pairs.parquet"):
+        assert (tmp_path / ".pairs.parquet.lock").is_file()
+    assert not (tmp_path / ".pairs.parquet.lock").exists()
+
+
+def test_a_stage_refuses_an_output_another_run_writes_and_takes_over_a_dead_runs(tmp_path, shapes, capsys):
+    # Before: two concurrent `shard` runs into one --out: one crashed with a traceback, the other reported success
+    # with 14 of its 16 tars holding the first run's images.
+    [tar] = shapes["eval"].glob("*.tar")
+    assert cli.main(["ingest", str(tar), "--out", str(tmp_path / "pairs.parquet"), "--quiet"]) == 0
+    out = tmp_path / "shards"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        args = ["shard", str(tmp_path / "pairs.parquet"), "--out", str(out), "--quiet", "--workers", "1"]
+        assert cli.main(args) == 2
+        err = capsys.readouterr().err
+        assert f"is being written by another openalign run (pid {holder.pid} on {socket.gethostname()}" in err
+        assert "Traceback" not in err and not list(out.glob("*.tar"))
+        os.kill(holder.pid, signal.SIGKILL)  # the owner dies without releasing anything
+        holder.wait(timeout=30)
+        assert json.loads(lock_path(out).read_text())["pid"] == holder.pid  # its lock file is still there
+        assert cli.main(args) == 0  # and is taken over
+        import pyarrow.parquet as pq
+
+        images = len(set(pq.read_table(tmp_path / "pairs.parquet").column("image_key").to_pylist()))
+        assert json.loads((out / "manifest.json").read_text())["n_samples"] == images == 9
+        assert not lock_path(out).exists()
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+
+
+def test_train_owns_its_run_directory(tmp_path, shapes, capsys):
+    run = tmp_path / "run"
+    with owned(run):
+        assert cli.main(["train", "--preset", "tiny", "--data", str(shapes["train"]), "--out", str(run), "--quiet",
+                         "train.steps=1"]) == 2
+    assert "is being written by another openalign run" in capsys.readouterr().err
+
+
+def test_a_lock_file_of_a_run_that_ended_is_no_obstacle(tmp_path):
+    out = tmp_path / "x"
+    out.mkdir()
+    lock_path(out).write_text(json.dumps({"host": "elsewhere", "pid": 1, "since": time.time()}))  # no one holds it
+    with owned(out):
+        assert json.loads(lock_path(out).read_text())["pid"] == os.getpid()
