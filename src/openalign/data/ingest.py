@@ -361,7 +361,10 @@ def unit_inputs(unit: tuple, options: IngestOptions) -> list[str]:
     if kind == "tar":
         return [where]
     if kind == "table":
-        return [where] + [r.path for r in table_records(Path(where), options) if not (r.bad or r.remote)]
+        try:
+            return [where] + [r.path for r in table_records(Path(where), options) if not (r.bad or r.remote)]
+        except ConfigError:  # an unreadable table: its task fails with this sentence, the others run
+            return [where]
     images = [str(f) for f in folder_files(Path(where))] if kind == "folder" else list(where)
     return [str(f) for image in images for f in (image, Path(image).with_suffix(".txt"),
                                                  Path(image).with_suffix(".json"))]
