@@ -95,7 +95,11 @@ def owned(out: Path) -> Iterator[None]:
 
     path = lock_path(out)
     made = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = next(p for p in (path.parent, *path.parent.parents) if p.exists())
+        raise ConfigError(f"cannot write {out}: {blocker} is a file, not a directory; choose another --out") from None
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:

@@ -193,7 +193,7 @@ def test_an_interrupted_ingest_leaves_nothing_that_looks_finished(tmp_path, monk
         interrupt_after(patch, ingest_lib, "examine", 3)
         with pytest.raises(KeyboardInterrupt):
             cli.main(args[:1] + [str(first)] + args[1:])
-    assert sorted(p.name for p in out.parent.iterdir()) == [] and leftovers(tmp_path) == []
+    assert not out.parent.exists() and leftovers(tmp_path) == []  # not even the folder made for it
     assert cli.main(args[:1] + [str(first)] + args[1:]) == 0
     table = out.read_bytes()
     with monkeypatch.context() as patch:  # a rerun from another source, killed: the old manifest goes first

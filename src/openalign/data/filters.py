@@ -336,7 +336,8 @@ class DuckDBEngine:
                               f"or run it with --engine spark") from e
 
     def register(self, pairs: str) -> None:
-        self.con.execute(f"CREATE OR REPLACE VIEW pairs AS SELECT uid, image_key, text, width, height "
+        names = [r[0] for r in self.con.execute(f"DESCRIBE SELECT * FROM read_parquet('{_sql_path(pairs)}')").fetchall()]
+        self.con.execute(f"CREATE OR REPLACE VIEW pairs AS SELECT uid, image_key, text, {size_columns(names)} "
                          f"FROM read_parquet('{_sql_path(pairs)}')")
 
     def materialize(self, name: str, query: str) -> None:
@@ -425,7 +426,9 @@ class SparkEngine:
         self.spark = spark_session(master, "openalign-filter", memory=memory_limit, temp_dir=temp_dir, threads=threads)
 
     def register(self, pairs: str) -> None:
-        self.spark.read.parquet(pairs).select("uid", "image_key", "text", "width", "height") \
+        table = self.spark.read.parquet(pairs)
+        table.createOrReplaceTempView("raw_pairs")
+        self.spark.sql(f"SELECT uid, image_key, text, {size_columns(table.columns)} FROM raw_pairs") \
             .createOrReplaceTempView("pairs")
 
     def materialize(self, name: str, query: str) -> None:
@@ -498,6 +501,15 @@ def _size_bytes(text: str) -> int:
     units = {"bytes": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
              "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
     return int(float(number) * units.get(unit.strip(), 1))
+
+
+def size_columns(names: list[str]) -> str:
+    """The image size the rules judge: the original one where the pair table records it (an img2dataset download
+    resized to 256 x 256 would otherwise pass image_small and image_aspect whatever it was), else as stored."""
+    if "original_width" in names and "original_height" in names:
+        return ("coalesce(original_width, width) AS width, coalesce(original_height, height) AS height, "
+                "original_width IS NOT NULL AS has_original")
+    return "width, height, false AS has_original"
 
 
 def make_engine(name: str, master: str = "", memory_limit: str = "", threads: int = 0, temp_dir: str = ""):
@@ -608,12 +620,15 @@ def run_filters(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), engi
                 rules.append({"rule": rule, "description": description.format(**asdict(cfg)),
                               "removed_alone": int(counts[2 * i] or 0), "removed_in_sequence": int(counts[2 * i + 1] or 0),
                               "examples": examples})
+            originals = runner.rows("SELECT count(*) FROM pairs WHERE has_original")[0][0]
             keep_path = out / "keep.parquet"
             runner.write_keep(keep_path)
         finally:
             runner.close()
     report = {
         "stage": "filter", "input": str(pairs), "engine": engine, "config": asdict(cfg),
+        # image_small and image_aspect judge the size before a downloader's resizing, where the table has it
+        "sizes": {"original": int(originals), "as_stored": int(total) - int(originals)},
         "pairs": int(total), "kept_pairs": int(kept or 0), "kept_uids": int(kept_uids),
         "removed_pairs": int(total) - int(kept or 0), "distinct_terms": int(distinct_terms),
         "exactly_counted_terms": int(candidates), "rules": rules,
@@ -678,6 +693,10 @@ def summary_lines(report: dict) -> list[str]:
         lines.append(f"note: DuckDB spilled up to {report['spilled_bytes'] / 2**30:.2f} GiB to disk "
                      f"({Path(report['keep']).parent / 'tmp'}): the work did not fit {limit}, so it ran out-of-core "
                      "(slower; raise --memory-limit to avoid it)")
+    if report.get("sizes", {}).get("original"):
+        lines.append(f"note: image sizes judged before resizing for {report['sizes']['original']:,} pairs (their "
+                     "original_width/height from img2dataset), as stored for the other "
+                     f"{report['sizes']['as_stored']:,}")
     lines += [f"{report['pairs']:,} pairs -> {report['kept_pairs']:,} kept "
              f"({report['kept_pairs'] / max(report['pairs'], 1):.1%}) by {report['engine']} in {report['seconds']:.1f} s"]
     for r in report["rules"]:

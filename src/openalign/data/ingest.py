@@ -45,12 +45,14 @@ from openalign.data.workers import process_pool
 from openalign.outputs import staged, unfinish, write_json
 
 TEXT_REJECTS = ("no_text", "remote_not_fetched", "missing_file", "bad_row", "truncated_tar", "unreadable_tar",
-                "not_a_file")
+                "not_a_file", "not_downloaded")
 PAIR_SCHEMA = pa.schema([
     ("uid", pa.string()), ("image_key", pa.string()), ("text", pa.string()), ("width", pa.int32()),
     ("height", pa.int32()), ("bytes", pa.int64()), ("format", pa.string()), ("mode", pa.string()),
     ("conversions", pa.string()), ("source", pa.string()), ("path", pa.string()), ("member", pa.string()),
     ("url", pa.string()),
+    # the size before a downloader resized it (img2dataset's original_width/height); null when not recorded
+    ("original_width", pa.int32()), ("original_height", pa.int32()),
 ])
 REJECT_SCHEMA = pa.schema([("source", pa.string()), ("path", pa.string()), ("member", pa.string()),
                            ("url", pa.string()), ("text", pa.string()), ("reason", pa.string()),
@@ -79,6 +81,7 @@ class Record:
     data: bytes | None = None  # tar members are read by the main process, files by the worker
     remote: bool = False  # an http(s) URL: not fetched here (img2dataset's job)
     bad: tuple[str, str] | None = None  # (reason, detail): the source itself is broken here (a table row, a tar)
+    original: tuple[int, int] | None = None  # (width, height) before img2dataset resized it, from its metadata
 
 
 FILTER_COLUMNS = ("uid", "image_key", "text", "width", "height")  # what each stage reads of a pair table
@@ -161,15 +164,22 @@ def file_record(path: Path) -> Record:
     """An image file with its sidecars: `.txt` the caption, `.json` may give the url. A FIFO or device named
     like an image is rejected by `examine` (`not_a_file`), and only regular sidecars are read."""
     sidecar = path.with_suffix(".json")
-    url = None
+    meta = {}
     if sidecar.is_file():
         try:
             meta = json.loads(sidecar.read_text(encoding="utf-8", errors="replace"))
-            url = meta.get("url") if isinstance(meta, dict) else None
         except (OSError, ValueError):
             pass
+    meta = meta if isinstance(meta, dict) else {}
     caption = path.with_suffix(".txt")
-    return Record("folder", str(path), read_caption(caption) if caption.is_file() else None, url=url)
+    return Record("folder", str(path), read_caption(caption) if caption.is_file() else None, url=meta.get("url"),
+                  original=original_size(meta))
+
+
+def original_size(meta: dict) -> tuple[int, int] | None:
+    """img2dataset's `original_width` / `original_height` (the size before its resizing), when both are numbers."""
+    size = meta.get("original_width"), meta.get("original_height")
+    return (int(size[0]), int(size[1])) if all(isinstance(v, (int, float)) and v > 0 for v in size) else None
 
 
 def folder_records(root: Path) -> Iterator[Record]:
@@ -318,7 +328,7 @@ def tar_records(path: Path) -> Iterator[Record]:
         text = sample["txt"].decode("utf-8", "replace") if "txt" in sample else meta.get("caption")
         image_ext = next((e for e in sample if "." + e in IMAGE_SUFFIXES), None)
         yield Record("webdataset", str(path), text, member=f"{key}.{image_ext or '*'}", url=meta.get("url"),
-                     data=sample[image_ext] if image_ext else b"")
+                     data=sample[image_ext] if image_ext else b"", original=original_size(meta))
     details = {"truncated_tar": "the tar ends in the middle of a sample", "unreadable_tar": "not a readable tar file"}
     for reason in counter.get("reasons", {}):
         yield Record("webdataset", str(path), None, bad=(reason, details[reason]))
@@ -330,6 +340,13 @@ def units(sources: list[str], files_per_unit: int = 0) -> Iterator[tuple]:
     for spec in sources:
         path = Path(spec)
         if path.is_dir():
+            # webdataset tars at its top (img2dataset's webdataset output, or any shard folder), img2dataset's
+            # parquet output (images in a column) and its status sidecars (the failed downloads), then images
+            yield from (("tar", str(t.resolve())) for t in sorted(path.glob("*.tar")))
+            for table in sorted(path.rglob("*.parquet")):
+                kind = img2dataset_table(table)
+                if kind:
+                    yield (kind, str(table.resolve()))
             files = folder_files(path)
             if not files_per_unit:
                 yield ("folder", str(path.resolve()))
@@ -358,7 +375,7 @@ def unit_inputs(unit: tuple, options: IngestOptions) -> list[str]:
     time): a tar; a table and the local images its rows name; image files with their caption and JSON
     sidecars. So an edited caption or a replaced image redoes its own task."""
     kind, where = unit
-    if kind == "tar":
+    if kind in ("tar", "img2dataset", "img2dataset-status"):
         return [where]
     if kind == "table":
         try:
@@ -370,8 +387,45 @@ def unit_inputs(unit: tuple, options: IngestOptions) -> list[str]:
                                                  Path(image).with_suffix(".json"))]
 
 
+def img2dataset_table(path: Path) -> str | None:
+    """"img2dataset" for img2dataset's `parquet` output (its images in a binary column), "img2dataset-status" for
+    the status sidecar it writes beside each tar or folder of its other outputs; None for any other Parquet."""
+    try:
+        schema = pq.read_schema(path)
+    except (OSError, pa.ArrowException):
+        return None
+    if not {"key", "status", "error_message", "caption", "url"} <= set(schema.names):
+        return None
+    return "img2dataset" if _image_column(schema) else "img2dataset-status"
+
+
+def _image_column(schema: pa.Schema) -> str | None:
+    return next((c for c in ("jpg", "png", "webp") if c in schema.names and pa.types.is_binary(schema.field(c).type)),
+                None)
+
+
+def img2dataset_records(path: Path, failures_only: bool) -> Iterator[Record]:
+    """The rows of an img2dataset Parquet file: each success a pair (its image from the parquet output's column),
+    each failed download a reject with img2dataset's own status and message."""
+    table = pq.ParquetFile(path)
+    image = _image_column(table.schema_arrow)
+    columns = ["key", "status", "error_message", "caption", "url", "original_width", "original_height"]
+    columns = [c for c in columns if c in table.schema_arrow.names] + ([image] if image and not failures_only else [])
+    for group in range(table.num_row_groups):
+        for row in table.read_row_group(group, columns=columns).to_pylist():
+            where = dict(member=row["key"], url=row["url"])
+            if row["status"] != "success":
+                yield Record("img2dataset", str(path), row["caption"], **where,
+                             bad=("not_downloaded", f"{row['status']}: {row['error_message']}"))
+            elif not failures_only:
+                yield Record("img2dataset", str(path), row["caption"], **where, data=row[image] or b"",
+                             original=original_size(row))
+
+
 def unit_records(unit: tuple, options: IngestOptions, notes: Counter) -> Iterator[Record]:
     kind, where = unit
+    if kind in ("img2dataset", "img2dataset-status"):
+        return img2dataset_records(Path(where), failures_only=kind == "img2dataset-status")
     if kind == "folder":
         return folder_records(Path(where))
     if kind == "files":
@@ -413,9 +467,11 @@ def examine(item: tuple[Record, int]) -> tuple[str, dict]:
     except images.BadImage as err:
         return "reject", where | {"text": text, "reason": err.reason, "detail": str(err)}
     key = blake(data)
+    original = record.original or (None, None)
     return "pair", {"uid": pair_uid(key, text), "image_key": key, "text": text, "width": info.width,
                     "height": info.height, "bytes": len(data), "format": info.format, "mode": info.mode,
-                    "conversions": ",".join(info.conversions)} | where
+                    "conversions": ",".join(info.conversions), "original_width": original[0],
+                    "original_height": original[1]} | where
 
 
 class Tally:
@@ -567,6 +623,7 @@ def _ingest_local(sources, out, rejects_path, options, tally, notes, progress) -
         for kind, row in tqdm(results, desc="ingest", unit="pair", disable=not progress):
             writer.add(kind, row)
             tally.add(kind, row)
+        found(tally, sources)
     except BaseException:  # an error or Ctrl-C: nothing appears under --out (the tables stay as they were)
         writer.close(commit=False)
         raise
@@ -574,6 +631,14 @@ def _ingest_local(sources, out, rejects_path, options, tally, notes, progress) -
         if pool:
             pool.terminate()
     writer.close()
+
+
+def found(tally: Tally, sources: list[str]) -> None:
+    """A run that saw no candidate pair at all (not even a reject) is a wrong source, not an empty corpus."""
+    if not sum(tally.counts.values()):
+        raise ConfigError(f"found no images in {', '.join(map(str, sources))}; give folders of images with .txt "
+                          "captions, webdataset .tar files, img2dataset's output folder, or a table of image paths "
+                          "and texts")
 
 
 def _ingest_tasks(sources, out, rejects_path, options, engine, tally, notes, progress) -> int:
@@ -587,6 +652,7 @@ def _ingest_tasks(sources, out, rejects_path, options, engine, tally, notes, pro
     for task in tasks:
         tally.merge(results[task.id])
         notes.update(results[task.id]["notes"])
+    found(tally, sources)
     for kind, target, schema in (("pairs", out, PAIR_SCHEMA), ("rejects", rejects_path, REJECT_SCHEMA)):
         with staged(target) as tmp, pq.ParquetWriter(tmp, schema) as writer:  # in task order, a row group at a time
             for task in tasks:

@@ -281,10 +281,14 @@ class _Sources:
 
     def __init__(self):
         self.tars: dict[str, tuple[tarfile.TarFile, dict]] = {}
+        self.tables: dict[str, tuple] = {}  # img2dataset parquet output: (file, image column, {key: (group, row)})
+        self.group: tuple = (None, None, None)  # (path, row group, its images): the last row group read
 
     def read(self, path: str, member: str | None) -> bytes:
         if not member:
             return Path(path).read_bytes()
+        if path.endswith(".parquet"):
+            return self._table_image(path, member)
         if path not in self.tars:
             self.tars[path] = self._index(path)
         tar, index = self.tars[path]
@@ -295,6 +299,33 @@ class _Sources:
             return tar.extractfile(info).read()
         except tarfile.TarError as err:
             raise OSError(f"{member} of {path}: {err}") from None
+
+    def _table_image(self, path: str, key: str) -> bytes:
+        """An image of img2dataset's `parquet` output by its key (row groups read one at a time, the last kept:
+        stages read a table's images in order)."""
+        import pyarrow.parquet as pq
+
+        if path not in self.tables:
+            try:
+                table = pq.ParquetFile(path)
+            except Exception as err:  # noqa: BLE001 - pyarrow's errors for a missing or damaged file
+                raise OSError(f"{path}: {err}") from None
+            column = next((c for c in ("jpg", "png", "webp") if c in table.schema_arrow.names), None)
+            rows = {}
+            for g in range(table.num_row_groups):
+                for r, k in enumerate(table.read_row_group(g, columns=["key"]).column(0).to_pylist()):
+                    rows[k] = (g, r)
+            self.tables[path] = (table, column, rows)
+        table, column, rows = self.tables[path]
+        if column is None or key not in rows:
+            raise FileNotFoundError(f"{key} not in {path}")
+        group, row = rows[key]
+        if self.group[:2] != (path, group):
+            self.group = (path, group, table.read_row_group(group, columns=[column]).column(0))
+        data = self.group[2][row].as_py()
+        if data is None:
+            raise FileNotFoundError(f"{key} of {path} has no image")
+        return data
 
     @staticmethod
     def _index(path: str) -> tuple[tarfile.TarFile, dict]:
