@@ -129,3 +129,38 @@ def test_saved_models_carry_a_processor_transformers_reads(tmp_path):
     v = cfg.model.vision
     torch.testing.assert_close(processor(images=image, return_tensors="pt")["pixel_values"][0],
                                transforms.eval_transform(image, v.resize_size, v.image_size), atol=2e-5, rtol=0)
+
+
+def test_a_processor_saved_by_transformers_5_is_read_from_processor_config_json(tmp_path):
+    # Before: only preprocessor_config.json was read; transformers 5.24's AlignProcessor.save_pretrained keeps the
+    # settings in processor_config.json, so openalign preprocessed at 64/64 where the processor says 72/64 and
+    # cosine against transformers fell to 0.935-0.982 without a word.
+    import numpy as np
+    from PIL import Image
+
+    from openalign.data import transforms
+    from openalign.model.hub import load_config
+
+    cfg, model = trained_like_model()
+    model.align.save_pretrained(tmp_path)  # a foreign directory: no openalign.json
+    tokenizer = train_tokenizer(["a red circle", "a blue square"] * 4, 60, 16)
+    image_processor = transformers.EfficientNetImageProcessorPil(
+        size={"height": 72, "width": 72}, crop_size={"height": 64, "width": 64}, do_center_crop=True, resample=2,
+        do_normalize=False, include_top=False)
+    transformers.AlignProcessor(image_processor=image_processor, tokenizer=tokenizer).save_pretrained(tmp_path)
+    assert (tmp_path / "processor_config.json").is_file() and not (tmp_path / "preprocessor_config.json").exists()
+    v = load_config(tmp_path).model.vision
+    assert (v.resize_size, v.image_size) == (72, 64)
+    image = Image.fromarray(np.random.default_rng(2).integers(0, 255, (90, 120, 3), dtype=np.uint8))
+    loaded, _, _ = load_pretrained(tmp_path)
+    ours = loaded.tower_pixels(transforms.eval_transform(image, v.resize_size, v.image_size)[None])[0]
+    theirs = transformers.AlignProcessor.from_pretrained(tmp_path)(images=image, return_tensors="pt")["pixel_values"][0]
+    torch.testing.assert_close(ours, theirs, atol=2e-5, rtol=0)
+    # two processor files that disagree: one sentence, never a guess
+    (tmp_path / "preprocessor_config.json").write_text('{"size": {"height": 64, "width": 64}, "do_center_crop": false}')
+    import pytest
+
+    from openalign.config import ConfigError
+
+    with pytest.raises(ConfigError, match="two image processor files that disagree on size"):
+        load_config(tmp_path)

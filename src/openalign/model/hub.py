@@ -156,21 +156,54 @@ def load_config(path: Path) -> Config:
     if not (path / "config.json").is_file():
         raise ConfigError(f"{path} is not a model directory (no config.json); pass the `model` folder of a run")
     if (path / CONFIG_FILE).is_file():
-        return config_lib.load(path / CONFIG_FILE)
+        cfg = config_lib.load(path / CONFIG_FILE)
+        processor = image_processor_settings(path)
+        if processor is not None and vision_from_processor(cfg.model.vision, processor) != cfg.model.vision:
+            implied = vision_from_processor(cfg.model.vision, processor)
+            raise ConfigError(f"{path}'s image processor files say resize {implied.resize_size} / crop "
+                              f"{implied.image_size} but the model was trained at {cfg.model.vision.resize_size} / "
+                              f"{cfg.model.vision.image_size} ({CONFIG_FILE}); restore its {PROCESSOR_FILE} and remove "
+                              f"a {PROCESSOR_FILES[1]} saved over it, or train at the new size")
+        return cfg
     if model_type(path) == "vision-text-dual-encoder":
         hf = transformers.VisionTextDualEncoderConfig.from_pretrained(path)
         model, temperature = _model_config_from_dual(hf), math.exp(-hf.logit_scale_init_value)
     else:
         hf = transformers.AlignConfig.from_pretrained(path)
         model, temperature = _model_config_from_hf(hf), hf.temperature_init_value
-    if (path / PROCESSOR_FILE).is_file():  # the checkpoint's own preprocessing, not resize = crop = image size
-        try:
-            processor = json.loads((path / PROCESSOR_FILE).read_text())
-        except ValueError:
-            raise ConfigError(f"{path / PROCESSOR_FILE} is not JSON") from None
+    processor = image_processor_settings(path)
+    if processor is not None:  # the checkpoint's own preprocessing, not resize = crop = image size
         model = dataclasses.replace(model, vision=vision_from_processor(model.vision, processor))
     loss = config_lib.LossConfig(temperature=config_lib.TemperatureConfig(init=temperature))
     return Config(model=model, loss=loss)
+
+
+PROCESSOR_FILES = (PROCESSOR_FILE, "processor_config.json")  # transformers 5 saves a processor's settings in the
+# second, under "image_processor"; older releases (and openalign) the image processor's alone in the first
+
+
+def image_processor_settings(path: Path) -> dict | None:
+    """A model directory's image processor settings, from either file transformers writes (the one place every
+    loader reads them); None when it has neither. Two files that disagree are refused in one sentence: which one
+    transformers' own loading would take depends on the class and release, so neither is guessed."""
+    found = {}
+    for name in PROCESSOR_FILES:
+        if (Path(path) / name).is_file():
+            try:
+                data = json.loads((Path(path) / name).read_text())
+            except ValueError:
+                raise ConfigError(f"{Path(path) / name} is not JSON") from None
+            settings = data if name == PROCESSOR_FILE else (data or {}).get("image_processor")
+            if isinstance(settings, dict):
+                found[name] = settings
+    if len(found) == 2:
+        keys = ("size", "crop_size", "do_center_crop", "do_resize", "rescale_factor", "rescale_offset", "do_normalize",
+                "image_mean", "image_std", "resample")
+        differ = [k for k in keys if found[PROCESSOR_FILES[0]].get(k) != found[PROCESSOR_FILES[1]].get(k)]
+        if differ:
+            raise ConfigError(f"{path} holds two image processor files that disagree on {', '.join(differ)} "
+                              f"({' and '.join(PROCESSOR_FILES)}); remove the stale one")
+    return next(iter(found.values()), None)
 
 
 def weights_fingerprint(path: Path) -> str:
