@@ -59,6 +59,10 @@ class VisionConfig:
     num_heads: int = 12
     intermediate_size: int = 3072
     pool: Literal["cls", "mean"] = "cls"  # the image's feature: the CLS token, or the mean of the patch tokens
+    # How a transparent image becomes RGB: white (openalign's rule everywhere: composited on white, as shards store
+    # it) or drop (transformers' processors' convert("RGB"): the colour under each pixel, alpha ignored), which a
+    # foreign checkpoint gets, as its own processor would give it.
+    alpha: Literal["white", "drop"] = "white"
 
 
 @dataclass(frozen=True)

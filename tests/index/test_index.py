@@ -396,3 +396,46 @@ def test_a_killed_reembed_with_another_model_leaves_no_finished_manifest(model_d
     assert cli.main(["embed", str(other), *args]) == 0
     out = capsys.readouterr().out
     assert "1 of 4 parts were already done" in out and "3 parts (model or options changed)" in out
+
+
+def test_transparent_images_follow_the_models_rule_openalign_white_a_foreign_checkpoint_its_processors(tmp_path):
+    # Before: transparency was composited on white for every model, where transformers' processors drop alpha
+    # (convert("RGB")): image cosine against transformers went as low as -0.11 on Tux Paint stamps.
+    import torch
+    import transformers
+    from PIL import Image
+
+    from openalign.data import transforms
+    from openalign.index.embed import load
+    from openalign.model.encode import encode_images
+    from openalign.model.hub import load_pretrained
+
+    rng = np.random.default_rng(7)
+    rgba = rng.integers(0, 255, (48, 48, 4), dtype=np.uint8)
+    rgba[..., 3] = np.where(rng.random((48, 48)) < 0.5, 0, 255)  # half the pixels transparent over random colours
+    images = tmp_path / "images"
+    images.mkdir()
+    Image.fromarray(rgba, "RGBA").save(images / "stamp.png")
+    (images / "stamp.txt").write_text("a stamp")
+    ours = save_tiny_model(tmp_path / "ours", ["a stamp", "a red circle"])
+    foreign = tmp_path / "foreign"  # the same weights as transformers saves them, with its processor's files
+    load_pretrained(ours)[0].align.save_pretrained(foreign)
+    (foreign / "preprocessor_config.json").write_text((ours / "preprocessor_config.json").read_text())
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (foreign / name).write_text((ours / name).read_text())
+    stamp = Image.open(images / "stamp.png")
+    on_white = Image.alpha_composite(Image.new("RGBA", stamp.size, "white"), stamp).convert("RGB")
+    for model_dir, rgb in ((ours, on_white), (foreign, stamp.convert("RGB"))):
+        assert cli.main(["embed", str(model_dir), "--images", str(images), "--out", str(tmp_path / model_dir.name / "e"),
+                         "--quiet"]) == 0
+        got = load(tmp_path / model_dir.name / "e")[0][0]
+        model, _, cfg = load_pretrained(model_dir)
+        v = cfg.model.vision
+        expected = encode_images(model, transforms.eval_transform(rgb, v.resize_size, v.image_size)[None])[0].numpy()
+        np.testing.assert_allclose(got, expected, atol=1e-5)
+    # the foreign directory's vector is what transformers' own processor and model give
+    hf = transformers.AlignModel.from_pretrained(foreign).eval()
+    pixels = transformers.AutoImageProcessor.from_pretrained(foreign)(images=stamp.convert("RGB"), return_tensors="pt")
+    with torch.no_grad():
+        theirs = torch.nn.functional.normalize(hf.get_image_features(**pixels).pooler_output, dim=-1)[0].numpy()
+    np.testing.assert_allclose(load(tmp_path / "foreign" / "e")[0][0], theirs, atol=1e-5)

@@ -171,7 +171,8 @@ def embed_blobs(model_path: str, blobs, batch_size: int, threads: int = 0) -> tu
     model, _, cfg = _model(model_path, threads)
     resize, crop = cfg.model.vision.resize_size, cfg.model.vision.image_size
     items = (sources.Item(str(i), "", data=data or b"") for i, data in enumerate(blobs))
-    pixels = ((int(item.key), transforms.eval_transform(image, resize, crop)) for item, image in sources.decoded(items))
+    pixels = ((int(item.key), transforms.eval_transform(image, resize, crop))
+              for item, image in sources.decoded(items, alpha=cfg.model.vision.alpha))
     out, kept = [], []
     for positions, embeds in encode_image_stream(model, pixels, batch_size):
         out.append(embeds.numpy())

@@ -104,23 +104,24 @@ def probe(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageInfo:
     return ImageInfo(width, height, fmt, mode, tuple(conversions))
 
 
-def to_rgb(image: Image.Image) -> Image.Image:
-    """Upright 8-bit RGB: EXIF rotation applied, 16-bit scaled, CMYK converted, transparency on white."""
+def to_rgb(image: Image.Image, alpha: str = "white") -> Image.Image:
+    """Upright 8-bit RGB: EXIF rotation applied, 16-bit scaled, CMYK converted, transparency on white (`alpha`
+    "drop": the alpha channel dropped, as transformers' processors' convert("RGB") does)."""
     image = ImageOps.exif_transpose(image)
     if image.mode.startswith(("I", "F")):
         array = np.asarray(image, dtype=np.float64)
         peak = array.max(initial=0)
         top = 65535.0 if peak > 255 else 255.0 if peak > 1 or image.mode.startswith("I") else 1.0  # 16-bit, 8-bit, [0,1]
         image = Image.fromarray(np.clip(array / top * 255.0 + 0.5, 0, 255).astype(np.uint8), "L")
-    if image.mode in _ALPHA_MODES or (image.mode == "P" and "transparency" in image.info):
+    if alpha == "white" and (image.mode in _ALPHA_MODES or (image.mode == "P" and "transparency" in image.info)):
         image = image.convert("RGBA")
         background = Image.new("RGBA", image.size, (255, 255, 255, 255))
         image = Image.alpha_composite(background, image)
     return image.convert("RGB")
 
 
-def load_rgb(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
-    """Decode fully into upright RGB; raises BadImage like `probe`."""
+def load_rgb(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, alpha: str = "white") -> Image.Image:
+    """Decode fully into upright RGB (to_rgb's `alpha` rule); raises BadImage like `probe`."""
     probe(data, max_pixels)
     try:
         with warnings.catch_warnings():
@@ -129,4 +130,4 @@ def load_rgb(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
             image.load()
     except Exception as err:  # noqa: BLE001
         raise BadImage("truncated" if "truncated" in str(err) else "unreadable", _stable(err)) from None
-    return to_rgb(image)
+    return to_rgb(image, alpha)

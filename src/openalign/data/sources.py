@@ -116,12 +116,13 @@ def items(spec: str | list[str], images_root: str = "", split: str = "test", cou
     return (item for shard in shards for item in shard_items(shard, counter, captionless))
 
 
-def decoded(collection, counter: dict | None = None) -> Iterator[tuple[Item, "images.Image.Image"]]:
+def decoded(collection, counter: dict | None = None, alpha: str = "white") -> Iterator[tuple[Item, "images.Image.Image"]]:
     """(item, upright RGB image) of every item whose bytes decode; the others are skipped and counted by
-    reason (a missing file or member: `missing_file`; see images.REJECT_REASONS)."""
+    reason (a missing file or member: `missing_file`; see images.REJECT_REASONS). `alpha`: the model's rule for
+    transparency (VisionConfig.alpha)."""
     for item in collection:
         try:
-            image = images.load_rgb(item.read())
+            image = images.load_rgb(item.read(), alpha=alpha)
         except images.BadImage as err:
             shard_lib.skip(counter, err.reason)
             continue

@@ -143,7 +143,7 @@ def _embed(model: DualEncoder, shards: str | list[str], options: EvalOptions, pr
            patches: bool = False) -> EvalData:
     counter: dict = {}
     decoded = sources.decoded(tqdm(split_items(shards, options, counter), desc="embed eval images", unit="img",
-                                   disable=not progress, leave=False), counter)
+                                   disable=not progress, leave=False), counter, model.cfg.vision.alpha)
     pixels = ((item, transforms.eval_transform(image, options.resize, options.crop)) for item, image in decoded)
     embeds, captions, owner, labels, keys, caption_ids, by_language, attributes = [], [], [], [], [], [], [], []
     cells = []

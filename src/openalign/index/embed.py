@@ -170,7 +170,7 @@ def embed_part(encoder: Encoder, items, options: EmbedOptions, bar) -> tuple:
     resize, crop = encoder.cfg.model.vision.resize_size, encoder.cfg.model.vision.image_size
     counter: dict = {}
     pixels = (((item, image.size), transforms.eval_transform(image, resize, crop))
-              for item, image in source_lib.decoded(items, counter))
+              for item, image in source_lib.decoded(items, counter, encoder.cfg.model.vision.alpha))
     embeds, rows, cells = [], [], []
     encode = (lambda model, batch: encode_image_tokens(model, batch, options.top_patches)) if options.patches \
         else encode_images

@@ -48,7 +48,7 @@ class Hit:
 def image_embedding(model, image_bytes: bytes) -> np.ndarray:
     cfg = model.cfg.vision
     try:
-        image = image_lib.load_rgb(image_bytes)
+        image = image_lib.load_rgb(image_bytes, alpha=cfg.alpha)
     except image_lib.BadImage as err:
         raise ConfigError(f"the query image is not a readable image ({err.reason})") from None
     return encode_images(model, transforms.eval_transform(image, cfg.resize_size, cfg.image_size)[None]).numpy()[0]

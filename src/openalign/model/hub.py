@@ -174,6 +174,8 @@ def load_config(path: Path) -> Config:
     processor = image_processor_settings(path)
     if processor is not None:  # the checkpoint's own preprocessing, not resize = crop = image size
         model = dataclasses.replace(model, vision=vision_from_processor(model.vision, processor))
+    # transparency as transformers' processors make it RGB (convert("RGB")), not openalign's white background
+    model = dataclasses.replace(model, vision=dataclasses.replace(model.vision, alpha="drop"))
     loss = config_lib.LossConfig(temperature=config_lib.TemperatureConfig(init=temperature))
     return Config(model=model, loss=loss)
 
