@@ -112,3 +112,25 @@ def test_a_pair_table_gives_each_distinct_image_with_its_texts(tmp_path, image_d
     (tmp_path / "x.parquet").write_bytes(b"nope")
     with pytest.raises(ConfigError, match="is not a pair table"):
         sources.listing(str(tmp_path / "x.parquet"))
+
+
+def test_a_caption_file_with_one_caption_per_line_gives_each_line(tmp_path):
+    # Before: a retrieval `.txt` with five captions was one caption (456 texts instead of 912).
+    from PIL import Image
+
+    from openalign.data.sources import listing
+
+    Image.new("RGB", (8, 8), "red").save(tmp_path / "a.png")
+    (tmp_path / "a.txt").write_text("a red square\n\nred, a square\n")
+    [item] = listing(str(tmp_path))
+    assert item.texts == ["a red square", "red, a square"]
+
+
+def test_a_tab_separated_csv_is_read_as_tab_separated(tmp_path):
+    # Before: a .csv separated by tabs was read by commas: one column, every row wrong.
+    from openalign.data.sources import listing, sniff_delimiter
+
+    (tmp_path / "t.csv").write_text("image\tcaption\nx.png\ta red, round thing\n")
+    assert sniff_delimiter(tmp_path / "t.csv") == "\t"
+    [item] = listing(str(tmp_path / "t.csv"))
+    assert item.texts == ["a red, round thing"] and item.path.endswith("x.png")

@@ -29,3 +29,16 @@ def test_word_similarity_sets_are_read_as_released(tmp_path, name, content):
 
     (tmp_path / name).write_text(content)
     assert word_pairs(tmp_path / name) == [("old", "new", 1.58), ("smart", "intelligent", 9.2)]
+
+
+def test_numeric_class_folders_take_their_names_in_numeric_order(tmp_path):
+    # Before: labels `0..N` were matched to classnames.txt in string order (`10` before `2`): top-1 silently wrong.
+    from openalign.eval.datasets import load_classnames
+
+    names = [f"class number {i}" for i in range(12)]
+    (tmp_path / "classnames.txt").write_text("\n".join(names) + "\n")  # CLIP_benchmark: one name per class index
+    labels = [str(i) for i in range(12)] * 2
+    assert load_classnames(str(tmp_path / "classnames.txt"), labels) == {str(i): names[i] for i in range(12)}
+    from openalign.eval.datasets import label_order
+
+    assert label_order(["b", "a", "10"]) == ["10", "a", "b"]  # not all numbers: alphabetical, as before

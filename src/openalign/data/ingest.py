@@ -39,7 +39,7 @@ from tqdm import tqdm
 from openalign.config import ConfigError
 from openalign.data import images
 from openalign.data import shards as shard_lib
-from openalign.data.sources import IMAGE_SUFFIXES, TABLE_SUFFIXES, folder_files, read_caption
+from openalign.data.sources import IMAGE_SUFFIXES, TABLE_SUFFIXES, folder_files, read_caption, sniff_delimiter
 from openalign.data.distribute import Engine, Task, run_tasks, sources_key, task_id
 from openalign.data.workers import process_pool
 from openalign.outputs import staged, unfinish, write_json
@@ -194,7 +194,7 @@ def _csv_rows(path: Path, options: IngestOptions, notes: Counter) -> Iterator[tu
 
     import duckdb
 
-    delim = "\t" if path.suffix.lower() == ".tsv" else ","
+    delim = sniff_delimiter(path)
     reader = f"read_csv(?, delim='{delim}', header=true, all_varchar=true, store_rejects=true)"
     con = duckdb.connect()
     try:

@@ -225,15 +225,16 @@ def sample_meta(sample: dict) -> dict:
 
 
 def sample_texts(sample: dict) -> list[str]:
-    """All alt-texts of a sample: json `texts` when present, else the `.txt` caption (invalid UTF-8 bytes
-    become U+FFFD, as ingest reads them)."""
+    """All alt-texts of a sample: json `texts` when present, else each line of the `.txt` (one caption per line,
+    as CLIP_benchmark's retrieval shards hold them; invalid UTF-8 bytes become U+FFFD, as ingest reads them)."""
     texts = [t for t in sample_meta(sample).get("texts") or [] if isinstance(t, str) and t.strip()]
     if texts:
         return texts
     text = sample["txt"].decode("utf-8", errors="replace") if "txt" in sample else ""
-    if not text.strip():
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
         raise BadSample("no_text", "no .txt caption and no json texts")
-    return [text]
+    return lines
 
 
 def all_texts(shards: list[str], fraction: float = 1.0, counter: dict | None = None, keep: str = "") -> Iterator[str]:

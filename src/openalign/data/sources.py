@@ -160,9 +160,25 @@ def read_caption(path: Path) -> str | None:
 
 
 def _sidecar_texts(image: Path) -> list[str]:
+    """The captions of an image's `.txt` sidecar: one per non-empty line (a retrieval set's five captions)."""
     sidecar = image.with_suffix(".txt")
-    text = (read_caption(sidecar) or "").strip() if sidecar.is_file() else ""
-    return [text] if text else []
+    text = (read_caption(sidecar) or "") if sidecar.is_file() else ""
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def sniff_delimiter(path: Path) -> str:
+    """A CSV's delimiter from its header line: a tab, comma, semicolon or bar (a tab-separated file named .csv
+    is common); `.tsv` files are tab-separated."""
+    import csv
+
+    if Path(path).suffix.lower() == ".tsv":
+        return "\t"
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+        header = f.readline()
+    try:
+        return csv.Sniffer().sniff(header, delimiters="\t,;|").delimiter
+    except csv.Error:  # one column, or nothing to tell by
+        return ","
 
 
 def _first_dir(image: Path, root: Path) -> str:
@@ -218,8 +234,9 @@ def table_rows(path: Path) -> list[dict]:
             return rows
     except ValueError:
         raise ConfigError(f"{path} is not a JSON{' Lines' if path.suffix == '.jsonl' else ''} table of rows") from None
+    delimiter = sniff_delimiter(path)
     with open(path, newline="") as f:
-        return list(csv.DictReader(f, delimiter="\t" if path.suffix == ".tsv" else ","))
+        return list(csv.DictReader(f, delimiter=delimiter))
 
 
 def caption_table_items(path: Path, rows: list[dict], root: Path, image_column: str = "image",

@@ -27,6 +27,16 @@ def load_templates(spec: str) -> tuple[str, ...]:
     return templates
 
 
+def label_order(labels) -> list[str]:
+    """The distinct labels in class order: numerically when every label is a number (CLIP_benchmark's class
+    folders `0 .. N-1`, whose classnames.txt lists names in that order: `10` after `9`, not after `1`), else
+    alphabetically (ImageNet's sorted WordNet ids)."""
+    distinct = set(labels)
+    if distinct and all(label.isdigit() for label in distinct):
+        return sorted(distinct, key=int)
+    return sorted(distinct)
+
+
 def load_classnames(path: str, labels: list[str]) -> dict[str, str]:
     """Readable class names: `label<TAB or ,>name` lines, or one name per line in sorted-label order
     (the convention of ImageNet class-name lists aligned with sorted WordNet ids)."""
@@ -34,7 +44,7 @@ def load_classnames(path: str, labels: list[str]) -> dict[str, str]:
     pairs = [re.split(r"[\t,]", line, maxsplit=1) for line in lines]
     if all(len(p) == 2 for p in pairs) and {p[0] for p in pairs} >= set(labels):
         return {p[0]: p[1].strip() for p in pairs}
-    ordered = sorted(set(labels))
+    ordered = label_order(labels)
     if len(lines) != len(ordered):
         raise ConfigError(f"{path} has {len(lines)} names for {len(ordered)} classes; give one per class in sorted "
                           "label order, or `label,name` lines")

@@ -28,7 +28,7 @@ from openalign.eval import metrics as M
 from openalign.eval.arithmetic import arithmetic
 from openalign.eval.compositional import CompositionalOptions, compositional
 from openalign.eval.cxc import CxcOptions, cxc
-from openalign.eval.datasets import load_classnames, word_pairs
+from openalign.eval.datasets import label_order, load_classnames, word_pairs
 from openalign.eval.features import DEFAULT_TEMPLATES, Context, EvalOptions, embed_split
 from openalign.eval.finetune import FinetuneOptions, VtabOptions, finetune, vtab
 from openalign.eval.multilingual import MultilingualOptions, multilingual
@@ -124,7 +124,7 @@ class ZeroshotOptions:
 def zeroshot(ctx: Context, options: ZeroshotOptions = ZeroshotOptions()) -> tuple[dict, dict]:
     """Prompt-ensemble classifier over the data's labels (or a subset), top-1/top-5 on its images."""
     data = ctx.data
-    classes = sorted(set(data.labels))
+    classes = label_order(data.labels)
     if options.class_subset:
         subset = {line.strip() for line in Path(options.class_subset).read_text().splitlines() if line.strip()}
         classes = [c for c in classes if c in subset]
