@@ -48,16 +48,22 @@ def test_kinds_are_literal_and_checked_once_with_every_rule_across_fields_and_pr
     bad = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, implementation="fast"))
     with pytest.raises(ConfigError, match="loss.implementation=fast must be auto, naive or chunked"):
         check(bad)
-    sigmoid = override(cfg, ["loss.kind=sigmoid", "loss.negatives_fraction=0.5", "train.fsdp=true"])
-    check(override(cfg, ["loss.kind=sigmoid"]))  # one process: fine
-    with pytest.raises(ConfigError, match="2 config values") as err:
+    sigmoid = override(cfg, ["loss.kind=sigmoid", "loss.negatives_fraction=0.5", "train.fsdp=true",
+                             "loss.label_smoothing=0"])
+    check(override(cfg, ["loss.kind=sigmoid", "loss.label_smoothing=0"]))  # one process: fine
+    with pytest.raises(ConfigError, match="3 config values") as err:
         check(dataclasses.replace(sigmoid, train=dataclasses.replace(sigmoid.train, fsdp=False)), world=2)
     assert "sigmoid runs in one process" in str(err.value) and "negatives_fraction" in str(err.value)
+    # options the sigmoid loss would ignore without a word (before: silently ignored)
+    with pytest.raises(ConfigError, match="set loss.label_smoothing=0 with loss.kind=sigmoid"):
+        check(override(cfg, ["loss.kind=sigmoid", "loss.label_smoothing=0.1"]))
+    with pytest.raises(ConfigError, match="is for the softmax loss; the sigmoid loss uses every pair"):
+        check(override(cfg, ["loss.kind=sigmoid", "loss.label_smoothing=0", "loss.negatives_fraction=0.5"]))
     with pytest.raises(ConfigError, match="train.fsdp=true shards over torchrun processes"):
         check(override(cfg, ["train.fsdp=true"]), world=1)
     check(override(cfg, ["loss.direction=text_to_image"]), world=2)  # one term is exact when gathered too
     with pytest.raises(ConfigError, match="the sigmoid loss has no direction"):
-        check(override(cfg, ["loss.kind=sigmoid", "loss.direction=image_to_text"]))
+        check(override(cfg, ["loss.kind=sigmoid", "loss.direction=image_to_text", "loss.label_smoothing=0"]))
     with pytest.raises(ConfigError, match="loss.direction=rows must be both, image_to_text or text_to_image"):
         check(override(cfg, ["loss.direction=rows"]))
 
@@ -75,3 +81,15 @@ def test_the_temperature_settings_live_in_one_place_and_old_keys_still_work(tmp_
     (tmp_path / "config.json").write_text(__import__("json").dumps(old))
     assert load(tmp_path / "config.json").loss.temperature.init == 0.25
     assert load(tmp_path / "config.json").loss.temperature.lr_scale == 3.0
+
+
+def test_a_batch_of_one_image_on_batchnorm_is_refused_in_one_sentence():
+    # Before: data.batch_size=1 on EfficientNet trained into a BatchNorm traceback.
+    from openalign.config import check, override
+
+    cfg = presets.get("tiny")
+    with pytest.raises(ConfigError, match="data.batch_size=1 gives each forward pass one image"):
+        check(override(cfg, ["data.batch_size=1"]))
+    with pytest.raises(ConfigError, match="train.micro_batch=1 gives each forward pass one image"):
+        check(override(cfg, ["data.batch_size=8", "train.micro_batch=1"]))
+    check(override(cfg, ["data.batch_size=2"]))

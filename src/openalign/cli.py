@@ -173,7 +173,8 @@ def cmd_eval(args) -> int:
     names = args.task or []
     shared = given(args, {f.name for t in TASKS.values() for f in dataclasses.fields(t.options)})
     options = configure(names or ["retrieval", "zeroshot"], args.overrides, **shared | {
-        "templates": load_templates(args.templates) if args.templates else None, "recipe": parse_options(args.ft or [])})
+        "templates": load_templates(args.templates) if args.templates else None,
+        "recipe": parse_options(args.ft) if args.ft else None})
     metrics, figures = run_tasks(model, tokenizer, args.data, names, common, options)
     # the model's fingerprint: `search --min-score` checks that a calibrated threshold is this model's
     written = write_report(metrics | {"model_weights": weights_fingerprint(Path(args.model))}, Path(args.out), figures)
@@ -357,6 +358,8 @@ def cmd_search(args) -> int:
     floor = search.min_score(args.min_score, index.info.get("weights"))
     if args.rerank < 0:
         raise ConfigError(f"--rerank {args.rerank} must be 0 (off) or a shortlist size K >= 1")
+    if args.k < 1:
+        raise ConfigError(f"-k {args.k} must be at least 1 (the number of results to show)")
     patches = search.patch_store(index) if args.rerank else None
     hits = search.search(index, search.query_vector(model, tokenizer, query, index), max(args.k, args.rerank), floor)
     if args.rerank:

@@ -509,6 +509,10 @@ def _cross_field(cfg: Config, world: int) -> list[str]:
     per_rank = batch // world if batch > 0 else 0
     if cfg.train.micro_batch > 0 and per_rank and per_rank % cfg.train.micro_batch:
         problems.append(f"train.micro_batch={cfg.train.micro_batch} must divide each process's batch of {per_rank}")
+    smallest = cfg.train.micro_batch or per_rank
+    if v.kind == "efficientnet" and 0 < smallest < 2:  # BatchNorm's batch statistics need two images
+        problems.append(f"{'train.micro_batch' if cfg.train.micro_batch else 'data.batch_size'}={smallest} gives each "
+                        "forward pass one image, and EfficientNet's BatchNorm needs at least 2 to train; use 2 or more")
     if cfg.train.fsdp and cfg.train.shard_optimizer:
         problems.append("train.fsdp=true already shards the optimizer state; leave train.shard_optimizer off")
     for option in ("shard_optimizer", "fsdp"):
@@ -526,6 +530,12 @@ def _cross_field(cfg: Config, world: int) -> list[str]:
                         "direction")
     if world > 1 and cfg.loss.negatives_fraction < 1.0:
         problems.append("loss.negatives_fraction < 1 (the Table 8 ablation) runs in one process")
+    if cfg.loss.kind == "sigmoid" and cfg.loss.label_smoothing > 0:  # it would be ignored without a word
+        problems.append(f"loss.label_smoothing={cfg.loss.label_smoothing} smooths the softmax's targets; the sigmoid "
+                        "loss scores each pair on its own: set loss.label_smoothing=0 with loss.kind=sigmoid")
+    if cfg.loss.kind == "sigmoid" and cfg.loss.negatives_fraction < 1.0:
+        problems.append("loss.negatives_fraction < 1 (the Table 8 ablation) is for the softmax loss; the sigmoid loss "
+                        "uses every pair")
     t = cfg.loss.temperature
     if t.fixed and t.fixed < t.min:
         problems.append(f"loss.temperature.fixed={t.fixed} is below loss.temperature.min={t.min}")

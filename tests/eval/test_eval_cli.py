@@ -329,6 +329,28 @@ def test_zeroshot_reports_calibration_and_fits_a_temperature(model_dir, tmp_path
     assert m["zeroshot_nll_calibrated"] <= m["zeroshot_nll"] + 1e-9
     assert m["zeroshot_calibrated_temperature"] != pytest.approx(m["zeroshot_temperature"])
     assert (tmp_path / "m.png").stat().st_size > 10_000  # the reliability diagram
+    assert m["zeroshot_calibrated_on_evaluation_data"] == 1  # before: accepted without a word
+    held = class_folders(tmp_path / "held", 2, seed=4)
+    assert run(model_dir, tmp_path, "--task", "zeroshot", "--data", str(test), "--calibrate", str(held),
+               "zeroshot.templates={}")["zeroshot_calibrated_on_evaluation_data"] == 0
+
+
+def test_options_of_tasks_not_selected_and_bad_values_are_refused_before_embedding(model_dir, tmp_path, capsys,
+                                                                                   monkeypatch):
+    # Before: `--rerank` with `--task zeroshot` was ignored without a word, and `--rerank -1` was refused only
+    # after every image had been embedded.
+    test = class_folders(tmp_path / "test", 2, seed=1)
+
+    def no_embedding(*a, **k):
+        raise AssertionError("embedded before the options were checked")
+
+    monkeypatch.setattr(DualEncoder, "encode_image", no_embedding)
+    assert cli.main(["eval", str(model_dir), "--task", "zeroshot", "--data", str(test), "--rerank", "5",
+                     "--out", str(tmp_path / "x.json")]) == 2
+    assert "--rerank is an option of --task retrieval, which is not selected" in capsys.readouterr().err
+    assert cli.main(["eval", str(model_dir), "--task", "retrieval", "--data", str(test), "--rerank", "-1",
+                     "--out", str(tmp_path / "x.json")]) == 2
+    assert "retrieval.rerank=-1 must be 0 (off)" in capsys.readouterr().err
 
 
 def test_rerank_over_the_whole_gallery_ranks_by_late_interaction(model_dir, shapes, tmp_path):

@@ -439,3 +439,30 @@ def test_transparent_images_follow_the_models_rule_openalign_white_a_foreign_che
     with torch.no_grad():
         theirs = torch.nn.functional.normalize(hf.get_image_features(**pixels).pooler_output, dim=-1)[0].numpy()
     np.testing.assert_allclose(load(tmp_path / "foreign" / "e")[0][0], theirs, atol=1e-5)
+
+
+def test_terms_that_cancel_up_to_rounding_are_the_documented_error(model_dir, tmp_path, capsys):
+    # Before: `search --text red --minus red` left a 1.1e-8 residual that was normalized into an arbitrary query;
+    # `search -k 0` printed an empty table.
+    from openalign.index import search
+
+    model, tokenizer, _ = load_pretrained_model(model_dir)
+    with pytest.raises(ConfigError, match="the query terms cancel out"):
+        search.query_vector(model, tokenizer, search.Query(text="a red circle", minus=("a red circle",)))
+    near = np.ones(4, np.float32) / 2
+    near[0] += 1e-6  # float rounding of the same text in another batch
+    texts = np.stack([np.ones(4, np.float32) / 2, near])[None]
+    with pytest.raises(ConfigError, match="cancel out"):  # a float-rounding residual
+        search.combine(None, texts, np.array([[1.0, -1.0]], np.float32))
+    images = shape_images(tmp_path / "images")
+    assert cli.main(["embed", str(model_dir), "--images", str(images), "--out", str(tmp_path / "emb"), "--quiet"]) == 0
+    assert cli.main(["index", str(tmp_path / "emb"), "--out", str(tmp_path / "idx")]) == 0
+    capsys.readouterr()
+    assert cli.main(["search", str(tmp_path / "idx"), "--text", "red", "-k", "0"]) == 2
+    assert "-k 0 must be at least 1" in capsys.readouterr().err
+
+
+def load_pretrained_model(path):
+    from openalign.model.hub import load_pretrained
+
+    return load_pretrained(path)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 from dataclasses import dataclass
+import sys
 import time
 from pathlib import Path
 from typing import Callable, Literal
@@ -60,13 +61,15 @@ class RetrievalOptions:
     rerank: int = 0  # > 0: re-rank each query's top K by late interaction (FILIP scores of patch and token
         # vectors) and report R@K after it (`*_rerank`) beside the dual encoder's, with the time per query of each
 
+    def __post_init__(self):  # checked when the options are made: before any image is embedded
+        if self.rerank < 0:
+            raise ConfigError(f"retrieval.rerank={self.rerank} must be 0 (off) or a shortlist size K >= 1")
+
 
 def retrieval(ctx: Context, options: RetrievalOptions = RetrievalOptions()) -> tuple[dict, dict]:
     data = ctx.data
     if not data.captions:
         raise ConfigError("the evaluation data has no captions (a classification set?): use --task zeroshot")
-    if options.rerank < 0:
-        raise ConfigError(f"retrieval.rerank={options.rerank} must be 0 (off) or a shortlist size K >= 1")
     txt = ctx.encode(data.captions)
     start = time.perf_counter()
     i2t, t2i = M.retrieval_ranks(data.image_embeds, txt, data.text_to_image)
@@ -154,6 +157,11 @@ def _calibration(ctx: Context, options: ZeroshotOptions, logits, labels, weights
     out = {"temperature": temperature, "ece": before["ece"], "nll": M.nll(logits / temperature, labels)}
     figure = {"before": before}
     if options.calibrate:
+        on_itself = bool(ctx.path) and Path(options.calibrate).resolve() == Path(ctx.path).resolve()
+        if on_itself:  # an oracle (the best any temperature can do here), not a calibration: said, and recorded
+            print(f"warning: --calibrate {options.calibrate} is the evaluation data itself: the fitted temperature has "
+                  "seen the answers it is scored on (an upper bound, not a calibration); give a held-out labeled "
+                  "split to calibrate", file=sys.stderr)
         split = embed_split(ctx.model, options.calibrate, ctx.options, progress=False)
         rows = [i for i, c in enumerate(split.labels) if c in index]
         if not rows:
@@ -161,7 +169,8 @@ def _calibration(ctx: Context, options: ZeroshotOptions, logits, labels, weights
         fit_labels = torch.tensor([index[split.labels[i]] for i in rows], dtype=torch.long)
         fitted = M.fit_temperature(split.image_embeds[rows] @ weights.T, fit_labels)
         after = M.reliability(logits / fitted, labels)
-        out |= {"calibrated_temperature": fitted, "calibration_images": len(rows), "ece_calibrated": after["ece"],
+        out |= {"calibrated_on_evaluation_data": int(on_itself),
+                "calibrated_temperature": fitted, "calibration_images": len(rows), "ece_calibrated": after["ece"],
                 "nll_calibrated": M.nll(logits / fitted, labels)}
         figure["after"] = after
     return out, figure
@@ -289,7 +298,15 @@ def _task(name: str) -> Task:
 
 def configure(names: list[str], overrides: list[str] = (), **shared) -> dict[str, object]:
     """Each named task's options: its defaults, then every `shared` value whose name is one of its fields
-    (a value that is None is not given), then the dotted overrides `task.key=value` aimed at it."""
+    (a value that is None is not given), then the dotted overrides `task.key=value` aimed at it. A given value
+    that no selected task takes is refused in one sentence (it would be ignored without a word)."""
+    selected = [_task(name) for name in names]
+    for key, value in shared.items():
+        takers = [t.name for t in TASKS.values() if key in {f.name for f in dataclasses.fields(t.options)}]
+        if value is not None and takers and not any(t.name in takers for t in selected):
+            flag = "--" + key.replace("_", "-")
+            raise ConfigError(f"{flag} is an option of --task {' / '.join(takers)}, which is not selected "
+                              f"(--task {' '.join(t.name for t in selected)}); add that task or drop {flag}")
     options = {}
     for name in names:
         task = _task(name)

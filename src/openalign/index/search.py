@@ -76,14 +76,19 @@ def combine(images: np.ndarray | None, texts: np.ndarray, signs: np.ndarray, ima
             text_weight: float = TEXT_WEIGHT) -> np.ndarray:
     """Queries from embeddings: normalize(w_image * image + w_text * sum(sign * text)), for a batch:
     images [Q, D] (or None: text only, weight 1), texts [Q, T, D], signs [Q, T] (+1 plus, -1 minus)."""
-    total = (np.asarray(signs, dtype=np.float32)[:, :, None] * texts).sum(axis=1, dtype=np.float32)
+    signs = np.asarray(signs, dtype=np.float32)
+    total = (signs[:, :, None] * texts).sum(axis=1, dtype=np.float32)
+    # the size of what was added up: a sum far smaller is terms cancelling, up to float rounding (`red - red`
+    # leaves ~1e-8, which normalizing would turn into an arbitrary direction)
+    scale = np.abs(signs).sum(axis=1, keepdims=True)
     if images is not None:
         total = text_weight * total + image_weight * images
+        scale = text_weight * scale + image_weight
     norm = np.linalg.norm(total, axis=1, keepdims=True)
     if not np.isfinite(norm).all():
         raise ConfigError("the query is not a finite vector (a weight or an embedding is NaN or infinite); give "
                           "finite weights, or check the model")
-    if (norm == 0.0).any():
+    if (norm <= 1e-5 * scale).any() or (norm == 0.0).any():
         raise ConfigError("the query terms cancel out (a zero vector); change the terms or their weights")
     return (total / norm).astype(np.float32)
 

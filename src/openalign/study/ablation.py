@@ -47,7 +47,7 @@ def variants(base: Config) -> list[Variant]:
              Variant("t_lr10", "temperature init and lr",
                      (f"loss.temperature.lr_scale={base.loss.temperature.lr_scale * 10:g}",), "T lr x10")]
     plan += [Variant("no_smoothing", "label smoothing", ("loss.label_smoothing=0.0",), "no label smoothing")]
-    plan += [Variant("sigmoid", "loss", ("loss.kind=sigmoid",), "sigmoid loss (SigLIP)")]
+    plan += [Variant("sigmoid", "loss", ("loss.kind=sigmoid", "loss.label_smoothing=0"), "sigmoid loss (SigLIP)")]
     plan += [Variant("rows_only", DIRECTION, ("loss.direction=image_to_text",), "row loss alone (image→text)"),
              Variant("columns_only", DIRECTION, ("loss.direction=text_to_image",), "column loss alone (text→image)")]
     return plan
