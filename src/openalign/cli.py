@@ -344,6 +344,8 @@ def cmd_index(args) -> int:
              if info["storage"] == "shards" else "")
     print(f"{info['kind']} index of {info['count']:,} {info['vectors']} vectors ({params}; recall@10 "
           f"{info['recall_at_10']:.3f} against exact search{where}) -> {args.out}")
+    for warning in info.get("warnings", []):
+        print(f"warning: {warning}", file=sys.stderr)
     return 0
 
 
@@ -382,8 +384,15 @@ def cmd_serve(args) -> int:
 
     from openalign.serve.app import Limits, create_app
 
-    app = create_app(Path(args.index), args.model, options_from(args, Limits), args.min_score)
+    from openalign.serve.app import LOOPBACK, allowed_hosts
+
+    hosts = allowed_hosts(args.host, tuple(h.strip() for h in (args.allowed_hosts or "").split(",") if h.strip()))
+    app = create_app(Path(args.index), args.model, options_from(args, Limits), args.min_score, hosts)
     print(f"openalign search on http://{args.host}:{args.port}/ (API docs at /docs); Ctrl-C stops it")
+    if args.host not in LOOPBACK:
+        print(f"warning: --host {args.host} serves every client that can reach this machine on port {args.port}, "
+              "with no authentication", file=sys.stderr)
+    print(f"answering Host names: {', '.join(hosts)} (add others with --allowed-hosts)", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 
@@ -586,6 +595,8 @@ def _serve_flags(p) -> None:
     p.add_argument("--model", help="the model the index was embedded with (default: the one recorded)")
     p.add_argument("--host", default="127.0.0.1", help="127.0.0.1: this machine only; 0.0.0.0 to share it")
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--allowed-hosts", metavar="NAME,...", help="more Host header names to answer (by default the "
+                   "loopback names, and this machine's own names when --host is not loopback): what a proxy sends")
     p.add_argument("--min-score", metavar="SCORE|METRICS_JSON",
                    help="requests without min_score leave out results scoring below this cosine; or `openalign eval`'s metrics JSON for this "
                         "model: its calibrated threshold (t2i_threshold_median)")

@@ -466,3 +466,16 @@ def load_pretrained_model(path):
     from openalign.model.hub import load_pretrained
 
     return load_pretrained(path)
+
+
+def test_an_index_that_misses_its_recall_target_says_so_with_what_to_change(tmp_path, capsys):
+    # Before: 0.912 against a 0.95 target at nprobe = nlist was reported as if it were fine.
+    x = clustered(4_000, 32, 4, seed=9)
+    emb = fake_embeddings(tmp_path / "emb", x)
+    assert cli.main(["index", str(emb), "--out", str(tmp_path / "idx"), "--kind", "ivf", "--codes", "pq",
+                     "--nlist", "8", "--train-per-cell", "64", "--recall", "0.999", "--quiet"]) == 0
+    info = json.loads((tmp_path / "idx" / "index.json").read_text())
+    assert info["recall_at_10"] < 0.999 and info["params"]["nprobe"] == 8
+    err = capsys.readouterr().err
+    assert f"recall@10 {info['recall_at_10']:.3f} is below the target 0.999 even at nprobe 8 of nlist 8" in err
+    assert "--refine 2" in err and info["warnings"]

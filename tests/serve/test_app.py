@@ -160,3 +160,40 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read(client):
     assert chunks_read == 3  # 3 x 64 KiB is the first count past the 132,202-byte limit
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100 * 1024  # parsing it would take GBs
     assert client.post("/search", json={"text": "a red circle", "k": 2}).status_code == 200  # still serving
+
+
+def test_host_header_thumbnails_and_404s_do_not_reach_past_the_index(tmp_path, monkeypatch, capsys):
+    # Before: any Host header was answered (DNS rebinding), `--host 0.0.0.0` bound every interface without a word,
+    # a 404 named the server's file path, and a thumbnail followed a symlink swapped in after indexing.
+    import os
+    import socket
+
+    import uvicorn
+
+    from openalign.serve.app import allowed_hosts, create_app
+
+    index = shape_index(tmp_path)
+    app = create_app(index, None, hosts=allowed_hosts("127.0.0.1"))
+    local = TestClient(app, base_url="http://127.0.0.1:8000")
+    assert local.get("/health").status_code == 200
+    assert TestClient(app, base_url="http://rebound.example:8000").get("/health").status_code == 400
+    assert "localhost" in allowed_hosts("127.0.0.1") and socket.gethostname() not in allowed_hosts("127.0.0.1")
+    assert socket.gethostname() in allowed_hosts("0.0.0.0") and "proxy.lan" in allowed_hosts("127.0.0.1", ("proxy.lan",))
+    # a thumbnail whose file was replaced by a link to another file after indexing
+    meta = local.post("/search", json={"text": "a red circle", "k": 12}).json()["results"]
+    victim = Path(meta[0]["path"])
+    secret = tmp_path / "secret.png"
+    shape_image("green", "square").save(secret)
+    victim.unlink()
+    os.symlink(secret, victim)
+    answer = local.get(f"/image/{meta[0]['id']}")
+    assert answer.status_code == 404 and "moved" in answer.json()["detail"]
+    assert str(tmp_path) not in answer.text
+    victim.unlink()  # gone: 404 without the path
+    answer = local.get(f"/image/{meta[0]['id']}")
+    assert answer.status_code == 404 and str(tmp_path) not in answer.text
+    # the warning and the names, from `openalign serve`
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: None)
+    assert cli.main(["serve", str(index), "--host", "0.0.0.0", "--port", "8123"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: --host 0.0.0.0 serves every client" in err and "answering Host names: 127.0.0.1" in err

@@ -337,6 +337,7 @@ def build(emb: Path, out: Path, options: IndexOptions = IndexOptions(), engine=N
             "recall_target": options.recall, "count": n, "dim": d, "vectors": options.vectors,
             "storage": built["storage"], "shards": built.get("shards", []), "tuned_on": built.get("tuned_on", "all"),
             "embeddings": str(Path(emb).resolve()), "model": manifest["model"], "weights": manifest.get("weights", "")}
+    info["warnings"] = recall_warnings(info)
     new = [FILE] * (index is not None) + built.get("shards", []) + [EXACT16] * bool(built["params"].get("refine"))
     unfinish(out / INFO)  # from here until index.json is written, `out` is not an index: load says so
     for stale in [out / FILE, out / EXACT16, *out.glob("shard-*.faiss")]:
@@ -347,6 +348,23 @@ def build(emb: Path, out: Path, options: IndexOptions = IndexOptions(), engine=N
     write_json(out / INFO, info)
     shutil.rmtree(staging, ignore_errors=True)
     return info
+
+
+def recall_warnings(info: dict) -> list[str]:
+    """A sentence when the tuned index falls short of its recall target, with what to change: the search
+    parameter was raised as far as it goes, so the codes (or the graph) are the limit."""
+    if info["recall_at_10"] >= info["recall_target"]:
+        return []
+    params = info["params"]
+    if info["kind"] == "hnsw":
+        fix = "build it with --kind ivf --codes flat, or lower --recall"
+        reached = f"efSearch {params.get('efSearch')}"
+    else:
+        fix = ("the 8-bit or PQ codes are the limit: build with --refine 2 (float16 re-scoring of the shortlist) or "
+               "--codes flat, or lower --recall") if params.get("codes") != "flat" else "raise --nlist, or lower --recall"
+        reached = f"nprobe {params.get('nprobe')} of nlist {params.get('nlist')}"
+    return [f"recall@10 {info['recall_at_10']:.3f} is below the target {info['recall_target']} even at {reached} "
+            f"(the most tried); {fix}"]
 
 
 def write_meta(emb: Path, path: Path) -> None:

@@ -22,6 +22,7 @@ import base64
 import binascii
 import functools
 import io
+import os
 import tarfile
 import threading
 from dataclasses import dataclass
@@ -186,9 +187,30 @@ def tar_member(path: str, key: str) -> bytes:
         return f.read(size)
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+def allowed_hosts(host: str, extra: tuple[str, ...] = ()) -> list[str]:
+    """The Host header values the service answers (the rest get 400, so a DNS-rebinding page that resolves its own
+    name to this machine reaches nothing): the loopback names; when `host` is not loopback, also the machine's own
+    names and addresses (the documented way to share it, `--host 0.0.0.0`, keeps working); plus `extra`."""
+    import socket
+
+    names = list(LOOPBACK)
+    if host not in LOOPBACK:
+        hostname = socket.gethostname()
+        names += [hostname, socket.getfqdn()] + ([host] if host not in ("0.0.0.0", "::") else [])
+        try:
+            names += socket.gethostbyname_ex(hostname)[2]
+        except OSError:  # no resolvable own name: the loopback names and --allowed-hosts
+            pass
+    return list(dict.fromkeys(names + list(extra)))
+
+
 def create_app(index_dir: Path, model_dir: str | None = None, limits: Limits = Limits(),
-               min_score: str | float | None = None) -> FastAPI:
-    """The app over one index; `min_score` is the default score floor (a number or eval's metrics JSON)."""
+               min_score: str | float | None = None, hosts: list[str] | None = None) -> FastAPI:
+    """The app over one index; `min_score` is the default score floor (a number or eval's metrics JSON); `hosts`:
+    the Host header values answered (allowed_hosts; None: any, as a test client sends)."""
     index = build.load(Path(index_dir))
     model, tokenizer = search.load_model_for(index, model_dir)
     default_floor = search.min_score(min_score, index.info.get("weights"))
@@ -199,6 +221,10 @@ def create_app(index_dir: Path, model_dir: str | None = None, limits: Limits = L
     app.state.index_dir = str(index_dir)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
+    if hosts is not None:
+        from starlette.middleware.trustedhost import TrustedHostMiddleware
+
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=hosts)
 
     @app.get("/health")
     def health() -> dict:
@@ -241,11 +267,13 @@ def create_app(index_dir: Path, model_dir: str | None = None, limits: Limits = L
             raise HTTPException(404, f"no image with id {image_id}")
         row = index.meta.row(image_id)
         path, key = row["path"], row["key"]
+        if not path or os.path.realpath(path) != path:  # resolved when embedded: a link swapped in since is refused
+            raise HTTPException(404, f"image {image_id} has moved since it was indexed")
         try:
-            data = tar_member(path, key) if path and path.endswith(".tar") else Path(path or "").read_bytes()
+            data = tar_member(path, key) if path.endswith(".tar") else Path(path).read_bytes()
             image = image_lib.load_rgb(data)
-        except (OSError, KeyError, tarfile.TarError, image_lib.BadImage):
-            raise HTTPException(404, f"image {image_id} can no longer be read from {path}") from None
+        except (OSError, KeyError, tarfile.TarError, image_lib.BadImage):  # never the server's paths in an answer
+            raise HTTPException(404, f"image {image_id} can no longer be read") from None
         image.thumbnail((max(16, min(size, 1024)),) * 2)
         buf = io.BytesIO()
         image.save(buf, format="JPEG", quality=85)
