@@ -94,3 +94,41 @@ def test_a_lock_file_of_a_run_that_ended_is_no_obstacle(tmp_path):
     lock_path(out).write_text(json.dumps({"host": "elsewhere", "pid": 1, "since": time.time()}))  # no one holds it
     with owned(out):
         assert json.loads(lock_path(out).read_text())["pid"] == os.getpid()
+
+
+def test_a_full_disk_under_torch_save_and_numpy_is_one_sentence_and_leaves_no_tmp(tmp_path, shapes, monkeypatch, capsys):
+    # Before: `RuntimeError: [enforce fail at inline_container.cc:672]` from train and `OSError: 40000 requested and
+    # 31712 written` from embed: tracebacks, and half-written .tmp files.
+    import collections
+
+    import numpy as np
+    import torch
+
+    from conftest import COLORS, SHAPES, leftovers, save_tiny_model, shape_images
+    from openalign import outputs
+
+    model = save_tiny_model(tmp_path / "model", [f"a {c} {s}" for c in COLORS for s in SHAPES])
+    images = shape_images(tmp_path / "images")
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(outputs.shutil, "disk_usage", lambda p: usage(10 * 2**30, 10 * 2**30, 4096))
+
+    def torch_full(obj, f, *a, **k):
+        open(f, "wb").write(b"half a checkpoint")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1234 vs 1170")
+
+    def numpy_full(f, array, *a, **k):
+        f.write(b"half an array")
+        raise OSError("40000 requested and 31712 written")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(torch, "save", torch_full)
+        assert cli.main(["train", "--preset", "tiny", "--data", str(shapes["train"]), "--out", str(tmp_path / "run"),
+                         "--quiet", "train.steps=2", "train.checkpoint_every=1"]) == 2
+    with monkeypatch.context() as patch:
+        patch.setattr(np, "save", numpy_full)
+        assert cli.main(["embed", str(model), "--images", str(images), "--out", str(tmp_path / "emb"), "--quiet"]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert [e.split(" failed with")[0] for e in errors] == [
+        f"openalign: error: the disk is full: writing {tmp_path / 'run' / 'checkpoint.tmp'}",
+        f"openalign: error: the disk is full: writing {tmp_path / 'emb' / 'part-000000.npy.tmp'}"]
+    assert "0 MiB free on" in errors[0] and leftovers(tmp_path) == []

@@ -133,3 +133,26 @@ def owned(out: Path) -> Iterator[None]:
                 directory.rmdir()
             except OSError:
                 break
+
+
+@contextmanager
+def writing(tmp: Path) -> Iterator[Path]:
+    """Around a write to the temporary file `tmp`: on any error the partial file is removed, and a failure that a
+    full disk explains is raised as ENOSPC naming `tmp` (so the CLI says so in one sentence). torch.save reports a
+    full disk as "RuntimeError: [enforce fail at inline_container.cc] ... unexpected pos", numpy as "OSError: N
+    requested and M written": neither carries the errno, so the free space decides."""
+    try:
+        yield Path(tmp)
+    except BaseException as err:
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, (OSError, RuntimeError)) and not is_disk_full(err) and _nearly_full(Path(tmp).parent):
+            raise OSError(errno.ENOSPC, f"No space left on device ({err})", str(tmp)) from err
+        raise
+
+
+def _nearly_full(directory: Path) -> bool:
+    try:
+        usage = shutil.disk_usage(directory)
+    except OSError:
+        return False
+    return usage.free < max(64 * 2**20, usage.total // 1000)  # under 64 MiB or 0.1% left

@@ -44,7 +44,7 @@ from openalign.index.parts import MANIFEST, PATCHES, part_files, read_manifest
 from openalign.model.encode import (encode_image_stream, encode_image_tokens, encode_images, encode_texts,
                                     load_for_inference)
 from openalign.model.hub import model_fingerprint, weights_fingerprint
-from openalign.outputs import unfinish, write_json
+from openalign.outputs import unfinish, write_json, writing
 
 META_SCHEMA = pa.schema([("key", pa.string()), ("path", pa.string()), ("caption", pa.string()),
                          ("width", pa.int32()), ("height", pa.int32())])
@@ -116,7 +116,7 @@ def _write_part(out: Path, index: int, embeds: np.ndarray, rows: list[dict], tex
         files.append((f"{PATCHES}-{index:06d}.npy", lambda f: np.save(f, patches)))
     for name, write in files:
         tmp = out / (name + ".tmp")
-        with open(tmp, "wb") as f:
+        with writing(tmp), open(tmp, "wb") as f:  # a full disk: one sentence, and no half-written .tmp left
             write(f)
         os.replace(tmp, out / name)
 

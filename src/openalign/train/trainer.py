@@ -33,7 +33,7 @@ from openalign.data.sharding import build_keep_index
 from openalign.eval.features import EvalOptions
 from openalign.eval.tasks import HELD_OUT_TASKS, configure, run_tasks
 from openalign.model import hub
-from openalign.outputs import owned
+from openalign.outputs import owned, writing
 from openalign.model.dual_encoder import DualEncoder
 from openalign.tokenizer import check_tokenizer_dir, load_tokenizer, train_tokenizer
 from openalign.train import fsdp, report
@@ -157,7 +157,8 @@ def save_checkpoint(path: Path, model, optimizer, step: int, position: Position,
                  "position": ranks[0]["position"], "rng": ranks[0]["rng"], "ranks": ranks,
                  "config": config_lib.to_dict(cfg)}
         tmp = path.with_suffix(".tmp")
-        torch.save(state, tmp)
+        with writing(tmp):  # a full disk: one sentence, and no half-written .tmp left
+            torch.save(state, tmp)
         os.replace(tmp, path)  # atomic: a crash leaves the previous checkpoint intact
     distributed.barrier(layout)
 
