@@ -1,4 +1,4 @@
-"""How a process that computes on the CPU uses the host's memory.
+"""How a process uses the host: its memory (below), and how long its worker processes live (`die_with_parent`).
 
 PyTorch has no caching allocator on the CPU: every tensor comes from the C library's `malloc`, and glibc
 serves blocks above its mmap threshold (at most 32 MiB) with a fresh `mmap` and gives them back with
@@ -19,10 +19,27 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import signal
 
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
 M_MMAP_MAX = -4
 _applied = False
+
+
+def die_with_parent() -> None:
+    """A worker's initializer: the kernel kills this process when its parent dies (Linux PR_SET_PDEATHSIG). Pool
+    workers otherwise wait on their task queue for ever when the driver is killed (kill -9 of a local-engine
+    run left its workers running); the fork server that starts them exits on the driver's death by itself."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the workers end with their queue instead
+        return
+    if os.getppid() == 1:  # the parent died before the call: nobody would send the signal
+        os._exit(1)
+
+
+PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 def reuse_freed_memory() -> bool:

@@ -270,3 +270,63 @@ def test_local_ingest_of_many_tars_runs_a_task_per_tar_with_the_same_rows(tmp_pa
     two = ingest(tars, tmp_path / "two.parquet", IngestOptions(workers=2), progress=False)
     assert pq.read_table(tmp_path / "one.parquet").equals(pq.read_table(tmp_path / "two.parquet"))
     assert without_engine(one) == without_engine(two) and one["rejected"] == {"truncated_tar": 2}
+
+
+DRIVER = """
+import time
+from openalign.data.distribute import Engine, Task, run_tasks
+run_tasks([Task(f"{{i:06d}}", time.sleep, (300,)) for i in range(2)], {status!r}, Engine("local", workers=2), "sleep",
+          progress=False)
+"""
+
+
+def _descendants(pid: int) -> set[int]:
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                pass
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def test_killing_a_local_engine_driver_leaves_no_process_running(tmp_path):
+    # Before: kill -9 of the driver left 4 processes running (the resource tracker, the fork server, two workers
+    # waiting on their task queue for ever).
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER.format(status=str(tmp_path / "status"))])
+    deadline = time.monotonic() + 60
+    while len(_descendants(driver.pid)) < 3:  # the fork server and the two workers (and the resource tracker)
+        assert time.monotonic() < deadline and driver.poll() is None, "the workers did not start"
+        time.sleep(0.2)
+    time.sleep(1)  # the workers are in their tasks
+    children = _descendants(driver.pid)
+    os.kill(driver.pid, signal.SIGKILL)
+    driver.wait(timeout=30)
+    deadline = time.monotonic() + 20
+    while any(Path(f"/proc/{p}").exists() and "zombie" not in _state(p) for p in children):
+        if time.monotonic() > deadline:
+            for p in children:
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            raise AssertionError(f"still running after the driver was killed: {sorted(children)}")
+        time.sleep(0.2)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:", 1)[1].split("\n", 1)[0].lower()
+    except (OSError, IndexError):
+        return "zombie"

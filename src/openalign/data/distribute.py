@@ -35,6 +35,8 @@ from typing import Any, Callable, Literal
 from tqdm import tqdm
 
 from openalign.config import ConfigError
+from openalign.data.workers import forkserver
+from openalign.host import die_with_parent
 from openalign.outputs import is_disk_full
 
 ENGINES = ("local", "spark")
@@ -128,8 +130,6 @@ def run_tasks(tasks: list[Task], status_dir: Path, engine: Engine = Engine(), de
 
 
 def _run_local(tasks: list[Task], status_dir: str, engine: Engine, desc: str, progress: bool) -> dict:
-    import multiprocessing
-
     workers = min(engine.workers or os.cpu_count() or 1, len(tasks))
     attempts = {t.id: 0 for t in tasks}
     results: dict = {}
@@ -157,7 +157,7 @@ def _run_local(tasks: list[Task], status_dir: str, engine: Engine, desc: str, pr
             return results
         pending = {t.id: t for t in tasks}
         while pending:  # a dead worker breaks the whole pool: start a fresh one for what is left
-            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver")) as pool:
+            with ProcessPoolExecutor(workers, mp_context=forkserver(), initializer=die_with_parent) as pool:
                 futures = {pool.submit(run_one, task, status_dir): task for task in pending.values()}
                 broken = False
                 while futures and not broken:

@@ -1,12 +1,27 @@
-"""Worker processes for the data stages (ingest, dedup, shard)."""
+"""Worker processes for the data stages (ingest, dedup, shard, and the local engine's tasks).
+
+They are forked from a fork server, not from the caller: the caller may already run threads (a Spark JVM
+gateway, tqdm's monitor, BLAS pools), and a plain fork can copy one of their locks mid-hold and deadlock the
+child. They live no longer than the caller: the fork server imports `openalign.data.fork_server` first, which
+has the kernel kill it when the caller dies, and every worker does the same towards the fork server
+(`host.die_with_parent`). Before, a kill -9 of a local-engine driver left the fork server, the resource tracker
+and the workers running (the workers wait on their task queue for ever).
+"""
 
 from __future__ import annotations
 
 import multiprocessing
 
+from openalign.host import die_with_parent
+
+
+def forkserver():
+    """The fork-server context of every data stage's workers, its server tied to this process's lifetime."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["openalign.data.fork_server"])  # read when the server starts (once)
+    return context
+
 
 def process_pool(workers: int):
-    """A pool of `workers` processes forked from a fork server, not from the caller: the caller may
-    already run threads (a Spark JVM gateway, tqdm's monitor, BLAS pools), and a plain fork can copy
-    one of their locks mid-hold and deadlock the child."""
-    return multiprocessing.get_context("forkserver").Pool(workers)
+    """A pool of `workers` processes from the fork server; they die with it, and it with the caller."""
+    return forkserver().Pool(workers, initializer=die_with_parent)
