@@ -330,3 +330,43 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/status").read_text().split("State:", 1)[1].split("\n", 1)[0].lower()
     except (OSError, IndexError):
         return "zombie"
+
+
+CALLS: list = []
+
+
+def _write_rows(path: str, n: int) -> dict:
+    CALLS.append(path)
+    Path(path).write_text("row\n" * n)
+    return {"rows": n}
+
+
+@pytest.mark.parametrize("damage", ["not json", "a list", "no result", "count edited", "output deleted",
+                                    "output changed"])
+def test_a_damaged_or_edited_status_or_a_lost_output_runs_its_task_again(tmp_path, damage):
+    # Before: 5 of 7 corrupted status files gave tracebacks, a deleted part with its status left behind blocked every
+    # rerun, and a hand-edited count was trusted.
+    import json as json_lib
+
+    from openalign.data.distribute import Engine, Task, run_tasks, status_path
+
+    tasks = [Task(f"{i:06d}", _write_rows, (str(tmp_path / f"out-{i}.txt"), i + 1), key=f"k{i}",
+                  outputs=(str(tmp_path / f"out-{i}.txt"),)) for i in range(3)]
+    status = tmp_path / "status"
+    first, _ = run_tasks(tasks, status, Engine("local", workers=1), progress=False)
+    CALLS.clear()
+    path, output = status_path(status, "000001"), tmp_path / "out-1.txt"
+    if damage == "not json":
+        path.write_text('{"id": "000001", "key": "k1", "res')
+    elif damage == "a list":
+        path.write_text("[1, 2, 3]")
+    elif damage == "no result":
+        path.write_text(json_lib.dumps({"id": "000001", "key": "k1"}))
+    elif damage == "count edited":
+        path.write_text(path.read_text().replace('"rows": 2', '"rows": 7'))
+    elif damage == "output deleted":
+        output.unlink()
+    else:
+        output.write_text("something else\n")
+    again, resumed = run_tasks(tasks, status, Engine("local", workers=1), progress=False)
+    assert again == first and resumed == 2 and CALLS == [str(output)] and output.read_text() == "row\n" * 2

@@ -122,3 +122,18 @@ def test_shard_without_keep_lists_and_from_another_directory(tmp_path, capsys, m
     capsys.readouterr()
     assert main(["shard", str(tmp_path / "old.parquet"), "--out", "s2", "--quiet", "--workers", "1"]) == 2
     assert "none of the 6 source files checked" in capsys.readouterr().err
+
+
+def test_a_damaged_keep_list_report_is_one_sentence(tmp_path):
+    # Before: a data.keep directory whose report was not JSON (or lacked its input) gave a traceback.
+    import pytest
+
+    from openalign.config import ConfigError
+    from openalign.data.sharding import pair_table_of
+
+    (tmp_path / "filter_report.json").write_text('{"stage": "filter", "inp')
+    with pytest.raises(ConfigError, match="filter_report.json is damaged"):
+        pair_table_of(tmp_path)
+    (tmp_path / "filter_report.json").write_text('{"stage": "filter"}')
+    with pytest.raises(ConfigError, match="is damaged"):
+        pair_table_of(tmp_path)

@@ -96,7 +96,8 @@ def image_tasks(pairs: str, out: Path, fn, args: tuple, key: dict, per_task: int
     n_tasks = -(-count // per_task)
     inputs = sources_key(pairs if "://" in str(pairs) else str(Path(pairs).resolve()), key, per_task, count)
     scores = [str(work / f"scores-{task_id(i)}.parquet") for i in range(n_tasks)]
-    tasks = [Task(task_id(i), fn, (str(plan), i, scores[i], *args), key=sources_key(inputs, i)) for i in range(n_tasks)]
+    tasks = [Task(task_id(i), fn, (str(plan), i, scores[i], *args), key=sources_key(inputs, i), outputs=(scores[i],))
+             for i in range(n_tasks)]
     results, resumed = run_tasks(tasks, work / "_status", engine, desc, progress)
     return count, results, resumed, scores
 

@@ -63,6 +63,7 @@ class Task:
     fn: Callable[..., dict]  # module-level (pickled by reference); returns a small JSON-able summary
     args: tuple = ()
     key: str | None = None  # fingerprint of the inputs and options; None: the task checks `previous` itself
+    outputs: tuple[str, ...] = ()  # the files it writes: a finished task whose outputs are gone or changed runs again
 
 
 # ---------------------------------------------------------------------------------------------- status
@@ -72,12 +73,41 @@ def status_path(status_dir: Path, task_id: str) -> Path:
 
 
 def previous(status_dir: Path, task_id: str) -> dict | None:
-    """The status a finished earlier run of this task left, or None."""
+    """The status a finished earlier run of this task left, or None: a status that is damaged (not JSON, cut
+    short) or edited by hand since (its digest no longer matches) counts as never written."""
     path = status_path(status_dir, task_id)
     try:
-        return json.loads(path.read_text())
+        status = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    if not isinstance(status, dict) or "result" not in status or status.get("digest") != _digest(status):
+        return None
+    return status
+
+
+def _digest(status: dict) -> str:
+    import hashlib
+
+    signed = [status.get("key"), status.get("result"), status.get("outputs")]
+    return hashlib.blake2b(json.dumps(signed, sort_keys=True, default=str).encode(), digest_size=16).hexdigest()
+
+
+def _stats(paths) -> dict:
+    """{path: [size, mtime_ns]} of the files that exist (a task's outputs as it left them)."""
+    stats = {}
+    for path in paths:
+        try:
+            stat = os.stat(path)
+        except OSError:
+            continue
+        stats[str(path)] = [stat.st_size, stat.st_mtime_ns]
+    return stats
+
+
+def finished(status: dict | None, task: "Task") -> bool:
+    """Whether `status` is this task's, for these inputs, with every output still as it wrote it."""
+    return (status is not None and status.get("key") == task.key
+            and all(_stats([p]).get(str(p)) == (status.get("outputs") or {}).get(str(p)) for p in task.outputs))
 
 
 def _write_status(status_dir: Path, task_id: str, status: dict) -> None:
@@ -95,9 +125,9 @@ def run_one(task: Task, status_dir: str) -> tuple[str, dict | None, str | None]:
         result = task.fn(*task.args)
     except ConfigError as err:
         return task.id, None, str(err)
-    _write_status(Path(status_dir), task.id, {"id": task.id, "key": task.key, "result": result,
-                                              "seconds": round(time.perf_counter() - start, 3),
-                                              "host": socket.gethostname(), "pid": os.getpid()})
+    status = {"id": task.id, "key": task.key, "result": result, "outputs": _stats(task.outputs),
+              "seconds": round(time.perf_counter() - start, 3), "host": socket.gethostname(), "pid": os.getpid()}
+    _write_status(Path(status_dir), task.id, status | {"digest": _digest(status)})
     return task.id, result, None
 
 
@@ -113,7 +143,7 @@ def run_tasks(tasks: list[Task], status_dir: Path, engine: Engine = Engine(), de
     results, todo = {}, []
     for task in tasks:
         done = previous(status_dir, task.id) if task.key is not None else None
-        if done is not None and done.get("key") == task.key:
+        if finished(done, task):
             results[task.id] = done["result"]
         else:
             todo.append(task)

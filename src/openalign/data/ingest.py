@@ -646,7 +646,8 @@ def _ingest_tasks(sources, out, rejects_path, options, engine, tally, notes, pro
     parts.mkdir(exist_ok=True)
     plan = list(units(sources, options.files_per_task))
     tasks = [Task(task_id(i), ingest_unit, (unit, str(parts), task_id(i), options),
-                  key=sources_key(unit_inputs(unit, options), asdict(options) | {"workers": 0}))
+                  key=sources_key(unit_inputs(unit, options), asdict(options) | {"workers": 0}),
+                  outputs=(str(parts / f"pairs-{task_id(i)}.parquet"), str(parts / f"rejects-{task_id(i)}.parquet")))
              for i, unit in enumerate(plan)]
     results, resumed = run_tasks(tasks, parts / "_status", engine, "ingest", progress)
     for task in tasks:

@@ -73,7 +73,11 @@ def pair_table_of(keep_dir: Path) -> str:
     """The pair table a keep-list directory was made from (its stage report says)."""
     for name, field in REPORTS.items():
         if (Path(keep_dir) / name).is_file():
-            return json.loads((Path(keep_dir) / name).read_text())[field]
+            try:
+                return str(json.loads((Path(keep_dir) / name).read_text())[field])
+            except (ValueError, KeyError, TypeError):
+                raise ConfigError(f"{Path(keep_dir) / name} is damaged (not the report its stage writes); run that "
+                                  f"stage again into {keep_dir}") from None
     raise ConfigError(f"{keep_dir} holds no filter, dedup or screen report; data.keep takes the --out directories "
                       "of `openalign filter`, `openalign dedup` and `openalign screen`")
 
@@ -194,9 +198,15 @@ def shard_task(plan: str, index: int, out: str, options: ShardOptions) -> dict:
     path = Path(out) / f"{options.prefix}-{index:06d}.tar"
     key = blake(json.dumps([asdict(options) | {"workers": 0}, samples], sort_keys=True, default=str).encode())
     done = previous(Path(out) / STATUS, task_id(index))
-    if path.is_file() and done and done["result"].get("key") == key:
-        return done["result"] | {"resumed": True}
-    return write_shard(path, samples, options) | {"key": key, "resumed": False}
+    if path.is_file() and done and done["result"].get("key") == key and done["result"].get("file") == _file_stat(path):
+        return done["result"] | {"resumed": True}  # the same samples and options, and the tar as it was written
+    result = write_shard(path, samples, options)
+    return result | {"key": key, "resumed": False, "file": _file_stat(path)}
+
+
+def _file_stat(path: Path) -> list[int]:
+    stat = path.stat()
+    return [stat.st_size, stat.st_mtime_ns]
 
 
 def shard(pairs: Path, keep_dirs: list[Path], out: Path, options: ShardOptions = ShardOptions(),

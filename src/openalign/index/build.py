@@ -288,7 +288,7 @@ def build_streaming(parts: Parts, out: Path | None, options: IndexOptions, engin
             stale.unlink()
     key = json.dumps([parts.fingerprint(), repr(options)])  # the vectors' files as they are now, not their names
     tasks = [Task(task_id(i), add_shard, (str(trained), parts.files, a, b, str(out / names[i]), options.chunk_rows),
-                  key=f"{key}:{a}:{b}") for i, (a, b) in enumerate(bounds)]
+                  key=f"{key}:{a}:{b}", outputs=(str(out / names[i]),)) for i, (a, b) in enumerate(bounds)]
     run_tasks(tasks, work / "_status", engine, "index add", progress)
     # tuned on the first shard alone, against exact search over its own rows: the cells are the same, and a
     # thousand queries probing every shard would map most of the index into memory
@@ -462,24 +462,49 @@ def load(path: Path, mmap: bool = True) -> Loaded:
     index.faiss; IVF shards from shard-*.faiss, searched together), its metadata by id, and search parameters."""
     path = Path(path)
     if not (path / INFO).is_file():
-        raise ConfigError(f"{path} is not an `openalign index` output (no {INFO})")
-    info = json.loads((path / INFO).read_text())
+        raise ConfigError(f"{path} is not an `openalign index` output (no {INFO}): an index build that did not "
+                          "finish leaves none; run `openalign index` again")
+    again = "build the index again with `openalign index EMB --out " + str(path) + "`"
+    try:
+        info = json.loads((path / INFO).read_text())
+        kind, dim, params, count = info["kind"], int(info["dim"]), dict(info["params"]), int(info["count"])
+        shard_names_ = list(info.get("shards") or [])
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise ConfigError(f"{path / INFO} is damaged (not the JSON `openalign index` writes); {again}") from None
     members: list = []
-    if info.get("storage") == "shards":
-        index, members = open_shards(path, info["shards"], info["dim"])
-    else:
-        try:
-            index = faiss.read_index(str(path / FILE), faiss.IO_FLAG_MMAP if mmap else 0)
-        except RuntimeError:  # this index type cannot be mapped: read it
-            index = faiss.read_index(str(path / FILE))
+    try:
+        if info.get("storage") == "shards":
+            index, members = open_shards(path, shard_names_, dim)
+        else:
+            try:
+                index = faiss.read_index(str(path / FILE), faiss.IO_FLAG_MMAP if mmap else 0)
+            except RuntimeError:  # this index type cannot be mapped: read it
+                index = faiss.read_index(str(path / FILE))
+    except RuntimeError:  # FAISS's reader: a missing, cut or foreign file
+        raise ConfigError(f"{path}'s FAISS index file is missing or damaged; {again}") from None
+    if index.ntotal != count or index.d != dim:
+        raise ConfigError(f"{path}'s FAISS index holds {index.ntotal:,} vectors of {index.d} dimensions, but {INFO} "
+                          f"says {count:,} of {dim}: the files are of different builds; {again}")
     space = faiss.ParameterSpace()
     for name in ("nprobe", "efSearch"):
         if name in info["params"]:
             space.set_index_parameter(index, name, info["params"][name])
     if not members:
         index = _batched(index)
-    if info["params"].get("refine"):
+    if params.get("refine"):
         if not (path / EXACT16).is_file():
             raise ConfigError(f"{path} was built with --refine but its {EXACT16} is missing; build the index again")
-        index = Refined(index, np.load(path / EXACT16, mmap_mode="r"), info["params"]["refine"])
-    return Loaded(index, Meta(path / META), info, members)
+        try:
+            exact16 = np.load(path / EXACT16, mmap_mode="r")
+        except (OSError, ValueError):
+            raise ConfigError(f"{path / EXACT16} is damaged; {again}") from None
+        if exact16.shape != (count, dim):
+            raise ConfigError(f"{path / EXACT16} holds {exact16.shape} vectors, not ({count}, {dim}); {again}")
+        index = Refined(index, exact16, params["refine"])
+    try:
+        meta = Meta(path / META)
+    except (OSError, pa.ArrowException):
+        raise ConfigError(f"{path / META} is missing or damaged; {again}") from None
+    if len(meta) != count:
+        raise ConfigError(f"{path / META} has {len(meta):,} rows for {count:,} vectors; {again}")
+    return Loaded(index, meta, info | {"kind": kind}, members)
