@@ -137,3 +137,21 @@ def test_a_damaged_keep_list_report_is_one_sentence(tmp_path):
     (tmp_path / "filter_report.json").write_text('{"stage": "filter"}')
     with pytest.raises(ConfigError, match="is damaged"):
         pair_table_of(tmp_path)
+
+
+def test_stages_that_find_nothing_to_work_on_say_so(tmp_path, capsys):
+    # Before: filter and shard ran on nothing and reported success (0 pairs, 0 shards).
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "broken.jpg").write_bytes(b"not an image")
+    (tmp_path / "raw" / "broken.txt").write_text("a broken picture of a thing")
+    assert main(["ingest", str(tmp_path / "raw"), "--out", str(tmp_path / "none.parquet"), "--quiet"]) == 0
+    assert main(["filter", str(tmp_path / "none.parquet"), "--out", str(tmp_path / "f0"), "--quiet"]) == 2
+    assert "holds no pairs: nothing to filter" in capsys.readouterr().err
+    make_folder(tmp_path / "good", n=4)
+    assert main(["ingest", str(tmp_path / "good"), "--out", str(tmp_path / "p.parquet"), "--quiet"]) == 0
+    assert main(["filter", str(tmp_path / "p.parquet"), "--out", str(tmp_path / "f"), "--quiet",
+                 "min_short_side=100000"]) == 0  # removes everything
+    capsys.readouterr()
+    assert main(["shard", str(tmp_path / "p.parquet"), "--keep", str(tmp_path / "f"), "--out", str(tmp_path / "s"),
+                 "--quiet"]) == 2
+    assert "nothing to shard: the keep-lists keep no pair of" in capsys.readouterr().err

@@ -591,6 +591,8 @@ def run_filters(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), engi
     with spill if engine == "duckdb" else contextlib.nullcontext():
         try:
             runner.register(pairs)
+            if not runner.rows("SELECT count(*) FROM pairs")[0][0]:
+                raise ConfigError(f"{pairs} holds no pairs: nothing to filter (did its ingest find any images?)")
             counting = count_statements(cfg, runner.dialect)
             bar = _progress(progress, len(counting) + 2)
             for name, query in counting:

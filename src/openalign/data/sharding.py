@@ -34,6 +34,7 @@ from openalign.data.distribute import (Engine, Task, duckdb_plan, previous, read
                                        spark_plan, spark_session, task_id)
 from openalign.data.filters import keep_source
 from openalign.data.ingest import SOURCE_COLUMNS, blake, check_pair_table
+from openalign.outputs import unfinish
 from openalign.data.shards import MANIFEST, encode_image
 from openalign.data.sources import SOURCES, karpathy_items
 
@@ -228,6 +229,10 @@ def shard(pairs: Path, keep_dirs: list[Path], out: Path, options: ShardOptions =
         count = plan_spark(pairs, keep, plan, options.samples_per_shard, engine)
     else:
         count = plan_duckdb(Path(pairs), keep, plan, options.samples_per_shard)
+    if count == 0:
+        raise ConfigError(f"nothing to shard: {'the keep-lists keep no pair of ' if keep else ''}{pairs}"
+                          f"{' holds no pairs' if not keep else ''}; check the keep-lists' reports (each stage's "
+                          "removed_pairs), or that they come from this pair table")
     check_sources_exist(plan, pairs)
     info = {"pairs": pairs, "keep": [str(k) for k in keep_dirs], "split": split_name}
     return run_plan(plan, count, out, options, progress, info, start, engine)
@@ -262,7 +267,11 @@ def run_plan(plan: Path, count: int, out: Path, options: ShardOptions, progress:
     n_shards = -(-count // options.samples_per_shard)
     tasks = [Task(task_id(i), shard_task, (str(plan / "plan.parquet"), i, str(out), options)) for i in range(n_shards)]
     names = {f"{options.prefix}-{i:06d}.tar" for i in range(n_shards)}
-    previous_manifest = json.loads((out / MANIFEST).read_text()) if (out / MANIFEST).is_file() else {}
+    try:
+        previous_manifest = json.loads((out / MANIFEST).read_text()) if (out / MANIFEST).is_file() else {}
+    except ValueError:  # damaged: its stale shards, if any, are found by name below
+        previous_manifest = {}
+    unfinish(out / MANIFEST)  # written again last, when every shard of this plan is done
     for stale in set(previous_manifest.get("shards", {})) - names:  # ours, from an earlier, larger plan
         (out / stale).unlink(missing_ok=True)
     if engine.name == "local":
