@@ -164,3 +164,17 @@ def interrupt_after(monkeypatch, owner, name: str, calls: int) -> None:
 def leftovers(root: Path) -> list[str]:
     """Temporary files a stage left behind under `root`."""
     return sorted(str(p.relative_to(root)) for p in Path(root).rglob("*") if p.name.endswith(".tmp"))
+
+
+def run_killed(monkeypatch, owner, name: str, argv: list[str], calls: int = 0) -> None:
+    """The kill-and-rerun helper the stages' tests share: `openalign ARGV` with Ctrl-C in `owner.name` after
+    `calls` calls of it; the run must stop there (the test then changes something and reruns)."""
+    from openalign import cli
+
+    with monkeypatch.context() as patch:
+        interrupt_after(patch, owner, name, calls)
+        try:
+            cli.main(argv)
+        except KeyboardInterrupt:
+            return
+    raise AssertionError(f"`openalign {' '.join(argv[:1])}` did not reach {name}")

@@ -5,6 +5,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
+from conftest import run_killed
 from openalign import presets
 from openalign.cli import main
 from openalign.data.transforms import to_tensor
@@ -87,23 +88,12 @@ def test_an_interrupted_dedup_resumes_its_finished_tasks(tmp_path, monkeypatch):
     held = setup(tmp_path)
     args = ["dedup", str(tmp_path / "pairs.parquet"), "--against", str(held), "--out", str(tmp_path / "d"), "--quiet",
             "--workers", "1", "--images-per-task", "2"]
-    with monkeypatch.context() as patch:  # every image scored, then killed before the keep-list
-        patch.setattr(dedup_lib, "write_keep_without_images", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
-        try:
-            main(args)
-            raise AssertionError("the run should have stopped")
-        except KeyboardInterrupt:
-            pass
+    run_killed(monkeypatch, dedup_lib, "write_keep_without_images", args)  # every image scored, then killed
     assert main(args) == 0
     report = json.loads((tmp_path / "d" / "dedup_report.json").read_text())
     assert report["resumed_tasks"] == 4 and report["removed_images"] == 2
     picture(5).save(held / "exact5.png")  # another evaluation set: nothing of the killed run may be reused
-    with monkeypatch.context() as patch:
-        patch.setattr(dedup_lib, "write_keep_without_images", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
-        try:
-            main(args)
-        except KeyboardInterrupt:
-            pass
+    run_killed(monkeypatch, dedup_lib, "write_keep_without_images", args)
     assert main(args) == 0
     report = json.loads((tmp_path / "d" / "dedup_report.json").read_text())
     assert report["resumed_tasks"] == 4 and report["removed_images"] == 3  # this set's killed run, resumed

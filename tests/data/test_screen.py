@@ -2,6 +2,7 @@ import json
 
 from PIL import Image
 
+from conftest import run_killed
 from openalign.cli import main
 from openalign.data.filters import read_keep
 
@@ -63,13 +64,7 @@ def test_a_rerun_after_the_classifier_changed_scores_again(tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     (tmp_path / "clf.py").write_text(CLASSIFIER)
     args = ["screen", str(pairs), "--classifier", "clf.py:redness", "--out", str(tmp_path / "s"), "--quiet"]
-    with monkeypatch.context() as patch:  # every image scored, then killed before the keep-list
-        patch.setattr(screen_lib, "write_keep_without_images", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
-        try:
-            main(args)
-            raise AssertionError("the run should have stopped")
-        except KeyboardInterrupt:
-            pass
+    run_killed(monkeypatch, screen_lib, "write_keep_without_images", args)  # every image scored, then killed
     assert not (tmp_path / "s" / "screen_report.json").exists()
     (tmp_path / "clf.py").write_text(CLASSIFIER.replace("[..., 0]", "[..., 2]"))  # now it flags blue
     assert main(args) == 0
@@ -103,12 +98,7 @@ def test_an_interrupted_screen_leaves_no_keep_list_that_shard_would_take(tmp_pat
     args = ["screen", str(pairs), "--classifier", f"{tmp_path / 'clf.py'}:redness", "--out", str(tmp_path / "s"),
             "--quiet"]
     assert main(args) == 0
-    with monkeypatch.context() as patch:  # a rerun killed after the new keep-list, before its report
-        patch.setattr(screen_lib, "write_json", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
-        try:
-            main(args)
-        except KeyboardInterrupt:
-            pass
+    run_killed(monkeypatch, screen_lib, "write_json", args)  # a rerun killed after the new keep-list, before its report
     capsys.readouterr()
     assert main(["shard", str(pairs), "--keep", str(tmp_path / "s"), "--out", str(tmp_path / "shards"), "--quiet"]) == 2
     assert "has no filter, dedup or screen report beside it" in capsys.readouterr().err

@@ -164,3 +164,26 @@ def test_a_processor_saved_by_transformers_5_is_read_from_processor_config_json(
 
     with pytest.raises(ConfigError, match="two image processor files that disagree on size"):
         load_config(tmp_path)
+
+
+def test_a_save_that_fails_leaves_the_previous_model_directory(tmp_path, monkeypatch):
+    # Before: the files were written in place, so a save cut short (a full disk, Ctrl-C) left half a model
+    # directory that `embed` and `eval` loaded.
+    import pytest
+
+    from openalign.model import hub
+
+    cfg, model = trained_like_model()
+    out = save_pretrained(model, None, tmp_path / "model", cfg)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def cut_short(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(hub.config_lib, "save", cut_short)  # openalign.json, after the weights
+    with torch.no_grad():
+        model.temperature.fill_(0.5)
+    with pytest.raises(OSError):
+        save_pretrained(model, None, out, cfg)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # no temporary directory left

@@ -13,6 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
+from openalign.outputs import staged
 from openalign.eval import metrics as M  # noqa: E402
 
 CONFUSION_CLASSES = 12  # the most frequent classes drawn in the zero-shot confusion matrix
@@ -148,8 +149,10 @@ def write_report(metrics: dict, out: Path, figures: dict | None = None) -> list[
     """metrics JSON at `out`, the Markdown table (and the PNG, if any) beside it; returns the files."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(metrics, indent=2) + "\n")
-    table = out.with_suffix(".md")
-    table.write_text(markdown_table(metrics))
-    png = out.with_suffix(".png")
-    return [out, table] + ([png] if figures and plot(figures, png) else [])
+    table, png = out.with_suffix(".md"), out.with_suffix(".png")
+    drawn = bool(figures) and plot(figures, png)
+    with staged(table) as tmp:
+        tmp.write_text(markdown_table(metrics))
+    with staged(out) as tmp:  # last: the metrics file appears only when the evaluation finished
+        tmp.write_text(json.dumps(metrics, indent=2) + "\n")
+    return [out, table] + ([png] if drawn else [])

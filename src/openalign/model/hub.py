@@ -24,6 +24,8 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -42,8 +44,28 @@ PROCESSOR_FILE = "preprocessor_config.json"  # transformers' image processor set
 
 
 def save_pretrained(model: DualEncoder, tokenizer, out: Path, cfg: Config) -> Path:
+    """The model directory `out`, written whole into a temporary directory beside it and then put in place: a
+    save that fails (a full disk, Ctrl-C) leaves the previous model directory as it was, never half of one."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        _save_into(model, tokenizer, tmp, cfg)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if out.exists():
+        old = out.with_name(f".{out.name}.{os.getpid()}.old")
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
+    return out
+
+
+def _save_into(model: DualEncoder, tokenizer, out: Path, cfg: Config) -> None:
     if model.vit:  # the HF model's own scale, so its logits_per_image are openalign's too
         with torch.no_grad():
             model.dual.logit_scale.copy_(-torch.log(model.temperature.detach().to(model.dual.logit_scale.dtype)))
@@ -56,7 +78,6 @@ def save_pretrained(model: DualEncoder, tokenizer, out: Path, cfg: Config) -> Pa
              if not name.startswith(("align.", "dual."))}
     if extra:
         save_file(extra, out / EXTRA_FILE)
-    return out
 
 
 def processor_settings(v: VisionConfig) -> dict:
