@@ -343,7 +343,7 @@ def _write_rows(path: str, n: int) -> dict:
 
 @pytest.mark.parametrize("damage", ["not json", "a list", "no result", "count edited", "output deleted",
                                     "output changed"])
-def test_a_damaged_or_edited_status_or_a_lost_output_runs_its_task_again(tmp_path, damage):
+def test_a_damaged_or_edited_status_or_a_lost_output_runs_its_task_again(tmp_path, damage, capsys):
     # Before: 5 of 7 corrupted status files gave tracebacks, a deleted part with its status left behind blocked every
     # rerun, and a hand-edited count was trusted.
     import json as json_lib
@@ -368,5 +368,9 @@ def test_a_damaged_or_edited_status_or_a_lost_output_runs_its_task_again(tmp_pat
         output.unlink()
     else:
         output.write_text("something else\n")
-    again, resumed = run_tasks(tasks, status, Engine("local", workers=1), progress=False)
+    capsys.readouterr()
+    again, resumed = run_tasks(tasks, status, Engine("local", workers=1), "rows", progress=True)
     assert again == first and resumed == 2 and CALLS == [str(output)] and output.read_text() == "row\n" * 2
+    reason = "its output files are gone or changed" if damage.startswith("output") else \
+        "its status file was damaged or edited"
+    assert f"rows: running again 1 task ({reason})" in capsys.readouterr().err  # a rerun says what it redid, and why

@@ -55,7 +55,7 @@ def test_a_classifier_returning_nan_removes_nothing_and_is_counted(tmp_path):
     assert len(read_keep(tmp_path / "s")) == 4
 
 
-def test_a_rerun_after_the_classifier_changed_scores_again(tmp_path, monkeypatch):
+def test_a_rerun_after_the_classifier_changed_scores_again(tmp_path, monkeypatch, capsys):
     # Before: a relative --classifier path was never fingerprinted: after a killed run, the edited classifier's
     # rerun reused the old scores.
     from openalign.data import screen as screen_lib
@@ -67,7 +67,9 @@ def test_a_rerun_after_the_classifier_changed_scores_again(tmp_path, monkeypatch
     run_killed(monkeypatch, screen_lib, "write_keep_without_images", args)  # every image scored, then killed
     assert not (tmp_path / "s" / "screen_report.json").exists()
     (tmp_path / "clf.py").write_text(CLASSIFIER.replace("[..., 0]", "[..., 2]"))  # now it flags blue
+    capsys.readouterr()
     assert main(args) == 0
+    assert "screen: running again 1 task (its inputs or options changed)" in capsys.readouterr().err
     report = json.loads((tmp_path / "s" / "screen_report.json").read_text())
     assert (report["removed_images"], report["removed_pairs"], report["resumed_tasks"]) == (1, 1, 0)
 

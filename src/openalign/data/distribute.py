@@ -24,6 +24,7 @@ import json
 import os
 import re
 import socket
+import sys
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -104,6 +105,17 @@ def _stats(paths) -> dict:
     return stats
 
 
+def redo_reason(status_dir: Path, task: "Task", status: dict | None) -> str:
+    """Why a task that has a status file runs again (or "new" when it never finished)."""
+    if task.key is None or not status_path(status_dir, task.id).exists():
+        return "new"
+    if status is None:
+        return "its status file was damaged or edited"
+    if status.get("key") != task.key:
+        return "its inputs or options changed"
+    return "its output files are gone or changed"
+
+
 def finished(status: dict | None, task: "Task") -> bool:
     """Whether `status` is this task's, for these inputs, with every output still as it wrote it."""
     return (status is not None and status.get("key") == task.key
@@ -140,14 +152,19 @@ def run_tasks(tasks: list[Task], status_dir: Path, engine: Engine = Engine(), de
     status_dir.mkdir(parents=True, exist_ok=True)
     if len({t.id for t in tasks}) != len(tasks):
         raise ValueError("task ids must be unique")
-    results, todo = {}, []
+    results, todo, why = {}, [], []
     for task in tasks:
         done = previous(status_dir, task.id) if task.key is not None else None
         if finished(done, task):
             results[task.id] = done["result"]
         else:
             todo.append(task)
+            why.append(redo_reason(status_dir, task, done))
     skipped = len(results)
+    again = {reason: why.count(reason) for reason in dict.fromkeys(why) if reason != "new"}
+    if again:  # a rerun says what it does again, and why (with --quiet too: it is a summary, not progress)
+        print(f"{desc}: running again " + ", ".join(f"{n} task{'s' * (n > 1)} ({reason})" for reason, n in again.items()),
+              file=sys.stderr)
     if todo:
         run = _run_spark if engine.name == "spark" else _run_local
         outcomes = run(todo, str(status_dir), engine, desc, progress)
