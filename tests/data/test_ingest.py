@@ -257,6 +257,7 @@ def test_symlink_loops_and_repeated_links_list_each_directory_once(tmp_path):
 def test_an_interrupted_task_ingest_redoes_the_tasks_whose_captions_or_images_changed(tmp_path, monkeypatch, layout):
     # Before: a `files` task was keyed by its images alone (an edited caption was ignored), a table task by the
     # table file (a replaced image was ignored).
+    from conftest import interrupt_after
     from openalign.data import ingest as ingest_lib
     from openalign.data.distribute import Engine
 
@@ -276,7 +277,7 @@ def test_an_interrupted_task_ingest_redoes_the_tasks_whose_captions_or_images_ch
                                  tally, Counter(), False)
 
     with monkeypatch.context() as patch:  # every task done, then killed before the table is put together
-        patch.setattr(ingest_lib, "staged", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+        interrupt_after(patch, ingest_lib, "staged", 0)
         with pytest.raises(KeyboardInterrupt):
             run()
     (folder / "1.txt").write_text("an edited caption")

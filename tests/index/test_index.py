@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import COLORS, SHAPES, save_tiny_model, shape_image, shape_images
+from conftest import COLORS, SHAPES, run_killed, save_tiny_model, shape_image, shape_images
 from openalign import cli
 from openalign.config import ConfigError
 from openalign.index import build as build_lib
@@ -319,10 +319,7 @@ def test_a_rebuild_that_fails_leaves_the_working_index(tmp_path, monkeypatch, ca
     assert after.info["kind"] == "flat" and leftovers(tmp_path) == [] and not list((out / "_build").glob("*.faiss"))
     for a, b in zip(before, after.search(queries, 10)):
         np.testing.assert_array_equal(a, b)
-    with monkeypatch.context() as patch:  # Ctrl-C while tuning: the same
-        patch.setattr(build_lib, "_tune", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
-        with pytest.raises(KeyboardInterrupt):
-            cli.main(["index", str(emb), "--out", str(out), "--kind", "hnsw", "--quiet"])
+    run_killed(monkeypatch, build_lib, "_tune", ["index", str(emb), "--out", str(out), "--kind", "hnsw", "--quiet"])
     assert build_lib.load(out).info["kind"] == "flat"
     assert cli.main(["index", str(emb), "--out", str(out), "--kind", "hnsw", "--quiet"]) == 0  # then it succeeds
     assert build_lib.load(out).info["kind"] == "hnsw" and not (out / "_build").exists()
@@ -335,10 +332,7 @@ def test_shards_of_an_interrupted_build_are_not_reused_once_the_vectors_changed(
     emb, out = fake_embeddings(tmp_path / "emb", x, part=2_000), tmp_path / "idx"
     args = ["index", str(emb), "--out", str(out), "--kind", "ivf", "--nlist", "32", "--train-per-cell", "39",
             "--memory", "300K", "--block-rows", "2000", "--quiet"]
-    with monkeypatch.context() as patch:  # every shard is added, then the build is killed
-        patch.setattr(build_lib, "_tune", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
-        with pytest.raises(KeyboardInterrupt):
-            cli.main(args)
+    run_killed(monkeypatch, build_lib, "_tune", args)  # every shard is added, then the build is killed
     assert len(list(out.rglob("shard-*.faiss"))) == 4
     fake_embeddings(tmp_path / "emb", y, part=2_000)  # embedded again: the same files, other vectors
     assert cli.main(args) == 0

@@ -257,19 +257,20 @@ def dedup(pairs: Path, against: str, out: Path, options: DedupOptions = DedupOpt
         names = [n for n, h in hashes if h is not None]
         if not names:
             raise ConfigError("none of the evaluation images could be decoded")
-        np.save(eval_path, np.stack([h for _, h in hashes if h is not None]))
+        evaluation = np.stack([h for _, h in hashes if h is not None])
         fn, args, where, order = phash_task, (eval_path,), f"score <= {int(options.max_distance)}", "ASC"
         weights = None
     else:
         threads = max(1, (os.cpu_count() or 1) // max(1, engine.workers)) if engine.name == "local" else 1
         embeds, ok = embed_blobs(options.model, (d for _, d in eval_items), options.batch_size)
         names = [eval_items[i][0] for i in ok]
-        np.save(eval_path, np.ascontiguousarray(embeds))
+        evaluation = np.ascontiguousarray(embeds)
         fn, args = embedding_task, (eval_path, str(Path(options.model).resolve()), options.batch_size, threads)
         where, order = f"{FINITE} AND score > {float(options.threshold)!r}", "DESC"
         weights = model_fingerprint(Path(options.model))
+    np.save(eval_path, evaluation)
     # the evaluation set by content: eval.npy is written again by every run, so its time would defeat resuming
-    key = asdict(options) | {"workers": 0, "eval": array_digest(np.load(eval_path)), "model_weights": weights}
+    key = asdict(options) | {"workers": 0, "eval": array_digest(evaluation), "model_weights": weights}
     count, results, resumed, scores = image_tasks(pairs, out, fn, args, key, options.images_per_task, engine,
                                                   "dedup", progress)
     removed_images, examples, percentiles, nonfinite = score_summary(out, scores, where, order, options.examples)

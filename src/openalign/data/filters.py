@@ -520,7 +520,8 @@ def make_engine(name: str, master: str = "", memory_limit: str = "", threads: in
     raise ConfigError(f"unknown engine {name!r}; choose duckdb or spark")
 
 
-KEEP_REPORTS = ("filter_report.json", "dedup_report.json", "screen_report.json")  # each written after its keep-list
+# each stage's report, written after its keep-list, and the field naming the pair table it was made from
+KEEP_REPORTS = {"filter_report.json": "input", "dedup_report.json": "pairs", "screen_report.json": "pairs"}
 
 
 def keep_source(path: Path) -> str:

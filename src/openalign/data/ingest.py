@@ -39,7 +39,8 @@ from tqdm import tqdm
 from openalign.config import ConfigError
 from openalign.data import images
 from openalign.data import shards as shard_lib
-from openalign.data.sources import IMAGE_SUFFIXES, TABLE_SUFFIXES, folder_files, read_caption, sniff_delimiter
+from openalign.data.sources import (IMAGE_SUFFIXES, SOURCES, TABLE_SUFFIXES, folder_files, read_caption,
+                                    sniff_delimiter)
 from openalign.data.distribute import Engine, Task, run_tasks, sources_key, task_id
 from openalign.data.workers import process_pool
 from openalign.outputs import staged, unfinish, write_json
@@ -343,7 +344,7 @@ def units(sources: list[str], files_per_unit: int = 0) -> Iterator[tuple]:
             # webdataset tars at its top (img2dataset's webdataset output, or any shard folder), img2dataset's
             # parquet output (images in a column) and its status sidecars (the failed downloads), then images
             yield from (("tar", str(t.resolve())) for t in sorted(path.glob("*.tar")))
-            for table in sorted(path.rglob("*.parquet")):
+            for table in sorted(path.glob("*.parquet")):  # img2dataset writes them at its folder's top
                 kind = img2dataset_table(table)
                 if kind:
                     yield (kind, str(table.resolve()))
@@ -396,19 +397,14 @@ def img2dataset_table(path: Path) -> str | None:
         return None
     if not {"key", "status", "error_message", "caption", "url"} <= set(schema.names):
         return None
-    return "img2dataset" if _image_column(schema) else "img2dataset-status"
-
-
-def _image_column(schema: pa.Schema) -> str | None:
-    return next((c for c in ("jpg", "png", "webp") if c in schema.names and pa.types.is_binary(schema.field(c).type)),
-                None)
+    return "img2dataset" if SOURCES.image_column(schema) else "img2dataset-status"
 
 
 def img2dataset_records(path: Path, failures_only: bool) -> Iterator[Record]:
     """The rows of an img2dataset Parquet file: each success a pair (its image from the parquet output's column),
     each failed download a reject with img2dataset's own status and message."""
     table = pq.ParquetFile(path)
-    image = _image_column(table.schema_arrow)
+    image = SOURCES.image_column(table.schema_arrow)
     columns = ["key", "status", "error_message", "caption", "url", "original_width", "original_height"]
     columns = [c for c in columns if c in table.schema_arrow.names] + ([image] if image and not failures_only else [])
     for group in range(table.num_row_groups):

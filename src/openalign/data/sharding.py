@@ -32,7 +32,7 @@ from openalign.data import images
 from openalign.data import shards as shard_lib
 from openalign.data.distribute import (Engine, Task, duckdb_plan, previous, read_plan, run_tasks, sources_key,
                                        spark_plan, spark_session, task_id)
-from openalign.data.filters import keep_source
+from openalign.data.filters import KEEP_REPORTS, keep_source
 from openalign.data.ingest import SOURCE_COLUMNS, blake, check_pair_table
 from openalign.outputs import unfinish
 from openalign.data.shards import MANIFEST, encode_image
@@ -67,12 +67,11 @@ def _keep_table(con, pairs: Path, keep_dirs: list[Path]) -> None:
         con.execute("CREATE TEMP TABLE keep AS SELECT DISTINCT uid FROM read_parquet(?)", [str(pairs)])
 
 
-REPORTS = {"filter_report.json": "input", "dedup_report.json": "pairs", "screen_report.json": "pairs"}
 
 
 def pair_table_of(keep_dir: Path) -> str:
     """The pair table a keep-list directory was made from (its stage report says)."""
-    for name, field in REPORTS.items():
+    for name, field in KEEP_REPORTS.items():
         if (Path(keep_dir) / name).is_file():
             try:
                 return str(json.loads((Path(keep_dir) / name).read_text())[field])

@@ -318,6 +318,14 @@ class _Sources:
         except tarfile.TarError as err:
             raise OSError(f"{member} of {path}: {err}") from None
 
+    @staticmethod
+    def image_column(schema) -> str | None:
+        """The binary column holding img2dataset's `parquet` output's images (its --encode_format), if any."""
+        import pyarrow as pa
+
+        return next((c for c in IMG2DATASET_IMAGE_COLUMNS
+                     if c in schema.names and pa.types.is_binary(schema.field(c).type)), None)
+
     def _table_image(self, path: str, key: str) -> bytes:
         """An image of img2dataset's `parquet` output by its key (row groups read one at a time, the last kept:
         stages read a table's images in order)."""
@@ -328,7 +336,7 @@ class _Sources:
                 table = pq.ParquetFile(path)
             except Exception as err:  # noqa: BLE001 - pyarrow's errors for a missing or damaged file
                 raise OSError(f"{path}: {err}") from None
-            column = next((c for c in ("jpg", "png", "webp") if c in table.schema_arrow.names), None)
+            column = self.image_column(table.schema_arrow)
             rows = {}
             for g in range(table.num_row_groups):
                 for r, k in enumerate(table.read_row_group(g, columns=["key"]).column(0).to_pylist()):
@@ -361,6 +369,7 @@ class _Sources:
         return tar, index
 
 
+IMG2DATASET_IMAGE_COLUMNS = ("jpg", "png", "webp")
 SOURCES = _Sources()  # one per process: forked workers each build their own tar indexes
 
 

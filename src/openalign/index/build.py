@@ -467,14 +467,16 @@ def load(path: Path, mmap: bool = True) -> Loaded:
     again = "build the index again with `openalign index EMB --out " + str(path) + "`"
     try:
         info = json.loads((path / INFO).read_text())
-        kind, dim, params, count = info["kind"], int(info["dim"]), dict(info["params"]), int(info["count"])
-        shard_names_ = list(info.get("shards") or [])
+        if "kind" not in info:
+            raise KeyError("kind")
+        dim, count, params = int(info["dim"]), int(info["count"]), dict(info["params"])
+        shards = list(info.get("shards") or [])
     except (ValueError, KeyError, TypeError, AttributeError):
         raise ConfigError(f"{path / INFO} is damaged (not the JSON `openalign index` writes); {again}") from None
     members: list = []
     try:
         if info.get("storage") == "shards":
-            index, members = open_shards(path, shard_names_, dim)
+            index, members = open_shards(path, shards, dim)
         else:
             try:
                 index = faiss.read_index(str(path / FILE), faiss.IO_FLAG_MMAP if mmap else 0)
@@ -487,8 +489,8 @@ def load(path: Path, mmap: bool = True) -> Loaded:
                           f"says {count:,} of {dim}: the files are of different builds; {again}")
     space = faiss.ParameterSpace()
     for name in ("nprobe", "efSearch"):
-        if name in info["params"]:
-            space.set_index_parameter(index, name, info["params"][name])
+        if name in params:
+            space.set_index_parameter(index, name, params[name])
     if not members:
         index = _batched(index)
     if params.get("refine"):
@@ -507,4 +509,4 @@ def load(path: Path, mmap: bool = True) -> Loaded:
         raise ConfigError(f"{path / META} is missing or damaged; {again}") from None
     if len(meta) != count:
         raise ConfigError(f"{path / META} has {len(meta):,} rows for {count:,} vectors; {again}")
-    return Loaded(index, meta, info | {"kind": kind}, members)
+    return Loaded(index, meta, info, members)

@@ -40,6 +40,7 @@ from openalign import distributed
 from openalign.data import shards as shard_lib
 from openalign.data import sources as source_lib
 from openalign.data import transforms
+from openalign.data.distribute import sources_key
 from openalign.index.parts import MANIFEST, PATCHES, part_files, read_manifest
 from openalign.model.encode import (encode_image_stream, encode_image_tokens, encode_images, encode_texts,
                                     load_for_inference)
@@ -83,27 +84,17 @@ def plan_parts(sources: list[str], options: EmbedOptions) -> tuple[list[Part], d
         listed = source_lib.listing(source, options.images, "all")
         if listed is None:
             for shard in (str(Path(s).resolve()) for s in shard_lib.list_shards(source)):
-                inputs[len(parts)] = _digest([_stat(shard)])
+                inputs[len(parts)] = sources_key(shard)  # its path, size and modification time
                 parts.append(Part(len(parts), shard=shard))
             continue
         listings[source] = listed
         for start in range(0, len(listed), options.part_size):
             stop = min(start + options.part_size, len(listed))
-            inputs[len(parts)] = _digest([[*_stat(i.path), i.member, i.texts] for i in listed[start:stop]])
+            inputs[len(parts)] = sources_key([[i.path, i.member, i.texts] for i in listed[start:stop]])
             parts.append(Part(len(parts), source=source, start=start, stop=stop))
     return parts, listings, inputs
 
 
-def _stat(path: str) -> list:
-    try:
-        stat = Path(path).stat()
-    except OSError:  # gone: counted as unreadable when embedded
-        return [path, None, None]
-    return [path, stat.st_size, stat.st_mtime_ns]
-
-
-def _digest(value) -> str:
-    return hashlib.blake2b(json.dumps(value, sort_keys=True).encode(), digest_size=16).hexdigest()
 
 
 def _write_part(out: Path, index: int, embeds: np.ndarray, rows: list[dict], texts: np.ndarray | None = None,
@@ -129,7 +120,9 @@ def _status(out: Path, index: int) -> dict | None:
 
 
 def _finished(out: Path, part: Part, key: str, inputs: str, options: EmbedOptions) -> dict | None:
-    return status if _why_redo(out, part, key, inputs, options, status := _status(out, part.index)) is None else None
+    """The part's status when it is finished for this plan and these inputs, else None."""
+    status = _status(out, part.index)
+    return status if _why_redo(out, part, key, inputs, options, status) is None else None
 
 
 def _why_redo(out: Path, part: Part, key: str, inputs: str, options: EmbedOptions, status: dict | None) -> str | None:
