@@ -83,6 +83,32 @@ def test_bad_input_fails_at_once_in_one_sentence(tmp_path, engine, request):
     assert sorted(p.stem for p in (tmp_path / "status").glob("*.json")) == ["a", "c"]  # the others finished
 
 
+def fill_disk(attempts: str, value: int) -> dict:
+    """A task that finds the disk full (each attempt leaves a file in `attempts`, so the test counts them)."""
+    import errno
+
+    Path(attempts, f"{value}-{len(list(Path(attempts).glob(f'{value}-*')))}").touch()
+    if value == 1:
+        raise OSError(errno.ENOSPC, "No space left on device", str(Path(attempts) / "out.tar.tmp"))
+    return {"value": value}
+
+
+@pytest.mark.parametrize("engine", [LOCAL, pytest.param(SPARK, marks=needs_java)], ids=["local", "spark"])
+def test_a_full_disk_is_not_retried_and_is_one_sentence(tmp_path, engine, request):
+    # Before: Spark retried a task that found the disk full spark.task.maxFailures times (3 attempts), then the
+    # stage failed with "failed on Spark after its retries: OSError ...", not the full-disk sentence.
+    if engine.name == "spark":
+        request.getfixturevalue("spark")
+    attempts = tmp_path / "attempts"
+    attempts.mkdir()
+    tasks = [Task(f"t{i}", fill_disk, (str(attempts), i), key=f"k{i}") for i in range(3)]
+    with pytest.raises(ConfigError, match=rf"^the disk is full: writing {attempts / 'out.tar.tmp'} failed with "
+                                          r"[\d,]+ MiB free on .+ run the command again \(finished work is kept\)$"):
+        run_tasks(tasks, tmp_path / "status", engine, progress=False)
+    assert sorted(p.name for p in attempts.iterdir()) == ["0-0", "1-0", "2-0"]  # one attempt each
+    assert sorted(p.stem for p in (tmp_path / "status").glob("*.json")) == ["t0", "t2"]
+
+
 def test_local_masters_get_task_retries():
     assert distribute.local_with_retries("local[2]", 2) == "local[2,3]"
     assert distribute.local_with_retries("local[*]", 0) == "local[*,1]"

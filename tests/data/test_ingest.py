@@ -51,7 +51,7 @@ def malformed_folder(root):
     for name, (data, _) in files.items():
         (root / name).write_bytes(data)
         if name != "no_caption.jpg":
-            (root / name).with_suffix(".txt").write_text(f"caption of {name}\n  second line ")
+            (root / name).with_suffix(".txt").write_text(f"caption of {name}\t  second part ")  # one line: one pair
     return {name: outcome for name, (_, outcome) in files.items()}
 
 
@@ -77,7 +77,7 @@ def test_every_malformed_kind_is_counted_and_no_good_pair_is_lost(tmp_path):
     assert manifest["conversions"]["exif_rotated"] == 1 and manifest["conversions"]["alpha"] == 1
     # sizes are as displayed; whitespace runs become one space; keys are content hashes
     assert (by_name["rotated.jpg"]["width"], by_name["rotated.jpg"]["height"]) == (200, 300)
-    assert by_name["good.jpg"]["text"] == "caption of good.jpg second line"
+    assert by_name["good.jpg"]["text"] == "caption of good.jpg second part"
     assert len({p["image_key"] for p in pairs}) == len(pairs) and len(by_name["good.jpg"]["uid"]) == 32
     assert json.loads((tmp_path / "pairs.manifest.json").read_text())["pairs"] == len(pairs)
 
@@ -287,3 +287,41 @@ def test_an_interrupted_task_ingest_redoes_the_tasks_whose_captions_or_images_ch
     if layout == "files":
         assert rows["1.png"]["text"] == "an edited caption"
     assert (rows["2.png"]["width"], rows["2.png"]["height"]) == (300, 250)
+
+
+def test_a_caption_file_of_several_lines_is_a_pair_per_line_everywhere_but_beside_img2datasets_json(tmp_path):
+    # Before: ingest made one pair of "a red square a square in red" from a two-line .txt, while eval, embed and
+    # the training stream read the same file as two captions. Now each reader applies one rule (shards.captions):
+    # a pair per line, except beside img2dataset's .json, where the .txt is one web alt-text.
+    from openalign.data import shards as shard_lib
+    from openalign.data.sources import listing
+
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    Image.new("RGB", (64, 48), "red").save(folder / "a.png")
+    (folder / "a.txt").write_text("a red square\n\na square in red\n")
+    Image.new("RGB", (64, 48), "blue").save(folder / "b.png")
+    (folder / "b.txt").write_text("a blue\nsquare on a page\n")  # img2dataset: one alt-text with a newline in it
+    (folder / "b.json").write_text(json.dumps({"caption": "a blue\nsquare on a page", "url": "http://x/b.png"}))
+    samples = {"a": {"png": (folder / "a.png").read_bytes(), "txt": (folder / "a.txt").read_bytes()},
+               "b": {"png": (folder / "b.png").read_bytes(), "txt": (folder / "b.txt").read_bytes(),
+                     "json": (folder / "b.json").read_bytes()}}
+    with tarfile.open(tmp_path / "s.tar", "w") as tar:
+        for key, parts in samples.items():
+            for ext, data in parts.items():
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    expected = {"a": ["a red square", "a square in red"], "b": ["a blue square on a page"]}
+
+    for source in (folder, tmp_path / "s.tar"):
+        out = tmp_path / f"{source.stem}.parquet"
+        ingest([str(source)], out, IngestOptions(workers=1), progress=False)
+        pairs = pq.read_table(out).to_pylist()
+        got = {}
+        for pair in pairs:
+            got.setdefault(Path(pair["member"] or pair["path"]).stem, []).append(pair["text"])
+        assert {k: sorted(v) for k, v in got.items()} == expected
+    assert {Path(i.path).stem: i.texts for i in listing(str(folder))} == expected
+    read = {s["__key__"]: shard_lib.sample_texts(s) for s in shard_lib.read_samples([str(tmp_path / "s.tar")])}
+    assert read == expected

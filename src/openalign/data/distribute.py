@@ -11,7 +11,8 @@ gathers only those summaries.
 - **Failed tasks are retried.** A task that raises, or whose process dies, runs again, up to `retries`
   more times: on Spark through Spark's own task retry (`spark.task.maxFailures`; `local[N,F]` on a local
   master), locally by resubmitting it to a fresh pool. A `ConfigError` (bad input that a retry cannot
-  fix) is not retried: the other tasks finish, then the stage fails in that one sentence, on both engines.
+  fix) and a full disk (every retry would fail the same way) are not retried: the other tasks finish, then
+  the stage fails in that one sentence, on both engines.
 - **Where it runs.** `local` uses `workers` processes. `spark` runs on `--master` (`local[N]`,
   `spark://host:7077`, `yarn`, `k8s://...`), or, with no `--master`, on the master spark-submit was given
   (`local[*]` outside spark-submit). On a cluster, inputs and outputs must be on storage every executor
@@ -38,7 +39,7 @@ from tqdm import tqdm
 from openalign.config import ConfigError
 from openalign.data.workers import forkserver
 from openalign.host import die_with_parent
-from openalign.outputs import is_disk_full
+from openalign.outputs import disk_full, is_disk_full
 
 ENGINES = ("local", "spark")
 
@@ -135,11 +136,17 @@ def run_one(task: Task, status_dir: str) -> tuple[str, dict | None, str | None]:
     start = time.perf_counter()
     try:
         result = task.fn(*task.args)
+        status = {"id": task.id, "key": task.key, "result": result, "outputs": _stats(task.outputs),
+                  "seconds": round(time.perf_counter() - start, 3), "host": socket.gethostname(), "pid": os.getpid()}
+        _write_status(Path(status_dir), task.id, status | {"digest": _digest(status)})
     except ConfigError as err:
         return task.id, None, str(err)
-    status = {"id": task.id, "key": task.key, "result": result, "outputs": _stats(task.outputs),
-              "seconds": round(time.perf_counter() - start, 3), "host": socket.gethostname(), "pid": os.getpid()}
-    _write_status(Path(status_dir), task.id, status | {"digest": _digest(status)})
+    except OSError as err:
+        if not is_disk_full(err):
+            raise
+        # said where it happened (the executor's disk and its free space), and never retried: on Spark a raise
+        # would be retried spark.task.maxFailures times
+        return task.id, None, disk_full(err)
     return task.id, result, None
 
 
@@ -183,8 +190,6 @@ def _run_local(tasks: list[Task], status_dir: str, engine: Engine, desc: str, pr
     bar = tqdm(total=len(tasks), desc=desc, unit="task", disable=not progress)
 
     def failed(task: Task, err: BaseException) -> None:
-        if is_disk_full(err):  # not a transient fault: every retry would fail the same way
-            raise err
         attempts[task.id] += 1
         if attempts[task.id] > engine.retries:
             raise RuntimeError(f"task {task.id} of {desc} failed {attempts[task.id]} times; the last error: "

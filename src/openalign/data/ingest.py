@@ -5,7 +5,9 @@
 Sources, recognised by what they are:
 - a **directory**: every image file (jpg/jpeg/png/webp/gif/bmp/tiff) with a caption sidecar of the same
   stem (`cat.jpg` + `cat.txt`, as img2dataset's `files` output writes; a `cat.json` sidecar may give
-  the `url`); sub-directories are walked;
+  the `url`); sub-directories are walked. A `.txt` of several lines is several captions, a pair each
+  (CLIP_benchmark's convention, read so everywhere), except beside img2dataset's `.json`, whose `.txt` is
+  one alt-text (`shards.captions`); the same holds for a tar sample's `.txt`;
 - a **table** `.csv .tsv .jsonl .json .parquet`: one pair per row, an image column (a path relative to
   the table, a `file://` URL, or an http(s) URL) and a text column, names configurable;
 - a **webdataset tar** `.tar`: samples `KEY.jpg|png|webp` + `KEY.txt` (+ `KEY.json`), as img2dataset
@@ -40,7 +42,7 @@ from openalign.config import ConfigError
 from openalign.data import images
 from openalign.data import shards as shard_lib
 from openalign.data.sources import (IMAGE_SUFFIXES, SOURCES, TABLE_SUFFIXES, folder_files, read_caption,
-                                    sniff_delimiter)
+                                    sidecar_meta, sniff_delimiter)
 from openalign.data.distribute import Engine, Task, run_tasks, sources_key, task_id
 from openalign.data.workers import process_pool
 from openalign.outputs import staged, unfinish, write_json
@@ -161,20 +163,15 @@ def pair_uid(image_key: str, text: str) -> str:
 
 # ---------------------------------------------------------------------------------------------- sources
 
-def file_record(path: Path) -> Record:
-    """An image file with its sidecars: `.txt` the caption, `.json` may give the url. A FIFO or device named
-    like an image is rejected by `examine` (`not_a_file`), and only regular sidecars are read."""
-    sidecar = path.with_suffix(".json")
-    meta = {}
-    if sidecar.is_file():
-        try:
-            meta = json.loads(sidecar.read_text(encoding="utf-8", errors="replace"))
-        except (OSError, ValueError):
-            pass
-    meta = meta if isinstance(meta, dict) else {}
+def file_records(path: Path) -> Iterator[Record]:
+    """An image file with its sidecars: a pair per caption of the `.txt` (`shards.captions`: one per line, or one
+    alt-text beside img2dataset's `.json`), which may give the url and original size. A FIFO or device named like
+    an image is rejected by `examine` (`not_a_file`), and only regular sidecars are read."""
+    meta = sidecar_meta(path)
     caption = path.with_suffix(".txt")
-    return Record("folder", str(path), read_caption(caption) if caption.is_file() else None, url=meta.get("url"),
-                  original=original_size(meta))
+    texts = shard_lib.captions(read_caption(caption) if caption.is_file() else None, meta)
+    for text in texts or [None]:
+        yield Record("folder", str(path), text, url=meta.get("url"), original=original_size(meta))
 
 
 def original_size(meta: dict) -> tuple[int, int] | None:
@@ -184,7 +181,7 @@ def original_size(meta: dict) -> tuple[int, int] | None:
 
 
 def folder_records(root: Path) -> Iterator[Record]:
-    return (file_record(path) for path in folder_files(root))
+    return (record for path in folder_files(root) for record in file_records(path))
 
 
 def _csv_rows(path: Path, options: IngestOptions, notes: Counter) -> Iterator[tuple]:
@@ -326,10 +323,11 @@ def tar_records(path: Path) -> Iterator[Record]:
             meta = shard_lib.sample_meta(sample)
         except shard_lib.BadSample:
             meta = {}  # only the url and a caption come from it
-        text = sample["txt"].decode("utf-8", "replace") if "txt" in sample else meta.get("caption")
+        texts = shard_lib.captions(sample["txt"].decode("utf-8", "replace") if "txt" in sample else None, meta)
         image_ext = next((e for e in sample if "." + e in IMAGE_SUFFIXES), None)
-        yield Record("webdataset", str(path), text, member=f"{key}.{image_ext or '*'}", url=meta.get("url"),
-                     data=sample[image_ext] if image_ext else b"", original=original_size(meta))
+        for text in texts or [None]:  # a pair per caption: a .txt of several lines holds several
+            yield Record("webdataset", str(path), text, member=f"{key}.{image_ext or '*'}", url=meta.get("url"),
+                         data=sample[image_ext] if image_ext else b"", original=original_size(meta))
     details = {"truncated_tar": "the tar ends in the middle of a sample", "unreadable_tar": "not a readable tar file"}
     for reason in counter.get("reasons", {}):
         yield Record("webdataset", str(path), None, bad=(reason, details[reason]))
@@ -425,7 +423,7 @@ def unit_records(unit: tuple, options: IngestOptions, notes: Counter) -> Iterato
     if kind == "folder":
         return folder_records(Path(where))
     if kind == "files":
-        return (file_record(Path(f)) for f in where)
+        return (record for f in where for record in file_records(Path(f)))
     if kind == "tar":
         return tar_records(Path(where))
     return table_records(Path(where), options, notes)

@@ -224,17 +224,29 @@ def sample_meta(sample: dict) -> dict:
     return meta
 
 
+def captions(text: str | None, meta: dict) -> list[str]:
+    """The alt-texts a `.txt` caption file holds: one per non-empty line (CLIP_benchmark's retrieval files hold an
+    image's five captions so), except beside img2dataset's metadata (a `caption` string in the `.json`), where the
+    `.txt` is that one web alt-text and a newline in it is only whitespace. Every reader of a `.txt` (ingest, the
+    training stream, eval, embed) applies this rule."""
+    if text is None:
+        text = meta.get("caption") if isinstance(meta.get("caption"), str) else ""
+    if isinstance(meta.get("caption"), str):
+        return [" ".join(text.split())] if text.strip() else []
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
 def sample_texts(sample: dict) -> list[str]:
-    """All alt-texts of a sample: json `texts` when present, else each line of the `.txt` (one caption per line,
-    as CLIP_benchmark's retrieval shards hold them; invalid UTF-8 bytes become U+FFFD, as ingest reads them)."""
-    texts = [t for t in sample_meta(sample).get("texts") or [] if isinstance(t, str) and t.strip()]
+    """All alt-texts of a sample: json `texts` when present, else the `.txt`'s `captions` (invalid UTF-8 bytes
+    become U+FFFD, as ingest reads them)."""
+    meta = sample_meta(sample)
+    texts = [t for t in meta.get("texts") or [] if isinstance(t, str) and t.strip()]
     if texts:
         return texts
-    text = sample["txt"].decode("utf-8", errors="replace") if "txt" in sample else ""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if not lines:
+    texts = captions(sample["txt"].decode("utf-8", errors="replace") if "txt" in sample else None, meta)
+    if not texts:
         raise BadSample("no_text", "no .txt caption and no json texts")
-    return lines
+    return texts
 
 
 def all_texts(shards: list[str], fraction: float = 1.0, counter: dict | None = None, keep: str = "") -> Iterator[str]:

@@ -160,10 +160,21 @@ def read_caption(path: Path) -> str | None:
 
 
 def _sidecar_texts(image: Path) -> list[str]:
-    """The captions of an image's `.txt` sidecar: one per non-empty line (a retrieval set's five captions)."""
+    """The captions of an image's `.txt` sidecar (`shards.captions`: one per non-empty line, or one alt-text when
+    an img2dataset `.json` sidecar is beside it; that file is read only when the `.txt` has several lines)."""
     sidecar = image.with_suffix(".txt")
     text = (read_caption(sidecar) or "") if sidecar.is_file() else ""
-    return [line.strip() for line in text.splitlines() if line.strip()]
+    return shard_lib.captions(text, sidecar_meta(image) if len(text.strip().splitlines()) > 1 else {})
+
+
+def sidecar_meta(image: Path) -> dict:
+    """An image's `.json` sidecar as a dict ({} when there is none, or it is not a JSON object)."""
+    sidecar = image.with_suffix(".json")
+    try:
+        meta = json.loads(sidecar.read_text(encoding="utf-8", errors="replace")) if sidecar.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
 
 
 def sniff_delimiter(path: Path) -> str:
