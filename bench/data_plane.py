@@ -34,7 +34,7 @@ from _common import ROOT, verdict, write_section
 def make_corpus(root: Path, n: int, per_tar: int) -> list[str]:
     from PIL import Image
 
-    from openalign.data.shards import ShardWriter
+    from openalign.data.tars import ShardWriter
 
     rng = np.random.default_rng(0)
     y, x = np.mgrid[0:384, 0:512].astype(np.float32)
@@ -64,12 +64,12 @@ def main() -> None:
 
     import pyarrow.parquet as pq
 
-    from openalign.data import distribute
-    from openalign.data.distribute import Engine
-    from openalign.data.dedup import DedupOptions, dedup
-    from openalign.data.ingest import IngestOptions, ingest
-    from openalign.data.shards import read_samples
-    from openalign.data.sharding import ShardOptions, shard
+    from openalign.data.engine import spark_session
+    from openalign.data.engine import Engine
+    from openalign.pipeline.dedup import DedupOptions, dedup
+    from openalign.pipeline.ingest import IngestOptions, ingest
+    from openalign.data.tars import read_samples
+    from openalign.pipeline.shard import ShardOptions, shard
 
     tmp = Path(tempfile.mkdtemp(prefix="openalign-p11-"))
     try:
@@ -89,7 +89,7 @@ def main() -> None:
                 active = SparkSession.getActiveSession()
                 if active is not None:
                     active.stop()
-                spark = distribute.spark_session(engine.master, retries=engine.retries)
+                spark = spark_session(engine.master, retries=engine.retries)
                 spark.sparkContext.parallelize(range(8), 8).map(lambda v: v).collect()
             out = tmp / name.replace(" ", "_").replace(",", "").replace("[", "").replace("]", "")
             pairs = out / "pairs.parquet"

@@ -108,7 +108,7 @@ def run_child(engine: str, pairs: Path, out: Path, vocab_size: int, memory_limit
 
 def child(args) -> None:
     from openalign.config import FilterConfig
-    from openalign.data import filters
+    from openalign.pipeline import filter as filters
 
     cfg = FilterConfig(vocab_size=args.vocab_size)
     out = Path(args.child_out)
@@ -131,7 +131,7 @@ def child(args) -> None:
 def read_keep(result_dir: Path) -> list[str]:
     if (result_dir / "keep.json").is_file():
         return json.loads((result_dir / "keep.json").read_text())
-    from openalign.data.filters import read_keep as read
+    from openalign.pipeline.filter import read_keep as read
 
     return read(result_dir)
 

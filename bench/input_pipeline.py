@@ -30,7 +30,7 @@ import torch
 from PIL import Image
 
 from _common import verdict, write_section
-from openalign.data import shards as shard_lib
+from openalign.data import tars
 from openalign.data import transforms
 from openalign.data.loader import Position, StreamSpec, batches_per_role, epoch_plan, train_loader
 from openalign.tokenizer import train_tokenizer
@@ -50,7 +50,7 @@ def photo_like(rng: np.random.Generator, width: int, height: int) -> bytes:
 
 def write_shards(out: Path, n: int) -> list[bytes]:
     rng = np.random.default_rng(0)
-    writer = shard_lib.ShardWriter(out, "bench", 128)
+    writer = tars.ShardWriter(out, "bench", 128)
     images = []
     for i in range(n):
         data = photo_like(rng, int(RESIZE * rng.uniform(1.0, 1.6)), RESIZE)  # shorter side 346, as sharded
@@ -88,7 +88,7 @@ def per_image_seconds(fn, images: list[bytes], repeats: int) -> float:
 def loader_rate(shards: list[str], tokenizer, workers: int, batch: int) -> float:
     spec = StreamSpec(shards=tuple(shards), batch_size=batch, resize=RESIZE, crop=CROP, max_length=64,
                       shuffle_buffer=64, workers=workers)
-    counts = {s: shard_lib.count_samples(s) for s in shards}
+    counts = {s: tars.count_samples(s) for s in shards}
     n_batches = batches_per_role(spec, 0, counts)
     iterator = iter(train_loader(spec, tokenizer, (n_batches,)))
     next(iterator)  # workers started and warm
@@ -102,7 +102,7 @@ def epochs_rate(shard: str, tokenizer, batch: int, epochs: int, one_loader: bool
     """Samples/s over `epochs` epochs of one shard with 1 worker: one loader for all, or one per epoch."""
     spec = StreamSpec(shards=(shard,), batch_size=batch, resize=RESIZE, crop=CROP, max_length=64, shuffle_buffer=64,
                       workers=1)
-    counts = {shard: shard_lib.count_samples(shard)}
+    counts = {shard: tars.count_samples(shard)}
     per_epoch = batches_per_role(spec, 0, counts)
     start, samples = time.perf_counter(), 0
     if one_loader:
@@ -130,7 +130,7 @@ def main() -> int:
         originals = [photo_like(rng, 1024, 768) for _ in range(args.images // 8)]
         plain_big = per_image_seconds(plain_pillow, originals, args.repeats)
         ours_big = per_image_seconds(ours, originals, args.repeats)
-        shards = shard_lib.list_shards(tmp)
+        shards = tars.list_shards(tmp)
         tokenizer = train_tokenizer([f"picture {i}" for i in range(100)] * 3, 200, 64)
         one = loader_rate(shards, tokenizer, 1, 32)
         two = loader_rate(shards, tokenizer, 2, 32)

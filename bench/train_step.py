@@ -35,9 +35,9 @@ from torch.utils import flop_counter
 from _common import free_port, verdict, write_section
 from openalign import host, presets
 from openalign.distributed import Dist
-from openalign.data import shards as shard_lib
+from openalign.data import tars
 from openalign.data import transforms
-from openalign.data.corpora import resolve_data
+from openalign.corpora import resolve_data
 from openalign.data.loader import Position, StreamSpec, epoch_plan, train_loader
 from openalign.model.dual_encoder import DualEncoder, hf_config
 from openalign.tokenizer import train_tokenizer
@@ -152,7 +152,7 @@ def efficiency(cfg, batch, steps: int, peak: float) -> dict:
 def data_wait_fraction(cfg, model, optimizer, tokenizer, shards, n: int) -> float:
     """Share of wall time the training loop waits on the real loader (decode, augment, tokenize)."""
     spec = StreamSpec.for_config(cfg, shards)
-    counts = {s: shard_lib.count_samples(s) for s in shards}
+    counts = {s: tars.count_samples(s) for s in shards}
     wait, total, steps = 0.0, 0.0, 0
     start = time.perf_counter()
     for batch in train_loader(spec, tokenizer, epoch_plan(spec, counts, Position(), n)):
@@ -173,7 +173,7 @@ def prepare(preset: str, batch_size: int):
     torch.manual_seed(0)
     cfg = presets.get(preset)
     train_shards, _ = resolve_data(cfg.data)
-    tokenizer = train_tokenizer(shard_lib.all_texts(train_shards), cfg.model.text.vocab_size)
+    tokenizer = train_tokenizer(tars.all_texts(train_shards), cfg.model.text.vocab_size)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(
         cfg.model, text=dataclasses.replace(cfg.model.text, vocab_size=len(tokenizer))))
     spec = StreamSpec.for_config(cfg, train_shards, batch_size=batch_size, workers=0)

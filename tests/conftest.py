@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageDraw
 
-from openalign.data import emoji
-from openalign.data.shards import ShardWriter
+from openalign.corpora import emoji
+from openalign.data.tars import ShardWriter
 
 # tests that render the built-in emoji corpus (system packages `make test` installs)
 needs_emoji_data = pytest.mark.skipif(

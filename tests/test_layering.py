@@ -1,7 +1,7 @@
 """The package's layers (DESIGN.md, Layers), read from every import in src/, function-level ones included:
 
-    config, schedule, loss, distributed, host, outputs, tokenizer, presets  <  model  <  data  <  index  <  eval, serve
-      <  train  <  study  <  cli, flags
+    config, schedule, loss, distributed, host, outputs, tokenizer, presets  <  model  <  data  <  pipeline, index
+      <  corpora, eval, serve  <  train  <  study  <  cli, flags
 
 A module imports only from its own layer or below, and no two modules import each other, directly or
 through others (a function-level import does not hide a cycle).
@@ -14,7 +14,7 @@ import openalign
 
 PACKAGE = Path(openalign.__file__).parent
 LAYERS = [("config", "schedule", "loss", "distributed", "host", "outputs", "tokenizer", "presets"), ("model",), ("data",),
-          ("index",), ("eval", "serve"), ("train",), ("study",), ("cli", "flags", "__main__")]
+          ("pipeline", "index"), ("corpora", "eval", "serve"), ("train",), ("study",), ("cli", "flags", "__main__")]
 RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}
 
 

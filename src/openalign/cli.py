@@ -184,10 +184,10 @@ def cmd_eval(args) -> int:
 
 
 def cmd_corpus(args) -> int:
-    from openalign.data.corpora import CORPORA, corpus_options
+    from openalign.corpora import CORPORA, corpus_options
 
     if args.name == "emoji-eval":
-        from openalign.data import emoji_eval
+        from openalign.corpora import emoji_eval
 
         corpus = Path(args.source)
         if not (corpus / "eval").is_dir():
@@ -216,7 +216,7 @@ def _filter_config(overrides: list[str]) -> config_lib.FilterConfig:
 
 
 def cmd_ingest(args) -> int:
-    from openalign.data.ingest import IngestOptions, ingest
+    from openalign.pipeline.ingest import IngestOptions, ingest
 
     manifest = ingest(args.sources, Path(args.out), options_from(args, IngestOptions), progress=not args.quiet,
                       engine=_engine(args))
@@ -247,13 +247,13 @@ def _size(text: str) -> int:
 
 
 def _engine(args):
-    from openalign.data.distribute import Engine
+    from openalign.data.engine import Engine
 
     return options_from(args, Engine)
 
 
 def cmd_filter(args) -> int:
-    from openalign.data import filters
+    from openalign.pipeline import filter as filters
 
     cfg = _filter_config(args.overrides)
     report = filters.run_filters(Path(args.pairs), Path(args.out), cfg, engine=args.engine, master=args.master,
@@ -264,7 +264,7 @@ def cmd_filter(args) -> int:
 
 
 def cmd_dedup(args) -> int:
-    from openalign.data.dedup import DedupOptions, dedup
+    from openalign.pipeline.dedup import DedupOptions, dedup
 
     report = dedup(args.pairs, args.against, Path(args.out), options_from(args, DedupOptions), progress=not args.quiet,
                    engine=_engine(args))
@@ -275,7 +275,7 @@ def cmd_dedup(args) -> int:
 
 
 def cmd_screen(args) -> int:
-    from openalign.data.screen import ScreenOptions, screen
+    from openalign.pipeline.screen import ScreenOptions, screen
 
     options = options_from(args, ScreenOptions)
     report = screen(args.pairs, Path(args.out), options, progress=not args.quiet, engine=_engine(args))
@@ -286,7 +286,7 @@ def cmd_screen(args) -> int:
 
 
 def cmd_shard(args) -> int:
-    from openalign.data.sharding import ShardOptions, shard
+    from openalign.pipeline.shard import ShardOptions, shard
 
     manifest = shard(args.pairs, [Path(k) for k in args.keep], Path(args.out), options_from(args, ShardOptions),
                      progress=not args.quiet, engine=_engine(args))
@@ -297,14 +297,14 @@ def cmd_shard(args) -> int:
 
 
 def cmd_tokenizer(args) -> int:
-    from openalign.data import shards as shard_lib
+    from openalign.data import tars
     from openalign.tokenizer import train_tokenizer
 
     counter: dict = {}
-    texts = shard_lib.all_texts(shard_lib.list_shards(args.data), counter=counter)
+    texts = tars.all_texts(tars.list_shards(args.data), counter=counter)
     tokenizer = train_tokenizer(texts, args.vocab_size, args.max_length)
     tokenizer.save_pretrained(args.out)
-    skipped = f"; skipped {shard_lib.skip_summary(counter)} unusable samples" if counter.get("skipped") else ""
+    skipped = f"; skipped {tars.skip_summary(counter)} unusable samples" if counter.get("skipped") else ""
     print(f"WordPiece vocabulary of {len(tokenizer)} tokens -> {args.out}{skipped}")
     return 0
 
@@ -468,7 +468,7 @@ def _eval_flags(p) -> None:
 
 def _corpus_parameters() -> dict[str, str]:
     """{parameter: the corpora that take it} of the built-in corpus builders (their flags)."""
-    from openalign.data.corpora import CORPORA
+    from openalign.corpora import CORPORA
 
     users: dict[str, list[str]] = {}
     for name, builder in CORPORA.items():
@@ -479,7 +479,7 @@ def _corpus_parameters() -> dict[str, str]:
 
 
 def _corpus_flags(p) -> None:
-    from openalign.data.corpora import CORPORA
+    from openalign.corpora import CORPORA
 
     p.add_argument("name", choices=[*CORPORA, "emoji-eval"],
                    help="shapes: coloured shapes, some colour-shape pairs never in training (compositional zero-shot); "
@@ -494,14 +494,14 @@ def _corpus_flags(p) -> None:
 
 
 def _engine_flags(p) -> None:
-    """--engine local|spark and its settings, for the per-image data stages (data/distribute.py)."""
-    from openalign.data.distribute import Engine
+    """--engine local|spark and its settings, for the per-image data stages (data/engine.py)."""
+    from openalign.data.engine import Engine
 
     add_options(p, Engine, rename={"name": "--engine", "memory": "--spark-memory"}, skip=("workers",))
 
 
 def _ingest_flags(p) -> None:
-    from openalign.data.ingest import IngestOptions
+    from openalign.pipeline.ingest import IngestOptions
 
     p.add_argument("sources", nargs="+", metavar="SRC")
     p.add_argument("--out", required=True, help="pairs.parquet (a .rejects.parquet and .manifest.json go beside it)")
@@ -522,7 +522,7 @@ def _filter_flags(p) -> None:
 
 
 def _dedup_flags(p) -> None:
-    from openalign.data.dedup import DedupOptions
+    from openalign.pipeline.dedup import DedupOptions
 
     p.add_argument("pairs")
     p.add_argument("--against", required=True, help="the evaluation images: shards, an image folder, a Karpathy JSON, "
@@ -533,7 +533,7 @@ def _dedup_flags(p) -> None:
 
 
 def _screen_flags(p) -> None:
-    from openalign.data.screen import ScreenOptions
+    from openalign.pipeline.screen import ScreenOptions
 
     p.add_argument("pairs")
     p.add_argument("--out", required=True)
@@ -542,7 +542,7 @@ def _screen_flags(p) -> None:
 
 
 def _shard_flags(p) -> None:
-    from openalign.data.sharding import ShardOptions
+    from openalign.pipeline.shard import ShardOptions
 
     p.add_argument("pairs")
     p.add_argument("--keep", action="append", default=[],
@@ -563,7 +563,7 @@ def _embed_flags(p) -> None:
 
 
 def _index_flags(p) -> None:
-    from openalign.data.distribute import Engine
+    from openalign.data.engine import Engine
     from openalign.index.build import IndexOptions
 
     p.add_argument("embeddings", help="the output of `openalign embed`")

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from openalign.config import ConfigError
-from openalign.data import shards as shard_lib
+from openalign.data import tars
 from openalign.data.loader import Position, StreamSpec, epoch_plan, train_loader
 from openalign.tokenizer import train_tokenizer
 
@@ -13,14 +13,14 @@ def tokenizer():
 
 
 def spec_for(shapes, workers=0, batch_size=8, seed=0):
-    return StreamSpec(shards=tuple(shard_lib.list_shards(str(shapes["train"]))), batch_size=batch_size, resize=36,
+    return StreamSpec(shards=tuple(tars.list_shards(str(shapes["train"]))), batch_size=batch_size, resize=36,
                       crop=32, max_length=16, seed=seed, shuffle_buffer=16, workers=workers)
 
 
 def stream(spec, tokenizer, position=None, epochs=1):
     """The batches of `epochs` whole epochs from the start of position's epoch, from `position` on."""
     position = position or Position()
-    counts = {s: shard_lib.count_samples(s, spec.fraction) for s in spec.shards}
+    counts = {s: tars.count_samples(s, spec.fraction) for s in spec.shards}
     per_epoch = epoch_plan(spec, counts, Position(epoch=position.epoch), 1)[0] * max(1, spec.workers)
     plan = epoch_plan(spec, counts, position, epochs * per_epoch - position.batch)
     return list(train_loader(spec, tokenizer, plan, position))
@@ -82,7 +82,7 @@ def test_one_loader_runs_epoch_after_epoch_and_resumes_in_any_of_them(shapes, to
 
 def test_the_epoch_plan_covers_exactly_the_steps_left(shapes):
     spec = spec_for(shapes)
-    counts = {s: shard_lib.count_samples(s) for s in spec.shards}
+    counts = {s: tars.count_samples(s) for s in spec.shards}
     assert epoch_plan(spec, counts, Position(), 12) == (12,)  # 12 batches an epoch
     assert epoch_plan(spec, counts, Position(), 13) == (12, 12)
     assert epoch_plan(spec, counts, Position(epoch=4, batch=12), 1) == (12, 12)  # the finished epoch, then one
@@ -94,17 +94,17 @@ def test_a_fraction_is_a_fixed_nested_subset_the_counts_and_the_stream_agree_on(
 
     spec = spec_for(shapes)
     every = {b for batch in epoch_batches(spec, tokenizer) for b in batch["keys"]}
-    half = {k for k in every if shard_lib.in_fraction(k, 0.5)}
-    quarter = {k for k in every if shard_lib.in_fraction(k, 0.25)}
+    half = {k for k in every if tars.in_fraction(k, 0.5)}
+    quarter = {k for k in every if tars.in_fraction(k, 0.25)}
     assert quarter < half < every and 0.3 < len(half) / len(every) < 0.7  # nested, about the share asked for
-    stored = {sample["__key__"] for sample in shard_lib.read_samples(list(spec.shards))}  # (corrupt ones too)
-    kept = sum(shard_lib.count_samples(s, 0.5) for s in spec.shards)
-    assert kept == sum(shard_lib.in_fraction(k, 0.5) for k in stored) < len(stored)
+    stored = {sample["__key__"] for sample in tars.read_samples(list(spec.shards))}  # (corrupt ones too)
+    kept = sum(tars.count_samples(s, 0.5) for s in spec.shards)
+    assert kept == sum(tars.in_fraction(k, 0.5) for k in stored) < len(stored)
     batches = epoch_batches(dataclasses.replace(spec, fraction=0.5), tokenizer)
     streamed = [k for batch in batches for k in batch["keys"]]
     assert len(batches) == kept // 8 and set(streamed) == half  # (the two corrupt samples made up by wrapping)
-    texts = list(shard_lib.all_texts(list(spec.shards), 0.5))
-    assert 0 < len(texts) < len(list(shard_lib.all_texts(list(spec.shards))))
+    texts = list(tars.all_texts(list(spec.shards), 0.5))
+    assert 0 < len(texts) < len(list(tars.all_texts(list(spec.shards))))
 
 
 def test_two_workers_split_the_shards_and_yield_equal_counts(shapes, tokenizer):
@@ -122,7 +122,7 @@ def test_too_large_a_batch_is_a_clear_error(shapes, tokenizer):
 
 def test_missing_shards_are_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="no .tar shards"):
-        shard_lib.list_shards(str(tmp_path))
+        tars.list_shards(str(tmp_path))
 
 
 def bad_shards(root):
@@ -156,15 +156,15 @@ def jpeg_bytes():
 
 def test_every_reader_skips_and_counts_the_same_bad_samples(tmp_path):
     root = bad_shards(tmp_path / "bad")
-    shards = shard_lib.list_shards(str(root))
+    shards = tars.list_shards(str(root))
     counter: dict = {}
-    texts = list(shard_lib.all_texts(shards, counter=counter))
+    texts = list(tars.all_texts(shards, counter=counter))
     reasons = counter["reasons"]
     assert reasons == {"no_text": 1, "bad_json": 1, "truncated_tar": 1}
     assert "café crème" not in texts and "caf\ufffd cr\ufffdme" in texts  # invalid UTF-8 -> U+FFFD, kept
-    complete = len(list(shard_lib.read_samples(shards)))
+    complete = len(list(tars.read_samples(shards)))
     # the header count agrees with what the reader yields: the sample cut in half is not counted
-    assert sum(shard_lib.count_samples(s) for s in shards) == complete
+    assert sum(tars.count_samples(s) for s in shards) == complete
 
 
 def test_training_with_its_own_tokenizer_survives_bad_shards(tmp_path, capsys):
@@ -210,13 +210,13 @@ def test_a_tar_cut_at_a_member_boundary_is_truncated_too(tmp_path):
     cut = members[-1].offset  # the header of the last sample's last member
     tar.write_bytes(tar.read_bytes()[:cut])
     counter: dict = {}
-    samples = list(shard_lib.read_samples([str(tar)], counter=counter))
+    samples = list(tars.read_samples([str(tar)], counter=counter))
     assert len(samples) == 9 and counter["reasons"] == {"truncated_tar": 1}
     assert all({"jpg", "json", "txt"} <= set(s) for s in samples)
-    assert shard_lib.count_samples(str(tar)) == 9
+    assert tars.count_samples(str(tar)) == 9
     whole = tmp_path / "whole"
     write_shapes(whole, 10, 10, seed=3)
-    assert len(list(shard_lib.read_samples([str(whole / "shapes-000000.tar")], counter=(c := {})))) == 10 and not c
+    assert len(list(tars.read_samples([str(whole / "shapes-000000.tar")], counter=(c := {})))) == 10 and not c
 
 
 REDNESS = '''
@@ -235,15 +235,15 @@ def test_training_reads_the_original_shards_through_keep_lists(shapes, tokenizer
     import json
 
     from openalign.cli import main
-    from openalign.data.sharding import build_keep_index
+    from openalign.pipeline.shard import build_keep_index
     from test_cli import train_args
 
-    tars = sorted(str(p) for p in shapes["train"].glob("*.tar"))
-    assert main(["ingest", *tars, "--out", str(tmp_path / "pairs.parquet"), "--workers", "1", "--quiet"]) == 0
+    shard_files = sorted(str(p) for p in shapes["train"].glob("*.tar"))
+    assert main(["ingest", *shard_files, "--out", str(tmp_path / "pairs.parquet"), "--workers", "1", "--quiet"]) == 0
     (tmp_path / "clf.py").write_text(REDNESS)
     assert main(["screen", str(tmp_path / "pairs.parquet"), "--classifier", f"{tmp_path / 'clf.py'}:redness",
                  "--threshold", "0.1", "--out", str(tmp_path / "screen"), "--quiet"]) == 0
-    names = {s["__key__"]: json.loads(s["json"])["name"] for s in shard_lib.read_samples(tars)}
+    names = {s["__key__"]: json.loads(s["json"])["name"] for s in tars.read_samples(shard_files)}
     red = {k for k, name in names.items() if name.startswith("red")}
     assert 10 < len(red) < 40
 
@@ -253,11 +253,11 @@ def test_training_reads_the_original_shards_through_keep_lists(shapes, tokenizer
     streamed = {k for batch in epoch_batches(spec, tokenizer) for k in batch["keys"]}
     usable = set(names) - {"s00000", "s00001"}  # the two corrupt samples were never ingested
     assert streamed and streamed <= usable - red and len(streamed) > len(usable - red) - 8  # one epoch, full batches
-    assert sum(shard_lib.count_samples(s, keep=keep) for s in spec.shards) == len(usable - red)
-    index = shard_lib.keep_index(keep)
-    assert index.keys(tars[1]) == {k for k in usable - red if k in {s["__key__"] for s in shard_lib.read_samples([tars[1]])}}
+    assert sum(tars.count_samples(s, keep=keep) for s in spec.shards) == len(usable - red)
+    index = tars.keep_index(keep)
+    assert index.keys(shard_files[1]) == {k for k in usable - red if k in {s["__key__"] for s in tars.read_samples([shard_files[1]])}}
     assert len(index.allowed) < len(usable - red)  # one shard's keys, not the corpus's
-    texts = set(shard_lib.all_texts(tars, keep=keep))
+    texts = set(tars.all_texts(shard_files, keep=keep))
     assert texts and not any(t.startswith("a red") or t.endswith(", red") for t in texts)
 
     capsys.readouterr()

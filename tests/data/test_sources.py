@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from openalign.config import ConfigError
-from openalign.data import shards as shard_lib
+from openalign.data import tars
 from openalign.data import sources
 
 
@@ -79,7 +79,7 @@ def test_class_folders_label_tables_and_multi30k_lists(tmp_path):
 
 
 def test_shards_a_shard_list_and_skips_counted_by_reason(shapes, tmp_path):
-    shards = shard_lib.list_shards(str(shapes["eval"]))
+    shards = tars.list_shards(str(shapes["eval"]))
     assert sources.is_shards(str(shapes["eval"])) and sources.listing(str(shapes["eval"])) is None
     (tmp_path / "shards.txt").write_text("\n".join(shards) + "\n")  # a .txt of tars is a shard list, not Multi30k
     assert sources.is_shards(str(tmp_path / "shards.txt"))
@@ -88,7 +88,7 @@ def test_shards_a_shard_list_and_skips_counted_by_reason(shapes, tmp_path):
     assert items[0].key == "s00000" and items[0].name == "s00000" and items[0].meta["texts"] == items[0].texts
     # a sample without any text: kept for indexing, skipped and counted where captions are needed
     bad = tmp_path / "bad.tar"
-    with shard_lib.tar_writer(bad) as writer:
+    with tars.tar_writer(bad) as writer:
         writer.write({"__key__": "a", "jpg": items[0].data})
         writer.write({"__key__": "b", "jpg": b"not an image", "txt": b"broken"})
         writer.write({"__key__": "c", "txt": b"no image"})

@@ -61,7 +61,7 @@ def test_unknown_study_and_bad_override_are_one_line_errors(tmp_path, capsys):
 
 def test_noise_vs_scale_plan_varies_only_the_corpus():
     from openalign import config as config_lib
-    from openalign.data.corpora import corpus_dir, corpus_options
+    from openalign.corpora import corpus_dir, corpus_options
     from openalign.study import noise_scale
 
     base = presets.get("demo")
@@ -178,7 +178,7 @@ def test_compositional_pipeline(tmp_path):
     assert list(variants) == ["noise0", "noise0.2", "noise0.5"]
     # oracle: each run's saved model, evaluated afresh on its own corpus's held-out split (one seed: mean = run)
     from openalign import config as config_lib
-    from openalign.data.corpora import resolve_data
+    from openalign.corpora import resolve_data
     from openalign.eval.features import EvalOptions
     from openalign.eval.tasks import configure, run_tasks
     from openalign.model.hub import load_pretrained
@@ -220,7 +220,7 @@ def test_dynamics_pipeline_plots_temperature_and_geometry_over_steps(shapes, tmp
 
 def test_noise_vs_scale_on_shapes_scales_distinct_drawings_and_reports_zero_shot(tmp_path):
     from openalign import config as config_lib
-    from openalign.data.corpora import corpus_options
+    from openalign.corpora import corpus_options
     from openalign.study import STUDIES, noise_scale
 
     base = config_lib.override(presets.get("demo"), ["data.corpus=shapes", "data.corpus_options=per_combo=10"])

@@ -27,7 +27,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from openalign.config import Config, ConfigError
-from openalign.data import shards as shard_lib
+from openalign.data import tars
 from openalign.data import transforms
 
 
@@ -146,7 +146,7 @@ class TrainStream(IterableDataset):
         # exactly n_batches and the round robin (hence the resume rotation) stays exact.
         for lap in itertools.count():
             rng = random.Random(stable_seed(self.spec.seed, epoch, "buffer", role, lap))
-            raw = shard_lib.read_samples(shards_for_role(self.spec, epoch, role), fraction=self.spec.fraction,
+            raw = tars.read_samples(shards_for_role(self.spec, epoch, role), fraction=self.spec.fraction,
                                          counter=counter, keep=self.spec.keep)
             decoded, lap_start = 0, consumed
             for sample in shuffled(raw, self.spec.shuffle_buffer, rng):
@@ -157,7 +157,7 @@ class TrainStream(IterableDataset):
                     pending.append(self.prepare(sample, epoch))
                     decoded += 1
                 except Exception as err:  # noqa: BLE001 - any undecodable sample is skipped and counted
-                    shard_lib.skip(counter, getattr(err, "reason", "undecodable_image"))
+                    tars.skip(counter, getattr(err, "reason", "undecodable_image"))
                     continue
                 if len(pending) == self.spec.batch_size:
                     produced += 1
@@ -170,13 +170,13 @@ class TrainStream(IterableDataset):
             if decoded == 0 and lap_start >= skip:
                 shards = shards_for_role(self.spec, epoch, role)
                 raise ConfigError(f"no usable sample in {len(shards)} shard(s) ({shards[0]}, ...) of reader {role}: "
-                                  f"skipped {shard_lib.skip_summary(counter)}; check the shards (or remove them)")
+                                  f"skipped {tars.skip_summary(counter)}; check the shards (or remove them)")
 
     def prepare(self, sample: dict, epoch: int) -> tuple[torch.Tensor, str, str]:
         key = sample["__key__"]
         rng = random.Random(stable_seed(self.spec.seed, epoch, "sample", key))
-        texts = shard_lib.sample_texts(sample)
-        image = transforms.decode(shard_lib.image_bytes(sample), self.spec.resize)
+        texts = tars.sample_texts(sample)
+        image = transforms.decode(tars.image_bytes(sample), self.spec.resize)
         pixels = transforms.train_transform(image, self.spec.resize, self.spec.crop, rng)
         return pixels, rng.choice(texts), key
 

@@ -32,7 +32,7 @@ from typing import Iterator
 
 from openalign.config import ConfigError
 from openalign.data import images
-from openalign.data import shards as shard_lib
+from openalign.data import tars
 
 IMAGE_SUFFIXES = images.IMAGE_SUFFIXES
 TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".json", ".parquet")  # .json: a JSON array of rows, or a Karpathy split
@@ -71,7 +71,7 @@ def is_shards(spec: str) -> bool:
     if path.suffix != ".txt":
         return False
     first = next((line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()), "")
-    return first.endswith(shard_lib.SHARD_SUFFIXES)
+    return first.endswith(tars.SHARD_SUFFIXES)
 
 
 def listing(spec: str, images_root: str = "", split: str = "test") -> list[Item] | None:
@@ -112,7 +112,7 @@ def items(spec: str | list[str], images_root: str = "", split: str = "test", cou
     listed = None if isinstance(spec, list) else listing(spec, images_root, split)
     if listed is not None:
         return iter(listed)
-    shards = spec if isinstance(spec, list) else shard_lib.list_shards(spec)
+    shards = spec if isinstance(spec, list) else tars.list_shards(spec)
     return (item for shard in shards for item in shard_items(shard, counter, captionless))
 
 
@@ -124,10 +124,10 @@ def decoded(collection, counter: dict | None = None, alpha: str = "white") -> It
         try:
             image = images.load_rgb(item.read(), alpha=alpha)
         except images.BadImage as err:
-            shard_lib.skip(counter, err.reason)
+            tars.skip(counter, err.reason)
             continue
         except OSError:
-            shard_lib.skip(counter, "missing_file")
+            tars.skip(counter, "missing_file")
             continue
         yield item, image
 
@@ -164,7 +164,7 @@ def _sidecar_texts(image: Path) -> list[str]:
     an img2dataset `.json` sidecar is beside it; that file is read only when the `.txt` has several lines)."""
     sidecar = image.with_suffix(".txt")
     text = (read_caption(sidecar) or "") if sidecar.is_file() else ""
-    return shard_lib.captions(text, sidecar_meta(image) if len(text.strip().splitlines()) > 1 else {})
+    return tars.captions(text, sidecar_meta(image) if len(text.strip().splitlines()) > 1 else {})
 
 
 def sidecar_meta(image: Path) -> dict:
@@ -284,19 +284,19 @@ def pair_table_items(path: Path) -> list[Item]:
 
 def shard_items(shard: str, counter: dict | None = None, captionless: bool = True) -> Iterator[Item]:
     """The samples of one shard as items holding their bytes; samples that cannot be used are counted."""
-    for sample in shard_lib.read_samples([shard], counter=counter):
+    for sample in tars.read_samples([shard], counter=counter):
         try:
-            meta = shard_lib.sample_meta(sample)
-            texts = shard_lib.sample_texts(sample)
-        except shard_lib.BadSample as err:
+            meta = tars.sample_meta(sample)
+            texts = tars.sample_texts(sample)
+        except tars.BadSample as err:
             if err.reason != "no_text" or not captionless:
-                shard_lib.skip(counter, err.reason)
+                tars.skip(counter, err.reason)
                 continue
             texts = []
         try:
-            data = shard_lib.image_bytes(sample)
-        except shard_lib.BadSample as err:
-            shard_lib.skip(counter, err.reason)
+            data = tars.image_bytes(sample)
+        except tars.BadSample as err:
+            tars.skip(counter, err.reason)
             continue
         yield Item(sample["__key__"], sample["__url__"], texts, str(meta.get("name") or ""), list(meta.get("caption_ids") or []),
                    meta, data=data)

@@ -221,7 +221,7 @@ def build_streaming(parts: Parts, out: Path | None, options: IndexOptions, engin
         raise ConfigError("--nlist must be 0 (automatic) or more, and --train-per-cell at least 39")
     if options.refine < 0:
         raise ConfigError(f"--refine {options.refine} must be 0 (off) or a shortlist factor of 1 or more")
-    from openalign.data.distribute import Engine, Task, run_tasks, task_id
+    from openalign.data.engine import Engine, Task, run_tasks, task_id
 
     n, d = parts.n, parts.d
     budget = options.memory or 2**62

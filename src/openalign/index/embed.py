@@ -37,10 +37,10 @@ from tqdm import tqdm
 
 from openalign.config import ConfigError
 from openalign import distributed
-from openalign.data import shards as shard_lib
+from openalign.data import tars
 from openalign.data import sources as source_lib
 from openalign.data import transforms
-from openalign.data.distribute import sources_key
+from openalign.data.engine import sources_key
 from openalign.index.parts import MANIFEST, PATCHES, part_files, read_manifest
 from openalign.model.encode import (encode_image_stream, encode_image_tokens, encode_images, encode_texts,
                                     load_for_inference)
@@ -83,7 +83,7 @@ def plan_parts(sources: list[str], options: EmbedOptions) -> tuple[list[Part], d
     for source in sources:
         listed = source_lib.listing(source, options.images, "all")
         if listed is None:
-            for shard in (str(Path(s).resolve()) for s in shard_lib.list_shards(source)):
+            for shard in (str(Path(s).resolve()) for s in tars.list_shards(source)):
                 inputs[len(parts)] = sources_key(shard)  # its path, size and modification time
                 parts.append(Part(len(parts), shard=shard))
             continue

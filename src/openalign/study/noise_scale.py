@@ -14,7 +14,7 @@ colour-shape pairs (the shapes' repeated captions make retrieval ties by constru
 from __future__ import annotations
 
 from openalign.config import Config, ConfigError
-from openalign.data.corpora import corpus_options
+from openalign.corpora import corpus_options
 from openalign.study.report import save_figure
 from openalign.study.runner import Study, Variant, corpus_override
 

@@ -26,10 +26,10 @@ from tqdm import tqdm
 from openalign import config as config_lib
 from openalign import distributed, host
 from openalign.config import Config, ConfigError
-from openalign.data import shards as shard_lib
-from openalign.data.corpora import resolve_data
+from openalign.data import tars
+from openalign.corpora import resolve_data
 from openalign.data.loader import Position, StreamSpec, epoch_plan, train_loader
-from openalign.data.sharding import build_keep_index
+from openalign.pipeline.shard import build_keep_index
 from openalign.eval.features import EvalOptions
 from openalign.eval.tasks import HELD_OUT_TASKS, configure, run_tasks
 from openalign.model import hub
@@ -114,11 +114,11 @@ def prepare_tokenizer(cfg: Config, train_shards: list[str], out: Path):
     if (saved / "tokenizer.json").is_file():
         return load_tokenizer(saved)
     counter: dict = {}
-    texts = shard_lib.all_texts(train_shards, cfg.data.fraction, counter, keep=_keep(cfg))
+    texts = tars.all_texts(train_shards, cfg.data.fraction, counter, keep=_keep(cfg))
     tokenizer = train_tokenizer(texts, cfg.model.text.vocab_size, cfg.model.text.max_length)
     tokenizer.save_pretrained(saved)
     if counter.get("skipped"):
-        print(f"tokenizer: skipped {shard_lib.skip_summary(counter)} unusable training samples")
+        print(f"tokenizer: skipped {tars.skip_summary(counter)} unusable training samples")
     return tokenizer
 
 
@@ -265,9 +265,9 @@ def training_stream(run: Run) -> tuple[StreamSpec, dict[str, int]]:
     cfg, layout = run.cfg, run.layout
     spec = StreamSpec.for_config(cfg, run.train_shards, batch_size=cfg.data.batch_size // layout.world,
                                  rank=layout.rank, world_size=layout.world, keep=_keep(cfg))
-    counts = {s: shard_lib.count_samples(s, cfg.data.fraction, keep=spec.keep) for s in run.train_shards}
+    counts = {s: tars.count_samples(s, cfg.data.fraction, keep=spec.keep) for s in run.train_shards}
     if cfg.data.keep or cfg.data.fraction < 1.0:
-        kept, total = sum(counts.values()), sum(shard_lib.count_samples(s) for s in run.train_shards)
+        kept, total = sum(counts.values()), sum(tars.count_samples(s) for s in run.train_shards)
         name = "data.keep" if cfg.data.keep else f"data.fraction={cfg.data.fraction:g}"
         if kept < cfg.data.batch_size:
             raise ConfigError(f"data.keep keeps {kept:,} of the {total:,} samples in data.train, fewer than one batch "

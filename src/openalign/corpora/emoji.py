@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from openalign.config import ConfigError
 from openalign.data.loader import stable_seed
-from openalign.data.shards import ShardWriter, encode_image
+from openalign.data.tars import ShardWriter, encode_image
 
 DEFAULT_FONT = "/usr/share/fonts/truetype/noto/NotoColorEmoji.ttf"
 DEFAULT_CLDR = "/usr/share/unicode/cldr/common"

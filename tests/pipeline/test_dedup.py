@@ -9,7 +9,7 @@ from conftest import run_killed
 from openalign import presets
 from openalign.cli import main
 from openalign.data.transforms import to_tensor
-from openalign.data.filters import read_keep
+from openalign.pipeline.filter import read_keep
 from openalign.model.dual_encoder import DualEncoder
 from openalign.model.hub import save_pretrained
 from openalign.tokenizer import train_tokenizer
@@ -83,7 +83,7 @@ def test_embedding_mode_needs_a_model(tmp_path, capsys):
 
 def test_an_interrupted_dedup_resumes_its_finished_tasks(tmp_path, monkeypatch):
     # Before: eval.npy was written again by every run and its time was in every task's key: nothing resumed.
-    from openalign.data import dedup as dedup_lib
+    from openalign.pipeline import dedup as dedup_lib
 
     held = setup(tmp_path)
     args = ["dedup", str(tmp_path / "pairs.parquet"), "--against", str(held), "--out", str(tmp_path / "d"), "--quiet",

@@ -4,8 +4,8 @@ import pytest
 
 from conftest import needs_emoji_data
 from openalign.config import ConfigError
-from openalign.data import emoji
-from openalign.data import shards as shard_lib
+from openalign.corpora import emoji
+from openalign.data import tars
 
 
 def make(cp, name):
@@ -43,8 +43,8 @@ def test_missing_cldr_names_the_package(tmp_path):
 @needs_emoji_data
 def test_corpus_is_split_by_family_with_noisy_training_texts(tmp_path):
     summary = emoji.build(tmp_path, languages=("en", "de"), noise=0.5, heldout=0.3, limit=300)
-    train = [shard_lib.sample_meta(s) for s in shard_lib.read_samples(shard_lib.list_shards(str(tmp_path / "train")))]
-    held = [shard_lib.sample_meta(s) for s in shard_lib.read_samples(shard_lib.list_shards(str(tmp_path / "eval")))]
+    train = [tars.sample_meta(s) for s in tars.read_samples(tars.list_shards(str(tmp_path / "train")))]
+    held = [tars.sample_meta(s) for s in tars.read_samples(tars.list_shards(str(tmp_path / "eval")))]
     assert len(train) + len(held) == 300 and summary["eval_images"] == len(held) > 0
     assert not {m["family"] for m in train} & {m["family"] for m in held}
     assert all(len(m["texts"]) == 4 for m in train)  # name + keywords in en and de
@@ -58,7 +58,7 @@ def test_emoji_eval_export_writes_every_layout_consistently(tmp_path):
     import csv
     import json
 
-    from openalign.data import emoji_eval
+    from openalign.corpora import emoji_eval
     from openalign.data.sources import karpathy_items, listing
 
     emoji.build(tmp_path / "corpus", heldout=0.5, limit=300)
@@ -99,7 +99,7 @@ def test_emoji_eval_export_writes_every_layout_consistently(tmp_path):
 def test_corpus_options_are_typed_builder_arguments_with_their_own_directory(tmp_path, monkeypatch):
     from openalign import config as config_lib
     from openalign.config import ConfigError, DataConfig
-    from openalign.data import corpora
+    from openalign import corpora
 
     cfg = config_lib.override(config_lib.Config(), ["data.corpus_options=noise=0.5,languages=en+de,limit=40"])
     options = cfg.data.corpus_options
@@ -133,8 +133,8 @@ def test_copies_scale_the_training_split_with_augmented_views_and_fresh_noise(tm
     one = emoji.build(tmp_path / "x1", noise=0.5, limit=200)
     three = emoji.build(tmp_path / "x3", noise=0.5, limit=200, copies=3)
     assert three["train_images"] == 3 * one["train_images"] and three["eval_images"] == one["eval_images"]
-    samples = [s | {"json": shard_lib.sample_meta(s)}
-               for s in shard_lib.read_samples(shard_lib.list_shards(str(tmp_path / "x3" / "train")))]
+    samples = [s | {"json": tars.sample_meta(s)}
+               for s in tars.read_samples(tars.list_shards(str(tmp_path / "x3" / "train")))]
     keys = [s["__key__"] for s in samples]
     assert len(set(keys)) == len(keys) and sum(k.endswith("_v2") for k in keys) == one["train_images"]
     by_cp: dict = {}

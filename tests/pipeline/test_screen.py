@@ -4,7 +4,7 @@ from PIL import Image
 
 from conftest import run_killed
 from openalign.cli import main
-from openalign.data.filters import read_keep
+from openalign.pipeline.filter import read_keep
 
 CLASSIFIER = '''
 import numpy as np
@@ -58,7 +58,7 @@ def test_a_classifier_returning_nan_removes_nothing_and_is_counted(tmp_path):
 def test_a_rerun_after_the_classifier_changed_scores_again(tmp_path, monkeypatch, capsys):
     # Before: a relative --classifier path was never fingerprinted: after a killed run, the edited classifier's
     # rerun reused the old scores.
-    from openalign.data import screen as screen_lib
+    from openalign.pipeline import screen as screen_lib
 
     pairs = squares(tmp_path)
     monkeypatch.chdir(tmp_path)
@@ -93,7 +93,7 @@ def test_score_files_of_another_plan_are_never_read(tmp_path):
 
 
 def test_an_interrupted_screen_leaves_no_keep_list_that_shard_would_take(tmp_path, monkeypatch, capsys):
-    from openalign.data import screen as screen_lib
+    from openalign.pipeline import screen as screen_lib
 
     pairs = squares(tmp_path)
     (tmp_path / "clf.py").write_text(CLASSIFIER)

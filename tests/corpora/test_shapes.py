@@ -3,8 +3,8 @@
 import pytest
 
 from openalign.config import ConfigError
-from openalign.data import shapes
-from openalign.data.shards import list_shards, read_samples, sample_meta, sample_texts
+from openalign.corpora import shapes
+from openalign.data.tars import list_shards, read_samples, sample_meta, sample_texts
 
 
 def test_heldout_pairs_cover_each_colour_and_shape_once():

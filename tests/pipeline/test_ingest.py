@@ -10,7 +10,7 @@ from PIL import Image
 
 from openalign.config import ConfigError
 from openalign.data import images
-from openalign.data.ingest import IngestOptions, ingest
+from openalign.pipeline.ingest import IngestOptions, ingest
 
 
 def encode(image: Image.Image, fmt: str, **kwargs) -> bytes:
@@ -184,7 +184,7 @@ def test_an_interrupted_ingest_leaves_nothing_that_looks_finished(tmp_path, monk
     # 300,000 rows and no manifest, and `filter` took it); a rerun left the old manifest beside a new partial table.
     from conftest import interrupt_after, leftovers
     from openalign import cli
-    from openalign.data import ingest as ingest_lib
+    from openalign.pipeline import ingest as ingest_lib
 
     out = tmp_path / "out" / "pairs.parquet"
     first, second = picture_folder(tmp_path / "a", 6), picture_folder(tmp_path / "b", 6, seed=1)
@@ -258,8 +258,8 @@ def test_an_interrupted_task_ingest_redoes_the_tasks_whose_captions_or_images_ch
     # Before: a `files` task was keyed by its images alone (an edited caption was ignored), a table task by the
     # table file (a replaced image was ignored).
     from conftest import interrupt_after
-    from openalign.data import ingest as ingest_lib
-    from openalign.data.distribute import Engine
+    from openalign.pipeline import ingest as ingest_lib
+    from openalign.data.engine import Engine
 
     folder = picture_folder(tmp_path / "raw", 4)
     if layout == "table":
@@ -293,7 +293,7 @@ def test_a_caption_file_of_several_lines_is_a_pair_per_line_everywhere_but_besid
     # Before: ingest made one pair of "a red square a square in red" from a two-line .txt, while eval, embed and
     # the training stream read the same file as two captions. Now each reader applies one rule (shards.captions):
     # a pair per line, except beside img2dataset's .json, where the .txt is one web alt-text.
-    from openalign.data import shards as shard_lib
+    from openalign.data import tars
     from openalign.data.sources import listing
 
     folder = tmp_path / "folder"
@@ -323,5 +323,5 @@ def test_a_caption_file_of_several_lines_is_a_pair_per_line_everywhere_but_besid
             got.setdefault(Path(pair["member"] or pair["path"]).stem, []).append(pair["text"])
         assert {k: sorted(v) for k, v in got.items()} == expected
     assert {Path(i.path).stem: i.texts for i in listing(str(folder))} == expected
-    read = {s["__key__"]: shard_lib.sample_texts(s) for s in shard_lib.read_samples([str(tmp_path / "s.tar")])}
+    read = {s["__key__"]: tars.sample_texts(s) for s in tars.read_samples([str(tmp_path / "s.tar")])}
     assert read == expected

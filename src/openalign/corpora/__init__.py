@@ -10,9 +10,11 @@ from pathlib import Path
 from typing import Callable
 
 from openalign.config import ConfigError, DataConfig
-from openalign.data import emoji, openclipart, shapes
-from openalign.data.sharding import karpathy_shards
-from openalign.data.shards import MANIFEST, list_shards
+from openalign.corpora import emoji
+from openalign.corpora import openclipart
+from openalign.corpora import shapes
+from openalign.pipeline.shard import karpathy_shards
+from openalign.data.tars import MANIFEST, list_shards
 
 CORPORA: dict[str, Callable[..., dict]] = {"emoji": emoji.build, "openclipart": openclipart.build,
                                            "shapes": shapes.build}

@@ -33,8 +33,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from openalign.config import ConfigError
-from openalign.data import emoji as emoji_lib
-from openalign.data import shards as shard_lib
+from openalign.corpora import emoji as emoji_lib
+from openalign.data import tars
 
 LANGUAGES = ("en", "de", "fr", "cs")  # Multi30k's four
 
@@ -44,13 +44,13 @@ def _slug(name: str) -> str:
 
 
 def _read(split_dir: Path) -> list[dict]:
-    if not (split_dir / shard_lib.MANIFEST).is_file():
+    if not (split_dir / tars.MANIFEST).is_file():
         raise ConfigError(f"no emoji corpus shards in {split_dir}; build it with `openalign corpus emoji --out DIR`")
     rows = []
-    for sample in shard_lib.read_samples(shard_lib.list_shards(str(split_dir))):
-        meta = shard_lib.sample_meta(sample)
-        rows.append({"key": sample["__key__"], "image": shard_lib.image_bytes(sample),
-                     "texts": shard_lib.sample_texts(sample), "name": meta.get("name", ""),
+    for sample in tars.read_samples(tars.list_shards(str(split_dir))):
+        meta = tars.sample_meta(sample)
+        rows.append({"key": sample["__key__"], "image": tars.image_bytes(sample),
+                     "texts": tars.sample_texts(sample), "name": meta.get("name", ""),
                      "family": meta.get("family", ""), "cp": meta.get("cp", "")})
     return rows
 

@@ -16,10 +16,10 @@ import pytest
 from PIL import Image
 
 from openalign.config import ConfigError
-from openalign.data import distribute
-from openalign.data.distribute import Engine, Task, run_tasks
-from openalign.data.ingest import IngestOptions, ingest
-from openalign.data.sharding import ShardOptions, shard
+from openalign.data.engine import local_with_retries, spark_session
+from openalign.data.engine import Engine, Task, run_tasks
+from openalign.pipeline.ingest import IngestOptions, ingest
+from openalign.pipeline.shard import ShardOptions, shard
 
 needs_java = pytest.mark.skipif(shutil.which("java") is None and not os.environ.get("JAVA_HOME"),
                                 reason="the Spark engine needs Java (apt-get install default-jre-headless)")
@@ -32,7 +32,7 @@ def spark():
     from pyspark import cloudpickle
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors get this module's task functions
-    session = distribute.spark_session("local[2]", retries=2)
+    session = spark_session("local[2]", retries=2)
     yield session
 
 
@@ -110,10 +110,10 @@ def test_a_full_disk_is_not_retried_and_is_one_sentence(tmp_path, engine, reques
 
 
 def test_local_masters_get_task_retries():
-    assert distribute.local_with_retries("local[2]", 2) == "local[2,3]"
-    assert distribute.local_with_retries("local[*]", 0) == "local[*,1]"
-    assert distribute.local_with_retries("local", 1) == "local[1,2]"
-    assert distribute.local_with_retries("spark://host:7077", 5) == "spark://host:7077"
+    assert local_with_retries("local[2]", 2) == "local[2,3]"
+    assert local_with_retries("local[*]", 0) == "local[*,1]"
+    assert local_with_retries("local", 1) == "local[1,2]"
+    assert local_with_retries("spark://host:7077", 5) == "spark://host:7077"
     with pytest.raises(ConfigError, match="choose local or spark"):
         Engine("ray")
 
@@ -122,7 +122,7 @@ def test_local_masters_get_task_retries():
 
 def make_sources(root: Path) -> list[str]:
     """A folder, two webdataset tars (one cut short mid-sample) and a CSV table: every ingest input kind."""
-    from openalign.data.shards import ShardWriter
+    from openalign.data.tars import ShardWriter
 
     rng = np.random.default_rng(0)
 
@@ -232,9 +232,9 @@ def redness(images):
 
 @needs_java
 def test_dedup_and_screen_on_spark_give_the_local_keep_lists(tmp_path, sources, spark):
-    from openalign.data.dedup import DedupOptions, dedup
-    from openalign.data.filters import read_keep
-    from openalign.data.screen import ScreenOptions, screen
+    from openalign.pipeline.dedup import DedupOptions, dedup
+    from openalign.pipeline.filter import read_keep
+    from openalign.pipeline.screen import ScreenOptions, screen
 
     pairs = tmp_path / "pairs.parquet"
     ingest(sources, pairs, IngestOptions(workers=1), progress=False)
@@ -300,7 +300,7 @@ def test_local_ingest_of_many_tars_runs_a_task_per_tar_with_the_same_rows(tmp_pa
 
 DRIVER = """
 import time
-from openalign.data.distribute import Engine, Task, run_tasks
+from openalign.data.engine import Engine, Task, run_tasks
 run_tasks([Task(f"{{i:06d}}", time.sleep, (300,)) for i in range(2)], {status!r}, Engine("local", workers=2), "sleep",
           progress=False)
 """
@@ -374,7 +374,7 @@ def test_a_damaged_or_edited_status_or_a_lost_output_runs_its_task_again(tmp_pat
     # rerun, and a hand-edited count was trusted.
     import json as json_lib
 
-    from openalign.data.distribute import Engine, Task, run_tasks, status_path
+    from openalign.data.engine import Engine, Task, run_tasks, status_path
 
     tasks = [Task(f"{i:06d}", _write_rows, (str(tmp_path / f"out-{i}.txt"), i + 1), key=f"k{i}",
                   outputs=(str(tmp_path / f"out-{i}.txt"),)) for i in range(3)]

@@ -39,8 +39,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from openalign.config import ConfigError, FilterConfig, check
-from openalign.data.distribute import spark_session
-from openalign.data.ingest import FILTER_COLUMNS, check_pair_table
+from openalign.data.engine import spark_session
+from openalign.pipeline.ingest import FILTER_COLUMNS, check_pair_table
 from openalign.outputs import unfinish, write_json
 
 REPORT = "filter_report.json"

@@ -8,8 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from openalign.config import FilterConfig
-from openalign.data import filters
-from openalign.data.ingest import PAIR_SCHEMA, pair_uid
+from openalign.pipeline import filter as filters
+from openalign.pipeline.ingest import PAIR_SCHEMA, pair_uid
 from conftest import mark_ingested
 
 

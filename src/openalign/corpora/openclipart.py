@@ -20,10 +20,10 @@ import re
 from pathlib import Path
 
 from openalign.config import ConfigError, FilterConfig
-from openalign.data import filters
-from openalign.data.ingest import IngestOptions, ingest
+from openalign.pipeline import filter as filters
+from openalign.pipeline.ingest import IngestOptions, ingest
 from openalign.data.loader import stable_seed
-from openalign.data.sharding import ShardOptions, kept_images, write_samples
+from openalign.pipeline.shard import ShardOptions, kept_images, write_samples
 
 DEFAULT_ROOT = "/usr/share/openclipart/png"
 

@@ -29,16 +29,16 @@ from PIL import Image
 
 from openalign.config import ConfigError
 from openalign.data import images
-from openalign.data import shards as shard_lib
-from openalign.data.distribute import (Engine, Task, duckdb_plan, previous, read_plan, run_tasks, sources_key,
+from openalign.data import tars
+from openalign.data.engine import (Engine, Task, duckdb_plan, previous, read_plan, run_tasks, sources_key,
                                        spark_plan, spark_session, task_id)
-from openalign.data.filters import KEEP_REPORTS, keep_source
-from openalign.data.ingest import SOURCE_COLUMNS, blake, check_pair_table
+from openalign.pipeline.filter import KEEP_REPORTS, keep_source
+from openalign.pipeline.ingest import SOURCE_COLUMNS, blake, check_pair_table
 from openalign.outputs import unfinish
-from openalign.data.shards import MANIFEST, encode_image
+from openalign.data.tars import MANIFEST, encode_image
 from openalign.data.sources import SOURCES, karpathy_items
 
-STATUS = "_status"  # per-shard task status (distribute.py)
+STATUS = "_status"  # per-shard task status (data/engine.py)
 
 
 @dataclass(frozen=True)
@@ -171,7 +171,7 @@ def write_shard(path: Path, samples: list[dict], options: ShardOptions) -> dict:
     """Write one shard atomically; returns its counts (samples written, skipped with reasons)."""
     tmp = path.with_suffix(".tar.tmp")
     written, skipped = 0, {}
-    with shard_lib.tar_writer(tmp, mtime=0.0) as writer:  # fixed mtime: reruns give identical bytes
+    with tars.tar_writer(tmp, mtime=0.0) as writer:  # fixed mtime: reruns give identical bytes
         for sample in samples:
             try:
                 image = images.load_rgb(SOURCES.read(sample["path"], sample["member"]), options.max_pixels)

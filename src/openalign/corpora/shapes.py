@@ -20,8 +20,8 @@ from pathlib import Path
 from PIL import Image, ImageDraw
 
 from openalign.config import ConfigError
-from openalign.data.emoji import BOILERPLATE
-from openalign.data.shards import ShardWriter, encode_image
+from openalign.corpora.emoji import BOILERPLATE
+from openalign.data.tars import ShardWriter, encode_image
 
 COLOURS = {"red": (215, 40, 40), "orange": (245, 140, 20), "yellow": (235, 205, 30), "green": (40, 160, 60),
            "blue": (40, 80, 220), "purple": (140, 60, 180), "pink": (240, 120, 180), "brown": (125, 80, 40)}

@@ -33,9 +33,9 @@ import pyarrow.parquet as pq
 from openalign.config import ConfigError
 from openalign.outputs import unfinish, write_json
 from openalign.data import images, sources
-from openalign.data.filters import write_keep_without_images
-from openalign.data.ingest import IMAGE_COLUMNS, check_pair_table
-from openalign.data.distribute import (Engine, Task, duckdb_plan, read_plan, run_tasks, sources_key, spark_plan,
+from openalign.pipeline.filter import write_keep_without_images
+from openalign.pipeline.ingest import IMAGE_COLUMNS, check_pair_table
+from openalign.data.engine import (Engine, Task, duckdb_plan, read_plan, run_tasks, sources_key, spark_plan,
                                        spark_session, task_id)
 from openalign.model.hub import model_fingerprint
 

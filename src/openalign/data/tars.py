@@ -274,7 +274,7 @@ def read_samples(shards: list[str], fraction: float = 1.0, counter: dict | None 
 
 
 class KeepIndex:
-    """Which samples of the original shards the keep-lists keep (`data.keep`; data/sharding.py `build_keep_index`
+    """Which samples of the original shards the keep-lists keep (`data.keep`; pipeline/shard.py `build_keep_index`
     writes it): a Parquet table of (path, key) sorted by path. A reader loads the keys of one shard at a time
     (row-group statistics skip the rest), so no worker ever holds the corpus-wide set."""
 

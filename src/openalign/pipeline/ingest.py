@@ -40,10 +40,10 @@ from tqdm import tqdm
 
 from openalign.config import ConfigError
 from openalign.data import images
-from openalign.data import shards as shard_lib
+from openalign.data import tars
 from openalign.data.sources import (IMAGE_SUFFIXES, SOURCES, TABLE_SUFFIXES, folder_files, read_caption,
                                     sidecar_meta, sniff_delimiter)
-from openalign.data.distribute import Engine, Task, run_tasks, sources_key, task_id
+from openalign.data.engine import Engine, Task, run_tasks, sources_key, task_id
 from openalign.data.workers import process_pool
 from openalign.outputs import staged, unfinish, write_json
 
@@ -169,7 +169,7 @@ def file_records(path: Path) -> Iterator[Record]:
     an image is rejected by `examine` (`not_a_file`), and only regular sidecars are read."""
     meta = sidecar_meta(path)
     caption = path.with_suffix(".txt")
-    texts = shard_lib.captions(read_caption(caption) if caption.is_file() else None, meta)
+    texts = tars.captions(read_caption(caption) if caption.is_file() else None, meta)
     for text in texts or [None]:
         yield Record("folder", str(path), text, url=meta.get("url"), original=original_size(meta))
 
@@ -314,16 +314,16 @@ def table_records(path: Path, options: IngestOptions, notes: Counter | None = No
 
 
 def tar_records(path: Path) -> Iterator[Record]:
-    """Samples of a webdataset tar (read as every shard reader reads them: data/shards.py); a tar cut short
+    """Samples of a webdataset tar (read as every shard reader reads them: data/tars.py); a tar cut short
     or unreadable gives one `truncated_tar` / `unreadable_tar` reject."""
     counter: dict = {}
-    for sample in shard_lib.tar_samples(str(path), counter):
+    for sample in tars.tar_samples(str(path), counter):
         key = sample["__key__"]
         try:
-            meta = shard_lib.sample_meta(sample)
-        except shard_lib.BadSample:
+            meta = tars.sample_meta(sample)
+        except tars.BadSample:
             meta = {}  # only the url and a caption come from it
-        texts = shard_lib.captions(sample["txt"].decode("utf-8", "replace") if "txt" in sample else None, meta)
+        texts = tars.captions(sample["txt"].decode("utf-8", "replace") if "txt" in sample else None, meta)
         image_ext = next((e for e in sample if "." + e in IMAGE_SUFFIXES), None)
         for text in texts or [None]:  # a pair per caption: a .txt of several lines holds several
             yield Record("webdataset", str(path), text, member=f"{key}.{image_ext or '*'}", url=meta.get("url"),
