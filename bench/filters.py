@@ -131,7 +131,7 @@ def child(args) -> None:
 def read_keep(result_dir: Path) -> list[str]:
     if (result_dir / "keep.json").is_file():
         return json.loads((result_dir / "keep.json").read_text())
-    from openalign.pipeline.filter import read_keep as read
+    from openalign.data.pairs import read_keep as read
 
     return read(result_dir)
 

@@ -4,7 +4,8 @@
       <  corpora, eval, serve  <  train  <  study  <  cli, flags
 
 A module imports only from its own layer or below, and no two modules import each other, directly or
-through others (a function-level import does not hide a cycle).
+through others (a function-level import does not hide a cycle). The corpus pipeline's stages are siblings: none
+imports another.
 """
 
 import ast
@@ -82,6 +83,27 @@ def test_no_import_cycle_between_modules():
         if node not in state:
             visit(node, [node])
     assert not cycles, "\n".join(cycles)
+
+
+STAGES = ("ingest", "filter", "dedup", "screen", "shard")  # pipeline/: the corpus stages, siblings
+
+
+def stage_imports(modules: dict) -> list[str]:
+    """Imports of one pipeline stage by another (what they share lives in data/pairs.py or pipeline/scoring.py)."""
+    stages = {f"openalign.pipeline.{s}" for s in STAGES}
+    return [f"{m} imports {t} (line {line})" for m, targets in modules.items() if m in stages
+            for t, line in targets if t in stages or any(t.startswith(s + ".") for s in stages)]
+
+
+def test_no_pipeline_stage_imports_another_stage():
+    assert {f"openalign.pipeline.{s}" for s in STAGES} <= set(graph()), "a stage was renamed: update STAGES"
+    assert not stage_imports(graph()), "\n".join(stage_imports(graph()))
+
+
+def test_the_stage_check_finds_a_stage_importing_a_stage():
+    modules = {"openalign.pipeline.screen": [("openalign.pipeline.dedup", 29), ("openalign.pipeline.scoring", 30)],
+               "openalign.corpora.openclipart": [("openalign.pipeline.ingest", 24)]}
+    assert stage_imports(modules) == ["openalign.pipeline.screen imports openalign.pipeline.dedup (line 29)"]
 
 
 def test_the_checker_sees_function_level_and_relative_imports(tmp_path, monkeypatch):

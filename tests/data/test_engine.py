@@ -233,7 +233,7 @@ def redness(images):
 @needs_java
 def test_dedup_and_screen_on_spark_give_the_local_keep_lists(tmp_path, sources, spark):
     from openalign.pipeline.dedup import DedupOptions, dedup
-    from openalign.pipeline.filter import read_keep
+    from openalign.data.pairs import read_keep
     from openalign.pipeline.screen import ScreenOptions, screen
 
     pairs = tmp_path / "pairs.parquet"

@@ -9,7 +9,7 @@ from conftest import run_killed
 from openalign import presets
 from openalign.cli import main
 from openalign.data.transforms import to_tensor
-from openalign.pipeline.filter import read_keep
+from openalign.data.pairs import read_keep
 from openalign.model.dual_encoder import DualEncoder
 from openalign.model.hub import save_pretrained
 from openalign.tokenizer import train_tokenizer

@@ -9,7 +9,7 @@ import pytest
 
 from openalign.config import FilterConfig
 from openalign.pipeline import filter as filters
-from openalign.pipeline.ingest import PAIR_SCHEMA, pair_uid
+from openalign.data.pairs import PAIR_SCHEMA, pair_uid, read_keep
 from conftest import mark_ingested
 
 
@@ -37,7 +37,7 @@ def kept(tmp_path, table: Table, engine="duckdb", **cfg) -> tuple[set, dict]:
     pairs = table.write(tmp_path / "pairs.parquet")
     report = filters.run_filters(pairs, tmp_path / engine, FilterConfig(**cfg), engine=engine, master="local[1]",
                                  progress=False)
-    return set(filters.read_keep(tmp_path / engine)), report
+    return set(read_keep(tmp_path / engine)), report
 
 
 def test_boundaries_of_every_rule(tmp_path):
@@ -130,7 +130,7 @@ def test_duckdb_and_spark_keep_lists_are_identical(tmp_path):
     keep_spark, report_spark = kept(tmp_path, t, "spark", **cfg)
     assert keep_duck == keep_spark
     assert 0 < len(keep_duck) < 3000
-    assert filters.read_keep(tmp_path / "spark") == sorted(keep_spark)  # part files are in uid order
+    assert read_keep(tmp_path / "spark") == sorted(keep_spark)  # part files are in uid order
     strip = ("engine", "seconds", "keep")
     assert {k: v for k, v in report_duck.items() if k not in strip} == \
            {k: v for k, v in report_spark.items() if k not in strip}
@@ -205,7 +205,7 @@ def test_a_glob_of_pair_tables_equals_one_table(tmp_path):
         mark_ingested(parts / f"part-{i}.parquet")
     report = filters.run_filters(str(parts / "*.parquet"), tmp_path / "glob", FilterConfig(vocab_size=150),
                                  progress=False)
-    assert set(filters.read_keep(tmp_path / "glob")) == whole and report["pairs"] == 400
+    assert set(read_keep(tmp_path / "glob")) == whole and report["pairs"] == 400
 
 
 def test_a_rule_that_removes_most_of_a_corpus_is_said_first(tmp_path):
@@ -238,7 +238,7 @@ def test_duckdb_spills_under_a_memory_limit_says_so_and_keeps_the_same_pairs(tmp
     assert tight["spilled_bytes"] > 0 and tight["memory_limit"] == "40MB"
     note = next(line for line in filters.summary_lines(tight) if "spilled" in line)
     assert "out-of-core" in note and "40MB" in note
-    assert filters.read_keep(tmp_path / "tight") == filters.read_keep(tmp_path / "free")
+    assert read_keep(tmp_path / "tight") == read_keep(tmp_path / "free")
     assert tight["rules"] == free["rules"]
 
 

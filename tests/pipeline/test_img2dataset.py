@@ -10,7 +10,7 @@ import pytest
 
 from openalign.cli import main
 from openalign.config import FilterConfig
-from openalign.pipeline.filter import read_keep
+from openalign.data.pairs import read_keep
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "img2dataset"
 ORIGINALS = json.loads((FIXTURE / "originals.json").read_text())

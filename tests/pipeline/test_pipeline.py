@@ -129,7 +129,7 @@ def test_a_damaged_keep_list_report_is_one_sentence(tmp_path):
     import pytest
 
     from openalign.config import ConfigError
-    from openalign.pipeline.shard import pair_table_of
+    from openalign.data.pairs import pair_table_of
 
     (tmp_path / "filter_report.json").write_text('{"stage": "filter", "inp')
     with pytest.raises(ConfigError, match="filter_report.json is damaged"):

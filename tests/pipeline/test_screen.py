@@ -4,7 +4,7 @@ from PIL import Image
 
 from conftest import run_killed
 from openalign.cli import main
-from openalign.pipeline.filter import read_keep
+from openalign.data.pairs import read_keep
 
 CLASSIFIER = '''
 import numpy as np

@@ -27,6 +27,7 @@ import braceexpand
 
 from openalign.config import ConfigError
 from openalign.data.images import IMAGE_SUFFIXES
+from openalign.data.pairs import keep_index
 
 MANIFEST = "manifest.json"
 SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
@@ -273,33 +274,10 @@ def read_samples(shards: list[str], fraction: float = 1.0, counter: dict | None 
                 yield sample
 
 
-class KeepIndex:
-    """Which samples of the original shards the keep-lists keep (`data.keep`; pipeline/shard.py `build_keep_index`
-    writes it): a Parquet table of (path, key) sorted by path. A reader loads the keys of one shard at a time
-    (row-group statistics skip the rest), so no worker ever holds the corpus-wide set."""
-
-    def __init__(self, path: str):
-        self.path = path
-        self.shard, self.allowed = None, frozenset()
-
-    def keys(self, shard: str) -> frozenset:
-        import pyarrow.parquet as pq
-
-        shard = str(Path(shard).resolve())
-        if shard != self.shard:
-            table = pq.read_table(self.path, columns=["key"], filters=[("path", "=", shard)])
-            self.shard, self.allowed = shard, frozenset(table.column("key").to_pylist())
-        return self.allowed
 
 
-_KEEP_INDEXES: dict[str, KeepIndex] = {}
 
 
-def keep_index(path: str) -> KeepIndex:
-    """One KeepIndex per process and path (a DataLoader worker keeps its current shard's keys)."""
-    if path not in _KEEP_INDEXES:
-        _KEEP_INDEXES[path] = KeepIndex(path)
-    return _KEEP_INDEXES[path]
 
 
 def encode_image(image, fmt: str = "JPEG", quality: int = 90) -> bytes:

@@ -27,20 +27,16 @@ from typing import Literal
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from openalign.config import ConfigError
 from openalign.outputs import unfinish, write_json
 from openalign.data import images, sources
-from openalign.pipeline.filter import write_keep_without_images
-from openalign.pipeline.ingest import IMAGE_COLUMNS, check_pair_table
-from openalign.data.engine import (Engine, Task, duckdb_plan, read_plan, run_tasks, sources_key, spark_plan,
-                                       spark_session, task_id)
+from openalign.data.engine import Engine, read_plan
+from openalign.data.pairs import IMAGE_COLUMNS, check_pair_table, write_keep_without_images
 from openalign.model.hub import model_fingerprint
+from openalign.pipeline.scoring import FINITE, WORK, image_tasks, score_summary, write_scores
 
 REPORT = "dedup_report.json"
-WORK = "_work"  # the plan, the evaluation hashes or embeddings, each task's scores and status
 
 
 @dataclass(frozen=True)
@@ -65,53 +61,16 @@ def eval_images(spec: str) -> list[tuple[str, bytes | None]]:
 
 # ---------------------------------------------------------------------------------------------- plan
 
-IMAGE_QUERY = "SELECT image_key, min(path) AS path, min(member) AS member FROM read_parquet(?) GROUP BY image_key"
 
 
-def plan_images(pairs: str, plan: Path, per_task: int, engine: Engine) -> int:
-    """Every distinct image of the pair table, ordered by key and cut into tasks of `per_task` images (the
-    local engine plans with DuckDB, the Spark engine with Spark SQL); returns the count."""
-    if engine.name == "spark":
-        from pyspark.sql import functions as F
-
-        spark = spark_session(engine.master, retries=engine.retries, memory=engine.memory)
-        frame = (spark.read.parquet(pairs).groupBy("image_key")
-                 .agg(F.min("path").alias("path"), F.min("member").alias("member")))
-        return spark_plan(frame, "image_key", per_task, plan)
-    import duckdb
-
-    with duckdb.connect() as con:
-        return duckdb_plan(con, IMAGE_QUERY, [str(pairs)], "image_key", per_task, plan)
 
 
-def image_tasks(pairs: str, out: Path, fn, args: tuple, key: dict, per_task: int, engine: Engine, desc: str,
-                progress: bool) -> tuple[int, dict, int]:
-    """Plan the images, then run `fn(plan, index, scores_path, *args)` once per task of images, each writing
-    its scores to OUT/_work/scores-ID.parquet; returns (images, {id: result}, tasks resumed, the score files of
-    this plan: files a killed run of another plan left are never read)."""
-    work = out / WORK
-    work.mkdir(parents=True, exist_ok=True)
-    plan = work / "plan.parquet"
-    count = plan_images(pairs, plan, per_task, engine)
-    n_tasks = -(-count // per_task)
-    inputs = sources_key(pairs if "://" in str(pairs) else str(Path(pairs).resolve()), key, per_task, count)
-    scores = [str(work / f"scores-{task_id(i)}.parquet") for i in range(n_tasks)]
-    tasks = [Task(task_id(i), fn, (str(plan), i, scores[i], *args), key=sources_key(inputs, i), outputs=(scores[i],))
-             for i in range(n_tasks)]
-    results, resumed = run_tasks(tasks, work / "_status", engine, desc, progress)
-    return count, results, resumed, scores
 
 
 def array_digest(array: np.ndarray) -> str:
     return hashlib.blake2b(np.ascontiguousarray(array).tobytes() + str(array.shape).encode(), digest_size=16).hexdigest()
 
 
-def write_scores(path: str, rows: list[dict], scores: list[float | None], matches: list[int | None]) -> None:
-    table = pa.table({"image_key": [r["image_key"] for r in rows], "score": pa.array(scores, pa.float64()),
-                      "match": pa.array(matches, pa.int64())})
-    tmp = path + ".tmp"
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------------------------------------- phash
@@ -202,33 +161,10 @@ def embedding_task(plan: str, index: int, scores_path: str, eval_path: str, mode
 
 # ---------------------------------------------------------------------------------------------- stage
 
-PERCENTILES = (0, 1, 5, 25, 50, 75, 95, 99, 100)
 
 
-# A score decides only when it is a finite number: DuckDB and Spark order NaN above every number (a classifier
-# returning NaN removed 752 of 752 images), and an infinite score is no measurement either.
-FINITE = "score BETWEEN -1.7976931348623157e308 AND 1.7976931348623157e308"
 
 
-def score_summary(out: Path, scores: list[str], where: str, order: str, n_examples: int) -> tuple[int, list, dict, int]:
-    """From the tasks' score files: how many images the rule removes, the first examples in `order`, the
-    percentiles of every finite score (numpy's linear interpolation, as DuckDB's quantile_cont), and how many
-    scores were NaN or infinite."""
-    import duckdb
-
-    plan = str(out / WORK / "plan.parquet")
-    with duckdb.connect() as con:
-        removed = con.execute(f"SELECT count(*) FROM read_parquet(?) WHERE {where}", [scores]).fetchone()[0]
-        examples = con.execute(f"""SELECT coalesce(p.member, p.path), s.match, s.score FROM read_parquet(?) s
-                                   JOIN read_parquet(?) p USING (image_key) WHERE {where}
-                                   ORDER BY s.score {order}, s.image_key LIMIT {int(n_examples)}""",
-                               [scores, plan]).fetchall()
-        quantiles = con.execute(f"SELECT quantile_cont(score, ?::DOUBLE[]) FROM read_parquet(?) WHERE {FINITE}",
-                                [[q / 100 for q in PERCENTILES], scores]).fetchone()[0]
-        nonfinite = con.execute(f"SELECT count(*) FROM read_parquet(?) WHERE score IS NOT NULL AND NOT ({FINITE})",
-                                [scores]).fetchone()[0]
-    percentiles = {f"p{q:g}": float(v) for q, v in zip(PERCENTILES, quantiles)} if quantiles else {}
-    return removed, examples, percentiles, int(nonfinite)
 
 
 def dedup(pairs: Path, against: str, out: Path, options: DedupOptions = DedupOptions(), progress: bool = True,

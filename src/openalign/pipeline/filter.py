@@ -40,7 +40,7 @@ from pathlib import Path
 
 from openalign.config import ConfigError, FilterConfig, check
 from openalign.data.engine import spark_session
-from openalign.pipeline.ingest import FILTER_COLUMNS, check_pair_table
+from openalign.data.pairs import FILTER_COLUMNS, check_pair_table, sql_path
 from openalign.outputs import unfinish, write_json
 
 REPORT = "filter_report.json"
@@ -322,7 +322,7 @@ class DuckDBEngine:
             self.con.execute(f"SET memory_limit = '{memory_limit}'")
         if threads:
             self.con.execute(f"SET threads = {int(threads)}")
-        self.con.execute(f"SET temp_directory = '{_sql_path(self.temp_dir)}'")
+        self.con.execute(f"SET temp_directory = '{sql_path(self.temp_dir)}'")
 
     def _execute(self, stage: str, sql: str):
         import duckdb
@@ -336,9 +336,9 @@ class DuckDBEngine:
                               f"or run it with --engine spark") from e
 
     def register(self, pairs: str) -> None:
-        names = [r[0] for r in self.con.execute(f"DESCRIBE SELECT * FROM read_parquet('{_sql_path(pairs)}')").fetchall()]
+        names = [r[0] for r in self.con.execute(f"DESCRIBE SELECT * FROM read_parquet('{sql_path(pairs)}')").fetchall()]
         self.con.execute(f"CREATE OR REPLACE VIEW pairs AS SELECT uid, image_key, text, {size_columns(names)} "
-                         f"FROM read_parquet('{_sql_path(pairs)}')")
+                         f"FROM read_parquet('{sql_path(pairs)}')")
 
     def materialize(self, name: str, query: str) -> None:
         self._execute(name, self.dialect.materialize.format(name=name, query=query))
@@ -382,11 +382,11 @@ class DuckDBEngine:
         shutil.rmtree(directory, ignore_errors=True)
         self.temp_dir.mkdir(parents=True, exist_ok=True)
         self._execute("term_hashes", f"COPY (SELECT h, n_pairs, h % {parts} AS part FROM ({query}) q) TO "
-                                     f"'{_sql_path(directory)}' (FORMAT parquet, PARTITION_BY (part))")
+                                     f"'{sql_path(directory)}' (FORMAT parquet, PARTITION_BY (part))")
         histogram: dict[int, int] = {}
         for p in range(parts):
             split = directory / f"part={p}"
-            source = f"read_parquet('{_sql_path(split)}/*.parquet')" if split.is_dir() else \
+            source = f"read_parquet('{sql_path(split)}/*.parquet')" if split.is_dir() else \
                 "(SELECT 0::UBIGINT AS h, 0::BIGINT AS n_pairs WHERE false)"
             self.materialize("hash_part", hash_counts(source))
             for c, n in self.rows("SELECT c, count(*) FROM hash_part GROUP BY c"):
@@ -413,7 +413,7 @@ class DuckDBEngine:
         return self._execute("summary", query).fetchall()
 
     def write_keep(self, path: Path) -> None:
-        self._execute("keep-list", f"COPY ({keep_query()}) TO '{_sql_path(path)}' (FORMAT parquet)")
+        self._execute("keep-list", f"COPY ({keep_query()}) TO '{sql_path(path)}' (FORMAT parquet)")
 
     def close(self) -> None:
         self.con.close()
@@ -491,9 +491,6 @@ class SpillWatch:
         self.sample()
 
 
-def _sql_path(path: Path) -> str:
-    return str(path).replace("'", "''")
-
 
 def _size_bytes(text: str) -> int:
     """DuckDB's spelling of a size ("2.7 GiB", "300.0 MB", "512 bytes") in bytes."""
@@ -520,60 +517,12 @@ def make_engine(name: str, master: str = "", memory_limit: str = "", threads: in
     raise ConfigError(f"unknown engine {name!r}; choose duckdb or spark")
 
 
-# each stage's report, written after its keep-list, and the field naming the pair table it was made from
-KEEP_REPORTS = {"filter_report.json": "input", "dedup_report.json": "pairs", "screen_report.json": "pairs"}
 
 
-def keep_source(path: Path) -> str:
-    """A keep-list written by either engine, as a `read_parquet` argument: the file DuckDB writes, or
-    the glob of the part files Spark writes. `path` may also be the stage's output directory. A keep-list is
-    read only beside the report its stage writes last (an interrupted stage leaves none)."""
-    path = Path(path)
-    if path.is_dir() and (path / "keep.parquet").exists():
-        path = path / "keep.parquet"
-    if not path.exists():
-        raise ConfigError(f"no keep-list at {path}; run `openalign filter` (or `openalign dedup`) first")
-    if not any((path.parent / report).is_file() for report in KEEP_REPORTS):
-        raise ConfigError(f"{path} has no filter, dedup or screen report beside it, so the stage that wrote it did "
-                          f"not finish; run that stage again into {path.parent}")
-    return str(path / "*.parquet") if path.is_dir() else str(path)
 
 
-def read_keep(path: Path) -> list[str]:
-    """Sorted uids of a keep-list."""
-    import duckdb
-
-    with duckdb.connect() as con:
-        return [r[0] for r in con.execute("SELECT uid FROM read_parquet(?) ORDER BY uid", [keep_source(path)]).fetchall()]
 
 
-def write_keep_without_images(pairs: str, scores: list[str], where: str, out: Path, engine=None) -> int:
-    """Keep-list `out/keep.parquet` of every pair whose image is not removed: the images of the Parquet files
-    `scores` (image_key, score, ...) that match the SQL condition `where` (the dedup and screen stages). The
-    Spark engine joins on the executors and writes part files; returns how many pairs were removed."""
-    scores = list(scores)
-    import shutil
-
-    keep = out / "keep.parquet"
-    if keep.is_dir():
-        shutil.rmtree(keep)
-    else:
-        keep.unlink(missing_ok=True)
-    if engine is not None and engine.name == "spark":
-        spark = spark_session(engine.master, retries=engine.retries, memory=engine.memory)
-        table = spark.read.parquet(str(pairs))
-        removed = spark.read.parquet(*scores).where(where).select("image_key")
-        table.join(removed, "image_key", "left_anti").select("uid").distinct().orderBy("uid") \
-            .write.mode("overwrite").parquet(str(keep))
-        return table.join(removed, "image_key", "left_semi").count()
-    import duckdb
-
-    removed = f"SELECT image_key FROM read_parquet(?) WHERE {where}"
-    with duckdb.connect() as con:
-        con.execute(f"COPY (SELECT DISTINCT uid FROM read_parquet(?) WHERE image_key NOT IN ({removed}) ORDER BY uid) "
-                    f"TO '{_sql_path(keep)}' (FORMAT parquet)", [str(pairs), scores])
-        return con.execute(f"SELECT count(*) FROM read_parquet(?) WHERE image_key IN ({removed})",
-                           [str(pairs), scores]).fetchone()[0]
 
 
 # ---------------------------------------------------------------------------------------------- stage

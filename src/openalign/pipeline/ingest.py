@@ -24,7 +24,6 @@ rejects (`remote_not_fetched`): download with img2dataset first and ingest its o
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -44,19 +43,12 @@ from openalign.data import tars
 from openalign.data.sources import (IMAGE_SUFFIXES, SOURCES, TABLE_SUFFIXES, folder_files, read_caption,
                                     sidecar_meta, sniff_delimiter)
 from openalign.data.engine import Engine, Task, run_tasks, sources_key, task_id
+from openalign.data.pairs import PAIR_SCHEMA, blake, manifest_path, normalize_text, pair_uid
 from openalign.data.workers import process_pool
 from openalign.outputs import staged, unfinish, write_json
 
 TEXT_REJECTS = ("no_text", "remote_not_fetched", "missing_file", "bad_row", "truncated_tar", "unreadable_tar",
                 "not_a_file", "not_downloaded")
-PAIR_SCHEMA = pa.schema([
-    ("uid", pa.string()), ("image_key", pa.string()), ("text", pa.string()), ("width", pa.int32()),
-    ("height", pa.int32()), ("bytes", pa.int64()), ("format", pa.string()), ("mode", pa.string()),
-    ("conversions", pa.string()), ("source", pa.string()), ("path", pa.string()), ("member", pa.string()),
-    ("url", pa.string()),
-    # the size before a downloader resized it (img2dataset's original_width/height); null when not recorded
-    ("original_width", pa.int32()), ("original_height", pa.int32()),
-])
 REJECT_SCHEMA = pa.schema([("source", pa.string()), ("path", pa.string()), ("member", pa.string()),
                            ("url", pa.string()), ("text", pa.string()), ("reason", pa.string()),
                            ("detail", pa.string())])
@@ -87,78 +79,18 @@ class Record:
     original: tuple[int, int] | None = None  # (width, height) before img2dataset resized it, from its metadata
 
 
-FILTER_COLUMNS = ("uid", "image_key", "text", "width", "height")  # what each stage reads of a pair table
-SOURCE_COLUMNS = ("uid", "image_key", "text", "path", "member", "url")
-IMAGE_COLUMNS = ("uid", "image_key", "path", "member")
 
 
-def check_pair_table(spec, columns: tuple[str, ...] = ()) -> str:
-    """A pair table: one Parquet file, a glob of them (`pairs/*.parquet`, one per ingest job), or (Spark)
-    a URL such as s3a://bucket/pairs/ that only the cluster can check. A local table must be Parquet and
-    hold `columns`; otherwise one sentence says what is wrong."""
-    text = str(spec)
-    if "://" in text:
-        return text
-    if any(c in text for c in "*?["):
-        import glob
-
-        matches = sorted(glob.glob(text))
-        if not matches:
-            raise ConfigError(f"no pair tables match {text}; build them with `openalign ingest SRC --out FILE.parquet`")
-    elif not Path(text).is_file():
-        raise ConfigError(f"pair table {text} does not exist; build it with `openalign ingest SRC --out {text}`")
-    else:
-        matches = [text]
-    try:
-        names = pq.read_schema(matches[0]).names
-    except (OSError, pa.ArrowException):
-        raise ConfigError(f"{matches[0]} is not a Parquet pair table; build one with `openalign ingest SRC --out "
-                          "pairs.parquet`") from None
-    missing = [c for c in columns if c not in names]
-    if missing:
-        raise ConfigError(f"{matches[0]} lacks the column{'s' if len(missing) > 1 else ''} {', '.join(missing)} (it "
-                          f"has {', '.join(names)}); a pair table comes from `openalign ingest`")
-    for match in matches:
-        check_finished(Path(match))
-    return text
 
 
-def manifest_path(table: Path) -> Path:
-    return Path(table).with_suffix(".manifest.json")
 
 
-def check_finished(table: Path) -> None:
-    """A pair table is finished when the manifest its ingest writes last is beside it and counts its rows; a table
-    an interrupted ingest left (no manifest, or another run's) is refused in one sentence."""
-    manifest = manifest_path(table)
-    again = f"run `openalign ingest SRC --out {table}` again"
-    try:
-        written = json.loads(manifest.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{table} has no {manifest.name} beside it, so the ingest that wrote it did not finish (or "
-                          f"it was not written by `openalign ingest`); {again}") from None
-    except (OSError, ValueError):
-        raise ConfigError(f"{manifest} is damaged (not JSON); {again}") from None
-    try:
-        rows = pq.read_metadata(table).num_rows
-    except (OSError, pa.ArrowException):
-        raise ConfigError(f"{table} is not a readable Parquet file (cut short?); {again}") from None
-    if not isinstance(written, dict) or written.get("stage") != "ingest" or written.get("pairs") != rows:
-        said = written.get("pairs") if isinstance(written, dict) else None
-        raise ConfigError(f"{table} holds {rows:,} pairs but {manifest.name} says {said}: the table is not the one "
-                          f"that manifest describes (changed, or a rerun was interrupted); {again}")
 
 
-def normalize_text(text: str | None) -> str:
-    return " ".join(text.split()) if text else ""
 
 
-def blake(data: bytes) -> str:
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
-def pair_uid(image_key: str, text: str) -> str:
-    return blake(f"{image_key}\t{text}".encode())
 
 
 # ---------------------------------------------------------------------------------------------- sources

@@ -26,10 +26,9 @@ from typing import Callable
 
 from openalign.config import ConfigError
 from openalign.data import images, sources
-from openalign.pipeline.dedup import FINITE, WORK, image_tasks, score_summary, write_scores
 from openalign.data.engine import Engine, read_plan
-from openalign.pipeline.filter import write_keep_without_images
-from openalign.pipeline.ingest import IMAGE_COLUMNS, check_pair_table
+from openalign.data.pairs import IMAGE_COLUMNS, check_pair_table, write_keep_without_images
+from openalign.pipeline.scoring import FINITE, WORK, image_tasks, score_summary, write_scores
 from openalign.outputs import unfinish, write_json
 
 REPORT = "screen_report.json"

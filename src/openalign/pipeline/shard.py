@@ -16,7 +16,6 @@ skips finished shards and redoes only the missing ones.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import re
 import time
@@ -30,10 +29,9 @@ from PIL import Image
 from openalign.config import ConfigError
 from openalign.data import images
 from openalign.data import tars
-from openalign.data.engine import (Engine, Task, duckdb_plan, previous, read_plan, run_tasks, sources_key,
-                                       spark_plan, spark_session, task_id)
-from openalign.pipeline.filter import KEEP_REPORTS, keep_source
-from openalign.pipeline.ingest import SOURCE_COLUMNS, blake, check_pair_table
+from openalign.data.engine import (Engine, Task, duckdb_plan, previous, read_plan, run_tasks, spark_plan,
+                                   spark_session, task_id)
+from openalign.data.pairs import SOURCE_COLUMNS, blake, check_pair_table, keep_source, keep_table
 from openalign.outputs import unfinish
 from openalign.data.tars import MANIFEST, encode_image
 from openalign.data.sources import SOURCES, karpathy_items
@@ -59,56 +57,12 @@ SAMPLE_QUERY = """
     GROUP BY image_key"""
 
 
-def _keep_table(con, pairs: Path, keep_dirs: list[Path]) -> None:
-    if keep_dirs:
-        keep = " INTERSECT ".join("SELECT uid FROM read_parquet(?)" for _ in keep_dirs)  # in SQL: no uid set in Python
-        con.execute(f"CREATE TEMP TABLE keep AS {keep}", [keep_source(k) for k in keep_dirs])
-    else:  # no keep-list: every pair (an already clean collection)
-        con.execute("CREATE TEMP TABLE keep AS SELECT DISTINCT uid FROM read_parquet(?)", [str(pairs)])
 
 
 
 
-def pair_table_of(keep_dir: Path) -> str:
-    """The pair table a keep-list directory was made from (its stage report says)."""
-    for name, field in KEEP_REPORTS.items():
-        if (Path(keep_dir) / name).is_file():
-            try:
-                return str(json.loads((Path(keep_dir) / name).read_text())[field])
-            except (ValueError, KeyError, TypeError):
-                raise ConfigError(f"{Path(keep_dir) / name} is damaged (not the report its stage writes); run that "
-                                  f"stage again into {keep_dir}") from None
-    raise ConfigError(f"{keep_dir} holds no filter, dedup or screen report; data.keep takes the --out directories "
-                      "of `openalign filter`, `openalign dedup` and `openalign screen`")
 
 
-def build_keep_index(keep_dirs: list[str], out_dir: Path) -> str:
-    """data.keep: the (tar path, sample key) of every kept pair whose image came from a webdataset tar, sorted
-    by path, as one Parquet file under `out_dir` named by a fingerprint of its inputs (built once, reused).
-    The training loader then reads the original shards and skips what this does not list: the corpus is not
-    rewritten, and each reader holds one shard's keys at a time (shards.KeepIndex)."""
-    tables = {str(pair_table_of(Path(k))) for k in keep_dirs}
-    if len(tables) != 1:
-        raise ConfigError(f"the keep-lists {', '.join(keep_dirs)} come from different pair tables ({', '.join(sorted(tables))}); "
-                          "give keep-lists of one pair table")
-    pairs = tables.pop()
-    sources = [keep_source(Path(k)) for k in keep_dirs]
-    key = sources_key(pairs, *[str(Path(k).resolve() / "keep.parquet") for k in keep_dirs], *sources)
-    out = Path(out_dir) / "keep-index" / f"{key}.parquet"
-    if out.is_file():
-        return str(out)
-    import duckdb
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    with duckdb.connect() as con:
-        _keep_table(con, Path(pairs), [Path(k) for k in keep_dirs])
-        con.execute(f"""COPY (SELECT DISTINCT p.path, regexp_replace(p.member, '\\.[^.]*$', '') AS key
-                              FROM read_parquet(?) p JOIN keep k ON p.uid = k.uid
-                              WHERE p.source = 'webdataset' ORDER BY path, key)
-                        TO '{str(tmp).replace("'", "''")}' (FORMAT parquet, ROW_GROUP_SIZE 100000)""", [pairs])
-    tmp.replace(out)
-    return str(out)
 
 
 def kept_images(pairs: Path, keep_dirs: list[Path]) -> list[dict]:
@@ -116,7 +70,7 @@ def kept_images(pairs: Path, keep_dirs: list[Path]) -> list[dict]:
     import duckdb
 
     with duckdb.connect() as con:
-        _keep_table(con, pairs, keep_dirs)
+        keep_table(con, pairs, keep_dirs)
         rows = con.execute(SAMPLE_QUERY + " ORDER BY image_key", [str(pairs)]).fetchall()
     return [{"image_key": key, "texts": texts, "uids": uids, "path": path, "member": member, "url": url}
             for key, texts, uids, path, member, url in rows]
@@ -127,7 +81,7 @@ def plan_duckdb(pairs: Path, keep_dirs: list[Path], plan: Path, per_shard: int) 
     import duckdb
 
     with duckdb.connect() as con:
-        _keep_table(con, pairs, keep_dirs)
+        keep_table(con, pairs, keep_dirs)
         return duckdb_plan(con, SAMPLE_QUERY, [str(pairs)], "image_key", per_shard, plan / "plan.parquet", "shard")
 
 

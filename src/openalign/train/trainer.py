@@ -29,7 +29,7 @@ from openalign.config import Config, ConfigError
 from openalign.data import tars
 from openalign.corpora import resolve_data
 from openalign.data.loader import Position, StreamSpec, epoch_plan, train_loader
-from openalign.pipeline.shard import build_keep_index
+from openalign.data.pairs import build_keep_index
 from openalign.eval.features import EvalOptions
 from openalign.eval.tasks import HELD_OUT_TASKS, configure, run_tasks
 from openalign.model import hub

@@ -1,0 +1,248 @@
+"""The pair table and the keep-lists: the files the corpus pipeline's stages hand each other.
+
+    pairs.parquet            one row per usable (image, alt-text) pair (`PAIR_SCHEMA`), written by `openalign ingest`
+    pairs.manifest.json      written last by ingest: a table is finished only beside the manifest that counts its rows
+    DIR/keep.parquet         a keep-list: the sorted distinct uids a stage keeps (a file from DuckDB, a directory of
+                             part files from Spark), beside the stage's report (`KEEP_REPORTS`, written last)
+    keep-index/KEY.parquet   data.keep: the (tar path, sample key) every keep-list keeps, for training on the original
+                             tars (`build_keep_index`; read one shard at a time by `KeepIndex`)
+
+A pair's uid is a hash of its image's bytes and its normalized text, so every stage, engine and rerun names a pair
+the same way. Every stage reads a pair table through `check_pair_table`, and every keep-list through `keep_source`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from openalign.config import ConfigError
+from openalign.data.engine import sources_key, spark_session
+
+PAIR_SCHEMA = pa.schema([
+    ("uid", pa.string()), ("image_key", pa.string()), ("text", pa.string()), ("width", pa.int32()),
+    ("height", pa.int32()), ("bytes", pa.int64()), ("format", pa.string()), ("mode", pa.string()),
+    ("conversions", pa.string()), ("source", pa.string()), ("path", pa.string()), ("member", pa.string()),
+    ("url", pa.string()),
+    # the size before a downloader resized it (img2dataset's original_width/height); null when not recorded
+    ("original_width", pa.int32()), ("original_height", pa.int32()),
+])
+
+
+FILTER_COLUMNS = ("uid", "image_key", "text", "width", "height")  # what each stage reads of a pair table
+SOURCE_COLUMNS = ("uid", "image_key", "text", "path", "member", "url")
+IMAGE_COLUMNS = ("uid", "image_key", "path", "member")
+
+
+def check_pair_table(spec, columns: tuple[str, ...] = ()) -> str:
+    """A pair table: one Parquet file, a glob of them (`pairs/*.parquet`, one per ingest job), or (Spark)
+    a URL such as s3a://bucket/pairs/ that only the cluster can check. A local table must be Parquet and
+    hold `columns`; otherwise one sentence says what is wrong."""
+    text = str(spec)
+    if "://" in text:
+        return text
+    if any(c in text for c in "*?["):
+        import glob
+
+        matches = sorted(glob.glob(text))
+        if not matches:
+            raise ConfigError(f"no pair tables match {text}; build them with `openalign ingest SRC --out FILE.parquet`")
+    elif not Path(text).is_file():
+        raise ConfigError(f"pair table {text} does not exist; build it with `openalign ingest SRC --out {text}`")
+    else:
+        matches = [text]
+    try:
+        names = pq.read_schema(matches[0]).names
+    except (OSError, pa.ArrowException):
+        raise ConfigError(f"{matches[0]} is not a Parquet pair table; build one with `openalign ingest SRC --out "
+                          "pairs.parquet`") from None
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise ConfigError(f"{matches[0]} lacks the column{'s' if len(missing) > 1 else ''} {', '.join(missing)} (it "
+                          f"has {', '.join(names)}); a pair table comes from `openalign ingest`")
+    for match in matches:
+        check_finished(Path(match))
+    return text
+
+
+def manifest_path(table: Path) -> Path:
+    return Path(table).with_suffix(".manifest.json")
+
+
+def check_finished(table: Path) -> None:
+    """A pair table is finished when the manifest its ingest writes last is beside it and counts its rows; a table
+    an interrupted ingest left (no manifest, or another run's) is refused in one sentence."""
+    manifest = manifest_path(table)
+    again = f"run `openalign ingest SRC --out {table}` again"
+    try:
+        written = json.loads(manifest.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{table} has no {manifest.name} beside it, so the ingest that wrote it did not finish (or "
+                          f"it was not written by `openalign ingest`); {again}") from None
+    except (OSError, ValueError):
+        raise ConfigError(f"{manifest} is damaged (not JSON); {again}") from None
+    try:
+        rows = pq.read_metadata(table).num_rows
+    except (OSError, pa.ArrowException):
+        raise ConfigError(f"{table} is not a readable Parquet file (cut short?); {again}") from None
+    if not isinstance(written, dict) or written.get("stage") != "ingest" or written.get("pairs") != rows:
+        said = written.get("pairs") if isinstance(written, dict) else None
+        raise ConfigError(f"{table} holds {rows:,} pairs but {manifest.name} says {said}: the table is not the one "
+                          f"that manifest describes (changed, or a rerun was interrupted); {again}")
+
+
+def normalize_text(text: str | None) -> str:
+    return " ".join(text.split()) if text else ""
+
+
+def blake(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def pair_uid(image_key: str, text: str) -> str:
+    return blake(f"{image_key}\t{text}".encode())
+
+
+# ---------------------------------------------------------------------------------------------- keep-lists
+
+# each stage's report, written after its keep-list, and the field naming the pair table it was made from
+KEEP_REPORTS = {"filter_report.json": "input", "dedup_report.json": "pairs", "screen_report.json": "pairs"}
+
+
+def keep_source(path: Path) -> str:
+    """A keep-list written by either engine, as a `read_parquet` argument: the file DuckDB writes, or
+    the glob of the part files Spark writes. `path` may also be the stage's output directory. A keep-list is
+    read only beside the report its stage writes last (an interrupted stage leaves none)."""
+    path = Path(path)
+    if path.is_dir() and (path / "keep.parquet").exists():
+        path = path / "keep.parquet"
+    if not path.exists():
+        raise ConfigError(f"no keep-list at {path}; run `openalign filter` (or `openalign dedup`) first")
+    if not any((path.parent / report).is_file() for report in KEEP_REPORTS):
+        raise ConfigError(f"{path} has no filter, dedup or screen report beside it, so the stage that wrote it did "
+                          f"not finish; run that stage again into {path.parent}")
+    return str(path / "*.parquet") if path.is_dir() else str(path)
+
+
+def read_keep(path: Path) -> list[str]:
+    """Sorted uids of a keep-list."""
+    import duckdb
+
+    with duckdb.connect() as con:
+        return [r[0] for r in con.execute("SELECT uid FROM read_parquet(?) ORDER BY uid", [keep_source(path)]).fetchall()]
+
+
+def write_keep_without_images(pairs: str, scores: list[str], where: str, out: Path, engine=None) -> int:
+    """Keep-list `out/keep.parquet` of every pair whose image is not removed: the images of the Parquet files
+    `scores` (image_key, score, ...) that match the SQL condition `where` (the dedup and screen stages). The
+    Spark engine joins on the executors and writes part files; returns how many pairs were removed."""
+    scores = list(scores)
+    import shutil
+
+    keep = out / "keep.parquet"
+    if keep.is_dir():
+        shutil.rmtree(keep)
+    else:
+        keep.unlink(missing_ok=True)
+    if engine is not None and engine.name == "spark":
+        spark = spark_session(engine.master, retries=engine.retries, memory=engine.memory)
+        table = spark.read.parquet(str(pairs))
+        removed = spark.read.parquet(*scores).where(where).select("image_key")
+        table.join(removed, "image_key", "left_anti").select("uid").distinct().orderBy("uid") \
+            .write.mode("overwrite").parquet(str(keep))
+        return table.join(removed, "image_key", "left_semi").count()
+    import duckdb
+
+    removed = f"SELECT image_key FROM read_parquet(?) WHERE {where}"
+    with duckdb.connect() as con:
+        con.execute(f"COPY (SELECT DISTINCT uid FROM read_parquet(?) WHERE image_key NOT IN ({removed}) ORDER BY uid) "
+                    f"TO '{sql_path(keep)}' (FORMAT parquet)", [str(pairs), scores])
+        return con.execute(f"SELECT count(*) FROM read_parquet(?) WHERE image_key IN ({removed})",
+                           [str(pairs), scores]).fetchone()[0]
+
+
+def sql_path(path: Path) -> str:
+    """A path inside a single-quoted SQL string."""
+    return str(path).replace("'", "''")
+
+
+def keep_table(con, pairs: Path, keep_dirs: list[Path]) -> None:
+    if keep_dirs:
+        keep = " INTERSECT ".join("SELECT uid FROM read_parquet(?)" for _ in keep_dirs)  # in SQL: no uid set in Python
+        con.execute(f"CREATE TEMP TABLE keep AS {keep}", [keep_source(k) for k in keep_dirs])
+    else:  # no keep-list: every pair (an already clean collection)
+        con.execute("CREATE TEMP TABLE keep AS SELECT DISTINCT uid FROM read_parquet(?)", [str(pairs)])
+
+
+def pair_table_of(keep_dir: Path) -> str:
+    """The pair table a keep-list directory was made from (its stage report says)."""
+    for name, field in KEEP_REPORTS.items():
+        if (Path(keep_dir) / name).is_file():
+            try:
+                return str(json.loads((Path(keep_dir) / name).read_text())[field])
+            except (ValueError, KeyError, TypeError):
+                raise ConfigError(f"{Path(keep_dir) / name} is damaged (not the report its stage writes); run that "
+                                  f"stage again into {keep_dir}") from None
+    raise ConfigError(f"{keep_dir} holds no filter, dedup or screen report; data.keep takes the --out directories "
+                      "of `openalign filter`, `openalign dedup` and `openalign screen`")
+
+
+def build_keep_index(keep_dirs: list[str], out_dir: Path) -> str:
+    """data.keep: the (tar path, sample key) of every kept pair whose image came from a webdataset tar, sorted
+    by path, as one Parquet file under `out_dir` named by a fingerprint of its inputs (built once, reused).
+    The training loader then reads the original shards and skips what this does not list: the corpus is not
+    rewritten, and each reader holds one shard's keys at a time (shards.KeepIndex)."""
+    tables = {str(pair_table_of(Path(k))) for k in keep_dirs}
+    if len(tables) != 1:
+        raise ConfigError(f"the keep-lists {', '.join(keep_dirs)} come from different pair tables ({', '.join(sorted(tables))}); "
+                          "give keep-lists of one pair table")
+    pairs = tables.pop()
+    sources = [keep_source(Path(k)) for k in keep_dirs]
+    key = sources_key(pairs, *[str(Path(k).resolve() / "keep.parquet") for k in keep_dirs], *sources)
+    out = Path(out_dir) / "keep-index" / f"{key}.parquet"
+    if out.is_file():
+        return str(out)
+    import duckdb
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    with duckdb.connect() as con:
+        keep_table(con, Path(pairs), [Path(k) for k in keep_dirs])
+        con.execute(f"""COPY (SELECT DISTINCT p.path, regexp_replace(p.member, '\\.[^.]*$', '') AS key
+                              FROM read_parquet(?) p JOIN keep k ON p.uid = k.uid
+                              WHERE p.source = 'webdataset' ORDER BY path, key)
+                        TO '{str(tmp).replace("'", "''")}' (FORMAT parquet, ROW_GROUP_SIZE 100000)""", [pairs])
+    tmp.replace(out)
+    return str(out)
+
+
+class KeepIndex:
+    """Which samples of the original shards the keep-lists keep (`data.keep`; pipeline/shard.py `build_keep_index`
+    writes it): a Parquet table of (path, key) sorted by path. A reader loads the keys of one shard at a time
+    (row-group statistics skip the rest), so no worker ever holds the corpus-wide set."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.shard, self.allowed = None, frozenset()
+
+    def keys(self, shard: str) -> frozenset:
+        shard = str(Path(shard).resolve())
+        if shard != self.shard:
+            table = pq.read_table(self.path, columns=["key"], filters=[("path", "=", shard)])
+            self.shard, self.allowed = shard, frozenset(table.column("key").to_pylist())
+        return self.allowed
+
+
+_KEEP_INDEXES: dict[str, KeepIndex] = {}
+
+
+def keep_index(path: str) -> KeepIndex:
+    """One KeepIndex per process and path (a DataLoader worker keeps its current shard's keys)."""
+    if path not in _KEEP_INDEXES:
+        _KEEP_INDEXES[path] = KeepIndex(path)
+    return _KEEP_INDEXES[path]
