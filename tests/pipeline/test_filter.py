@@ -9,6 +9,9 @@ import pytest
 
 from openalign.config import FilterConfig
 from openalign.pipeline import filter as filters
+from openalign.pipeline import filter_engines
+from openalign.pipeline.filter_engines import DuckDBEngine
+from openalign.pipeline.filter_rules import DUCKDB, vocab_cut
 from openalign.data.pairs import PAIR_SCHEMA, pair_uid, read_keep
 from conftest import mark_ingested
 
@@ -140,11 +143,11 @@ def test_duckdb_and_spark_keep_lists_are_identical(tmp_path):
 
 def test_vocab_cut_from_the_count_histogram():
     histogram = [(9, 2), (5, 3), (1, 10)]  # 2 terms counted 9 times, 3 counted 5, 10 counted once
-    assert filters.vocab_cut(histogram, 15) is None  # everything fits
-    assert filters.vocab_cut(histogram, 100) is None
-    assert filters.vocab_cut(histogram, 2) == (5, 0)  # cut between counts: all terms counted <= 5 are rare
-    assert filters.vocab_cut(histogram, 3) == (5, 1)  # one of the three 5-count terms (the smallest) is in
-    assert filters.vocab_cut(histogram, 14) == (1, 9)
+    assert vocab_cut(histogram, 15) is None  # everything fits
+    assert vocab_cut(histogram, 100) is None
+    assert vocab_cut(histogram, 2) == (5, 0)  # cut between counts: all terms counted <= 5 are rare
+    assert vocab_cut(histogram, 3) == (5, 1)  # one of the three 5-count terms (the smallest) is in
+    assert vocab_cut(histogram, 14) == (1, 9)
 
 
 def test_terms_counted_by_hash_then_exactly_give_the_exact_vocabulary_even_with_collisions(tmp_path, monkeypatch):
@@ -156,14 +159,14 @@ def test_terms_counted_by_hash_then_exactly_give_the_exact_vocabulary_even_with_
     keep, report = kept(tmp_path / "exact", t, **cfg)
     assert 0 < report["exactly_counted_terms"] < report["distinct_terms"] / 4  # only the candidates, by strings
     rounds = []
-    materialize = filters.DuckDBEngine.materialize
+    materialize = DuckDBEngine.materialize
 
     def counting(self, name, query):
         rounds.append(name)
         materialize(self, name, query)
 
-    monkeypatch.setattr(filters.DuckDBEngine, "materialize", counting)
-    monkeypatch.setattr(filters.DuckDBEngine, "dialect", dataclasses.replace(filters.DUCKDB, hash64="hash({x}) % 3000"))
+    monkeypatch.setattr(DuckDBEngine, "materialize", counting)
+    monkeypatch.setattr(DuckDBEngine, "dialect", dataclasses.replace(DUCKDB, hash64="hash({x}) % 3000"))
     (tmp_path / "collide").mkdir()
     keep_collide, report_collide = kept(tmp_path / "collide", t, **cfg)
     assert rounds.count("term_counts") > 1  # collisions lifted the first floor above the true cut: lowered
@@ -181,9 +184,9 @@ def test_terms_counted_and_texts_flagged_in_parts_give_the_same_keep_list(tmp_pa
     (tmp_path / "whole").mkdir()
     keep, report = kept(tmp_path / "whole", t, **cfg)
     seen = []
-    parts = filters.DuckDBEngine.parts
-    monkeypatch.setattr(filters.DuckDBEngine, "parts", lambda self, q: seen.append(parts(self, q)) or seen[-1])
-    monkeypatch.setattr(filters, "GROUP_ROW_BYTES", 10**6)  # as if each group took 1 MB: many parts
+    parts = DuckDBEngine.parts
+    monkeypatch.setattr(DuckDBEngine, "parts", lambda self, q: seen.append(parts(self, q)) or seen[-1])
+    monkeypatch.setattr(filter_engines, "GROUP_ROW_BYTES", 10**6)  # as if each group took 1 MB: many parts
     (tmp_path / "parts").mkdir()
     keep_parts, report_parts = kept(tmp_path / "parts", t, **cfg)
     assert seen and seen[0] >= 5
