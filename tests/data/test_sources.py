@@ -52,9 +52,11 @@ def test_caption_tables_group_rows_by_image(tmp_path, image_dir):
     assert listed[0].caption_ids == ["0.jpg#0", "0.jpg#1"] and listed[0].label == "a red one"
     (tmp_path / "caps.jsonl").write_text(json.dumps({"image": "val2014/2.jpg", "captions": ["blue", "sky"]}) + "\n")
     assert sources.listing(str(tmp_path / "caps.jsonl"), str(image_dir))[0].texts == ["blue", "sky"]
-    (tmp_path / "bad.csv").write_text("file,text\na,b\n")
-    with pytest.raises(ConfigError, match="'image' column"):
+    (tmp_path / "bad.csv").write_text("picture,words\na,b\n")
+    with pytest.raises(ConfigError, match="has no image column: none of image, filepath, .* name it with --image-column"):
         sources.listing(str(tmp_path / "bad.csv"), str(image_dir))
+    assert sources.listing(str(tmp_path / "bad.csv"), str(image_dir), image_column="picture",
+                           text_column="words")[0].texts == ["b"]
 
 
 def test_class_folders_label_tables_and_multi30k_lists(tmp_path):
@@ -110,7 +112,7 @@ def test_a_pair_table_gives_each_distinct_image_with_its_texts(tmp_path, image_d
     got, counter = decode_all(listed)
     assert [i.key for i, _ in got] == ["k1"] and counter["reasons"] == {"missing_file": 1}
     (tmp_path / "x.parquet").write_bytes(b"nope")
-    with pytest.raises(ConfigError, match="is not a pair table"):
+    with pytest.raises(ConfigError, match="is not a readable Parquet file"):
         sources.listing(str(tmp_path / "x.parquet"))
 
 
@@ -128,7 +130,8 @@ def test_a_caption_file_with_one_caption_per_line_gives_each_line(tmp_path):
 
 def test_a_tab_separated_csv_is_read_as_tab_separated(tmp_path):
     # Before: a .csv separated by tabs was read by commas: one column, every row wrong.
-    from openalign.data.sources import listing, sniff_delimiter
+    from openalign.data.sources import listing
+    from openalign.data.tables import sniff_delimiter
 
     (tmp_path / "t.csv").write_text("image\tcaption\nx.png\ta red, round thing\n")
     assert sniff_delimiter(tmp_path / "t.csv") == "\t"

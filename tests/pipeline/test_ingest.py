@@ -117,9 +117,11 @@ def test_tables_and_webdataset_sources(tmp_path):
 
 
 def test_bad_sources_fail_in_one_sentence(tmp_path):
-    (tmp_path / "t.csv").write_text("path,text\na.jpg,x\n")
-    with pytest.raises(ConfigError, match="no column 'image'.*--image-column"):
+    (tmp_path / "t.csv").write_text("picture,text\na.jpg,x\n")  # `path` would be found: the columns of every reader
+    with pytest.raises(ConfigError, match="no image column: none of image, .*--image-column"):
         ingest([str(tmp_path / "t.csv")], tmp_path / "p.parquet", progress=False)
+    with pytest.raises(ConfigError, match="no column 'img'.*--image-column"):
+        ingest([str(tmp_path / "t.csv")], tmp_path / "p.parquet", IngestOptions(image_column="img"), progress=False)
     with pytest.raises(ConfigError, match="does not exist"):
         ingest([str(tmp_path / "nope")], tmp_path / "p.parquet", progress=False)
     with pytest.raises(ConfigError, match=".parquet"):

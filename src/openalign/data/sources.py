@@ -1,41 +1,43 @@
 """Reading an image collection in any layout a user brings: one item type, one format dispatch, one
-decode loop that skips and counts what cannot be used. Evaluation, `embed`, `dedup` and the Karpathy
-sharder all read through here.
+decode loop that skips and counts what cannot be used. Evaluation, `embed`, `dedup`, `ingest`, the Karpathy
+sharder and the service's thumbnails all read through here.
 
     SPEC                                   one Item per
-    DIR of *.tar, a brace pattern, a list  webdataset sample: texts = json `texts` (else the .txt caption),
+    DIR of *.tar, a brace pattern, a list  webdataset sample: texts = json `texts` (else the .txt captions),
                                            label = json `name`, meta = the json object
     DIR of image files                     image below DIR (sorted walk, links followed): texts = a `.txt`
-                                           beside it, label = its first directory under DIR (DIR/LABEL/x.jpg)
+                                           beside it (tars.captions), label = its first directory (DIR/LABEL/x.jpg)
     X.json  {"images": [...]}              image of a Karpathy split: filename (+ filepath), split,
                                            sentences[].raw, caption ids = sentids; `split`: test, a
                                            comma list (train,restval) or all
     X.txt                                  line of a Multi30k image list (label = the file name)
-    X.csv | X.tsv | X.jsonl                image of a caption table (image, caption; JSONL may carry a
-                                           `captions` list), grouped by image; or row of a label table
-                                           (image, label: a header with `label` and no `caption`)
-    X.parquet                              distinct image of a pair table (image_key, path, member, text)
+    X.csv | X.tsv | X.jsonl | X.json [..]  image of a caption table (tables.py: the image and text columns found
+    | X.parquet (rows)                     as everywhere; a list of captions in a cell is several), grouped by
+                                           image; or row of a label table (image, label, no text column)
+    X.parquet (a pair table)               distinct image of a pair table (image_key, path, member, text)
+    X.parquet (img2dataset's output)       downloaded image (its bytes in the table's image column)
 
-Image files named by a table or list are found under `images_root` (default: beside the file). Paths are
-made absolute, so what is written from them works from any directory.
+What a .json or .parquet is comes from its content (tables.kind). Image files named by a table or list are found
+under `images_root` (default: beside the file); a `file://` URL is a path. Paths are made absolute, so what is
+written from them works from any directory.
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import tarfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
 from openalign.config import ConfigError
 from openalign.data import images
-from openalign.data import tars
+from openalign.data import tables, tars
+from openalign.data.tables import TABLE_SUFFIXES
 
 IMAGE_SUFFIXES = images.IMAGE_SUFFIXES
-TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".json", ".parquet")  # .json: a JSON array of rows, or a Karpathy split
 
 
 @dataclass
@@ -74,9 +76,11 @@ def is_shards(spec: str) -> bool:
     return first.endswith(tars.SHARD_SUFFIXES)
 
 
-def listing(spec: str, images_root: str = "", split: str = "test") -> list[Item] | None:
+def listing(spec: str, images_root: str = "", split: str = "test", image_column: str = "",
+            text_column: str = "") -> list[Item] | None:
     """The items of a collection of image files (a directory, a split, a table, a list), in a fixed
-    order without reading any image; None when `spec` is shards (read them with `shard_items`)."""
+    order without reading any image; None when `spec` is shards (read them with `shard_items`). A table file is
+    told by its content (tables.kind); its columns are found as everywhere (tables.columns)."""
     path = Path(spec)
     if is_shards(spec):
         return None
@@ -88,28 +92,28 @@ def listing(spec: str, images_root: str = "", split: str = "test") -> list[Item]
             raise ConfigError(f"no images under {spec} (looked for {', '.join(sorted(IMAGE_SUFFIXES))})")
         return items
     root = (Path(images_root) if images_root else path.parent).resolve()
-    if path.suffix == ".parquet":
-        return pair_table_items(path)
     if path.suffix == ".txt":  # a Multi30k image list: one file name per line
         names = [line.strip() for line in path.read_text().splitlines() if line.strip()]
         return [_file(root, name, label=name) for name in names]
-    if path.suffix == ".json" and _karpathy(path):
-        return karpathy_items(path, root, split)
-    if path.suffix in TABLE_SUFFIXES:
-        rows = table_rows(path)
-        if path.suffix in (".csv", ".tsv") and rows and "label" in rows[0] and "caption" not in rows[0]:
-            return [_file(root, row["image"], label=row["label"]) for row in rows]
-        return caption_table_items(path, rows, root)
+    if path.suffix.lower() in TABLE_SUFFIXES and path.is_file():
+        kind = tables.kind(path)
+        if kind == "karpathy":
+            return karpathy_items(path, root, split)
+        if kind == "pairs":
+            return pair_table_items(path)
+        if kind == "img2dataset":
+            return img2dataset_items(path)
+        return table_items(path, root, image_column, text_column)
     raise ConfigError(f"{spec} is not an image collection: give a directory of images or shards, a Karpathy JSON, "
                       f"a Multi30k list (.txt) or a table ({', '.join(TABLE_SUFFIXES)})")
 
 
 def items(spec: str | list[str], images_root: str = "", split: str = "test", counter: dict | None = None,
-          captionless: bool = True) -> Iterator[Item]:
+          captionless: bool = True, columns: tuple[str, str] = ("", "")) -> Iterator[Item]:
     """Every item of `spec` (or of a list of shards), in order (shards are read lazily, one at a time);
     shard samples that cannot be used are skipped and counted in `counter`, those without text too unless
     `captionless`."""
-    listed = None if isinstance(spec, list) else listing(spec, images_root, split)
+    listed = None if isinstance(spec, list) else listing(spec, images_root, split, *columns)
     if listed is not None:
         return iter(listed)
     shards = spec if isinstance(spec, list) else tars.list_shards(spec)
@@ -177,21 +181,6 @@ def sidecar_meta(image: Path) -> dict:
     return meta if isinstance(meta, dict) else {}
 
 
-def sniff_delimiter(path: Path) -> str:
-    """A CSV's delimiter from its header line: a tab, comma, semicolon or bar (a tab-separated file named .csv
-    is common); `.tsv` files are tab-separated."""
-    import csv
-
-    if Path(path).suffix.lower() == ".tsv":
-        return "\t"
-    with open(path, newline="", encoding="utf-8", errors="replace") as f:
-        header = f.readline()
-    try:
-        return csv.Sniffer().sniff(header, delimiters="\t,;|").delimiter
-    except csv.Error:  # one column, or nothing to tell by
-        return ","
-
-
 def _first_dir(image: Path, root: Path) -> str:
     parts = image.relative_to(root).parts
     return parts[0] if len(parts) > 1 else ""
@@ -199,14 +188,8 @@ def _first_dir(image: Path, root: Path) -> str:
 
 def _file(root: Path, name: str, texts: list[str] | None = None, label: str = "",
           caption_ids: list[str] | None = None) -> Item:
-    path = root / name
-    return Item(name, str(path), texts or [], label, caption_ids or [])
-
-
-def _karpathy(path: Path) -> bool:
-    with open(path, "rb") as f:
-        head = f.read(4096).lstrip()
-    return head.startswith(b"{")
+    local, remote = tables.location(name, root)
+    return Item(name, local or remote, texts or [], label, caption_ids or [])
 
 
 def karpathy_items(path: Path, root: Path, split: str) -> list[Item]:
@@ -233,36 +216,39 @@ def karpathy_items(path: Path, root: Path, split: str) -> list[Item]:
     return out
 
 
-def table_rows(path: Path) -> list[dict]:
-    """The rows of a CSV/TSV (by header), JSONL or JSON array table."""
-    try:
-        if path.suffix == ".jsonl":
-            return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        if path.suffix == ".json":
-            rows = json.loads(path.read_text())
-            if not isinstance(rows, list):
-                raise ValueError
-            return rows
-    except ValueError:
-        raise ConfigError(f"{path} is not a JSON{' Lines' if path.suffix == '.jsonl' else ''} table of rows") from None
-    delimiter = sniff_delimiter(path)
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f, delimiter=delimiter))
-
-
-def caption_table_items(path: Path, rows: list[dict], root: Path, image_column: str = "image",
-                        text_column: str = "caption") -> list[Item]:
-    """One item per image of a caption table, with every caption of its rows in row order."""
+def table_items(path: Path, root: Path, image_column: str = "", text_column: str = "") -> list[Item]:
+    """One item per image of a caption table, with every caption of its rows in row order; or, for a label table
+    (an image and a `label` column, no text column), one item per row. An evaluation table with a row that cannot
+    be read is refused in one sentence: a metric over part of a benchmark would be silently another metric."""
+    header = tables.names(path)
+    image, text = tables.columns(path, header, image_column, text_column, need_text=False)
+    if text is None and "label" not in header:
+        tables.columns(path, header, image_column, text_column)  # the sentence: no text column
     grouped: dict[str, list[str]] = {}
-    for row in rows:
-        if not isinstance(row, dict) or image_column not in row or (text_column not in row and "captions" not in row):
-            found = ", ".join(row) if isinstance(row, dict) else type(row).__name__
-            raise ConfigError(f"{path} rows need an {image_column!r} column and a {text_column!r} column "
-                              f"(or a 'captions' list in JSONL); found {found}")
-        captions = row.get("captions") or [row[text_column]]
-        grouped.setdefault(row[image_column], []).extend(c.strip() for c in captions if c and c.strip())
+    labelled = []
+    for row in tables.rows(path, image, text or "", need_text=False):
+        if row.bad:
+            raise ConfigError(f"{path} {row.bad}; fix or remove that row")
+        if not row.image:
+            raise ConfigError(f"{path} row {row.number} has no image; fix or remove that row")
+        if text is None:
+            labelled.append(_file(root, row.image, label=row.label or ""))
+        else:
+            grouped.setdefault(row.image, []).extend(t.strip() for t in row.texts if t.strip())
+    if text is None:
+        return labelled
     return [_file(root, name, texts, texts[0] if texts else Path(name).stem,
                   [f"{Path(name).name}#{i}" for i in range(len(texts))]) for name, texts in grouped.items()]
+
+
+def img2dataset_items(path: Path) -> list[Item]:
+    """The downloaded images of img2dataset's `parquet` output (the images in a column), by key, with captions."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path, columns=["key", "status", "caption"])
+    return [Item(key, str(Path(path).resolve()), tars.captions(caption, {"caption": caption}), member=key)
+            for key, status, caption in zip(*(table.column(c).to_pylist() for c in ("key", "status", "caption")))
+            if status == "success"]
 
 
 PAIR_IMAGES = """SELECT image_key, min(path) AS path, min(member) AS member, list(text ORDER BY uid) AS texts
@@ -305,29 +291,39 @@ def shard_items(shard: str, counter: dict | None = None, captionless: bool = Tru
 # ---------------------------------------------------------------------------------------------- bytes
 
 class _Sources:
-    """Image bytes by (path, member); tar indexes are built once per process and tar. A tar cut short keeps
-    the members before the cut; a member that cannot be read is an OSError, as a missing file is."""
+    """Image bytes by (path, member): a file, a tar member (by name, or by sample key: its image), or an image of
+    img2dataset's `parquet` output (by key). Safe for a service's request threads: each tar is indexed once (under
+    a lock) into member offsets, and every read opens the file afresh (no shared file position); the Parquet reader
+    and its row-group cache are used under a lock. A tar cut short keeps the members before the cut; a member that
+    cannot be read is an OSError, as a missing file is."""
 
     def __init__(self):
-        self.tars: dict[str, tuple[tarfile.TarFile, dict]] = {}
+        self.tars: dict[str, dict[str, tuple[int, int]]] = {}  # path -> {member name or sample key: (offset, size)}
         self.tables: dict[str, tuple] = {}  # img2dataset parquet output: (file, image column, {key: (group, row)})
         self.group: tuple = (None, None, None)  # (path, row group, its images): the last row group read
+        self._lock = threading.Lock()
 
     def read(self, path: str, member: str | None) -> bytes:
         if not member:
             return Path(path).read_bytes()
         if path.endswith(".parquet"):
-            return self._table_image(path, member)
-        if path not in self.tars:
-            self.tars[path] = self._index(path)
-        tar, index = self.tars[path]
-        info = index.get(member) or next((m for name, m in index.items() if name.endswith("/" + member)), None)
-        if info is None:
+            with self._lock:  # one ParquetFile and row-group cache per table, shared by every thread
+                return self._table_image(path, member)
+        index = self.tars.get(path)
+        if index is None:
+            with self._lock:
+                index = self.tars.get(path) or self._index(path)
+                self.tars[path] = index
+        found = index.get(member) or next((v for name, v in index.items() if name.endswith("/" + member)), None)
+        if found is None:
             raise FileNotFoundError(f"{member} not in {path}")
-        try:
-            return tar.extractfile(info).read()
-        except tarfile.TarError as err:
-            raise OSError(f"{member} of {path}: {err}") from None
+        offset, size = found
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read(size)
+        if len(data) != size:
+            raise OSError(f"{member} of {path} is cut short")
+        return data
 
     @staticmethod
     def image_column(schema) -> str | None:
@@ -365,19 +361,24 @@ class _Sources:
         return data
 
     @staticmethod
-    def _index(path: str) -> tuple[tarfile.TarFile, dict]:
+    def _index(path: str) -> dict[str, tuple[int, int]]:
+        """{member name: (offset, size)} of a tar's files, and {sample key: ...} of its image members (a webdataset
+        sample `KEY.jpg` is found by `KEY` too: an index's metadata names samples by key)."""
+        index, keys = {}, {}
         try:
-            tar = tarfile.open(path)
-        except tarfile.TarError as err:
+            with tarfile.open(path) as tar:
+                try:
+                    for info in tar:
+                        if info.isfile():
+                            index[info.name] = (info.offset_data, info.size)
+                            key, ext = tars.split_name(info.name)
+                            if "." + ext.lower() in IMAGE_SUFFIXES:
+                                keys.setdefault(key, (info.offset_data, info.size))
+                except tarfile.TarError:  # truncated: the members before the cut are still there
+                    pass
+        except (tarfile.TarError, OSError) as err:
             raise OSError(f"{path}: {err}") from None
-        index = {}
-        try:
-            for info in tar:
-                if info.isfile():
-                    index[info.name] = info
-        except tarfile.TarError:  # truncated: the members before the cut are still there
-            pass
-        return tar, index
+        return keys | index
 
 
 IMG2DATASET_IMAGE_COLUMNS = ("jpg", "png", "webp")

@@ -132,7 +132,7 @@ def in_fraction(key: str, fraction: float) -> bool:
     return int.from_bytes(digest, "little") < fraction * 2**64
 
 
-def _split_name(name: str) -> tuple[str, str]:
+def split_name(name: str) -> tuple[str, str]:
     """webdataset's rule: the key is the path up to the first dot of the file name, the rest its extension."""
     directory, _, base = name.rpartition("/")
     stem, dot, ext = base.partition(".")
@@ -153,7 +153,7 @@ def count_samples(shard: str, fraction: float = 1.0, keep: str = "") -> int:
     try:
         with tarfile.open(shard) as tar:
             for member in tar:
-                key, ext = _split_name(member.name)
+                key, ext = split_name(member.name)
                 if member.isfile() and ext:
                     keys[key] = None
                     if member.offset_data + member.size > size:
@@ -188,7 +188,7 @@ def tar_samples(path: str, counter: dict | None = None) -> Iterator[dict]:
     with tar:
         try:
             for member in tar:
-                key, ext = _split_name(member.name)
+                key, ext = split_name(member.name)
                 if not member.isfile() or not ext:
                     continue
                 if sample is not None and key != sample["__key__"]:

@@ -30,6 +30,8 @@ class EvalOptions:
     max_length: int = 64  # text tokens (set from the model)
     images: str = ""  # image root for a Karpathy JSON, a table or a list (default: beside the file)
     split: str = "test"  # Karpathy split to evaluate (test: the 1K Flickr30K / 5K COCO protocol; all: every image)
+    image_column: str = ""  # a table's image column (default: the first of image, filepath, file, path, image_path, url)
+    text_column: str = ""  # a table's caption column (default: the first of text, caption, captions, title)
     resize: int = 0  # evaluate at these image sizes (resize, then center crop) instead of the model's; a ViT's
     crop: int = 0  # position embeddings are then interpolated (bicubic) to the new grid of patches
     cache: str = ""  # a directory where image embeddings are kept and reused by later runs on the same model,
@@ -92,7 +94,8 @@ def cache_path(shards: str | list[str], options: EvalOptions, patches: bool = Fa
         return None
     sources = [shards] if isinstance(shards, str) else list(shards)
     key = json.dumps([options.model_id, files_fingerprint(*sources, options.images), options.split, options.resize,
-                      options.crop] + (["patches"] if patches else []))
+                      options.crop] + (["patches"] if patches else [])
+                     + ([options.image_column, options.text_column] if options.image_column or options.text_column else []))
     return Path(options.cache) / f"embeddings-{hashlib.blake2b(key.encode(), digest_size=16).hexdigest()}.pt"
 
 
@@ -136,7 +139,8 @@ def read_cache(path: Path) -> EvalData | None:
 def split_items(data: str | list[str], options: EvalOptions, counter: dict):
     """The items of an evaluation split: any data/sources.py layout, or a list of shards. Shard samples
     without a caption are skipped and counted (every evaluation image needs a caption or a label)."""
-    return sources.items(data, options.images, options.split, counter, captionless=False)
+    return sources.items(data, options.images, options.split, counter, captionless=False,
+                         columns=(options.image_column, options.text_column))
 
 
 def _embed(model: DualEncoder, shards: str | list[str], options: EvalOptions, progress: bool,

@@ -57,6 +57,8 @@ class EmbedOptions:
     part_size: int = 8_192  # images per part of a directory or table (a shard is one part): the unit of resuming
     float16: bool = False  # store float16 embeddings (half the size)
     images: str = ""  # image root for a Karpathy JSON or caption table (default: beside it)
+    image_column: str = ""  # a table's image column (default: the first of image, filepath, file, path, image_path, url)
+    text_column: str = ""  # a table's caption column (default: the first of text, caption, captions, title)
     texts: bool = False  # also embed each row's caption (text-*.npy): text->text search, text indexes
     patches: bool = False  # also store each image's patch vectors (patch-*.npy, float16): search/serve --rerank
     top_patches: int = 0  # > 0: keep only this many patch vectors per image, those of largest norm (less disk)
@@ -81,7 +83,7 @@ def plan_parts(sources: list[str], options: EmbedOptions) -> tuple[list[Part], d
     image or caption changes only its own part's fingerprint."""
     parts, listings, inputs = [], {}, {}
     for source in sources:
-        listed = source_lib.listing(source, options.images, "all")
+        listed = source_lib.listing(source, options.images, "all", options.image_column, options.text_column)
         if listed is None:
             for shard in (str(Path(s).resolve()) for s in tars.list_shards(source)):
                 inputs[len(parts)] = sources_key(shard)  # its path, size and modification time

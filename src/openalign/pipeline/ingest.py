@@ -7,9 +7,13 @@ Sources, recognised by what they are:
   stem (`cat.jpg` + `cat.txt`, as img2dataset's `files` output writes; a `cat.json` sidecar may give
   the `url`); sub-directories are walked. A `.txt` of several lines is several captions, a pair each
   (CLIP_benchmark's convention, read so everywhere), except beside img2dataset's `.json`, whose `.txt` is
-  one alt-text (`shards.captions`); the same holds for a tar sample's `.txt`;
-- a **table** `.csv .tsv .jsonl .json .parquet`: one pair per row, an image column (a path relative to
-  the table, a `file://` URL, or an http(s) URL) and a text column, names configurable;
+  one alt-text (`tars.captions`); the same holds for a tar sample's `.txt`;
+- a **table** `.csv .tsv .jsonl .json .parquet`, read as eval and embed read it (data/tables.py): one pair per
+  caption of each row, an image column (a path relative to the table, a `file://` URL, or an http(s) URL)
+  and a text column, found as everywhere (`image`, `filepath`, ... and `text`, `caption`, `title`, ...: OpenCLIP's
+  `filepath`/`title` CSV too) or named by --image-column / --text-column; a Karpathy split JSON gives a pair per
+  sentence; img2dataset's Parquet output is read as its folder is; what a .json or .parquet is comes from its
+  content;
 - a **webdataset tar** `.tar`: samples `KEY.jpg|png|webp` + `KEY.txt` (+ `KEY.json`), as img2dataset
   writes them.
 
@@ -24,7 +28,6 @@ rejects (`remote_not_fetched`): download with img2dataset first and ingest its o
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -40,8 +43,10 @@ from tqdm import tqdm
 from openalign.config import ConfigError
 from openalign.data import images
 from openalign.data import tars
-from openalign.data.sources import (IMAGE_SUFFIXES, SOURCES, TABLE_SUFFIXES, folder_files, read_caption,
-                                    sidecar_meta, sniff_delimiter)
+from openalign.data import tables
+from openalign.data.sources import (IMAGE_SUFFIXES, SOURCES, folder_files, karpathy_items, read_caption,
+                                    sidecar_meta)
+from openalign.data.tables import TABLE_SUFFIXES
 from openalign.data.engine import Engine, Task, run_tasks, sources_key, task_id
 from openalign.data.pairs import PAIR_SCHEMA, blake, manifest_path, normalize_text, pair_uid
 from openalign.data.workers import process_pool
@@ -56,8 +61,8 @@ REJECT_SCHEMA = pa.schema([("source", pa.string()), ("path", pa.string()), ("mem
 
 @dataclass(frozen=True)
 class IngestOptions:
-    image_column: str = "image"  # tables: the column with an image path or URL
-    text_column: str = "text"  # tables: the column with the alt-text
+    image_column: str = ""  # tables: the column with an image path or URL (default: the first of image, filepath, file, path, image_path, url)
+    text_column: str = ""  # tables: the column with the alt-text (default: the first of text, caption, captions, title)
     max_pixels: int = images.DEFAULT_MAX_PIXELS  # larger images are rejected (decompression bombs)
     workers: int = 0  # processes reading images (0: all cores)
     batch_rows: int = 50_000  # rows per Parquet row group
@@ -116,133 +121,29 @@ def folder_records(root: Path) -> Iterator[Record]:
     return (record for path in folder_files(root) for record in file_records(path))
 
 
-def _csv_rows(path: Path, options: IngestOptions, notes: Counter) -> Iterator[tuple]:
-    """(image, text, None) per row of a CSV/TSV, read by DuckDB; a row DuckDB rejects is (None, None, detail),
-    except a row whose only fault is bytes that are not UTF-8: it is read again with U+FFFD in their place
-    (the one rule for text everywhere) and counted in notes['rows_with_invalid_utf8']."""
-    import csv
-
-    import duckdb
-
-    delim = sniff_delimiter(path)
-    reader = f"read_csv(?, delim='{delim}', header=true, all_varchar=true, store_rejects=true)"
-    con = duckdb.connect()
-    try:
-        columns, rows = _select_pairs(con, reader, path, options)
-        rejected = con.execute("SELECT line, error_type, error_message FROM reject_errors ORDER BY line").fetchall()
-    finally:
-        con.close()
-    for image, text in rows:
-        yield image, text, None
-    problems = {}  # line number -> (kind, message), the first problem of each line
-    for line, kind, message in rejected:
-        problems.setdefault(line, (kind, message))
-    encoding_only = {line for line, (kind, _) in problems.items() if kind == "INVALID ENCODING"}
-    raw_lines = {}
-    if encoding_only:
-        with open(path, "rb") as f:
-            raw_lines = {n: raw for n, raw in enumerate(f, 1) if n in encoding_only}
-    for line, (kind, message) in sorted(problems.items()):
-        if line in raw_lines:
-            row = next(csv.reader([raw_lines[line].decode("utf-8", errors="replace")], delimiter=delim), [])
-            if len(row) == len(columns):
-                notes["rows_with_invalid_utf8"] += 1
-                values = dict(zip(columns, row))
-                yield values[options.image_column], values[options.text_column], None
-                continue
-        yield None, None, f"line {line}: {kind.lower()}: {message.splitlines()[0]}"
-
-
-def _json_rows(path: Path, options: IngestOptions, notes: Counter) -> Iterator[tuple]:
-    """JSONL (a JSON object per line) or JSON (an array of objects), read line by line in Python so that one
-    bad line is one rejected row; bytes that are not UTF-8 become U+FFFD (counted)."""
-    def decoded(raw: bytes) -> str:
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError:
-            notes["rows_with_invalid_utf8"] += 1
-            return raw.decode("utf-8", errors="replace")
-
-    if path.suffix.lower() == ".json":
-        try:
-            rows = json.loads(decoded(path.read_bytes()))
-        except ValueError as err:
-            raise ConfigError(f"cannot read {path} as JSON ({err}); give a JSON array of objects, or JSONL") from None
-        if not isinstance(rows, list):
-            raise ConfigError(f"{path} is not a JSON array of objects (one per pair)")
-        lines = enumerate(rows, 1)
-    else:
-        def numbered():  # streamed: a JSONL table may be larger than memory
-            with open(path, "rb") as f:
-                yield from ((n, decoded(raw)) for n, raw in enumerate(f, 1) if raw.strip())
-
-        lines = numbered()
-    checked = False
-    for number, item in lines:
-        try:
-            row = json.loads(item) if isinstance(item, str) else item
-        except ValueError as err:
-            yield None, None, f"line {number}: not JSON ({err})"
-            continue
-        if not isinstance(row, dict):
-            yield None, None, f"line {number}: not a JSON object"
-            continue
-        if not checked:
-            _check_columns(path, list(row), options)
-            checked = True
-        image, caption = row.get(options.image_column), row.get(options.text_column)
-        yield (None if image is None else str(image)), (None if caption is None else str(caption)), None
-
-
-def _parquet_rows(path: Path, options: IngestOptions, notes: Counter) -> Iterator[tuple]:
-    import duckdb
-
-    con = duckdb.connect()
-    try:
-        _, rows = _select_pairs(con, "read_parquet(?)", path, options)
-    finally:
-        con.close()
-    for image, text in rows:
-        yield image, text, None
-
-
-def _select_pairs(con, reader: str, path: Path, options: IngestOptions) -> tuple[list[str], list[tuple]]:
-    """(the table's columns, its (image, text) rows as strings) through a DuckDB table function `reader`."""
-    import duckdb
-
-    try:
-        columns = [row[0] for row in con.execute(f"DESCRIBE SELECT * FROM {reader}", [str(path)]).fetchall()]
-        _check_columns(path, columns, options)
-        query = f'SELECT CAST("{options.image_column}" AS VARCHAR), CAST("{options.text_column}" AS VARCHAR) FROM {reader}'
-        return columns, con.execute(query, [str(path)]).fetchall()
-    except duckdb.Error as err:
-        raise ConfigError(f"cannot read {path} as a {path.suffix[1:]} table: {str(err).splitlines()[0]}") from None
-
-
-def _check_columns(path: Path, columns: list[str], options: IngestOptions) -> None:
-    for role, name in (("image", options.image_column), ("text", options.text_column)):
-        if name not in columns:
-            flag = "--image-column" if role == "image" else "--text-column"
-            raise ConfigError(f"{path} has no column {name!r} (columns: {', '.join(columns)}); "
-                              f"name the {role} column with {flag}")
-
-
 def table_records(path: Path, options: IngestOptions, notes: Counter | None = None) -> Iterator[Record]:
+    """A pair per caption of each row of a table (data/tables.py: read as eval and embed read it); an image path
+    is relative to the table, an http(s) URL is a `remote_not_fetched` reject, a row that cannot be read a
+    `bad_row` one."""
     notes = Counter() if notes is None else notes
-    suffix = path.suffix.lower()
-    reader = _parquet_rows if suffix == ".parquet" else _json_rows if suffix in (".json", ".jsonl") else _csv_rows
-    for location, text, bad in reader(path, options, notes):
-        if bad:
-            yield Record("table", str(path), text, bad=("bad_row", bad))
+    root = path.parent.resolve()
+    for row in tables.rows(path, options.image_column, options.text_column, notes):
+        if row.bad:
+            yield Record("table", str(path), None, bad=("bad_row", row.bad))
             continue
-        if not location:
-            yield Record("table", str(path), text, bad=("missing_file", "the row has no image path"))
-            continue
-        if location.startswith(("http://", "https://")):
-            yield Record("table", str(path), text, url=location, remote=True)
-            continue
-        local = Path(location.removeprefix("file://"))
-        yield Record("table", str(local if local.is_absolute() else path.parent.resolve() / local), text)
+        for text in row.texts or [None]:
+            if not row.image:
+                yield Record("table", str(path), text, bad=("missing_file", "the row has no image path"))
+                continue
+            local, remote = tables.location(row.image, root)
+            yield Record("table", local or str(path), text, url=remote, remote=remote is not None)
+
+
+def karpathy_records(path: Path) -> Iterator[Record]:
+    """A pair per sentence of every image of a Karpathy split (all splits; images beside the JSON)."""
+    for item in karpathy_items(path, path.parent.resolve(), "all"):
+        for text in item.texts or [None]:
+            yield Record("table", item.path, text)
 
 
 def tar_records(path: Path) -> Iterator[Record]:
@@ -293,7 +194,11 @@ def units(sources: list[str], files_per_unit: int = 0) -> Iterator[tuple]:
         elif path.is_file() and path.suffix.lower() == ".tar":
             yield ("tar", str(path.resolve()))
         elif path.is_file() and path.suffix.lower() in TABLE_SUFFIXES:
-            yield ("table", str(path.resolve()))
+            kind = tables.kind(path)  # by content, as every reader tells them
+            if kind == "pairs":
+                raise ConfigError(f"{spec} is already a pair table (from `openalign ingest`); give it to filter, "
+                                  "dedup, screen or shard as it is")
+            yield ({"rows": "table", "karpathy": "karpathy"}.get(kind) or img2dataset_table(path), str(path.resolve()))
         elif not path.exists():
             raise ConfigError(f"source {spec} does not exist")
         else:
@@ -308,9 +213,10 @@ def unit_inputs(unit: tuple, options: IngestOptions) -> list[str]:
     kind, where = unit
     if kind in ("tar", "img2dataset", "img2dataset-status"):
         return [where]
-    if kind == "table":
+    if kind in ("table", "karpathy"):
+        records = table_records(Path(where), options) if kind == "table" else karpathy_records(Path(where))
         try:
-            return [where] + [r.path for r in table_records(Path(where), options) if not (r.bad or r.remote)]
+            return [where] + [r.path for r in records if not (r.bad or r.remote)]
         except ConfigError:  # an unreadable table: its task fails with this sentence, the others run
             return [where]
     images = [str(f) for f in folder_files(Path(where))] if kind == "folder" else list(where)
@@ -358,6 +264,8 @@ def unit_records(unit: tuple, options: IngestOptions, notes: Counter) -> Iterato
         return (record for f in where for record in file_records(Path(f)))
     if kind == "tar":
         return tar_records(Path(where))
+    if kind == "karpathy":
+        return karpathy_records(Path(where))
     return table_records(Path(where), options, notes)
 
 

@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-import functools
 import io
 import os
-import tarfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from openalign.config import ConfigError
 from openalign.data import images as image_lib
-from openalign.data.images import IMAGE_SUFFIXES
+from openalign.data.sources import SOURCES
 from openalign.index import build, search
 
 STATIC = Path(__file__).parent / "static"
@@ -167,26 +165,6 @@ def _decode_upload(data: str, limits: Limits) -> bytes:
     return raw
 
 
-@functools.lru_cache(maxsize=256)
-def _tar_offsets(path: str) -> dict[str, tuple[int, int]]:
-    """{sample key: (byte offset, size)} of the image members of a webdataset shard, read once."""
-    offsets = {}
-    with tarfile.open(path) as tar:
-        for member in tar:
-            key, _, ext = member.name.rpartition("/")[2].partition(".")
-            if member.isfile() and "." + ext.lower() in IMAGE_SUFFIXES:
-                offsets[key] = (member.offset_data, member.size)
-    return offsets
-
-
-def tar_member(path: str, key: str) -> bytes:
-    """One sample's image bytes from a shard (a fresh file handle per call: safe across threads)."""
-    offset, size = _tar_offsets(path)[key]
-    with open(path, "rb") as f:
-        f.seek(offset)
-        return f.read(size)
-
-
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
@@ -269,10 +247,9 @@ def create_app(index_dir: Path, model_dir: str | None = None, limits: Limits = L
         path, key = row["path"], row["key"]
         if not path or os.path.realpath(path) != path:  # resolved when embedded: a link swapped in since is refused
             raise HTTPException(404, f"image {image_id} has moved since it was indexed")
-        try:
-            data = tar_member(path, key) if path.endswith(".tar") else Path(path).read_bytes()
-            image = image_lib.load_rgb(data)
-        except (OSError, KeyError, tarfile.TarError, image_lib.BadImage):  # never the server's paths in an answer
+        try:  # the one reader of files and tar members (data/sources.py: safe across request threads)
+            image = image_lib.load_rgb(SOURCES.read(path, key if path.endswith(".tar") else None))
+        except (OSError, image_lib.BadImage):  # never the server's paths in an answer
             raise HTTPException(404, f"image {image_id} can no longer be read") from None
         image.thumbnail((max(16, min(size, 1024)),) * 2)
         buf = io.BytesIO()
