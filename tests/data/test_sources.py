@@ -137,3 +137,38 @@ def test_a_tab_separated_csv_is_read_as_tab_separated(tmp_path):
     assert sniff_delimiter(tmp_path / "t.csv") == "\t"
     [item] = listing(str(tmp_path / "t.csv"))
     assert item.texts == ["a red, round thing"] and item.path.endswith("x.png")
+
+
+def test_tar_members_are_read_by_name_or_sample_key_from_many_threads_at_once(tmp_path):
+    # The service reads thumbnails through this reader now (before: its own tar reader). Before, the reader kept one
+    # open TarFile per tar and seeked it for each member: two threads interleaving seek and read got each other's
+    # bytes. Now each tar is indexed once into member offsets and every read opens the file afresh.
+    import threading
+
+    from openalign.data.sources import _Sources
+    from openalign.data.tars import ShardWriter
+
+    blobs = {f"dir/s{i:03d}": bytes([i]) * (1000 + 37 * i) for i in range(60)}
+    writer = ShardWriter(tmp_path / "shards", prefix="x")
+    for key, data in blobs.items():
+        writer.write(key, data, "jpg", "caption", {})
+    writer.close()
+    [tar] = sorted(str(p) for p in (tmp_path / "shards").glob("*.tar"))
+    reader, wrong, barrier = _Sources(), [], threading.Barrier(8)
+
+    def read_all(offset: int) -> None:
+        barrier.wait()
+        for i in range(len(blobs)):
+            key = list(blobs)[(i + offset) % len(blobs)]
+            for member in (key, key + ".jpg"):  # a sample key (an index's metadata) or a member name
+                if reader.read(tar, member) != blobs[key]:
+                    wrong.append(member)
+
+    threads = [threading.Thread(target=read_all, args=(7 * t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == []
+    with pytest.raises(FileNotFoundError):
+        reader.read(tar, "dir/missing")
