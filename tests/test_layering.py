@@ -1,4 +1,4 @@
-"""The package's layers (DESIGN.md, Layers), read from every import in src/, function-level ones included:
+"""The package's layers (docs/architecture.md), read from every import in src/, function-level ones included:
 
     config, schedule, loss, distributed, host, outputs, tokenizer, presets  <  model  <  data  <  pipeline, index
       <  corpora, eval, serve  <  train  <  study  <  cli, flags
@@ -55,7 +55,7 @@ def graph() -> dict[str, list[tuple[str, int]]]:
 
 def test_every_unit_has_a_layer():
     units = {unit(m) for m in graph() if "." in m}
-    assert units <= set(RANK), f"give these a layer in LAYERS (and DESIGN.md): {sorted(units - set(RANK))}"
+    assert units <= set(RANK), f"give these a layer in LAYERS (and docs/architecture.md): {sorted(units - set(RANK))}"
 
 
 def test_no_module_imports_from_a_layer_above_its_own():

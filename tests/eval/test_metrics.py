@@ -141,9 +141,22 @@ def test_linear_probe_separates_separable_features():
 
 
 def test_chance_keys_of_task_prefixed_metrics():
-    assert M.chance_key("i2t_r10") == "chance_i2t_r10"
-    assert M.chance_key("zeroshot_top1") == "zeroshot_chance_top1"
-    assert M.chance_key("linear_probe_top5") == "linear_probe_chance_top5"
+    metrics = {"i2t_r10": 0.3, "chance_i2t_r10": 0.02, "zeroshot_top1": 0.1, "zeroshot_chance_top1": 0.01,
+               "linear_probe_top5": 0.5, "linear_probe_chance_top5": 0.05, "knn_top1": 0.2}
+    assert M.chance_key("i2t_r10", metrics) == "chance_i2t_r10"
+    assert M.chance_key("zeroshot_top1", metrics) == "zeroshot_chance_top1"
+    assert M.chance_key("linear_probe_top5", metrics) == "linear_probe_chance_top5"
+    assert M.chance_key("knn_top1", metrics) is None  # no chance level written: none shown
+
+
+def test_a_new_tasks_chance_keys_need_no_registration():
+    # Before: chance keys came from a list of task prefixes in metrics.py; a task added to eval/tasks.py without
+    # a line there had its chance level looked up at `chance_newtask_top1` and never shown.
+    from openalign.eval.report import metric_lines
+
+    metrics = {"new_task_top1": 0.4, "new_task_chance_top1": 0.1}
+    assert M.chance_key("new_task_top1", metrics) == "new_task_chance_top1"
+    assert [line.split() for line in metric_lines(metrics)] == [["new_task_top1", "0.4000", "(chance", "0.1000,", "4.0x)"]]
 
 
 def test_intra_modal_ranks_leave_the_query_out_and_take_the_best_positive():

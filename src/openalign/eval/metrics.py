@@ -19,16 +19,13 @@ import torch
 from openalign.config import ConfigError
 
 KS = (1, 5, 10)
-TASK_PREFIXES = ("zeroshot_", "knn_", "linear_probe_", "cxc_", "multilingual_", "finetune_", "vtab_",
-                 "arithmetic_", "compositional_")  # retrieval keys are bare (DESIGN.md)
-
-
-def chance_key(key: str) -> str:
-    """Where the chance level of a metric is stored: `chance_i2t_r10`, `zeroshot_chance_top1`, `knn_chance_top1`."""
-    for prefix in TASK_PREFIXES:
-        if key.startswith(prefix):
-            return prefix + "chance_" + key[len(prefix):]
-    return f"chance_{key}"
+def chance_key(key: str, metrics: dict) -> str | None:
+    """Where `metrics` holds the chance level of `key`, or None: a task writes its metrics' chance levels under its
+    own prefix (eval/tasks.py `Task.prefix`), `chance_i2t_r10` for retrieval's bare keys, `zeroshot_chance_top1` for
+    `zeroshot_top1`; the key is found in the metrics themselves, so no list of prefixes here can fall behind the
+    tasks."""
+    candidates = [f"chance_{key}"] + [key[:i + 1] + "chance_" + key[i + 1:] for i, c in enumerate(key) if c == "_"]
+    return next((c for c in candidates if c in metrics), None)
 
 
 def is_chance(key: str) -> bool:
@@ -212,7 +209,7 @@ def retrieval_ranks(img: torch.Tensor, txt: torch.Tensor, text_to_image: torch.T
 
 
 def retrieval_metrics(img: torch.Tensor, txt: torch.Tensor, text_to_image: torch.Tensor) -> dict[str, float]:
-    """The DESIGN.md keys: i2t_r1/5/10, t2i_r1/5/10, mean_recall, plus median ranks and counts."""
+    """The metric keys of docs/evaluation.md: i2t_r1/5/10, t2i_r1/5/10, mean_recall, plus median ranks and counts."""
     return ranks_to_metrics(*retrieval_ranks(img, txt, text_to_image))
 
 

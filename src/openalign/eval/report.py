@@ -27,7 +27,7 @@ def markdown_table(metrics: dict) -> str:
     rows = ["| metric | value | chance |", "|---|---|---|"]
     for key, value in metrics.items():
         if not M.is_chance(key):
-            chance = metrics.get(M.chance_key(key))
+            chance = metrics.get(M.chance_key(key, metrics))
             rows.append(f"| {key} | {_fmt(value)} | {_fmt(chance) if chance is not None else ''} |")
     return "\n".join(rows) + "\n"
 
@@ -52,7 +52,7 @@ def metric_lines(metrics: dict) -> list[str]:
     for key, value in metrics.items():
         if M.is_chance(key):
             continue
-        chance = metrics.get(M.chance_key(key))
+        chance = metrics.get(M.chance_key(key, metrics))
         note = f"   (chance {chance:.4f}, {value / chance:.1f}x)" if chance else ""
         lines.append(f"  {key:<{width}}  {_fmt(value)}{note}")
     return lines + caveats(metrics)

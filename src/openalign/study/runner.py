@@ -125,7 +125,7 @@ def run_study(name: str, base: Config, variants: list[Variant], seeds: int, out:
             "overrides": list(variant.overrides), "paper": variant.paper, "runs": runs,
             "mean": {k: statistics.fmean(r[k] for r in runs) for k in keys},
             "std": {k: statistics.pstdev(r[k] for r in runs) for k in keys},
-            "chance": {k: runs[0][M.chance_key(k)] for k in keys if M.chance_key(k) in runs[0]},
+            "chance": {k: runs[0][c] for k in keys if (c := M.chance_key(k, runs[0]))},
         }
     bar.close()
     if layout.main:

@@ -59,7 +59,7 @@ def summary_lines(metrics: dict) -> list[str]:
     for key in HEADLINE:
         if key not in metrics:
             continue
-        chance = metrics.get(chance_key(key))
+        chance = metrics.get(chance_key(key, metrics))
         ratio = f"{metrics[key] / chance:5.1f}x chance" if chance else ""
         lines.append(f"  {key:<14} {metrics[key]:.3f}   (chance {chance:.3f}, {ratio})" if chance else
                      f"  {key:<14} {metrics[key]:.3f}")
