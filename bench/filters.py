@@ -119,7 +119,7 @@ def child(args) -> None:
         (out / "keep.json").write_text(json.dumps(keep))
     else:
         filters.run_filters(Path(args.pairs), out, cfg, engine=args.child, master="local[2]",
-                            memory_limit=args.memory_limit if args.child == "duckdb" else "", threads=2,
+                            memory_limit=args.memory_limit if args.child == "local" else "", threads=2,
                             progress=False)
     seconds = time.perf_counter() - start
     peak = peak_rss_mib() / 1024  # DuckDB and pandas run in this process
@@ -145,7 +145,7 @@ def main() -> int:
     parser.add_argument("--huge-rows", type=int, default=0, help="also DuckDB out-of-core on this many pairs")
     parser.add_argument("--no-spark", action="store_true")
     parser.add_argument("--workdir", default="")
-    parser.add_argument("--child", choices=["duckdb", "spark", "pandas"])
+    parser.add_argument("--child", choices=["local", "spark", "pandas"])
     parser.add_argument("--pairs")
     parser.add_argument("--child-out")
     args = parser.parse_args()
@@ -164,10 +164,10 @@ def main() -> int:
         print(f"generating {args.huge_rows:,} pairs", flush=True)
         gen_huge = generate(args.huge_rows, huge)
     runs = {}
-    for name, engine, pairs in [("duckdb_big", "duckdb", big), ("duckdb_small", "duckdb", small),
+    for name, engine, pairs in [("duckdb_big", "local", big), ("duckdb_small", "local", small),
                                 ("pandas_small", "pandas", small)] + \
                                ([] if args.no_spark else [("spark_small", "spark", small)]) + \
-                               ([("duckdb_huge", "duckdb", huge)] if args.huge_rows else []):
+                               ([("duckdb_huge", "local", huge)] if args.huge_rows else []):
         print(f"running {name} ...", flush=True)
         runs[name] = run_child(engine, pairs, work / name, args.vocab_size, args.memory_limit, pairs == huge)
         runs[name]["rows"] = {big: args.rows, small: args.pandas_rows, huge: args.huge_rows}[pairs]

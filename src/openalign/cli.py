@@ -228,20 +228,10 @@ def cmd_ingest(args) -> int:
     return 0
 
 
-def _bytes(text: str, flag: str = "a size") -> int:
-    """'4G', '512M', '1.5GiB', '1000000' -> bytes (powers of 1024); '' or 0 -> 0 (no limit)."""
-    import re
-
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", text or "0", re.IGNORECASE)
-    if not match:
-        raise ConfigError(f"{flag} {text!r} is not a size; write e.g. 4G, 512M or a number of bytes")
-    return int(float(match.group(1)) * 1024 ** " KMGT".index(match.group(2).upper() or " "))
-
-
 def _size(text: str) -> int:
     """An argparse type for a size flag (argparse names the flag in its one-line error)."""
     try:
-        return _bytes(text)
+        return config_lib.parse_size(text)
     except ConfigError as err:
         raise argparse.ArgumentTypeError(str(err).removeprefix("a size ")) from None
 
@@ -512,10 +502,12 @@ def _ingest_flags(p) -> None:
 def _filter_flags(p) -> None:
     p.add_argument("pairs", help="the pair table from `openalign ingest`")
     p.add_argument("--out", required=True)
-    p.add_argument("--engine", default="duckdb", choices=["duckdb", "spark"])
+    p.add_argument("--engine", default="local", choices=["local", "spark", "duckdb"],
+                   help="local: DuckDB, embedded (the default); spark: Apache Spark (duckdb: local's former name)")
     p.add_argument("--master", default="", help="spark: local[N], spark://HOST:7077, yarn, ... (default: "
                                                 "spark-submit's master, else local[*])")
-    p.add_argument("--memory-limit", default="", help="e.g. 4GB (duckdb spills to disk beyond it; spark driver memory)")
+    p.add_argument("--memory-limit", default=0, type=_size,
+                   help="e.g. 4G (the local engine, DuckDB, spills to disk beyond it; spark: the driver's memory)")
     p.add_argument("--threads", type=int, default=0, help="0: all cores")
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="thresholds, e.g. min_short_side=200 max_images_per_text=10 vocab_size=100000000")

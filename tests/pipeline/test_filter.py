@@ -36,7 +36,7 @@ class Table:
         return mark_ingested(path)
 
 
-def kept(tmp_path, table: Table, engine="duckdb", **cfg) -> tuple[set, dict]:
+def kept(tmp_path, table: Table, engine="local", **cfg) -> tuple[set, dict]:
     pairs = table.write(tmp_path / "pairs.parquet")
     report = filters.run_filters(pairs, tmp_path / engine, FilterConfig(**cfg), engine=engine, master="local[1]",
                                  progress=False)
@@ -77,7 +77,7 @@ def test_boundaries_of_every_rule(tmp_path):
     repeated = 4  # rows of the 14-pair text that repeat a pair: counted as pairs, one uid each in the keep-list
     assert report["kept_pairs"] - repeated == len(keep) == len(expect_kept)
     assert len(keep) == report["pairs"] - repeated - len(expect_dropped)
-    assert (tmp_path / "duckdb" / "filter_report.png").stat().st_size > 0
+    assert (tmp_path / "local" / "filter_report.png").stat().st_size > 0
 
 
 def test_alone_versus_in_sequence(tmp_path):
@@ -129,7 +129,7 @@ def random_corpus(n: int, seed: int = 0) -> Table:
 def test_duckdb_and_spark_keep_lists_are_identical(tmp_path):
     t = random_corpus(3000)
     cfg = {"vocab_size": 250, "max_texts_per_image": 2, "max_images_per_text": 5}
-    keep_duck, report_duck = kept(tmp_path, t, "duckdb", **cfg)
+    keep_duck, report_duck = kept(tmp_path, t, "local", **cfg)
     keep_spark, report_spark = kept(tmp_path, t, "spark", **cfg)
     assert keep_duck == keep_spark
     assert 0 < len(keep_duck) < 3000
@@ -194,7 +194,7 @@ def test_terms_counted_and_texts_flagged_in_parts_give_the_same_keep_list(tmp_pa
     strip = ("input", "seconds", "keep", "spilled_bytes")
     assert {k: v for k, v in report_parts.items() if k not in strip} == \
            {k: v for k, v in report.items() if k not in strip}
-    assert not list((tmp_path / "parts" / "duckdb" / "tmp").rglob("*.parquet"))  # the split files are removed
+    assert not list((tmp_path / "parts" / "local" / "tmp").rglob("*.parquet"))  # the split files are removed
 
 
 def test_a_glob_of_pair_tables_equals_one_table(tmp_path):
@@ -238,9 +238,9 @@ def test_duckdb_spills_under_a_memory_limit_says_so_and_keeps_the_same_pairs(tmp
     free = filters.run_filters(pairs, tmp_path / "free", cfg, progress=False)
     tight = filters.run_filters(pairs, tmp_path / "tight", cfg, memory_limit="40MB", threads=1, progress=False)
     assert free["spilled_bytes"] == 0 and not any("spilled" in line for line in filters.summary_lines(free))
-    assert tight["spilled_bytes"] > 0 and tight["memory_limit"] == "40MB"
+    assert tight["spilled_bytes"] > 0 and tight["memory_limit"] == 40 * 2**20  # bytes: one size parser
     note = next(line for line in filters.summary_lines(tight) if "spilled" in line)
-    assert "out-of-core" in note and "40MB" in note
+    assert "out-of-core" in note and "its memory limit (40M)" in note
     assert read_keep(tmp_path / "tight") == read_keep(tmp_path / "free")
     assert tight["rules"] == free["rules"]
 
@@ -263,5 +263,21 @@ def test_duckdb_out_of_memory_is_one_sentence_with_what_to_do(tmp_path, capsys):
                      "--quiet"])
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
-    assert "DuckDB ran out of memory in the filter's" in err and "--memory-limit 1MB" in err
+    assert "DuckDB ran out of memory in the filter's" in err and "--memory-limit 1M" in err
     assert "raise --memory-limit" in err and "--engine spark" in err
+
+
+def test_one_engine_vocabulary_and_the_former_name_still_works_with_a_line(tmp_path, capsys):
+    # Before: filter took --engine duckdb|spark, every other stage --engine local|spark.
+    from openalign.cli import main
+
+    t = random_corpus(300, seed=11)
+    pairs = t.write(tmp_path / "pairs.parquet")
+    assert main(["filter", str(pairs), "--out", str(tmp_path / "local"), "--quiet"]) == 0
+    assert "DuckDB (local)" in capsys.readouterr().out
+    assert main(["filter", str(pairs), "--out", str(tmp_path / "old"), "--engine", "duckdb", "--quiet"]) == 0
+    assert "--engine duckdb is now --engine local" in capsys.readouterr().err
+    assert read_keep(tmp_path / "old") == read_keep(tmp_path / "local")
+    local = json.loads((tmp_path / "local" / "filter_report.json").read_text())
+    old = json.loads((tmp_path / "old" / "filter_report.json").read_text())
+    assert local["engine"] == old["engine"] == "local"

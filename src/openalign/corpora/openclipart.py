@@ -48,7 +48,7 @@ def raw_table(root: Path, out: Path) -> int:
 
 
 def build(out: Path, root: str = DEFAULT_ROOT, heldout: float = 0.1, seed: int = 0, image_size: int = 346,
-          filter_cfg: FilterConfig = FilterConfig(), engine: str = "duckdb", samples_per_shard: int = 1000,
+          filter_cfg: FilterConfig = FilterConfig(), engine: str = "local", samples_per_shard: int = 1000,
           progress: bool = True, **_ignored) -> dict:
     root_path, out = Path(root), Path(out)
     if not root_path.is_dir():

@@ -36,12 +36,26 @@ from typing import Any, Callable, Literal
 
 from tqdm import tqdm
 
-from openalign.config import ConfigError
+from openalign.config import ConfigError, parse_size, spark_size
 from openalign.data.workers import forkserver
 from openalign.host import die_with_parent
 from openalign.outputs import disk_full, is_disk_full
 
 ENGINES = ("local", "spark")
+RENAMED_ENGINES = {"duckdb": "local"}  # filter's --engine duckdb is the local engine's name for every stage now
+
+
+def engine_name(name: str) -> str:
+    """One --engine vocabulary for every stage (local: this machine, DuckDB for filter; spark); a former name is
+    taken for one release, with a line that says what to write instead."""
+    if name in RENAMED_ENGINES:
+        new = RENAMED_ENGINES[name]
+        print(f"openalign: note: --engine {name} is now --engine {new} (the same engine under the name every stage "
+              f"uses); {name} will be refused in the next release", file=sys.stderr)
+        return new
+    if name not in ENGINES:
+        raise ConfigError(f"unknown engine {name!r}; choose {' or '.join(ENGINES)}")
+    return name
 
 
 @dataclass(frozen=True)
@@ -50,13 +64,14 @@ class Engine:
     master: str = ""  # spark: local[N], spark://host:7077, yarn, k8s://...; "": spark-submit's, else local[*]
     workers: int = 0  # local: worker processes (0: all cores)
     retries: int = 2  # times a failed task is run again before the stage fails
-    memory: str = ""  # spark: driver memory, e.g. 4g
+    memory: str = ""  # spark: driver memory, e.g. 4G
 
     def __post_init__(self):
         if self.name not in ENGINES:
             raise ConfigError(f"unknown engine {self.name!r}; choose {' or '.join(ENGINES)}")
         if self.retries < 0:
             raise ConfigError("--retries must be 0 or more")
+        parse_size(self.memory, "--spark-memory")  # a size, in the one spelling of every memory flag
 
 
 @dataclass(frozen=True)
@@ -237,7 +252,7 @@ def _run_local(tasks: list[Task], status_dir: str, engine: Engine, desc: str, pr
 
 # ---------------------------------------------------------------------------------------------- spark
 
-def spark_session(master: str = "", app: str = "openalign", retries: int = 2, memory: str = "",
+def spark_session(master: str = "", app: str = "openalign", retries: int = 2, memory: str | int = "",
                   temp_dir: str = "", threads: int = 0):
     """A SparkSession on `master`; a local master gets `retries` task retries (local[N] -> local[N,F])."""
     import shutil
@@ -261,8 +276,8 @@ def spark_session(master: str = "", app: str = "openalign", retries: int = 2, me
         # executors import what this process imports (a venv's python can lose its site-packages when Spark starts it)
         builder = (builder.config("spark.pyspark.python", sys.executable)
                    .config("spark.executorEnv.PYTHONPATH", os.pathsep.join(p for p in sys.path if p)))
-    if memory:
-        builder = builder.config("spark.driver.memory", memory)
+    if parse_size(memory):
+        builder = builder.config("spark.driver.memory", spark_size(parse_size(memory)))
     if temp_dir:
         builder = builder.config("spark.local.dir", temp_dir)
     spark = builder.getOrCreate()

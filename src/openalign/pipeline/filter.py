@@ -1,8 +1,9 @@
 """`openalign filter`: ALIGN's frequency filters over a pair table, as a keep-list and a report.
 
-    openalign filter pairs.parquet --out DIR [--engine duckdb|spark] [key=value ...]
+    openalign filter pairs.parquet --out DIR [--engine local|spark] [key=value ...]
 
-The rules are SQL (filter_rules.py: one statement text, two dialects); DuckDB (default) or Apache Spark runs them
+The rules are SQL (filter_rules.py: one statement text, two dialects); the local engine (DuckDB, embedded: the
+default) or Apache Spark runs them
 (filter_engines.py). Outputs in DIR: `keep.parquet` (sorted distinct uids of kept pairs: a file from DuckDB, a
 directory of sorted part files from Spark), `filter_report.json` (per rule: pairs removed on its own and in
 sequence, example texts; `distinct_terms` as counted by hash, which a collision would lower by one;
@@ -16,9 +17,10 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from openalign.config import ConfigError, FilterConfig, check
+from openalign.config import ConfigError, FilterConfig, check, format_size, parse_size
 from openalign.data.pairs import FILTER_COLUMNS, check_pair_table
 from openalign.outputs import unfinish, write_json
+from openalign.data.engine import engine_name
 from openalign.pipeline.filter_engines import SpillWatch, make_engine
 from openalign.pipeline.filter_rules import (PARTED, DONE_AFTER, RULE_OPTIONS, RULES, count_statements,
                                              examples_query, exact_cut, flag_statements, hash_query, keep_query,
@@ -30,18 +32,28 @@ REPORT = "filter_report.json"
 DOMINANT_SHARE = 0.5  # a rule that removes at least this share of the corpus on its own is called out first
 
 
-def run_filters(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), engine: str = "duckdb",
-                master: str = "", memory_limit: str = "", threads: int = 0, progress: bool = True) -> dict:
+ENGINE_NAMES = {"local": "DuckDB (local)", "spark": "Spark"}
+
+
+def shown_size(size) -> str:
+    """A size for a person (an old report may hold the text it was given)."""
+    return format_size(size) if isinstance(size, int) else str(size)
+
+
+def run_filters(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), engine: str = "local",
+                master: str = "", memory_limit: str | int = "", threads: int = 0, progress: bool = True) -> dict:
     """Filter the pair table `pairs` into a keep-list and report in `out`; returns the report."""
     pairs, out = str(pairs), Path(out)  # pairs may be a glob, or a URL the Spark cluster reads
     check_pair_table(pairs, FILTER_COLUMNS)
     check(cfg)
+    engine = engine_name(engine)  # "duckdb", its former name, says so once
+    memory_limit = parse_size(memory_limit, "--memory-limit")  # bytes, 0: none; each engine gets its own spelling
     out.mkdir(parents=True, exist_ok=True)
     unfinish(out / REPORT)  # the old keep-list is no longer this output's until the new report says so
     start = time.perf_counter()
     runner = make_engine(engine, master, memory_limit, threads, str(out / "tmp"))
     spill = SpillWatch(out / "tmp")  # DuckDB's spill files (Spark's shuffle files are not spills)
-    with spill if engine == "duckdb" else contextlib.nullcontext():
+    with spill if engine == "local" else contextlib.nullcontext():
         try:
             runner.register(pairs)
             if not runner.rows("SELECT count(*) FROM pairs")[0][0]:
@@ -88,7 +100,7 @@ def run_filters(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), engi
         "removed_pairs": int(total) - int(kept or 0), "distinct_terms": int(distinct_terms),
         "exactly_counted_terms": int(candidates), "rules": rules,
         "keep": str(keep_path), "seconds": round(time.perf_counter() - start, 2),
-        "memory_limit": memory_limit, "spilled_bytes": spill.peak,
+        "memory_limit": memory_limit, "spilled_bytes": spill.peak,  # bytes (0: no limit)
     }
     report["warnings"] = dominant_rules(report)
     plot_report(report, out / "filter_report.png")
@@ -144,7 +156,7 @@ def dominant_rules(report: dict) -> list[str]:
 def summary_lines(report: dict) -> list[str]:
     lines = [f"warning: {w}" for w in report.get("warnings", [])]
     if report.get("spilled_bytes"):
-        limit = f"its memory limit ({report['memory_limit']})" if report.get("memory_limit") else "memory"
+        limit = f"its memory limit ({shown_size(report['memory_limit'])})" if report.get("memory_limit") else "memory"
         lines.append(f"note: DuckDB spilled up to {report['spilled_bytes'] / 2**30:.2f} GiB to disk "
                      f"({Path(report['keep']).parent / 'tmp'}): the work did not fit {limit}, so it ran out-of-core "
                      "(slower; raise --memory-limit to avoid it)")
@@ -153,7 +165,7 @@ def summary_lines(report: dict) -> list[str]:
                      "original_width/height from img2dataset), as stored for the other "
                      f"{report['sizes']['as_stored']:,}")
     lines += [f"{report['pairs']:,} pairs -> {report['kept_pairs']:,} kept "
-             f"({report['kept_pairs'] / max(report['pairs'], 1):.1%}) by {report['engine']} in {report['seconds']:.1f} s"]
+             f"({report['kept_pairs'] / max(report['pairs'], 1):.1%}) by {ENGINE_NAMES.get(report['engine'], report['engine'])} in {report['seconds']:.1f} s"]
     for r in report["rules"]:
         lines.append(f"  {r['rule']:<17} alone {r['removed_alone']:>10,}  in sequence {r['removed_in_sequence']:>10,}"
                      f"   {r['description']}")

@@ -13,8 +13,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from openalign.config import ConfigError
-from openalign.data.engine import spark_session
+from openalign.config import ConfigError, duckdb_size, format_size, parse_size
+from openalign.data.engine import engine_name, spark_session
 from openalign.data.pairs import sql_path
 from openalign.pipeline.filter_rules import DUCKDB, HASH_HISTOGRAM, SPARK, hash_counts, keep_query, size_columns
 
@@ -24,7 +24,7 @@ GROUP_ROW_BYTES = 48  # DuckDB's memory per group of an integer key and a sum (m
 class DuckDBEngine:
     dialect = DUCKDB
 
-    def __init__(self, memory_limit: str = "", threads: int = 0, temp_dir: str = ""):
+    def __init__(self, memory_limit: str | int = "", threads: int = 0, temp_dir: str = ""):
         import duckdb
 
         self.con = duckdb.connect()
@@ -32,8 +32,8 @@ class DuckDBEngine:
         self.temp_dir = Path(temp_dir or tempfile.mkdtemp(prefix="openalign-filter-"))
         self.con.execute("SET preserve_insertion_order = false")
         self.con.execute("SET enable_progress_bar = false")
-        if memory_limit:
-            self.con.execute(f"SET memory_limit = '{memory_limit}'")
+        if parse_size(memory_limit):
+            self.con.execute(f"SET memory_limit = '{duckdb_size(parse_size(memory_limit))}'")
         if threads:
             self.con.execute(f"SET threads = {int(threads)}")
         self.con.execute(f"SET temp_directory = '{sql_path(self.temp_dir)}'")
@@ -44,7 +44,8 @@ class DuckDBEngine:
         try:
             return self.con.execute(sql)
         except duckdb.OutOfMemoryException as e:  # a step that could not spill what it holds
-            limit = f"--memory-limit {self.memory_limit}" if self.memory_limit else "the default memory limit"
+            size = parse_size(self.memory_limit)
+            limit = f"--memory-limit {format_size(size)}" if size else "the default memory limit"
             raise ConfigError(f"DuckDB ran out of memory in the filter's {stage} step under {limit} (it spills "
                               f"what it can to disk, but not this step): raise --memory-limit, lower --threads, "
                               f"or run it with --engine spark") from e
@@ -136,7 +137,7 @@ class DuckDBEngine:
 class SparkEngine:
     dialect = SPARK
 
-    def __init__(self, master: str = "", memory_limit: str = "", threads: int = 0, temp_dir: str = ""):
+    def __init__(self, master: str = "", memory_limit: str | int = "", threads: int = 0, temp_dir: str = ""):
         self.spark = spark_session(master, "openalign-filter", memory=memory_limit, temp_dir=temp_dir, threads=threads)
 
     def register(self, pairs: str) -> None:
@@ -213,9 +214,8 @@ def _size_bytes(text: str) -> int:
     return int(float(number) * units.get(unit.strip(), 1))
 
 
-def make_engine(name: str, master: str = "", memory_limit: str = "", threads: int = 0, temp_dir: str = ""):
-    if name == "duckdb":
-        return DuckDBEngine(memory_limit, threads, temp_dir)
-    if name == "spark":
+def make_engine(name: str, master: str = "", memory_limit: str | int = "", threads: int = 0, temp_dir: str = ""):
+    """The filter's runner for an --engine name (data/engine.py's vocabulary): local is DuckDB, embedded."""
+    if engine_name(name) == "spark":
         return SparkEngine(master, memory_limit, threads, temp_dir)
-    raise ConfigError(f"unknown engine {name!r}; choose duckdb or spark")
+    return DuckDBEngine(memory_limit, threads, temp_dir)
