@@ -657,6 +657,21 @@ def _owner(args):
     return owned(Path(out))
 
 
+def _quiet_transformers() -> None:
+    """The settings above as the command starts: transformers reads them once, when it is imported, so a process
+    that imported it before this module (a test run, a notebook) would still show its per-file progress bars
+    ("Loading weights", "Writing model shards") and load reports. A process that has not imported it yet reads the
+    environment when it does."""
+    if "transformers" not in sys.modules:
+        return
+    from transformers.utils import logging as hf_logging
+
+    if os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS", "").lower() in ("1", "true", "yes"):
+        hf_logging.disable_progress_bar()
+    if os.environ.get("TRANSFORMERS_VERBOSITY") == "error":
+        hf_logging.set_verbosity_error()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
@@ -670,6 +685,7 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = list(args.overrides) + extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    _quiet_transformers()
     try:
         with _owner(args):
             code = args.func(args)

@@ -20,7 +20,6 @@ visual projection, which transformers' class does not do by itself.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -66,31 +65,11 @@ def save_pretrained(model: DualEncoder, tokenizer, out: Path, cfg: Config) -> Pa
     return out
 
 
-@contextlib.contextmanager
-def _quiet_bars():
-    """transformers' "Writing model shards" bar off while saving, as HF_HUB_DISABLE_PROGRESS_BARS (cli.py's default)
-    says: transformers reads that variable once, when it is imported, which may be before cli.py set it (a test
-    process, a notebook that imported transformers first)."""
-    from transformers.utils import logging as hf_logging
-
-    if os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS", "").lower() not in ("1", "true", "yes"):
-        yield
-        return
-    was_on = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_on:
-            hf_logging.enable_progress_bar()
-
-
 def _save_into(model: DualEncoder, tokenizer, out: Path, cfg: Config) -> None:
     if model.vit:  # the HF model's own scale, so its logits_per_image are openalign's too
         with torch.no_grad():
             model.dual.logit_scale.copy_(-torch.log(model.temperature.detach().to(model.dual.logit_scale.dtype)))
-    with _quiet_bars():
-        model.hf.save_pretrained(out)
+    model.hf.save_pretrained(out)  # (transformers' own bars and reports: cli.py quiets them when a command starts)
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
     (out / PROCESSOR_FILE).write_text(json.dumps(processor_settings(cfg.model.vision), indent=2) + "\n")
