@@ -171,7 +171,7 @@ def test_terms_counted_by_hash_then_exactly_give_the_exact_vocabulary_even_with_
     keep_collide, report_collide = kept(tmp_path / "collide", t, **cfg)
     assert rounds.count("term_counts") > 1  # collisions lifted the first floor above the true cut: lowered
     assert keep_collide == keep
-    strip = ("input", "seconds", "keep", "distinct_terms", "exactly_counted_terms")
+    strip = ("input", "pair_table", "seconds", "keep", "distinct_terms", "exactly_counted_terms")
     assert {k: v for k, v in report_collide.items() if k not in strip} == \
            {k: v for k, v in report.items() if k not in strip}
 
@@ -191,7 +191,7 @@ def test_terms_counted_and_texts_flagged_in_parts_give_the_same_keep_list(tmp_pa
     keep_parts, report_parts = kept(tmp_path / "parts", t, **cfg)
     assert seen and seen[0] >= 5
     assert keep_parts == keep and 0 < len(keep) < 3000
-    strip = ("input", "seconds", "keep", "spilled_bytes")
+    strip = ("input", "pair_table", "seconds", "keep", "spilled_bytes")
     assert {k: v for k, v in report_parts.items() if k not in strip} == \
            {k: v for k, v in report.items() if k not in strip}
     assert not list((tmp_path / "parts" / "local" / "tmp").rglob("*.parquet"))  # the split files are removed

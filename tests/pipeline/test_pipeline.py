@@ -155,3 +155,22 @@ def test_stages_that_find_nothing_to_work_on_say_so(tmp_path, capsys):
     assert main(["shard", str(tmp_path / "p.parquet"), "--keep", str(tmp_path / "f"), "--out", str(tmp_path / "s"),
                  "--quiet"]) == 2
     assert "nothing to shard: the keep-lists keep no pair of" in capsys.readouterr().err
+
+
+def test_every_keep_list_report_names_its_pair_table_under_one_key(tmp_path):
+    # Before: the filter report named its pair table `input`, dedup's and screen's `pairs` (where the filter report's
+    # `pairs` is a count), and the keep index had to know each spelling. Reports written before still read.
+    import json
+
+    from openalign.data.pairs import FORMER_PAIR_TABLE, KEEP_REPORTS, PAIR_TABLE, pair_table_of, write_keep_report
+
+    for name in KEEP_REPORTS:
+        out = tmp_path / name.split("_")[0]
+        out.mkdir()
+        written = write_keep_report(out, name, {"stage": name.split("_")[0], "pairs": 12}, "/data/pairs.parquet")
+        assert json.loads((out / name).read_text())[PAIR_TABLE] == written[PAIR_TABLE] == "/data/pairs.parquet"
+        assert pair_table_of(out) == "/data/pairs.parquet"
+    assert FORMER_PAIR_TABLE == ("input", "pairs")
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "filter_report.json").write_text(json.dumps({"input": "/old/pairs.parquet", "pairs": 12}))
+    assert pair_table_of(tmp_path / "old") == "/old/pairs.parquet"

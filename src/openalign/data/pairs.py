@@ -110,8 +110,20 @@ def pair_uid(image_key: str, text: str) -> str:
 
 # ---------------------------------------------------------------------------------------------- keep-lists
 
-# each stage's report, written after its keep-list, and the field naming the pair table it was made from
-KEEP_REPORTS = {"filter_report.json": "input", "dedup_report.json": "pairs", "screen_report.json": "pairs"}
+KEEP_REPORTS = ("filter_report.json", "dedup_report.json", "screen_report.json")  # written last, beside keep.parquet
+PAIR_TABLE = "pair_table"  # the field of every keep-list report naming the pair table it was made from
+FORMER_PAIR_TABLE = ("input", "pairs")  # where reports written before named it (filter: input; dedup, screen: pairs)
+
+
+def write_keep_report(out: Path, name: str, report: dict, pairs: str) -> dict:
+    """A keep-list stage's report, written last (the keep-list is finished when it appears), naming its pair table
+    under one key for every stage (`pair_table_of` reads it)."""
+    from openalign.outputs import write_json
+
+    assert name in KEEP_REPORTS, name
+    report = report | {PAIR_TABLE: str(pairs)}
+    write_json(Path(out) / name, report)
+    return report
 
 
 def keep_source(path: Path) -> str:
@@ -180,12 +192,14 @@ def keep_table(con, pairs: Path, keep_dirs: list[Path]) -> None:
 
 
 def pair_table_of(keep_dir: Path) -> str:
-    """The pair table a keep-list directory was made from (its stage report says)."""
-    for name, field in KEEP_REPORTS.items():
+    """The pair table a keep-list directory was made from (its stage's report says, under `pair_table`; a report
+    written before names it where that stage used to)."""
+    for name in KEEP_REPORTS:
         if (Path(keep_dir) / name).is_file():
             try:
-                return str(json.loads((Path(keep_dir) / name).read_text())[field])
-            except (ValueError, KeyError, TypeError):
+                report = json.loads((Path(keep_dir) / name).read_text())
+                return next(report[k] for k in (PAIR_TABLE, *FORMER_PAIR_TABLE) if isinstance(report.get(k), str))
+            except (ValueError, TypeError, AttributeError, StopIteration):
                 raise ConfigError(f"{Path(keep_dir) / name} is damaged (not the report its stage writes); run that "
                                   f"stage again into {keep_dir}") from None
     raise ConfigError(f"{keep_dir} holds no filter, dedup or screen report; data.keep takes the --out directories "

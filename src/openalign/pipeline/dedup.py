@@ -29,10 +29,10 @@ from pathlib import Path
 import numpy as np
 
 from openalign.config import ConfigError
-from openalign.outputs import unfinish, write_json
+from openalign.outputs import unfinish
 from openalign.data import images, sources
 from openalign.data.engine import Engine, read_plan
-from openalign.data.pairs import IMAGE_COLUMNS, check_pair_table, write_keep_without_images
+from openalign.data.pairs import IMAGE_COLUMNS, check_pair_table, write_keep_report, write_keep_without_images
 from openalign.model.hub import model_fingerprint
 from openalign.pipeline.scoring import FINITE, WORK, image_tasks, score_summary, write_scores
 
@@ -224,6 +224,6 @@ def dedup(pairs: Path, against: str, out: Path, options: DedupOptions = DedupOpt
         "nonfinite_scores": nonfinite,  # counted, never removed: a NaN or infinite score decides nothing
         "seconds": round(time.perf_counter() - start, 2),
     }
-    write_json(out / REPORT, report)  # last: the keep-list is finished
+    report = write_keep_report(out, REPORT, report, pairs)  # last: the keep-list is finished
     shutil.rmtree(out / WORK)
     return report

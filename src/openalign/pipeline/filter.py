@@ -18,8 +18,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from openalign.config import ConfigError, FilterConfig, check, format_size, parse_size
-from openalign.data.pairs import FILTER_COLUMNS, check_pair_table
-from openalign.outputs import unfinish, write_json
+from openalign.data.pairs import FILTER_COLUMNS, check_pair_table, write_keep_report
+from openalign.outputs import unfinish
 from openalign.data.engine import engine_name
 from openalign.pipeline.filter_engines import SpillWatch, make_engine
 from openalign.pipeline.filter_rules import (PARTED, DONE_AFTER, RULE_OPTIONS, RULES, count_statements,
@@ -104,7 +104,7 @@ def run_filters(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), engi
     }
     report["warnings"] = dominant_rules(report)
     plot_report(report, out / "filter_report.png")
-    write_json(out / REPORT, report)  # last: the keep-list is finished
+    report = write_keep_report(out, REPORT, report, pairs)  # last: the keep-list is finished
     return report
 
 

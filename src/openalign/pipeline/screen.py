@@ -27,9 +27,9 @@ from typing import Callable
 from openalign.config import ConfigError
 from openalign.data import images, sources
 from openalign.data.engine import Engine, read_plan
-from openalign.data.pairs import IMAGE_COLUMNS, check_pair_table, write_keep_without_images
+from openalign.data.pairs import IMAGE_COLUMNS, check_pair_table, write_keep_report, write_keep_without_images
 from openalign.pipeline.scoring import FINITE, WORK, image_tasks, score_summary, write_scores
-from openalign.outputs import unfinish, write_json
+from openalign.outputs import unfinish
 
 REPORT = "screen_report.json"
 
@@ -133,6 +133,6 @@ def screen(pairs: Path, out: Path, options: ScreenOptions, progress: bool = True
         "nonfinite_scores": nonfinite,  # NaN or infinite: counted, never removed
         "seconds": round(time.perf_counter() - start, 2),
     }
-    write_json(out / REPORT, report)  # last: the keep-list is finished
+    report = write_keep_report(out, REPORT, report, pairs)  # last: the keep-list is finished
     shutil.rmtree(out / WORK)
     return report
