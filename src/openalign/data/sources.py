@@ -164,7 +164,7 @@ def read_caption(path: Path) -> str | None:
 
 
 def _sidecar_texts(image: Path) -> list[str]:
-    """The captions of an image's `.txt` sidecar (`shards.captions`: one per non-empty line, or one alt-text when
+    """The captions of an image's `.txt` sidecar (`tars.captions`: one per non-empty line, or one alt-text when
     an img2dataset `.json` sidecar is beside it; that file is read only when the `.txt` has several lines)."""
     sidecar = image.with_suffix(".txt")
     text = (read_caption(sidecar) or "") if sidecar.is_file() else ""

@@ -101,7 +101,7 @@ class Record:
 # ---------------------------------------------------------------------------------------------- sources
 
 def file_records(path: Path) -> Iterator[Record]:
-    """An image file with its sidecars: a pair per caption of the `.txt` (`shards.captions`: one per line, or one
+    """An image file with its sidecars: a pair per caption of the `.txt` (`tars.captions`: one per line, or one
     alt-text beside img2dataset's `.json`), which may give the url and original size. A FIFO or device named like
     an image is rejected by `examine` (`not_a_file`), and only regular sidecars are read."""
     meta = sidecar_meta(path)
