@@ -74,3 +74,19 @@ def test_a_folder_with_nothing_to_ingest_is_one_sentence_and_writes_nothing(tmp_
     err = capsys.readouterr().err
     assert "found no images in" in err and "img2dataset's output folder" in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_eval_and_embed_read_img2datasets_parquet_output_as_ingest_does(tmp_path):
+    # data/sources.py reads img2dataset's `parquet` output by content (tables.kind): each downloaded image, its
+    # bytes from the table's image column, with its caption; before, a .parquet there had to be a pair table.
+    from openalign.data.sources import decoded, listing
+
+    for table in sorted((FIXTURE / "parquet").glob("*.parquet")):
+        rows = pq.read_table(table, columns=["key", "status", "caption"]).to_pylist()
+        listed = listing(str(table))
+        assert [(i.key, i.texts) for i in listed] == [(r["key"], [r["caption"]]) for r in rows if r["status"] == "success"]
+        counter: dict = {}
+        assert [i.key for i, _ in decoded(listed, counter)] == [i.key for i in listed] and not counter
+    ingested_texts = sorted(p["text"] for p in pq.read_table(ingested(tmp_path, "parquet")).to_pylist())
+    assert ingested_texts == sorted(t for table in sorted((FIXTURE / "parquet").glob("*.parquet"))
+                                    for i in listing(str(table)) for t in i.texts)

@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from openalign.config import ConfigError
 from openalign.data.engine import sources_key, spark_session
+from openalign.outputs import write_json
 
 PAIR_SCHEMA = pa.schema([
     ("uid", pa.string()), ("image_key", pa.string()), ("text", pa.string()), ("width", pa.int32()),
@@ -118,8 +119,6 @@ FORMER_PAIR_TABLE = ("input", "pairs")  # where reports written before named it 
 def write_keep_report(out: Path, name: str, report: dict, pairs: str) -> dict:
     """A keep-list stage's report, written last (the keep-list is finished when it appears), naming its pair table
     under one key for every stage (`pair_table_of` reads it)."""
-    from openalign.outputs import write_json
-
     assert name in KEEP_REPORTS, name
     report = report | {PAIR_TABLE: str(pairs)}
     write_json(Path(out) / name, report)

@@ -42,7 +42,6 @@ class Row:
     texts: list[str] = field(default_factory=list)
     label: str | None = None  # the `label` column, where the table has one
     bad: str | None = None  # why the row could not be read ("line 7: not JSON ...")
-    fields: tuple[str, ...] = ()  # a JSON row's keys (what `names` reads of the first row)
 
 
 def sniff_delimiter(path: Path) -> str:
@@ -86,17 +85,15 @@ def parquet_columns(path: Path) -> list[str]:
 
 
 def names(path: Path) -> list[str]:
-    """A table's column names, from its header alone (a CSV's first line, a JSONL's first object, a schema)."""
+    """A table's column names from its header (a CSV's first line, the keys of a JSON table's rows, a schema)."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         return parquet_columns(path)
-    if suffix in (".json", ".jsonl"):
-        first = next((r for r in _json_rows(path, "", "", Counter(), need_text=False, resolve=False) if not r.bad), None)
-        return list(first.fields) if first else []
     import duckdb
 
-    reader = f"read_csv(?, delim='{sniff_delimiter(path)}', header=true, all_varchar=true)"
+    reader = ("read_json(?)" if suffix in (".json", ".jsonl") else
+              f"read_csv(?, delim='{sniff_delimiter(path)}', header=true, all_varchar=true)")
     with duckdb.connect() as con:
         try:
             return [r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {reader}", [str(path)]).fetchall()]
@@ -157,8 +154,7 @@ def _decoded(raw: bytes, notes: Counter) -> str:
         return raw.decode("utf-8", errors="replace")
 
 
-def _json_rows(path: Path, image_column: str, text_column: str, notes: Counter, need_text: bool,
-               resolve: bool = True) -> Iterator[Row]:
+def _json_rows(path: Path, image_column: str, text_column: str, notes: Counter, need_text: bool) -> Iterator[Row]:
     """JSONL (an object per line, streamed: it may be larger than memory) or a JSON array of objects, read in
     Python so that one bad line is one bad row."""
     if path.suffix.lower() == ".json":
@@ -184,9 +180,6 @@ def _json_rows(path: Path, image_column: str, text_column: str, notes: Counter, 
             continue
         if not isinstance(row, dict):
             yield Row(number, bad=f"line {number}: not a JSON object")
-            continue
-        if not resolve:
-            yield Row(number, fields=tuple(row))
             continue
         if chosen is None:
             chosen = columns(path, list(row), image_column, text_column, need_text)

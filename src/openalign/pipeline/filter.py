@@ -35,11 +35,6 @@ DOMINANT_SHARE = 0.5  # a rule that removes at least this share of the corpus on
 ENGINE_NAMES = {"local": "DuckDB (local)", "spark": "Spark"}
 
 
-def shown_size(size) -> str:
-    """A size for a person (an old report may hold the text it was given)."""
-    return format_size(size) if isinstance(size, int) else str(size)
-
-
 def run_filters(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), engine: str = "local",
                 master: str = "", memory_limit: str | int = "", threads: int = 0, progress: bool = True) -> dict:
     """Filter the pair table `pairs` into a keep-list and report in `out`; returns the report."""
@@ -156,7 +151,7 @@ def dominant_rules(report: dict) -> list[str]:
 def summary_lines(report: dict) -> list[str]:
     lines = [f"warning: {w}" for w in report.get("warnings", [])]
     if report.get("spilled_bytes"):
-        limit = f"its memory limit ({shown_size(report['memory_limit'])})" if report.get("memory_limit") else "memory"
+        limit = f"its memory limit ({format_size(report['memory_limit'])})" if report.get("memory_limit") else "memory"
         lines.append(f"note: DuckDB spilled up to {report['spilled_bytes'] / 2**30:.2f} GiB to disk "
                      f"({Path(report['keep']).parent / 'tmp'}): the work did not fit {limit}, so it ran out-of-core "
                      "(slower; raise --memory-limit to avoid it)")

@@ -28,12 +28,12 @@ class DuckDBEngine:
         import duckdb
 
         self.con = duckdb.connect()
-        self.memory_limit = memory_limit
+        self.memory_limit = parse_size(memory_limit)  # bytes, 0: DuckDB's default
         self.temp_dir = Path(temp_dir or tempfile.mkdtemp(prefix="openalign-filter-"))
         self.con.execute("SET preserve_insertion_order = false")
         self.con.execute("SET enable_progress_bar = false")
-        if parse_size(memory_limit):
-            self.con.execute(f"SET memory_limit = '{duckdb_size(parse_size(memory_limit))}'")
+        if self.memory_limit:
+            self.con.execute(f"SET memory_limit = '{duckdb_size(self.memory_limit)}'")
         if threads:
             self.con.execute(f"SET threads = {int(threads)}")
         self.con.execute(f"SET temp_directory = '{sql_path(self.temp_dir)}'")
@@ -44,8 +44,7 @@ class DuckDBEngine:
         try:
             return self.con.execute(sql)
         except duckdb.OutOfMemoryException as e:  # a step that could not spill what it holds
-            size = parse_size(self.memory_limit)
-            limit = f"--memory-limit {format_size(size)}" if size else "the default memory limit"
+            limit = f"--memory-limit {format_size(self.memory_limit)}" if self.memory_limit else "the default memory limit"
             raise ConfigError(f"DuckDB ran out of memory in the filter's {stage} step under {limit} (it spills "
                               f"what it can to disk, but not this step): raise --memory-limit, lower --threads, "
                               f"or run it with --engine spark") from e

@@ -231,7 +231,7 @@ def img2dataset_table(path: Path) -> str | None:
         schema = pq.read_schema(path)
     except (OSError, pa.ArrowException):
         return None
-    if not {"key", "status", "error_message", "caption", "url"} <= set(schema.names):
+    if not tables.IMG2DATASET_COLUMNS <= set(schema.names):
         return None
     return "img2dataset" if SOURCES.image_column(schema) else "img2dataset-status"
 
