@@ -86,7 +86,7 @@ def per_image_seconds(fn, images: list[bytes], repeats: int) -> float:
 
 
 def loader_rate(shards: list[str], tokenizer, workers: int, batch: int) -> float:
-    spec = StreamSpec(shards=tuple(shards), batch_size=batch, resize=RESIZE, crop=CROP, max_length=64,
+    spec = StreamSpec(shards=tuple(shards), rank_batch=batch, resize=RESIZE, crop=CROP, max_length=64,
                       shuffle_buffer=64, workers=workers)
     counts = {s: tars.count_samples(s) for s in shards}
     n_batches = batches_per_role(spec, 0, counts)
@@ -100,7 +100,7 @@ def loader_rate(shards: list[str], tokenizer, workers: int, batch: int) -> float
 
 def epochs_rate(shard: str, tokenizer, batch: int, epochs: int, one_loader: bool) -> float:
     """Samples/s over `epochs` epochs of one shard with 1 worker: one loader for all, or one per epoch."""
-    spec = StreamSpec(shards=(shard,), batch_size=batch, resize=RESIZE, crop=CROP, max_length=64, shuffle_buffer=64,
+    spec = StreamSpec(shards=(shard,), rank_batch=batch, resize=RESIZE, crop=CROP, max_length=64, shuffle_buffer=64,
                       workers=1)
     counts = {shard: tars.count_samples(shard)}
     per_epoch = batches_per_role(spec, 0, counts)

@@ -176,7 +176,7 @@ def prepare(preset: str, batch_size: int):
     tokenizer = train_tokenizer(tars.all_texts(train_shards), cfg.model.text.vocab_size)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(
         cfg.model, text=dataclasses.replace(cfg.model.text, vocab_size=len(tokenizer))))
-    spec = StreamSpec.for_config(cfg, train_shards, batch_size=batch_size, workers=0)
+    spec = StreamSpec.for_config(cfg, train_shards, rank_batch=batch_size, workers=0)
     batch = next(iter(train_loader(spec, tokenizer, (1,))))
     batch["pixel_values"] = transforms.to_unit_range(batch["pixel_values"])  # both steps get float pixels
     return cfg, tokenizer, train_shards, batch
@@ -274,7 +274,7 @@ def main() -> int:
     child.join()
     ours_s, plain_s = statistics.median(ours_t), statistics.median(plain_t)
     ratio = plain_s / ours_s  # pairs/s ratio = inverse time ratio
-    data_frac = data_wait_fraction(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, batch_size=args.batch)),
+    data_frac = data_wait_fraction(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, global_batch=args.batch)),
                                    ours, ours_opt, tokenizer, train_shards, 3 + 4 * args.steps)
     gloo = gloo_check(args, cfg, batch)
     peak = gemm_peak(torch.get_num_threads())

@@ -183,16 +183,16 @@ def test_the_whole_config_is_validated_before_any_work(shapes, tmp_path, capsys)
     # Before: batch_size=-1 hung in epoch_plan, 0 raised ZeroDivisionError, steps=-5 trained 0 steps with rc 0,
     # lr=nan trained NaN losses, embed_dim=0 trained a constant loss; each now a sentence, all in one message.
     argv = ["train", "--preset", "tiny", "--data", str(shapes["train"]), "--out", str(tmp_path / "run"), "--quiet"]
-    assert cli.main(argv + ["data.batch_size=-1", "train.steps=-5", "optim.lr=nan", "model.embed_dim=0",
+    assert cli.main(argv + ["data.global_batch=-1", "train.steps=-5", "optim.lr=nan", "model.embed_dim=0",
                             "optim.name=adamx"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err and "5 config values are invalid" in err
-    for phrase in ("data.batch_size=-1 must be a positive integer", "train.steps=-5 must be a positive integer",
+    for phrase in ("data.global_batch=-1 must be a positive integer", "train.steps=-5 must be a positive integer",
                    "optim.lr=nan must be a finite number", "model.embed_dim=0 must be a positive integer",
                    "optim.name=adamx must be lamb or adamw"):
         assert phrase in err
-    assert cli.main(argv + ["data.batch_size=0"]) == 2
-    assert cli.main(argv + ["data.batch_size=8", "train.micro_batch=3"]) == 2
+    assert cli.main(argv + ["data.global_batch=0"]) == 2
+    assert cli.main(argv + ["data.global_batch=8", "train.micro_batch=3"]) == 2
     assert "train.micro_batch=3 must divide each process's batch of 8" in capsys.readouterr().err
     assert cli.main(argv + ["train.device=cuda"]) == 2  # no CUDA here
     assert "no CUDA device" in capsys.readouterr().err

@@ -84,15 +84,15 @@ def test_the_temperature_settings_live_in_one_place_and_old_keys_still_work(tmp_
 
 
 def test_a_batch_of_one_image_on_batchnorm_is_refused_in_one_sentence():
-    # Before: data.batch_size=1 on EfficientNet trained into a BatchNorm traceback.
+    # Before: data.global_batch=1 on EfficientNet trained into a BatchNorm traceback.
     from openalign.config import check, override
 
     cfg = presets.get("tiny")
-    with pytest.raises(ConfigError, match="data.batch_size=1 gives each forward pass one image"):
-        check(override(cfg, ["data.batch_size=1"]))
+    with pytest.raises(ConfigError, match="data.global_batch=1 gives each forward pass one image"):
+        check(override(cfg, ["data.global_batch=1"]))
     with pytest.raises(ConfigError, match="train.micro_batch=1 gives each forward pass one image"):
-        check(override(cfg, ["data.batch_size=8", "train.micro_batch=1"]))
-    check(override(cfg, ["data.batch_size=2"]))
+        check(override(cfg, ["data.global_batch=8", "train.micro_batch=1"]))
+    check(override(cfg, ["data.global_batch=2"]))
 
 
 def test_one_size_parser_for_every_memory_flag_and_each_engines_spelling():
@@ -113,5 +113,52 @@ def test_spark_memory_is_checked_as_a_size_when_the_engine_is_made():
     from openalign.data.engine import Engine
 
     assert Engine("spark", memory="4g").memory == "4g"
-    with pytest.raises(ConfigError, match="--spark-memory 'lots' is not a size"):
+    with pytest.raises(ConfigError, match="--spark-memory=lots must be a size, e.g. 4G"):
         Engine("spark", memory="lots")
+
+
+def test_the_batch_sizes_have_one_name_each_and_old_keys_still_work_with_a_note(tmp_path, capsys):
+    # data.batch_size (global) and eval.batch_size (an encoding chunk) meant two things under one name.
+    cfg = config_lib.override(Config(), ["data.batch_size=64", "eval.batch_size=32"])
+    assert cfg.data.global_batch == 64 and cfg.eval.encode_batch == 32
+    err = capsys.readouterr().err
+    assert "data.batch_size is now data.global_batch" in err and "eval.batch_size is now eval.encode_batch" in err
+    saved = config_lib.to_dict(Config())  # a config.json written before the rename
+    saved["data"]["batch_size"] = saved["data"].pop("global_batch") // 2
+    saved["eval"]["batch_size"] = 7
+    del saved["eval"]["encode_batch"]
+    (tmp_path / "config.json").write_text(__import__("json").dumps(saved))
+    old = config_lib.load(tmp_path / "config.json")
+    assert old.data.global_batch == Config().data.global_batch // 2 and old.eval.encode_batch == 7
+
+
+def test_a_rule_belongs_to_the_field_of_its_class_not_to_every_field_of_that_name():
+    # Before: config.RULES was keyed by bare names, so any options class's `steps`, `lr`, `batch_size` or
+    # `hidden_size` got TrainConfig's, OptimConfig's, DataConfig's or the towers' rule.
+    @dataclasses.dataclass(frozen=True)
+    class Elsewhere:
+        steps: int = -1  # e.g. "steps back", where a negative is meaningful
+        lr: float = -1.0
+        batch_size: int = 0
+        hidden_size: int = -3
+
+    assert config_lib.violations(Elsewhere()) == []
+    cfg = config_lib.override(Config(), ["train.steps=-1", "optim.lr=-1", "data.global_batch=0",
+                                         "model.text.hidden_size=-3"])
+    problems = " ".join(config_lib.violations(cfg))
+    for phrase in ("train.steps=-1 must be", "optim.lr=-1.0 must be", "data.global_batch=0 must be",
+                   "model.text.hidden_size=-3 must be"):
+        assert phrase in problems
+    ft = config_lib.override(config_lib.FinetuneConfig(), ["steps=0", "momentum=1.5"])  # its own rules, its own keys
+    assert config_lib.violations(ft) == ["steps=0 must be a positive integer", "momentum=1.5 must be in [0, 1)"]
+
+
+def test_a_commands_options_are_checked_by_their_fields_rules_and_named_as_flags():
+    from openalign.data.engine import Engine
+    from openalign.index.build import IndexOptions
+
+    with pytest.raises(ConfigError, match=r"2 values are invalid: --engine=x must be local or spark; --retries=-1 "
+                                          r"must be 0 or more"):
+        Engine(name="x", retries=-1)
+    with pytest.raises(ConfigError, match=r"--train-per-cell=12 must be at least 39"):
+        config_lib.check(IndexOptions(train_per_cell=12), spell=config_lib.as_flags())

@@ -70,7 +70,7 @@ def kill_after_first_checkpoint(cmd: list[str], run: Path, timeout: float = 120)
 
 @pytest.mark.parametrize("launcher,sharding", [("single", ""), ("torchrun", "shard_optimizer"), ("torchrun", "fsdp")])
 def test_sigkill_then_resume_continues_exactly(shapes, tmp_path, launcher, sharding):
-    steps = ("train.steps=60", "train.checkpoint_every=4", "data.batch_size=8")
+    steps = ("train.steps=60", "train.checkpoint_every=4", "data.global_batch=8")
     if sharding:  # LAMB's state sharded over the two processes (ZeRO-1), or the whole model (FSDP)
         steps += (f"train.{sharding}=true",)
 
@@ -92,7 +92,7 @@ def test_sigkill_then_resume_continues_exactly(shapes, tmp_path, launcher, shard
     if launcher == "torchrun":
         state = torch.load(killed / "checkpoint.pt", weights_only=False)
         assert len(state["ranks"]) == 2 and state["ranks"][0]["position"] != state["ranks"][1]["position"]
-        assert json.loads((killed / "config.json").read_text())["data"]["batch_size"] == 8
+        assert json.loads((killed / "config.json").read_text())["data"]["global_batch"] == 8
     # the saved model is the checkpoint's (gathered whole from the shards under FSDP)
     from openalign.model import hub
 

@@ -10,7 +10,7 @@ def test_paper_presets_build_on_meta_with_paper_dims(name):
     cfg = presets.get(name)
     assert (cfg.model.vision.resize_size, cfg.model.vision.image_size, cfg.model.text.max_length) == (346, 289, 64)
     assert cfg.loss.temperature.init == 1.0 and cfg.loss.label_smoothing == 0.1
-    assert cfg.optim.name == "lamb" and cfg.optim.weight_decay == 1e-5 and cfg.data.batch_size == 16_384
+    assert cfg.optim.name == "lamb" and cfg.optim.weight_decay == 1e-5 and cfg.data.global_batch == 16_384
     with torch.device("meta"):
         model = DualEncoder(cfg.model, cfg.loss)
     pooled = vision_pooled_dim(model.align)
@@ -60,10 +60,7 @@ def test_demo_is_small_and_uses_pytorch_batchnorm_momentum():
 
 
 def test_the_demo_and_tiny_are_the_paper_recipe_plus_their_stated_deviations():
-    from openalign.config import _leaves
-
-    def leaves(cfg):
-        return {key: value for key, _, value in _leaves(cfg)}
+    from openalign.config import flat as leaves
 
     paper = leaves(presets.get("align-b1-mini"))
     towers = ("preset", "out", "model.vision.width_coefficient", "model.vision.depth_coefficient",

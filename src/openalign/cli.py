@@ -133,8 +133,7 @@ def _study_pmi(args) -> int:
                               "set its options as key=value, e.g. widths=4,16 steps=600")
     options = config_lib.override(pmi.PmiOptions(), [*(pmi.QUICK if args.quick else ()), *args.overrides],
                                   help_hint="the pmi study's options are those of study/pmi.py's PmiOptions")
-    if min(options.widths) < 1 or options.steps < 1 or options.batch_size < 2 or options.pairs < 1:
-        raise ConfigError("the pmi study needs widths >= 1, steps >= 1, batch_size >= 2 and pairs >= 1")
+    config_lib.check(options)
     start = time.perf_counter()
     results = pmi.run(options, args.seeds, Path(args.out), progress=not args.quiet)
     report = pmi.write_report(results, Path(args.out))

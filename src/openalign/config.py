@@ -10,9 +10,10 @@ import dataclasses
 import difflib
 import json
 import math
+import sys
 import typing
-from typing import Literal
 from dataclasses import dataclass, field
+from typing import Annotated, Callable, Literal
 from pathlib import Path
 
 
@@ -52,6 +53,52 @@ def duckdb_size(size: int) -> str:
     return f"{max(1, size // 2**20)}MiB"
 
 
+# ---------------------------------------------------------------------------------------------- rules
+# A field's rule is declared on the field, `lr: Annotated[float, POSITIVE] = 1e-3`, so it belongs to that class alone
+# (a FinetuneConfig's `steps` and a TrainConfig's `steps` each carry their own). `check` applies every rule of a
+# resolved config, with the Literal choices and the rules across fields, and names every violation in one sentence:
+# a bad value is a sentence naming the key, never a hang (data.global_batch=-1), a ZeroDivisionError or a run that
+# trains NaN. Any options dataclass can use them (data/engine.py, index/build.py, eval/tasks.py).
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A predicate on one field's value and what the value must be, for the sentence when it fails."""
+
+    test: Callable[[typing.Any], bool]
+    what: str
+
+
+POSITIVE = Rule(lambda x: x > 0, "a positive number")
+POSITIVE_INT = Rule(lambda x: x > 0, "a positive integer")
+POSITIVE_INTS = Rule(lambda xs: len(xs) > 0 and all(x > 0 for x in xs), "positive integers")
+NON_NEGATIVE = Rule(lambda x: x >= 0, "0 or more")
+FRACTION_OPEN_CLOSED = Rule(lambda x: 0 < x <= 1, "in (0, 1]")
+FRACTION_CLOSED_OPEN = Rule(lambda x: 0 <= x < 1, "in [0, 1)")
+DEVICE = Rule(lambda x: x in ("auto", "cpu", "cuda", "mps") or (x.startswith("cuda:") and x[5:].isdigit()),
+              "auto, cpu, cuda, cuda:N or mps")
+
+
+def _is_size(text) -> bool:
+    try:
+        parse_size(text)
+    except ConfigError:
+        return False
+    return True
+
+
+SIZE = Rule(_is_size, "a size, e.g. 4G, 512M or a number of bytes")
+
+
+def at_least(low, what: str = "") -> Rule:
+    return Rule(lambda x: x >= low, what or f"at least {low}")
+
+
+def non_negative(what: str) -> Rule:
+    """0 or more, with what 0 means: `non_negative("0 (off) or more")`."""
+    return Rule(lambda x: x >= 0, what)
+
+
 @dataclass(frozen=True)
 class VisionConfig:
     # efficientnet: the paper's tower (transformers' AlignVisionModel), saved as an AlignModel directory;
@@ -59,37 +106,38 @@ class VisionConfig:
     # position embeddings, pre-norm blocks), saved as a VisionTextDualEncoderModel directory
     kind: Literal["efficientnet", "vit"] = "efficientnet"
     # EfficientNet scaling (Tan & Le 2019): B1 (1.0, 1.1) ... B7 (2.0, 3.1), L2 (4.3, 5.3).
-    width_coefficient: float = 2.0
-    depth_coefficient: float = 3.1
+    width_coefficient: Annotated[float, POSITIVE] = 2.0
+    depth_coefficient: Annotated[float, POSITIVE] = 3.1
     # Per-stage layout of the EfficientNet base network; the demo shrinks these.
-    in_channels: tuple[int, ...] = (32, 16, 24, 40, 80, 112, 192)
-    out_channels: tuple[int, ...] = (16, 24, 40, 80, 112, 192, 320)
-    num_block_repeats: tuple[int, ...] = (1, 2, 2, 3, 3, 4, 1)
-    kernel_sizes: tuple[int, ...] = (3, 3, 5, 3, 5, 5, 3)
-    strides: tuple[int, ...] = (1, 2, 2, 2, 1, 2, 1)
-    expand_ratios: tuple[int, ...] = (1, 6, 6, 6, 6, 6, 6)
-    drop_connect_rate: float = 0.2
+    in_channels: Annotated[tuple[int, ...], POSITIVE_INTS] = (32, 16, 24, 40, 80, 112, 192)
+    out_channels: Annotated[tuple[int, ...], POSITIVE_INTS] = (16, 24, 40, 80, 112, 192, 320)
+    num_block_repeats: Annotated[tuple[int, ...], POSITIVE_INTS] = (1, 2, 2, 3, 3, 4, 1)
+    kernel_sizes: Annotated[tuple[int, ...], POSITIVE_INTS] = (3, 3, 5, 3, 5, 5, 3)
+    strides: Annotated[tuple[int, ...], POSITIVE_INTS] = (1, 2, 2, 2, 1, 2, 1)
+    expand_ratios: Annotated[tuple[int, ...], POSITIVE_INTS] = (1, 6, 6, 6, 6, 6, 6)
+    drop_connect_rate: Annotated[float, FRACTION_CLOSED_OPEN] = 0.2
     # PyTorch's sense: weight of the *new* batch (TF's 0.99 == PyTorch's 0.01). transformers'
     # default of 0.99 would make the running statistics equal the last batch.
-    batch_norm_momentum: float = 0.01
-    batch_norm_eps: float = 1e-3
-    resize_size: int = 346  # paper: resize to 346x346
-    image_size: int = 289  # paper: random crop 289 (train), center crop 289 (eval)
+    batch_norm_momentum: Annotated[float, Rule(FRACTION_OPEN_CLOSED.test, "in (0, 1] (PyTorch's sense: the "
+                                                    "new batch's weight)")] = 0.01
+    batch_norm_eps: Annotated[float, POSITIVE] = 1e-3
+    resize_size: Annotated[int, POSITIVE_INT] = 346  # paper: resize to 346x346
+    image_size: Annotated[int, POSITIVE_INT] = 289  # paper: random crop 289 (train), center crop 289 (eval)
     # The pixel values the tower expects, as transformers' EfficientNetImageProcessor makes them from 0..255:
     # p * pixel_scale + pixel_offset, then (x - pixel_mean) / pixel_std when a mean is given. openalign's
     # own models (and kakaobrain/align-base) use p / 127.5 - 1, i.e. [-1, 1]; a foreign checkpoint's
     # preprocessor_config.json sets these (model/hub.py).
-    pixel_scale: float = 1 / 127.5
+    pixel_scale: Annotated[float, POSITIVE] = 1 / 127.5
     pixel_offset: float = -1.0
     pixel_mean: tuple[float, ...] = ()
-    pixel_std: tuple[float, ...] = ()
+    pixel_std: Annotated[tuple[float, ...], Rule(lambda xs: all(x > 0 for x in xs), "positive numbers")] = ()
     # ViT sizes (kind=vit only; CLIP's ViT-B/16 here). Evaluated at another image_size than trained, the
     # position embeddings are interpolated bicubically to the new grid of patches (CLIP's and timm's way).
-    patch_size: int = 16
-    hidden_size: int = 768
-    num_layers: int = 12
-    num_heads: int = 12
-    intermediate_size: int = 3072
+    patch_size: Annotated[int, POSITIVE_INT] = 16
+    hidden_size: Annotated[int, POSITIVE_INT] = 768
+    num_layers: Annotated[int, POSITIVE_INT] = 12
+    num_heads: Annotated[int, POSITIVE_INT] = 12
+    intermediate_size: Annotated[int, POSITIVE_INT] = 3072
     pool: Literal["cls", "mean"] = "cls"  # the image's feature: the CLS token, or the mean of the patch tokens
     # How a transparent image becomes RGB: white (openalign's rule everywhere: composited on white, as shards store
     # it) or drop (transformers' processors' convert("RGB"): the colour under each pixel, alpha ignored), which a
@@ -100,24 +148,24 @@ class VisionConfig:
 @dataclass(frozen=True)
 class TextConfig:
     # BERT sizes (Turc et al. 2019): Mini 4x256, Medium 8x512, Base 12x768, Large 24x1024.
-    hidden_size: int = 768
-    num_layers: int = 12
-    num_heads: int = 12
-    intermediate_size: int = 3072
-    dropout: float = 0.1
-    vocab_size: int = 100_000  # paper: 100k English, 250k multilingual
-    max_length: int = 64  # paper: 64 tokens
+    hidden_size: Annotated[int, POSITIVE_INT] = 768
+    num_layers: Annotated[int, POSITIVE_INT] = 12
+    num_heads: Annotated[int, POSITIVE_INT] = 12
+    intermediate_size: Annotated[int, POSITIVE_INT] = 3072
+    dropout: Annotated[float, FRACTION_CLOSED_OPEN] = 0.1
+    vocab_size: Annotated[int, POSITIVE_INT] = 100_000  # paper: 100k English, 250k multilingual
+    max_length: Annotated[int, at_least(3, "at least 3 ([CLS], a token, [SEP])")] = 64  # paper: 64 tokens
     # Encode a batch as this many groups of similar length, each padded only to its own longest text
     # (the [CLS] output does not depend on masked padding, so results are the same up to rounding).
     # Alt-texts are short with a long tail: one padding length per batch wastes most of the compute.
-    length_buckets: int = 1
+    length_buckets: Annotated[int, POSITIVE_INT] = 1
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     vision: VisionConfig = field(default_factory=VisionConfig)
     text: TextConfig = field(default_factory=TextConfig)
-    embed_dim: int = 640  # B7 pools to 640, L2 to 1376; other towers get a linear layer
+    embed_dim: Annotated[int, POSITIVE_INT] = 640  # B7 pools to 640, L2 to 1376; other towers get a linear layer
     init_from: str = ""  # a model directory (AlignModel, or VisionTextDualEncoderModel for a ViT) to initialize from
     channels_last: bool = True  # depthwise convs are ~7x faster in channels_last on CPU
 
@@ -127,12 +175,12 @@ class TemperatureConfig:
     """The learned scale of the logits, in one place: the model creates it, the loss clamps it, the optimizer
     gives it its own learning rate (DualEncoder.scale_parameters)."""
 
-    init: float = 1.0  # paper: 1.0 (CLIP: 0.07)
-    fixed: float = 0.0  # > 0: not learned, held at this value (Table 8: 1/128, 1/64, 1/32)
-    min: float = 1e-3  # floor: logits stay finite, the loss cannot diverge
+    init: Annotated[float, POSITIVE] = 1.0  # paper: 1.0 (CLIP: 0.07)
+    fixed: Annotated[float, non_negative("0 (learned) or a positive number")] = 0.0  # > 0: not learned, held at this value (Table 8: 1/128, 1/64, 1/32)
+    min: Annotated[float, POSITIVE] = 1e-3  # floor: logits stay finite, the loss cannot diverge
     # Multiplier on its learning rate. The paper's 1.0 init moves by ~lr per step under LAMB (trust ratio
     # x |t|), far too slowly for runs of a few hundred steps.
-    lr_scale: float = 1.0
+    lr_scale: Annotated[float, NON_NEGATIVE] = 1.0
     sigmoid_bias_init: float = -10.0  # SigLIP's learned bias (loss.kind=sigmoid), in the same group
 
 
@@ -142,8 +190,8 @@ class LossConfig:
     # late-interaction scores (FILIP's token-wise max similarity of patch and token vectors), so that the pooled
     # embeddings a two-stage search shortlists with are trained too; memory O(B_local x B x patches x tokens)
     kind: Literal["softmax", "sigmoid", "filip"] = "softmax"
-    label_smoothing: float = 0.1
-    negatives_fraction: float = 1.0  # Table 8: 100/50/25% of in-batch negatives
+    label_smoothing: Annotated[float, FRACTION_CLOSED_OPEN] = 0.1
+    negatives_fraction: Annotated[float, FRACTION_OPEN_CLOSED] = 1.0  # Table 8: 100/50/25% of in-batch negatives
     # naive: materialized logits; chunked: O(B x chunk) memory; auto: chunked from 4,096 pairs
     implementation: Literal["auto", "naive", "chunked"] = "auto"
     # softmax terms summed: both (the paper), image_to_text (the rows of img @ txt.T: each image picks its
@@ -155,12 +203,13 @@ class LossConfig:
 @dataclass(frozen=True)
 class OptimConfig:
     name: Literal["lamb", "adamw"] = "lamb"
-    lr: float = 1e-3
-    weight_decay: float = 1e-5  # not on biases, norms or the temperature
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-6
-    warmup_steps: int = 10_000
-    grad_clip: float = 0.0  # 0: off
+    lr: Annotated[float, POSITIVE] = 1e-3
+    weight_decay: Annotated[float, NON_NEGATIVE] = 1e-5  # not on biases, norms or the temperature
+    betas: Annotated[tuple[float, float], Rule(lambda b: len(b) == 2 and all(0 <= x < 1 for x in b),
+                                               "two numbers in [0, 1)")] = (0.9, 0.999)
+    eps: Annotated[float, POSITIVE] = 1e-6
+    warmup_steps: Annotated[int, NON_NEGATIVE] = 10_000
+    grad_clip: Annotated[float, non_negative("0 (off) or more")] = 0.0  # 0: off
 
 
 @dataclass(frozen=True)
@@ -174,13 +223,15 @@ class DataConfig:
     data_dir: str = "data"
     # train on this share of the training samples (0 < f <= 1): a fixed subset chosen by a hash of each sample's
     # key, the same for every seed and nested across fractions (the paper's Table 9 "10% of ALIGN data")
-    fraction: float = 1.0
+    fraction: Annotated[float, Rule(FRACTION_OPEN_CLOSED.test, "the share of the training samples to use, in "
+                                                                   "(0, 1]")] = 1.0
     # train on the original shards (e.g. img2dataset's), reading only the pairs these keep-list directories keep
     # (filter, dedup, screen outputs; intersected), instead of rewriting the corpus with `openalign shard`
     keep: tuple[str, ...] = ()
-    batch_size: int = 16_384  # global; paper: 16 pairs per core x 1024 cores
-    workers: int = 1
-    shuffle_buffer: int = 2_000
+    global_batch: Annotated[int, POSITIVE_INT] = 16_384  # pairs per step over all processes; paper: 16 per core x 1024
+        # cores (each process encodes global_batch / world: StreamSpec.rank_batch)
+    workers: Annotated[int, non_negative("0 (read in the main process) or more")] = 1
+    shuffle_buffer: Annotated[int, POSITIVE_INT] = 2_000
     tokenizer: str = ""  # a trained tokenizer directory; empty: train one on the training texts
     # `train`/`eval` may also be a Karpathy-split JSON (dataset_flickr30k.json): its images (under `images`)
     # are sharded once into data_dir/karpathy/, every caption of an image kept
@@ -191,22 +242,22 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    steps: int = 1_200_000  # paper: 1.2M steps
-    log_every: int = 10
-    eval_every: int = 0  # 0: only at the end
-    checkpoint_every: int = 1_000
-    threads: int = 0  # torch intra-op threads; 0: all cores (measured: no slower than leaving one to the workers)
+    steps: Annotated[int, POSITIVE_INT] = 1_200_000  # paper: 1.2M steps
+    log_every: Annotated[int, POSITIVE_INT] = 10
+    eval_every: Annotated[int, non_negative("0 (only at the end) or more")] = 0  # 0: only at the end
+    checkpoint_every: Annotated[int, non_negative("0 (only at the end) or more")] = 1_000
+    threads: Annotated[int, non_negative("0 (all cores) or more")] = 0  # torch intra-op threads; 0: all cores (measured: no slower than leaving one to the workers)
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on GPU, fp32 on CPU; logits, loss fp32
-    micro_batch: int = 0  # > 0 and below the per-device batch: gradient caching in micro-batches of this size
+    micro_batch: Annotated[int, non_negative("0 (off) or a positive integer")] = 0  # > 0 and below the per-device batch: gradient caching in micro-batches of this size
     grad_checkpointing: bool = False  # recompute tower activations in backward (transformers' checkpointing)
     shard_optimizer: bool = False  # under torchrun: ZeRO-1, each rank keeps 1/world of LAMB's state (exact LAMB)
     fsdp: bool = False  # under torchrun: FSDP2, parameters, gradients and LAMB's state sharded over ranks
-    device: str = "auto"
+    device: Annotated[str, DEVICE] = "auto"
 
 
 @dataclass(frozen=True)
 class EvalConfig:
-    batch_size: int = 256
+    encode_batch: Annotated[int, POSITIVE_INT] = 256  # images or texts encoded at once
     # tasks of the periodic and final evaluation on the held-out split: retrieval, zeroshot, multilingual (texts
     # per language: data.corpus_options=eval_languages=...), arithmetic (emoji), compositional (shapes)
     tasks: tuple[str, ...] = ("retrieval", "zeroshot")
@@ -230,13 +281,13 @@ class Config:
 class FinetuneConfig:
     """Fine-tuning the image tower with a classification head (`openalign eval --task finetune|vtab --ft k=v`)."""
 
-    steps: int = 500
-    batch_size: int = 64
-    lr: float = 0.01  # backbone peak learning rate (SGD with momentum)
-    head_lr_scale: float = 10.0  # the head's lr is this times the backbone's (paper: 10)
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    warmup_fraction: float = 0.1  # linear warmup over this fraction of the steps, then linear decay to 0
+    steps: Annotated[int, POSITIVE_INT] = 500
+    batch_size: Annotated[int, POSITIVE_INT] = 64  # images per step (one process)
+    lr: Annotated[float, POSITIVE] = 0.01  # backbone peak learning rate (SGD with momentum)
+    head_lr_scale: Annotated[float, NON_NEGATIVE] = 10.0  # the head's lr is this times the backbone's (paper: 10)
+    momentum: Annotated[float, FRACTION_CLOSED_OPEN] = 0.9
+    weight_decay: Annotated[float, NON_NEGATIVE] = 0.0
+    warmup_fraction: Annotated[float, Rule(lambda x: 0 <= x <= 1, "in [0, 1]")] = 0.1  # linear warmup over this fraction of the steps, then linear decay to 0
     freeze_bn: bool = False  # keep BatchNorm running statistics fixed (paper: for small datasets)
 
 
@@ -246,16 +297,16 @@ class FilterConfig:
 
     Rules are counted on the raw pair table, before any other rule, as the paper describes."""
 
-    min_short_side: int = 200  # image: keep only if the shorter side is > this many pixels
-    max_aspect: float = 3.0  # image: keep only if long side / short side < this
-    max_texts_per_image: int = 1000  # image: drop images with more distinct alt-texts than this
-    max_images_per_text: int = 10  # text: drop alt-texts shared by more distinct images than this
-    min_words: int = 3  # text: keep only texts with min_words..max_words unigrams
-    max_words: int = 20
-    vocab_size: int = 100_000_000  # text: drop texts with a unigram/bigram outside the K most frequent
-    vocab_ngrams: int = 2  # 2: unigrams and bigrams are both checked (paper); 1: unigrams only
+    min_short_side: Annotated[int, non_negative("0 or more pixels")] = 200  # image: keep only if the shorter side is > this many pixels
+    max_aspect: Annotated[float, at_least(1)] = 3.0  # image: keep only if long side / short side < this
+    max_texts_per_image: Annotated[int, POSITIVE_INT] = 1000  # image: drop images with more distinct alt-texts than this
+    max_images_per_text: Annotated[int, POSITIVE_INT] = 10  # text: drop alt-texts shared by more distinct images than this
+    min_words: Annotated[int, NON_NEGATIVE] = 3  # text: keep only texts with min_words..max_words unigrams
+    max_words: Annotated[int, POSITIVE_INT] = 20
+    vocab_size: Annotated[int, POSITIVE_INT] = 100_000_000  # text: drop texts with a unigram/bigram outside the K most frequent
+    vocab_ngrams: Annotated[int, Rule(lambda x: x in (1, 2), "1 or 2")] = 2  # 2: unigrams and bigrams are both checked (paper); 1: unigrams only
     lowercase: bool = True  # count words case-insensitively
-    examples: int = 3  # example texts per rule in the report
+    examples: Annotated[int, NON_NEGATIVE] = 3  # example texts per rule in the report
 
 
 def to_dict(cfg) -> dict:
@@ -266,7 +317,17 @@ MOVED = {  # old dotted key -> where it lives now (configs saved before, and ove
     "model.temperature_init": "loss.temperature.init", "loss.fixed_temperature": "loss.temperature.fixed",
     "loss.temperature_min": "loss.temperature.min", "optim.temperature_lr_scale": "loss.temperature.lr_scale",
     "loss.sigmoid_bias_init": "loss.temperature.sigmoid_bias_init",
+    # one name per meaning of "batch": the global training batch, and the chunk that evaluation encodes at once
+    "data.batch_size": "data.global_batch", "eval.batch_size": "eval.encode_batch",
 }
+
+
+def moved_key(key: str) -> str:
+    """`key`'s place now; a former key is taken for one release, with a line that says what to write instead."""
+    if key not in MOVED:
+        return key
+    print(f"openalign: note: {key} is now {MOVED[key]} (the old key works for one more release)", file=sys.stderr)
+    return MOVED[key]
 
 
 def _moved(data: dict) -> dict:
@@ -316,6 +377,15 @@ def load(path: Path) -> Config:
     return from_dict(Config, json.loads(Path(path).read_text()))
 
 
+def flat(node, prefix: str = "") -> dict:
+    """{dotted key: value} of every leaf of a config tree."""
+    out = {}
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        out |= flat(value, f"{prefix}{f.name}.") if dataclasses.is_dataclass(value) else {prefix + f.name: value}
+    return out
+
+
 def leaf_keys(cls, prefix: str = "") -> list[str]:
     keys = []
     for f in dataclasses.fields(cls):
@@ -359,7 +429,7 @@ def override(cfg, assignments: list[str], help_hint: str = "see `openalign train
         if not sep:
             raise ConfigError(f"override {item!r} is not of the form key=value (e.g. optim.lr=5e-4)")
         key = key.strip()
-        key = MOVED.get(key, key) if isinstance(cfg, Config) else key
+        key = moved_key(key) if isinstance(cfg, Config) else key
         if key not in valid:
             close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
             hint = f"; did you mean {close[0]}?" if close else f"; {help_hint}"
@@ -377,123 +447,21 @@ def _replace(node, path: list[str], text: str, key: str):
 
 
 # ---------------------------------------------------------------------------------------------- validation
-# Every rule a resolved config must satisfy, checked once (`check`) before any work: a bad value is a
-# sentence naming the key, never a hang (data.batch_size=-1), a ZeroDivisionError or a run that trains NaN.
 
-def _positive(x) -> bool:
-    return x > 0
+def _spelled(prefix: str):
+    return lambda name: prefix + name
 
 
-def _non_negative(x) -> bool:
-    return x >= 0
+def as_flags(rename: dict[str, str] | None = None) -> Callable[[str], str]:
+    """A command's options named as its flags in `check`'s sentence: `--retries`, or `rename`'s flag."""
+    return lambda name: (rename or {}).get(name, "--" + name.replace("_", "-"))
 
 
-def _fraction_open_closed(x) -> bool:  # (0, 1]
-    return 0 < x <= 1
-
-
-def _fraction_closed_open(x) -> bool:  # [0, 1)
-    return 0 <= x < 1
-
-
-def _all(rule):
-    return lambda xs: len(xs) > 0 and all(rule(x) for x in xs)
-
-
-RULES: dict[str, tuple] = {  # key (leaf of any config tree below) -> (predicate, what the value must be)
-    "width_coefficient": (_positive, "a positive number"),
-    "depth_coefficient": (_positive, "a positive number"),
-    "in_channels": (_all(_positive), "positive integers"),
-    "out_channels": (_all(_positive), "positive integers"),
-    "num_block_repeats": (_all(_positive), "positive integers"),
-    "kernel_sizes": (_all(_positive), "positive integers"),
-    "strides": (_all(_positive), "positive integers"),
-    "expand_ratios": (_all(_positive), "positive integers"),
-    "drop_connect_rate": (_fraction_closed_open, "in [0, 1)"),
-    "batch_norm_momentum": (_fraction_open_closed, "in (0, 1] (PyTorch's sense: the new batch's weight)"),
-    "batch_norm_eps": (_positive, "a positive number"),
-    "pixel_scale": (_positive, "a positive number"),
-    "pixel_std": (lambda xs: all(x > 0 for x in xs), "positive numbers"),
-    "resize_size": (_positive, "a positive integer"),
-    "image_size": (_positive, "a positive integer"),
-    "patch_size": (_positive, "a positive integer"),
-    "hidden_size": (_positive, "a positive integer"),
-    "num_layers": (_positive, "a positive integer"),
-    "num_heads": (_positive, "a positive integer"),
-    "intermediate_size": (_positive, "a positive integer"),
-    "dropout": (_fraction_closed_open, "in [0, 1)"),
-    "vocab_size": (_positive, "a positive integer"),
-    "max_length": (lambda x: x >= 3, "at least 3 ([CLS], a token, [SEP])"),
-    "length_buckets": (_positive, "a positive integer"),
-    "embed_dim": (_positive, "a positive integer"),
-    "label_smoothing": (_fraction_closed_open, "in [0, 1)"),
-    "negatives_fraction": (_fraction_open_closed, "in (0, 1]"),
-    "loss.temperature.init": (_positive, "a positive number"),
-    "loss.temperature.fixed": (_non_negative, "0 (learned) or a positive number"),
-    "loss.temperature.min": (_positive, "a positive number"),
-    "loss.temperature.lr_scale": (_non_negative, "0 or more"),
-    "lr": (_positive, "a positive number"),
-    "weight_decay": (_non_negative, "0 or more"),
-    "betas": (lambda b: len(b) == 2 and all(0 <= x < 1 for x in b), "two numbers in [0, 1)"),
-    "eps": (_positive, "a positive number"),
-    "warmup_steps": (_non_negative, "0 or more"),
-    "grad_clip": (_non_negative, "0 (off) or more"),
-    "fraction": (_fraction_open_closed, "the share of the training samples to use, in (0, 1]"),
-    "batch_size": (_positive, "a positive integer"),
-    "workers": (_non_negative, "0 (read in the main process) or more"),
-    "shuffle_buffer": (_positive, "a positive integer"),
-    "steps": (_positive, "a positive integer"),
-    "log_every": (_positive, "a positive integer"),
-    "eval_every": (_non_negative, "0 (only at the end) or more"),
-    "checkpoint_every": (_non_negative, "0 (only at the end) or more"),
-    "threads": (_non_negative, "0 (all cores) or more"),
-    "precision": (lambda x: x in ("auto", "fp32", "bf16"), "auto, fp32 or bf16"),
-    "micro_batch": (_non_negative, "0 (off) or a positive integer"),
-    "device": (lambda x: x in ("auto", "cpu", "cuda", "mps") or (x.startswith("cuda:") and x[5:].isdigit()),
-               "auto, cpu, cuda, cuda:N or mps"),
-    # FinetuneConfig
-    "head_lr_scale": (_non_negative, "0 or more"),
-    "momentum": (_fraction_closed_open, "in [0, 1)"),
-    "warmup_fraction": (lambda x: 0 <= x <= 1, "in [0, 1]"),
-    # FilterConfig
-    "min_short_side": (_non_negative, "0 or more pixels"),
-    "max_aspect": (lambda x: x >= 1, "at least 1"),
-    "max_texts_per_image": (_positive, "a positive integer"),
-    "max_images_per_text": (_positive, "a positive integer"),
-    "min_words": (_non_negative, "0 or more"),
-    "max_words": (_positive, "a positive integer"),
-    "vocab_ngrams": (lambda x: x in (1, 2), "1 or 2"),
-    "examples": (_non_negative, "0 or more"),
-}
-
-
-def _leaves(node, prefix: str = ""):
-    for f in dataclasses.fields(node):
-        value = getattr(node, f.name)
-        if dataclasses.is_dataclass(value):
-            yield from _leaves(value, f"{prefix}{f.name}.")
-        else:
-            yield prefix + f.name, f.name, value
-
-
-def violations(cfg, world: int = 1) -> list[str]:
-    """Every rule `cfg` (a Config, FinetuneConfig or FilterConfig) breaks, as `key=value must be ...` phrases."""
-    problems = []
-    for key, name, value in _leaves(cfg):
-        numbers = value if isinstance(value, tuple) else (value,)
-        if any(isinstance(x, float) and not math.isfinite(x) for x in numbers):
-            problems.append(f"{key}={value} must be a finite number")
-            continue
-        rule_key = key if key in RULES else name
-        if rule_key in RULES:
-            rule, what = RULES[rule_key]
-            try:
-                ok = rule(value)
-            except TypeError:
-                ok = False
-            if not ok:
-                problems.append(f"{key}={value} must be {what}")
-    problems += _literal_problems(cfg)
+def violations(cfg, world: int = 1, spell: Callable[[str], str] | None = None) -> list[str]:
+    """Every rule `cfg` (a Config, FinetuneConfig, FilterConfig or any options dataclass) breaks, as `key=value must
+    be ...` phrases: each field's own Rule, finiteness, Literal choices, then the rules across fields. `spell` names
+    a field for the user (default: its dotted key; a command's options pass e.g. `--retries`)."""
+    problems = _field_problems(cfg, spell or _spelled(""))
     if isinstance(cfg, Config):
         problems += _cross_field(cfg, world)
     elif isinstance(cfg, FilterConfig) and cfg.min_words > cfg.max_words:
@@ -501,16 +469,31 @@ def violations(cfg, world: int = 1) -> list[str]:
     return problems
 
 
-def _literal_problems(node, prefix: str = "") -> list[str]:
-    """`key=value must be a, b or c` for every Literal-typed field whose value is not one of its choices."""
+def _field_problems(node, spell: Callable[[str], str]) -> list[str]:
     problems = []
-    for name, kind in typing.get_type_hints(type(node)).items():
-        value = getattr(node, name)
+    hints = typing.get_type_hints(type(node), include_extras=True)
+    for f in dataclasses.fields(node):
+        value, kind, key = getattr(node, f.name), hints[f.name], spell(f.name)
         if dataclasses.is_dataclass(value):
-            problems += _literal_problems(value, f"{prefix}{name}.")
-        elif typing.get_origin(kind) is Literal and value not in typing.get_args(kind):
-            *rest, last = typing.get_args(kind)
-            problems.append(f"{prefix}{name}={value} must be {', '.join(rest)} or {last}")
+            problems += _field_problems(value, _spelled(key + "."))
+            continue
+        numbers = value if isinstance(value, tuple) else (value,)
+        shown = ",".join(map(str, value)) if isinstance(value, tuple) else value  # as an override writes it
+        if any(isinstance(x, float) and not math.isfinite(x) for x in numbers):
+            problems.append(f"{key}={shown} must be a finite number")
+            continue
+        rules = [m for m in getattr(kind, "__metadata__", ()) if isinstance(m, Rule)]
+        base = typing.get_args(kind)[0] if typing.get_origin(kind) is Annotated else kind
+        if typing.get_origin(base) is Literal and value not in typing.get_args(base):
+            *rest, last = typing.get_args(base)
+            problems.append(f"{key}={value} must be {', '.join(map(str, rest))} or {last}")
+        for rule in rules:
+            try:
+                ok = rule.test(value)
+            except TypeError:
+                ok = False
+            if not ok:
+                problems.append(f"{key}={shown} must be {rule.what}")
     return problems
 
 
@@ -535,15 +518,15 @@ def _cross_field(cfg: Config, world: int) -> list[str]:
                             f"{v.num_heads}")
     if t.num_heads > 0 and t.hidden_size % t.num_heads:
         problems.append(f"model.text.hidden_size={t.hidden_size} must divide by model.text.num_heads={t.num_heads}")
-    batch = cfg.data.batch_size
+    batch = cfg.data.global_batch
     if batch > 0 and batch % world:
-        problems.append(f"data.batch_size={batch} is the global batch; it must divide by the {world} processes")
+        problems.append(f"data.global_batch={batch} must divide by the {world} processes (each encodes an equal share)")
     per_rank = batch // world if batch > 0 else 0
     if cfg.train.micro_batch > 0 and per_rank and per_rank % cfg.train.micro_batch:
         problems.append(f"train.micro_batch={cfg.train.micro_batch} must divide each process's batch of {per_rank}")
     smallest = cfg.train.micro_batch or per_rank
     if v.kind == "efficientnet" and 0 < smallest < 2:  # BatchNorm's batch statistics need two images
-        problems.append(f"{'train.micro_batch' if cfg.train.micro_batch else 'data.batch_size'}={smallest} gives each "
+        problems.append(f"{'train.micro_batch' if cfg.train.micro_batch else 'data.global_batch'}={smallest} gives each "
                         "forward pass one image, and EfficientNet's BatchNorm needs at least 2 to train; use 2 or more")
     if cfg.train.fsdp and cfg.train.shard_optimizer:
         problems.append("train.fsdp=true already shards the optimizer state; leave train.shard_optimizer off")
@@ -574,11 +557,11 @@ def _cross_field(cfg: Config, world: int) -> list[str]:
     return problems
 
 
-def check(cfg, world: int = 1) -> None:
-    """Raise one ConfigError listing every violation (see RULES, the Literal kinds and the rules across
-    fields and processes), or return: run once, when a config is resolved, never in a hot path."""
-    problems = violations(cfg, world)
+def check(cfg, world: int = 1, spell: Callable[[str], str] | None = None) -> None:
+    """Raise one ConfigError listing every violation (each field's Rule, the Literal kinds and the rules across
+    fields and processes), or return: run once, when a config or options are made, never in a hot path."""
+    problems = violations(cfg, world, spell)
     if len(problems) == 1:
         raise ConfigError(problems[0])
     if problems:
-        raise ConfigError(f"{len(problems)} config values are invalid: " + "; ".join(problems))
+        raise ConfigError(f"{len(problems)} {'config ' if spell is None else ''}values are invalid: " + "; ".join(problems))

@@ -34,7 +34,7 @@ def dual_encoder(name: str, image: tuple[float, float], text: tuple[int, int, in
             text=TextConfig(hidden_size=hidden, num_layers=layers, num_heads=heads, intermediate_size=4 * hidden),
             embed_dim=embed_dim,
         ),
-        data=DataConfig(batch_size=16_384),
+        data=DataConfig(global_batch=16_384),
         train=TrainConfig(steps=1_200_000, checkpoint_every=5_000, eval_every=10_000),
     )
     return override(cfg, list(deviations))
@@ -73,12 +73,12 @@ def paper(image_tower: str, text_tower: str) -> Config:
 DEMO = ("model.vision.drop_connect_rate=0.0", "model.vision.batch_norm_momentum=0.1", "model.vision.resize_size=72",
         "model.vision.image_size=64", "model.text.vocab_size=8000", "model.text.dropout=0.0",
         "model.text.length_buckets=4", "loss.temperature.init=0.07", "optim.lr=5e-3", "optim.warmup_steps=50",
-        "data.corpus=emoji", "data.batch_size=128", "data.workers=1", "data.shuffle_buffer=1000", "train.steps=640",
+        "data.corpus=emoji", "data.global_batch=128", "data.workers=1", "data.shuffle_buffer=1000", "train.steps=640",
         "train.log_every=10", "train.eval_every=160", "train.checkpoint_every=160")
 # tiny: the demo's recipe at the smallest sensible size, for tests and smoke runs (seconds on CPU)
 TINY = (*DEMO, "model.vision.resize_size=36", "model.vision.image_size=32", "model.text.intermediate_size=64",
         "model.text.vocab_size=300", f"model.text.dropout={TextConfig.dropout}",
-        f"model.text.length_buckets={TextConfig.length_buckets}", "data.batch_size=8", "data.workers=0",
+        f"model.text.length_buckets={TextConfig.length_buckets}", "data.global_batch=8", "data.workers=0",
         "data.shuffle_buffer=16", "train.steps=4", "train.log_every=1", "train.eval_every=0",
         "train.checkpoint_every=2")
 
@@ -121,7 +121,7 @@ def finetune_retrieval(dataset: str) -> Config:
         preset=f"finetune-{dataset}",
         out=f"runs/finetune-{dataset}",
         optim=OptimConfig(lr=1e-5, warmup_steps=0),
-        data=DataConfig(batch_size=2_048, train_splits=("train", "restval"), eval_split="test"),
+        data=DataConfig(global_batch=2_048, train_splits=("train", "restval"), eval_split="test"),
         train=TrainConfig(steps=FINETUNE_STEPS[dataset], checkpoint_every=500, eval_every=500),
     )
 

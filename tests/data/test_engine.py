@@ -114,7 +114,7 @@ def test_local_masters_get_task_retries():
     assert local_with_retries("local[*]", 0) == "local[*,1]"
     assert local_with_retries("local", 1) == "local[1,2]"
     assert local_with_retries("spark://host:7077", 5) == "spark://host:7077"
-    with pytest.raises(ConfigError, match="choose local or spark"):
+    with pytest.raises(ConfigError, match="--engine=ray must be local or spark"):
         Engine("ray")
 
 

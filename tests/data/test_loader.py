@@ -12,8 +12,8 @@ def tokenizer():
     return train_tokenizer(["a red circle", "a blue square", "green triangle, yellow"], vocab_size=60)
 
 
-def spec_for(shapes, workers=0, batch_size=8, seed=0):
-    return StreamSpec(shards=tuple(tars.list_shards(str(shapes["train"]))), batch_size=batch_size, resize=36,
+def spec_for(shapes, workers=0, rank_batch=8, seed=0):
+    return StreamSpec(shards=tuple(tars.list_shards(str(shapes["train"]))), rank_batch=rank_batch, resize=36,
                       crop=32, max_length=16, seed=seed, shuffle_buffer=16, workers=workers)
 
 
@@ -116,8 +116,8 @@ def test_two_workers_split_the_shards_and_yield_equal_counts(shapes, tokenizer):
 
 
 def test_too_large_a_batch_is_a_clear_error(shapes, tokenizer):
-    with pytest.raises(ConfigError, match="lower data.batch_size"):
-        epoch_batches(spec_for(shapes, batch_size=1000), tokenizer)
+    with pytest.raises(ConfigError, match="lower data.global_batch"):
+        epoch_batches(spec_for(shapes, rank_batch=1000), tokenizer)
 
 
 def test_missing_shards_are_a_clear_error(tmp_path):
@@ -174,7 +174,7 @@ def test_training_with_its_own_tokenizer_survives_bad_shards(tmp_path, capsys):
 
     root = bad_shards(tmp_path / "bad")
     assert cli.main(["train", "--preset", "tiny", "--data", str(root), "--out", str(tmp_path / "run"), "--quiet",
-                     "train.steps=12", "train.checkpoint_every=0", "data.batch_size=8"]) == 0
+                     "train.steps=12", "train.checkpoint_every=0", "data.global_batch=8"]) == 0
     out = capsys.readouterr().out
     assert "tokenizer: skipped 3 (bad_json 1, no_text 1, truncated_tar 1) unusable training samples" in out
     rows = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "loss" in r]

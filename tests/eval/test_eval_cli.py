@@ -195,7 +195,7 @@ def test_finetuned_retrieval_preset_trains_from_a_model_on_a_karpathy_json(model
     run_dir = tmp_path / "run"
     args = ["train", "--preset", "finetune-flickr30k", "--init", str(model_dir), "--data", str(tmp_path / "dataset_flickr30k.json"),
             "--eval-data", str(tmp_path / "dataset_flickr30k.json"), "--images", str(tmp_path / "imgs"), "--out", str(run_dir),
-            "--quiet", "train.steps=3", "data.batch_size=4", "data.workers=0", "data.shuffle_buffer=4",
+            "--quiet", "train.steps=3", "data.global_batch=4", "data.workers=0", "data.shuffle_buffer=4",
             f"data.data_dir={tmp_path / 'data'}", "train.eval_every=0", "optim.lr=1e-3"]
     assert cli.main(args) == 0
     cfg = json.loads((run_dir / "config.json").read_text())

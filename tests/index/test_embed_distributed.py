@@ -30,12 +30,12 @@ def test_two_ranks_equal_one_process_and_reruns_resume_with_another_world_size(t
     write_shapes(shards, 50, 10, seed=3, corrupt=2)  # 5 shards; 2 samples whose image cannot be decoded
     cut = (shards / "shapes-000004.tar").read_bytes()
     (shards / "shapes-000004.tar").write_bytes(cut[:len(cut) // 2])  # a truncated download
-    single = embed(model, [str(shards)], tmp_path / "one", EmbedOptions(texts=True, batch_size=4), progress=False)
+    single = embed(model, [str(shards)], tmp_path / "one", EmbedOptions(texts=True, encode_batch=4), progress=False)
     assert single["complete"] and len(single["parts"]) == 5 and single["count"] < 48
     assert single["skipped"] == 3 and single["unusable_samples"] == {"truncated_tar": 1}
 
     argv = TORCHRUN + ["--master_port", str(free_port()), "-m", "openalign.cli", "embed", str(model), "--images",
-                       str(shards), "--out", str(tmp_path / "two"), "--texts", "--batch-size", "4", "--quiet"]
+                       str(shards), "--out", str(tmp_path / "two"), "--texts", "--encode-batch", "4", "--quiet"]
     done = subprocess.run(argv, env=env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     two = json.loads((tmp_path / "two" / MANIFEST).read_text())
@@ -55,7 +55,7 @@ def test_two_ranks_equal_one_process_and_reruns_resume_with_another_world_size(t
     (tmp_path / "two" / "part-000003.json").unlink()
     (tmp_path / "two" / "text-000001.npy").unlink()
     kept = (tmp_path / "two" / "part-000000.npy").stat().st_mtime_ns
-    again = embed(model, [str(shards)], tmp_path / "two", EmbedOptions(texts=True, batch_size=4), progress=False)
+    again = embed(model, [str(shards)], tmp_path / "two", EmbedOptions(texts=True, encode_batch=4), progress=False)
     assert again["resumed_parts"] == 3 and again["complete"] and again["count"] == single["count"]
     assert (tmp_path / "two" / "part-000000.npy").stat().st_mtime_ns == kept
     for name, values in outputs(tmp_path / "two").items():

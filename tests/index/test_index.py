@@ -248,7 +248,7 @@ def test_refine_rescores_the_shortlist_with_float16_vectors(tmp_path, capsys):
     assert not (tmp_path / "disk" / "vectors-f16.npy").exists()
     capsys.readouterr()
     assert cli.main(["index", str(emb), "--out", str(tmp_path / "bad"), "--refine", "-1", *common]) == 2
-    assert "--refine -1 must be 0" in capsys.readouterr().err
+    assert "--refine=-1 must be 0" in capsys.readouterr().err
 
 
 def test_rerank_orders_the_shortlist_by_late_interaction_in_search_and_serve(tmp_path, capsys):

@@ -58,4 +58,4 @@ def test_study_pmi_pipeline(tmp_path, capsys):
     assert cli.main(["study", "pmi", "--out", str(out), "widths=0"]) == 2
     assert cli.main(["study", "pmi", "--out", str(out), "width=4"]) == 2
     err = capsys.readouterr().err
-    assert "does not apply to the pmi study" in err and "widths >= 1" in err and "did you mean widths" in err
+    assert "does not apply to the pmi study" in err and "widths=0 must be positive integers" in err and "did you mean widths" in err

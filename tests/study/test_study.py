@@ -187,7 +187,7 @@ def test_compositional_pipeline(tmp_path):
         run = tmp_path / "study" / "runs" / name / "seed0"
         cfg = config_lib.load(run / "config.json")
         model, tokenizer, _ = load_pretrained(run / "model")
-        common = EvalOptions(batch_size=cfg.eval.batch_size, max_length=cfg.model.text.max_length,
+        common = EvalOptions(encode_batch=cfg.eval.encode_batch, max_length=cfg.model.text.max_length,
                              resize=cfg.model.vision.resize_size, crop=cfg.model.vision.image_size)
         fresh, _ = run_tasks(model, tokenizer, resolve_data(cfg.data, progress=False)[1], ["compositional"], common,
                              configure(["compositional"], templates=cfg.eval.templates), progress=False)

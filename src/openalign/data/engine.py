@@ -32,11 +32,11 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Annotated, Any, Callable, Literal
 
 from tqdm import tqdm
 
-from openalign.config import ConfigError, parse_size, spark_size
+from openalign.config import NON_NEGATIVE, SIZE, ConfigError, as_flags, check, non_negative, parse_size, spark_size
 from openalign.data.workers import forkserver
 from openalign.host import die_with_parent
 from openalign.outputs import disk_full, is_disk_full
@@ -62,16 +62,12 @@ def engine_name(name: str) -> str:
 class Engine:
     name: Literal["local", "spark"] = "local"  # local: this machine's processes; spark: one Spark task per unit
     master: str = ""  # spark: local[N], spark://host:7077, yarn, k8s://...; "": spark-submit's, else local[*]
-    workers: int = 0  # local: worker processes (0: all cores)
-    retries: int = 2  # times a failed task is run again before the stage fails
-    memory: str = ""  # spark: driver memory, e.g. 4G
+    workers: Annotated[int, non_negative("0 (all cores) or more")] = 0  # local: worker processes (0: all cores)
+    retries: Annotated[int, NON_NEGATIVE] = 2  # times a failed task is run again before the stage fails
+    memory: Annotated[str, SIZE] = ""  # spark: driver memory, e.g. 4G
 
     def __post_init__(self):
-        if self.name not in ENGINES:
-            raise ConfigError(f"unknown engine {self.name!r}; choose {' or '.join(ENGINES)}")
-        if self.retries < 0:
-            raise ConfigError("--retries must be 0 or more")
-        parse_size(self.memory, "--spark-memory")  # a size, in the one spelling of every memory flag
+        check(self, spell=as_flags({"name": "--engine", "memory": "--spark-memory"}))
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ def stable_seed(*parts) -> int:
 @dataclass(frozen=True)
 class StreamSpec:
     shards: tuple[str, ...]
-    batch_size: int  # per rank
+    rank_batch: int  # this process's share of data.global_batch
     resize: int
     crop: int
     max_length: int
@@ -52,10 +52,12 @@ class StreamSpec:
     keep: str = ""  # read only the samples this keep index keeps (shards.KeepIndex; data.keep)
 
     @classmethod
-    def for_config(cls, cfg: Config, shards: list[str], **changes) -> StreamSpec:
-        spec = cls(shards=tuple(shards), batch_size=cfg.data.batch_size, resize=cfg.model.vision.resize_size,
-                   crop=cfg.model.vision.image_size, max_length=cfg.model.text.max_length, seed=cfg.seed,
-                   shuffle_buffer=cfg.data.shuffle_buffer, workers=cfg.data.workers, fraction=cfg.data.fraction)
+    def for_config(cls, cfg: Config, shards: list[str], rank: int = 0, world_size: int = 1, **changes) -> StreamSpec:
+        """Rank `rank` of `world_size`'s stream: its share of data.global_batch (config.check: it divides)."""
+        spec = cls(shards=tuple(shards), rank_batch=cfg.data.global_batch // world_size,
+                   resize=cfg.model.vision.resize_size, crop=cfg.model.vision.image_size,
+                   max_length=cfg.model.text.max_length, seed=cfg.seed, shuffle_buffer=cfg.data.shuffle_buffer,
+                   workers=cfg.data.workers, rank=rank, world_size=world_size, fraction=cfg.data.fraction)
         return dataclasses.replace(spec, **changes)
 
 
@@ -88,10 +90,11 @@ def batches_per_role(spec: StreamSpec, epoch: int, counts: dict[str, int]) -> in
     if len(spec.shards) < n_roles:
         raise ConfigError(f"{len(spec.shards)} shards cannot feed {n_roles} readers (ranks x data.workers); "
                           "lower data.workers or write more, smaller shards")
-    per_role = [sum(counts[s] for s in shards_for_role(spec, epoch, r)) // spec.batch_size for r in range(n_roles)]
+    per_role = [sum(counts[s] for s in shards_for_role(spec, epoch, r)) // spec.rank_batch for r in range(n_roles)]
     if min(per_role) == 0:
-        raise ConfigError(f"a reader gets fewer than data.batch_size={spec.batch_size * spec.world_size} samples; "
-                          "lower data.batch_size or data.workers")
+        raise ConfigError(f"a reader gets fewer than one batch of {spec.rank_batch} samples (data.global_batch="
+                          f"{spec.rank_batch * spec.world_size} over {spec.world_size} process"
+                          f"{'es' * (spec.world_size > 1)}); lower data.global_batch or data.workers")
     return min(per_role)
 
 
@@ -159,7 +162,7 @@ class TrainStream(IterableDataset):
                 except Exception as err:  # noqa: BLE001 - any undecodable sample is skipped and counted
                     tars.skip(counter, getattr(err, "reason", "undecodable_image"))
                     continue
-                if len(pending) == self.spec.batch_size:
+                if len(pending) == self.spec.rank_batch:
                     produced += 1
                     yield collate(pending, self.tokenizer, self.spec.max_length) | {
                         "epoch": epoch, "role": local, "consumed": consumed, "produced": produced,

@@ -26,7 +26,7 @@ DEFAULT_TEMPLATES = EvalConfig().templates
 class EvalOptions:
     """What every task shares; each task's own settings are its options class (eval/tasks.py)."""
 
-    batch_size: int = 256  # images or texts encoded at once
+    encode_batch: int = 256  # images or texts encoded at once
     max_length: int = 64  # text tokens (set from the model)
     images: str = ""  # image root for a Karpathy JSON, a table or a list (default: beside the file)
     split: str = "test"  # Karpathy split to evaluate (test: the 1K Flickr30K / 5K COCO protocol; all: every image)
@@ -68,11 +68,11 @@ class Context:
 
     def encode(self, texts) -> torch.Tensor:
         """[N, D] normalized text embeddings, in order."""
-        return encode_texts(self.model, self.tokenizer, list(texts), self.options.batch_size, self.options.max_length)
+        return encode_texts(self.model, self.tokenizer, list(texts), self.options.encode_batch, self.options.max_length)
 
     def encode_tokens(self, texts) -> tuple[torch.Tensor, torch.Tensor]:
         """([N, L, D] normalized token vectors, [N, L] mask of real tokens), in order (late interaction)."""
-        return encode_text_tokens(self.model, self.tokenizer, list(texts), self.options.batch_size,
+        return encode_text_tokens(self.model, self.tokenizer, list(texts), self.options.encode_batch,
                                   self.options.max_length)
 
 
@@ -152,7 +152,7 @@ def _embed(model: DualEncoder, shards: str | list[str], options: EvalOptions, pr
     embeds, captions, owner, labels, keys, caption_ids, by_language, attributes = [], [], [], [], [], [], [], []
     cells = []
     encoder = encode_image_tokens if patches else encode_images
-    for batch, vectors in encode_image_stream(model, pixels, options.batch_size, encoder):
+    for batch, vectors in encode_image_stream(model, pixels, options.encode_batch, encoder):
         if patches:
             vectors, patch_vectors = vectors
             cells.append(patch_vectors)

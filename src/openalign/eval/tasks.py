@@ -20,11 +20,11 @@ from dataclasses import dataclass
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Annotated, Callable, Literal
 
 import torch
 
-from openalign.config import ConfigError, leaf_keys, override
+from openalign.config import ConfigError, check, leaf_keys, non_negative, override
 from openalign.eval import metrics as M
 from openalign.eval.arithmetic import arithmetic
 from openalign.eval.compositional import CompositionalOptions, compositional
@@ -58,12 +58,12 @@ class Task:
 
 @dataclass(frozen=True)
 class RetrievalOptions:
-    rerank: int = 0  # > 0: re-rank each query's top K by late interaction (FILIP scores of patch and token
-        # vectors) and report R@K after it (`*_rerank`) beside the dual encoder's, with the time per query of each
+    rerank: Annotated[int, non_negative("0 (off) or a shortlist size K >= 1")] = 0  # > 0: re-rank each query's
+        # top K by late interaction (FILIP scores of patch and token vectors) and report R@K after it (`*_rerank`)
+        # beside the dual encoder's, with the time per query of each
 
     def __post_init__(self):  # checked when the options are made: before any image is embedded
-        if self.rerank < 0:
-            raise ConfigError(f"retrieval.rerank={self.rerank} must be 0 (off) or a shortlist size K >= 1")
+        check(self, spell=lambda name: f"retrieval.{name}")
 
 
 def retrieval(ctx: Context, options: RetrievalOptions = RetrievalOptions()) -> tuple[dict, dict]:

@@ -24,7 +24,7 @@ import math
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
 from pathlib import Path
 
 import faiss
@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from openalign.config import ConfigError
+from openalign.config import FRACTION_OPEN_CLOSED, NON_NEGATIVE, POSITIVE_INT, ConfigError, as_flags, at_least, check, non_negative
 from openalign.outputs import unfinish, write_json
 from openalign.index import exact
 from openalign.index.cells import CellScan
@@ -46,20 +46,20 @@ FILE, META, INFO, EXACT16 = "index.faiss", "meta.parquet", "index.json", "vector
 @dataclass(frozen=True)
 class IndexOptions:
     kind: Literal["auto", "flat", "ivf", "hnsw"] = "auto"  # auto: exact up to exact_up_to vectors, IVF beyond
-    recall: float = 0.95  # recall@10 target of approximate indexes, against exact search
-    exact_up_to: int = 200_000  # auto: exact search up to this many vectors
+    recall: Annotated[float, FRACTION_OPEN_CLOSED] = 0.95  # recall@10 target of approximate indexes, against exact search
+    exact_up_to: Annotated[int, NON_NEGATIVE] = 200_000  # auto: exact search up to this many vectors
     codes: Literal["auto", "flat", "sq8", "pq"] = "auto"  # ivf: flat (float32), sq8 (8-bit per dimension), pq;
         # auto: sq8, product quantization beyond max_bytes
-    max_bytes: int = 8 * 2**30  # ivf auto: 8-bit codes up to this size, product quantization beyond
-    nlist: int = 0  # ivf: k-means cells; 0: 4 sqrt(n) (FAISS's rule of thumb)
-    train_per_cell: int = 64  # ivf: k-means training points per cell (FAISS warns below 39, caps at 256)
-    tune_queries: int = 1_000  # queries the recall is measured on while tuning
+    max_bytes: Annotated[int, NON_NEGATIVE] = 8 * 2**30  # ivf auto: 8-bit codes up to this size, product quantization beyond
+    nlist: Annotated[int, non_negative("0 (automatic) or more")] = 0  # ivf: k-means cells; 0: 4 sqrt(n) (FAISS's rule of thumb)
+    train_per_cell: Annotated[int, at_least(39, "at least 39 (FAISS's floor)")] = 64  # ivf: k-means training points per cell (FAISS warns below 39, caps at 256)
+    tune_queries: Annotated[int, POSITIVE_INT] = 1_000  # queries the recall is measured on while tuning
     seed: int = 0  # of the k-means sample and the tuning queries
     vectors: Literal["image", "text"] = "image"  # image, or text (captions embedded by `openalign embed --texts`)
-    memory: int = 0  # bytes the build may hold (0: no limit); ivf codes beyond half of it: shards on disk
-    block_rows: int = 0  # ivf shards: rows per shard, one add task each (0: what half the memory holds per worker)
-    chunk_rows: int = 65_536  # rows converted to float32 at a time
-    refine: int = 0  # ivf/hnsw: re-score refine x k candidates with float16 copies of the vectors (0: off)
+    memory: Annotated[int, NON_NEGATIVE] = 0  # bytes the build may hold (0: no limit); ivf codes beyond half of it: shards on disk
+    block_rows: Annotated[int, NON_NEGATIVE] = 0  # ivf shards: rows per shard, one add task each (0: what half the memory holds per worker)
+    chunk_rows: Annotated[int, POSITIVE_INT] = 65_536  # rows converted to float32 at a time
+    refine: Annotated[int, non_negative("0 (off) or a shortlist factor of 1 or more")] = 0  # ivf/hnsw: re-score refine x k candidates with float16 copies of the vectors (0: off)
 
 
 def recall_at_10(found: np.ndarray, exact: np.ndarray) -> float:
@@ -215,12 +215,7 @@ def build_streaming(parts: Parts, out: Path | None, options: IndexOptions, engin
     trained on a sample and filled part by part. When the IVF codes would pass half of `memory`, the rows are
     cut into contiguous blocks, each added by a task (local processes or Spark) into an IVF shard of its own
     on disk; they are searched together, memory-mapped (`open_shards`)."""
-    if options.kind not in KINDS:
-        raise ConfigError(f"--kind must be one of {', '.join(KINDS)}, not {options.kind!r}")
-    if options.nlist < 0 or options.train_per_cell < 39:
-        raise ConfigError("--nlist must be 0 (automatic) or more, and --train-per-cell at least 39")
-    if options.refine < 0:
-        raise ConfigError(f"--refine {options.refine} must be 0 (off) or a shortlist factor of 1 or more")
+    check(options, spell=as_flags())
     from openalign.data.engine import Engine, Task, run_tasks, task_id
 
     n, d = parts.n, parts.d

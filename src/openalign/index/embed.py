@@ -53,7 +53,7 @@ META_SCHEMA = pa.schema([("key", pa.string()), ("path", pa.string()), ("caption"
 
 @dataclass(frozen=True)
 class EmbedOptions:
-    batch_size: int = 128  # images encoded at once
+    encode_batch: int = 128  # images (and captions) encoded at once
     part_size: int = 8_192  # images per part of a directory or table (a shard is one part): the unit of resuming
     float16: bool = False  # store float16 embeddings (half the size)
     images: str = ""  # image root for a Karpathy JSON or caption table (default: beside it)
@@ -169,7 +169,7 @@ def embed_part(encoder: Encoder, items, options: EmbedOptions, bar) -> tuple:
     embeds, rows, cells = [], [], []
     encode = (lambda model, batch: encode_image_tokens(model, batch, options.top_patches)) if options.patches \
         else encode_images
-    for batch, vectors in encode_image_stream(encoder.model, pixels, options.batch_size, encode):
+    for batch, vectors in encode_image_stream(encoder.model, pixels, options.encode_batch, encode):
         if options.patches:
             vectors, patch_vectors = vectors
             cells.append(patch_vectors.numpy().astype(np.float16))
@@ -180,7 +180,7 @@ def embed_part(encoder: Encoder, items, options: EmbedOptions, bar) -> tuple:
     bar.update(counter.get("skipped", 0))
     dim = encoder.cfg.model.embed_dim
     matrix = np.concatenate(embeds) if embeds else np.zeros((0, dim), np.float32)
-    texts = encoder.texts([r["caption"] for r in rows], options.batch_size) if options.texts else None
+    texts = encoder.texts([r["caption"] for r in rows], options.encode_batch) if options.texts else None
     patches = None
     if options.patches:
         patches = np.concatenate(cells) if cells else np.zeros((0, max(options.top_patches, 1), dim), np.float16)

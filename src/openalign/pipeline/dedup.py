@@ -45,7 +45,7 @@ class DedupOptions:
     max_distance: int = 4  # phash: Hamming bits (of 64) at or below which two images are duplicates
     threshold: float = 0.975  # embedding: cosine above which two images are duplicates (paper)
     model: str = ""  # embedding: an openalign model directory
-    batch_size: int = 128  # embedding: images encoded at once
+    encode_batch: int = 128  # embedding: images encoded at once
     workers: int = 0  # local engine: processes (0: all cores; embedding mode: 1 process, all cores for the model)
     examples: int = 10  # closest removed matches listed in the report
     images_per_task: int = 2_000  # the unit of distribution, retry and resume
@@ -198,10 +198,10 @@ def dedup(pairs: Path, against: str, out: Path, options: DedupOptions = DedupOpt
         weights = None
     else:
         threads = max(1, (os.cpu_count() or 1) // max(1, engine.workers)) if engine.name == "local" else 1
-        embeds, ok = embed_blobs(options.model, (d for _, d in eval_items), options.batch_size)
+        embeds, ok = embed_blobs(options.model, (d for _, d in eval_items), options.encode_batch)
         names = [eval_items[i][0] for i in ok]
         evaluation = np.ascontiguousarray(embeds)
-        fn, args = embedding_task, (eval_path, str(Path(options.model).resolve()), options.batch_size, threads)
+        fn, args = embedding_task, (eval_path, str(Path(options.model).resolve()), options.encode_batch, threads)
         where, order = f"{FINITE} AND score > {float(options.threshold)!r}", "DESC"
         weights = model_fingerprint(Path(options.model))
     np.save(eval_path, evaluation)

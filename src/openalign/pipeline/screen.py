@@ -38,7 +38,7 @@ REPORT = "screen_report.json"
 class ScreenOptions:
     classifier: str = ""  # module:function or file.py:function taking a list of RGB PIL images, returning scores
     threshold: float = 0.5  # images scoring at or above it are dropped
-    batch_size: int = 64  # images per classifier call
+    encode_batch: int = 64  # images per classifier call
     workers: int = 1  # local engine: processes, each with its own classifier
     examples: int = 10  # highest-scoring removed images listed in the report
     images_per_task: int = 2_000  # the unit of distribution, retry and resume
@@ -119,7 +119,7 @@ def screen(pairs: Path, out: Path, options: ScreenOptions, progress: bool = True
     where = f"{FINITE} AND score >= {float(options.threshold)!r}"  # a NaN score never removes an image
     key = asdict(options) | {"workers": 0, "classifier": classifier,  # the file itself: sources_key fingerprints it
                              "file": str(Path(module).resolve()) if module.endswith(".py") else None}
-    count, results, resumed, scores = image_tasks(pairs, out, screen_task, (classifier, options.batch_size), key,
+    count, results, resumed, scores = image_tasks(pairs, out, screen_task, (classifier, options.encode_batch), key,
                                                   options.images_per_task, engine, "screen", progress)
     removed_images, examples, _, nonfinite = score_summary(out, scores, where, "DESC", options.examples)
     removed_pairs = write_keep_without_images(pairs, scores, where, out, engine)

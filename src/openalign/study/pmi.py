@@ -21,6 +21,7 @@ import json
 import math
 import statistics
 from dataclasses import asdict, dataclass
+from typing import Annotated
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from openalign import loss as loss_lib
+from openalign.config import NON_NEGATIVE, POSITIVE, POSITIVE_INT, POSITIVE_INTS, at_least
 from openalign.study.report import save_figure
 
 DIRECTIONS = {"both": "symmetric (the paper)", "image_to_text": "row loss alone (image→text)",
@@ -37,16 +39,16 @@ DIRECTIONS = {"both": "symmetric (the paper)", "image_to_text": "row loss alone 
 
 @dataclass(frozen=True)
 class PmiOptions:
-    image_types: int = 32  # rows of the count table
-    caption_types: int = 24  # columns of the count table
-    true_rank: int = 6  # rank of the association that generates the table
+    image_types: Annotated[int, POSITIVE_INT] = 32  # rows of the count table
+    caption_types: Annotated[int, POSITIVE_INT] = 24  # columns of the count table
+    true_rank: Annotated[int, POSITIVE_INT] = 6  # rank of the association that generates the table
     strength: float = 2.5  # scale of that association (PMI's spread)
-    zipf: float = 0.5  # marginals proportional to 1 / rank^zipf (0: uniform)
-    pairs: int = 2_000_000  # counts drawn into the table (Poisson), plus one per cell so every PMI is finite
-    widths: tuple[int, ...] = (2, 4, 8, 16, 24)  # embedding widths d
-    steps: int = 2_000  # optimizer steps per run
-    batch_size: int = 256  # pairs per batch, drawn from the table
-    lr: float = 0.05  # Adam's peak, on the unnormalized vectors and the log temperature; cosine decay to 0
+    zipf: Annotated[float, NON_NEGATIVE] = 0.5  # marginals proportional to 1 / rank^zipf (0: uniform)
+    pairs: Annotated[int, POSITIVE_INT] = 2_000_000  # counts drawn into the table (Poisson), plus one per cell so every PMI is finite
+    widths: Annotated[tuple[int, ...], POSITIVE_INTS] = (2, 4, 8, 16, 24)  # embedding widths d
+    steps: Annotated[int, POSITIVE_INT] = 2_000  # optimizer steps per run
+    batch_size: Annotated[int, at_least(2)] = 256  # pairs per batch, drawn from the table
+    lr: Annotated[float, POSITIVE] = 0.05  # Adam's peak, on the unnormalized vectors and the log temperature; cosine decay to 0
     table_seed: int = 0  # the table; the runs' seeds are 0 .. seeds-1
 
 

@@ -80,7 +80,7 @@ def write(out: Path, cfg: Config, metrics: dict, model_info: dict) -> str:
         f"- model: EfficientNet (width {cfg.model.vision.width_coefficient}, depth {cfg.model.vision.depth_coefficient},"
         f" {model_info['vision_params']:,} params) + BERT ({cfg.model.text.num_layers}x{cfg.model.text.hidden_size},"
         f" {model_info['text_params']:,} params), embedding {cfg.model.embed_dim}",
-        f"- steps {steps[-1]['step'] if steps else 0}, batch {cfg.data.batch_size}, images {cfg.model.vision.image_size}px,"
+        f"- steps {steps[-1]['step'] if steps else 0}, batch {cfg.data.global_batch}, images {cfg.model.vision.image_size}px,"
         f" median {speed[len(speed) // 2]:.0f} pairs/s",
         f"- temperature: init {cfg.loss.temperature.init}, final {model_info['temperature']:.4f}"
         f" (lr scale {cfg.loss.temperature.lr_scale}; the paper's init is 1.0 — for runs this short it"

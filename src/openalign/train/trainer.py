@@ -4,7 +4,7 @@ Per step: lr from the schedule (a pure function of the step), forward both tower
 loss over the global batch, LAMB step (train/step.py: direct or gradient-cached). Around it: progress
 bar, JSONL metrics, periodic evaluation, atomic checkpoints and an exact `--resume` (model, optimizer,
 every rank's RNG and data-stream position are checkpointed). Under torchrun each rank reads its own
-share of the shards and encodes data.batch_size / world pairs; rank 0 logs, evaluates and writes.
+share of the shards and encodes data.global_batch / world pairs; rank 0 logs, evaluates and writes.
 """
 
 from __future__ import annotations
@@ -263,18 +263,17 @@ def training_stream(run: Run) -> tuple[StreamSpec, dict[str, int]]:
     """This rank's share of the stream, and the samples per shard (of the data.fraction / data.keep subset,
     which must hold at least one batch)."""
     cfg, layout = run.cfg, run.layout
-    spec = StreamSpec.for_config(cfg, run.train_shards, batch_size=cfg.data.batch_size // layout.world,
-                                 rank=layout.rank, world_size=layout.world, keep=_keep(cfg))
+    spec = StreamSpec.for_config(cfg, run.train_shards, rank=layout.rank, world_size=layout.world, keep=_keep(cfg))
     counts = {s: tars.count_samples(s, cfg.data.fraction, keep=spec.keep) for s in run.train_shards}
     if cfg.data.keep or cfg.data.fraction < 1.0:
         kept, total = sum(counts.values()), sum(tars.count_samples(s) for s in run.train_shards)
         name = "data.keep" if cfg.data.keep else f"data.fraction={cfg.data.fraction:g}"
-        if kept < cfg.data.batch_size:
+        if kept < cfg.data.global_batch:
             raise ConfigError(f"data.keep keeps {kept:,} of the {total:,} samples in data.train, fewer than one batch "
-                              f"of {cfg.data.batch_size}; data.train must be the shards that were ingested into the "
+                              f"of {cfg.data.global_batch}; data.train must be the shards that were ingested into the "
                               "pair table the keep-lists come from" if cfg.data.keep else
                               f"{name} keeps {kept:,} of {total:,} training samples, fewer than one batch of "
-                              f"{cfg.data.batch_size}; raise data.fraction or lower data.batch_size")
+                              f"{cfg.data.global_batch}; raise data.fraction or lower data.global_batch")
         if run.progress:
             print(f"{name}: training on {kept:,} of {total:,} samples")
     return spec, counts
@@ -310,7 +309,7 @@ def whole_model(run: Run, model: DualEncoder) -> DualEncoder | None:
 def evaluate(run: Run, core: DualEncoder | None) -> dict:
     """The held-out tasks of `core` (whole_model's: the model on rank 0, None elsewhere); every rank calls."""
     cfg = run.cfg
-    common = EvalOptions(batch_size=cfg.eval.batch_size, max_length=cfg.model.text.max_length,
+    common = EvalOptions(encode_batch=cfg.eval.encode_batch, max_length=cfg.model.text.max_length,
                          resize=cfg.model.vision.resize_size, crop=cfg.model.vision.image_size)
     options = configure(list(cfg.eval.tasks), templates=cfg.eval.templates)
     metrics = run_tasks(core, run.tokenizer, run.eval_shards, list(cfg.eval.tasks), common, options,
