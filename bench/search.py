@@ -41,7 +41,7 @@ import numba
 import numpy as np
 import torch
 
-from openalign.index.exact import _tile_scores as exact_tile_scores
+from openalign.index.scan import tile_scores as exact_tile_scores
 from _common import verdict, write_section
 
 BATCHES = (1, 16, 64, 1024)
@@ -74,7 +74,7 @@ def parallel_sum(x):
 
 @numba.njit(parallel=True, cache=True)
 def cached_tiles(vectors, queries, repeats, scores):
-    """The scan's tile kernel (index/exact.py) `repeats` times per thread over the same few rows: they stay in
+    """The scan's tile kernel (index/scan.py) `repeats` times per thread over the same few rows: they stay in
     the core's cache, so this is the kernel's arithmetic rate without memory traffic."""
     for t in numba.prange(scores.shape[0]):
         for _ in range(repeats):
@@ -137,6 +137,7 @@ def main() -> int:
 
     torch.set_num_threads(args.threads)
     faiss.omp_set_num_threads(args.threads)
+    exact.configure_faiss()  # as the index, search and serve commands do when they start
     numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))  # exact search's scan
     passive = faiss_passive(args)  # first: the child's collection and index are freed before ours exist
     print(f"FAISS with OMP_WAIT_POLICY=PASSIVE: {passive}", flush=True)

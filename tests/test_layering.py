@@ -119,3 +119,27 @@ def test_the_checker_sees_function_level_and_relative_imports(tmp_path, monkeypa
     found = imports(fake / "data" / "reader.py")
     assert found == [("openalign.eval.tasks", 2), ("openalign.eval.tasks", 3)]
     assert RANK[unit(found[0][0])] > RANK["data"]
+
+
+def private_imports_of_text(path: Path) -> list[str]:
+    """`line name` of every `from openalign.X import _name` (a name private to X) in the file."""
+    return [f"{node.lineno} {a.name}" for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("openalign")
+            for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+
+
+def private_imports(files) -> list[str]:
+    return [f"{module_name(path)}:{hit}" for path in files for hit in private_imports_of_text(path)]
+
+
+def test_no_module_imports_a_name_private_to_another():
+    # Before: index/cells.py imported exact.py's _SCAN_LOCK and _tile_scores; they are index/scan.py's public API.
+    assert private_imports(PACKAGE.rglob("*.py")) == []
+
+
+def test_the_private_import_check_finds_one(tmp_path):
+    bad = PACKAGE / "index" / "cells.py"
+    copy = tmp_path / "cells.py"
+    copy.write_text(bad.read_text() + "\nfrom openalign.index.exact import _scan\n")
+    assert private_imports([bad]) == []
+    assert any(hit.endswith(" _scan") for hit in private_imports_of_text(copy))

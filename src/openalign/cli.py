@@ -323,9 +323,17 @@ def cmd_embed(args) -> int:
     return 0
 
 
+def _searches() -> None:
+    """FAISS's process-wide settings, once, as a command that searches starts (before any request thread)."""
+    from openalign.index import exact
+
+    exact.configure_faiss()
+
+
 def cmd_index(args) -> int:
     from openalign.index.build import IndexOptions, build
 
+    _searches()
     info = build(Path(args.embeddings), Path(args.out), options_from(args, IndexOptions), engine=_engine(args),
                  progress=not args.quiet)
     params = ", ".join(f"{k} {v}" for k, v in info["params"].items()) or "exact"
@@ -341,6 +349,7 @@ def cmd_index(args) -> int:
 def cmd_search(args) -> int:
     from openalign.index import build, search
 
+    _searches()
     index = build.load(Path(args.index))
     model, tokenizer = search.load_model_for(index, args.model)
     if args.image and not Path(args.image).is_file():
@@ -371,9 +380,9 @@ def cmd_search(args) -> int:
 def cmd_serve(args) -> int:
     import uvicorn
 
-    from openalign.serve.app import Limits, create_app
+    from openalign.serve.app import LOOPBACK, Limits, allowed_hosts, create_app
 
-    from openalign.serve.app import LOOPBACK, allowed_hosts
+    _searches()
 
     hosts = allowed_hosts(args.host, tuple(h.strip() for h in (args.allowed_hosts or "").split(",") if h.strip()))
     app = create_app(Path(args.index), args.model, options_from(args, Limits), args.min_score, hosts)
@@ -686,7 +695,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     _quiet_transformers()
     try:
-        with _owner(args):
+        with _owner(args), host.command_scope():  # the command's caches (tar offsets, models) end with it
             code = args.func(args)
     except ConfigError as err:
         print(f"openalign: error: {_sentence(err)}", file=sys.stderr)

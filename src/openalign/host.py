@@ -1,4 +1,5 @@
-"""How a process uses the host: its memory (below), and how long its worker processes live (`die_with_parent`).
+"""How a process uses the host: its memory (below), how long its worker processes live (`die_with_parent`), and
+how long its caches live (`command_cache`, `command_scope`: as long as the command that filled them).
 
 PyTorch has no caching allocator on the CPU: every tensor comes from the C library's `malloc`, and glibc
 serves blocks above its mmap threshold (at most 32 MiB) with a fresh `mmap` and gives them back with
@@ -20,6 +21,8 @@ import ctypes
 import ctypes.util
 import os
 import signal
+from contextlib import contextmanager
+from typing import Callable
 
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
 M_MMAP_MAX = -4
@@ -40,6 +43,26 @@ def die_with_parent() -> None:
 
 
 PR_SET_PDEATHSIG = 1  # prctl(2)
+
+_CACHES: list[Callable[[], None]] = []
+
+
+def command_cache(clear: Callable[[], None]) -> Callable[[], None]:
+    """Register a per-process cache by its `clear`: it is emptied when the command that filled it ends
+    (`command_scope`), so a second command in the same process (a test, a notebook, a warm worker) never sees
+    the first's tar offsets or models."""
+    _CACHES.append(clear)
+    return clear
+
+
+@contextmanager
+def command_scope():
+    """One command's lifetime: every registered cache is emptied when it ends, however it ends."""
+    try:
+        yield
+    finally:
+        for clear in _CACHES:
+            clear()
 
 
 def reuse_freed_memory() -> bool:

@@ -172,3 +172,26 @@ def test_tar_members_are_read_by_name_or_sample_key_from_many_threads_at_once(tm
     assert wrong == []
     with pytest.raises(FileNotFoundError):
         reader.read(tar, "dir/missing")
+
+
+def test_a_tar_written_again_is_read_afresh_and_the_offsets_end_with_the_command(tmp_path):
+    # Before: the process-wide reader kept a tar's member offsets for ever: a tar written again at the same path
+    # (a rerun) was read at the old offsets, and no command's end ever emptied the cache.
+    from openalign import host
+    from openalign.data.tars import ShardWriter
+
+    def write(blobs: dict) -> str:
+        writer = ShardWriter(tmp_path / "shards", prefix="x")
+        for key, data in blobs.items():
+            writer.write(key, data, "jpg", "caption", {})
+        writer.close()
+        [tar] = sorted(str(p) for p in (tmp_path / "shards").glob("*.tar"))
+        return tar
+
+    with host.command_scope():
+        tar = write({"a": b"1" * 100, "b": b"2" * 50})
+        assert sources.SOURCES.read(tar, "b") == b"2" * 50
+        assert write({"a": b"3" * 3000, "b": b"4" * 70}) == tar
+        assert sources.SOURCES.read(tar, "b") == b"4" * 70
+        assert tar in sources.SOURCES.tars
+    assert sources.SOURCES.tars == {}

@@ -4,7 +4,7 @@ rows outside any tile, an odd query count) and FAISS beyond it."""
 import numpy as np
 import pytest
 
-from openalign.index import exact
+from openalign.index import exact, scan
 
 
 @pytest.mark.parametrize("n_queries", [1, 2, 3, 17, 64, 200])  # the scan up to 64, FAISS at 200
@@ -43,5 +43,24 @@ def test_scan_tiles_score_every_row_once(rows, n_queries):
     vectors = rng.standard_normal((rows + 7, 16)).astype(np.float32)
     queries = rng.standard_normal((n_queries, 16)).astype(np.float32)
     scores = np.full((n_queries, rows), np.nan, np.float32)
-    exact._tile_scores(vectors, queries, 7, rows + 7, scores)  # rows 7.. : tiles start where a task starts
+    scan.tile_scores(vectors, queries, 7, rows + 7, scores)  # rows 7.. : tiles start where a task starts
     np.testing.assert_allclose(scores, queries @ vectors[7:].T, rtol=1e-5, atol=1e-5)
+
+
+def test_faiss_settings_wait_for_a_command_that_searches():
+    # Before: importing index/exact.py changed FAISS's process-wide brute-force tile, for whoever imported it.
+    import subprocess
+    import sys
+
+    code = """
+import faiss
+before = faiss.cvar.distance_compute_blas_database_bs
+import openalign.index.build, openalign.index.search, openalign.serve.app
+from openalign.index import exact
+assert faiss.cvar.distance_compute_blas_database_bs == before != exact.FAISS_DATABASE_TILE, "set at import"
+from openalign import cli
+assert cli.main(["search", "/nonexistent-index", "--text", "x"]) == 2
+assert faiss.cvar.distance_compute_blas_database_bs == exact.FAISS_DATABASE_TILE, "not set by the command"
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

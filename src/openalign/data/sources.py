@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from openalign import host
 from openalign.config import ConfigError
 from openalign.data import images
 from openalign.data import tables, tars
@@ -298,10 +299,18 @@ class _Sources:
     cannot be read is an OSError, as a missing file is."""
 
     def __init__(self):
-        self.tars: dict[str, dict[str, tuple[int, int]]] = {}  # path -> {member name or sample key: (offset, size)}
+        # path -> ((size, mtime), {member name or sample key: (offset, size)})
+        self.tars: dict[str, tuple[tuple[int, int], dict[str, tuple[int, int]]]] = {}
         self.tables: dict[str, tuple] = {}  # img2dataset parquet output: (file, image column, {key: (group, row)})
         self.group: tuple = (None, None, None)  # (path, row group, its images): the last row group read
         self._lock = threading.Lock()
+
+    def close(self) -> None:
+        """Forget every index and close the Parquet readers (the end of a command: `host.command_scope`)."""
+        with self._lock:
+            for table, _, _ in self.tables.values():
+                getattr(table, "close", lambda: None)()
+            self.tars, self.tables, self.group = {}, {}, (None, None, None)
 
     def read(self, path: str, member: str | None) -> bytes:
         if not member:
@@ -309,11 +318,15 @@ class _Sources:
         if path.endswith(".parquet"):
             with self._lock:  # one ParquetFile and row-group cache per table, shared by every thread
                 return self._table_image(path, member)
-        index = self.tars.get(path)
-        if index is None:
+        stat = os.stat(path)
+        stamp = (stat.st_size, stat.st_mtime_ns)  # a tar written again at the same path is indexed again
+        stamped = self.tars.get(path)
+        if stamped is None or stamped[0] != stamp:
             with self._lock:
-                index = self.tars.get(path) or self._index(path)
-                self.tars[path] = index
+                stamped = self.tars.get(path)
+                if stamped is None or stamped[0] != stamp:
+                    stamped = self.tars[path] = (stamp, self._index(path))
+        index = stamped[1]
         found = index.get(member) or next((v for name, v in index.items() if name.endswith("/" + member)), None)
         if found is None:
             raise FileNotFoundError(f"{member} not in {path}")
@@ -382,7 +395,8 @@ class _Sources:
 
 
 IMG2DATASET_IMAGE_COLUMNS = ("jpg", "png", "webp")
-SOURCES = _Sources()  # one per process: forked workers each build their own tar indexes
+SOURCES = _Sources()  # one per process (forked workers build their own), emptied when a command ends
+host.command_cache(SOURCES.close)
 
 
 def read_bytes(path: str, member: str | None) -> bytes | None:

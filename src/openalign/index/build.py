@@ -214,10 +214,12 @@ def build_streaming(parts: Parts, out: Path | None, options: IndexOptions, engin
     """An index over `parts` that never holds all vectors: exact (flat) while it fits `memory`, else IVF
     trained on a sample and filled part by part. When the IVF codes would pass half of `memory`, the rows are
     cut into contiguous blocks, each added by a task (local processes or Spark) into an IVF shard of its own
-    on disk; they are searched together, memory-mapped (`open_shards`)."""
-    check(options, spell=as_flags())
-    from openalign.data.engine import Engine, Task, run_tasks, task_id
+    on disk; they are searched together, memory-mapped (`open_shards`).
 
+    Every strategy follows one plan: make the index (IVF: trained on a sample), fill it (in memory, or shard
+    tasks), then tune its search parameter (HNSW's efSearch, IVF's nprobe) on leave-one-out queries against
+    exact search over the rows it was tuned on."""
+    check(options, spell=as_flags())
     n, d = parts.n, parts.d
     budget = options.memory or 2**62
     kind = options.kind if options.kind != "auto" else ("flat" if n <= options.exact_up_to else "ivf")
@@ -226,77 +228,92 @@ def build_streaming(parts: Parts, out: Path | None, options: IndexOptions, engin
                           f"{budget / 2**30:.1f} GiB; use --kind ivf (IVF shards on disk) or raise --memory")
     rng = np.random.default_rng(options.seed)
     params: dict = {}
-    if kind in ("flat", "hnsw"):
+    if kind == "ivf":
+        index, tuning = _trained_ivf(parts, options, budget, rng, params)
+        storage = "memory" if n * (index.code_size + 8) <= budget // 2 else "shards"  # a code and its id per row
+    else:
         index = faiss.IndexFlatIP(d) if kind == "flat" else faiss.IndexHNSWFlat(d, 32, faiss.METRIC_INNER_PRODUCT)
         if kind == "hnsw":
             index.hnsw.efConstruction = 200
             params["M"] = 32
-        for _, chunk in parts.chunks(rows=options.chunk_rows):
-            index.add(chunk)
+        tuning, storage = ("efSearch", [16, 32, 64, 128, 256, 512, 1024]), "memory"
+    if storage == "memory":
+        for first, chunk in parts.chunks(rows=options.chunk_rows):
+            if kind == "ivf":
+                index.add_with_ids(chunk, np.arange(first, first + len(chunk), dtype=np.int64))
+            else:
+                index.add(chunk)
         if kind == "flat":
-            return index, {"kind": kind, "params": params, "recall_at_10": 1.0, "storage": "memory"}
-        sample = np.sort(rng.choice(n, min(n, options.tune_queries), replace=False))
-        queries = parts.take(sample)
-        truth = _without_self(streaming_search(parts, queries, 11)[1], sample)
-        index = _refined(index, parts, out, options, params)
-        params["efSearch"], recall = _tune(_faiss(index), queries, sample, truth, "efSearch",
-                                           [16, 32, 64, 128, 256, 512, 1024], options.recall, index.search)
-        return index, {"kind": kind, "params": params, "recall_at_10": recall, "storage": "memory"}
+            return index, {"kind": kind, "params": params, "recall_at_10": 1.0, "storage": storage}
+        if kind == "ivf":
+            index.make_direct_map()  # reconstruct(id): queries by an indexed image's id
+            index = _batched(index)
+        tuned_rows, shards = n, []
+    else:
+        # tuned on the first shard alone, against exact search over its own rows: the cells are the same, and a
+        # thousand queries probing every shard would map most of the index into memory
+        shards, tuned_rows = _add_shards(index, parts, out, options, engine, progress)
+        index = faiss.read_index(str(out / shards[0]), faiss.IO_FLAG_MMAP)
+    index = _refined(index, parts, out, options, params)  # the first shard's rows are the file's first rows
+    name, values = tuning
+    sample = np.sort(rng.choice(tuned_rows, min(tuned_rows, options.tune_queries), replace=False))
+    queries = parts.take(sample)
+    truth = _without_self(streaming_search(parts, queries, 11, stop=tuned_rows)[1], sample)
+    params[name], recall = _tune(_faiss(index), queries, sample, truth, name, values, options.recall, index.search)
+    info = {"kind": kind, "params": params, "recall_at_10": recall, "storage": storage}
+    if storage == "memory":
+        return index, info
+    params["shards"] = len(shards)
+    return None, info | {"shards": shards, "tuned_on": "the first shard"}
+
+
+def _trained_ivf(parts: Parts, options: IndexOptions, budget: int, rng, params: dict) -> tuple[faiss.Index, tuple]:
+    """An IVF index trained on a sample of `parts` (a quarter of the budget at most), and its tuning plan:
+    nprobe over powers of 2 and the midpoints between them (1, 2, 3, 4, 6, 8, 12, ...)."""
+    n, d = parts.n, parts.d
     nlist = max(1, min(n // 39, options.nlist or int(4 * math.sqrt(n))))  # faiss wants >= 39 training points per cell
     codes = options.codes if options.codes != "auto" else ("sq8" if n * d <= options.max_bytes else "pq")
     index = _ivf(d, nlist, codes, params)
     params["codes"], params["nlist"] = codes, nlist
     per_cell = max(39, options.train_per_cell)
-    train_n = min(n, per_cell * nlist, max(39 * nlist, budget // 4 // (4 * d)))  # the sample: a quarter of the budget
+    train_n = min(n, per_cell * nlist, max(39 * nlist, budget // 4 // (4 * d)))
     index.train(parts.take(np.sort(rng.choice(n, train_n, replace=False))))
     params["trained_on"] = int(train_n)
-    code_bytes = index.code_size + 8  # a code and its id in an inverted list
-    # powers of 2 and the midpoints between them (1, 2, 3, 4, 6, 8, 12, ...): recall moves fast with nprobe
     probes = sorted({min(nlist, int(m * 2**i)) for i in range(int(math.log2(nlist)) + 2) for m in (1, 1.5)})
-    if n * code_bytes <= budget // 2:
-        sample = np.sort(rng.choice(n, min(n, options.tune_queries), replace=False))
-        queries = parts.take(sample)
-        truth = _without_self(streaming_search(parts, queries, 11)[1], sample)
-        for first, chunk in parts.chunks(rows=options.chunk_rows):
-            index.add_with_ids(chunk, np.arange(first, first + len(chunk), dtype=np.int64))
-        index.make_direct_map()  # reconstruct(id): queries by an indexed image's id
-        index = _refined(_batched(index), parts, out, options, params)
-        params["nprobe"], recall = _tune(_faiss(index), queries, sample, truth, "nprobe", probes, options.recall,
-                                         index.search)
-        return index, {"kind": kind, "params": params, "recall_at_10": recall, "storage": "memory"}
+    return index, ("nprobe", probes)
+
+
+def _add_shards(trained: faiss.Index, parts: Parts, out: Path | None, options: IndexOptions, engine,
+                progress: bool) -> tuple[list[str], int]:
+    """The rows cut into contiguous blocks, each added by a task into an IVF shard file of its own in `out`
+    (resumable: finished shards of the same vectors and options are kept); the shards' names and the first
+    block's rows."""
+    from openalign.data.engine import Engine, Task, run_tasks, task_id
+
     if out is None:
         raise ConfigError("an index over its memory budget is written as shards: give an output directory")
+    n, d = parts.n, parts.d
     work = out / "_work"
     work.mkdir(parents=True, exist_ok=True)
-    trained = work / "trained.index"
-    faiss.write_index(index, str(trained))
+    faiss.write_index(trained, str(work / "trained.index"))
     engine = engine or Engine()
     workers = (engine.workers or 1) if engine.name == "local" else 1
     # half the budget holds every concurrent task's codes, after each task's own float32 chunk and its
     # process (numpy, FAISS, pyarrow: ~100 MiB; no torch in parts.py)
+    budget = options.memory or 2**62
     per_task = (budget // 2 - workers * (options.chunk_rows * d * 4 + 128 * 2**20)) // max(1, workers)
-    block_rows = options.block_rows or max(options.chunk_rows, per_task // code_bytes)
+    block_rows = options.block_rows or max(options.chunk_rows, per_task // (trained.code_size + 8))
     bounds = [(a, min(a + block_rows, n)) for a in range(0, n, block_rows)]
     names = shard_names(len(bounds))
     for stale in out.glob("shard-*.faiss"):
         if stale.name not in names:
             stale.unlink()
     key = json.dumps([parts.fingerprint(), repr(options)])  # the vectors' files as they are now, not their names
-    tasks = [Task(task_id(i), add_shard, (str(trained), parts.files, a, b, str(out / names[i]), options.chunk_rows),
-                  key=f"{key}:{a}:{b}", outputs=(str(out / names[i]),)) for i, (a, b) in enumerate(bounds)]
+    tasks = [Task(task_id(i), add_shard, (str(work / "trained.index"), parts.files, a, b, str(out / names[i]),
+                                          options.chunk_rows), key=f"{key}:{a}:{b}", outputs=(str(out / names[i]),))
+             for i, (a, b) in enumerate(bounds)]
     run_tasks(tasks, work / "_status", engine, "index add", progress)
-    # tuned on the first shard alone, against exact search over its own rows: the cells are the same, and a
-    # thousand queries probing every shard would map most of the index into memory
-    first = faiss.read_index(str(out / names[0]), faiss.IO_FLAG_MMAP)
-    block = bounds[0][1]
-    sample = np.sort(rng.choice(block, min(block, options.tune_queries), replace=False))
-    queries = parts.take(sample)
-    truth = _without_self(streaming_search(parts, queries, 11, stop=block)[1], sample)
-    refined = _refined(first, parts, out, options, params)  # the first shard's rows are the file's first rows
-    params["nprobe"], recall = _tune(first, queries, sample, truth, "nprobe", probes, options.recall, refined.search)
-    params["shards"] = len(names)
-    return None, {"kind": kind, "params": params, "recall_at_10": recall, "storage": "shards", "shards": names,
-                  "tuned_on": "the first shard"}
+    return names, bounds[0][1]
 
 
 BUILDING = "_build"  # OUT/_build: a build's files until it has succeeded (and its resumable shard tasks)

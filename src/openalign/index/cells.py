@@ -4,7 +4,7 @@ FAISS searches an inverted-file index one query at a time: each query scans its 
 of 1,024 queries at nprobe 48 reads ~49,000 cells' vectors from memory (each of 4,000 cells ~12 times over).
 Here the batch is turned around: the coarse quantizer assigns every query its cells, the (query, cell) pairs
 are grouped by cell, and each probed cell's vectors are read once and scored against all the queries that
-probe it, with the exact scan's register tiles (`exact._tile_scores`). Each (query, probe) pair keeps its own
+probe it, with the register tiles the exact scan uses (`scan.tile_scores`). Each (query, probe) pair keeps its own
 top k, so the cells run in parallel without locks; a query's k best are then taken from its nprobe lists.
 
 The scores are exact inner products within the probed cells, the same candidates as FAISS's own search of
@@ -20,7 +20,7 @@ import numba
 import numpy as np
 from numba.typed import List
 
-from openalign.index.exact import _SCAN_LOCK, _tile_scores, keep_best, padded_queries
+from openalign.index.scan import keep_best, padded_queries, parallel_region, tile_scores
 
 BATCH_FROM = 2  # queries: smaller batches go to FAISS's own search (one query gains nothing from grouping)
 
@@ -70,7 +70,7 @@ class CellScan:
         top_scores = np.full((len(queries), nprobe, k), -np.inf, np.float32)
         top_ids = np.full((len(queries), nprobe, k), -1, np.int64)
         vectors, ids = self.cells()
-        with _SCAN_LOCK:  # numba's thread pool runs one parallel region at a time (as the exact scan's)
+        with parallel_region():
             _scan_cells(vectors, ids, queries, cells.astype(np.int64), starts, order // nprobe, order % nprobe,
                         top_scores, top_ids)
         scores, found = top_scores.reshape(len(queries), -1), top_ids.reshape(len(queries), -1)
@@ -93,7 +93,7 @@ def _scan_cells(vectors, ids, queries, cells, starts, pair_query, pair_probe, to
         for j in range(hi - lo):
             batch[j] = queries[pair_query[lo + j]]
         scores = np.empty((batch.shape[0], x.shape[0]), np.float32)
-        _tile_scores(x, batch, 0, x.shape[0], scores)
+        tile_scores(x, batch, 0, x.shape[0], scores)
         for j in range(hi - lo):
             q, probe = pair_query[lo + j], pair_probe[lo + j]
             keep_best(scores[j], row_ids, top_scores[q, probe], top_ids[q, probe])

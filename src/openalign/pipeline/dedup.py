@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from openalign import host
 from openalign.config import ConfigError
 from openalign.outputs import unfinish
 from openalign.data import images, sources
@@ -108,7 +109,8 @@ def phash_task(plan: str, index: int, scores_path: str, eval_path: str) -> dict:
 
 # ---------------------------------------------------------------------------------------------- embedding
 
-_MODELS: dict = {}  # per process: a task loads the model once
+_MODELS: dict = {}  # per process: a worker loads the model once for the tasks of one command
+host.command_cache(_MODELS.clear)
 
 
 def _model(path: str, threads: int):
