@@ -400,3 +400,36 @@ def test_a_damaged_or_edited_status_or_a_lost_output_runs_its_task_again(tmp_pat
     reason = "its output files are gone or changed" if damage.startswith("output") else \
         "its status file was damaged or edited"
     assert f"rows: running again 1 task ({reason})" in capsys.readouterr().err  # a rerun says what it redid, and why
+
+
+def broken(value: int) -> dict:
+    raise ValueError(f"a bug, not bad input ({value})")
+
+
+def pid_of(value: int) -> dict:
+    import os
+
+    return {"pid": os.getpid(), "value": value}
+
+
+def test_the_local_pool_stays_warm_for_the_stages_of_a_command_and_ends_with_it(tmp_path):
+    # Before: every stage started its own pool, and each worker imported the stage's modules again: dedup's
+    # import of transformers took ~8 s a worker, so 2 workers ran no faster than 1 (bench/data_plane.py, P11).
+    from openalign import host
+    from openalign.data import engine as engine_lib
+
+    two = Engine("local", workers=2)
+    with host.command_scope():
+        first, _ = run_tasks([Task(f"a{i}", pid_of, (i,)) for i in range(4)], tmp_path / "a", two, progress=False)
+        again, _ = run_tasks([Task(f"b{i}", pid_of, (i,)) for i in range(4)], tmp_path / "b", two, progress=False)
+        assert {r["pid"] for r in again.values()} <= {r["pid"] for r in first.values()}  # the same workers
+        assert [r["value"] for r in again.values()] == [0, 1, 2, 3]
+        assert engine_lib._POOLS
+    assert not engine_lib._POOLS  # the command's end stops them
+    with host.command_scope():
+        with pytest.raises(RuntimeError, match="failed 1 times"):  # a stage that fails stops the pool: none of its
+            run_tasks([Task("a", square, (1,)), Task("b", broken, (7,))], tmp_path / "c",  # tasks runs on after it
+                      Engine("local", workers=2, retries=0), progress=False)
+        assert not engine_lib._POOLS
+        fresh, _ = run_tasks([Task(f"d{i}", pid_of, (i,)) for i in range(2)], tmp_path / "d", two, progress=False)
+        assert {r["pid"] for r in fresh.values()}.isdisjoint(r["pid"] for r in first.values())

@@ -36,6 +36,7 @@ from typing import Annotated, Any, Callable, Literal
 
 from tqdm import tqdm
 
+from openalign import host
 from openalign.config import NON_NEGATIVE, SIZE, ConfigError, as_flags, check, non_negative, parse_size, spark_size
 from openalign.data.workers import forkserver
 from openalign.host import die_with_parent
@@ -220,9 +221,10 @@ def _run_local(tasks: list[Task], status_dir: str, engine: Engine, desc: str, pr
             return results
         pending = {t.id: t for t in tasks}
         while pending:  # a dead worker breaks the whole pool: start a fresh one for what is left
-            with ProcessPoolExecutor(workers, mp_context=forkserver(), initializer=die_with_parent) as pool:
-                futures = {pool.submit(run_one, task, status_dir): task for task in pending.values()}
-                broken = False
+            pool = warm_pool(workers)
+            futures = {pool.submit(run_one, task, status_dir): task for task in pending.values()}
+            broken = False
+            try:
                 while futures and not broken:
                     finished, _ = wait(futures, return_when=FIRST_COMPLETED)
                     for future in finished:
@@ -238,12 +240,36 @@ def _run_local(tasks: list[Task], status_dir: str, engine: Engine, desc: str, pr
                             failed(task, err)
                             if task.id in pending:
                                 futures[pool.submit(run_one, task, status_dir)] = task
-                if broken:
-                    for future in futures:
-                        future.cancel()
+            except BaseException:  # the stage fails (or Ctrl-C): no task of it runs on after it
+                close_pools()
+                raise
+            if broken:
+                close_pools()
         return results
     finally:
         bar.close()
+
+
+_POOLS: dict[int, ProcessPoolExecutor] = {}  # the warm pool: {workers: pool}, at most one
+
+
+def warm_pool(workers: int) -> ProcessPoolExecutor:
+    """The local engine's worker processes, started once and reused by every stage of a command (they end with it:
+    `host.command_scope`). Starting them costs each worker its imports; a stage of a few seconds paid that again
+    and again, and two workers ran no faster than one (bench/data_plane.py, P11)."""
+    if workers not in _POOLS:
+        close_pools()
+        _POOLS[workers] = ProcessPoolExecutor(workers, mp_context=forkserver(), initializer=die_with_parent)
+    return _POOLS[workers]
+
+
+def close_pools() -> None:
+    """Stop the warm pool: its queued tasks are cancelled, its running ones finish first."""
+    while _POOLS:
+        _POOLS.popitem()[1].shutdown(wait=True, cancel_futures=True)
+
+
+host.command_cache(close_pools)
 
 
 # ---------------------------------------------------------------------------------------------- spark

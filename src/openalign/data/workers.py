@@ -6,6 +6,10 @@ child. They live no longer than the caller: the fork server imports `openalign.d
 has the kernel kill it when the caller dies, and every worker does the same towards the fork server
 (`host.die_with_parent`). Before, a kill -9 of a local-engine driver left the fork server, the resource tracker
 and the workers running (the workers wait on their task queue for ever).
+
+The fork server also imports what every stage's tasks read with (numpy, pyarrow, Pillow: `openalign.data.sources`)
+before it forks, so a worker starts with them loaded instead of importing them itself (each worker importing them
+at once on a 2-core machine took about as long as a small stage's tasks).
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from openalign.host import die_with_parent
 def forkserver():
     """The fork-server context of every data stage's workers, its server tied to this process's lifetime."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["openalign.data.fork_server"])  # read when the server starts (once)
+    # read when the server starts (once); fork_server first: it ties the server to this process
+    context.set_forkserver_preload(["openalign.data.fork_server", "openalign.data.sources"])
     return context
 
 

@@ -34,7 +34,6 @@ from openalign.outputs import unfinish
 from openalign.data import images, sources
 from openalign.data.engine import Engine, read_plan
 from openalign.data.pairs import IMAGE_COLUMNS, check_pair_table, write_keep_report, write_keep_without_images
-from openalign.model.hub import model_fingerprint
 from openalign.pipeline.scoring import FINITE, WORK, image_tasks, score_summary, write_scores
 
 REPORT = "dedup_report.json"
@@ -63,15 +62,8 @@ def eval_images(spec: str) -> list[tuple[str, bytes | None]]:
 # ---------------------------------------------------------------------------------------------- plan
 
 
-
-
-
-
-
 def array_digest(array: np.ndarray) -> str:
     return hashlib.blake2b(np.ascontiguousarray(array).tobytes() + str(array.shape).encode(), digest_size=16).hexdigest()
-
-
 
 
 # ---------------------------------------------------------------------------------------------- phash
@@ -164,11 +156,6 @@ def embedding_task(plan: str, index: int, scores_path: str, eval_path: str, mode
 # ---------------------------------------------------------------------------------------------- stage
 
 
-
-
-
-
-
 def dedup(pairs: Path, against: str, out: Path, options: DedupOptions = DedupOptions(), progress: bool = True,
           engine: Engine = Engine()) -> dict:
     """Score every training image against the evaluation images in tasks of `images_per_task` (local
@@ -205,6 +192,8 @@ def dedup(pairs: Path, against: str, out: Path, options: DedupOptions = DedupOpt
         evaluation = np.ascontiguousarray(embeds)
         fn, args = embedding_task, (eval_path, str(Path(options.model).resolve()), options.encode_batch, threads)
         where, order = f"{FINITE} AND score > {float(options.threshold)!r}", "DESC"
+        from openalign.model.hub import model_fingerprint  # torch and transformers: only when a model is used
+
         weights = model_fingerprint(Path(options.model))
     np.save(eval_path, evaluation)
     # the evaluation set by content: eval.npy is written again by every run, so its time would defeat resuming
