@@ -40,7 +40,7 @@ def oracle_data(per_pair: int = 3) -> EvalData:
     n = len(embeds)
     return EvalData(torch.nn.functional.normalize(torch.stack(embeds), dim=1), [], torch.empty(0, dtype=torch.long),
                     [f"{a['colour']} {a['shape']}" for a in attributes], [str(i) for i in range(n)],
-                    attributes=attributes)
+                    meta=[{"attributes": a} for a in attributes])
 
 
 def test_oracle_space_classifies_unseen_pairs_and_swaps_colours(monkeypatch):
@@ -61,6 +61,6 @@ def test_oracle_space_classifies_unseen_pairs_and_swaps_colours(monkeypatch):
 
 def test_data_without_attributes_is_a_one_line_error():
     data = oracle_data()
-    data.attributes = []
+    data.meta = []
     with pytest.raises(ConfigError, match="shapes corpus"):
         compositional.compositional(Context(None, None, EvalOptions(), data))

@@ -26,7 +26,7 @@ def test_per_language_recall_on_one_gallery_of_images_with_every_language(monkey
     by_language.append({"en": ["cat"]})  # no German text: not in the gallery of any language
     images = torch.cat([torch.eye(len(WORDS)), torch.eye(len(WORDS))[:1]])
     data = EvalData(images, [], torch.empty(0, dtype=torch.long), list(WORDS) + ["extra"],
-                    [str(i) for i in range(5)], texts_by_language=by_language)
+                    [str(i) for i in range(5)], meta=[{"texts_by_language": t} for t in by_language])
     out, _ = ml.multilingual(Context(None, None, EvalOptions(), data))
     assert out["n_images"] == 4 and out["languages"] == "de,en"
     assert out["en_i2t_r1"] == out["en_t2i_r1"] == out["en_mean_recall"] == 1.0

@@ -66,4 +66,4 @@ def test_tasks_return_metrics_and_figures_and_mutate_nothing(monkeypatch):
     assert metrics["top1"] == 1.0 and figures["zeroshot"]["classes"] == ["0", "1", "2", "3"]
     assert all(torch.equal(getattr(data, f), getattr(before, f)) if torch.is_tensor(getattr(data, f))
                else getattr(data, f) == getattr(before, f) for f in ("image_embeds", "captions", "text_to_image",
-                                                                     "labels", "keys", "attributes"))
+                                                                     "labels", "keys", "meta"))

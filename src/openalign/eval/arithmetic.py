@@ -98,10 +98,27 @@ def arithmetic(ctx: Context, _=None) -> tuple[dict, dict]:
     out |= {"best_weight": best, "n_queries": len(found), "n_images": n}
     out |= {f"chance_r{k}": min(1.0, k / max(1, n - 1)) for k in KS}
     weights = [w for w in WEIGHTS if w != "text"]
-    figure = {"weights": weights,
+    figure = {"draw": draw, "weights": weights,
               "recall": {kind: [float((curve[f"w{w:g}"][torch.from_numpy(kinds == kind)] < 10).float().mean())
                                 for w in weights] for kind in sorted(set(kinds))},
               "counts": {kind: int((kinds == kind).sum()) for kind in sorted(set(kinds))},
               "all": [out[f"w{w:g}_r10"] for w in weights], "text_only": out["text_only_r10"],
               "chance": out["chance_r10"]}
     return out, {"arithmetic": figure}
+
+
+def draw(ax, data: dict) -> None:
+    """Recall@10 of the image + text queries against the text's weight, per kind of edit, with the text alone,
+    chance and the paper's weight marked (the report's panel: eval/panels.py)."""
+    weights = data["weights"]
+    for kind, recall in data["recall"].items():
+        ax.plot(weights, recall, marker="o", alpha=0.6, label=f"{kind.replace('_', ' ')} ({data['counts'][kind]:,})")
+    ax.plot(weights, data["all"], marker="o", color="black", lw=2, label=f"all queries ({sum(data['counts'].values()):,})")
+    ax.axhline(data["text_only"], color="gray", ls="--", label="text alone")
+    ax.axhline(data["chance"], color="gray", ls=":", label="chance")
+    ax.axvline(PAPER_WEIGHT, color="tab:red", alpha=0.3, lw=6, label=f"paper: text {PAPER_WEIGHT:g}, image 1")
+    ax.set(xscale="symlog", xlabel="text weight (image weight 1)", ylabel="recall@10", ylim=(0, 1.02),
+           title="image + text query arithmetic")
+    ax.set_xticks(weights, [f"{w:g}" for w in weights])
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)

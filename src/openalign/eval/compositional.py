@@ -25,11 +25,15 @@ from openalign.eval.arithmetic import KS, PAPER_WEIGHT, WEIGHTS
 from openalign.eval.features import DEFAULT_TEMPLATES, Context, EvalData
 
 
+META = "attributes"  # the per-image metadata this task reads: {colour, shape, seen in training} (shapes corpus)
+
+
 def _pairs(data: EvalData) -> tuple[list[str], list[str], list[tuple[str, str, bool]]]:
-    if not data.attributes or not all({"colour", "shape", "seen"} <= set(a) for a in data.attributes):
+    attributes = [m.get(META) or {} for m in data.meta]
+    if not attributes or not all({"colour", "shape", "seen"} <= set(a) for a in attributes):
         raise ConfigError("--task compositional needs images with colour, shape and seen attributes: the held-out "
                           "split of the built-in shapes corpus (openalign corpus shapes --out DIR)")
-    rows = [(a["colour"], a["shape"], bool(a["seen"])) for a in data.attributes]
+    rows = [(a["colour"], a["shape"], bool(a["seen"])) for a in attributes]
     return sorted({c for c, _, _ in rows}), sorted({s for _, s, _ in rows}), rows
 
 

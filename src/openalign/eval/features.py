@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -48,10 +49,9 @@ class EvalData:
     keys: list[str] = field(default_factory=list)  # [N] image file path (or shard key) of each image
     caption_ids: list[str] = field(default_factory=list)  # [M] Karpathy sentid, or `image#i`
     skipped: int = 0
-    # [N] per image, {language: clean texts} where the data has them (the built-in emoji corpus's held-out split)
-    texts_by_language: list[dict] = field(default_factory=list)
-    # [N] per image, attributes a corpus records for a task (shapes: colour, shape, seen in training)
-    attributes: list[dict] = field(default_factory=list)
+    # [N] per image, the metadata the selected tasks read (each Task's `meta` keys, e.g. multilingual's
+    # texts_by_language, compositional's attributes); [] where no image has any
+    meta: list[dict] = field(default_factory=list)
     image_patches: torch.Tensor | None = None  # [N, P, D] patch / cell vectors (late interaction: --rerank)
 
 
@@ -87,29 +87,32 @@ def files_fingerprint(*paths: str) -> str:
     return hashlib.blake2b(json.dumps(entries).encode(), digest_size=16).hexdigest()
 
 
-def cache_path(shards: str | list[str], options: EvalOptions, patches: bool = False) -> Path | None:
+def cache_path(shards: str | list[str], options: EvalOptions, patches: bool = False, meta: tuple[str, ...] = ()
+               ) -> Path | None:
     """Where the embeddings of this data, model and image size are cached; None without a cache. The
-    key covers the model, the data's files (and the image root's) and every option that changes them."""
+    key covers the model, the data's files (and the image root's), every option that changes them, and what
+    the cache holds (EvalData's fields, the metadata kept)."""
     if not options.cache:
         return None
     sources = [shards] if isinstance(shards, str) else list(shards)
     key = json.dumps([options.model_id, files_fingerprint(*sources, options.images), options.split, options.resize,
-                      options.crop] + (["patches"] if patches else [])
+                      options.crop, CACHED_FIELDS, sorted(meta)] + (["patches"] if patches else [])
                      + ([options.image_column, options.text_column] if options.image_column or options.text_column else []))
     return Path(options.cache) / f"embeddings-{hashlib.blake2b(key.encode(), digest_size=16).hexdigest()}.pt"
 
 
 def embed_split(model: DualEncoder, shards: str | list[str], options: EvalOptions, progress: bool = True,
-                patches: bool = False) -> EvalData:
+                patches: bool = False, meta: tuple[str, ...] = ()) -> EvalData:
     """Encode every image of the evaluation data (shards, Karpathy JSON or a caption table; see
     eval/datasets.py); captions are kept as text for the tasks. `patches`: each image's patch vectors too
-    (late interaction). With `options.cache`, a second run on the same model and data loads them instead."""
-    cached = cache_path(shards, options, patches)
+    (late interaction); `meta`: the keys of each image's metadata to keep (what the selected tasks read). With
+    `options.cache`, a second run on the same model and data loads them instead."""
+    cached = cache_path(shards, options, patches, meta)
     if cached is not None and cached.is_file():
         data = read_cache(cached)
         if data is not None:
             return data
-    data = _embed(model, shards, options, progress, patches)
+    data = _embed(model, shards, options, progress, patches, meta)
     if cached is not None:
         cached.parent.mkdir(parents=True, exist_ok=True)
         torch.save({name: getattr(data, name) for name in CACHED_FIELDS}, cached.with_suffix(".tmp"))
@@ -117,8 +120,7 @@ def embed_split(model: DualEncoder, shards: str | list[str], options: EvalOption
     return data
 
 
-CACHED_FIELDS = ("image_embeds", "captions", "text_to_image", "labels", "keys", "caption_ids", "skipped",
-                 "texts_by_language", "attributes", "image_patches")
+CACHED_FIELDS = tuple(f.name for f in dataclasses.fields(EvalData))  # all of it: tensors and plain values
 
 
 def read_cache(path: Path) -> EvalData | None:
@@ -144,12 +146,12 @@ def split_items(data: str | list[str], options: EvalOptions, counter: dict):
 
 
 def _embed(model: DualEncoder, shards: str | list[str], options: EvalOptions, progress: bool,
-           patches: bool = False) -> EvalData:
+           patches: bool = False, meta: tuple[str, ...] = ()) -> EvalData:
     counter: dict = {}
     decoded = sources.decoded(tqdm(split_items(shards, options, counter), desc="embed eval images", unit="img",
                                    disable=not progress, leave=False), counter, model.cfg.vision.alpha)
     pixels = ((item, transforms.eval_transform(image, options.resize, options.crop)) for item, image in decoded)
-    embeds, captions, owner, labels, keys, caption_ids, by_language, attributes = [], [], [], [], [], [], [], []
+    embeds, captions, owner, labels, keys, caption_ids, kept = [], [], [], [], [], [], []
     cells = []
     encoder = encode_image_tokens if patches else encode_images
     for batch, vectors in encode_image_stream(model, pixels, options.encode_batch, encoder):
@@ -164,10 +166,8 @@ def _embed(model: DualEncoder, shards: str | list[str], options: EvalOptions, pr
             caption_ids += item.caption_ids or [f"{Path(item.name).name}#{i}" for i in range(len(item.texts))]
             captions += item.texts
             owner += [index] * len(item.texts)
-            by_language.append(item.meta.get("texts_by_language") or {})
-            attributes.append(item.meta.get("attributes") or {})
+            kept.append({k: item.meta[k] for k in meta if item.meta.get(k)})
     if not labels:
         raise ConfigError(f"no readable evaluation images in {shards}")
     return EvalData(torch.cat(embeds), captions, torch.tensor(owner, dtype=torch.long), labels, keys, caption_ids,
-                    counter.get("skipped", 0), by_language if any(by_language) else [],
-                    attributes if any(attributes) else [], torch.cat(cells) if patches else None)
+                    counter.get("skipped", 0), kept if any(kept) else [], torch.cat(cells) if patches else None)

@@ -76,16 +76,24 @@ def _multi30k(data: EvalData, source: Path, captions_dir: Path | None) -> dict[s
     return out
 
 
+META = "texts_by_language"  # the per-image metadata this task reads: {language: clean texts} (the emoji corpus)
+
+
+def texts_by_language(data: EvalData) -> list[dict]:
+    return [m.get(META) or {} for m in data.meta]
+
+
 def _metadata(data: EvalData) -> tuple[list[int], dict[str, tuple[list[str], list[int]]]]:
     """The images that have texts in every language (one gallery for all, as in Multi30k), and per language
     their texts and each text's image (a position in that gallery)."""
-    languages = sorted(set().union(*data.texts_by_language))
-    rows = [i for i, texts in enumerate(data.texts_by_language) if all(texts.get(lang) for lang in languages)]
+    by_language = texts_by_language(data)
+    languages = sorted(set().union(*by_language))
+    rows = [i for i, texts in enumerate(by_language) if all(texts.get(lang) for lang in languages)]
     if not rows:
         raise ConfigError("no evaluation image has texts in every language of the data; evaluate fewer languages")
     out = {}
     for lang in languages:
-        pairs = [(text, j) for j, i in enumerate(rows) for text in data.texts_by_language[i][lang]]
+        pairs = [(text, j) for j, i in enumerate(rows) for text in by_language[i][lang]]
         out[lang] = ([t for t, _ in pairs], [j for _, j in pairs])
     return rows, out
 
@@ -100,7 +108,7 @@ def multilingual(ctx: Context, options: MultilingualOptions = MultilingualOption
     rows = list(range(len(data.keys)))
     if source.suffix == ".txt":
         per_language = _multi30k(data, source, Path(options.captions) if options.captions else None)
-    elif data.texts_by_language:
+    elif any(texts_by_language(data)):
         rows, per_language = _metadata(data)
     else:
         raise ConfigError("--task multilingual needs --data IMAGE_LIST.txt (Multi30k's image_splits/ file), or "

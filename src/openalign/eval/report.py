@@ -1,6 +1,5 @@
-"""What `openalign eval` writes: metrics JSON (flat keys), a Markdown table, a PNG where a picture
-helps (recall@K curves for retrieval, the confusion of the most frequent classes for zero-shot), and
-the lines printed to the terminal."""
+"""What `openalign eval` writes: metrics JSON (flat keys), a Markdown table, a PNG of the panels the tasks drew
+(each task's figure says how it is drawn: eval/panels.py), and the lines printed to the terminal."""
 
 from __future__ import annotations
 
@@ -11,13 +10,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
 
 from openalign.outputs import staged
 from openalign.eval import metrics as M  # noqa: E402
-
-CONFUSION_CLASSES = 12  # the most frequent classes drawn in the zero-shot confusion matrix
-
 
 def _fmt(value) -> str:
     return f"{value:.4f}" if isinstance(value, float) else str(value)
@@ -58,87 +53,15 @@ def metric_lines(metrics: dict) -> list[str]:
     return lines + caveats(metrics)
 
 
-def recall_curve(ranks: torch.Tensor, max_k: int) -> tuple[list[int], list[float]]:
-    ks = list(range(1, max_k + 1))
-    counts = torch.bincount(ranks.clamp(max=max_k), minlength=max_k + 1)[:max_k].cumsum(0)
-    return ks, (counts.double() / len(ranks)).tolist()
-
-
-def reliability_panel(ax, data: dict) -> None:
-    """Zero-shot reliability diagram: accuracy per confidence bin, at the model's temperature and (when
-    fitted) after temperature scaling, against the diagonal of perfect calibration."""
-    bins = len(data["before"]["count"])
-    width = 1 / bins
-    drawn = [(key, color, text) for key, color, text in (("before", "tab:red", "model's temperature"),
-                                                          ("after", "tab:green", "temperature-scaled"))
-             if key in data]
-    for i, (key, color, text) in enumerate(drawn):
-        shift = (i - (len(drawn) - 1) / 2) * width / len(drawn)
-        accuracy = [a if a == a else 0.0 for a in data[key]["accuracy"]]  # an empty bin: no bar
-        ax.bar([(m + 0.5) * width + shift for m in range(bins)], accuracy, width=width / len(drawn), color=color,
-               alpha=0.7, label=f"{text} (ECE {data[key]['ece']:.3f})")
-    ax.plot([0, 1], [0, 1], color="black", ls="--", lw=1, label="perfectly calibrated")
-    ax.set(xlabel="confidence (top probability)", ylabel="accuracy", xlim=(0, 1), ylim=(0, 1.02),
-           title=f"zero-shot reliability ({bins} bins)")
-    ax.legend(fontsize=8, loc="upper left")
-
-
 def plot(figures: dict, out: Path) -> bool:
-    """Draw the panels `figures` has data for into `out`; False (and nothing written) when none."""
-    zeroshot = figures.get("zeroshot")
-    if zeroshot and int(torch.bincount(zeroshot["true"]).max()) < 2:  # one image per class: nothing to confuse
-        figures = {k: v for k, v in figures.items() if k != "zeroshot"}
-    panels = [name for name in ("retrieval", "zeroshot", "calibration", "arithmetic") if name in figures]
+    """One panel per figure that a task gave something to draw (`"draw": fn(ax, figure)`, the task's own: see
+    eval/panels.py), in the tasks' order, into `out`; False (and nothing written) when none."""
+    panels = [figure for figure in figures.values() if callable(figure.get("draw"))]
     if not panels:
         return False
     fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 5), squeeze=False)
-    for ax, name in zip(axes[0], panels):
-        data = figures[name]
-        if name == "retrieval":
-            max_k = min(100, len(data["t2i"]), len(data["i2t"]))
-            n_images = len(data["i2t"])
-            for direction, color in (("i2t", "tab:blue"), ("t2i", "tab:orange")):
-                ks, recall = recall_curve(data[direction], max_k)
-                ax.plot(ks, recall, color=color, label=f"{'image→text' if direction == 'i2t' else 'text→image'}")
-            i2t_chance = M.positive_chance(data["captions_per_image"], data["n_texts"], ks)
-            ax.plot(ks, [i2t_chance[k] for k in ks], color="tab:blue", ls=":", label="chance image→text")
-            ax.plot(ks, [min(1.0, k / n_images) for k in ks], color="tab:orange", ls=":", label="chance text→image")
-            ax.set(xscale="log", xlabel="K", ylabel="recall@K", ylim=(0, 1.02),
-                   title=f"retrieval: {n_images:,} images, {data['n_texts']:,} texts")
-            ax.grid(alpha=0.3)
-            ax.legend(loc="lower right", fontsize=8)
-        elif name == "calibration":
-            reliability_panel(ax, data)
-        elif name == "arithmetic":
-            weights = data["weights"]
-            for kind, recall in data["recall"].items():
-                ax.plot(weights, recall, marker="o", alpha=0.6,
-                        label=f"{kind.replace('_', ' ')} ({data['counts'][kind]:,})")
-            ax.plot(weights, data["all"], marker="o", color="black", lw=2,
-                    label=f"all queries ({sum(data['counts'].values()):,})")
-            ax.axhline(data["text_only"], color="gray", ls="--", label="text alone")
-            ax.axhline(data["chance"], color="gray", ls=":", label="chance")
-            ax.axvline(2.0, color="tab:red", alpha=0.3, lw=6, label="paper: text 2, image 1")
-            ax.set(xscale="symlog", xlabel="text weight (image weight 1)", ylabel="recall@10", ylim=(0, 1.02),
-                   title="image + text query arithmetic")
-            ax.set_xticks(weights, [f"{w:g}" for w in weights])
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
-        else:
-            true, predicted, classes = data["true"], data["predicted"], data["classes"]
-            top = torch.bincount(true, minlength=len(classes)).argsort(descending=True, stable=True)[:CONFUSION_CLASSES]
-            index = {int(c): i for i, c in enumerate(top)}
-            matrix = torch.zeros(len(top), len(top) + 1)  # last column: predicted outside the drawn classes
-            for t, p in zip(true.tolist(), predicted.tolist()):
-                if t in index:
-                    matrix[index[t], index.get(p, len(top))] += 1
-            matrix /= matrix.sum(dim=1, keepdim=True).clamp(min=1)
-            image = ax.imshow(matrix.numpy(), cmap="viridis", vmin=0, vmax=1)
-            names = [classes[int(c)][:18] for c in top]
-            ax.set_xticks(range(len(top) + 1), names + ["other"], rotation=60, ha="right", fontsize=7)
-            ax.set_yticks(range(len(top)), names, fontsize=7)
-            ax.set(xlabel="predicted", ylabel="true", title=f"zero-shot confusion ({len(top)} most frequent classes)")
-            fig.colorbar(image, ax=ax, fraction=0.046)
+    for ax, figure in zip(axes[0], panels):
+        figure["draw"](ax, figure)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)

@@ -26,7 +26,10 @@ import torch
 
 from openalign.config import ConfigError, check, leaf_keys, non_negative, override
 from openalign.eval import metrics as M
+from openalign.eval import panels
 from openalign.eval.arithmetic import arithmetic
+from openalign.eval import compositional as compositional_lib
+from openalign.eval import multilingual as multilingual_lib
 from openalign.eval.compositional import CompositionalOptions, compositional
 from openalign.eval.cxc import CxcOptions, cxc
 from openalign.eval.datasets import label_order, load_classnames, word_pairs
@@ -49,6 +52,7 @@ class Task:
     options: type = NoOptions
     reads: Literal["features", "path"] = "features"
     held_out: bool = False  # needs nothing but the held-out split: training may run it (config eval.tasks)
+    meta: tuple[str, ...] = ()  # the keys of each image's metadata it reads (EvalData.meta), kept when it runs
 
     @property
     def prefix(self) -> str:
@@ -80,7 +84,7 @@ def retrieval(ctx: Context, options: RetrievalOptions = RetrievalOptions()) -> t
     if options.rerank:
         metrics |= _reranked(ctx, txt, i2t, t2i, options.rerank, pooled_s)
     chance = M.retrieval_chance(data.text_to_image, len(data.labels))
-    figure = {"i2t": i2t, "t2i": t2i, "captions_per_image": torch.bincount(data.text_to_image,
+    figure = {"draw": panels.retrieval, "i2t": i2t, "t2i": t2i, "captions_per_image": torch.bincount(data.text_to_image,
                                                                           minlength=len(data.labels)), "n_texts": len(txt)}
     return metrics | {f"chance_{k}": v for k, v in chance.items()}, {"retrieval": figure}
 
@@ -141,7 +145,8 @@ def zeroshot(ctx: Context, options: ZeroshotOptions = ZeroshotOptions()) -> tupl
     labels = torch.tensor([index[data.labels[i]] for i in rows.tolist()], dtype=torch.long)
     logits = data.image_embeds[rows] @ weights.T
     metrics = M.topk_accuracy(logits, labels)
-    figures = {"zeroshot": {"true": labels, "predicted": logits.argmax(dim=1), "classes": [names[c] for c in classes]}}
+    figures = {"zeroshot": {"true": labels, "predicted": logits.argmax(dim=1), "classes": [names[c] for c in classes]}
+               | ({"draw": panels.confusion} if panels.confusion_worth_drawing(labels) else {})}
     if ctx.model is not None:  # probabilities at the model's own scale, softmax(cosine / T)
         calibration, figures["calibration"] = _calibration(ctx, options, logits, labels, weights, index)
         metrics |= calibration
@@ -155,7 +160,7 @@ def _calibration(ctx: Context, options: ZeroshotOptions, logits, labels, weights
     temperature = float(ctx.model.temperature.detach().clamp(min=1e-6))
     before = M.reliability(logits / temperature, labels)
     out = {"temperature": temperature, "ece": before["ece"], "nll": M.nll(logits / temperature, labels)}
-    figure = {"before": before}
+    figure = {"draw": panels.reliability, "before": before}
     if options.calibrate:
         on_itself = bool(ctx.path) and Path(options.calibrate).resolve() == Path(ctx.path).resolve()
         if on_itself:  # an oracle (the best any temperature can do here), not a calibration: said, and recorded
@@ -278,9 +283,9 @@ TASKS: dict[str, Task] = {t.name: t for t in (
     Task("knn", knn, KnnOptions),
     Task("linear-probe", linear_probe, ProbeOptions),
     Task("cxc", cxc, CxcOptions),
-    Task("multilingual", multilingual, MultilingualOptions, held_out=True),
+    Task("multilingual", multilingual, MultilingualOptions, held_out=True, meta=(multilingual_lib.META,)),
     Task("arithmetic", arithmetic, held_out=True),
-    Task("compositional", compositional, CompositionalOptions, held_out=True),
+    Task("compositional", compositional, CompositionalOptions, held_out=True, meta=(compositional_lib.META,)),
     Task("word-sim", word_sim, reads="path"),
     Task("sts", sts, reads="path"),
     Task("finetune", finetune, FinetuneOptions, reads="path"),
@@ -345,7 +350,8 @@ def run_tasks(model: DualEncoder, tokenizer, data: str | list[str], names: list[
     if tasks and all(t.reads == "path" for t in tasks):
         return metrics, figures
     patches = any(getattr(options.get(t.name), "rerank", 0) for t in tasks)  # late interaction needs them
-    split = embed_split(model, data, common, progress, patches)
+    meta = tuple(sorted({key for t in tasks for key in t.meta}))
+    split = embed_split(model, data, common, progress, patches, meta)
     if not tasks:
         tasks = [TASKS["retrieval"], TASKS["zeroshot"]] if split.captions else [TASKS["zeroshot"]]
     metrics["n_skipped"] = split.skipped
