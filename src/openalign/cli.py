@@ -236,8 +236,10 @@ def _size(text: str) -> int:
 
 
 def _engine(args):
+    """The per-image stages' engine from the flags; its image buffers reuse freed memory, as the workers' do."""
     from openalign.data.engine import Engine
 
+    host.reuse_freed_memory()
     return options_from(args, Engine)
 
 

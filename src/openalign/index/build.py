@@ -38,7 +38,6 @@ from openalign.index import exact
 from openalign.index.cells import CellScan
 from openalign.index.parts import Parts, add_shard, part_files, read_manifest
 
-KINDS = ("auto", "flat", "ivf", "hnsw")
 CODES = ("auto", "flat", "sq8", "pq")
 FILE, META, INFO, EXACT16 = "index.faiss", "meta.parquet", "index.json", "vectors-f16.npy"
 
