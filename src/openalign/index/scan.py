@@ -63,7 +63,7 @@ def tile_scores(vectors, queries, lo, hi, scores):
 
 @numba.njit(fastmath={"reassoc", "contract"}, cache=True, inline="always")
 def _tile_4x2(vectors, queries, i, s, j, d, r, scores):
-    """One 4 rows (i + 0..3 s) x 2 queries (j, j+1) tile of `_tile_scores`, written at column r."""
+    """One 4 rows (i + 0..3 s) x 2 queries (j, j+1) tile of `tile_scores`, written at column r."""
     a00 = a01 = a10 = a11 = a20 = a21 = a30 = a31 = np.float32(0.0)
     for t in range(d):
         q0, q1 = queries[j, t], queries[j + 1, t]
@@ -82,7 +82,7 @@ def _tile_4x2(vectors, queries, i, s, j, d, r, scores):
 
 @numba.njit(fastmath={"reassoc", "contract"}, cache=True, inline="always")
 def _tile_4x4(vectors, queries, i, s, j, d, r, scores):
-    """One 4 rows (i + 0..3 s) x 4 queries (j..j+3) tile of `_tile_scores`, written at column r."""
+    """One 4 rows (i + 0..3 s) x 4 queries (j..j+3) tile of `tile_scores`, written at column r."""
     a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = np.float32(0.0)
     a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = np.float32(0.0)
     for t in range(d):
