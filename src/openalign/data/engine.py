@@ -42,7 +42,6 @@ from openalign.data.workers import forkserver
 from openalign.host import die_with_parent
 from openalign.outputs import disk_full, is_disk_full
 
-ENGINES = ("local", "spark")
 RENAMED_ENGINES = {"duckdb": "local"}  # filter's --engine duckdb is the local engine's name for every stage now
 
 
@@ -54,9 +53,7 @@ def engine_name(name: str) -> str:
         print(f"openalign: note: --engine {name} is now --engine {new} (the same engine under the name every stage "
               f"uses); {name} will be refused in the next release", file=sys.stderr)
         return new
-    if name not in ENGINES:
-        raise ConfigError(f"unknown engine {name!r}; choose {' or '.join(ENGINES)}")
-    return name
+    return Engine(name).name  # checked as every Engine is
 
 
 @dataclass(frozen=True)
