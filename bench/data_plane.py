@@ -9,8 +9,8 @@ evaluation images (one task per `--per-tar` images). Each stage runs, on the sam
   the clock starts and kept for the three stages, as a command or a pipeline script keeps it (data/engine.py
   `warm_pool`); the process reuses freed memory as the CLI's data stages and their workers do;
   `--repeats` runs of each, interleaved, the fastest kept (the steady state);
-- Spark `local[1]` and `local[2]` (the session is started and warmed before the clock starts: a cluster
-  pays that once per job, not per stage).
+- Spark `local[1]` and `local[2]` (the session is started and its Python workers warmed as the local pool's
+  are, before the clock starts: a cluster pays that once per job, not per stage).
 The 2-core speed-up is local[2] / local[1] (and 2 / 1 local workers); the per-core figure is images/s
 divided by the cores used. Outputs of every run are checked equal to the local engine's first run.
 
@@ -58,9 +58,13 @@ def make_corpus(root: Path, n: int, per_tar: int) -> list[str]:
 
 
 def warm_worker(_) -> None:
-    """A pool worker with the stages' modules imported (as after a pipeline's first stage), shared among workers."""
+    """A worker with the stages' modules imported (as after a pipeline's first stage), shared among workers. The
+    local engine's workers have the readers loaded by their fork server; Spark's Python workers load them here."""
     import importlib
 
+    from openalign.data.workers import load_readers
+
+    load_readers()
     for stage in ("ingest", "shard", "dedup"):
         importlib.import_module(f"openalign.pipeline.{stage}")
     time.sleep(0.1)
@@ -110,7 +114,7 @@ def main() -> None:
                 if active is not None:
                     active.stop()
                 spark = spark_session(engine.master, retries=engine.retries)
-                spark.sparkContext.parallelize(range(8), 8).map(lambda v: v).collect()
+                spark.sparkContext.parallelize(range(8), 8).map(warm_worker).collect()  # its Python workers
             out = tmp / f"{attempt}-{name}".replace(" ", "_").replace(",", "").replace("[", "").replace("]", "")
             pairs = out / "pairs.parquet"
             with host.command_scope():  # one pipeline: the warm pool and the readers' caches live for its stages
