@@ -8,17 +8,19 @@ evaluation images (one task per `--per-tar` images). Each stage runs, on the sam
 - the local engine with 1 and 2 worker processes, its pool started (the stages' modules imported) before
   the clock starts and kept for the three stages, as a command or a pipeline script keeps it (data/engine.py
   `warm_pool`); the process reuses freed memory as the CLI's data stages and their workers do;
-  `--repeats` runs of each, interleaved, the fastest kept (the steady state);
+  `--repeats` runs of each, the fastest kept (the steady state). The 1- and 2-process runs of a stage follow
+  each other: this VM's speed per core drifts by up to 20% over minutes (the same JPEG decodes in 0.69-0.97 s
+  run to run), and runs minutes apart compared that drift, not the engine;
 - Spark `local[1]` and `local[2]` (the session is started and its Python workers warmed as the local pool's
   are, before the clock starts: a cluster pays that once per job, not per stage).
-The 2-core speed-up is local[2] / local[1] (and 2 / 1 local workers); the per-core figure is images/s
-divided by the cores used. Outputs of every run are checked equal to the local engine's first run.
+The 2-core speed-up is local[2] / local[1] (and 2 / 1 local workers: the median of the attempts' own ratios);
+the per-core figure is images/s divided by the cores used. Outputs of every run are checked equal to the local engine's first run.
 
 The default size is where the steady state shows: 16 tasks per stage of 500 images (a few seconds each),
 enough for two workers to share evenly. At 4,000 images in tars of 100 the whole ingest took ~2 s, and what
 is paid once per stage (planning, merging) was a large part of it.
 
-    .venv/bin/python bench/data_plane.py [--images 8000] [--per-tar 500] [--repeats 3]
+    .venv/bin/python bench/data_plane.py [--images 8000] [--per-tar 500] [--repeats 3] [--corpus DIR]
 
 Writes its table into docs/benchmarks.md and ends with PERFORMANCE.md's verdict lines.
 """
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import io
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -81,6 +84,8 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=8_000)
     parser.add_argument("--per-tar", type=int, default=500)
     parser.add_argument("--repeats", type=int, default=3, help="runs of each local engine, the fastest kept")
+    parser.add_argument("--corpus", type=Path, help="keep the corpus here and reuse it on the next run (3 minutes "
+                        "to make; by default it is made in a temporary folder and removed)")
     args = parser.parse_args()
 
     import pyarrow.parquet as pq
@@ -95,53 +100,84 @@ def main() -> None:
     host.reuse_freed_memory()  # as the CLI's data stages do (cli._engine), and their workers (data/fork_server.py)
     tmp = Path(tempfile.mkdtemp(prefix="openalign-p11-"))
     try:
-        tars = make_corpus(tmp / "web", args.images, args.per_tar)
-        held = tmp / "held"  # evaluation images for dedup: 50 of the corpus's own
-        held.mkdir()
-        for sample in list(read_samples(tars[:1]))[:50]:
-            (held / f"{sample['__key__']}.jpg").write_bytes(sample["jpg"])
+        corpus = args.corpus / f"{args.images}-{args.per_tar}" if args.corpus else tmp / "corpus"
+        if not (corpus / "held").is_dir():  # made whole, then put in place: a corpus cut short is never reused
+            staging = corpus.with_name(corpus.name + ".tmp")
+            shutil.rmtree(staging, ignore_errors=True)
+            made = make_corpus(staging / "web", args.images, args.per_tar)
+            (staging / "held").mkdir()  # evaluation images for dedup: 50 of the corpus's own
+            for sample in list(read_samples(made[:1]))[:50]:
+                (staging / "held" / f"{sample['__key__']}.jpg").write_bytes(sample["jpg"])
+            staging.rename(corpus)
+        held = corpus / "held"
+        tars = sorted(str(p) for p in (corpus / "web").glob("*.tar"))
         runs = {"local, 1 process": (Engine("local", workers=1), 1), "local, 2 processes": (Engine("local", workers=2), 2),
                 "Spark local[1]": (Engine("spark", "local[1]"), 1), "Spark local[2]": (Engine("spark", "local[2]"), 2)}
-        order = [name for _ in range(args.repeats) for name in list(runs)[:2]] + list(runs)[2:]  # local interleaved
         seconds: dict[str, dict[str, float]] = {}
-        reference = None
-        for attempt, name in enumerate(order):
-            engine, cores = runs[name]
-            if engine.name == "spark":  # a fresh session per master, started and warmed off the clock
-                from pyspark.sql import SparkSession
+        paired: dict[str, list[float]] = {}  # stage: the local engine's speed-up in each attempt
+        checked: dict = {}
 
-                active = SparkSession.getActiveSession()
-                if active is not None:
-                    active.stop()
-                spark = spark_session(engine.master, retries=engine.retries)
-                spark.sparkContext.parallelize(range(8), 8).map(warm_worker).collect()  # its Python workers
-            out = tmp / f"{attempt}-{name}".replace(" ", "_").replace(",", "").replace("[", "").replace("]", "")
-            pairs = out / "pairs.parquet"
-            with host.command_scope():  # one pipeline: the warm pool and the readers' caches live for its stages
-                if engine.name == "local" and engine.workers > 1:  # started, the stages imported, off the clock
-                    list(warm_pool(engine.workers).map(warm_worker, range(4 * engine.workers)))
-                options = IngestOptions(workers=engine.workers if engine.name == "local" else 0)
-                t_ingest = timed(lambda: ingest(tars, pairs, options, progress=False, engine=engine))
-                shard_options = ShardOptions(samples_per_shard=args.per_tar, workers=engine.workers)
-                t_shard = timed(lambda: shard(pairs, [], out / "shards", shard_options, progress=False, engine=engine))
-                dedup_options = DedupOptions(workers=engine.workers, images_per_task=args.per_tar)
-                t_dedup = timed(lambda: dedup(pairs, str(held), out / "dedup", dedup_options, progress=False,
-                                              engine=engine))
-            run = {"ingest": t_ingest, "shard": t_shard, "dedup": t_dedup}
-            best = seconds.get(name, run)
-            seconds[name] = {stage: min(run[stage], best[stage]) for stage in run} | {"cores": cores}
-            rows = sorted(pq.read_table(pairs).to_pylist(), key=lambda r: r["uid"])
+        def stage_runs(names: list[str], attempt: int) -> None:
+            """Each stage on each engine of `names`, the engines' runs of a stage one after the other, so that the
+            speed-up compares runs minutes apart at most (this VM's speed drifts by 20% over minutes)."""
+            outs = {name: tmp / f"{attempt}-{name}".replace(" ", "_").replace(",", "").replace("[", "").replace("]", "")
+                    for name in names}
+            run = {name: {} for name in names}
+            for stage in ("ingest", "shard", "dedup"):
+                for name in names:
+                    engine, _ = runs[name]
+                    out = outs[name]
+                    if stage == "ingest":
+                        options = IngestOptions(workers=engine.workers if engine.name == "local" else 0)
+                        fn = lambda: ingest(tars, out / "pairs.parquet", options, progress=False, engine=engine)  # noqa: E731
+                    elif stage == "shard":
+                        options = ShardOptions(samples_per_shard=args.per_tar, workers=engine.workers)
+                        fn = lambda: shard(out / "pairs.parquet", [], out / "shards", options, progress=False,  # noqa: E731
+                                           engine=engine)
+                    else:
+                        options = DedupOptions(workers=engine.workers, images_per_task=args.per_tar)
+                        fn = lambda: dedup(out / "pairs.parquet", str(held), out / "dedup", options, progress=False,  # noqa: E731
+                                           engine=engine)
+                    run[name][stage] = timed(fn)
+            if len(names) == 2:  # this attempt's speed-up of each stage, its two runs adjacent in time
+                for stage in run[names[0]]:
+                    paired.setdefault(stage, []).append(run[names[0]][stage] / run[names[1]][stage])
+            for name in names:
+                best = seconds.get(name, run[name])
+                seconds[name] = {stage: min(run[name][stage], best[stage]) for stage in run[name]} | {"cores": runs[name][1]}
+                check(name, outs[name])
+                print(f"{name}: " + ", ".join(f"{stage} {args.images / run[name][stage]:.0f} images/s"
+                                              for stage in ("ingest", "shard", "dedup")), flush=True)
+
+        def check(name: str, out: Path) -> None:
+            """Every run's pair table (rows) and shards (bytes) equal the first run's."""
+            rows = sorted(pq.read_table(out / "pairs.parquet").to_pylist(), key=lambda r: r["uid"])
             shards = {p.name: p.read_bytes() for p in sorted((out / "shards").glob("*.tar"))}
-            if reference is None:
-                reference = (rows, shards)
-                sizes = {"pair_bytes": pairs.stat().st_size / len(rows),
-                         "shard_bytes": sum(len(b) for b in shards.values()) / args.images,
-                         "source_bytes": sum(Path(t).stat().st_size for t in tars) / args.images}
-            elif (rows, shards) != reference:
+            if not checked:
+                checked["reference"] = (rows, shards)
+                checked["sizes"] = {"pair_bytes": (out / "pairs.parquet").stat().st_size / len(rows),
+                                    "shard_bytes": sum(len(b) for b in shards.values()) / args.images,
+                                    "source_bytes": sum(Path(t).stat().st_size for t in tars) / args.images}
+            elif (rows, shards) != checked["reference"]:
                 raise SystemExit(f"{name}: outputs differ from the local engine's")
             shutil.rmtree(out)
-            print(f"{name}: ingest {args.images / t_ingest:.0f} images/s, shard {args.images / t_shard:.0f} images/s, "
-                  f"dedup {args.images / t_dedup:.0f} images/s", flush=True)
+
+        for attempt in range(args.repeats):
+            with host.command_scope():  # one pipeline: the warm pool and the readers' caches live for its stages
+                # the pool started, the stages imported, off the clock; the 1-process runs never use it
+                list(warm_pool(2).map(warm_worker, range(8)))
+                stage_runs(["local, 1 process", "local, 2 processes"], attempt)
+        for name in ("Spark local[1]", "Spark local[2]"):  # a fresh session per master, started and warmed off the clock
+            from pyspark.sql import SparkSession
+
+            active = SparkSession.getActiveSession()
+            if active is not None:
+                active.stop()
+            spark = spark_session(runs[name][0].master, retries=runs[name][0].retries)
+            spark.sparkContext.parallelize(range(8), 8).map(warm_worker).collect()  # its Python workers
+            with host.command_scope():
+                stage_runs([name], args.repeats)
+        sizes = checked["sizes"]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -149,8 +185,8 @@ def main() -> None:
         return args.images / seconds[name][stage]
 
     stages = ("ingest", "shard", "dedup")
-    speedups = {stage: (rate("Spark local[2]", stage) / rate("Spark local[1]", stage),
-                        rate("local, 2 processes", stage) / rate("local, 1 process", stage)) for stage in stages}
+    speedups = {stage: (rate("Spark local[2]", stage) / rate("Spark local[1]", stage), statistics.median(paired[stage]))
+                for stage in stages}
     lines = [verdict("P11", f"local_speedup_2core_{stage}", speedups[stage][1], 1.8, at_least=True) for stage in stages]
     lines += [verdict("P11", f"spark_speedup_2core_{stage}", speedups[stage][0], 1.8, at_least=True) for stage in stages]
     lines += [f"P11 dedup_images_per_s_per_core={rate('local, 1 process', 'dedup'):.0f}"]
@@ -164,7 +200,10 @@ def main() -> None:
         f"{args.repeats}`: {args.images:,} JPEGs (512 x 384) in {args.images // args.per_tar} webdataset tars, as "
         "img2dataset writes them; the local engine's pool warm (started before the clock, kept for the three "
         f"stages), the fastest of {args.repeats} runs; Spark's session warm, one run. Every run's pair table (rows) "
-        "and shards (bytes) were checked equal to the first run's.",
+        "and shards (bytes) were checked equal to the first run's. The local engine's speed-up is the median over "
+        "the attempts of each attempt's own 1-process / 2-process time ratio, a stage's two runs adjacent in time "
+        "(this VM's speed per core drifts by up to 20% over minutes); each attempt's ratios: "
+        + "; ".join(f"{stage} " + ", ".join(f"{r:.2f}" for r in paired[stage]) for stage in stages) + ".",
         "",
         "| engine | ingest images/s | per core | shard images/s | per core | dedup (phash) images/s | per core |",
         "|---|---|---|---|---|---|---|",
