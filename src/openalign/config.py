@@ -123,6 +123,12 @@ class VisionConfig:
     batch_norm_eps: Annotated[float, POSITIVE] = 1e-3
     resize_size: Annotated[int, POSITIVE_INT] = 346  # paper: resize to 346x346
     image_size: Annotated[int, POSITIVE_INT] = 289  # paper: random crop 289 (train), center crop 289 (eval)
+    # How evaluation resizes before the center crop: to a square of resize_size (openalign's, ALIGN's and SigLIP's
+    # processors), or the shortest side to resize_size keeping the aspect ratio (CLIP's processor); and with which
+    # filter (openalign trains bilinear; CLIP's and SigLIP's processors are bicubic). A checkpoint's processor
+    # files set both (model/hub.py).
+    resize_mode: Literal["square", "shortest_edge"] = "square"
+    resample: Literal["bilinear", "bicubic"] = "bilinear"
     # The pixel values the tower expects, as transformers' EfficientNetImageProcessor makes them from 0..255:
     # p * pixel_scale + pixel_offset, then (x - pixel_mean) / pixel_std when a mean is given. openalign's
     # own models (and kakaobrain/align-base) use p / 127.5 - 1, i.e. [-1, 1]; a foreign checkpoint's
@@ -159,6 +165,10 @@ class TextConfig:
     # (the [CLS] output does not depend on masked padding, so results are the same up to rounding).
     # Alt-texts are short with a long tail: one padding length per batch wastes most of the compute.
     length_buckets: Annotated[int, POSITIVE_INT] = 1
+    # How texts are padded for encoding: to the longest of a batch (BERT and CLIP pool a token that padding cannot
+    # reach), or every text to max_length (SigLIP pools the last position: it was trained, and is evaluated by
+    # transformers' zero-shot pipeline, padded to 64, and padding=True gives other vectors).
+    padding: Literal["longest", "max_length"] = "longest"
 
 
 @dataclass(frozen=True)
@@ -168,6 +178,9 @@ class ModelConfig:
     embed_dim: Annotated[int, POSITIVE_INT] = 640  # B7 pools to 640, L2 to 1376; other towers get a linear layer
     init_from: str = ""  # a model directory (AlignModel, or VisionTextDualEncoderModel for a ViT) to initialize from
     channels_last: bool = True  # depthwise convs are ~7x faster in channels_last on CPU
+    # Whose towers: openalign's dual encoder (vision.kind), or a public checkpoint's as it ships (clip: CLIPModel,
+    # siglip: SiglipModel; model/families.py), which openalign evaluates, embeds and serves but does not train.
+    family: Literal["openalign", "clip", "siglip"] = "openalign"
 
 
 @dataclass(frozen=True)
@@ -518,6 +531,9 @@ def _cross_field(cfg: Config, world: int) -> list[str]:
                             f"{v.num_heads}")
     if t.num_heads > 0 and t.hidden_size % t.num_heads:
         problems.append(f"model.text.hidden_size={t.hidden_size} must divide by model.text.num_heads={t.num_heads}")
+    if cfg.model.family != "openalign":  # (a loaded checkpoint's config is not checked: it is not trained)
+        problems.append(f"model.family={cfg.model.family} is a public checkpoint's format, which openalign evaluates, "
+                        "embeds and serves; it trains its own dual encoder (model.family=openalign)")
     batch = cfg.data.global_batch
     if batch > 0 and batch % world:
         problems.append(f"data.global_batch={batch} must divide by the {world} processes (each encodes an equal share)")

@@ -7,6 +7,7 @@ is small (nearly 2x faster decode+resize), then resized to a square (paper: 346x
 
 from __future__ import annotations
 
+import functools
 import io
 import random
 import warnings
@@ -55,10 +56,38 @@ def to_unit_range(pixels: torch.Tensor) -> torch.Tensor:
     return pixels.float().div_(127.5).sub_(1.0)
 
 
-def eval_transform(image: Image.Image, resize: int, crop: int) -> torch.Tensor:
-    image = image.resize((resize, resize), Image.BILINEAR)
-    offset = (resize - crop) // 2
-    return to_tensor(image.crop((offset, offset, offset + crop, offset + crop)))
+FILTERS = {"nearest": Image.NEAREST, "bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "lanczos": Image.LANCZOS,
+           "box": Image.BOX, "hamming": Image.HAMMING}  # VisionConfig.resample: Pillow's filters by name
+
+
+def resized(image: Image.Image, resize: int, mode: str = "square", resample: str = "bilinear") -> Image.Image:
+    """`image` resized as an image processor does: to resize x resize (`square`), or its shortest side to `resize`
+    and the other to int(resize * long / short) (`shortest_edge`: CLIP's processor, transformers'
+    `get_resize_output_image_size`)."""
+    if mode == "square":
+        size = (resize, resize)
+    else:
+        width, height = image.size
+        short, long = min(width, height), max(width, height)
+        other = int(resize * long / short)
+        size = (resize, other) if width <= height else (other, resize)
+    return image.resize(size, FILTERS[resample])
+
+
+def eval_transform(image: Image.Image, resize: int, crop: int, mode: str = "square",
+                   resample: str = "bilinear") -> torch.Tensor:
+    """[3, crop, crop] in [-1, 1]: `resized`, then the center crop (its top-left corner at half the margins, rounded
+    down, as transformers' `center_crop`)."""
+    image = resized(image, resize, mode, resample)
+    left, top = (image.width - crop) // 2, (image.height - crop) // 2
+    return to_tensor(image.crop((left, top, left + crop, top + crop)))
+
+
+def vision_transform(vision) -> functools.partial:
+    """`eval_transform` with a VisionConfig's resize, crop, mode and filter: image -> the model's evaluation pixels
+    (picklable: data workers apply it)."""
+    return functools.partial(eval_transform, resize=vision.resize_size, crop=vision.image_size,
+                             mode=vision.resize_mode, resample=vision.resample)
 
 
 def eval_pixels(image: Image.Image, resize: int, crop: int) -> torch.Tensor | Image.Image:

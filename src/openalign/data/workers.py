@@ -33,11 +33,12 @@ def load_readers() -> None:
     pyarrow imports pandas (when installed) the first time it builds an array from Python values, as every Parquet
     part a task writes does. In a fresh worker those cost 0.8 s at its first task, three tars' worth of ingest
     (bench/data_plane.py), paid again by every worker of every pool. Called by the fork server before it forks."""
+    import importlib
+
     import PIL.Image
     import pyarrow as pa
 
-    import openalign.data.sources  # noqa: F401 - imported to be inherited
-
+    importlib.import_module("openalign.data.sources")  # imported here to be inherited
     PIL.Image.init()
     pa.array([0])
 

@@ -150,7 +150,9 @@ def _embed(model: DualEncoder, shards: str | list[str], options: EvalOptions, pr
     counter: dict = {}
     decoded = sources.decoded(tqdm(split_items(shards, options, counter), desc="embed eval images", unit="img",
                                    disable=not progress, leave=False), counter, model.cfg.vision.alpha)
-    pixels = ((item, transforms.eval_transform(image, options.resize, options.crop)) for item, image in decoded)
+    vision = model.cfg.vision  # its resize mode and filter, at the evaluation's sizes
+    pixels = ((item, transforms.eval_transform(image, options.resize, options.crop, vision.resize_mode, vision.resample))
+              for item, image in decoded)
     embeds, captions, owner, labels, keys, caption_ids, kept = [], [], [], [], [], [], []
     cells = []
     encoder = encode_image_tokens if patches else encode_images

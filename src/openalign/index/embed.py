@@ -162,9 +162,9 @@ class Encoder:
 def embed_part(encoder: Encoder, items, options: EmbedOptions, bar) -> tuple:
     """(image embeddings, caption embeddings or None, metadata rows, skip counter, patch vectors or None) of
     one part."""
-    resize, crop = encoder.cfg.model.vision.resize_size, encoder.cfg.model.vision.image_size
+    transform = transforms.vision_transform(encoder.cfg.model.vision)
     counter: dict = {}
-    pixels = (((item, image.size), transforms.eval_transform(image, resize, crop))
+    pixels = (((item, image.size), transform(image))
               for item, image in source_lib.decoded(items, counter, encoder.cfg.model.vision.alpha))
     embeds, rows, cells = [], [], []
     encode = (lambda model, batch: encode_image_tokens(model, batch, options.top_patches)) if options.patches \

@@ -51,7 +51,7 @@ def image_embedding(model, image_bytes: bytes) -> np.ndarray:
         image = image_lib.load_rgb(image_bytes, alpha=cfg.alpha)
     except image_lib.BadImage as err:
         raise ConfigError(f"the query image is not a readable image ({err.reason})") from None
-    return encode_images(model, transforms.eval_transform(image, cfg.resize_size, cfg.image_size)[None]).numpy()[0]
+    return encode_images(model, transforms.vision_transform(cfg)(image)[None]).numpy()[0]
 
 
 def query_vector(model, tokenizer, query: Query, index: Loaded | None = None) -> np.ndarray:

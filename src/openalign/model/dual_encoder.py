@@ -27,7 +27,7 @@ from torch import nn
 from transformers import (AlignConfig, AlignModel, AlignTextConfig, AlignVisionConfig, BertConfig, CLIPVisionConfig,
                           VisionTextDualEncoderConfig, VisionTextDualEncoderModel)
 
-from openalign.config import LossConfig, ModelConfig
+from openalign.config import LossConfig, ModelConfig, VisionConfig
 from openalign.model.cls_only import cls_only, use_cls_only_last_layer
 from openalign.model.depthwise import use_fast_depthwise
 
@@ -92,6 +92,18 @@ def hf_config(cfg: ModelConfig, pad_token_id: int = 0, temperature_init: float =
 
 def vision_pooled_dim(align: AlignModel) -> int:
     return align.vision_model.encoder.blocks[-1].projection.project_conv.out_channels
+
+
+def tower_pixels(v: VisionConfig, unit: torch.Tensor) -> torch.Tensor:
+    """[-1, 1] pixels -> the tower's own input (VisionConfig.pixel_*): identity for openalign's models."""
+    if v.pixel_scale == 1 / 127.5 and v.pixel_offset == -1.0 and not v.pixel_mean:
+        return unit
+    x = (unit + 1.0) * 127.5 * v.pixel_scale + v.pixel_offset  # back to 0..255, then the checkpoint's rescale
+    if v.pixel_mean:
+        mean = torch.tensor(v.pixel_mean, dtype=x.dtype, device=x.device)[:, None, None]
+        std = torch.tensor(v.pixel_std, dtype=x.dtype, device=x.device)[:, None, None]
+        x = (x - mean) / std
+    return x
 
 
 class DualEncoder(nn.Module):
@@ -194,16 +206,7 @@ class DualEncoder(nn.Module):
         return encoding
 
     def tower_pixels(self, unit: torch.Tensor) -> torch.Tensor:
-        """[-1, 1] pixels -> the tower's own input (VisionConfig.pixel_*): identity for openalign's models."""
-        v = self.cfg.vision
-        if v.pixel_scale == 1 / 127.5 and v.pixel_offset == -1.0 and not v.pixel_mean:
-            return unit
-        x = (unit + 1.0) * 127.5 * v.pixel_scale + v.pixel_offset  # back to 0..255, then the checkpoint's rescale
-        if v.pixel_mean:
-            mean = torch.tensor(v.pixel_mean, dtype=x.dtype, device=x.device)[:, None, None]
-            std = torch.tensor(v.pixel_std, dtype=x.dtype, device=x.device)[:, None, None]
-            x = (x - mean) / std
-        return x
+        return tower_pixels(self.cfg.vision, unit)
 
     def encode_text(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, tokens: bool = False) -> Encoding:
         """`tokens`: also every token's vector (text_projection of its last hidden state), padding masked."""

@@ -68,9 +68,10 @@ def token_ids(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
         return tokenizer(texts, truncation=True, max_length=max_length)["input_ids"] if texts else []
 
 
-def _text_batches(tokenizer, texts: list[str], batch_size: int, max_length: int):
+def _text_batches(tokenizer, texts: list[str], batch_size: int, max_length: int, padding: str = "longest"):
     """(rows, ids [b, width], mask [b, width]) of `texts` tokenized in one call, in order of length, so each
-    batch is padded only to its own longest text."""
+    batch is padded only to its own longest text (TextConfig.padding `longest`), or every text to `max_length`
+    (`max_length`: SigLIP's convention)."""
     if not texts:
         return
     ids = token_ids(tokenizer, texts, max_length)
@@ -78,7 +79,7 @@ def _text_batches(tokenizer, texts: list[str], batch_size: int, max_length: int)
     pad = tokenizer.pad_token_id or 0
     for start in range(0, len(order), batch_size):
         rows = order[start:start + batch_size]
-        width = max(len(ids[i]) for i in rows)
+        width = max_length if padding == "max_length" else max(len(ids[i]) for i in rows)
         batch = torch.full((len(rows), width), pad, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
         for j, i in enumerate(rows):
@@ -93,7 +94,7 @@ def encode_texts(model: DualEncoder, tokenizer, texts: list[str], batch_size: in
     out = torch.empty(len(texts), model.cfg.embed_dim)
     device = device_of(model)
     with evaluating(model), _autocast(device):
-        for rows, ids, mask in _text_batches(tokenizer, texts, batch_size, max_length):
+        for rows, ids, mask in _text_batches(tokenizer, texts, batch_size, max_length, model.cfg.text.padding):
             out[rows] = _finish(model.encode_text(ids.to(device), mask.to(device)).embeds, device)
     return out
 
@@ -103,12 +104,12 @@ def encode_text_tokens(model: DualEncoder, tokenizer, texts: list[str], batch_si
     """Late interaction's text side: ([len(texts), L, D] normalized token vectors, [len(texts), L] bool mask of
     real tokens), L the longest text's token count, rows in input order."""
     ids = token_ids(tokenizer, texts, max_length)
-    longest = max((len(i) for i in ids), default=1)
+    longest = max_length if model.cfg.text.padding == "max_length" else max((len(i) for i in ids), default=1)
     tokens = torch.zeros(len(texts), longest, model.cfg.embed_dim)
     real = torch.zeros(len(texts), longest, dtype=torch.bool)
     device = device_of(model)
     with evaluating(model), _autocast(device):
-        for rows, batch, mask in _text_batches(tokenizer, texts, batch_size, max_length):
+        for rows, batch, mask in _text_batches(tokenizer, texts, batch_size, max_length, model.cfg.text.padding):
             out = model.encode_text(batch.to(device), mask.to(device), tokens=True)
             width = batch.shape[1]
             tokens[rows, :width] = _finish(out.tokens, device)

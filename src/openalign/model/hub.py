@@ -36,7 +36,9 @@ from transformers import AlignModel, VisionTextDualEncoderModel
 
 from openalign import config as config_lib
 from openalign.config import Config, ConfigError, ModelConfig, TextConfig, VisionConfig
+from openalign.model import families
 from openalign.model.dual_encoder import DualEncoder
+from openalign.model.families import FAMILIES
 
 CONFIG_FILE = "openalign.json"
 EXTRA_FILE = "openalign_extra.safetensors"
@@ -85,7 +87,9 @@ def processor_settings(v: VisionConfig) -> dict:
     center crop, rescale and offset, optional normalization), so `AlignProcessor.from_pretrained(dir)` works."""
     processor = "VisionTextDualEncoderProcessor" if v.kind == "vit" else "AlignProcessor"
     return {"image_processor_type": "EfficientNetImageProcessor", "processor_class": processor,
-            "do_resize": True, "size": {"height": v.resize_size, "width": v.resize_size}, "resample": 2,  # bilinear
+            "do_resize": True, "resample": {name: code for code, name in RESAMPLE.items()}[v.resample],
+            "size": {"height": v.resize_size, "width": v.resize_size} if v.resize_mode == "square"
+            else {"shortest_edge": v.resize_size},
             "do_center_crop": True, "crop_size": {"height": v.image_size, "width": v.image_size},
             "do_rescale": True, "rescale_factor": v.pixel_scale, "rescale_offset": v.pixel_offset == -1.0,
             "do_normalize": bool(v.pixel_mean), "image_mean": list(v.pixel_mean) or [0.5, 0.5, 0.5],
@@ -102,11 +106,41 @@ def _square(value, default: int) -> int:
     return int(value) if isinstance(value, (int, float)) else default
 
 
+RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}  # PIL's codes, by name
+
+
+def _resize_mode(processor: dict) -> str:
+    """`shortest_edge` when the processor resizes the shortest side (CLIP's `{"shortest_edge": 224}`, or a bare
+    int in a processor that does not default to a square, as CLIP's older files say it), else `square`."""
+    size = processor.get("size")
+    if isinstance(size, dict):
+        return "shortest_edge" if "shortest_edge" in size and not {"height", "width"} & set(size) else "square"
+    square = processor.get("default_to_square", not str(processor.get("image_processor_type", "")).startswith("CLIP"))
+    return "square" if isinstance(size, (int, float)) and square else "shortest_edge" if size is not None else "square"
+
+
+PROCESSOR_KEYS = ("do_resize", "size", "resample", "do_center_crop", "crop_size", "do_rescale", "rescale_factor",
+                  "rescale_offset", "do_normalize", "image_mean", "image_std", "default_to_square")
+
+
+def class_defaults(processor: dict) -> dict:
+    """What the processor's class assumes for the settings its file leaves out (transformers' PIL twin of the class
+    named by `image_processor_type`: CLIP's and SigLIP's resample bicubically by default, EfficientNet's not)."""
+    name = str(processor.get("image_processor_type") or "").removesuffix("Fast").removesuffix("Pil")
+    cls = getattr(transformers, f"{name}Pil", None) if name.isidentifier() else None
+    found = {key: getattr(cls, key) for key in PROCESSOR_KEYS if cls is not None and hasattr(cls, key)}
+    return {k: int(v) if k == "resample" and v is not None else v for k, v in found.items() if v is not None}
+
+
 def vision_from_processor(v: VisionConfig, processor: dict) -> VisionConfig:
-    """`v` with the resize, crop, rescale and normalization of a transformers image processor's settings."""
-    if processor.get("resample", 2) not in (2, "bilinear"):
+    """`v` with the resize (square or shortest side, and its filter), crop, rescale and normalization of a
+    transformers image processor's settings (with its class's defaults for what they leave out)."""
+    processor = class_defaults(processor) | processor
+    resample = processor.get("resample", 2)
+    resample = RESAMPLE.get(resample, resample) if isinstance(resample, int) else str(resample).lower()
+    if resample not in RESAMPLE.values():
         raise ConfigError(f"the checkpoint's image processor resamples with {processor['resample']!r}; openalign "
-                          "resizes bilinearly (PIL 2) only")
+                          f"reads Pillow's filters ({', '.join(f'{k} {n}' for k, n in RESAMPLE.items())})")
     size = _square(processor.get("size"), v.image_size)
     crop = _square(processor.get("crop_size"), size) if processor.get("do_center_crop", False) else size
     if not processor.get("do_resize", True):
@@ -117,7 +151,7 @@ def vision_from_processor(v: VisionConfig, processor: dict) -> VisionConfig:
     mean = tuple(float(x) for x in processor.get("image_mean") or ()) if normalize else ()
     std = tuple(float(x) for x in processor.get("image_std") or ()) if normalize else ()
     return dataclasses.replace(v, resize_size=size, image_size=crop, pixel_scale=scale, pixel_offset=offset,
-                               pixel_mean=mean, pixel_std=std)
+                               pixel_mean=mean, pixel_std=std, resize_mode=_resize_mode(processor), resample=resample)
 
 
 def _model_config_from_hf(hf) -> ModelConfig:
@@ -158,21 +192,25 @@ def _model_config_from_dual(hf) -> ModelConfig:
         embed_dim=hf.projection_dim, channels_last=False)
 
 
+MODEL_TYPES = {"align": "AlignModel", "vision-text-dual-encoder": "VisionTextDualEncoderModel", **FAMILIES}
+
+
 def model_type(path: Path) -> str:
-    """config.json's model_type: "align" or "vision-text-dual-encoder" (anything else is refused)."""
+    """config.json's model_type: one of MODEL_TYPES (anything else is refused, naming them)."""
     try:
         kind = json.loads((Path(path) / "config.json").read_text()).get("model_type", "")
     except ValueError:
         raise ConfigError(f"{Path(path) / 'config.json'} is not JSON") from None
-    if kind not in ("align", "vision-text-dual-encoder"):
-        raise ConfigError(f"{path} holds a {kind or 'unknown'} model; openalign loads AlignModel and "
-                          "VisionTextDualEncoderModel directories")
+    if kind not in MODEL_TYPES:
+        raise ConfigError(f"{path} holds a {kind or 'unknown'} model; openalign loads "
+                          f"{', '.join(list(MODEL_TYPES.values())[:-1])} and {list(MODEL_TYPES.values())[-1]} "
+                          "directories")
     return kind
 
 
 def load_config(path: Path) -> Config:
-    """The config of an AlignModel or VisionTextDualEncoderModel directory (openalign's own, or one
-    describing a foreign checkpoint)."""
+    """The config of a model directory of one of MODEL_TYPES (openalign's own, or one describing a public
+    checkpoint)."""
     path = Path(path)
     if not (path / "config.json").is_file():
         raise ConfigError(f"{path} is not a model directory (no config.json); pass the `model` folder of a run")
@@ -186,7 +224,16 @@ def load_config(path: Path) -> Config:
                               f"{cfg.model.vision.image_size} ({CONFIG_FILE}); restore its {PROCESSOR_FILE} and remove "
                               f"a {PROCESSOR_FILES[1]} saved over it, or train at the new size")
         return cfg
-    if model_type(path) == "vision-text-dual-encoder":
+    kind = model_type(path)
+    if kind in FAMILIES:  # a public checkpoint: its towers as they are, its processor's preprocessing
+        hf = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+        model = families.model_config(hf, kind)
+        processor = image_processor_settings(path)
+        if processor is not None:
+            model = dataclasses.replace(model, vision=dataclasses.replace(
+                vision_from_processor(model.vision, processor), alpha="drop"))
+        return Config(model=model)
+    if kind == "vision-text-dual-encoder":
         hf = transformers.VisionTextDualEncoderConfig.from_pretrained(path)
         model, temperature = _model_config_from_dual(hf), math.exp(-hf.logit_scale_init_value)
     else:
@@ -242,7 +289,8 @@ def weights_fingerprint(path: Path) -> str:
 
 
 MODEL_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json", "spiece.model",
-               "sentencepiece.bpe.model", "vocab.json", "merges.txt", PROCESSOR_FILE, "processor_config.json")
+               "sentencepiece.bpe.model", "tokenizer.model", "vocab.json", "merges.txt", PROCESSOR_FILE,
+               "processor_config.json")
 
 
 def model_fingerprint(path: Path) -> str:
@@ -255,20 +303,28 @@ def model_fingerprint(path: Path) -> str:
     return digest.hexdigest()
 
 
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model",
+                   "tokenizer.model")  # fast, WordPiece, BPE (CLIP), SentencePiece (SigLIP, XLM-R, Gemma)
+
+
 def has_tokenizer(path: Path) -> bool:
-    return (Path(path) / "tokenizer.json").is_file() or (Path(path) / "vocab.txt").is_file()
+    return any((Path(path) / name).is_file() for name in TOKENIZER_FILES)
 
 
 def load_pretrained(path: Path) -> tuple[DualEncoder, object, Config]:
-    """Load (model in eval mode, tokenizer or None, config) from an AlignModel directory."""
+    """Load (model in eval mode, tokenizer or None, config) from a model directory of one of MODEL_TYPES."""
     path = Path(path)
     cfg = load_config(path)
     # transformers reports the text pooler missing: openalign drops it (it pools [CLS] itself). The command line
     # quiets such reports at process start (cli.py); a library user's logging settings are left as they are.
-    kind = VisionTextDualEncoderModel if cfg.model.vision.kind == "vit" else AlignModel
-    model = DualEncoder(cfg.model, cfg.loss, hf=kind.from_pretrained(path, local_files_only=True))
-    if (path / EXTRA_FILE).is_file():
-        model.load_state_dict(load_file(path / EXTRA_FILE), strict=False)
+    if cfg.model.family != "openalign":
+        hf = getattr(transformers, FAMILIES[cfg.model.family]).from_pretrained(path, local_files_only=True)
+        model = families.PublicDualEncoder(cfg.model, hf)
+    else:
+        kind = VisionTextDualEncoderModel if cfg.model.vision.kind == "vit" else AlignModel
+        model = DualEncoder(cfg.model, cfg.loss, hf=kind.from_pretrained(path, local_files_only=True))
+        if (path / EXTRA_FILE).is_file():
+            model.load_state_dict(load_file(path / EXTRA_FILE), strict=False)
     tokenizer = None
     if has_tokenizer(path):
         tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
@@ -277,7 +333,10 @@ def load_pretrained(path: Path) -> tuple[DualEncoder, object, Config]:
 
 def init_towers(model: DualEncoder, path: Path) -> None:
     """Initialize towers, projections and temperature (everything the model has) from an AlignModel directory."""
-    source, _, _ = load_pretrained(path)
+    source, _, cfg = load_pretrained(path)
+    if cfg.model.family != "openalign":
+        raise ConfigError(f"{path} is a {MODEL_TYPES[cfg.model.family]} directory; model.init_from reads AlignModel and "
+                          "VisionTextDualEncoderModel directories")
     try:
         model.load_state_dict(source.state_dict(), strict=False)
     except RuntimeError as err:

@@ -123,9 +123,9 @@ def embed_blobs(model_path: str, blobs, batch_size: int, threads: int = 0) -> tu
     from openalign.model.encode import encode_image_stream
 
     model, _, cfg = _model(model_path, threads)
-    resize, crop = cfg.model.vision.resize_size, cfg.model.vision.image_size
+    transform = transforms.vision_transform(cfg.model.vision)
     items = (sources.Item(str(i), "", data=data or b"") for i, data in enumerate(blobs))
-    pixels = ((int(item.key), transforms.eval_transform(image, resize, crop))
+    pixels = ((int(item.key), transform(image))
               for item, image in sources.decoded(items, alpha=cfg.model.vision.alpha))
     out, kept = [], []
     for positions, embeds in encode_image_stream(model, pixels, batch_size):
