@@ -12,8 +12,8 @@ evaluation images (one task per `--per-tar` images). Each stage runs, on the sam
   each other: this VM's speed per core drifts by up to 20% over minutes (the same JPEG decodes in 0.69-0.97 s
   run to run), and runs minutes apart compared that drift, not the engine;
 - Spark `local[1]` and `local[2]` (the session is started and its Python workers warmed as the local pool's
-  are, before the clock starts: a cluster pays that once per job, not per stage).
-The 2-core speed-up is local[2] / local[1] (and 2 / 1 local workers: the median of the attempts' own ratios);
+  are, before the clock starts: a cluster pays that once per job, not per stage), `--repeats` times each.
+The 2-core speed-up is local[2] / local[1] (and 2 / 1 local workers): the median of the attempts' own ratios;
 the per-core figure is images/s divided by the cores used. Outputs of every run are checked equal to the local engine's first run.
 
 The default size is where the steady state shows: 16 tasks per stage of 500 images (a few seconds each),
@@ -114,10 +114,10 @@ def main() -> None:
         runs = {"local, 1 process": (Engine("local", workers=1), 1), "local, 2 processes": (Engine("local", workers=2), 2),
                 "Spark local[1]": (Engine("spark", "local[1]"), 1), "Spark local[2]": (Engine("spark", "local[2]"), 2)}
         seconds: dict[str, dict[str, float]] = {}
-        paired: dict[str, list[float]] = {}  # stage: the local engine's speed-up in each attempt
+        paired: dict[tuple[str, str], list[float]] = {}  # (engine, stage): its speed-up in each attempt
         checked: dict = {}
 
-        def stage_runs(names: list[str], attempt: int) -> None:
+        def stage_runs(names: list[str], attempt: int) -> dict[str, dict[str, float]]:
             """Each stage on each engine of `names`, the engines' runs of a stage one after the other, so that the
             speed-up compares runs minutes apart at most (this VM's speed drifts by 20% over minutes)."""
             outs = {name: tmp / f"{attempt}-{name}".replace(" ", "_").replace(",", "").replace("[", "").replace("]", "")
@@ -139,15 +139,18 @@ def main() -> None:
                         fn = lambda: dedup(out / "pairs.parquet", str(held), out / "dedup", options, progress=False,  # noqa: E731
                                            engine=engine)
                     run[name][stage] = timed(fn)
-            if len(names) == 2:  # this attempt's speed-up of each stage, its two runs adjacent in time
-                for stage in run[names[0]]:
-                    paired.setdefault(stage, []).append(run[names[0]][stage] / run[names[1]][stage])
             for name in names:
                 best = seconds.get(name, run[name])
                 seconds[name] = {stage: min(run[name][stage], best[stage]) for stage in run[name]} | {"cores": runs[name][1]}
                 check(name, outs[name])
                 print(f"{name}: " + ", ".join(f"{stage} {args.images / run[name][stage]:.0f} images/s"
                                               for stage in ("ingest", "shard", "dedup")), flush=True)
+            return run
+
+        def pair(one: dict, two: dict, engine: str) -> None:
+            """An attempt's speed-up of each stage: its 1-core time over its 2-core time."""
+            for stage in one:
+                paired.setdefault((engine, stage), []).append(one[stage] / two[stage])
 
         def check(name: str, out: Path) -> None:
             """Every run's pair table (rows) and shards (bytes) equal the first run's."""
@@ -166,17 +169,21 @@ def main() -> None:
             with host.command_scope():  # one pipeline: the warm pool and the readers' caches live for its stages
                 # the pool started, the stages imported, off the clock; the 1-process runs never use it
                 list(warm_pool(2).map(warm_worker, range(8)))
-                stage_runs(["local, 1 process", "local, 2 processes"], attempt)
-        for name in ("Spark local[1]", "Spark local[2]"):  # a fresh session per master, started and warmed off the clock
-            from pyspark.sql import SparkSession
+                run = stage_runs(["local, 1 process", "local, 2 processes"], attempt)
+            pair(run["local, 1 process"], run["local, 2 processes"], "local")
+        for attempt in range(args.repeats):  # Spark: a fresh session per master, started and warmed off the clock
+            run = {}
+            for name in ("Spark local[1]", "Spark local[2]"):
+                from pyspark.sql import SparkSession
 
-            active = SparkSession.getActiveSession()
-            if active is not None:
-                active.stop()
-            spark = spark_session(runs[name][0].master, retries=runs[name][0].retries)
-            spark.sparkContext.parallelize(range(8), 8).map(warm_worker).collect()  # its Python workers
-            with host.command_scope():
-                stage_runs([name], args.repeats)
+                active = SparkSession.getActiveSession()
+                if active is not None:
+                    active.stop()
+                spark = spark_session(runs[name][0].master, retries=runs[name][0].retries)
+                spark.sparkContext.parallelize(range(8), 8).map(warm_worker).collect()  # its Python workers
+                with host.command_scope():
+                    run |= stage_runs([name], args.repeats + attempt)
+            pair(run["Spark local[1]"], run["Spark local[2]"], "spark")
         sizes = checked["sizes"]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -185,7 +192,7 @@ def main() -> None:
         return args.images / seconds[name][stage]
 
     stages = ("ingest", "shard", "dedup")
-    speedups = {stage: (rate("Spark local[2]", stage) / rate("Spark local[1]", stage), statistics.median(paired[stage]))
+    speedups = {stage: (statistics.median(paired["spark", stage]), statistics.median(paired["local", stage]))
                 for stage in stages}
     lines = [verdict("P11", f"local_speedup_2core_{stage}", speedups[stage][1], 1.8, at_least=True) for stage in stages]
     lines += [verdict("P11", f"spark_speedup_2core_{stage}", speedups[stage][0], 1.8, at_least=True) for stage in stages]
@@ -199,11 +206,13 @@ def main() -> None:
         f"`.venv/bin/python bench/data_plane.py --images {args.images} --per-tar {args.per_tar} --repeats "
         f"{args.repeats}`: {args.images:,} JPEGs (512 x 384) in {args.images // args.per_tar} webdataset tars, as "
         "img2dataset writes them; the local engine's pool warm (started before the clock, kept for the three "
-        f"stages), the fastest of {args.repeats} runs; Spark's session warm, one run. Every run's pair table (rows) "
-        "and shards (bytes) were checked equal to the first run's. The local engine's speed-up is the median over "
-        "the attempts of each attempt's own 1-process / 2-process time ratio, a stage's two runs adjacent in time "
-        "(this VM's speed per core drifts by up to 20% over minutes); each attempt's ratios: "
-        + "; ".join(f"{stage} " + ", ".join(f"{r:.2f}" for r in paired[stage]) for stage in stages) + ".",
+        f"stages), Spark's session and Python workers warm; the fastest of {args.repeats} runs. Every run's pair "
+        "table (rows) and shards (bytes) were checked equal to the first run's. A speed-up is the median over the "
+        f"{args.repeats} attempts of each attempt's own 1-core / 2-core time ratio (the local engine's two runs of a "
+        "stage adjacent in time, Spark's a session apart: this VM's speed per core drifts by up to 20% over "
+        "minutes); each attempt's ratios: "
+        + "; ".join(f"{engine} {stage} " + ", ".join(f"{r:.2f}" for r in paired[engine, stage])
+                    for engine in ("local", "spark") for stage in stages) + ".",
         "",
         "| engine | ingest images/s | per core | shard images/s | per core | dedup (phash) images/s | per core |",
         "|---|---|---|---|---|---|---|",
