@@ -15,7 +15,7 @@ import openalign
 
 PACKAGE = Path(openalign.__file__).parent
 LAYERS = [("config", "schedule", "loss", "distributed", "host", "outputs", "tokenizer", "presets"), ("model",), ("data",),
-          ("pipeline", "index"), ("corpora", "eval", "serve"), ("train",), ("study",), ("cli", "flags", "__main__")]
+          ("pipeline", "index"), ("corpora", "eval", "serve", "api"), ("train",), ("study",), ("cli", "flags", "__main__")]
 RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}
 
 

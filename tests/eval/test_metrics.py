@@ -285,6 +285,37 @@ def test_temperature_scaling_recovers_a_known_temperature():
     assert M.reliability(base, labels)["ece"] < 0.02 < M.reliability(4.0 * base, labels)["ece"]
 
 
+def test_the_sigmoid_head_scores_each_image_class_pair_on_its_own():
+    # SigLIP's probabilities: sigmoid of each pair's logit, a row need not sum to 1; confidence is the top pair's
+    import math
+
+    logit = lambda p: math.log(p / (1 - p))  # noqa: E731
+    logits = torch.tensor([[logit(0.9), logit(0.8)], [logit(0.3), logit(0.2)], [logit(0.55), logit(0.6)]],
+                          dtype=torch.float64)
+    labels = torch.tensor([0, 1, 0])  # right, wrong, wrong
+    probs = M.probabilities(logits, "sigmoid")
+    torch.testing.assert_close(probs, torch.tensor([[0.9, 0.8], [0.3, 0.2], [0.55, 0.6]], dtype=torch.float64))
+    # confidences 0.9 (right), 0.3 (wrong), 0.6 (wrong): ECE = 1/3 (|1 - 0.9| + |0 - 0.3| + |0 - 0.6|)
+    assert M.reliability(logits, labels, head="sigmoid")["ece"] == pytest.approx((0.1 + 0.3 + 0.6) / 3, abs=1e-12)
+    # NLL: every pair's answer, summed over the classes, averaged over the images
+    pair_nll = -(math.log(0.9) + math.log(0.2) + math.log(0.7) + math.log(0.2) + math.log(0.55) + math.log(0.4)) / 3
+    assert M.nll(logits, labels, "sigmoid") == pytest.approx(pair_nll, abs=1e-12)
+    assert M.nll(logits, labels) != pytest.approx(pair_nll)  # the softmax head's is another number
+
+
+def test_sigmoid_scaling_finds_the_temperature_and_bias_that_minimize_the_pair_nll():
+    g = torch.Generator().manual_seed(0)
+    cosines = torch.rand(400, 6, generator=g, dtype=torch.float64) * 0.4
+    labels = cosines.argmax(dim=1)
+    flip = torch.rand(400, generator=g) < 0.3  # some wrong, so the optimum is finite
+    labels[flip] = torch.randint(0, 6, (int(flip.sum()),), generator=g)
+    t, b = M.fit_sigmoid(cosines, labels, temperature=0.1, bias=-10.0)
+    best = M.nll(cosines / t + b, labels, "sigmoid")
+    for dt, db in ((1.02, 0), (0.98, 0), (1, 0.05), (1, -0.05)):
+        assert best < M.nll(cosines / (t * dt) + b + db, labels, "sigmoid")
+    assert best < M.nll(cosines / 0.1 - 10.0, labels, "sigmoid")
+
+
 def brute_best_threshold(scores: list[float], positive: list[bool]) -> tuple[float, float]:
     """Every distinct score as a cut, highest first; the first best J wins; the threshold is the midpoint
     to the next lower distinct score (or the cut minus 1 below the lowest)."""

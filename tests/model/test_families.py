@@ -14,6 +14,7 @@ import torch.nn.functional as F
 import transformers
 from PIL import Image
 
+import openalign
 from openalign import cli, presets
 from openalign.config import ConfigError, check, override
 from openalign.data import sources, transforms
@@ -216,8 +217,9 @@ def test_eval_embed_index_and_search_run_on_a_public_checkpoint(family, tmp_path
 
 
 def test_zero_shot_top1_equals_transformers_zero_shot_pipeline(family, tmp_path):
-    """A class-folder set, the pipeline's one template: openalign's top-1 is the pipeline's, image by image."""
-    name, (root, *_), _, _ = family
+    """A class-folder set, the pipeline's one template: openalign's top-1 is the pipeline's; the probabilities are
+    the model's own head's (SigLIP's a per-pair sigmoid with its bias)."""
+    name, (root, model, *_), _, _ = family
     data = tmp_path / "classes"
     rng = np.random.default_rng(1)
     truth = {}
@@ -237,3 +239,24 @@ def test_zero_shot_top1_equals_transformers_zero_shot_pipeline(family, tmp_path)
     hits = [classify(Image.open(path), candidate_labels=["blue", "cat", "red"])[0]["label"] == label
             for path, label in truth.items()]
     assert metrics["zeroshot_top1"] == pytest.approx(sum(hits) / len(hits))
+    assert metrics["zeroshot_temperature"] == pytest.approx(float(torch.exp(-model.logit_scale.detach())))
+    if name == "siglip":
+        assert metrics["zeroshot_sigmoid_head"] == 1
+        assert metrics["zeroshot_bias"] == pytest.approx(float(model.logit_bias.detach()))
+    else:
+        assert "zeroshot_sigmoid_head" not in metrics and "zeroshot_bias" not in metrics
+
+
+def test_openalign_load_gives_transformers_features_and_its_pipelines_probabilities(family):
+    name, (root, model, processor, tokenizer_kwargs), folder, images = family
+    want_images, want_texts = reference(model, processor, tokenizer_kwargs, root, images)
+    m = openalign.load(root, device="cpu")
+    assert cosines(m.encode_images(sorted(folder.glob("*.png"))), want_images).min() >= 0.9999
+    assert cosines(m.encode_texts(TEXTS), want_texts).min() >= 0.9999
+    assert m.head == ("sigmoid" if name == "siglip" else "softmax")
+    labels = ["red", "blue", "cat"]
+    ours = m.classify(images, labels, templates=["This is a photo of {}."])
+    classify = transformers.pipeline("zero-shot-image-classification", model=str(root))
+    for row, image in zip(ours, images):
+        theirs = {r["label"]: r["score"] for r in classify(image, candidate_labels=labels)}
+        assert row.tolist() == pytest.approx([theirs[label] for label in labels], abs=1e-5)

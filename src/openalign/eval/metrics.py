@@ -352,11 +352,18 @@ def threshold_spread(img: torch.Tensor, txt: torch.Tensor, text_to_image: torch.
 ECE_BINS = 15  # Guo et al. 2017
 
 
-def reliability(logits: torch.Tensor, labels: torch.Tensor, bins: int = ECE_BINS) -> dict:
-    """Confidence (the top softmax probability of `logits` [N, C]) against accuracy, in `bins` equal-width
-    bins over (0, 1] (bin m holds confidences in (m/M, (m+1)/M]): per bin its count, mean confidence and
-    accuracy, and the expected calibration error ECE = sum_m |B_m|/N * |acc(B_m) - conf(B_m)|."""
-    probs = torch.softmax(logits.double(), dim=1)
+def probabilities(logits: torch.Tensor, head: str = "softmax") -> torch.Tensor:
+    """[N, C] class probabilities of the logits under the model's scoring head: `softmax` over the classes
+    (CLIP, ALIGN), or `sigmoid`, each (image, class) pair on its own (SigLIP and sigmoid-trained models: a row
+    need not sum to 1)."""
+    return torch.softmax(logits.double(), dim=1) if head == "softmax" else torch.sigmoid(logits.double())
+
+
+def reliability(logits: torch.Tensor, labels: torch.Tensor, bins: int = ECE_BINS, head: str = "softmax") -> dict:
+    """Confidence (the top probability of `logits` [N, C] under `head`: `probabilities`) against accuracy, in
+    `bins` equal-width bins over (0, 1] (bin m holds confidences in (m/M, (m+1)/M]): per bin its count, mean
+    confidence and accuracy, and the expected calibration error ECE = sum_m |B_m|/N * |acc(B_m) - conf(B_m)|."""
+    probs = probabilities(logits, head)
     confidence, predicted = probs.max(dim=1)
     correct = (predicted == labels).double()
     index = (torch.ceil(confidence * bins).long() - 1).clamp(0, bins - 1)
@@ -370,9 +377,18 @@ def reliability(logits: torch.Tensor, labels: torch.Tensor, bins: int = ECE_BINS
             "accuracy": torch.where(used, acc_sum / count.clamp(min=1), torch.nan).tolist()}
 
 
-def nll(logits: torch.Tensor, labels: torch.Tensor) -> float:
-    """Mean negative log-likelihood of the labels under softmax(logits)."""
-    return float(torch.nn.functional.cross_entropy(logits.double(), labels))
+def nll(logits: torch.Tensor, labels: torch.Tensor, head: str = "softmax") -> float:
+    """Mean negative log-likelihood of the labels per image: under softmax(logits); or, for the `sigmoid` head,
+    of every (image, class) pair's own answer (its class: yes, the others: no), summed over the classes as
+    SigLIP's loss sums them."""
+    if head == "softmax":
+        return float(torch.nn.functional.cross_entropy(logits.double(), labels))
+    return float(_pair_nll(logits.double(), labels))
+
+
+def _pair_nll(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    target = torch.nn.functional.one_hot(labels, logits.shape[1]).to(logits.dtype)
+    return torch.nn.functional.binary_cross_entropy_with_logits(logits, target, reduction="sum") / len(labels)
 
 
 def fit_temperature(logits: torch.Tensor, labels: torch.Tensor) -> float:
@@ -391,6 +407,25 @@ def fit_temperature(logits: torch.Tensor, labels: torch.Tensor) -> float:
 
     optimizer.step(closure)
     return float(log_t.detach().exp())
+
+
+def fit_sigmoid(cosines: torch.Tensor, labels: torch.Tensor, temperature: float, bias: float) -> tuple[float, float]:
+    """The sigmoid head's temperature scaling: the (T > 0, b) minimizing the pair NLL of sigmoid(cos / T + b)
+    (Platt scaling of every (image, class) pair), by L-BFGS on (log T, b) in fp64 from the model's own (T, b)."""
+    cosines = cosines.double()
+    log_t = torch.tensor(math.log(temperature), dtype=torch.float64, requires_grad=True)
+    b = torch.tensor(float(bias), dtype=torch.float64, requires_grad=True)
+    optimizer = torch.optim.LBFGS([log_t, b], lr=0.5, max_iter=200, tolerance_grad=1e-12, tolerance_change=1e-14,
+                                  line_search_fn="strong_wolfe")
+
+    def closure():
+        optimizer.zero_grad()
+        loss = _pair_nll(cosines / log_t.exp() + b, labels)
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    return float(log_t.detach().exp()), float(b.detach())
 
 
 def knn_predict(train: torch.Tensor, train_labels: torch.Tensor, test: torch.Tensor, k: int = 1,

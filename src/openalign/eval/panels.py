@@ -73,6 +73,7 @@ def reliability(ax, data: dict) -> None:
         ax.bar([(m + 0.5) * width + shift for m in range(bins)], accuracy, width=width / len(drawn), color=color,
                alpha=0.7, label=f"{text} (ECE {data[key]['ece']:.3f})")
     ax.plot([0, 1], [0, 1], color="black", ls="--", lw=1, label="perfectly calibrated")
-    ax.set(xlabel="confidence (top probability)", ylabel="accuracy", xlim=(0, 1), ylim=(0, 1.02),
-           title=f"zero-shot reliability ({bins} bins)")
+    sigmoid = data.get("head") == "sigmoid"  # SigLIP's probability is its pair's own, not a share of the classes'
+    ax.set(xlabel="confidence (top probability: " + ("per-pair sigmoid)" if sigmoid else "softmax over classes)"),
+           ylabel="accuracy", xlim=(0, 1), ylim=(0, 1.02), title=f"zero-shot reliability ({bins} bins)")
     ax.legend(fontsize=8, loc="upper left")

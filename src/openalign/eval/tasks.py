@@ -147,7 +147,7 @@ def zeroshot(ctx: Context, options: ZeroshotOptions = ZeroshotOptions()) -> tupl
     metrics = M.topk_accuracy(logits, labels)
     figures = {"zeroshot": {"true": labels, "predicted": logits.argmax(dim=1), "classes": [names[c] for c in classes]}
                | ({"draw": panels.confusion} if panels.confusion_worth_drawing(labels) else {})}
-    if ctx.model is not None:  # probabilities at the model's own scale, softmax(cosine / T)
+    if ctx.model is not None:  # probabilities at the model's own scale and head: softmax(cos / T) or sigmoid(cos / T + b)
         calibration, figures["calibration"] = _calibration(ctx, options, logits, labels, weights, index)
         metrics |= calibration
     return metrics | {"n_classes": len(classes), "n_images": len(rows), "chance_top1": 1 / len(classes),
@@ -155,12 +155,20 @@ def zeroshot(ctx: Context, options: ZeroshotOptions = ZeroshotOptions()) -> tupl
 
 
 def _calibration(ctx: Context, options: ZeroshotOptions, logits, labels, weights, index) -> tuple[dict, dict]:
-    """ECE (15 bins) and NLL of the zero-shot probabilities at the model's temperature; with `calibrate`, also
-    after temperature scaling fitted on that labeled split's images (the same classifier)."""
+    """ECE (15 bins) and NLL of the zero-shot probabilities under the model's own head: softmax(cos / T) over the
+    classes, or, for a model with a logit bias (SigLIP, sigmoid-trained), sigmoid(cos / T + b) of each (image,
+    class) pair on its own (`sigmoid_head` 1; its NLL sums every pair's, M.nll). With `calibrate`, also after
+    temperature scaling fitted on that labeled split's images (the same classifier; the sigmoid head fits its
+    bias too)."""
     temperature = float(ctx.model.temperature.detach().clamp(min=1e-6))
-    before = M.reliability(logits / temperature, labels)
-    out = {"temperature": temperature, "ece": before["ece"], "nll": M.nll(logits / temperature, labels)}
-    figure = {"draw": panels.reliability, "before": before}
+    bias = ctx.model.logit_bias
+    head = "softmax" if bias is None else "sigmoid"
+    bias = 0.0 if bias is None else float(bias.detach())
+    before = M.reliability(logits / temperature + bias, labels, head=head)
+    out = {"temperature": temperature, "ece": before["ece"], "nll": M.nll(logits / temperature + bias, labels, head)}
+    if head == "sigmoid":
+        out |= {"bias": bias, "sigmoid_head": 1}
+    figure = {"draw": panels.reliability, "before": before, "head": head}
     if options.calibrate:
         on_itself = bool(ctx.path) and Path(options.calibrate).resolve() == Path(ctx.path).resolve()
         if on_itself:  # an oracle (the best any temperature can do here), not a calibration: said, and recorded
@@ -172,11 +180,16 @@ def _calibration(ctx: Context, options: ZeroshotOptions, logits, labels, weights
         if not rows:
             raise ConfigError(f"none of the labels of {options.calibrate} are classes of the evaluation data")
         fit_labels = torch.tensor([index[split.labels[i]] for i in rows], dtype=torch.long)
-        fitted = M.fit_temperature(split.image_embeds[rows] @ weights.T, fit_labels)
-        after = M.reliability(logits / fitted, labels)
+        cosines = split.image_embeds[rows] @ weights.T
+        if head == "softmax":
+            fitted, fitted_bias = M.fit_temperature(cosines, fit_labels), 0.0
+        else:
+            fitted, fitted_bias = M.fit_sigmoid(cosines, fit_labels, temperature, bias)
+            out["calibrated_bias"] = fitted_bias
+        after = M.reliability(logits / fitted + fitted_bias, labels, head=head)
         out |= {"calibrated_on_evaluation_data": int(on_itself),
                 "calibrated_temperature": fitted, "calibration_images": len(rows), "ece_calibrated": after["ece"],
-                "nll_calibrated": M.nll(logits / fitted, labels)}
+                "nll_calibrated": M.nll(logits / fitted + fitted_bias, labels, head)}
         figure["after"] = after
     return out, figure
 
