@@ -94,6 +94,21 @@ def vision_pooled_dim(align: AlignModel) -> int:
     return align.vision_model.encoder.blocks[-1].projection.project_conv.out_channels
 
 
+class TwoTowers(nn.Module):
+    """What every stage asks of a model (model/encode.py, eval, index, serve): `cfg` (a ModelConfig),
+    `encode_image(pixels, tokens=False)` and `encode_text(ids, mask, tokens=False)` -> `Encoding`, the scoring
+    head's `temperature` and `logit_bias` (None: a softmax head), and the towers of its transformers model `hf`.
+    openalign's DualEncoder and the public families (model/families.py) are its kinds."""
+
+    @property
+    def vision_tower(self) -> nn.Module:
+        return self.hf.vision_model
+
+    @property
+    def text_tower(self) -> nn.Module:
+        return self.hf.text_model
+
+
 def tower_pixels(v: VisionConfig, unit: torch.Tensor) -> torch.Tensor:
     """[-1, 1] pixels -> the tower's own input (VisionConfig.pixel_*): identity for openalign's models."""
     if v.pixel_scale == 1 / 127.5 and v.pixel_offset == -1.0 and not v.pixel_mean:
@@ -106,7 +121,7 @@ def tower_pixels(v: VisionConfig, unit: torch.Tensor) -> torch.Tensor:
     return x
 
 
-class DualEncoder(nn.Module):
+class DualEncoder(TwoTowers):
     def __init__(self, cfg: ModelConfig, loss: LossConfig | None = None,
                  hf: AlignModel | VisionTextDualEncoderModel | None = None):
         """`hf`: an already built (loaded) transformers model of the configured kind, else a new one."""
@@ -146,14 +161,6 @@ class DualEncoder(nn.Module):
     def hf(self) -> AlignModel | VisionTextDualEncoderModel:
         """The transformers model holding the towers (what hub.py saves)."""
         return self.dual if self.vit else self.align
-
-    @property
-    def vision_tower(self) -> nn.Module:
-        return self.hf.vision_model
-
-    @property
-    def text_tower(self) -> nn.Module:
-        return self.hf.text_model
 
     @property
     def image_features_dim(self) -> int:

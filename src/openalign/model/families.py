@@ -20,26 +20,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from openalign.config import ModelConfig
-from openalign.model.dual_encoder import Encoding, tower_pixels
+from openalign.model.dual_encoder import Encoding, TwoTowers, tower_pixels
 
 FAMILIES = {"clip": "CLIPModel", "siglip": "SiglipModel"}  # config.json's model_type -> its transformers class
 
 
-class PublicDualEncoder(nn.Module):
+class PublicDualEncoder(TwoTowers):
     """A CLIPModel or SiglipModel (`hf`) as openalign encodes with it (evaluation, embed, search, serve)."""
 
     def __init__(self, cfg: ModelConfig, hf: nn.Module):
         super().__init__()
         self.cfg, self.hf = cfg, hf
         self.keep_tokens = False
-
-    @property
-    def vision_tower(self) -> nn.Module:
-        return self.hf.vision_model
-
-    @property
-    def text_tower(self) -> nn.Module:
-        return self.hf.text_model
 
     @property
     def temperature(self) -> torch.Tensor:
