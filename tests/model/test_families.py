@@ -260,3 +260,16 @@ def test_openalign_load_gives_transformers_features_and_its_pipelines_probabilit
     for row, image in zip(ours, images):
         theirs = {r["label"]: r["score"] for r in classify(image, candidate_labels=labels)}
         assert row.tolist() == pytest.approx([theirs[label] for label in labels], abs=1e-5)
+
+
+def test_a_command_on_a_public_checkpoint_prints_no_load_report(family, tmp_path):
+    """transformers' loading bars and reports (e.g. about keys it did not use) stay out of a command's output."""
+    import subprocess
+    import sys
+
+    name, (root, *_), folder, _ = family
+    run = subprocess.run([sys.executable, "-m", "openalign.cli", "embed", str(root), "--images", str(folder), "--out",
+                          str(tmp_path / "emb"), "--quiet"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    for said in ("LOAD REPORT", "Loading weights", "MISSING", "UNEXPECTED"):
+        assert said not in run.stdout + run.stderr
