@@ -273,3 +273,15 @@ def test_a_command_on_a_public_checkpoint_prints_no_load_report(family, tmp_path
     assert run.returncode == 0, run.stderr
     for said in ("LOAD REPORT", "Loading weights", "MISSING", "UNEXPECTED"):
         assert said not in run.stdout + run.stderr
+
+
+def test_dedup_by_embedding_with_a_public_checkpoint(family, tmp_path):
+    name, (root, *_), folder, _ = family
+    held = tmp_path / "held"
+    held.mkdir()
+    (held / "copy.png").write_bytes((folder / "1.png").read_bytes())
+    assert cli.main(["ingest", str(folder), "--out", str(tmp_path / "pairs.parquet"), "--quiet", "--workers", "1"]) == 0
+    assert cli.main(["dedup", str(tmp_path / "pairs.parquet"), "--against", str(held), "--out", str(tmp_path / "d"),
+                     "--mode", "embedding", "--model", str(root), "--threshold", "0.99999", "--quiet"]) == 0
+    report = json.loads((tmp_path / "d" / "dedup_report.json").read_text())
+    assert report["removed_images"] == 1 and report["examples"][0]["train"].endswith("/1.png")
