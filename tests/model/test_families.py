@@ -194,6 +194,10 @@ def test_a_public_checkpoint_is_not_a_starting_point_for_training_and_an_unknown
         check(override(presets.get("tiny"), ["model.family=clip"]))
     with pytest.raises(ConfigError, match="is a CLIPModel directory; model.init_from reads AlignModel"):
         init_towers(DualEncoder(presets.get("tiny").model), root)
+    (root / "preprocessor_config.json").rename(tmp_path / "kept.json")
+    with pytest.raises(ConfigError, match="has no preprocessor_config.json or processor_config.json: a CLIPModel's "
+                                          "preprocessing"):
+        load_pretrained(root)
     (root / "config.json").write_text('{"model_type": "blip"}')
     with pytest.raises(ConfigError, match="holds a blip model; openalign loads AlignModel, VisionTextDualEncoderModel, "
                                           "CLIPModel and SiglipModel directories"):

@@ -229,9 +229,11 @@ def load_config(path: Path) -> Config:
         hf = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
         model = families.model_config(hf, kind)
         processor = image_processor_settings(path)
-        if processor is not None:
-            model = dataclasses.replace(model, vision=dataclasses.replace(
-                vision_from_processor(model.vision, processor), alpha="drop"))
+        if processor is None:  # its size, crop and mean are the checkpoint's own: never guessed
+            raise ConfigError(f"{path} has no {' or '.join(PROCESSOR_FILES)}: a {FAMILIES[kind]}'s preprocessing "
+                              "(resize, crop, mean and std) is read from it; copy it from the checkpoint's release")
+        model = dataclasses.replace(model, vision=dataclasses.replace(
+            vision_from_processor(model.vision, processor), alpha="drop"))
         return Config(model=model)
     if kind == "vision-text-dual-encoder":
         hf = transformers.VisionTextDualEncoderConfig.from_pretrained(path)
