@@ -38,9 +38,8 @@ class Model:
 
     @property
     def head(self) -> str:
-        """How the model turns similarities into probabilities: `softmax` over the candidates (CLIP, ALIGN), or
-        `sigmoid`, each (image, text) pair on its own (SigLIP, sigmoid-trained models: its logit bias)."""
-        return "softmax" if self.model.logit_bias is None else "sigmoid"
+        """`softmax` or `sigmoid`: how the model turns similarities into probabilities (TwoTowers.head)."""
+        return self.model.head
 
     def preprocess(self, image: Image.Image | str | Path) -> torch.Tensor:
         """[3, H, W]: the model's evaluation pixels of an image (a PIL image, or a file's path)."""
@@ -82,9 +81,9 @@ class Model:
                  templates: Iterable[str] = ("{}",)) -> torch.Tensor:
         """[n, C] probabilities of each label for each image under the model's own head (`head`): cosine
         similarity / T (+ the bias), then softmax over the labels or each pair's sigmoid."""
+        temperature, bias = self.model.scale()
         logits = self.encode_images(images) @ self.classifier(labels, templates).T
-        bias = 0.0 if self.model.logit_bias is None else float(self.model.logit_bias.detach())
-        return metrics.probabilities(logits / float(self.model.temperature.detach()) + bias, self.head).float()
+        return metrics.probabilities(logits / temperature + bias, self.head).float()
 
 
 def load(path: str | Path, device: str = "auto") -> Model:

@@ -128,7 +128,7 @@ class VisionConfig:
     # filter (openalign trains bilinear; CLIP's and SigLIP's processors are bicubic). A checkpoint's processor
     # files set both (model/hub.py).
     resize_mode: Literal["square", "shortest_edge"] = "square"
-    resample: Literal["bilinear", "bicubic"] = "bilinear"
+    resample: Literal["nearest", "lanczos", "bilinear", "bicubic", "box", "hamming"] = "bilinear"  # Pillow's filters
     # The pixel values the tower expects, as transformers' EfficientNetImageProcessor makes them from 0..255:
     # p * pixel_scale + pixel_offset, then (x - pixel_mean) / pixel_std when a mean is given. openalign's
     # own models (and kakaobrain/align-base) use p / 127.5 - 1, i.e. [-1, 1]; a foreign checkpoint's

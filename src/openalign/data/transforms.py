@@ -56,10 +56,6 @@ def to_unit_range(pixels: torch.Tensor) -> torch.Tensor:
     return pixels.float().div_(127.5).sub_(1.0)
 
 
-FILTERS = {"nearest": Image.NEAREST, "bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "lanczos": Image.LANCZOS,
-           "box": Image.BOX, "hamming": Image.HAMMING}  # VisionConfig.resample: Pillow's filters by name
-
-
 def resized(image: Image.Image, resize: int, mode: str = "square", resample: str = "bilinear") -> Image.Image:
     """`image` resized as an image processor does: to resize x resize (`square`), or its shortest side to `resize`
     and the other to int(resize * long / short) (`shortest_edge`: CLIP's processor, transformers'
@@ -71,7 +67,7 @@ def resized(image: Image.Image, resize: int, mode: str = "square", resample: str
         short, long = min(width, height), max(width, height)
         other = int(resize * long / short)
         size = (resize, other) if width <= height else (other, resize)
-    return image.resize(size, FILTERS[resample])
+    return image.resize(size, Image.Resampling[resample.upper()])  # VisionConfig.resample: Pillow's filter by name
 
 
 def eval_transform(image: Image.Image, resize: int, crop: int, mode: str = "square",

@@ -396,17 +396,22 @@ def fit_temperature(logits: torch.Tensor, labels: torch.Tensor) -> float:
     on log T in fp64 (the NLL is convex in 1/T, so the optimum is unique)."""
     logits = logits.double()
     log_t = torch.zeros((), dtype=torch.float64, requires_grad=True)
-    optimizer = torch.optim.LBFGS([log_t], lr=0.5, max_iter=200, tolerance_grad=1e-12, tolerance_change=1e-14,
+    _minimize([log_t], lambda: torch.nn.functional.cross_entropy(logits / log_t.exp(), labels))
+    return float(log_t.detach().exp())
+
+
+def _minimize(params: list[torch.Tensor], loss: Callable[[], torch.Tensor]) -> None:
+    """`params` moved to a minimum of `loss()` by L-BFGS with a strong Wolfe line search (fp64, tight tolerances)."""
+    optimizer = torch.optim.LBFGS(params, lr=0.5, max_iter=200, tolerance_grad=1e-12, tolerance_change=1e-14,
                                   line_search_fn="strong_wolfe")
 
     def closure():
         optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(logits / log_t.exp(), labels)
-        loss.backward()
-        return loss
+        value = loss()
+        value.backward()
+        return value
 
     optimizer.step(closure)
-    return float(log_t.detach().exp())
 
 
 def fit_sigmoid(cosines: torch.Tensor, labels: torch.Tensor, temperature: float, bias: float) -> tuple[float, float]:
@@ -415,16 +420,7 @@ def fit_sigmoid(cosines: torch.Tensor, labels: torch.Tensor, temperature: float,
     cosines = cosines.double()
     log_t = torch.tensor(math.log(temperature), dtype=torch.float64, requires_grad=True)
     b = torch.tensor(float(bias), dtype=torch.float64, requires_grad=True)
-    optimizer = torch.optim.LBFGS([log_t, b], lr=0.5, max_iter=200, tolerance_grad=1e-12, tolerance_change=1e-14,
-                                  line_search_fn="strong_wolfe")
-
-    def closure():
-        optimizer.zero_grad()
-        loss = _pair_nll(cosines / log_t.exp() + b, labels)
-        loss.backward()
-        return loss
-
-    optimizer.step(closure)
+    _minimize([log_t, b], lambda: _pair_nll(cosines / log_t.exp() + b, labels))
     return float(log_t.detach().exp()), float(b.detach())
 
 

@@ -160,10 +160,7 @@ def _calibration(ctx: Context, options: ZeroshotOptions, logits, labels, weights
     class) pair on its own (`sigmoid_head` 1; its NLL sums every pair's, M.nll). With `calibrate`, also after
     temperature scaling fitted on that labeled split's images (the same classifier; the sigmoid head fits its
     bias too)."""
-    temperature = float(ctx.model.temperature.detach().clamp(min=1e-6))
-    bias = ctx.model.logit_bias
-    head = "softmax" if bias is None else "sigmoid"
-    bias = 0.0 if bias is None else float(bias.detach())
+    (temperature, bias), head = ctx.model.scale(), ctx.model.head
     before = M.reliability(logits / temperature + bias, labels, head=head)
     out = {"temperature": temperature, "ece": before["ece"], "nll": M.nll(logits / temperature + bias, labels, head)}
     if head == "sigmoid":

@@ -108,6 +108,17 @@ class TwoTowers(nn.Module):
     def text_tower(self) -> nn.Module:
         return self.hf.text_model
 
+    @property
+    def head(self) -> str:
+        """How similarities become probabilities: `softmax` over the candidates (CLIP, ALIGN), or `sigmoid`, each
+        (image, text) pair on its own (SigLIP, sigmoid-trained models: those with a logit bias)."""
+        return "softmax" if self.logit_bias is None else "sigmoid"
+
+    def scale(self) -> tuple[float, float]:
+        """(temperature, bias) of the head's logits, cosine / temperature + bias (bias 0 for a softmax head)."""
+        bias = 0.0 if self.logit_bias is None else float(self.logit_bias.detach())
+        return float(self.temperature.detach().clamp(min=1e-6)), bias
+
 
 def tower_pixels(v: VisionConfig, unit: torch.Tensor) -> torch.Tensor:
     """[-1, 1] pixels -> the tower's own input (VisionConfig.pixel_*): identity for openalign's models."""

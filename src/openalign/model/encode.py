@@ -68,18 +68,19 @@ def token_ids(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
         return tokenizer(texts, truncation=True, max_length=max_length)["input_ids"] if texts else []
 
 
-def _text_batches(tokenizer, texts: list[str], batch_size: int, max_length: int, padding: str = "longest"):
-    """(rows, ids [b, width], mask [b, width]) of `texts` tokenized in one call, in order of length, so each
-    batch is padded only to its own longest text (TextConfig.padding `longest`), or every text to `max_length`
+def _width(ids: list[list[int]], max_length: int, padding: str) -> int:
+    """The padded length of these texts' ids: their longest (TextConfig.padding `longest`), or `max_length`
     (`max_length`: SigLIP's convention)."""
-    if not texts:
-        return
-    ids = token_ids(tokenizer, texts, max_length)
+    return max_length if padding == "max_length" else max((len(i) for i in ids), default=1)
+
+
+def _text_batches(ids: list[list[int]], pad: int, batch_size: int, max_length: int, padding: str):
+    """(rows, ids [b, width], mask [b, width]) of texts' token ids (`token_ids`: tokenized in one call) in order
+    of length, each batch padded with `pad` to its own `_width`."""
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    pad = tokenizer.pad_token_id or 0
     for start in range(0, len(order), batch_size):
         rows = order[start:start + batch_size]
-        width = max_length if padding == "max_length" else max(len(ids[i]) for i in rows)
+        width = _width([ids[i] for i in rows], max_length, padding)
         batch = torch.full((len(rows), width), pad, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
         for j, i in enumerate(rows):
@@ -94,7 +95,8 @@ def encode_texts(model: DualEncoder, tokenizer, texts: list[str], batch_size: in
     out = torch.empty(len(texts), model.cfg.embed_dim)
     device = device_of(model)
     with evaluating(model), _autocast(device):
-        for rows, ids, mask in _text_batches(tokenizer, texts, batch_size, max_length, model.cfg.text.padding):
+        for rows, ids, mask in _text_batches(token_ids(tokenizer, texts, max_length), tokenizer.pad_token_id or 0,
+                                             batch_size, max_length, model.cfg.text.padding):
             out[rows] = _finish(model.encode_text(ids.to(device), mask.to(device)).embeds, device)
     return out
 
@@ -103,13 +105,14 @@ def encode_text_tokens(model: DualEncoder, tokenizer, texts: list[str], batch_si
                        max_length: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     """Late interaction's text side: ([len(texts), L, D] normalized token vectors, [len(texts), L] bool mask of
     real tokens), L the longest text's token count, rows in input order."""
-    ids = token_ids(tokenizer, texts, max_length)
-    longest = max_length if model.cfg.text.padding == "max_length" else max((len(i) for i in ids), default=1)
+    ids = token_ids(tokenizer, texts, max_length)  # once: the widest row and the batches
+    longest = _width(ids, max_length, model.cfg.text.padding)
     tokens = torch.zeros(len(texts), longest, model.cfg.embed_dim)
     real = torch.zeros(len(texts), longest, dtype=torch.bool)
     device = device_of(model)
     with evaluating(model), _autocast(device):
-        for rows, batch, mask in _text_batches(tokenizer, texts, batch_size, max_length, model.cfg.text.padding):
+        for rows, batch, mask in _text_batches(ids, tokenizer.pad_token_id or 0, batch_size, max_length,
+                                               model.cfg.text.padding):
             out = model.encode_text(batch.to(device), mask.to(device), tokens=True)
             width = batch.shape[1]
             tokens[rows, :width] = _finish(out.tokens, device)

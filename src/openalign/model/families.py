@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from openalign.config import ModelConfig
+from openalign.config import ModelConfig, TextConfig, VisionConfig
 from openalign.model.dual_encoder import Encoding, TwoTowers, tower_pixels
 
 FAMILIES = {"clip": "CLIPModel", "siglip": "SiglipModel"}  # config.json's model_type -> its transformers class
@@ -73,8 +73,6 @@ class PublicDualEncoder(TwoTowers):
 def model_config(hf_config, family: str) -> ModelConfig:
     """The ModelConfig of a CLIPModel / SiglipModel checkpoint: its embedding width and text length, ViT sizes for
     the record; the preprocessing comes from its processor files (hub.vision_from_processor)."""
-    from openalign.config import TextConfig, VisionConfig
-
     v, t = hf_config.vision_config, hf_config.text_config
     embed_dim = hf_config.projection_dim if family == "clip" else getattr(t, "projection_size", None) or t.hidden_size
     return ModelConfig(

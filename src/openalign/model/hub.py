@@ -115,7 +115,7 @@ def _resize_mode(processor: dict) -> str:
     size = processor.get("size")
     if isinstance(size, dict):
         return "shortest_edge" if "shortest_edge" in size and not {"height", "width"} & set(size) else "square"
-    square = processor.get("default_to_square", not str(processor.get("image_processor_type", "")).startswith("CLIP"))
+    square = processor.get("default_to_square", True)  # CLIP's class says False (class_defaults)
     return "square" if isinstance(size, (int, float)) and square else "shortest_edge" if size is not None else "square"
 
 
@@ -232,9 +232,7 @@ def load_config(path: Path) -> Config:
         if processor is None:  # its size, crop and mean are the checkpoint's own: never guessed
             raise ConfigError(f"{path} has no {' or '.join(PROCESSOR_FILES)}: a {FAMILIES[kind]}'s preprocessing "
                               "(resize, crop, mean and std) is read from it; copy it from the checkpoint's release")
-        model = dataclasses.replace(model, vision=dataclasses.replace(
-            vision_from_processor(model.vision, processor), alpha="drop"))
-        return Config(model=model)
+        return Config(model=dataclasses.replace(model, vision=vision_from_processor(model.vision, processor)))
     if kind == "vision-text-dual-encoder":
         hf = transformers.VisionTextDualEncoderConfig.from_pretrained(path)
         model, temperature = _model_config_from_dual(hf), math.exp(-hf.logit_scale_init_value)
@@ -335,10 +333,11 @@ def load_pretrained(path: Path) -> tuple[DualEncoder, object, Config]:
 
 def init_towers(model: DualEncoder, path: Path) -> None:
     """Initialize towers, projections and temperature (everything the model has) from an AlignModel directory."""
-    source, _, cfg = load_pretrained(path)
-    if cfg.model.family != "openalign":
-        raise ConfigError(f"{path} is a {MODEL_TYPES[cfg.model.family]} directory; model.init_from reads AlignModel and "
+    family = load_config(path).model.family
+    if family != "openalign":  # (before its weights are loaded)
+        raise ConfigError(f"{path} is a {MODEL_TYPES[family]} directory; model.init_from reads AlignModel and "
                           "VisionTextDualEncoderModel directories")
+    source, _, _ = load_pretrained(path)
     try:
         model.load_state_dict(source.state_dict(), strict=False)
     except RuntimeError as err:
