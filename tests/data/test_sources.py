@@ -90,7 +90,7 @@ def test_shards_a_shard_list_and_skips_counted_by_reason(shapes, tmp_path):
     assert items[0].key == "s00000" and items[0].name == "s00000" and items[0].meta["texts"] == items[0].texts
     # a sample without any text: kept for indexing, skipped and counted where captions are needed
     bad = tmp_path / "bad.tar"
-    with tars.tar_writer(bad) as writer:
+    with tars.TarWriter(bad) as writer:
         writer.write({"__key__": "a", "jpg": items[0].data})
         writer.write({"__key__": "b", "jpg": b"not an image", "txt": b"broken"})
         writer.write({"__key__": "c", "txt": b"no image"})

@@ -57,17 +57,41 @@ def skip_summary(counter: dict) -> str:
     return f"{counter.get('skipped', 0):,}" + (f" ({reasons})" if reasons else "")
 
 
-def tar_writer(path: Path, mtime: float | None = None, **options):
-    """webdataset's TarWriter. Imported here, not at the top: webdataset imports torch (~2 s), which no
-    reader of shards needs, and every ingest, dedup or screen worker and Spark executor would pay it.
+class TarWriter:
+    """Writes webdataset samples into one tar: member `KEY.EXT` per field, in sorted field order, USTAR headers,
+    mode 0444, owner `bigdata`, a whole-second mtime (the bytes webdataset's `TarWriter` writes for the same
+    samples, tests/data/test_tars.py). Not webdataset's own class: importing webdataset imports torch (~2 s),
+    which every shard worker paid at its first task (a tenth of a 500-image shard's time, P11), and Spark
+    executors with it. Values are bytes; a str is UTF-8, a dict or list JSON.
 
-    Members get a whole-second mtime: TarWriter stamps time.time(), a float, and Python's tar (PAX format)
-    then writes a pax header (one more 512-byte header and data block) before every member to hold the
-    fractions: a third of a small-image shard's bytes, and half of the headers every reader parses
-    (the demo's loader spent more time in tarfile than in decoding)."""
-    import webdataset
+    Members get whole seconds: a float mtime made Python's tar (PAX format) write a pax header (one more 512-byte
+    header and data block) before every member to hold the fractions: a third of a small-image shard's bytes,
+    and half of the headers every reader parses."""
 
-    return webdataset.TarWriter(str(path), mtime=int(time.time() if mtime is None else mtime), **options)
+    def __init__(self, path: Path, mtime: float | None = None):
+        self.mtime = int(time.time() if mtime is None else mtime)
+        self.tar = tarfile.open(path, "w", format=tarfile.USTAR_FORMAT)
+
+    def write(self, sample: dict) -> None:
+        key = sample["__key__"]
+        for field in sorted(k for k in sample if not k.startswith("_")):
+            value = sample[field]
+            if isinstance(value, str):
+                value = value.encode()
+            elif isinstance(value, (dict, list)):
+                value = json.dumps(value).encode()
+            info = tarfile.TarInfo(f"{key}.{field}")
+            info.size, info.mtime, info.mode, info.uname, info.gname = len(value), self.mtime, 0o444, "bigdata", "bigdata"
+            self.tar.addfile(info, io.BytesIO(value))
+
+    def close(self) -> None:
+        self.tar.close()
+
+    def __enter__(self) -> "TarWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 class ShardWriter:
@@ -92,7 +116,7 @@ class ShardWriter:
             self._writer.close()
         self._name = f"{self.prefix}-{len(self.counts):06d}.tar"
         self.counts[self._name] = 0
-        self._writer = tar_writer(self.out / self._name)
+        self._writer = TarWriter(self.out / self._name)
 
     def close(self) -> dict:
         if self._writer is not None:

@@ -125,7 +125,7 @@ def write_shard(path: Path, samples: list[dict], options: ShardOptions) -> dict:
     """Write one shard atomically; returns its counts (samples written, skipped with reasons)."""
     tmp = path.with_suffix(".tar.tmp")
     written, skipped = 0, {}
-    with tars.tar_writer(tmp, mtime=0.0) as writer:  # fixed mtime: reruns give identical bytes
+    with tars.TarWriter(tmp, mtime=0.0) as writer:  # fixed mtime: reruns give identical bytes
         for sample in samples:
             try:
                 image = images.load_rgb(SOURCES.read(sample["path"], sample["member"]), options.max_pixels)
