@@ -222,6 +222,45 @@ def test_shard_on_spark_writes_the_same_bytes_and_resumes(tmp_path, sources, spa
     assert (tmp_path / "spark" / names[3]).read_bytes() == (tmp_path / "local" / names[3]).read_bytes()
 
 
+@needs_java
+def test_an_image_in_two_places_is_read_from_the_same_one_on_spark(tmp_path, spark):
+    """The same image in two tars under two names: both engines take its path and member from one row (the first
+    by path, then member), and plan the images by that place, so their plans and shards are equal."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    from openalign.data.tars import TarWriter
+    from openalign.pipeline.scoring import plan_images
+
+    rng = np.random.default_rng(3)
+    blobs = []
+    for _ in range(4):
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 255, (40, 40, 3), dtype=np.uint8)).save(buf, format="PNG")
+        blobs.append(buf.getvalue())
+    for name, keys in (("t1", ["z0", "b", "z1"]), ("t2", ["a", "z2", "z3"])):  # t1's b and t2's a: one image
+        with TarWriter(tmp_path / f"{name}.tar") as writer:
+            for key in keys:
+                blob = blobs[0] if key in ("a", "b") else blobs[1 + int(key[1]) % 3]
+                writer.write({"__key__": key, "png": blob, "txt": f"picture {name} {key}"})
+    pairs = tmp_path / "pairs.parquet"
+    ingest([str(tmp_path / "t1.tar"), str(tmp_path / "t2.tar")], pairs, IngestOptions(workers=1), progress=False)
+    plans = {}
+    for engine in (LOCAL, SPARK):
+        plan_images(str(pairs), tmp_path / f"{engine.name}.parquet", 2, engine)
+        plans[engine.name] = (pq.read_table(tmp_path / f"{engine.name}.parquet")
+                              .select(["pos", "image_key", "path", "member", "task"]).to_pylist())
+    assert plans["local"] == plans["spark"]
+    assert [(Path(r["path"]).name, r["member"]) for r in plans["local"]][:2] == [("t1.tar", "b.png"), ("t1.tar", "z0.png")]
+    options = ShardOptions(samples_per_shard=2, workers=2)
+    local = shard(pairs, [], tmp_path / "local", options, progress=False)
+    distributed = shard(pairs, [], tmp_path / "spark", options, progress=False, engine=SPARK)
+    assert local["n_samples"] == distributed["n_samples"] == 4 and not local["skipped"] and not distributed["skipped"]
+    for name in local["shards"]:
+        assert (tmp_path / "local" / name).read_bytes() == (tmp_path / "spark" / name).read_bytes()
+
+
 CLASSIFIER = '''
 import numpy as np
 

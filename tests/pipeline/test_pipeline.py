@@ -174,3 +174,34 @@ def test_every_keep_list_report_names_its_pair_table_under_one_key(tmp_path):
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "filter_report.json").write_text(json.dumps({"input": "/old/pairs.parquet", "pairs": 12}))
     assert pair_table_of(tmp_path / "old") == "/old/pairs.parquet"
+
+
+def test_an_image_found_in_two_tars_under_two_names_is_read_from_one_of_them(tmp_path, capsys):
+    """One image, two places: t1.tar holds it as `b.jpg`, t2.tar as `a.jpg` (web corpora repeat images under other
+    keys). The stages took the image's path and member as two separate minima (t1.tar, a.jpg): a member that is
+    not in that tar, so shard skipped the image as a missing file and dedup could not hash it."""
+    import io
+
+    from openalign.data.tars import TarWriter
+
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(1).integers(0, 255, (300, 300, 3), dtype=np.uint8)).save(buf, "JPEG")
+    for name, key, text in (("t1", "b", "a photo of the thing"), ("t2", "a", "the same thing seen again")):
+        with TarWriter(tmp_path / f"{name}.tar") as writer:
+            writer.write({"__key__": key, "jpg": buf.getvalue(), "txt": text})
+    pairs = str(tmp_path / "pairs.parquet")
+    assert main(["ingest", str(tmp_path / "t1.tar"), str(tmp_path / "t2.tar"), "--out", pairs, "--quiet",
+                 "--workers", "1"]) == 0
+    [item] = sources.pair_table_items(pairs)  # as eval and embed read a pair table
+    assert (item.path, item.member) == (str(tmp_path / "t1.tar"), "b.jpg") and len(item.texts) == 2
+    (tmp_path / "held").mkdir()
+    (tmp_path / "held" / "copy.jpg").write_bytes(buf.getvalue())
+    assert main(["dedup", pairs, "--against", str(tmp_path / "held"), "--out", str(tmp_path / "dedup"), "--quiet",
+                 "--workers", "1"]) == 0
+    report = json.loads((tmp_path / "dedup" / "dedup_report.json").read_text())
+    assert report["removed_pairs"] == 2, report  # the copy is found, so both its pairs go
+    assert main(["shard", pairs, "--out", str(tmp_path / "shards"), "--quiet", "--workers", "1"]) == 0
+    manifest = json.loads((tmp_path / "shards" / "manifest.json").read_text())
+    assert manifest["n_samples"] == 1 and not manifest["skipped"], manifest
+    sample = next(read_samples(list_shards(str(tmp_path / "shards"))))
+    assert sorted(sample_texts(sample)) == ["a photo of the thing", "the same thing seen again"]

@@ -359,13 +359,13 @@ def _spark_error(err: Exception, desc: str) -> Exception:
     return RuntimeError(f"{desc} failed on Spark after its retries: {last or text.splitlines()[0]}")
 
 
-def spark_plan(frame, order: str, per_task: int, path: Path, column: str = "task") -> int:
-    """Write `frame` ordered by `order`, numbered from 1 (`pos`) and cut into tasks of `per_task` rows
+def spark_plan(frame, order: str | tuple[str, ...], per_task: int, path: Path, column: str = "task") -> int:
+    """Write `frame` ordered by `order` (a column, or columns), numbered from 1 (`pos`) and cut into tasks of `per_task` rows
     (`column` = (pos - 1) // per_task), as the Parquet plan at `path`; returns the row count. The order is a
     range sort and the numbering zipWithIndex, both on the executors: nothing per row reaches the driver."""
     from pyspark.sql.types import LongType, StructField, StructType
 
-    ordered = frame.orderBy(order)
+    ordered = frame.orderBy(*([order] if isinstance(order, str) else order))
     schema = StructType([StructField("pos", LongType(), False), *ordered.schema.fields,
                          StructField(column, LongType(), False)])
     rows = ordered.rdd.zipWithIndex().map(lambda pair, n=int(per_task): (pair[1] + 1, *pair[0], pair[1] // n))
@@ -376,11 +376,13 @@ def spark_plan(frame, order: str, per_task: int, path: Path, column: str = "task
     return count
 
 
-def duckdb_plan(con, query: str, params: list, order: str, per_task: int, path: Path, column: str = "task") -> int:
+def duckdb_plan(con, query: str, params: list, order: str | tuple[str, ...], per_task: int, path: Path,
+                column: str = "task") -> int:
     """The same plan from DuckDB: `query`'s rows ordered by `order`, numbered (`pos`) and cut into tasks."""
     target = str(path).replace("'", "''")
     con.execute(f"""COPY (SELECT *, (pos - 1) // {int(per_task)} AS {column} FROM (
-                        SELECT row_number() OVER (ORDER BY {order}) AS pos, * FROM ({query})) ORDER BY pos)
+                        SELECT row_number() OVER (ORDER BY {order if isinstance(order, str) else ", ".join(order)}) AS pos,
+                               * FROM ({query})) ORDER BY pos)
                     TO '{target}' (FORMAT parquet, ROW_GROUP_SIZE {max(int(per_task), 2048)})""", params)
     return con.execute("SELECT count(*) FROM read_parquet(?)", [str(path)]).fetchone()[0]
 

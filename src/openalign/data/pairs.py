@@ -40,6 +40,25 @@ SOURCE_COLUMNS = ("uid", "image_key", "text", "path", "member", "url")
 IMAGE_COLUMNS = ("uid", "image_key", "path", "member")
 
 
+# An image found in several places (web corpora repeat an image under other keys and URLs) is read from one of them:
+# its first source by (path, member), every column taken from that one row. Two separate minima, min(path) and
+# min(member), named a member of another tar: shard skipped the image as a missing file, dedup never hashed it.
+# `place` is the sort key (a path holds no NUL); it also orders the plans of the stages that read every image, so a
+# task reads a few neighbouring tars instead of every one (image-key order spread each task over all of them).
+def first_source(*columns: str) -> str:
+    """DuckDB: the aggregate {place, path, member, *columns} of a group's first source row."""
+    fields = "".join(f", '{c}': {c}" for c in ("path", "member", *columns))
+    return f"min({{'place': path || chr(0) || coalesce(member, ''){fields}}})"
+
+
+def spark_first_source(*columns: str):
+    """The same aggregate in Spark SQL (both order strings by their UTF-8 bytes)."""
+    from pyspark.sql import functions as F
+
+    place = F.concat(F.col("path"), F.lit("\0"), F.coalesce(F.col("member"), F.lit("")))
+    return F.min(F.struct(place.alias("place"), "path", "member", *columns))
+
+
 def check_pair_table(spec, columns: tuple[str, ...] = ()) -> str:
     """A pair table: one Parquet file, a glob of them (`pairs/*.parquet`, one per ingest job), or (Spark)
     a URL such as s3a://bucket/pairs/ that only the cluster can check. A local table must be Parquet and

@@ -35,7 +35,7 @@ from typing import Iterator
 from openalign import host
 from openalign.config import ConfigError
 from openalign.data import images
-from openalign.data import tables, tars
+from openalign.data import pairs, tables, tars
 from openalign.data.tables import TABLE_SUFFIXES
 
 IMAGE_SUFFIXES = images.IMAGE_SUFFIXES
@@ -252,8 +252,9 @@ def img2dataset_items(path: Path) -> list[Item]:
             if status == "success"]
 
 
-PAIR_IMAGES = """SELECT image_key, min(path) AS path, min(member) AS member, list(text ORDER BY uid) AS texts
-                 FROM read_parquet(?) GROUP BY image_key ORDER BY image_key"""
+PAIR_IMAGES = f"""SELECT image_key, s.path, s.member, texts FROM (
+                      SELECT image_key, {pairs.first_source()} AS s, list(text ORDER BY uid) AS texts
+                      FROM read_parquet(?) GROUP BY image_key) ORDER BY image_key"""
 
 
 def pair_table_items(path: Path) -> list[Item]:

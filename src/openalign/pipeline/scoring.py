@@ -18,11 +18,14 @@ import pyarrow.parquet as pq
 
 from openalign.data.engine import (Engine, Task, duckdb_plan, run_tasks, sources_key, spark_plan, spark_session,
                                    task_id)
+from openalign.data.pairs import first_source, spark_first_source
 
 WORK = "_work"  # the plan, the evaluation hashes or embeddings, each task's scores and status
 
 
-IMAGE_QUERY = "SELECT image_key, min(path) AS path, min(member) AS member FROM read_parquet(?) GROUP BY image_key"
+IMAGE_QUERY = f"""SELECT image_key, s.place AS place, s.path AS path, s.member AS member FROM (
+                      SELECT image_key, {first_source()} AS s FROM read_parquet(?) GROUP BY image_key)"""
+PLAN_ORDER = ("place", "image_key")  # by source: a task reads a few neighbouring tars, not every one
 
 
 def plan_images(pairs: str, plan: Path, per_task: int, engine: Engine) -> int:
@@ -32,13 +35,13 @@ def plan_images(pairs: str, plan: Path, per_task: int, engine: Engine) -> int:
         from pyspark.sql import functions as F
 
         spark = spark_session(engine.master, retries=engine.retries, memory=engine.memory)
-        frame = (spark.read.parquet(pairs).groupBy("image_key")
-                 .agg(F.min("path").alias("path"), F.min("member").alias("member")))
-        return spark_plan(frame, "image_key", per_task, plan)
+        frame = (spark.read.parquet(pairs).groupBy("image_key").agg(spark_first_source().alias("s"))
+                 .select("image_key", *(F.col(f"s.{c}").alias(c) for c in ("place", "path", "member"))))
+        return spark_plan(frame, PLAN_ORDER, per_task, plan)
     import duckdb
 
     with duckdb.connect() as con:
-        return duckdb_plan(con, IMAGE_QUERY, [str(pairs)], "image_key", per_task, plan)
+        return duckdb_plan(con, IMAGE_QUERY, [str(pairs)], PLAN_ORDER, per_task, plan)
 
 
 def image_tasks(pairs: str, out: Path, fn, args: tuple, key: dict, per_task: int, engine: Engine, desc: str,
@@ -51,7 +54,7 @@ def image_tasks(pairs: str, out: Path, fn, args: tuple, key: dict, per_task: int
     plan = work / "plan.parquet"
     count = plan_images(pairs, plan, per_task, engine)
     n_tasks = -(-count // per_task)
-    inputs = sources_key(pairs if "://" in str(pairs) else str(Path(pairs).resolve()), key, per_task, count)
+    inputs = sources_key(pairs if "://" in str(pairs) else str(Path(pairs).resolve()), key, per_task, count, PLAN_ORDER)
     scores = [str(work / f"scores-{task_id(i)}.parquet") for i in range(n_tasks)]
     tasks = [Task(task_id(i), fn, (str(plan), i, scores[i], *args), key=sources_key(inputs, i), outputs=(scores[i],))
              for i in range(n_tasks)]

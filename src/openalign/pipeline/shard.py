@@ -31,7 +31,8 @@ from openalign.data import images
 from openalign.data import tars
 from openalign.data.engine import (Engine, Task, duckdb_plan, previous, read_plan, run_tasks, spark_plan,
                                    spark_session, task_id)
-from openalign.data.pairs import SOURCE_COLUMNS, blake, check_pair_table, keep_source, keep_table
+from openalign.data.pairs import (SOURCE_COLUMNS, blake, check_pair_table, first_source, keep_source, keep_table,
+                                  spark_first_source)
 from openalign.outputs import unfinish
 from openalign.data.tars import MANIFEST, encode_image
 from openalign.data.sources import SOURCES, karpathy_items
@@ -49,20 +50,12 @@ class ShardOptions:
     max_pixels: int = images.DEFAULT_MAX_PIXELS  # larger images are skipped (decompression bombs)
 
 
-SAMPLE_QUERY = """
-    SELECT image_key, list(text ORDER BY uid) AS texts, list(uid ORDER BY uid) AS uids, min(path) AS path,
-           min(member) AS member, min(url) AS url
-    FROM (SELECT DISTINCT p.uid, p.image_key, p.text, p.path, p.member, p.url
-          FROM read_parquet(?) p JOIN keep k ON p.uid = k.uid)
-    GROUP BY image_key"""
-
-
-
-
-
-
-
-
+SAMPLE_QUERY = f"""
+    SELECT image_key, texts, uids, s.path AS path, s.member AS member, s.url AS url FROM (
+        SELECT image_key, list(text ORDER BY uid) AS texts, list(uid ORDER BY uid) AS uids, {first_source("url")} AS s
+        FROM (SELECT DISTINCT p.uid, p.image_key, p.text, p.path, p.member, p.url
+              FROM read_parquet(?) p JOIN keep k ON p.uid = k.uid)
+        GROUP BY image_key)"""
 
 
 def kept_images(pairs: Path, keep_dirs: list[Path]) -> list[dict]:
@@ -99,10 +92,10 @@ def plan_spark(pairs: str, keep_dirs: list[Path], plan: Path, per_shard: int, en
     else:
         keep = table.select("uid").distinct()
     grouped = (table.join(keep, "uid").distinct().groupBy("image_key")
-               .agg(F.sort_array(F.collect_list(F.struct("uid", "text"))).alias("ut"), F.min("path").alias("path"),
-                    F.min("member").alias("member"), F.min("url").alias("url"))
-               .select("image_key", F.col("ut.text").alias("texts"), F.col("ut.uid").alias("uids"), "path", "member",
-                       "url"))
+               .agg(F.sort_array(F.collect_list(F.struct("uid", "text"))).alias("ut"),
+                    spark_first_source("url").alias("s"))
+               .select("image_key", F.col("ut.text").alias("texts"), F.col("ut.uid").alias("uids"),
+                       F.col("s.path").alias("path"), F.col("s.member").alias("member"), F.col("s.url").alias("url")))
     return spark_plan(grouped, "image_key", per_shard, plan / "plan.parquet", "shard")
 
 
