@@ -20,24 +20,30 @@ VITS = {"b32": (768, 12, 12, 32), "b16": (768, 12, 12, 16), "l14": (1024, 24, 16
 BERTS = {"mini": (4, 256, 4), "medium": (8, 512, 8), "base": (12, 768, 12), "large": (24, 1024, 16)}
 
 
-def dual_encoder(name: str, image: tuple[float, float], text: tuple[int, int, int], embed_dim: int,
+def dual_encoder(name: str, image: tuple[str, ...], text: tuple[int, int, int], embed_dim: int,
                  deviations: tuple[str, ...] = ()) -> Config:
-    """The paper's recipe around one EfficientNet (width, depth) x BERT (layers, hidden, heads) pair, with the
-    preset's deviations from it as dotted overrides. Every model preset is built here: the paper's sizes, the
-    demo and tiny are siblings that differ only in their towers and their stated deviations."""
-    (width, depth), (layers, hidden, heads) = image, text
+    """The paper's recipe around one image tower (`efficientnet(...)` or `vit(...)`: the overrides that make it) x
+    BERT (layers, hidden, heads), with the preset's deviations from the recipe as dotted overrides. Every model
+    preset is built here: the paper's sizes, the demo and tiny are siblings that differ only in their towers and
+    their stated deviations."""
+    layers, hidden, heads = text
     cfg = Config(
         preset=name,
         out=f"runs/{name}",
         model=ModelConfig(
-            vision=VisionConfig(width_coefficient=width, depth_coefficient=depth),
+            vision=VisionConfig(),
             text=TextConfig(hidden_size=hidden, num_layers=layers, num_heads=heads, intermediate_size=4 * hidden),
             embed_dim=embed_dim,
         ),
         data=DataConfig(global_batch=16_384),
         train=TrainConfig(steps=1_200_000, checkpoint_every=5_000, eval_every=10_000),
     )
-    return override(cfg, list(deviations))
+    return override(cfg, [*image, *deviations])
+
+
+def efficientnet(width: float, depth: float) -> tuple[str, ...]:
+    """The overrides that make a preset's image tower the EfficientNet of these scaling coefficients."""
+    return (f"model.vision.width_coefficient={width}", f"model.vision.depth_coefficient={depth}")
 
 
 def vit(width: int, layers: int, heads: int, patch: int, pool: str = "cls") -> tuple[str, ...]:
@@ -50,13 +56,14 @@ def vit(width: int, layers: int, heads: int, patch: int, pool: str = "cls") -> t
 def clip_vit(image_tower: str, text_tower: str) -> Config:
     """A CLIP-sized ViT with a paper-sized BERT in the paper's recipe, at CLIP's 224 px (resize 256): the
     paper's 346/289 are EfficientNet-B7's resolution. Joint space 640, the paper's."""
-    return dual_encoder(f"vit-{image_tower}-{text_tower}", EFFICIENTNETS["b7"], BERTS[text_tower], 640,
-                        (*vit(*VITS[image_tower]), "model.vision.resize_size=256", "model.vision.image_size=224"))
+    return dual_encoder(f"vit-{image_tower}-{text_tower}", vit(*VITS[image_tower]), BERTS[text_tower], 640,
+                        ("model.vision.resize_size=256", "model.vision.image_size=224"))
 
 
 def paper(image_tower: str, text_tower: str) -> Config:
     # L2 pools to 1376 and is used as is; B7 pools to 640; B1/B3/B5 get a linear layer to 640.
-    return dual_encoder(f"align-{image_tower}-{text_tower}", EFFICIENTNETS[image_tower], BERTS[text_tower],
+    return dual_encoder(f"align-{image_tower}-{text_tower}", efficientnet(*EFFICIENTNETS[image_tower]),
+                        BERTS[text_tower],
                         1376 if image_tower == "l2" else 640)
 
 
@@ -87,7 +94,7 @@ def demo() -> Config:
     """A ~5.9M-parameter model trained for under five minutes on 2 CPU cores on the built-in emoji corpus
     (the deviations from the paper: DEMO above)."""
     # the width-0.75 tower pools to 240: no image projection, exact HF format
-    return dual_encoder("demo", (0.75, 0.5), (4, 256, 4), 240, DEMO)
+    return dual_encoder("demo", efficientnet(0.75, 0.5), (4, 256, 4), 240, DEMO)
 
 
 # demo-vit: the demo with a ViT image tower of the EfficientNet's parameters (1.25M with its projection, against
@@ -99,12 +106,12 @@ DEMO_VIT = vit(128, 6, 4, 8)
 def demo_vit() -> Config:
     """The demo with a ViT image tower (DEMO_VIT) instead of the EfficientNet: the EfficientNet-vs-ViT
     comparison in docs/results.md."""
-    return dual_encoder("demo-vit", (0.75, 0.5), (4, 256, 4), 240, (*DEMO, *DEMO_VIT))
+    return dual_encoder("demo-vit", DEMO_VIT, (4, 256, 4), 240, DEMO)
 
 
 def tiny() -> Config:
     """The smallest sensible model, for tests and smoke runs (seconds on CPU)."""
-    return dual_encoder("tiny", (0.25, 0.25), (1, 32, 2), 80, TINY)
+    return dual_encoder("tiny", efficientnet(0.25, 0.25), (1, 32, 2), 80, TINY)
 
 
 FINETUNE_STEPS = {"flickr30k": 3_000, "coco": 6_000}
@@ -128,7 +135,7 @@ def finetune_retrieval(dataset: str) -> Config:
 
 def tiny_vit() -> Config:
     """tiny with a one-layer ViT (8x8 patches of 32 px), for tests."""
-    return dual_encoder("tiny-vit", (0.25, 0.25), (1, 32, 2), 80, (*TINY, *vit(32, 1, 2, 8)))
+    return dual_encoder("tiny-vit", vit(32, 1, 2, 8), (1, 32, 2), 80, TINY)
 
 
 PRESETS: dict[str, Callable[[], Config]] = {"demo": demo, "tiny": tiny, "demo-vit": demo_vit, "tiny-vit": tiny_vit}

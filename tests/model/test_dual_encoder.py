@@ -52,7 +52,7 @@ def test_cls_only_last_layer_equals_the_whole_layer():
     mask = (torch.arange(9)[None, :] < lengths[:, None]).long()
     ids = ids * mask
     whole = _text_grads(model, ids, mask, lambda m, i, a: m.text_tower(input_ids=i, attention_mask=a).last_hidden_state[:, 0])
-    routed = _text_grads(model, ids, mask, lambda m, i, a: m._cls(i, a))
+    routed = _text_grads(model, ids, mask, lambda m, i, a: m.text_features(i, a))
     torch.testing.assert_close(routed[0], whole[0], rtol=1e-9, atol=1e-10)
     assert routed[1].keys() == whole[1].keys()  # every text parameter still gets its gradient
     for name in whole[1]:
@@ -75,7 +75,7 @@ def test_cls_only_last_layer_under_activation_checkpointing():
     checkpointed = copy_module.deepcopy(plain)
     checkpointed.text_tower.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     ids, mask = torch.randint(5, 300, (4, 7)), torch.ones(4, 7, dtype=torch.long)
-    grads = [_text_grads(model, ids, mask, lambda m, i, a: m._cls(i, a))[1] for model in (plain, checkpointed)]
+    grads = [_text_grads(model, ids, mask, lambda m, i, a: m.text_features(i, a))[1] for model in (plain, checkpointed)]
     assert grads[0].keys() == grads[1].keys()
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-9, atol=1e-12)

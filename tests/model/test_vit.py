@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from openalign import presets
 from openalign.config import ConfigError, check, override
-from openalign.model.dual_encoder import DualEncoder
+from openalign.model.dual_encoder import DualEncoder, ViTDualEncoder
 from openalign.model.hub import load_config, load_pretrained, save_pretrained
 from openalign.tokenizer import train_tokenizer
 
@@ -56,7 +56,7 @@ def test_a_vit_model_round_trips_through_plain_transformers(tmp_path):
     torch.testing.assert_close(F.normalize(plain["txt"], dim=-1), txt, rtol=0, atol=1e-6)
     torch.testing.assert_close(plain["logits"], img @ txt.T / 0.05, rtol=1e-5, atol=1e-5)  # 1/T as logit_scale
     loaded, _, loaded_cfg = load_pretrained(tmp_path / "model")
-    assert loaded_cfg == cfg and loaded.vit and loaded.temperature.item() == pytest.approx(0.05)
+    assert loaded_cfg == cfg and isinstance(loaded, ViTDualEncoder) and loaded.temperature.item() == pytest.approx(0.05)
     with torch.no_grad():
         assert torch.equal(loaded.encode_image(pixels).embeds, img)
 

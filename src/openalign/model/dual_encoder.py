@@ -13,12 +13,13 @@ model.vision.kind=vit (CLIP's towers' layout):
   plain transformers' get_image_features / get_text_features give the same embeddings (cls pooling).
 Both have one learned temperature shared by both directions, as a raw divisor (the paper's); the ViT's
 is kept beside the HF model and written into its logit_scale = log(1/T) when saved (hub.py).
+The two are the kinds EfficientNetDualEncoder and ViTDualEncoder of DualEncoder: a new kind of image tower is
+one more class here (and its config in presets.py).
 """
 
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -133,28 +134,25 @@ def tower_pixels(v: VisionConfig, unit: torch.Tensor) -> torch.Tensor:
 
 
 class DualEncoder(TwoTowers):
+    """openalign's dual encoder. `DualEncoder(cfg)` builds the kind of image tower `cfg.vision.kind` names,
+    EfficientNetDualEncoder or ViTDualEncoder (as `pathlib.Path(...)` is a PosixPath): each holds its
+    transformers model and says how its towers pool and which blocks they repeat; nothing here asks which
+    kind it is."""
+
+    def __new__(cls, cfg: ModelConfig | None = None, *args, **kwargs):
+        if cls is DualEncoder and cfg is not None:
+            cls = IMAGE_TOWERS[cfg.vision.kind]
+        return super().__new__(cls)
+
     def __init__(self, cfg: ModelConfig, loss: LossConfig | None = None,
                  hf: AlignModel | VisionTextDualEncoderModel | None = None):
         """`hf`: an already built (loaded) transformers model of the configured kind, else a new one."""
         super().__init__()
         loss = loss or LossConfig()
         self.cfg = cfg
-        self.vit = cfg.vision.kind == "vit"
         self.keep_tokens = loss.kind == "filip"  # forward() returns token vectors too (the late-interaction loss)
         self.image_projection = None
-        if self.vit:
-            self.dual = hf if hf is not None else VisionTextDualEncoderModel(
-                hf_vit_config(cfg, temperature_init=loss.temperature.init))
-            # the temperature is a raw divisor like the EfficientNet's; logit_scale is only where it is saved
-            self.dual.logit_scale.requires_grad_(False)
-            self.vit_temperature = nn.Parameter(torch.exp(-self.dual.logit_scale.detach().float()).clone())
-        else:
-            self.align = hf if hf is not None else AlignModel(hf_config(cfg, temperature_init=loss.temperature.init))
-            # [CLS] is used directly: the pooler would be a parameter without gradient (breaks DDP).
-            self.align.text_model.pooler = None
-            pooled = vision_pooled_dim(self.align)
-            # Only towers whose pooled width differs from embed_dim (e.g. B5: 512 -> 640) get this layer.
-            self.image_projection = nn.Linear(pooled, cfg.embed_dim) if pooled != cfg.embed_dim else None
+        self.build(hf, loss)
         if loss.temperature.fixed > 0:
             with torch.no_grad():
                 self.temperature.fill_(loss.temperature.fixed)
@@ -162,30 +160,52 @@ class DualEncoder(TwoTowers):
         # SigLIP's learned bias; only the sigmoid loss has one.
         self.logit_bias = nn.Parameter(torch.tensor(loss.temperature.sigmoid_bias_init)) if loss.kind == "sigmoid" \
             else None
-        if cfg.channels_last and not self.vit:
-            self.align.vision_model.to(memory_format=torch.channels_last)
-        if not self.vit:  # oneDNN's weight gradient on 2x2 and 4x4 maps is most of the step (model/depthwise.py)
-            use_fast_depthwise(self.align.vision_model)
-            use_cls_only_last_layer(self.align.text_model)  # under cls_only(): [CLS]'s row only (model/cls_only.py)
+        self.speed_up()
+
+    # ------------------------------------------------------------------ what each kind of image tower says
+
+    def build(self, hf, loss: LossConfig) -> None:
+        """The transformers model holding the towers (`hf` when given), and the parameters it lacks."""
+        raise NotImplementedError
+
+    def speed_up(self) -> None:
+        """Faster kernels for this tower's layers, where there are some (the weights are unchanged)."""
 
     @property
     def hf(self) -> AlignModel | VisionTextDualEncoderModel:
         """The transformers model holding the towers (what hub.py saves)."""
-        return self.dual if self.vit else self.align
+        raise NotImplementedError
 
     @property
     def image_features_dim(self) -> int:
         """Width of `encode_image(...).features`: the pooled tower output, before any projection."""
-        return self.cfg.vision.hidden_size if self.vit else vision_pooled_dim(self.align)
+        raise NotImplementedError
+
+    def vision_blocks(self) -> list[nn.Module]:
+        """The image tower's repeated blocks."""
+        raise NotImplementedError
+
+    def image_features(self, pixel_values: torch.Tensor, tokens: bool) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                 torch.Tensor | None]:
+        """(pooled features, joint-space vectors before normalization, per-cell vectors or None)."""
+        raise NotImplementedError
+
+    def text_features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """[B, H] the text tower's pooled feature (what the text projection maps)."""
+        raise NotImplementedError
+
+    def pooled_text(self, out) -> torch.Tensor:
+        """The pooled feature from a full text-tower output (the late-interaction path)."""
+        raise NotImplementedError
+
+    def store_scale(self) -> None:
+        """Write the learned temperature where the transformers model keeps it, before saving (hub.py)."""
+
+    # ------------------------------------------------------------------ shared
 
     def tower_blocks(self) -> list[nn.Module]:
         """The towers' repeated blocks (FSDP's units; memory bench)."""
-        vision = self.dual.vision_model.encoder.layers if self.vit else self.align.vision_model.encoder.blocks
-        return [*vision, *self.text_tower.encoder.layer]
-
-    @property
-    def temperature(self) -> torch.Tensor:
-        return self.vit_temperature if self.vit else self.align.temperature
+        return [*self.vision_blocks(), *self.text_tower.encoder.layer]
 
     def scale_parameters(self) -> dict[str, nn.Parameter]:
         """The learned scales of the logits (loss.temperature): the temperature, and SigLIP's bias when the loss
@@ -196,26 +216,7 @@ class DualEncoder(TwoTowers):
     def encode_image(self, pixel_values: torch.Tensor, tokens: bool = False) -> Encoding:
         """pixel_values [B, 3, H, W] in [-1, 1] (data/transforms.py), mapped to what the tower was trained on;
         `tokens`: also the patch / cell vectors (late interaction)."""
-        pixel_values = self.tower_pixels(pixel_values)
-        if self.vit:
-            other_size = tuple(pixel_values.shape[-2:]) != (self.cfg.vision.image_size,) * 2
-            # another resolution than the trained one: position embeddings interpolated (bicubic) to its grid
-            out = self.dual.vision_model(pixel_values=pixel_values, interpolate_pos_encoding=other_size)
-            if self.cfg.vision.pool == "cls":
-                features = out.pooler_output  # post_layernorm(last_hidden_state[:, 0])
-            else:
-                features = self.dual.vision_model.post_layernorm(out.last_hidden_state[:, 1:].mean(dim=1))
-            embeds = self.dual.visual_projection(features)
-            cells = self.dual.visual_projection(self.dual.vision_model.post_layernorm(out.last_hidden_state[:, 1:])) \
-                if tokens else None
-        else:
-            if self.cfg.channels_last:
-                pixel_values = pixel_values.contiguous(memory_format=torch.channels_last)
-            out = self.align.vision_model(pixel_values=pixel_values)
-            features = out.pooler_output  # [B, C_last]: the mean of the last feature map's cells
-            project = self.image_projection or nn.Identity()
-            embeds = project(features)
-            cells = project(out.last_hidden_state.flatten(2).transpose(1, 2)) if tokens else None  # [B, h*w, D]
+        features, embeds, cells = self.image_features(self.tower_pixels(pixel_values), tokens)
         encoding = Encoding(embeds=F.normalize(embeds, dim=-1), features=features)
         if tokens:
             encoding.tokens = F.normalize(cells, dim=-1)
@@ -230,7 +231,7 @@ class DualEncoder(TwoTowers):
         """`tokens`: also every token's vector (text_projection of its last hidden state), padding masked."""
         if tokens:
             out = self.text_tower(input_ids=input_ids, attention_mask=attention_mask)
-            features = out.pooler_output if self.vit else out.last_hidden_state[:, 0, :]
+            features = self.pooled_text(out)
             projection = self.hf.text_projection
             return Encoding(embeds=F.normalize(projection(features), dim=-1), features=features,
                             tokens=F.normalize(projection(out.last_hidden_state), dim=-1), mask=attention_mask.bool())
@@ -239,16 +240,9 @@ class DualEncoder(TwoTowers):
         if buckets > 1 and right_padded:
             features = self._cls_by_length(input_ids, attention_mask, buckets)
         else:
-            features = self._cls(input_ids, attention_mask)
+            features = self.text_features(input_ids, attention_mask)
         embeds = self.hf.text_projection(features)  # [B, D]
         return Encoding(embeds=F.normalize(embeds, dim=-1), features=features)
-
-    def _cls(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        with nullcontext() if self.vit else cls_only():  # ALIGN's last layer: only the [CLS] row, [B, 1, H]
-            out = self.text_tower(input_ids=input_ids, attention_mask=attention_mask)
-        if self.vit:
-            return out.pooler_output  # [B, H] BERT's pooled [CLS] (what VisionTextDualEncoderModel projects)
-        return out.last_hidden_state[:, 0, :]  # [B, H] the [CLS] token
 
     def _cls_by_length(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, buckets: int) -> torch.Tensor:
         """[CLS] features with the batch sorted by length and encoded in `buckets` groups, each trimmed
@@ -260,7 +254,7 @@ class DualEncoder(TwoTowers):
             if chunk.numel() == 0:
                 continue
             width = int(lengths[chunk].max())
-            parts.append(self._cls(input_ids[chunk, :width], attention_mask[chunk, :width]))
+            parts.append(self.text_features(input_ids[chunk, :width], attention_mask[chunk, :width]))
         features = torch.cat(parts)
         return features[torch.argsort(order)]  # undo the sort
 
@@ -268,3 +262,109 @@ class DualEncoder(TwoTowers):
         """Training's forward: token vectors too when the loss is late interaction (loss.kind=filip)."""
         return (self.encode_image(pixel_values, self.keep_tokens),
                 self.encode_text(input_ids, attention_mask, self.keep_tokens))
+
+
+class EfficientNetDualEncoder(DualEncoder):
+    """The paper's: EfficientNet and BERT in a `transformers.AlignModel` (`self.align`), the image feature the
+    mean of the last block's cells, the text feature BERT's raw [CLS] (no pooler)."""
+
+    def build(self, hf, loss: LossConfig) -> None:
+        self.align = hf if hf is not None else AlignModel(hf_config(self.cfg, temperature_init=loss.temperature.init))
+        # [CLS] is used directly: the pooler would be a parameter without gradient (breaks DDP).
+        self.align.text_model.pooler = None
+        pooled = vision_pooled_dim(self.align)
+        # Only towers whose pooled width differs from embed_dim (e.g. B5: 512 -> 640) get this layer.
+        self.image_projection = nn.Linear(pooled, self.cfg.embed_dim) if pooled != self.cfg.embed_dim else None
+
+    def speed_up(self) -> None:
+        if self.cfg.channels_last:
+            self.align.vision_model.to(memory_format=torch.channels_last)
+        # oneDNN's weight gradient on 2x2 and 4x4 maps is most of the step (model/depthwise.py)
+        use_fast_depthwise(self.align.vision_model)
+        use_cls_only_last_layer(self.align.text_model)  # under cls_only(): [CLS]'s row only (model/cls_only.py)
+
+    @property
+    def hf(self) -> AlignModel:
+        return self.align
+
+    @property
+    def temperature(self) -> torch.Tensor:
+        return self.align.temperature
+
+    @property
+    def image_features_dim(self) -> int:
+        return vision_pooled_dim(self.align)
+
+    def vision_blocks(self) -> list[nn.Module]:
+        return list(self.align.vision_model.encoder.blocks)
+
+    def image_features(self, pixel_values, tokens):
+        if self.cfg.channels_last:
+            pixel_values = pixel_values.contiguous(memory_format=torch.channels_last)
+        out = self.align.vision_model(pixel_values=pixel_values)
+        features = out.pooler_output  # [B, C_last]: the mean of the last feature map's cells
+        project = self.image_projection or nn.Identity()
+        cells = project(out.last_hidden_state.flatten(2).transpose(1, 2)) if tokens else None  # [B, h*w, D]
+        return features, project(features), cells
+
+    def text_features(self, input_ids, attention_mask):
+        with cls_only():  # ALIGN's last layer: only the [CLS] row, [B, 1, H]
+            out = self.text_tower(input_ids=input_ids, attention_mask=attention_mask)
+        return out.last_hidden_state[:, 0, :]  # [B, H] the [CLS] token
+
+    def pooled_text(self, out):
+        return out.last_hidden_state[:, 0, :]
+
+
+class ViTDualEncoder(DualEncoder):
+    """CLIP's towers' layout: a ViT and BERT in a `transformers.VisionTextDualEncoderModel` (`self.dual`), so
+    plain transformers' get_image_features / get_text_features give the same embeddings (CLS pooling). The
+    temperature is a raw divisor like the EfficientNet model's, kept beside the transformers model and written
+    into its logit_scale = log(1/T) when saved."""
+
+    def build(self, hf, loss: LossConfig) -> None:
+        self.dual = hf if hf is not None else VisionTextDualEncoderModel(
+            hf_vit_config(self.cfg, temperature_init=loss.temperature.init))
+        self.dual.logit_scale.requires_grad_(False)  # where the temperature is saved, not where it is learned
+        self.vit_temperature = nn.Parameter(torch.exp(-self.dual.logit_scale.detach().float()).clone())
+
+    @property
+    def hf(self) -> VisionTextDualEncoderModel:
+        return self.dual
+
+    @property
+    def temperature(self) -> torch.Tensor:
+        return self.vit_temperature
+
+    @property
+    def image_features_dim(self) -> int:
+        return self.cfg.vision.hidden_size
+
+    def vision_blocks(self) -> list[nn.Module]:
+        return list(self.dual.vision_model.encoder.layers)
+
+    def image_features(self, pixel_values, tokens):
+        other_size = tuple(pixel_values.shape[-2:]) != (self.cfg.vision.image_size,) * 2
+        # another resolution than the trained one: position embeddings interpolated (bicubic) to its grid
+        vision = self.dual.vision_model
+        out = vision(pixel_values=pixel_values, interpolate_pos_encoding=other_size)
+        if self.cfg.vision.pool == "cls":
+            features = out.pooler_output  # post_layernorm(last_hidden_state[:, 0])
+        else:
+            features = vision.post_layernorm(out.last_hidden_state[:, 1:].mean(dim=1))
+        cells = self.dual.visual_projection(vision.post_layernorm(out.last_hidden_state[:, 1:])) if tokens else None
+        return features, self.dual.visual_projection(features), cells
+
+    def text_features(self, input_ids, attention_mask):
+        # BERT's pooled [CLS] (what VisionTextDualEncoderModel projects)
+        return self.text_tower(input_ids=input_ids, attention_mask=attention_mask).pooler_output
+
+    def pooled_text(self, out):
+        return out.pooler_output
+
+    def store_scale(self) -> None:  # the transformers model's own scale: its logits_per_image are openalign's too
+        with torch.no_grad():
+            self.dual.logit_scale.copy_(-torch.log(self.temperature.detach().to(self.dual.logit_scale.dtype)))
+
+
+IMAGE_TOWERS = {"efficientnet": EfficientNetDualEncoder, "vit": ViTDualEncoder}

@@ -28,8 +28,6 @@ import os
 import shutil
 from pathlib import Path
 
-import torch
-
 import transformers
 from safetensors.torch import load_file, save_file
 from transformers import AlignModel, VisionTextDualEncoderModel
@@ -68,9 +66,7 @@ def save_pretrained(model: DualEncoder, tokenizer, out: Path, cfg: Config) -> Pa
 
 
 def _save_into(model: DualEncoder, tokenizer, out: Path, cfg: Config) -> None:
-    if model.vit:  # the HF model's own scale, so its logits_per_image are openalign's too
-        with torch.no_grad():
-            model.dual.logit_scale.copy_(-torch.log(model.temperature.detach().to(model.dual.logit_scale.dtype)))
+    model.store_scale()
     model.hf.save_pretrained(out)  # (transformers' own bars and reports: cli.py quiets them when a command starts)
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
