@@ -174,7 +174,18 @@ def cmd_eval(args) -> int:
     options = configure(names or ["retrieval", "zeroshot"], args.overrides, **shared | {
         "templates": load_templates(args.templates) if args.templates else None,
         "recipe": parse_options(args.ft) if args.ft else None})
+    from openalign.eval.report import write_clip_benchmark
+    from openalign.eval.tasks import clip_benchmark_metrics
+
+    if args.format == "clip_benchmark":
+        clip_benchmark_metrics({}, names)  # a task it has no place for is refused before any image is embedded
     metrics, figures = run_tasks(model, tokenizer, args.data, names, common, options)
+    if args.format == "clip_benchmark":
+        written = write_clip_benchmark(clip_benchmark_metrics(metrics, names), args.out, args.model,
+                                       Path(args.data.rstrip("/")).stem)
+        print("\n".join(metric_lines(metrics)))
+        print("wrote " + ", ".join(str(p) for p in written))
+        return 0
     # the model's fingerprint: `search --min-score` checks that a calibrated threshold is this model's
     written = write_report(metrics | {"model_weights": weights_fingerprint(Path(args.model))}, Path(args.out), figures)
     print("\n".join(metric_lines(metrics)))
@@ -461,7 +472,12 @@ def _eval_flags(p) -> None:
     p.add_argument("--ft", action="append", metavar="key=value",
                    help="finetune, vtab: the recipe, e.g. --ft steps=500 --ft lr=0.01 --ft freeze_bn=true (keys: "
                         f"{', '.join(config_lib.leaf_keys(config_lib.FinetuneConfig))})")
-    p.add_argument("--out", default="metrics.json", help="the metrics JSON (a .md table and a .png beside it)")
+    p.add_argument("--out", default="metrics.json", help="the metrics JSON (a .md table and a .png beside it); with "
+                   "--format clip_benchmark, each task's result file, {task} {dataset} {model} {pretrained} {language} "
+                   "filled in")
+    p.add_argument("--format", choices=("openalign", "clip_benchmark"), default="openalign",
+                   help="clip_benchmark: CLIP_benchmark's result JSON (zero-shot classification and retrieval; its "
+                        "`dataset` is the --data folder's name, `model` the model folder's name)")
     p.add_argument("overrides", nargs="*", metavar="task.key=value",
                    help="task options, e.g. knn.k=5 cxc.positive_score=4 finetune.recipe.lr=0.01")
 

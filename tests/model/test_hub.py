@@ -187,3 +187,37 @@ def test_a_save_that_fails_leaves_the_previous_model_directory(tmp_path, monkeyp
         save_pretrained(model, None, out, cfg)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # no temporary directory left
+
+
+def test_transformers_zero_shot_pipeline_on_a_saved_model_gives_openalign_eval_scores(tmp_path):
+    """A model openalign saved (an AlignModel directory) runs in transformers' zero-shot pipeline as it is, and the
+    pipeline's scores are openalign's: `eval --task zeroshot` with the pipeline's one template has its top-1, and
+    openalign.load's classifier its probabilities."""
+    import json
+
+    import pytest
+
+    import openalign
+    from openalign.cli import main
+    from conftest import COLORS, SHAPES, save_tiny_model, shape_image
+
+    model_dir = save_tiny_model(tmp_path / "model", [f"a {c} {s}" for c in COLORS for s in SHAPES])
+    data = tmp_path / "classes"
+    images = {}
+    for color in COLORS:
+        (data / color).mkdir(parents=True)
+        for shape in SHAPES:
+            shape_image(color, shape, 44).save(data / color / f"{shape}.png")
+            images[data / color / f"{shape}.png"] = color
+    (tmp_path / "one.txt").write_text("This is a photo of {}.\n")  # the pipeline's hypothesis_template
+    assert main(["eval", str(model_dir), "--data", str(data), "--task", "zeroshot", "--templates",
+                 str(tmp_path / "one.txt"), "--out", str(tmp_path / "m.json")]) == 0
+    metrics = json.loads((tmp_path / "m.json").read_text())
+    classify = transformers.pipeline("zero-shot-image-classification", model=str(model_dir))
+    labels = sorted(COLORS)
+    theirs = [{r["label"]: r["score"] for r in classify(str(path), candidate_labels=labels)} for path in images]
+    hits = [max(scores, key=scores.get) == truth for scores, truth in zip(theirs, images.values())]
+    assert metrics["zeroshot_top1"] == pytest.approx(sum(hits) / len(hits))
+    ours = openalign.load(model_dir, device="cpu").classify(list(images), labels, templates=["This is a photo of {}."])
+    for row, scores in zip(ours, theirs):
+        assert row.tolist() == pytest.approx([scores[label] for label in labels], abs=1e-5)

@@ -16,6 +16,9 @@ sharder and the service's thumbnails all read through here.
                                            image; or row of a label table (image, label, no text column)
     X.parquet (a pair table)               distinct image of a pair table (image_key, path, member, text)
     X.parquet (img2dataset's output)       downloaded image (its bytes in the table's image column)
+    DIR in CLIP_benchmark's layout         webdataset sample of DIR/SPLIT/{0..n-1}.tar (n in SPLIT/nshards.txt):
+                                           label = its `.cls` (a class index into DIR/classnames.txt), texts =
+                                           its `.txt` lines (a retrieval set); `split`: test by default
 
 What a .json or .parquet is comes from its content (tables.kind). Image files named by a table or list are found
 under `images_root` (default: beside the file); a `file://` URL is a path. Paths are made absolute, so what is
@@ -63,12 +66,45 @@ class Item:
 
 # ---------------------------------------------------------------------------------------------- dispatch
 
+CLIP_BENCHMARK_FILES = ("classnames.txt", "zeroshot_classification_templates.txt", "dataset_type.txt")
+
+
+def clip_benchmark_root(spec: str) -> Path | None:
+    """`spec` when it is a dataset in CLIP_benchmark's webdataset layout (as `clip_benchmark_export_wds` writes it):
+    ROOT/SPLIT/nshards.txt and ROOT/SPLIT/{0..n-1}.tar, beside ROOT/classnames.txt (one class name per line, in
+    class-index order), ROOT/zeroshot_classification_templates.txt (`{c}` for the class name) or
+    ROOT/dataset_type.txt (`retrieval`); else None."""
+    path = Path(spec)
+    if path.is_dir() and any((path / f).is_file() for f in CLIP_BENCHMARK_FILES) and any(path.glob("*/nshards.txt")):
+        return path
+    return None
+
+
+def clip_benchmark_shards(root: Path, split: str) -> list[str]:
+    """The shards of one split of a CLIP_benchmark dataset, as its reader finds them: SPLIT/{0..n-1}.tar."""
+    splits = sorted(p.parent.name for p in root.glob("*/nshards.txt"))
+    count = root / split / "nshards.txt"
+    if not count.is_file():
+        raise ConfigError(f"{root} (CLIP_benchmark's layout) has no split {split!r}; it has {', '.join(splits)}: "
+                          f"choose one with --split")
+    try:
+        n = int(count.read_text().strip())
+    except ValueError:
+        raise ConfigError(f"{count} does not hold a number of shards; write the count of {split}/*.tar into it") from None
+    shards = [str(root / split / f"{i}.tar") for i in range(n)]
+    missing = [s for s in shards if not Path(s).is_file()]
+    if missing:
+        raise ConfigError(f"{count} says {n} shards but {missing[0]} does not exist; download the split whole, or "
+                          "correct nshards.txt")
+    return shards
+
+
 def is_shards(spec: str) -> bool:
-    """Whether `spec` names webdataset shards: a directory holding .tar files, a brace pattern, a tar, or a
-    list file of tars (a `.txt` of image names is a Multi30k list instead)."""
+    """Whether `spec` names webdataset shards: a directory holding .tar files (or a dataset in CLIP_benchmark's
+    layout), a brace pattern, a tar, or a list file of tars (a `.txt` of image names is a Multi30k list instead)."""
     path = Path(spec)
     if path.is_dir():
-        return any(path.glob("*.tar"))
+        return any(path.glob("*.tar")) or clip_benchmark_root(spec) is not None
     if not path.is_file() or path.suffix in (".tar", ".list"):
         return True
     if path.suffix != ".txt":
@@ -117,8 +153,15 @@ def items(spec: str | list[str], images_root: str = "", split: str = "test", cou
     listed = None if isinstance(spec, list) else listing(spec, images_root, split, *columns)
     if listed is not None:
         return iter(listed)
-    shards = spec if isinstance(spec, list) else tars.list_shards(spec)
-    return (item for shard in shards for item in shard_items(shard, counter, captionless))
+    return (item for shard in shard_list(spec, split) for item in shard_items(shard, counter, captionless))
+
+
+def shard_list(spec: str | list[str], split: str = "test") -> list[str]:
+    """The shards `spec` names (tars.list_shards), or those of one split of a CLIP_benchmark dataset."""
+    if isinstance(spec, list):
+        return spec
+    root = clip_benchmark_root(spec)
+    return clip_benchmark_shards(root, split) if root else tars.list_shards(spec)
 
 
 def decoded(collection, counter: dict | None = None, alpha: str = "white") -> Iterator[tuple[Item, "images.Image.Image"]]:
@@ -271,13 +314,20 @@ def pair_table_items(path: Path) -> list[Item]:
 
 
 def shard_items(shard: str, counter: dict | None = None, captionless: bool = True) -> Iterator[Item]:
-    """The samples of one shard as items holding their bytes; samples that cannot be used are counted."""
+    """The samples of one shard as items holding their bytes; samples that cannot be used are counted. A sample
+    without text is kept when `captionless`, or when it has a label (an evaluation image needs one or the other:
+    CLIP_benchmark's classification samples are an image and a `.cls`)."""
     for sample in tars.read_samples([shard], counter=counter):
         try:
             meta = tars.sample_meta(sample)
+        except tars.BadSample as err:
+            tars.skip(counter, err.reason)
+            continue
+        label = str(meta.get("name") or "") or tars.sample_class(sample)
+        try:
             texts = tars.sample_texts(sample)
         except tars.BadSample as err:
-            if err.reason != "no_text" or not captionless:
+            if not (captionless or label):
                 tars.skip(counter, err.reason)
                 continue
             texts = []
@@ -286,8 +336,8 @@ def shard_items(shard: str, counter: dict | None = None, captionless: bool = Tru
         except tars.BadSample as err:
             tars.skip(counter, err.reason)
             continue
-        yield Item(sample["__key__"], sample["__url__"], texts, str(meta.get("name") or ""), list(meta.get("caption_ids") or []),
-                   meta, data=data)
+        yield Item(sample["__key__"], sample["__url__"], texts, label, list(meta.get("caption_ids") or []), meta,
+                   data=data)
 
 
 # ---------------------------------------------------------------------------------------------- bytes

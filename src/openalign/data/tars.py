@@ -236,6 +236,11 @@ def image_bytes(sample: dict) -> bytes:
     raise BadSample("no_image", f"no image member ({'/'.join(IMAGE_SUFFIXES)})")
 
 
+def sample_class(sample: dict) -> str:
+    """The class index of a CLIP_benchmark sample (its `.cls`, as webdataset writes an int: `7`), else ""."""
+    return sample["cls"].decode("utf-8", errors="replace").strip() if "cls" in sample else ""
+
+
 def sample_meta(sample: dict) -> dict:
     """The `.json` metadata ({} without one); a `.json` that is not a JSON object is a BadSample."""
     if "json" not in sample:

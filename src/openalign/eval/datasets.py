@@ -17,13 +17,14 @@ TEMPLATE_SETS = ("imagenet80", "generic")  # shipped in eval/templates/: CLIP's 
 
 
 def load_templates(spec: str) -> tuple[str, ...]:
-    """A shipped template set by name, or a file with one template per line ({} = the class name)."""
+    """A shipped template set by name, or a file with one template per line: `{}` where the class name goes, or
+    `{c}` (CLIP_benchmark's zeroshot_classification_templates.txt), read as `{}`."""
     path = Path(__file__).parent / "templates" / f"{spec}.txt" if spec in TEMPLATE_SETS else Path(spec)
     if not path.is_file():
         raise ConfigError(f"no templates file {spec}; give a file or one of {', '.join(TEMPLATE_SETS)}")
-    templates = tuple(t for t in path.read_text().splitlines() if t.strip())
+    templates = tuple(t.strip().replace("{c}", "{}") for t in path.read_text(encoding="utf-8").splitlines() if t.strip())
     if not templates or not all("{}" in t for t in templates):
-        raise ConfigError(f"every line of {spec} must contain {{}} where the class name goes")
+        raise ConfigError(f"every line of {spec} must contain {{}} (or CLIP_benchmark's {{c}}) where the class name goes")
     return templates
 
 
@@ -38,12 +39,15 @@ def label_order(labels) -> list[str]:
 
 
 def load_classnames(path: str, labels: list[str]) -> dict[str, str]:
-    """Readable class names: `label<TAB or ,>name` lines, or one name per line in sorted-label order
-    (the convention of ImageNet class-name lists aligned with sorted WordNet ids)."""
-    lines = [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
+    """Readable class names: `label<TAB or ,>name` lines; or one name per line, by class index when the labels are
+    indices (CLIP_benchmark's classnames.txt and `.cls` labels: a split may hold only some of the classes), else in
+    sorted-label order (the convention of ImageNet class-name lists aligned with sorted WordNet ids)."""
+    lines = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
     pairs = [re.split(r"[\t,]", line, maxsplit=1) for line in lines]
     if all(len(p) == 2 for p in pairs) and {p[0] for p in pairs} >= set(labels):
         return {p[0]: p[1].strip() for p in pairs}
+    if labels and all(label.isdigit() and int(label) < len(lines) for label in labels):
+        return {label: lines[int(label)] for label in labels}
     ordered = label_order(labels)
     if len(lines) != len(ordered):
         raise ConfigError(f"{path} has {len(lines)} names for {len(ordered)} classes; give one per class in sorted "

@@ -286,6 +286,16 @@ def topk_accuracy(logits: torch.Tensor, labels: torch.Tensor, ks=(1, 5)) -> dict
     return {f"top{k}": float((ranks < k).float().mean()) for k in ks}
 
 
+def mean_per_class_recall(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    """The mean over the classes present in `labels` of the fraction of their images whose top-1 class is right
+    (balanced accuracy: CLIP_benchmark's `mean_per_class_recall`, sklearn's balanced_accuracy_score); top-1 as in
+    topk_accuracy (a tie counts against)."""
+    true = logits.gather(1, labels[:, None])
+    hit = ((against_target(logits) >= true).sum(dim=1) == 1) & true[:, 0].isfinite()
+    present = labels.unique()
+    return float(torch.stack([hit[labels == c].float().mean() for c in present]).mean()) if len(present) else 0.0
+
+
 def best_thresholds(scores: torch.Tensor, positive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row of `scores` [b, n] with its `positive` mask [b, n] (at least one positive and one negative):
     the similarity threshold that best separates its matches from its non-matches, and how well: Youden's

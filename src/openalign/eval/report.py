@@ -11,6 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from openalign.config import ConfigError
 from openalign.outputs import staged
 from openalign.eval import metrics as M  # noqa: E402
 
@@ -79,3 +80,35 @@ def write_report(metrics: dict, out: Path, figures: dict | None = None) -> list[
     with staged(out) as tmp:  # last: the metrics file appears only when the evaluation finished
         tmp.write_text(json.dumps(metrics, indent=2) + "\n")
     return [out, table] + ([png] if drawn else [])
+
+
+# ---------------------------------------------------------------------------------------------- CLIP_benchmark
+
+def clip_benchmark_results(results: dict[str, dict], model: str, dataset: str, language: str = "en") -> dict[str, dict]:
+    """{task: its result file} in CLIP_benchmark's result JSON, what its `clip_benchmark build` reads: `metrics`,
+    `model`, `pretrained`, and `dataset`, `task`, `language` (`results`: {its task name: metrics under its keys})."""
+    pretrained = str(Path(model).resolve())
+    return {task: {"dataset": dataset, "model": Path(model).name, "pretrained": pretrained, "task": task,
+                   "metrics": values, "language": language} for task, values in results.items()}
+
+
+def write_clip_benchmark(results: dict[str, dict], out: str, model: str, dataset: str) -> list[Path]:
+    """Each task's CLIP_benchmark result file at `out`, whose `{task}`, `{dataset}`, `{model}`, `{pretrained}` and
+    `{language}` are filled in as CLIP_benchmark's --output is (`{task}` is needed for more than one task)."""
+    results = clip_benchmark_results(results, model, dataset)
+    if len(results) > 1 and "{task}" not in out:
+        raise ConfigError(f"--format clip_benchmark writes one file per task ({', '.join(results)}); put {{task}} in "
+                          f"--out (e.g. {{dataset}}_{{task}}.json), or give one --task")
+    written = []
+    for task, result in results.items():
+        fields = {k: result[k] for k in ("dataset", "model", "task", "language")} | {
+            "pretrained": Path(result["pretrained"]).name}
+        name = out
+        for field, value in fields.items():
+            name = name.replace("{" + field + "}", value.replace("/", "_"))
+        path = Path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with staged(path) as tmp:
+            tmp.write_text(json.dumps(result, indent=2) + "\n")
+        written.append(path)
+    return written

@@ -32,7 +32,8 @@ from openalign.eval import compositional as compositional_lib
 from openalign.eval import multilingual as multilingual_lib
 from openalign.eval.compositional import CompositionalOptions, compositional
 from openalign.eval.cxc import CxcOptions, cxc
-from openalign.eval.datasets import label_order, load_classnames, word_pairs
+from openalign.data import sources
+from openalign.eval.datasets import label_order, load_classnames, load_templates, word_pairs
 from openalign.eval.features import DEFAULT_TEMPLATES, Context, EvalOptions, embed_split
 from openalign.eval.finetune import FinetuneOptions, VtabOptions, finetune, vtab
 from openalign.eval.multilingual import MultilingualOptions, multilingual
@@ -53,6 +54,8 @@ class Task:
     reads: Literal["features", "path"] = "features"
     held_out: bool = False  # needs nothing but the held-out split: training may run it (config eval.tasks)
     meta: tuple[str, ...] = ()  # the keys of each image's metadata it reads (EvalData.meta), kept when it runs
+    # its result in CLIP_benchmark's JSON, where that has one: (CLIP_benchmark's task name, metrics -> its keys)
+    clip_benchmark: tuple[str, Callable[[dict], dict]] | None = None
 
     @property
     def prefix(self) -> str:
@@ -132,6 +135,9 @@ def zeroshot(ctx: Context, options: ZeroshotOptions = ZeroshotOptions()) -> tupl
     """Prompt-ensemble classifier over the data's labels (or a subset), top-1/top-5 on its images."""
     data = ctx.data
     classes = label_order(data.labels)
+    options, every_class = _dataset_files(ctx.path, options)
+    if every_class:  # every class of the dataset competes, as in CLIP_benchmark, present in this split or not
+        classes = label_order(set(classes) | set(every_class))
     if options.class_subset:
         subset = {line.strip() for line in Path(options.class_subset).read_text().splitlines() if line.strip()}
         classes = [c for c in classes if c in subset]
@@ -144,14 +150,34 @@ def zeroshot(ctx: Context, options: ZeroshotOptions = ZeroshotOptions()) -> tupl
     rows = torch.tensor([i for i, c in enumerate(data.labels) if c in index], dtype=torch.long)
     labels = torch.tensor([index[data.labels[i]] for i in rows.tolist()], dtype=torch.long)
     logits = data.image_embeds[rows] @ weights.T
-    metrics = M.topk_accuracy(logits, labels)
+    metrics = M.topk_accuracy(logits, labels) | {"mean_per_class_recall": M.mean_per_class_recall(logits, labels)}
     figures = {"zeroshot": {"true": labels, "predicted": logits.argmax(dim=1), "classes": [names[c] for c in classes]}
                | ({"draw": panels.confusion} if panels.confusion_worth_drawing(labels) else {})}
     if ctx.model is not None:  # probabilities at the model's own scale and head: softmax(cos / T) or sigmoid(cos / T + b)
         calibration, figures["calibration"] = _calibration(ctx, options, logits, labels, weights, index)
         metrics |= calibration
     return metrics | {"n_classes": len(classes), "n_images": len(rows), "chance_top1": 1 / len(classes),
-                      "chance_top5": min(1.0, 5 / len(classes))}, figures
+                      "chance_top5": min(1.0, 5 / len(classes)), "chance_mean_per_class_recall": 1 / len(classes)}, figures
+
+
+def _dataset_files(path: str, options: ZeroshotOptions) -> tuple[ZeroshotOptions, list[str]]:
+    """A dataset in CLIP_benchmark's layout names its classes and prompts (classnames.txt, and
+    zeroshot_classification_templates.txt unless --templates chose others): the options with them, and every class
+    index it has ([] for any other data)."""
+    root = sources.clip_benchmark_root(path) if path else None
+    if root is None:
+        return options, []
+    names, templates = root / "classnames.txt", root / "zeroshot_classification_templates.txt"
+    every_class = []
+    if names.is_file() and not options.classnames:
+        options = dataclasses.replace(options, classnames=str(names))
+        every_class = [str(i) for i in range(sum(1 for line in names.read_text(encoding="utf-8").splitlines()
+                                                 if line.strip()))]
+    if templates.is_file() and options.templates == DEFAULT_TEMPLATES:
+        options = dataclasses.replace(options, templates=load_templates(str(templates)))
+        print(f"zero-shot: the {len(options.templates)} prompts of {templates} (--templates to choose others)",
+              file=sys.stderr)
+    return options, every_class
 
 
 def _calibration(ctx: Context, options: ZeroshotOptions, logits, labels, weights, index) -> tuple[dict, dict]:
@@ -287,9 +313,25 @@ def sts(ctx: Context, _=None) -> tuple[dict, dict]:
     return text_pair_similarity(ctx, "sts"), {}
 
 
+def retrieval_clip_benchmark(metrics: dict) -> dict:
+    """CLIP_benchmark's retrieval keys: image_retrieval_recall@K is text -> image (t2i), text_retrieval_recall@K
+    image -> text (i2t: a hit when any of the image's captions is in the top K, as ours)."""
+    return {f"{name}_retrieval_recall@{k}": metrics[f"{way}_r{k}"]
+            for name, way in (("image", "t2i"), ("text", "i2t")) for k in M.KS}
+
+
+def zeroshot_clip_benchmark(metrics: dict) -> dict:
+    """CLIP_benchmark's zero-shot keys; acc5 is null under 5 classes, as CLIP_benchmark writes it."""
+    return {"acc1": metrics["zeroshot_top1"],
+            "acc5": metrics["zeroshot_top5"] if metrics["zeroshot_n_classes"] >= 5 else None,
+            "mean_per_class_recall": metrics["zeroshot_mean_per_class_recall"]}
+
+
 TASKS: dict[str, Task] = {t.name: t for t in (
-    Task("retrieval", retrieval, RetrievalOptions, held_out=True),
-    Task("zeroshot", zeroshot, ZeroshotOptions, held_out=True),
+    Task("retrieval", retrieval, RetrievalOptions, held_out=True,
+         clip_benchmark=("zeroshot_retrieval", retrieval_clip_benchmark)),
+    Task("zeroshot", zeroshot, ZeroshotOptions, held_out=True,
+         clip_benchmark=("zeroshot_classification", zeroshot_clip_benchmark)),
     Task("knn", knn, KnnOptions),
     Task("linear-probe", linear_probe, ProbeOptions),
     Task("cxc", cxc, CxcOptions),
@@ -302,6 +344,24 @@ TASKS: dict[str, Task] = {t.name: t for t in (
     Task("vtab", vtab, VtabOptions, reads="path"),
 )}
 HELD_OUT_TASKS = tuple(name for name, task in TASKS.items() if task.held_out)
+
+
+def clip_benchmark_metrics(metrics: dict, names: list[str]) -> dict[str, dict]:
+    """{CLIP_benchmark task name: its metrics} of the tasks that ran (`names`, or the default pair) and have a form
+    in CLIP_benchmark's result JSON; a task named that has none is refused in one sentence."""
+    tasks = [_task(name) for name in names]
+    without = [t.name for t in tasks if t.clip_benchmark is None]
+    if without:
+        raise ConfigError(f"CLIP_benchmark's result format holds zero-shot classification and retrieval; --task "
+                          f"{', '.join(without)} has no place in it: write those with --format openalign")
+    results = {}
+    for task in tasks or [t for t in TASKS.values() if t.clip_benchmark]:
+        name, convert = task.clip_benchmark
+        try:
+            results[name] = convert(metrics)
+        except KeyError:  # not run (a default task the data had no use for)
+            continue
+    return results
 
 
 def _task(name: str) -> Task:

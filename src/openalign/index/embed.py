@@ -37,7 +37,6 @@ from tqdm import tqdm
 
 from openalign.config import ConfigError
 from openalign import distributed
-from openalign.data import tars
 from openalign.data import sources as source_lib
 from openalign.data import transforms
 from openalign.data.engine import sources_key
@@ -85,7 +84,7 @@ def plan_parts(sources: list[str], options: EmbedOptions) -> tuple[list[Part], d
     for source in sources:
         listed = source_lib.listing(source, options.images, "all", options.image_column, options.text_column)
         if listed is None:
-            for shard in (str(Path(s).resolve()) for s in tars.list_shards(source)):
+            for shard in (str(Path(s).resolve()) for s in source_lib.shard_list(source)):
                 inputs[len(parts)] = sources_key(shard)  # its path, size and modification time
                 parts.append(Part(len(parts), shard=shard))
             continue
