@@ -460,8 +460,12 @@ def test_the_local_pool_stays_warm_for_the_stages_of_a_command_and_ends_with_it(
     two = Engine("local", workers=2)
     with host.command_scope():
         first, _ = run_tasks([Task(f"a{i}", pid_of, (i,)) for i in range(4)], tmp_path / "a", two, progress=False)
+        pool = engine_lib._POOLS[2]
+        workers = set(pool._processes)
         again, _ = run_tasks([Task(f"b{i}", pid_of, (i,)) for i in range(4)], tmp_path / "b", two, progress=False)
-        assert {r["pid"] for r in again.values()} <= {r["pid"] for r in first.values()}  # the same workers
+        # the same pool and workers (which of them takes a task is the scheduler's: one may take all four)
+        assert engine_lib._POOLS[2] is pool and set(pool._processes) == workers
+        assert {r["pid"] for r in (*first.values(), *again.values())} <= workers
         assert [r["value"] for r in again.values()] == [0, 1, 2, 3]
         assert engine_lib._POOLS
     assert not engine_lib._POOLS  # the command's end stops them

@@ -289,3 +289,34 @@ def test_dedup_by_embedding_with_a_public_checkpoint(family, tmp_path):
                      "--mode", "embedding", "--model", str(root), "--threshold", "0.99999", "--quiet"]) == 0
     report = json.loads((tmp_path / "d" / "dedup_report.json").read_text())
     assert report["removed_images"] == 1 and report["examples"][0]["train"].endswith("/1.png")
+
+
+def test_finetune_trains_a_copy_of_a_public_image_tower(family, tmp_path):
+    """`--task finetune` (and vtab, through the same classifier) fine-tunes the image tower of a CLIP or SigLIP
+    checkpoint with a linear head on its image embedding; the directory's model is left as it was."""
+    from openalign.eval import finetune as finetune_lib
+    from openalign.eval.features import EvalOptions
+
+    name, (root, *_), _, _ = family
+    rng = np.random.default_rng(2)
+    for split, n in (("train", 4), ("test", 2)):
+        for c, label in enumerate(["red", "green", "blue"]):
+            (tmp_path / split / label).mkdir(parents=True)
+            for i in range(n):
+                pixels = rng.integers(0, 80, (40, 48, 3), dtype=np.uint8)
+                pixels[..., c] += 170
+                Image.fromarray(pixels).save(tmp_path / split / label / f"{i}.png")
+    assert cli.main(["eval", str(root), "--task", "finetune", "--data", str(tmp_path / "test"), "--train-data",
+                     str(tmp_path / "train"), "--ft", "steps=3", "--ft", "batch_size=4", "--ft", "lr=0.01",
+                     "--out", str(tmp_path / "m.json")]) == 0
+    metrics = json.loads((tmp_path / "m.json").read_text())
+    assert (metrics["finetune_n_train"], metrics["finetune_n_test"], metrics["finetune_n_classes"]) == (12, 6, 3)
+    model, _, cfg = load_pretrained(root)
+    before = {k: v.clone() for k, v in model.hf.vision_model.state_dict().items()}
+    train = finetune_lib.load_labeled(str(tmp_path / "train"), EvalOptions(), cfg.model.vision.resize_size)
+    tuned = finetune_lib.fit(model, train, {"blue": 0, "green": 1, "red": 2},
+                             finetune_lib.parse_options(["steps=3", "batch_size=4", "lr=0.01"]), seed=0,
+                             crop=cfg.model.vision.image_size)
+    assert tuned.head.in_features == cfg.model.embed_dim
+    changed = [k for k, v in tuned.tower.hf.vision_model.state_dict().items() if not torch.equal(v, before[k])]
+    assert changed and all(torch.equal(v, before[k]) for k, v in model.hf.vision_model.state_dict().items())

@@ -25,6 +25,7 @@ from typing import Annotated, Callable, Literal
 import torch
 
 from openalign.config import ConfigError, check, leaf_keys, non_negative, override
+from openalign.data import sources
 from openalign.eval import metrics as M
 from openalign.eval import panels
 from openalign.eval.arithmetic import arithmetic
@@ -32,7 +33,6 @@ from openalign.eval import compositional as compositional_lib
 from openalign.eval import multilingual as multilingual_lib
 from openalign.eval.compositional import CompositionalOptions, compositional
 from openalign.eval.cxc import CxcOptions, cxc
-from openalign.data import sources
 from openalign.eval.datasets import label_order, load_classnames, load_templates, word_pairs
 from openalign.eval.features import DEFAULT_TEMPLATES, Context, EvalOptions, embed_split
 from openalign.eval.finetune import FinetuneOptions, VtabOptions, finetune, vtab

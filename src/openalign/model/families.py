@@ -39,6 +39,12 @@ class PublicDualEncoder(TwoTowers):
         return torch.exp(-self.hf.logit_scale.detach().float().reshape(()))
 
     @property
+    def image_features_dim(self) -> int:
+        """Width of `encode_image(...).features`: the image embedding `get_image_features` returns (what a
+        fine-tuning head reads, as OpenCLIP's fine-tuning reads `encode_image`)."""
+        return self.cfg.embed_dim
+
+    @property
     def logit_bias(self) -> torch.Tensor | None:
         bias = getattr(self.hf, "logit_bias", None)
         return None if bias is None else bias.detach().float().reshape(())
