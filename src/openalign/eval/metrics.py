@@ -280,18 +280,22 @@ def class_weights(text_embeds: torch.Tensor, n_classes: int) -> torch.Tensor:
 def topk_accuracy(logits: torch.Tensor, labels: torch.Tensor, ks=(1, 5)) -> dict[str, float]:
     """logits [N, C], labels [N]; ties count against (rank = wrong classes scoring >= the true one); a
     non-finite true logit is a miss and a NaN wrong logit counts against (see MISS)."""
-    true = logits.gather(1, labels[:, None])  # [N, 1]
-    ranks = (against_target(logits) >= true).sum(dim=1) - 1  # [N]
-    ranks = ranks.masked_fill(~true[:, 0].isfinite(), MISS)
+    ranks = class_ranks(logits, labels)
     return {f"top{k}": float((ranks < k).float().mean()) for k in ks}
+
+
+def class_ranks(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """[N] the true class's rank: wrong classes scoring >= it (MISS when its own logit is not finite)."""
+    true = logits.gather(1, labels[:, None])  # [N, 1]
+    ranks = (against_target(logits) >= true).sum(dim=1) - 1
+    return ranks.masked_fill(~true[:, 0].isfinite(), MISS)
 
 
 def mean_per_class_recall(logits: torch.Tensor, labels: torch.Tensor) -> float:
     """The mean over the classes present in `labels` of the fraction of their images whose top-1 class is right
     (balanced accuracy: CLIP_benchmark's `mean_per_class_recall`, sklearn's balanced_accuracy_score); top-1 as in
     topk_accuracy (a tie counts against)."""
-    true = logits.gather(1, labels[:, None])
-    hit = ((against_target(logits) >= true).sum(dim=1) == 1) & true[:, 0].isfinite()
+    hit = class_ranks(logits, labels) == 0
     present = labels.unique()
     return float(torch.stack([hit[labels == c].float().mean() for c in present]).mean()) if len(present) else 0.0
 
