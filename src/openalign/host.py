@@ -85,3 +85,8 @@ def reuse_freed_memory() -> bool:
     # mallopt returns 1 on success; the trim threshold is an int: its largest value means "never trim"
     _applied = bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
     return _applied
+
+
+def reuses_freed_memory() -> bool:
+    """Whether `reuse_freed_memory()` is in effect in this process."""
+    return _applied
