@@ -432,8 +432,9 @@ def _run_flags(p, what: str) -> None:
 
 def _train_flags(p) -> None:
     _run_flags(p, "the config")
-    p.add_argument("--init", help="start from this model directory: its towers, weights and tokenizer "
-                                  "(required by the finetune-flickr30k / finetune-coco presets)")
+    p.add_argument("--init", help="start from this model directory (openalign's AlignModel or ViT model, or a "
+                                  "CLIPModel): its towers, weights and tokenizer (required by the finetune-flickr30k "
+                                  "/ finetune-coco presets)")
     p.add_argument("--out", help="run directory (default: the preset's)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     p.add_argument("--overwrite", action="store_true", help="start again in an --out that holds a run (its "

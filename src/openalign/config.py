@@ -176,10 +176,11 @@ class ModelConfig:
     vision: VisionConfig = field(default_factory=VisionConfig)
     text: TextConfig = field(default_factory=TextConfig)
     embed_dim: Annotated[int, POSITIVE_INT] = 640  # B7 pools to 640, L2 to 1376; other towers get a linear layer
-    init_from: str = ""  # a model directory (AlignModel, or VisionTextDualEncoderModel for a ViT) to initialize from
+    init_from: str = ""  # a model directory to start from: AlignModel, VisionTextDualEncoderModel (ViT), CLIPModel
     channels_last: bool = True  # depthwise convs are ~7x faster in channels_last on CPU
     # Whose towers: openalign's dual encoder (vision.kind), or a public checkpoint's as it ships (clip: CLIPModel,
-    # siglip: SiglipModel; model/families.py), which openalign evaluates, embeds and serves but does not train.
+    # siglip: SiglipModel; model/families.py), which openalign evaluates, embeds and serves; a CLIPModel also
+    # fine-tunes from init_from (model/dual_encoder.py CLIPDualEncoder).
     family: Literal["openalign", "clip", "siglip"] = "openalign"
 
 
@@ -531,9 +532,14 @@ def _cross_field(cfg: Config, world: int) -> list[str]:
                             f"{v.num_heads}")
     if t.num_heads > 0 and t.hidden_size % t.num_heads:
         problems.append(f"model.text.hidden_size={t.hidden_size} must divide by model.text.num_heads={t.num_heads}")
-    if cfg.model.family != "openalign":  # (a loaded checkpoint's config is not checked: it is not trained)
-        problems.append(f"model.family={cfg.model.family} is a public checkpoint's format, which openalign evaluates, "
-                        "embeds and serves; it trains its own dual encoder (model.family=openalign)")
+    family = cfg.model.family  # (a loaded checkpoint's config is not checked: it is not trained)
+    if family == "siglip" or (family == "clip" and not cfg.model.init_from):
+        problems.append(f"model.family={family} is a public checkpoint's format, which openalign evaluates, embeds and "
+                        "serves; it trains its own dual encoder (model.family=openalign) and fine-tunes a CLIPModel "
+                        "directory given with --init")
+    elif family == "clip" and cfg.loss.kind == "sigmoid":
+        problems.append("loss.kind=sigmoid learns a logit bias, which a CLIPModel has no place to save; fine-tune a "
+                        "CLIPModel with loss.kind=softmax or filip")
     batch = cfg.data.global_batch
     if batch > 0 and batch % world:
         problems.append(f"data.global_batch={batch} must divide by the {world} processes (each encodes an equal share)")

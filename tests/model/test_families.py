@@ -191,8 +191,10 @@ def test_a_public_checkpoint_is_not_a_starting_point_for_training_and_an_unknown
     (tmp_path / "clip").mkdir()
     root, *_ = clip_dir(tmp_path / "clip")
     with pytest.raises(ConfigError, match="model.family=clip is a public checkpoint's format"):
-        check(override(presets.get("tiny"), ["model.family=clip"]))
-    with pytest.raises(ConfigError, match="is a CLIPModel directory; model.init_from reads AlignModel"):
+        check(override(presets.get("tiny"), ["model.family=clip"]))  # (without --init)
+    with pytest.raises(ConfigError, match="loss.kind=sigmoid learns a logit bias, which a CLIPModel has no place"):
+        check(override(presets.get("tiny"), ["model.family=clip", f"model.init_from={root}", "loss.kind=sigmoid"]))
+    with pytest.raises(ConfigError, match="is a CLIPModel directory; start from it with `openalign train --init "):
         init_towers(DualEncoder(presets.get("tiny").model), root)
     (root / "preprocessor_config.json").rename(tmp_path / "kept.json")
     with pytest.raises(ConfigError, match="has no preprocessor_config.json or processor_config.json: a CLIPModel's "
@@ -320,3 +322,60 @@ def test_finetune_trains_a_copy_of_a_public_image_tower(family, tmp_path):
     assert tuned.head.in_features == cfg.model.embed_dim
     changed = [k for k, v in tuned.tower.hf.vision_model.state_dict().items() if not torch.equal(v, before[k])]
     assert changed and all(torch.equal(v, before[k]) for k, v in model.hf.vision_model.state_dict().items())
+
+
+def karpathy(root, n=8):
+    """A Karpathy-split JSON of n coloured pictures of several sizes, two captions each (half of them test)."""
+    (root / "imgs").mkdir()
+    rng = np.random.default_rng(3)
+    entries = []
+    for i in range(n):
+        w, h = SIZES[i % len(SIZES)]
+        pixels = rng.integers(0, 80, (h, w, 3), dtype=np.uint8)
+        pixels[..., i % 3] += 170
+        Image.fromarray(pixels).save(root / "imgs" / f"{i}.jpg")
+        entries.append({"filename": f"{i}.jpg", "split": "test" if i % 2 else "train",
+                        "sentences": [{"raw": TEXTS[i % 4], "sentid": 2 * i}, {"raw": CORPUS[-1 - i % 4], "sentid": 2 * i + 1}]})
+    (root / "dataset_flickr30k.json").write_text(json.dumps({"images": entries}))
+    return root / "dataset_flickr30k.json"
+
+
+def test_train_init_fine_tunes_a_clip_model_and_saves_one_that_transformers_reads(tmp_path):
+    """`train --init` a CLIPModel directory: its towers, tokenizer and processor train as they are, and the saved
+    model is a CLIPModel whose AutoProcessor and get_image_features / get_text_features give openalign's embeddings,
+    with the learned temperature in its logit_scale. A SiglipModel directory is refused in one sentence."""
+    (tmp_path / "clip").mkdir()
+    root, start, _, _ = clip_dir(tmp_path / "clip")
+    data = karpathy(tmp_path)
+    run_dir = tmp_path / "run"
+    common = ["--preset", "finetune-flickr30k", "--data", str(data), "--eval-data", str(data), "--images",
+              str(tmp_path / "imgs"), "--quiet", "train.steps=3", "data.global_batch=4", "data.workers=0",
+              "data.shuffle_buffer=4", f"data.data_dir={tmp_path / 'data'}", "train.eval_every=0", "optim.lr=1e-2"]
+    assert cli.main(["train", "--init", str(root), "--out", str(run_dir), *common]) == 0
+    saved = run_dir / "model"
+    assert json.loads((saved / "config.json").read_text())["model_type"] == "clip"
+    metrics = json.loads((run_dir / "final_metrics.json").read_text())
+    assert (metrics["n_images"], metrics["n_texts"]) == (4, 8)
+
+    tuned = transformers.CLIPModel.from_pretrained(saved).eval()
+    changed = [k for k, v in tuned.state_dict().items() if not torch.equal(v, start.state_dict()[k])]
+    assert any(k.startswith("vision_model.") for k in changed) and any(k.startswith("text_model.") for k in changed)
+    assert "logit_scale" in changed  # the learned temperature, saved where CLIP keeps it
+    processor = transformers.AutoProcessor.from_pretrained(saved)
+    assert type(processor).__name__ == "CLIPProcessor"
+    assert processor.image_processor.size == {"shortest_edge": 40} and processor.image_processor.crop_size == {
+        "height": 32, "width": 32}
+
+    model = openalign.load(saved)
+    images = [Image.open(tmp_path / "imgs" / f"{i}.jpg").convert("RGB") for i in range(4)]
+    pil = transformers.CLIPImageProcessorPil.from_pretrained(saved)
+    with torch.no_grad():
+        want_images = tuned.get_image_features(**pil(images, return_tensors="pt")).pooler_output
+        want_texts = tuned.get_text_features(**processor.tokenizer(TEXTS, padding=True, return_tensors="pt")).pooler_output
+    assert cosines(model.encode_images(images), want_images).min() >= 0.9999
+    assert cosines(model.encode_texts(TEXTS), want_texts).min() >= 0.9999
+    assert model.model.temperature.item() == pytest.approx(float(torch.exp(-tuned.logit_scale.detach())), rel=1e-6)
+
+    (tmp_path / "siglip").mkdir()
+    siglip_root, *_ = siglip_dir(tmp_path / "siglip")
+    assert cli.main(["train", "--init", str(siglip_root), "--out", str(tmp_path / "x"), *common]) == 2

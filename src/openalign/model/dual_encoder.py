@@ -15,6 +15,9 @@ Both have one learned temperature shared by both directions, as a raw divisor (t
 is kept beside the HF model and written into its logit_scale = log(1/T) when saved (hub.py).
 The two are the kinds EfficientNetDualEncoder and ViTDualEncoder of DualEncoder: a new kind of image tower is
 one more class here (and its config in presets.py).
+model.family=clip with model.init_from (`train --init` a CLIPModel directory): CLIPDualEncoder
+  CLIP's towers as the checkpoint has them (its ViT, its causal text transformer pooled at the end-of-text token, both
+  projections), fine-tuned with openalign's losses; its logit_scale holds the learned temperature when saved.
 """
 
 from __future__ import annotations
@@ -25,10 +28,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import (AlignConfig, AlignModel, AlignTextConfig, AlignVisionConfig, BertConfig, CLIPVisionConfig,
-                          VisionTextDualEncoderConfig, VisionTextDualEncoderModel)
+from transformers import (AlignConfig, AlignModel, AlignTextConfig, AlignVisionConfig, BertConfig, CLIPModel,
+                          CLIPVisionConfig, VisionTextDualEncoderConfig, VisionTextDualEncoderModel)
 
-from openalign.config import LossConfig, ModelConfig, VisionConfig
+from openalign.config import ConfigError, LossConfig, ModelConfig, VisionConfig
 from openalign.model.cls_only import cls_only, use_cls_only_last_layer
 from openalign.model.depthwise import use_fast_depthwise
 
@@ -141,7 +144,7 @@ class DualEncoder(TwoTowers):
 
     def __new__(cls, cfg: ModelConfig | None = None, *args, **kwargs):
         if cls is DualEncoder and cfg is not None:
-            cls = IMAGE_TOWERS[cfg.vision.kind]
+            cls = PUBLIC_TOWERS.get(cfg.family) or IMAGE_TOWERS[cfg.vision.kind]
         return super().__new__(cls)
 
     def __init__(self, cfg: ModelConfig, loss: LossConfig | None = None,
@@ -185,6 +188,10 @@ class DualEncoder(TwoTowers):
         """The image tower's repeated blocks."""
         raise NotImplementedError
 
+    def text_blocks(self) -> list[nn.Module]:
+        """The text tower's repeated blocks (BERT's layers)."""
+        return list(self.text_tower.encoder.layer)
+
     def image_features(self, pixel_values: torch.Tensor, tokens: bool) -> tuple[torch.Tensor, torch.Tensor,
                                                                                  torch.Tensor | None]:
         """(pooled features, joint-space vectors before normalization, per-cell vectors or None)."""
@@ -205,7 +212,7 @@ class DualEncoder(TwoTowers):
 
     def tower_blocks(self) -> list[nn.Module]:
         """The towers' repeated blocks (FSDP's units; memory bench)."""
-        return [*self.vision_blocks(), *self.text_tower.encoder.layer]
+        return [*self.vision_blocks(), *self.text_blocks()]
 
     def scale_parameters(self) -> dict[str, nn.Parameter]:
         """The learned scales of the logits (loss.temperature): the temperature, and SigLIP's bias when the loss
@@ -367,4 +374,23 @@ class ViTDualEncoder(DualEncoder):
             self.dual.logit_scale.copy_(-torch.log(self.temperature.detach().to(self.dual.logit_scale.dtype)))
 
 
+class CLIPDualEncoder(ViTDualEncoder):
+    """A CLIPModel fine-tuned (`train --init` a CLIPModel directory): its ViT pools and projects as the ViT kind's,
+    its text transformer pools at the end-of-text token (its pooler_output) before `text_projection`, so
+    `get_image_features` / `get_text_features` of the saved CLIPModel give its embeddings. The temperature is a raw
+    divisor started at the checkpoint's 1 / exp(logit_scale) and written back into logit_scale when saved, as the
+    ViT kind's is. The architecture is the starting checkpoint's (`model.init_from`'s config.json)."""
+
+    def build(self, hf, loss: LossConfig) -> None:
+        if hf is None:
+            if not self.cfg.init_from:
+                raise ConfigError("model.family=clip trains from a CLIPModel directory: pass --init DIR")
+            hf = CLIPModel.from_pretrained(self.cfg.init_from, local_files_only=True)
+        super().build(hf, loss)
+
+    def text_blocks(self) -> list[nn.Module]:
+        return list(self.text_tower.encoder.layers)
+
+
 IMAGE_TOWERS = {"efficientnet": EfficientNetDualEncoder, "vit": ViTDualEncoder}
+PUBLIC_TOWERS = {"clip": CLIPDualEncoder}  # model.family -> the kind that trains its checkpoints

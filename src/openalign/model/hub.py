@@ -16,6 +16,11 @@ then holds the raw temperature (and SigLIP's bias). Plain transformers' `get_ima
 `get_text_features`, L2-normalized, give openalign's embeddings for CLS pooling; a mean-pooled model
 (model.vision.pool=mean) pools as `post_layernorm(last_hidden_state[:, 1:].mean(1))` before the
 visual projection, which transformers' class does not do by itself.
+
+A CLIPModel fine-tuned by `train --init` (model.family=clip) saves as a CLIPModel: its config and weights, the
+learned temperature in logit_scale = log(1/T), the checkpoint's tokenizer and CLIP's image processor settings
+(CLIPImageProcessor: shortest side, bicubic, centre crop, its mean and std), so `CLIPModel.from_pretrained(dir)` and
+`AutoProcessor.from_pretrained(dir)` give its embeddings with nothing of openalign's.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from openalign.config import Config, ConfigError, ModelConfig, TextConfig, Visio
 from openalign.model import families
 from openalign.model.dual_encoder import DualEncoder
 from openalign.model.families import FAMILIES
+from openalign.tokenizer import TOKENIZER_FILES
 
 CONFIG_FILE = "openalign.json"
 EXTRA_FILE = "openalign_extra.safetensors"
@@ -70,26 +76,32 @@ def _save_into(model: DualEncoder, tokenizer, out: Path, cfg: Config) -> None:
     model.hf.save_pretrained(out)  # (transformers' own bars and reports: cli.py quiets them when a command starts)
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
-    (out / PROCESSOR_FILE).write_text(json.dumps(processor_settings(cfg.model.vision), indent=2) + "\n")
+    (out / PROCESSOR_FILE).write_text(json.dumps(processor_settings(cfg.model), indent=2) + "\n")
     config_lib.save(cfg, out / CONFIG_FILE)
-    extra = {name: p.detach().cpu().contiguous() for name, p in model.named_parameters()
-             if not name.startswith(("align.", "dual."))}
+    saved = {id(p) for p in model.hf.parameters()}
+    extra = {name: p.detach().cpu().contiguous() for name, p in model.named_parameters() if id(p) not in saved}
     if extra:
         save_file(extra, out / EXTRA_FILE)
 
 
-def processor_settings(v: VisionConfig) -> dict:
-    """The EfficientNetImageProcessor settings that give openalign's evaluation pixels (resize to a square,
-    center crop, rescale and offset, optional normalization), so `AlignProcessor.from_pretrained(dir)` works."""
+def processor_settings(model: ModelConfig) -> dict:
+    """The image processor settings that give openalign's evaluation pixels, so that
+    `AutoProcessor.from_pretrained(dir)` works: for openalign's models EfficientNetImageProcessor's (resize to a
+    square, center crop, rescale and offset, optional normalization); a fine-tuned CLIPModel keeps CLIP's processor
+    (shortest side, bicubic, center crop, its mean and std), as the checkpoint it started from had it."""
+    v = model.vision
+    size = {"height": v.resize_size, "width": v.resize_size} if v.resize_mode == "square" \
+        else {"shortest_edge": v.resize_size}
+    common = {"do_resize": True, "resample": {name: code for code, name in RESAMPLE.items()}[v.resample], "size": size,
+              "do_center_crop": True, "crop_size": {"height": v.image_size, "width": v.image_size},
+              "do_rescale": True, "rescale_factor": v.pixel_scale, "do_normalize": bool(v.pixel_mean),
+              "image_mean": list(v.pixel_mean) or [0.5, 0.5, 0.5], "image_std": list(v.pixel_std) or [0.5, 0.5, 0.5]}
+    if model.family == "clip":
+        return {"image_processor_type": "CLIPImageProcessor", "processor_class": "CLIPProcessor", **common,
+                "do_convert_rgb": True}
     processor = "VisionTextDualEncoderProcessor" if v.kind == "vit" else "AlignProcessor"
-    return {"image_processor_type": "EfficientNetImageProcessor", "processor_class": processor,
-            "do_resize": True, "resample": {name: code for code, name in RESAMPLE.items()}[v.resample],
-            "size": {"height": v.resize_size, "width": v.resize_size} if v.resize_mode == "square"
-            else {"shortest_edge": v.resize_size},
-            "do_center_crop": True, "crop_size": {"height": v.image_size, "width": v.image_size},
-            "do_rescale": True, "rescale_factor": v.pixel_scale, "rescale_offset": v.pixel_offset == -1.0,
-            "do_normalize": bool(v.pixel_mean), "image_mean": list(v.pixel_mean) or [0.5, 0.5, 0.5],
-            "image_std": list(v.pixel_std) or [0.5, 0.5, 0.5], "include_top": False}
+    return {"image_processor_type": "EfficientNetImageProcessor", "processor_class": processor, **common,
+            "rescale_offset": v.pixel_offset == -1.0, "include_top": False}
 
 
 def _square(value, default: int) -> int:
@@ -299,8 +311,6 @@ def model_fingerprint(path: Path) -> str:
     return digest.hexdigest()
 
 
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model",
-                   "tokenizer.model")  # fast, WordPiece, BPE (CLIP), SentencePiece (SigLIP, XLM-R, Gemma)
 
 
 def has_tokenizer(path: Path) -> bool:
@@ -328,11 +338,19 @@ def load_pretrained(path: Path) -> tuple[DualEncoder, object, Config]:
 
 
 def init_towers(model: DualEncoder, path: Path) -> None:
-    """Initialize towers, projections and temperature (everything the model has) from an AlignModel directory."""
+    """Initialize towers, projections and temperature (everything the model has) from the model directory it
+    starts from. A CLIPModel's kind (model.family=clip) loaded the checkpoint when it was built."""
     family = load_config(path).model.family
-    if family != "openalign":  # (before its weights are loaded)
-        raise ConfigError(f"{path} is a {MODEL_TYPES[family]} directory; model.init_from reads AlignModel and "
-                          "VisionTextDualEncoderModel directories")
+    if family != model.cfg.family:  # (before its weights are loaded)
+        if family == "clip":
+            raise ConfigError(f"{path} is a CLIPModel directory; start from it with `openalign train --init {path}`, "
+                              "which takes its towers, processor and tokenizer")
+        if family == "openalign":
+            raise ConfigError(f"{path} is not a CLIPModel directory, which model.family=clip starts from")
+        raise ConfigError(f"{path} is a {MODEL_TYPES[family]} directory; openalign fine-tunes AlignModel, "
+                          "VisionTextDualEncoderModel and CLIPModel directories")
+    if family != "openalign":
+        return
     source, _, _ = load_pretrained(path)
     try:
         model.load_state_dict(source.state_dict(), strict=False)

@@ -62,14 +62,18 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, max_length: int = 64,
     )
 
 
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model",
+                   "tokenizer.model")  # fast, WordPiece, BPE (CLIP), SentencePiece (SigLIP, XLM-R, Gemma)
+
+
 def check_tokenizer_dir(path) -> Path:
     """A local tokenizer directory, or one sentence: a path never falls through to a model hub."""
     path = Path(path)
     if not path.is_dir():
         raise ConfigError(f"no tokenizer directory at {path}; give a directory with tokenizer.json (a run's "
                           "`tokenizer` or `model` folder, or `openalign tokenizer --out DIR`)")
-    if not any((path / name).is_file() for name in ("tokenizer.json", "vocab.txt")):
-        raise ConfigError(f"{path} holds no tokenizer (tokenizer.json or vocab.txt)")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise ConfigError(f"{path} holds no tokenizer ({', '.join(TOKENIZER_FILES[:-1])} or {TOKENIZER_FILES[-1]})")
     return path
 
 
