@@ -129,6 +129,9 @@ class VisionConfig:
     # files set both (model/hub.py).
     resize_mode: Literal["square", "shortest_edge"] = "square"
     resample: Literal["nearest", "lanczos", "bilinear", "bicubic", "box", "hamming"] = "bilinear"  # Pillow's filters
+    # the centre crop's corner at half the margin rounded down (transformers' center_crop), or to the nearest pixel,
+    # halves to even (torchvision's CenterCrop: OpenCLIP's checkpoints, model/openclip.py)
+    crop_round: Literal["down", "nearest"] = "down"
     # The pixel values the tower expects, as transformers' EfficientNetImageProcessor makes them from 0..255:
     # p * pixel_scale + pixel_offset, then (x - pixel_mean) / pixel_std when a mean is given. openalign's
     # own models (and kakaobrain/align-base) use p / 127.5 - 1, i.e. [-1, 1]; a foreign checkpoint's

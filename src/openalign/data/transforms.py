@@ -71,11 +71,15 @@ def resized(image: Image.Image, resize: int, mode: str = "square", resample: str
 
 
 def eval_transform(image: Image.Image, resize: int, crop: int, mode: str = "square",
-                   resample: str = "bilinear") -> torch.Tensor:
-    """[3, crop, crop] in [-1, 1]: `resized`, then the center crop (its top-left corner at half the margins, rounded
-    down, as transformers' `center_crop`)."""
+                   resample: str = "bilinear", crop_round: str = "down") -> torch.Tensor:
+    """[3, crop, crop] in [-1, 1]: `resized`, then the center crop, its top-left corner at half the margins rounded
+    down (`down`: transformers' `center_crop`) or to the nearest pixel, halves to even (`nearest`: torchvision's
+    `CenterCrop`, which OpenCLIP's preprocessing uses)."""
     image = resized(image, resize, mode, resample)
-    left, top = (image.width - crop) // 2, (image.height - crop) // 2
+    if crop_round == "nearest":
+        left, top = int(round((image.width - crop) / 2.0)), int(round((image.height - crop) / 2.0))
+    else:
+        left, top = (image.width - crop) // 2, (image.height - crop) // 2
     return to_tensor(image.crop((left, top, left + crop, top + crop)))
 
 
@@ -83,7 +87,7 @@ def vision_transform(vision) -> functools.partial:
     """`eval_transform` with a VisionConfig's resize, crop, mode and filter: image -> the model's evaluation pixels
     (picklable: data workers apply it)."""
     return functools.partial(eval_transform, resize=vision.resize_size, crop=vision.image_size,
-                             mode=vision.resize_mode, resample=vision.resample)
+                             mode=vision.resize_mode, resample=vision.resample, crop_round=vision.crop_round)
 
 
 def eval_pixels(image: Image.Image, resize: int, crop: int) -> torch.Tensor | Image.Image:

@@ -151,7 +151,8 @@ def _embed(model: DualEncoder, shards: str | list[str], options: EvalOptions, pr
     decoded = sources.decoded(tqdm(split_items(shards, options, counter), desc="embed eval images", unit="img",
                                    disable=not progress, leave=False), counter, model.cfg.vision.alpha)
     vision = model.cfg.vision  # its resize mode and filter, at the evaluation's sizes
-    pixels = ((item, transforms.eval_transform(image, options.resize, options.crop, vision.resize_mode, vision.resample))
+    pixels = ((item, transforms.eval_transform(image, options.resize, options.crop, vision.resize_mode, vision.resample,
+                                               vision.crop_round))
               for item, image in decoded)
     embeds, captions, owner, labels, keys, caption_ids, kept = [], [], [], [], [], [], []
     cells = []

@@ -39,7 +39,7 @@ from transformers import AlignModel, VisionTextDualEncoderModel
 
 from openalign import config as config_lib
 from openalign.config import Config, ConfigError, ModelConfig, TextConfig, VisionConfig
-from openalign.model import families
+from openalign.model import families, openclip
 from openalign.model.dual_encoder import DualEncoder
 from openalign.model.families import FAMILIES
 from openalign.tokenizer import TOKENIZER_FILES
@@ -159,7 +159,8 @@ def vision_from_processor(v: VisionConfig, processor: dict) -> VisionConfig:
     mean = tuple(float(x) for x in processor.get("image_mean") or ()) if normalize else ()
     std = tuple(float(x) for x in processor.get("image_std") or ()) if normalize else ()
     return dataclasses.replace(v, resize_size=size, image_size=crop, pixel_scale=scale, pixel_offset=offset,
-                               pixel_mean=mean, pixel_std=std, resize_mode=_resize_mode(processor), resample=resample)
+                               pixel_mean=mean, pixel_std=std, resize_mode=_resize_mode(processor), resample=resample,
+                               crop_round=processor.get("crop_round", "down"))
 
 
 def _model_config_from_hf(hf) -> ModelConfig:
@@ -220,6 +221,10 @@ def load_config(path: Path) -> Config:
     """The config of a model directory of one of MODEL_TYPES (openalign's own, or one describing a public
     checkpoint)."""
     path = Path(path)
+    if openclip.is_native(path):  # OpenCLIP's own format: the CLIPModel it maps onto, open_clip's preprocessing
+        model = families.model_config(openclip.clip_config(path), "clip")
+        return Config(model=dataclasses.replace(model, vision=vision_from_processor(model.vision,
+                                                                                    openclip.processor(path))))
     if not (path / "config.json").is_file():
         raise ConfigError(f"{path} is not a model directory (no config.json); pass the `model` folder of a run")
     if (path / CONFIG_FILE).is_file():
@@ -287,7 +292,8 @@ def image_processor_settings(path: Path) -> dict | None:
 def weights_fingerprint(path: Path) -> str:
     """A hash of a model directory's config and weights (content only: copying the directory keeps it)."""
     digest = hashlib.blake2b(digest_size=16)
-    for file in sorted(Path(path).glob("*.safetensors")) + [Path(path) / "config.json"]:
+    extra = [Path(path) / name for name in ("config.json", openclip.CONFIG_FILE, openclip.WEIGHT_FILES[1])]
+    for file in sorted(Path(path).glob("*.safetensors")) + extra:
         if file.is_file():
             digest.update(file.name.encode())
             with open(file, "rb") as f:
@@ -324,7 +330,8 @@ def load_pretrained(path: Path) -> tuple[DualEncoder, object, Config]:
     # transformers reports the text pooler missing: openalign drops it (it pools [CLS] itself). The command line
     # quiets such reports at process start (cli.py); a library user's logging settings are left as they are.
     if cfg.model.family != "openalign":
-        hf = getattr(transformers, FAMILIES[cfg.model.family]).from_pretrained(path, local_files_only=True)
+        hf = openclip.load(path) if openclip.is_native(path) else \
+            getattr(transformers, FAMILIES[cfg.model.family]).from_pretrained(path, local_files_only=True)
         model = families.PublicDualEncoder(cfg.model, hf)
     else:
         kind = VisionTextDualEncoderModel if cfg.model.vision.kind == "vit" else AlignModel
