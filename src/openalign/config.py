@@ -127,7 +127,10 @@ class VisionConfig:
     # processors), or the shortest side to resize_size keeping the aspect ratio (CLIP's processor); and with which
     # filter (openalign trains bilinear; CLIP's and SigLIP's processors are bicubic). A checkpoint's processor
     # files set both (model/hub.py).
-    resize_mode: Literal["square", "shortest_edge"] = "square"
+    resize_mode: Literal["square", "shortest_edge", "naflex"] = "square"
+    # naflex (Siglip2Model's processor): no crop; the image resized, aspect kept, to the largest whole grid of
+    # patch_size patches that holds at most max_num_patches, sent as that many patches (the rest padding, masked)
+    max_num_patches: Annotated[int, NON_NEGATIVE] = 0
     resample: Literal["nearest", "lanczos", "bilinear", "bicubic", "box", "hamming"] = "bilinear"  # Pillow's filters
     # the centre crop's corner at half the margin rounded down (transformers' center_crop), or to the nearest pixel,
     # halves to even (torchvision's CenterCrop: OpenCLIP's checkpoints, model/openclip.py)
@@ -182,9 +185,9 @@ class ModelConfig:
     init_from: str = ""  # a model directory to start from: AlignModel, VisionTextDualEncoderModel (ViT), CLIPModel
     channels_last: bool = True  # depthwise convs are ~7x faster in channels_last on CPU
     # Whose towers: openalign's dual encoder (vision.kind), or a public checkpoint's as it ships (clip: CLIPModel,
-    # siglip: SiglipModel; model/families.py), which openalign evaluates, embeds and serves; a CLIPModel also
+    # siglip: SiglipModel, siglip2: Siglip2Model (NaFlex); model/families.py), which openalign evaluates, embeds and serves; a CLIPModel also
     # fine-tunes from init_from (model/dual_encoder.py CLIPDualEncoder).
-    family: Literal["openalign", "clip", "siglip"] = "openalign"
+    family: Literal["openalign", "clip", "siglip", "siglip2"] = "openalign"
 
 
 @dataclass(frozen=True)
@@ -536,7 +539,7 @@ def _cross_field(cfg: Config, world: int) -> list[str]:
     if t.num_heads > 0 and t.hidden_size % t.num_heads:
         problems.append(f"model.text.hidden_size={t.hidden_size} must divide by model.text.num_heads={t.num_heads}")
     family = cfg.model.family  # (a loaded checkpoint's config is not checked: it is not trained)
-    if family == "siglip" or (family == "clip" and not cfg.model.init_from):
+    if family in ("siglip", "siglip2") or (family == "clip" and not cfg.model.init_from):
         problems.append(f"model.family={family} is a public checkpoint's format, which openalign evaluates, embeds and "
                         "serves; it trains its own dual encoder (model.family=openalign) and fine-tunes a CLIPModel "
                         "directory given with --init")

@@ -202,7 +202,7 @@ def test_a_public_checkpoint_is_not_a_starting_point_for_training_and_an_unknown
         load_pretrained(root)
     (root / "config.json").write_text('{"model_type": "blip"}')
     with pytest.raises(ConfigError, match="holds a blip model; openalign loads AlignModel, VisionTextDualEncoderModel, "
-                                          "CLIPModel and SiglipModel directories"):
+                                          "CLIPModel, SiglipModel and Siglip2Model directories"):
         load_pretrained(root)
 
 
@@ -222,14 +222,13 @@ def test_eval_embed_index_and_search_run_on_a_public_checkpoint(family, tmp_path
     assert len(hits) == 4
 
 
-def test_zero_shot_top1_equals_transformers_zero_shot_pipeline(family, tmp_path):
-    """A class-folder set, the pipeline's one template: openalign's top-1 is the pipeline's; the probabilities are
-    the model's own head's (SigLIP's a per-pair sigmoid with its bias)."""
-    name, (root, model, *_), _, _ = family
+def class_folders(tmp_path, labels):
+    """A class-folder set of 4 pictures per label (each tinted by its class, sizes of SIZES) and the pipeline's one
+    template in tmp_path/one.txt; returns (the set's folder, {image path: label})."""
     data = tmp_path / "classes"
     rng = np.random.default_rng(1)
     truth = {}
-    for c, label in enumerate(["red", "blue", "cat"]):
+    for c, label in enumerate(labels):
         (data / label).mkdir(parents=True)
         for i in range(4):
             w, h = SIZES[(c + i) % len(SIZES)]
@@ -238,6 +237,14 @@ def test_zero_shot_top1_equals_transformers_zero_shot_pipeline(family, tmp_path)
             Image.fromarray(pixels).save(data / label / f"{i}.png")
             truth[data / label / f"{i}.png"] = label
     (tmp_path / "one.txt").write_text("This is a photo of {}.\n")
+    return data, truth
+
+
+def test_zero_shot_top1_equals_transformers_zero_shot_pipeline(family, tmp_path):
+    """A class-folder set, the pipeline's one template: openalign's top-1 is the pipeline's; the probabilities are
+    the model's own head's (SigLIP's a per-pair sigmoid with its bias)."""
+    name, (root, model, *_), _, _ = family
+    data, truth = class_folders(tmp_path, ["red", "blue", "cat"])
     assert cli.main(["eval", str(root), "--data", str(data), "--task", "zeroshot", "--templates",
                      str(tmp_path / "one.txt"), "--out", str(tmp_path / "m.json")]) == 0
     metrics = json.loads((tmp_path / "m.json").read_text())

@@ -83,10 +83,34 @@ def eval_transform(image: Image.Image, resize: int, crop: int, mode: str = "squa
     return to_tensor(image.crop((left, top, left + crop, top + crop)))
 
 
-def vision_transform(vision) -> functools.partial:
-    """`eval_transform` with a VisionConfig's resize, crop, mode and filter: image -> the model's evaluation pixels
-    (picklable: data workers apply it)."""
-    return functools.partial(eval_transform, resize=vision.resize_size, crop=vision.image_size,
+def naflex_transform(image: Image.Image, patch: int, max_patches: int, resample: str = "bilinear") -> torch.Tensor:
+    """[max_patches, 3 * patch * patch + 3]: Siglip2's NaFlex input of one image in one fixed-shape tensor, so that it
+    batches and caches as every other model's pixels do. The image is resized, its aspect kept, to the size
+    transformers' Siglip2 processor picks (`get_image_size_for_max_num_patches`: the largest whole grid of patches
+    that holds at most `max_patches`), cut into patches row by row (each patch's pixels row-major, channels last,
+    in [-1, 1]), padded with zeros to `max_patches` rows; the last three columns are each row's mask (1 for a real
+    patch) and the grid's height and width in patches (model/families.py `unpack_naflex`)."""
+    from transformers.models.siglip2.image_processing_pil_siglip2 import get_image_size_for_max_num_patches
+
+    height, width = get_image_size_for_max_num_patches(image.height, image.width, patch, max_patches)
+    pixels = to_tensor(image.resize((width, height), Image.Resampling[resample.upper()]))  # [3, H, W]
+    rows, cols = height // patch, width // patch
+    patches = pixels.reshape(3, rows, patch, cols, patch).permute(1, 3, 2, 4, 0).reshape(rows * cols, -1)
+    out = torch.zeros(max_patches, patches.shape[1] + 3)
+    out[: rows * cols, :-3] = patches
+    out[: rows * cols, -3] = 1.0
+    out[:, -2], out[:, -1] = rows, cols
+    return out
+
+
+def vision_transform(vision, resize: int = 0, crop: int = 0) -> functools.partial:
+    """image -> the model's evaluation pixels, as its VisionConfig says (picklable: data workers apply it):
+    `eval_transform` with its resize, crop, mode, filter and crop rounding (`resize` / `crop`: other sizes, for an
+    evaluation at another resolution), or `naflex_transform` for a NaFlex model (which has no fixed size)."""
+    if vision.resize_mode == "naflex":
+        return functools.partial(naflex_transform, patch=vision.patch_size, max_patches=vision.max_num_patches,
+                                 resample=vision.resample)
+    return functools.partial(eval_transform, resize=resize or vision.resize_size, crop=crop or vision.image_size,
                              mode=vision.resize_mode, resample=vision.resample, crop_round=vision.crop_round)
 
 

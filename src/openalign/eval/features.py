@@ -150,10 +150,8 @@ def _embed(model: DualEncoder, shards: str | list[str], options: EvalOptions, pr
     counter: dict = {}
     decoded = sources.decoded(tqdm(split_items(shards, options, counter), desc="embed eval images", unit="img",
                                    disable=not progress, leave=False), counter, model.cfg.vision.alpha)
-    vision = model.cfg.vision  # its resize mode and filter, at the evaluation's sizes
-    pixels = ((item, transforms.eval_transform(image, options.resize, options.crop, vision.resize_mode, vision.resample,
-                                               vision.crop_round))
-              for item, image in decoded)
+    transform = transforms.vision_transform(model.cfg.vision, options.resize, options.crop)  # at the evaluation's sizes
+    pixels = ((item, transform(image)) for item, image in decoded)
     embeds, captions, owner, labels, keys, caption_ids, kept = [], [], [], [], [], [], []
     cells = []
     encoder = encode_image_tokens if patches else encode_images

@@ -113,6 +113,9 @@ def fit(model: DualEncoder, data: Labeled, classes: dict[str, int], ft: Finetune
         progress: bool = False) -> Classifier:
     """Fine-tune a copy of the image tower and a new head on `data`; a pure function of its arguments.
     Raises `Diverged` as soon as the loss is not finite."""
+    if model.cfg.vision.resize_mode == "naflex":
+        raise ConfigError("--task finetune and vtab train an image tower on fixed-size crops; a NaFlex Siglip2Model "
+                          "takes each image at its own aspect ratio: evaluate it with the other tasks")
     torch.manual_seed(seed)
     rng = random.Random(seed)
     classifier = Classifier(model, len(classes)).to(device_of(model))

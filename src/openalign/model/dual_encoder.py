@@ -124,14 +124,16 @@ class TwoTowers(nn.Module):
         return float(self.temperature.detach().clamp(min=1e-6)), bias
 
 
-def tower_pixels(v: VisionConfig, unit: torch.Tensor) -> torch.Tensor:
-    """[-1, 1] pixels -> the tower's own input (VisionConfig.pixel_*): identity for openalign's models."""
+def tower_pixels(v: VisionConfig, unit: torch.Tensor, channel_dim: int = -3) -> torch.Tensor:
+    """[-1, 1] pixels -> the tower's own input (VisionConfig.pixel_*): identity for openalign's models.
+    `channel_dim`: where the colour channels are (-3: [..., 3, H, W]; -1: channels last, as NaFlex patches)."""
     if v.pixel_scale == 1 / 127.5 and v.pixel_offset == -1.0 and not v.pixel_mean:
         return unit
     x = (unit + 1.0) * 127.5 * v.pixel_scale + v.pixel_offset  # back to 0..255, then the checkpoint's rescale
     if v.pixel_mean:
-        mean = torch.tensor(v.pixel_mean, dtype=x.dtype, device=x.device)[:, None, None]
-        std = torch.tensor(v.pixel_std, dtype=x.dtype, device=x.device)[:, None, None]
+        shape = (3,) + (1,) * (-channel_dim - 1)
+        mean = torch.tensor(v.pixel_mean, dtype=x.dtype, device=x.device).reshape(shape)
+        std = torch.tensor(v.pixel_std, dtype=x.dtype, device=x.device).reshape(shape)
         x = (x - mean) / std
     return x
 

@@ -74,9 +74,11 @@ def _width(ids: list[list[int]], max_length: int, padding: str) -> int:
     return max_length if padding == "max_length" else max((len(i) for i in ids), default=1)
 
 
-def _text_batches(ids: list[list[int]], pad: int, batch_size: int, max_length: int, padding: str):
+def _text_batches(ids: list[list[int]], tokenizer, batch_size: int, max_length: int, padding: str):
     """(rows, ids [b, width], mask [b, width]) of texts' token ids (`token_ids`: tokenized in one call) in order
-    of length, each batch padded with `pad` to its own `_width`."""
+    of length, each batch padded with the tokenizer's pad id to its own `_width`, on the side the tokenizer pads
+    (Siglip2's Gemma tokenizer pads on the left, and SigLIP pools the last position: the side changes the vector)."""
+    pad, left = tokenizer.pad_token_id or 0, getattr(tokenizer, "padding_side", "right") == "left"
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     for start in range(0, len(order), batch_size):
         rows = order[start:start + batch_size]
@@ -84,8 +86,9 @@ def _text_batches(ids: list[list[int]], pad: int, batch_size: int, max_length: i
         batch = torch.full((len(rows), width), pad, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
         for j, i in enumerate(rows):
-            batch[j, :len(ids[i])] = torch.tensor(ids[i])
-            mask[j, :len(ids[i])] = 1
+            place = slice(width - len(ids[i]), width) if left else slice(0, len(ids[i]))
+            batch[j, place] = torch.tensor(ids[i])
+            mask[j, place] = 1
         yield rows, batch, mask
 
 
@@ -95,7 +98,7 @@ def encode_texts(model: DualEncoder, tokenizer, texts: list[str], batch_size: in
     out = torch.empty(len(texts), model.cfg.embed_dim)
     device = device_of(model)
     with evaluating(model), _autocast(device):
-        for rows, ids, mask in _text_batches(token_ids(tokenizer, texts, max_length), tokenizer.pad_token_id or 0,
+        for rows, ids, mask in _text_batches(token_ids(tokenizer, texts, max_length), tokenizer,
                                              batch_size, max_length, model.cfg.text.padding):
             out[rows] = _finish(model.encode_text(ids.to(device), mask.to(device)).embeds, device)
     return out
@@ -111,7 +114,7 @@ def encode_text_tokens(model: DualEncoder, tokenizer, texts: list[str], batch_si
     real = torch.zeros(len(texts), longest, dtype=torch.bool)
     device = device_of(model)
     with evaluating(model), _autocast(device):
-        for rows, batch, mask in _text_batches(ids, tokenizer.pad_token_id or 0, batch_size, max_length,
+        for rows, batch, mask in _text_batches(ids, tokenizer, batch_size, max_length,
                                                model.cfg.text.padding):
             out = model.encode_text(batch.to(device), mask.to(device), tokens=True)
             width = batch.shape[1]

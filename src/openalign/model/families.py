@@ -3,6 +3,7 @@
     family    transformers class   image feature                         text feature
     clip      CLIPModel            visual_projection(post-norm CLS)      text_projection(the end-of-text token)
     siglip    SiglipModel          the attention-pooling head's output   head(the last position), texts padded to 64
+    siglip2   Siglip2Model         the same, of NaFlex patches            the same
 
 Each adapter answers what every stage asks of a model (model/encode.py): `encode_image(pixels, tokens=False)`
 and `encode_text(ids, mask, tokens=False)` -> `Encoding`, `cfg` (a ModelConfig: `embed_dim`, the preprocessing
@@ -15,6 +16,8 @@ Nothing else branches on the family.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -22,7 +25,14 @@ from torch import nn
 from openalign.config import ModelConfig, TextConfig, VisionConfig
 from openalign.model.dual_encoder import Encoding, TwoTowers, tower_pixels
 
-FAMILIES = {"clip": "CLIPModel", "siglip": "SiglipModel"}  # config.json's model_type -> its transformers class
+def unpack_naflex(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[B, max_patches, 3p^2 + 3] (data/transforms.py `naflex_transform`: the patches, then each row's mask and the
+    grid's height and width) -> Siglip2Model's pixel_values [B, N, 3p^2] (in [-1, 1]), pixel_attention_mask [B, N]
+    and spatial_shapes [B, 2]."""
+    return packed[..., :-3], packed[..., -3].long(), packed[:, 0, -2:].long()
+
+
+FAMILIES = {"clip": "CLIPModel", "siglip": "SiglipModel", "siglip2": "Siglip2Model"}  # model_type -> its class
 
 
 class PublicDualEncoder(TwoTowers):
@@ -53,7 +63,14 @@ class PublicDualEncoder(TwoTowers):
         """pixel_values [B, 3, H, W] in [-1, 1] (data/transforms.py), mapped to the processor's rescale and
         normalization; `tokens`: also the patch vectors in the joint space (CLIP: projected after the post-norm;
         SigLIP: its last hidden states, which the pooling head reads)."""
-        out = self.hf.get_image_features(pixel_values=tower_pixels(self.cfg.vision, pixel_values))
+        if pixel_values.ndim == 3:  # NaFlex (Siglip2): patches, their mask and grid in one tensor (data/transforms.py)
+            patches, mask, shapes = unpack_naflex(pixel_values)
+            b, n, d = patches.shape  # each patch's pixels channels last: normalized per channel as [..., 3]
+            patches = tower_pixels(self.cfg.vision, patches.reshape(b, n, d // 3, 3), channel_dim=-1).reshape(b, n, d)
+            out = self.hf.get_image_features(pixel_values=patches, pixel_attention_mask=mask, spatial_shapes=shapes)
+        else:
+            mask = None
+            out = self.hf.get_image_features(pixel_values=tower_pixels(self.cfg.vision, pixel_values))
         encoding = Encoding(embeds=F.normalize(out.pooler_output, dim=-1), features=out.pooler_output)
         if tokens:
             if self.cfg.family == "clip":
@@ -61,7 +78,8 @@ class PublicDualEncoder(TwoTowers):
             else:
                 cells = out.last_hidden_state
             encoding.tokens = F.normalize(cells, dim=-1)
-            encoding.mask = torch.ones(cells.shape[:2], dtype=torch.bool, device=cells.device)
+            encoding.mask = mask.bool() if mask is not None else \
+                torch.ones(cells.shape[:2], dtype=torch.bool, device=cells.device)
             encoding.token_norms = cells.norm(dim=-1)
         return encoding
 
@@ -81,13 +99,15 @@ def model_config(hf_config, family: str) -> ModelConfig:
     the record; the preprocessing comes from its processor files (hub.vision_from_processor)."""
     v, t = hf_config.vision_config, hf_config.text_config
     embed_dim = hf_config.projection_dim if family == "clip" else getattr(t, "projection_size", None) or t.hidden_size
+    # a NaFlex tower (Siglip2) has no fixed size: its nominal one is the square grid of its num_patches
+    size = getattr(v, "image_size", None) or math.isqrt(v.num_patches) * v.patch_size
     return ModelConfig(
         vision=VisionConfig(kind="vit", patch_size=v.patch_size, hidden_size=v.hidden_size,
                             num_layers=v.num_hidden_layers, num_heads=v.num_attention_heads,
-                            intermediate_size=v.intermediate_size, image_size=v.image_size, resize_size=v.image_size,
+                            intermediate_size=v.intermediate_size, image_size=size, resize_size=size,
                             resample="bicubic", alpha="drop"),
         text=TextConfig(hidden_size=t.hidden_size, num_layers=t.num_hidden_layers, num_heads=t.num_attention_heads,
                         intermediate_size=t.intermediate_size, vocab_size=t.vocab_size, dropout=0.0,
                         max_length=t.max_position_embeddings,
-                        padding="max_length" if family == "siglip" else "longest"),
+                        padding="longest" if family == "clip" else "max_length"),
         embed_dim=embed_dim, channels_last=False, family=family)

@@ -128,7 +128,8 @@ def _resize_mode(processor: dict) -> str:
 
 
 PROCESSOR_KEYS = ("do_resize", "size", "resample", "do_center_crop", "crop_size", "do_rescale", "rescale_factor",
-                  "rescale_offset", "do_normalize", "image_mean", "image_std", "default_to_square")
+                  "rescale_offset", "do_normalize", "image_mean", "image_std", "default_to_square", "max_num_patches",
+                  "patch_size")
 
 
 def class_defaults(processor: dict) -> dict:
@@ -158,9 +159,13 @@ def vision_from_processor(v: VisionConfig, processor: dict) -> VisionConfig:
     normalize = processor.get("do_normalize", False)
     mean = tuple(float(x) for x in processor.get("image_mean") or ()) if normalize else ()
     std = tuple(float(x) for x in processor.get("image_std") or ()) if normalize else ()
-    return dataclasses.replace(v, resize_size=size, image_size=crop, pixel_scale=scale, pixel_offset=offset,
-                               pixel_mean=mean, pixel_std=std, resize_mode=_resize_mode(processor), resample=resample,
-                               crop_round=processor.get("crop_round", "down"))
+    v = dataclasses.replace(v, resize_size=size, image_size=crop, pixel_scale=scale, pixel_offset=offset,
+                            pixel_mean=mean, pixel_std=std, resize_mode=_resize_mode(processor), resample=resample,
+                            crop_round=processor.get("crop_round", "down"))
+    if processor.get("max_num_patches"):  # Siglip2's NaFlex processor: no fixed size, a budget of patches
+        v = dataclasses.replace(v, resize_mode="naflex", max_num_patches=int(processor["max_num_patches"]),
+                                patch_size=int(processor.get("patch_size") or v.patch_size))
+    return v
 
 
 def _model_config_from_hf(hf) -> ModelConfig:
@@ -281,7 +286,7 @@ def image_processor_settings(path: Path) -> dict | None:
                 found[name] = settings
     if len(found) == 2:
         keys = ("size", "crop_size", "do_center_crop", "do_resize", "rescale_factor", "rescale_offset", "do_normalize",
-                "image_mean", "image_std", "resample")
+                "image_mean", "image_std", "resample", "max_num_patches", "patch_size")
         differ = [k for k in keys if found[PROCESSOR_FILES[0]].get(k) != found[PROCESSOR_FILES[1]].get(k)]
         if differ:
             raise ConfigError(f"{path} holds two image processor files that disagree on {', '.join(differ)} "
