@@ -15,7 +15,7 @@ import openalign
 from openalign import cli
 from openalign.config import ConfigError
 from openalign.data import transforms
-from openalign.model.encode import encode_images
+from openalign.model.encode import encode_images, encode_texts
 from openalign.model.families import unpack_naflex
 from openalign.model.hub import load_pretrained
 
@@ -95,9 +95,11 @@ def test_a_naflex_checkpoint_embeds_as_transformers_does(siglip2, tmp_path):
     assert cosines(stored, want_images[order]).min() >= 0.9999
 
 
-def test_the_patch_budget_and_the_filter_are_what_make_the_match(siglip2):
-    root, _, images, want_images, _, _ = siglip2
-    model, _, cfg = load_pretrained(root)
+def test_the_patch_budget_the_filter_and_the_padding_side_are_what_make_the_match(siglip2):
+    root, _, images, want_images, want_texts, _ = siglip2
+    model, tokenizer, cfg = load_pretrained(root)
+    tokenizer.padding_side = "right"  # padded on the other side than the tokenizer's (SigLIP pools the last position)
+    assert cosines(encode_texts(model, tokenizer, TEXTS, 4, 64), want_texts).min() < 0.9999
     for what, change in {"another budget": {"max_num_patches": BUDGET + 8}, "bicubic": {"resample": "bicubic"},
                          "the wrong mean": {"pixel_mean": (0.3, 0.3, 0.3)}}.items():
         vision = cfg.model.vision.__class__(**{**cfg.model.vision.__dict__, **change})
