@@ -118,7 +118,7 @@ FINETUNE_STEPS = {"flickr30k": 3_000, "coco": 6_000}
 
 
 def finetune_retrieval(dataset: str) -> Config:
-    """The paper's fine-tuned retrieval protocol (Section 6.1): batch 2048, lr 1e-5, 3K steps on Flickr30K /
+    """The paper's fine-tuned retrieval protocol (Section 5.1): batch 2048, lr 1e-5, 3K steps on Flickr30K /
     6K on MSCOCO, linear decay to 0 (no warmup), on the Karpathy train split (COCO: train + restval).
 
     The towers, their sizes and the tokenizer come from the model given with `--init`; the optimizer
