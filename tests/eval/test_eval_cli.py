@@ -379,3 +379,16 @@ def test_rerank_over_the_whole_gallery_ranks_by_late_interaction(model_dir, shap
     for k in (1, 5, 10):
         assert everything[f"t2i_r{k}_rerank"] == pytest.approx(sum(r < k for r in text_rank) / len(text_rank))
         assert everything[f"i2t_r{k}_rerank"] == pytest.approx(sum(r < k for r in image_rank) / len(image_rank))
+
+
+def test_zeroshot_reports_the_single_prompt_top1_beside_the_ensemble(model_dir, tmp_path):
+    """With several templates, zeroshot also reports CLIP's one prompt ("a photo of a {}.") alone and the ensemble's
+    gain over it; the single-prompt figure is what a run with that prompt alone reports as its top-1."""
+    data = class_folders(tmp_path / "test", 3)
+    (tmp_path / "many.txt").write_text("a photo of a {}.\na drawing of a {}.\nthe {} shape.\n")
+    (tmp_path / "one.txt").write_text("a photo of a {}.\n")
+    ensemble = run(model_dir, tmp_path, "--data", str(data), "--task", "zeroshot", "--templates", str(tmp_path / "many.txt"))
+    alone = run(model_dir, tmp_path, "--data", str(data), "--task", "zeroshot", "--templates", str(tmp_path / "one.txt"))
+    assert ensemble["zeroshot_top1_single_prompt"] == pytest.approx(alone["zeroshot_top1"])
+    assert ensemble["zeroshot_ensemble_gain"] == pytest.approx(ensemble["zeroshot_top1"] - alone["zeroshot_top1"])
+    assert "zeroshot_top1_single_prompt" not in alone  # one prompt: nothing to compare
