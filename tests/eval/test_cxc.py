@@ -3,6 +3,7 @@ import torch
 
 from openalign.config import ConfigError
 from openalign.eval import cxc as cxc_lib
+from openalign.eval import metrics as M
 from openalign.eval import features
 from openalign.eval.features import Context, EvalData, EvalOptions
 
@@ -70,6 +71,34 @@ def test_cxc_recalls_and_correlations_equal_a_brute_force_oracle(tmp_path, data)
     assert out["sis_spearman"] == pytest.approx(sis)
     assert out["mean_spearman"] == pytest.approx((out["sts_spearman"] + out["sis_spearman"] + out["sits_spearman"]) / 3)
     assert 0 < out["chance_t2t_r1"] < out["chance_t2t_r5"] <= 1
+    sts_cosines = [float(txt[0] @ txt[5]), float(txt[1] @ txt[2]), float(txt[3] @ txt[6]), float(literal @ txt[7])]
+    assert (out["sts_spearman_boot_mean"], out["sts_spearman_boot_std"]) == pytest.approx(
+        direct_bootstrap(sts_cosines, [4.2, 3.0, 1.0, 2.5], 1000, 0))
+
+
+def direct_bootstrap(model, human, resamples, seed):
+    """Oracle: scipy's Spearman on each resample drawn one at a time, skipping the undefined ones."""
+    import numpy as np
+    from scipy.stats import spearmanr
+
+    draws = np.random.default_rng(seed).integers(0, len(model), size=(resamples, len(model)))
+    rhos = []
+    for rows in draws:
+        x, y = [model[i] for i in rows], [human[i] for i in rows]
+        if len(set(x)) > 1 and len(set(y)) > 1:
+            rhos.append(spearmanr(x, y).statistic)
+    return float(np.mean(rhos)), float(np.std(rhos, ddof=1))
+
+
+def test_bootstrap_spread_of_spearman_equals_a_direct_computation():
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    human = rng.integers(0, 6, 60).astype(float).tolist()  # CxC's 0-5 scores: many ties
+    model = (np.asarray(human) + rng.normal(0, 2, 60)).tolist()
+    mean, std = M.bootstrap_spearman(model, human, 500, seed=7)
+    assert (mean, std) == pytest.approx(direct_bootstrap(model, human, 500, 7), rel=1e-9)
+    assert 0 < std < 0.3 and M.bootstrap_spearman(model, human, 500, seed=8) != (mean, std)  # seeded
 
 
 def test_cxc_needs_its_files(tmp_path, data):

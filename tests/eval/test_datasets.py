@@ -31,6 +31,28 @@ def test_word_similarity_sets_are_read_as_released(tmp_path, name, content):
     assert word_pairs(tmp_path / name) == [("old", "new", 1.58), ("smart", "intelligent", 9.2)]
 
 
+SIMLEX_HEADER = "word1\tword2\tPOS\tSimLex999\tconc(w1)\tconc(w2)\tconcQ\tAssoc(USF)\tSimAssoc333\tSD(SimLex)\n"
+
+
+def test_simlex_sub_tasks_follow_the_pos_concreteness_and_association_columns(tmp_path):
+    from openalign.eval.datasets import SIMLEX_SUBTASKS, word_pair_table
+
+    rows = [("old", "new", "A", "1.58", "1", "0"), ("smart", "intelligent", "A", "9.2", "2", "1"),
+            ("cup", "mug", "N", "8.1", "4", "1"), ("run", "walk", "V", "6.0", "3", "0"),
+            ("bad", "row", "N", "x", "4", "1"),  # no score: not a pair, and no sub-task holds it
+            ("take", "give", "V", "1.2", "1", "1")]
+    (tmp_path / "SimLex-999.txt").write_text(SIMLEX_HEADER + "".join(
+        f"{a}\t{b}\t{pos}\t{score}\t3.0\t3.0\t{q}\t0.5\t{hard}\t1.0\n" for a, b, pos, score, q, hard in rows))
+    pairs, groups = word_pair_table(tmp_path / "SimLex-999.txt")
+    assert [p[:2] for p in pairs] == [("old", "new"), ("smart", "intelligent"), ("cup", "mug"), ("run", "walk"),
+                                      ("take", "give")]
+    assert tuple(groups) == SIMLEX_SUBTASKS  # all nine, in the paper's order
+    assert groups == {"all": [0, 1, 2, 3, 4], "adjectives": [0, 1], "nouns": [2], "verbs": [3, 4],
+                      "conc_q1": [0, 4], "conc_q2": [1], "conc_q3": [3], "conc_q4": [2], "hard": [1, 2, 4]}
+    (tmp_path / "combined.csv").write_text("Word 1,Word 2,Human (mean)\nold,new,1.58\n")
+    assert word_pair_table(tmp_path / "combined.csv")[1] == {}  # WordSim-353 has no sub-tasks
+
+
 def test_numeric_class_folders_take_their_names_in_numeric_order(tmp_path):
     # Before: labels `0..N` were matched to classnames.txt in string order (`10` before `2`): top-1 silently wrong.
     from openalign.eval.datasets import load_classnames

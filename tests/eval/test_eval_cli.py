@@ -320,6 +320,24 @@ def test_word_sim_scores_only_pairs_the_vocabulary_covers(model_dir, tmp_path):
                      "--out", str(tmp_path / "x.json")]) == 2
 
 
+def test_word_sim_reports_simlex_sub_tasks_on_their_covered_pairs(model_dir, tmp_path):
+    rows = [("red", "blue", "A", 6.0, 1, 0), ("green", "yellow", "A", 4.0, 1, 1), ("red", "green", "A", 2.0, 2, 1),
+            ("circle", "square", "N", 5.0, 4, 1), ("circle", "triangle", "N", 7.0, 4, 0),
+            ("square", "triangle", "N", 1.0, 3, 1), ("блин", "щука", "N", 3.0, 3, 1)]  # not covered: in no score
+    header = "word1\tword2\tPOS\tSimLex999\tconc(w1)\tconc(w2)\tconcQ\tAssoc(USF)\tSimAssoc333\tSD(SimLex)\n"
+    (tmp_path / "SimLex-999.txt").write_text(header + "".join(
+        f"{a}\t{b}\t{pos}\t{s}\t3\t3\t{q}\t1\t{h}\t1\n" for a, b, pos, s, q, h in rows))
+    m = run(model_dir, tmp_path, "--task", "word-sim", "--data", str(tmp_path / "SimLex-999.txt"))
+    pick = lambda keep: [(a, b, s) for a, b, pos, s, q, h in rows[:6] if keep(pos, q, h)]  # noqa: E731
+    assert m["word_sim_spearman"] == pytest.approx(text_spearman(model_dir, pick(lambda *_: True)))
+    assert m["word_sim_spearman_adjectives"] == pytest.approx(text_spearman(model_dir, pick(lambda p, q, h: p == "A")))
+    assert m["word_sim_spearman_nouns"] == pytest.approx(text_spearman(model_dir, pick(lambda p, q, h: p == "N")))
+    assert m["word_sim_spearman_hard"] == pytest.approx(text_spearman(model_dir, pick(lambda p, q, h: h == 1)))
+    assert m["word_sim_spearman_conc_q1"] == pytest.approx(text_spearman(model_dir, pick(lambda p, q, h: q == 1)))
+    assert m["word_sim_n_covered_nouns"] == 3 and m["word_sim_n_covered_hard"] == 4
+    assert "word_sim_spearman_verbs" not in m and "word_sim_spearman_conc_q2" not in m  # fewer than 2 pairs
+
+
 def test_zeroshot_reports_calibration_and_fits_a_temperature(model_dir, tmp_path):
     test = class_folders(tmp_path / "test", 3, seed=1)
     m = run(model_dir, tmp_path, "--task", "zeroshot", "--data", str(test), "--calibrate", str(test),

@@ -11,6 +11,9 @@ Captions resolve by Karpathy sentid (or `file.jpg#i`), images by file name, with
 split; rows naming items outside it are counted (`*_unmatched`), not guessed. For the correlations a
 caption that is not an id is read as literal text.
 
+The correlations also come as the mean and std of Spearman's rho over `bootstrap` resamples of the pairs
+(`sts_spearman_boot_mean`, `sts_spearman_boot_std`, ...), the form of the paper's Table 3.
+
 Retrieval (`t2t`, `i2i`, and `i2t`/`t2i` with CxC's extra positives): a pair with a score at or above
 `positive_score` (default 3) is a positive in both directions; the queries are the items with at least
 one positive, the gallery is every item of the split's modality with the query itself left out; for
@@ -23,10 +26,11 @@ import csv
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import torch
 
-from openalign.config import ConfigError
+from openalign.config import ConfigError, check, non_negative
 from openalign.eval import metrics as M
 from openalign.eval.features import Context, EvalData
 
@@ -96,6 +100,12 @@ def cross_modal(img: torch.Tensor, txt: torch.Tensor, data: EvalData, pairs: lis
 class CxcOptions:
     dir: str = ""  # the directory of Crisscrossed Captions' sts_/sis_/sits_<split>.csv
     positive_score: float = 3.0  # human score (0-5) at or above which a pair counts as a positive
+    bootstrap: Annotated[int, non_negative("0 (off) or a number of resamples")] = 1000  # resamples of each kind's
+        # pairs: Spearman's mean and std over them (`*_spearman_boot_mean` / `_boot_std`), as the paper's Table 3
+    seed: int = 0  # the bootstrap's resampling seed
+
+    def __post_init__(self):
+        check(self, spell=lambda name: f"cxc.{name}")
 
 
 def cxc(ctx: Context, options: CxcOptions = CxcOptions()) -> tuple[dict, dict]:
@@ -132,9 +142,12 @@ def cxc(ctx: Context, options: CxcOptions = CxcOptions()) -> tuple[dict, dict]:
         matched = [(a, b, s) for a, b, s in resolved if a >= 0 and b >= 0]
         out[f"{kind}_unmatched"] = len(rows) - len(matched)
         if len(matched) >= 2:
-            out[f"{kind}_spearman"] = float(spearmanr([cosine(a, b) for a, b, _ in matched],
-                                                      [s for *_, s in matched]).statistic)
+            model, human = [cosine(a, b) for a, b, _ in matched], [s for *_, s in matched]
+            out[f"{kind}_spearman"] = float(spearmanr(model, human).statistic)
             out[f"{kind}_n_pairs"] = len(matched)
+            if options.bootstrap:
+                out[f"{kind}_spearman_boot_mean"], out[f"{kind}_spearman_boot_std"] = M.bootstrap_spearman(
+                    model, human, options.bootstrap, options.seed)
         # retrieval: only items of the split (literal texts are not in any gallery)
         positives = [(a, b) for a, b, s in matched if s >= options.positive_score and a < len(txt)
                      and (kind != "sts" or b < len(txt))]

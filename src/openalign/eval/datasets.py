@@ -60,11 +60,25 @@ _POS_SUFFIX = re.compile(r"-[nvajr]$")
 
 
 def word_pairs(path: Path) -> list[tuple[str, str, float]]:
+    """(word, word, human score) from the released layouts of the word-similarity sets (`word_pair_table`)."""
+    return word_pair_table(path)[0]
+
+
+SIMLEX_POS = {"A": "adjectives", "N": "nouns", "V": "verbs"}  # SimLex-999's POS column
+SIMLEX_SUBTASKS = ("all", "adjectives", "nouns", "verbs", "conc_q1", "conc_q2", "conc_q3", "conc_q4", "hard")
+
+
+def word_pair_table(path: Path) -> tuple[list[tuple[str, str, float]], dict[str, list[int]]]:
     """(word, word, human score) from the released layouts of the word-similarity sets, recognised by content:
-    SimLex-999 (tab-separated, header `word1 word2 POS SimLex999 ...`), WordSim-353 (`combined.csv` / `.tab`,
-    header `Word 1,Word 2,Human (mean)`), MEN (space-separated `w1 w2 score`, no header; the lemma form's
-    `-n/-v/-j` part-of-speech suffixes are dropped) and Stanford RW (tab-separated `w1 w2 score s1 ... s10`).
-    The words are the first two fields; the score is the named score column, else the third field."""
+    SimLex-999 (tab-separated, header `word1 word2 POS SimLex999 conc(w1) conc(w2) concQ Assoc(USF) SimAssoc333
+    SD(SimLex)`), WordSim-353 (`combined.csv` / `.tab`, header `Word 1,Word 2,Human (mean)`), MEN (space-separated
+    `w1 w2 score`, no header; the lemma form's `-n/-v/-j` part-of-speech suffixes are dropped) and Stanford RW
+    (tab-separated `w1 w2 score s1 ... s10`). The words are the first two fields; the score is the named score
+    column, else the third field.
+
+    Second, the sub-tasks of SimLex-999 that the paper's Appendix B reports, as indices into the pairs: `all`,
+    `adjectives`/`nouns`/`verbs` (POS A/N/V), `conc_q1`..`conc_q4` (concQ, the pair's concreteness quartile) and
+    `hard` (SimAssoc333 = 1: the 333 most associated pairs), each where the file has its column; {} otherwise."""
     lines = [line.strip() for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
     if not lines:
         raise ConfigError(f"{path} is empty; give a word-similarity file (SimLex-999, WordSim-353, MEN or RW)")
@@ -80,17 +94,18 @@ def word_pairs(path: Path) -> list[tuple[str, str, float]]:
             return False
 
     header = not any(number(field) for field in rows[0])
-    score = 2
+    score, names = 2, []
     if header:
         names = [field.lower() for field in rows[0]]
         score = next((names.index(n) for n in WORD_SCORE_COLUMNS if n in names), 2)
         rows = rows[1:]
-    pairs, bad = [], 0
+    pairs, kept, bad = [], [], 0
     for row in rows:
         if len(row) <= score or not number(row[score]):
             bad += 1
             continue
         pairs.append((row[0], row[1], float(row[score])))
+        kept.append(row)
     if not pairs:
         raise ConfigError(f"{path} has no `word word score` rows (SimLex-999, WordSim-353, MEN or RW layouts)")
     if bad > len(pairs):
@@ -98,4 +113,22 @@ def word_pairs(path: Path) -> list[tuple[str, str, float]]:
                           "word-similarity file?")
     if all(_POS_SUFFIX.search(a) and _POS_SUFFIX.search(b) for a, b, _ in pairs):  # MEN's lemma form: sun-n
         pairs = [(_POS_SUFFIX.sub("", a), _POS_SUFFIX.sub("", b), s) for a, b, s in pairs]
-    return pairs
+    return pairs, _simlex_subtasks(names, kept)
+
+
+def _simlex_subtasks(names: list[str], rows: list[list[str]]) -> dict[str, list[int]]:
+    column = lambda name: names.index(name) if name in names else None  # noqa: E731
+    pos, quartile, hard = column("pos"), column("concq"), column("simassoc333")
+    if pos is None and quartile is None and hard is None:
+        return {}
+    value = lambda row, i: row[i] if i is not None and i < len(row) else ""  # noqa: E731
+    groups: dict[str, list[int]] = {"all": list(range(len(rows)))}
+    if pos is not None:
+        for tag, name in SIMLEX_POS.items():
+            groups[name] = [i for i, row in enumerate(rows) if value(row, pos).upper() == tag]
+    if quartile is not None:
+        for q in range(1, 5):
+            groups[f"conc_q{q}"] = [i for i, row in enumerate(rows) if value(row, quartile) in (str(q), f"{q}.0")]
+    if hard is not None:
+        groups["hard"] = [i for i, row in enumerate(rows) if value(row, hard) in ("1", "1.0")]
+    return {name: groups[name] for name in SIMLEX_SUBTASKS if name in groups}

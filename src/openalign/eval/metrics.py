@@ -514,3 +514,24 @@ def linear_probe(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Ten
                           "too large or degenerate to fit")
     w, b = fitted
     return topk_accuracy(test_x @ w + b, test_y) | {"l2": best[1], "val_top1": best[0]}
+
+
+def bootstrap_spearman(model: list[float], human: list[float], resamples: int = 1000, seed: int = 0
+                       ) -> tuple[float, float]:
+    """(mean, std) of Spearman's rho over `resamples` bootstrap resamples of the pairs (n drawn with replacement,
+    seeded), as Crisscrossed Captions and the paper's Table 3 report it; the std is the sample std (ddof 1) of the
+    resampled rhos, the bootstrap's standard error. Ranks are averaged over ties within each resample."""
+    import numpy as np
+    from scipy.stats import rankdata
+
+    x, y = np.asarray(model, dtype=np.float64), np.asarray(human, dtype=np.float64)
+    rows = np.random.default_rng(seed).integers(0, len(x), size=(resamples, len(x)))
+    rx, ry = rankdata(x[rows], axis=1), rankdata(y[rows], axis=1)
+    rx -= rx.mean(axis=1, keepdims=True)
+    ry -= ry.mean(axis=1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):  # a resample of one repeated pair has no correlation
+        rho = (rx * ry).sum(axis=1) / np.sqrt((rx * rx).sum(axis=1) * (ry * ry).sum(axis=1))
+    rho = rho[np.isfinite(rho)]
+    if len(rho) < 2:
+        return float("nan"), float("nan")
+    return float(rho.mean()), float(rho.std(ddof=1))

@@ -33,7 +33,7 @@ from openalign.eval import compositional as compositional_lib
 from openalign.eval import multilingual as multilingual_lib
 from openalign.eval.compositional import CompositionalOptions, compositional
 from openalign.eval.cxc import CxcOptions, cxc
-from openalign.eval.datasets import label_order, load_classnames, load_templates, word_pairs
+from openalign.eval.datasets import label_order, load_classnames, load_templates, word_pair_table
 from openalign.eval.features import DEFAULT_TEMPLATES, Context, EvalOptions, embed_split
 from openalign.eval.finetune import FinetuneOptions, VtabOptions, finetune, vtab
 from openalign.eval.multilingual import MultilingualOptions, multilingual
@@ -294,28 +294,39 @@ def text_pair_similarity(ctx: Context, task: str) -> dict:
 
 def word_sim(ctx: Context, _=None) -> tuple[dict, dict]:
     """Spearman correlation on the pairs the vocabulary covers: a word whose pieces are all [UNK] has no
-    embedding of its own (every such word embeds alike), so its pairs are reported, not scored."""
+    embedding of its own (every such word embeds alike), so its pairs are reported, not scored. A SimLex-999 file
+    with its POS, concQ and SimAssoc333 columns also gives the paper's Appendix B sub-tasks (`spearman_nouns`,
+    `spearman_conc_q1`, `spearman_hard`, ...: eval/datasets.SIMLEX_SUBTASKS), each on its covered pairs."""
     from scipy.stats import spearmanr
 
     path, tokenizer = ctx.path, ctx.tokenizer
     file = Path(path)
     if not file.is_file():
         raise ConfigError("--task word-sim needs --data FILE (SimLex-999, WordSim-353, MEN or RW, as released)")
-    pairs = word_pairs(file)
+    pairs, subtasks = word_pair_table(file)
     words = sorted({w for a, b, _ in pairs for w in (a, b)})
     unk = tokenizer.unk_token_id
     known = {w for w, ids in zip(words, tokenizer(words, add_special_tokens=False)["input_ids"])
              if any(i != unk for i in ids)}
-    covered = [(a, b, s) for a, b, s in pairs if a in known and b in known]
+    covered = [i for i, (a, b, _) in enumerate(pairs) if a in known and b in known]
     out = {"n_pairs": len(pairs), "n_covered": len(covered), "n_out_of_vocabulary": len(pairs) - len(covered)}
     if len(covered) < 2:
         raise ConfigError(f"only {len(covered)} of the {len(pairs)} pairs of {path} have words the tokenizer knows "
                           "(all-[UNK] words are not a measurement); the model's vocabulary does not cover this set")
-    index = {w: i for i, w in enumerate(sorted({w for a, b, _ in covered for w in (a, b)}))}
+    index = {w: i for i, w in enumerate(sorted({w for i in covered for w in pairs[i][:2]}))}
     embeds = ctx.encode(index)
-    a = embeds[[index[p[0]] for p in covered]]
-    b = embeds[[index[p[1]] for p in covered]]
-    return out | {"spearman": float(spearmanr((a * b).sum(dim=1).tolist(), [s for _, _, s in covered]).statistic)}, {}
+    cosine = {i: float(embeds[index[pairs[i][0]]] @ embeds[index[pairs[i][1]]]) for i in covered}
+
+    def spearman(rows: list[int]) -> float:
+        return float(spearmanr([cosine[i] for i in rows], [pairs[i][2] for i in rows]).statistic)
+
+    out["spearman"] = spearman(covered)
+    for name, rows in subtasks.items():
+        scored = [i for i in rows if i in cosine]
+        if name != "all" and len(scored) >= 2:
+            out[f"spearman_{name}"] = spearman(scored)
+            out[f"n_covered_{name}"] = len(scored)
+    return out, {}
 
 
 def sts(ctx: Context, _=None) -> tuple[dict, dict]:
