@@ -150,6 +150,7 @@ def _study_pmi(args) -> int:
 def cmd_eval(args) -> int:
     import torch
 
+    from openalign.eval import paper
     from openalign.eval.datasets import load_templates
     from openalign.eval.features import EvalOptions, files_fingerprint
     from openalign.eval.finetune import parse_options
@@ -163,17 +164,32 @@ def cmd_eval(args) -> int:
     torch.set_num_threads(os.cpu_count() or 1)
     host.reuse_freed_memory()
     v = cfg.model.vision
-    crop = args.crop or (round(args.resize * v.image_size / v.resize_size) if args.resize else v.image_size)
-    resize = args.resize or round(crop * v.resize_size / v.image_size)  # the model's resize-to-crop ratio
+    names, overrides, recipe = args.task or [], list(args.overrides), parse_options(args.ft) if args.ft else None
+    given_crop, given_resize = args.crop, args.resize
+    if args.protocol:
+        from openalign.eval import protocols
+
+        resolved = protocols.resolve(args.protocol, v.image_size, args.crop, args.resize)
+        task = resolved.protocol.task
+        if names and names != [task]:
+            raise ConfigError(f"--protocol {args.protocol} runs --task {task}; drop --task {' '.join(names)} (or run "
+                              "those tasks without --protocol)")
+        names, given_crop, given_resize = [task], resolved.crop, resolved.resize
+        # the protocol's numbers first, then the user's: --ft and task.key=value override them
+        mine = [o for o in protocols.options(resolved) if o.partition("=")[0].split(".", 1)[1] not in
+                given(args, {f.name for t in TASKS.values() for f in dataclasses.fields(t.options)})]  # --runs wins
+        overrides = mine + [f"{task}.recipe.{item}" for item in args.ft or []] + overrides
+        recipe = None
+        print(f"protocol {args.protocol}: {resolved.protocol.recipe}", file=sys.stderr)
+    crop = given_crop or (round(given_resize * v.image_size / v.resize_size) if given_resize else v.image_size)
+    resize = given_resize or round(crop * v.resize_size / v.image_size)  # the model's resize-to-crop ratio
     if crop > resize:
         raise ConfigError(f"--crop {crop} is larger than --resize {resize}; the crop is taken from the resized image")
     common = options_from(args, EvalOptions, max_length=cfg.model.text.max_length, resize=resize, crop=crop,
                           model_id=files_fingerprint(args.model) if args.cache else "")
-    names = args.task or []
     shared = given(args, {f.name for t in TASKS.values() for f in dataclasses.fields(t.options)})
-    options = configure(names or ["retrieval", "zeroshot"], args.overrides, **shared | {
-        "templates": load_templates(args.templates) if args.templates else None,
-        "recipe": parse_options(args.ft) if args.ft else None})
+    options = configure(names or ["retrieval", "zeroshot"], overrides, **shared | {
+        "templates": load_templates(args.templates) if args.templates else None, "recipe": recipe})
     from openalign.eval.report import write_clip_benchmark
     from openalign.eval.tasks import clip_benchmark_metrics
 
@@ -186,9 +202,13 @@ def cmd_eval(args) -> int:
         print("\n".join(metric_lines(metrics)))
         print("wrote " + ", ".join(str(p) for p in written))
         return 0
+    if args.protocol:
+        metrics["protocol"] = args.protocol
+    beside = paper.beside(metrics, args.data, args.protocol or "")
     # the model's fingerprint: `search --min-score` checks that a calibrated threshold is this model's
-    written = write_report(metrics | {"model_weights": weights_fingerprint(Path(args.model))}, Path(args.out), figures)
-    print("\n".join(metric_lines(metrics)))
+    written = write_report(metrics | {"model_weights": weights_fingerprint(Path(args.model))}, Path(args.out), figures,
+                           beside)
+    print("\n".join(metric_lines(metrics) + paper.lines(beside, metrics)))
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
 
@@ -469,7 +489,10 @@ def _eval_flags(p) -> None:
     seen: set = set()
     for task in TASKS.values():  # each task's options; a flag shared by several tasks sets it in each
         add_options(p, task.options, unset=True, seen=seen, where={k: f"{', '.join(v)}: " for k, v in users.items()},
-                    rename={"dir": "--cxc", "k": "-k"}, convert={"templates": str}, skip=("recipe",))
+                    rename={"dir": "--cxc", "k": "-k"}, convert={"templates": str}, skip=("recipe", "sgd"))
+    p.add_argument("--protocol", choices=("imagenet-probe", "imagenet-finetune", "fine-grained", "vtab"),
+                   help="one of the paper's transfer protocols: its task, resolutions and recipe (docs/evaluation.md); "
+                        "--ft and task.key=value still override its numbers")
     p.add_argument("--ft", action="append", metavar="key=value",
                    help="finetune, vtab: the recipe, e.g. --ft steps=500 --ft lr=0.01 --ft freeze_bn=true (keys: "
                         f"{', '.join(config_lib.leaf_keys(config_lib.FinetuneConfig))})")

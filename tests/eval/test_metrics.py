@@ -140,6 +140,39 @@ def test_linear_probe_separates_separable_features():
     assert out["top1"] == 1.0 and out["l2"] in (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
 
 
+def test_sgd_probe_lr_steps_down_by_a_fifth_every_30_epochs():
+    assert [M.probe_lr(e) for e in (0, 29, 30, 59, 60, 90, 99)] == pytest.approx(
+        [0.1, 0.1, 0.02, 0.02, 0.004, 0.0008, 0.0008])
+
+
+def test_sgd_probe_equals_plain_sgd_with_a_multistep_schedule():
+    # Oracle: torch's SGD and MultiStepLR (milestones 30, 60, 90; gamma 0.2), stepped once per epoch, over the
+    # same seeded permutations; the lr each epoch ran at is recorded and must be the paper's.
+    g = torch.Generator().manual_seed(0)
+    y = torch.arange(3).repeat(40)
+    x = torch.nn.functional.normalize(torch.eye(3, 8)[y] + 0.2 * torch.randn(len(y), 8, generator=g), dim=1)
+    recipe = M.SgdProbe(batch_size=32)  # 4 steps an epoch over 100 rows
+    out = M.sgd_probe(x[:100], y[:100], x[100:], y[100:], recipe, seed=5)
+    w = torch.zeros(8, 3, requires_grad=True)
+    b = torch.zeros(3, requires_grad=True)
+    opt = torch.optim.SGD([w, b], lr=0.1, momentum=0.9)
+    schedule = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[30, 60, 90], gamma=0.2)
+    order, seen = torch.Generator().manual_seed(5), {}
+    for epoch in range(100):
+        seen[epoch] = opt.param_groups[0]["lr"]
+        perm = torch.randperm(100, generator=order)
+        for start in range(0, 100, 32):
+            rows = perm[start:start + 32]
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(x[rows] @ w + b, y[rows]).backward()
+            opt.step()
+        schedule.step()
+    assert [seen[e] for e in (0, 30, 60, 90)] == pytest.approx([0.1, 0.02, 0.004, 0.0008])
+    assert out == M.topk_accuracy(x[100:] @ w.detach() + b.detach(), y[100:]) | {
+        "train_top1": M.topk_accuracy(x[:100] @ w.detach() + b.detach(), y[:100], ks=(1,))["top1"]}
+    assert out["top1"] == 1.0  # separable clusters
+
+
 def test_chance_keys_of_task_prefixed_metrics():
     metrics = {"i2t_r10": 0.3, "chance_i2t_r10": 0.02, "zeroshot_top1": 0.1, "zeroshot_chance_top1": 0.01,
                "linear_probe_top5": 0.5, "linear_probe_chance_top5": 0.05, "knn_top1": 0.2}

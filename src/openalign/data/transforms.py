@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import io
+import math
 import random
 import warnings
 
@@ -44,6 +45,40 @@ def train_transform(image: Image.Image, resize: int, crop: int, rng: random.Rand
     image = image.resize((resize, resize), Image.BILINEAR)
     left, top = rng.randint(0, resize - crop), rng.randint(0, resize - crop)
     image = image.crop((left, top, left + crop, top + crop))
+    if rng.random() < 0.5:
+        image = image.transpose(Image.FLIP_LEFT_RIGHT)
+    return torch.from_numpy(np.asarray(image, dtype=np.uint8).copy()).permute(2, 0, 1)
+
+
+INCEPTION_SCALE = (0.08, 1.0)  # Szegedy et al. 2015: the crop's share of the image's area
+INCEPTION_RATIO = (3 / 4, 4 / 3)  # and its aspect ratio (width / height), drawn log-uniformly
+CENTER_CROP_RATIO = 0.875  # evaluation after such training: one central crop of 87.5% of the resized side
+
+
+def inception_box(width: int, height: int, rng: random.Random, scale=INCEPTION_SCALE, ratio=INCEPTION_RATIO,
+                  attempts: int = 10) -> tuple[int, int, int, int]:
+    """(left, top, crop width, crop height) of Szegedy et al.'s random-resized crop: an area fraction uniform in
+    `scale` and an aspect ratio log-uniform in `ratio`, placed uniformly; after `attempts` draws that do not fit,
+    the largest central box of an allowed aspect (the rule torchvision's RandomResizedCrop follows)."""
+    area = width * height
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(attempts):
+        target = area * rng.uniform(*scale)
+        aspect = math.exp(rng.uniform(*log_ratio))
+        w, h = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
+        if 0 < w <= width and 0 < h <= height:
+            return rng.randint(0, width - w), rng.randint(0, height - h), w, h
+    aspect = width / height
+    w, h = (width, round(width / ratio[0])) if aspect < ratio[0] else \
+        (round(height * ratio[1]), height) if aspect > ratio[1] else (width, height)
+    return (width - w) // 2, (height - h) // 2, w, h
+
+
+def inception_transform(image: Image.Image, size: int, rng: random.Random) -> torch.Tensor:
+    """[3, size, size] uint8: an `inception_box` of `image` resized to size x size (bilinear), flipped
+    horizontally half of the time (the paper's fine-tuning crop; `to_unit_range` makes it the model's input)."""
+    left, top, w, h = inception_box(image.width, image.height, rng)
+    image = image.resize((size, size), Image.BILINEAR, box=(left, top, left + w, top + h))
     if rng.random() < 0.5:
         image = image.transpose(Image.FLIP_LEFT_RIGHT)
     return torch.from_numpy(np.asarray(image, dtype=np.uint8).copy()).permute(2, 0, 1)

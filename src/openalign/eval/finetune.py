@@ -20,15 +20,17 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import math
 import random
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import torch
 from tqdm import tqdm
 
-from openalign.config import ConfigError, FinetuneConfig, check, leaf_keys, override
+from openalign.config import NON_NEGATIVE, POSITIVE_INT, ConfigError, FinetuneConfig, check, leaf_keys, override
 from openalign.data import sources, transforms
 from openalign.eval import metrics as M
 from openalign.eval.features import Context, EvalOptions
@@ -74,6 +76,7 @@ class Labeled:
     images: list  # PIL images, resized to resize x resize
     labels: list[str]
     skipped: int = 0
+    crop: int = 0  # the evaluation crop those images are stored for (their side / crop: the resize-to-crop ratio)
 
 
 def load_labeled(path: str | Path, options: EvalOptions, resize: int) -> Labeled:
@@ -83,7 +86,8 @@ def load_labeled(path: str | Path, options: EvalOptions, resize: int) -> Labeled
                                counter)]
     if not samples:
         raise ConfigError(f"no readable labeled images in {path}")
-    return Labeled([pixels for _, pixels in samples], [label for label, _ in samples], counter.get("skipped", 0))
+    return Labeled([pixels for _, pixels in samples], [label for label, _ in samples], counter.get("skipped", 0),
+                   options.crop)
 
 
 class Classifier(torch.nn.Module):
@@ -97,7 +101,11 @@ class Classifier(torch.nn.Module):
         torch.nn.init.zeros_(self.head.weight)
         torch.nn.init.zeros_(self.head.bias)
 
-    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+    def forward(self, pixels: torch.Tensor, frozen_tower: bool = False) -> torch.Tensor:
+        if frozen_tower:  # the head alone learns: the tower's features are inputs, not differentiated
+            with torch.no_grad():
+                features = self.tower.encode_image(pixels).features
+            return self.head(features)
         return self.head(self.tower.encode_image(pixels).features)
 
 
@@ -109,39 +117,67 @@ def _train_mode(classifier: Classifier, freeze_bn: bool) -> None:
                 module.eval()
 
 
+def stage_lr(step: int, peak: float, steps: int, ft: FinetuneConfig) -> float:
+    """A stage's learning rate at `step` of `steps`: linear warmup over `warmup_fraction` of them, then linear
+    decay to 0, x`decay` every `decay_every` of the steps, or cosine decay to 0 (`ft.schedule`)."""
+    warmup = int(steps * ft.warmup_fraction)
+    if ft.schedule == "linear" or step < warmup:
+        return lr_at(step, peak, warmup, steps)
+    if ft.schedule == "step":
+        return peak * ft.decay ** ((step - warmup) // max(1, round((steps - warmup) * ft.decay_every)))
+    return peak * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+
+
 def fit(model: DualEncoder, data: Labeled, classes: dict[str, int], ft: FinetuneConfig, seed: int, crop: int,
         progress: bool = False) -> Classifier:
-    """Fine-tune a copy of the image tower and a new head on `data`; a pure function of its arguments.
-    Raises `Diverged` as soon as the loss is not finite."""
+    """Fine-tune a copy of the image tower and a new head on `data` at training resolution `crop`; a pure function
+    of its arguments. With `ft.head_steps`, the head first learns alone on the frozen tower (evaluation mode), then
+    all layers train (the paper's two stages). Raises `Diverged` as soon as the loss is not finite."""
     if model.cfg.vision.resize_mode == "naflex":
         raise ConfigError("--task finetune and vtab train an image tower on fixed-size crops; a NaFlex Siglip2Model "
                           "takes each image at its own aspect ratio: evaluate it with the other tasks")
     torch.manual_seed(seed)
     rng = random.Random(seed)
     classifier = Classifier(model, len(classes)).to(device_of(model))
+    labels = torch.tensor([classes[c] for c in data.labels], dtype=torch.long)
+    stored = data.images[0].size[0]
+    resize = max(crop, round(crop * stored / data.crop)) if data.crop else stored  # the pretraining crop's margin
+    order: list[int] = []
+
+    def batches(steps: int):
+        nonlocal order
+        for step in range(steps):
+            if len(order) < ft.batch_size:  # epochs of seeded permutations; a batch may span two epochs
+                order += rng.sample(range(len(labels)), len(labels))
+            rows, order = order[:ft.batch_size], order[ft.batch_size:]
+            pixels = torch.stack([transforms.inception_transform(data.images[i], crop, rng) if ft.crop == "inception"
+                                  else transforms.train_transform(data.images[i], resize, crop, rng) for i in rows])
+            yield step, transforms.to_unit_range(pixels).to(device_of(model)), labels[rows].to(device_of(model))
+
+    def run(optimizer, peak: float, steps: int, frozen_tower: bool, name: str) -> None:
+        for step, pixels, target in tqdm(batches(steps), total=steps, desc=name, unit="step", disable=not progress,
+                                         leave=False):
+            for group in optimizer.param_groups:
+                group["lr"] = stage_lr(step, peak, steps, ft) * group["lr_scale"]
+            loss = torch.nn.functional.cross_entropy(classifier(pixels, frozen_tower), target)
+            if not torch.isfinite(loss):
+                raise Diverged(step, float(loss.detach()), ft)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+
+    head = list(classifier.head.parameters())
+    if ft.head_steps:  # stage 1: the head alone, on the frozen tower's features
+        classifier.eval()
+        stage_one = torch.optim.SGD([{"params": head, "weight_decay": 0.0, "lr_scale": 1.0}], lr=0.0,
+                                    momentum=ft.momentum)
+        run(stage_one, ft.head_stage_lr or ft.lr * ft.head_lr_scale, ft.head_steps, True, "fine-tune: head")
     backbone = [p for n, p in classifier.named_parameters() if not n.startswith("head.")]
     groups = [{"params": [p for p in backbone if p.ndim >= 2], "weight_decay": ft.weight_decay, "lr_scale": 1.0},
               {"params": [p for p in backbone if p.ndim < 2], "weight_decay": 0.0, "lr_scale": 1.0},
-              {"params": list(classifier.head.parameters()), "weight_decay": 0.0, "lr_scale": ft.head_lr_scale}]
-    optimizer = torch.optim.SGD(groups, lr=ft.lr, momentum=ft.momentum)
-    labels = torch.tensor([classes[c] for c in data.labels], dtype=torch.long)
-    resize = data.images[0].size[0]
-    order: list[int] = []
+              {"params": head, "weight_decay": 0.0, "lr_scale": ft.head_lr_scale}]
     _train_mode(classifier, ft.freeze_bn)
-    for step in tqdm(range(ft.steps), desc="fine-tune", unit="step", disable=not progress, leave=False):
-        if len(order) < ft.batch_size:  # epochs of seeded permutations; a batch may span two epochs
-            order += rng.sample(range(len(labels)), len(labels))
-        rows, order = order[:ft.batch_size], order[ft.batch_size:]
-        pixels = transforms.to_unit_range(torch.stack([transforms.train_transform(data.images[i], resize, crop, rng)
-                                                       for i in rows]))
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, ft.lr, int(ft.steps * ft.warmup_fraction), ft.steps) * group["lr_scale"]
-        loss = torch.nn.functional.cross_entropy(classifier(pixels.to(device_of(model))), labels[rows].to(device_of(model)))
-        if not torch.isfinite(loss):
-            raise Diverged(step, float(loss.detach()), ft)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+    run(torch.optim.SGD(groups, lr=ft.lr, momentum=ft.momentum), ft.lr, ft.steps, False, "fine-tune")
     return classifier.eval()
 
 
@@ -166,8 +202,14 @@ def score(classifier: Classifier, data: Labeled, classes: dict[str, int], crop: 
 @dataclass(frozen=True)
 class FinetuneOptions:
     train_data: str = ""  # the labeled training split (class folders, a label table or shards)
-    seed: int = 0
+    seed: int = 0  # the first run's seed
     recipe: FinetuneConfig = FinetuneConfig()  # the training recipe (--ft key=value)
+    runs: Annotated[int, POSITIVE_INT] = 1  # runs (seeds seed, seed+1, ...): the mean and std of their scores
+    train_crop: Annotated[int, NON_NEGATIVE] = 0  # training resolution (0: the evaluation's crop; the paper trains
+        # at 475 and evaluates at 600 on ImageNet, 289/360 on the fine-grained sets: FixRes)
+
+    def __post_init__(self):
+        check(self, spell=lambda name: f"finetune.{name}")
 
 
 @dataclass(frozen=True)
@@ -179,17 +221,23 @@ class VtabOptions:
 
 
 def finetune(ctx: Context, options: FinetuneOptions = FinetuneOptions()) -> tuple[dict, dict]:
-    """The test split `ctx.path`, scored after fine-tuning on `options.train_data`."""
+    """The test split `ctx.path`, scored after fine-tuning on `options.train_data` (`runs` times: the mean top-1 and
+    top-5 and the std of the top-1 over the runs)."""
     if not options.train_data:
         raise ConfigError("--task finetune needs --train-data (a labeled training split: folders, a table or shards)")
     resize, crop = ctx.options.resize, ctx.options.crop
     train, test = load_labeled(options.train_data, ctx.options, resize), load_labeled(ctx.path, ctx.options, resize)
     classes = {c: i for i, c in enumerate(sorted(set(train.labels)))}
-    classifier = fit(ctx.model, train, classes, options.recipe, options.seed, crop, progress=True)
+    train_crop = options.train_crop or crop
+    scores = [score(fit(ctx.model, train, classes, options.recipe, options.seed + run, train_crop, progress=True),
+                    test, classes, crop) for run in range(options.runs)]
     n = len(classes)
-    return score(classifier, test, classes, crop) | dataclasses.asdict(options.recipe) | {
-        "n_train": len(train.labels), "n_test": len(test.labels), "n_classes": n,
-        "n_skipped": train.skipped + test.skipped, "chance_top1": 1 / n, "chance_top5": min(1.0, 5 / n)}, {}
+    mean = {k: statistics.mean(s[k] for s in scores) for k in scores[0]}
+    return mean | {"top1_std": statistics.pstdev(s["top1"] for s in scores), "runs": options.runs} \
+        | dataclasses.asdict(options.recipe) | {
+        "train_resolution": train_crop, "eval_resolution": crop, "n_train": len(train.labels),
+        "n_test": len(test.labels), "n_classes": n, "n_skipped": train.skipped + test.skipped, "chance_top1": 1 / n,
+        "chance_top5": min(1.0, 5 / n)}, {}
 
 
 def vtab_tasks(root: Path) -> dict[str, Path]:
@@ -210,7 +258,7 @@ def split_1k(train: Labeled, val: Labeled | None, seed: int) -> tuple[Labeled, L
         return train, val
     order = random.Random(seed).sample(range(len(train.labels)), min(len(train.labels), VTAB_TRAIN + VTAB_VAL))
     cut = max(1, len(order) * VTAB_TRAIN // (VTAB_TRAIN + VTAB_VAL))
-    pick = lambda rows: Labeled([train.images[i] for i in rows], [train.labels[i] for i in rows])  # noqa: E731
+    pick = lambda rows: Labeled([train.images[i] for i in rows], [train.labels[i] for i in rows], crop=train.crop)  # noqa: E731,E501
     return pick(order[:cut]), pick(order[cut:])
 
 
@@ -237,7 +285,7 @@ def vtab(ctx: Context, options: VtabOptions = VtabOptions()) -> tuple[dict, dict
             raise ConfigError(f"{name}: every point of the sweep diverged (loss not finite); sweep lower learning "
                               "rates (--sweep lr=...)")
         best = grid[val_scores.index(max(val_scores))]
-        full = Labeled(fit_set.images + val_set.images, fit_set.labels + val_set.labels)
+        full = Labeled(fit_set.images + val_set.images, fit_set.labels + val_set.labels, crop=fit_set.crop)
         runs = [score(fit(model, full, classes, best, options.seed + run, crop), test, classes, crop)["top1"]
                 for run in tqdm(range(options.runs), desc=f"{name}: runs", leave=False)]
         out |= {f"{name}_top1_mean": statistics.mean(runs), f"{name}_top1_std": statistics.pstdev(runs),

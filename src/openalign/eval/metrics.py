@@ -1,4 +1,4 @@
-"""Retrieval and classification metrics as pure functions of embeddings (numpy-free torch math).
+"""Retrieval and classification metrics as pure functions of embeddings (torch math; SciPy ranks the bootstrap).
 
 Ranks are 0-based and ties count against the query: the rank of a target is the number of *wrong*
 candidates scoring at least as high as it (so a constant model gets chance-or-worse, never luck).
@@ -12,11 +12,12 @@ high as the target. Without this, `logits >= true` is all False for NaN logits a
 from __future__ import annotations
 
 import math
-from typing import Callable
+from dataclasses import dataclass
+from typing import Annotated, Callable
 
 import torch
 
-from openalign.config import ConfigError
+from openalign.config import FRACTION_CLOSED_OPEN, NON_NEGATIVE, POSITIVE, POSITIVE_INT, ConfigError
 
 KS = (1, 5, 10)
 def chance_key(key: str, metrics: dict) -> str | None:
@@ -535,3 +536,54 @@ def bootstrap_spearman(model: list[float], human: list[float], resamples: int = 
     if len(rho) < 2:
         return float("nan"), float("nan")
     return float(rho.mean()), float(rho.std(ddof=1))
+
+
+@dataclass(frozen=True)
+class SgdProbe:
+    """The paper's frozen-feature probe recipe (Section 5.3): SGD with momentum on a linear head, the lr decayed by
+    `decay` every `decay_every` epochs."""
+
+    lr: Annotated[float, POSITIVE] = 0.1
+    momentum: Annotated[float, FRACTION_CLOSED_OPEN] = 0.9
+    batch_size: Annotated[int, POSITIVE_INT] = 1024  # the global batch
+    epochs: Annotated[int, POSITIVE_INT] = 100
+    decay_every: Annotated[int, POSITIVE_INT] = 30  # epochs between decays
+    decay: Annotated[float, POSITIVE] = 0.2  # the lr's factor at each decay
+    weight_decay: Annotated[float, NON_NEGATIVE] = 0.0
+
+
+def probe_lr(epoch: int, recipe: SgdProbe = SgdProbe()) -> float:
+    """The SGD probe's learning rate during `epoch` (0-based): lr x decay^(epoch // decay_every)."""
+    return recipe.lr * recipe.decay ** (epoch // recipe.decay_every)
+
+
+def sgd_probe(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor, test_y: torch.Tensor,
+              recipe: SgdProbe = SgdProbe(), seed: int = 0) -> dict[str, float]:
+    """A linear classifier (zero-initialized weights and bias) trained on frozen features by minibatch SGD as
+    `recipe` says, each epoch a seeded permutation of the training rows; top-1/top-5 on the test features. The
+    features are read from memory each epoch: 100 epochs cost 100 passes over a matrix, not over the images."""
+    bad = int((~train_x.isfinite().all(dim=1)).sum())
+    if bad:
+        raise ConfigError(f"{bad} of {len(train_x)} training embeddings are not finite (NaN or inf): the model has "
+                          "diverged, so no probe can be fit on it")
+    n_classes = int(max(train_y.max(), test_y.max())) + 1
+    w = torch.zeros(train_x.shape[1], n_classes, dtype=train_x.dtype, requires_grad=True)
+    b = torch.zeros(n_classes, dtype=train_x.dtype, requires_grad=True)
+    optimizer = torch.optim.SGD([w, b], lr=recipe.lr, momentum=recipe.momentum, weight_decay=recipe.weight_decay)
+    order = torch.Generator().manual_seed(seed)
+    for epoch in range(recipe.epochs):
+        for group in optimizer.param_groups:
+            group["lr"] = probe_lr(epoch, recipe)
+        perm = torch.randperm(len(train_x), generator=order)
+        for start in range(0, len(perm), recipe.batch_size):
+            rows = perm[start:start + recipe.batch_size]
+            loss = torch.nn.functional.cross_entropy(train_x[rows] @ w + b, train_y[rows])
+            if not torch.isfinite(loss):
+                raise ConfigError(f"the SGD probe's loss went non-finite in epoch {epoch + 1} (lr "
+                                  f"{probe_lr(epoch, recipe):g}); lower linear-probe.lr")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+    with torch.no_grad():
+        train_top1 = topk_accuracy(train_x @ w + b, train_y, ks=(1,))["top1"]
+        return topk_accuracy(test_x @ w + b, test_y) | {"train_top1": train_top1}

@@ -19,12 +19,19 @@ def _fmt(value) -> str:
     return f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
-def markdown_table(metrics: dict) -> str:
-    rows = ["| metric | value | chance |", "|---|---|---|"]
+def markdown_table(metrics: dict, paper: dict | None = None) -> str:
+    """metric | value | chance, and with `paper` (eval/paper.beside) a column of the paper's figures and their cells."""
+    paper = paper or {}
+    head = ["metric", "value", "chance"] + (["paper (Jia et al. 2021)"] if paper else [])
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for key, value in metrics.items():
         if not M.is_chance(key):
             chance = metrics.get(M.chance_key(key, metrics))
-            rows.append(f"| {key} | {_fmt(value)} | {_fmt(chance) if chance is not None else ''} |")
+            cells = [key, _fmt(value), _fmt(chance) if chance is not None else ""]
+            if paper:
+                cells.append("; ".join(f"{c['value']:.4f}" + (f" ± {c['std']:.4f}" if c["std"] else "")
+                                       + f" ({c['cell']})" for c in paper.get(key, [])))
+            rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n"
 
 
@@ -69,16 +76,17 @@ def plot(figures: dict, out: Path) -> bool:
     return True
 
 
-def write_report(metrics: dict, out: Path, figures: dict | None = None) -> list[Path]:
-    """metrics JSON at `out`, the Markdown table (and the PNG, if any) beside it; returns the files."""
+def write_report(metrics: dict, out: Path, figures: dict | None = None, paper: dict | None = None) -> list[Path]:
+    """metrics JSON at `out`, the Markdown table (and the PNG, if any) beside it; returns the files. `paper`: the
+    paper's figures for some of the metrics (eval/paper.beside), a column of the table and the JSON's `paper`."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     table, png = out.with_suffix(".md"), out.with_suffix(".png")
     drawn = bool(figures) and plot(figures, png)
     with staged(table) as tmp:
-        tmp.write_text(markdown_table(metrics))
+        tmp.write_text(markdown_table(metrics, paper))
     with staged(out) as tmp:  # last: the metrics file appears only when the evaluation finished
-        tmp.write_text(json.dumps(metrics, indent=2) + "\n")
+        tmp.write_text(json.dumps(metrics | ({"paper": paper} if paper else {}), indent=2) + "\n")
     return [out, table] + ([png] if drawn else [])
 
 

@@ -235,14 +235,28 @@ class KnnOptions:
 @dataclass(frozen=True)
 class ProbeOptions:
     train_data: str = ""  # the labeled training split (class folders, a label table or shards)
+    solver: Literal["sgd", "lbfgs"] = "sgd"  # sgd: the paper's recipe (below); lbfgs: CLIP's (full-batch logistic
+        # regression, its L2 chosen on 20% of the training split)
+    sgd: M.SgdProbe = M.SgdProbe()  # the sgd solver's recipe (`linear-probe.sgd.lr=0.05`, ...)
+    train_crop: Annotated[int, non_negative("0 (the evaluation's crop) or a size in pixels")] = 0  # the training
+        # split's features at this resolution (the paper: 289 for training, 360 for evaluation; --protocol
+        # imagenet-probe sets both from the model's image size)
+    seed: int = 0  # sgd: the order of the training rows
+
+    def __post_init__(self):
+        check(self, spell=lambda name: f"linear-probe.{name}")
 
 
-def _train_split(ctx: Context, train_data: str, task: str):
-    """Embeddings and integer labels of the labeled training split, and the test labels, for image-only tasks."""
+def _train_split(ctx: Context, train_data: str, task: str, crop: int = 0):
+    """Embeddings and integer labels of the labeled training split (at the evaluation's image size, or at `crop`
+    with the evaluation's resize-to-crop ratio), and the test labels, for image-only tasks."""
     if not train_data:
         raise ConfigError(f"--task {task} needs --train-data (a labeled training split: folders, a table or shards)")
-    data = ctx.data
-    train = embed_split(ctx.model, train_data, ctx.options, progress=False)
+    data, common = ctx.data, ctx.options
+    if crop and crop != common.crop:
+        ratio = common.resize / common.crop if common.crop else 1.0
+        common = dataclasses.replace(common, crop=crop, resize=max(crop, round(crop * ratio)))
+    train = embed_split(ctx.model, train_data, common, progress=False)
     classes = {c: i for i, c in enumerate(sorted(set(train.labels) | set(data.labels)))}
     to_ids = lambda labels: torch.tensor([classes[c] for c in labels], dtype=torch.long)  # noqa: E731
     return train.image_embeds, to_ids(train.labels), to_ids(data.labels), len(classes)
@@ -257,10 +271,19 @@ def knn(ctx: Context, options: KnnOptions = KnnOptions()) -> tuple[dict, dict]:
 
 
 def linear_probe(ctx: Context, options: ProbeOptions = ProbeOptions()) -> tuple[dict, dict]:
-    train_x, train_y, test_y, n_classes = _train_split(ctx, options.train_data, "linear-probe")
-    metrics = M.linear_probe(train_x.double(), train_y, ctx.data.image_embeds.double(), test_y)
-    return metrics | {"n_train": len(train_x), "n_classes": n_classes, "chance_top1": 1 / n_classes,
-                      "chance_top5": min(1.0, 5 / n_classes)}, {}
+    """A linear classifier on the frozen image embeddings of the training split, scored on the evaluation split's:
+    the paper's SGD recipe (eval/metrics.sgd_probe) or CLIP's L-BFGS (eval/metrics.linear_probe). The training
+    features are computed at `train_crop` when given (and cached under --cache like the evaluation's)."""
+    train_x, train_y, test_y, n_classes = _train_split(ctx, options.train_data, "linear-probe", options.train_crop)
+    if options.solver == "sgd":
+        recipe = options.sgd
+        metrics = M.sgd_probe(train_x.float(), train_y, ctx.data.image_embeds.float(), test_y, recipe, options.seed)
+        metrics |= {"lr": recipe.lr, "epochs": recipe.epochs, "batch_size": recipe.batch_size}
+    else:
+        metrics = M.linear_probe(train_x.double(), train_y, ctx.data.image_embeds.double(), test_y)
+    return metrics | {"solver": options.solver, "train_resolution": options.train_crop or ctx.options.crop,
+                      "eval_resolution": ctx.options.crop, "n_train": len(train_x), "n_classes": n_classes,
+                      "chance_top1": 1 / n_classes, "chance_top5": min(1.0, 5 / n_classes)}, {}
 
 
 PAIR_COLUMNS = {  # text-only tasks: (first text, second text, candidate score columns)
