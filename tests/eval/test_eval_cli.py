@@ -182,6 +182,87 @@ def test_head_learns_ten_times_faster_and_frozen_batchnorm_keeps_statistics(mode
     assert all(torch.equal(x, y) for x, y in zip(stats(tuned.tower), stats(model)))
 
 
+def test_two_stage_fine_tune_moves_the_head_alone_then_every_layer_at_a_tenth_of_the_heads_lr(model_dir,
+                                                                                             monkeypatch):
+    from openalign.model.hub import load_pretrained
+
+    model, _, _ = load_pretrained(model_dir)
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    data = finetune_lib.Labeled([shape_image(c, "square", 36) for c in COLOURS[:2]] * 2, ["red", "green"] * 2, crop=32)
+    made, seen = [], []
+    real_forward, real_step = finetune_lib.Classifier.forward, torch.optim.SGD.step
+
+    def forward(self, pixels, frozen_tower=False):
+        made.append(self)
+        return real_forward(self, pixels, frozen_tower)
+
+    def spy(self, *args, **kwargs):
+        out = real_step(self, *args, **kwargs)
+        tower = made[-1].tower.state_dict()  # the copy's weights and BatchNorm statistics
+        seen.append((len(self.param_groups), [g["lr"] for g in self.param_groups],
+                     all(torch.equal(v, original[k]) for k, v in tower.items()), float(made[-1].head.weight.detach().abs().sum())))
+        return out
+
+    monkeypatch.setattr(finetune_lib.Classifier, "forward", forward)
+    monkeypatch.setattr(torch.optim.SGD, "step", spy)
+    ft = finetune_lib.parse_options(["head_steps=2", "steps=2", "batch_size=2", "lr=0.002", "warmup_fraction=0"])
+    finetune_lib.fit(model, data, {"green": 0, "red": 1}, ft, seed=0, crop=32)
+    first, second = [s for s in seen if s[0] == 1], [s for s in seen if s[0] == 3]
+    assert len(first) == 2 and len(second) == 2 and len(seen) == 4
+    assert all(unchanged for *_, unchanged, _ in first) and first[-1][3] > 0  # stage 1: the head alone moved
+    assert first[0][1] == pytest.approx([0.02])  # at the head's lr (lr x head_lr_scale)
+    assert not second[-1][2]  # stage 2: every layer
+    assert all(lrs[2] == pytest.approx(10 * lrs[0]) and lrs[0] == lrs[1] for _, lrs, *_ in second)
+
+
+def test_stage_schedules_step_down_or_follow_a_cosine():
+    step = finetune_lib.parse_options(["schedule=step", "decay=0.2", "decay_every=0.3", "warmup_fraction=0"])
+    assert [finetune_lib.stage_lr(s, 0.01, 100, step) for s in (0, 29, 30, 60, 90, 99)] == pytest.approx(
+        [0.01, 0.01, 0.002, 0.0004, 0.00008, 0.00008])
+    cosine = finetune_lib.parse_options(["schedule=cosine", "warmup_fraction=0.1"])
+    assert finetune_lib.stage_lr(5, 1e-3, 100, cosine) == pytest.approx(0.5e-3)  # warming up
+    assert [finetune_lib.stage_lr(s, 1e-3, 100, cosine) for s in (10, 55, 100)] == pytest.approx([1e-3, 0.5e-3, 0.0])
+
+
+FEW_STEPS = ("--ft", "steps=2", "--ft", "head_steps=1", "--ft", "batch_size=4")
+
+
+@pytest.mark.parametrize("protocol,args,key,table", [
+    ("imagenet-probe", ("linear-probe.sgd.epochs=3",), "linear_probe_top1", "Table 5"),
+    ("imagenet-finetune", FEW_STEPS, "finetune_top1", "Table 5"),
+    ("fine-grained", FEW_STEPS + ("--runs", "2"), "finetune_top1", "Table 7"),
+    ("vtab", ("--ft", "batch_size=4", "--sweep", "lr=0.01", "--sweep", "steps=1", "--runs", "1"), "vtab_mean_top1",
+     "Table 6"),
+])
+def test_each_protocol_runs_end_to_end_with_the_papers_figure_beside_ours(model_dir, tmp_path, capsys, protocol, args,
+                                                                           key, table):
+    train, test = class_folders(tmp_path / "train", 4), class_folders(tmp_path / "test", 2, seed=1)
+    data = ["--data", str(test), "--train-data", str(train)]
+    if protocol == "vtab":
+        class_folders(tmp_path / "vtab" / "icons" / "train", 4)
+        class_folders(tmp_path / "vtab" / "icons" / "test", 2, seed=1)
+        data = ["--data", str(tmp_path / "vtab")]
+    m = run(model_dir, tmp_path, "--protocol", protocol, *data, *args)
+    assert m["protocol"] == protocol and 0 <= m[key] <= 1
+    assert [c["cell"].startswith(table) for c in m["paper"][key]] == [True] * len(m["paper"][key])
+    assert table in (tmp_path / "m.md").read_text() and "beside the paper" in capsys.readouterr().out
+    size = 32  # the tiny model's image size: the paper's resolutions at 32/289 of their scale
+    if protocol == "imagenet-probe":
+        assert (m["linear_probe_solver"], m["linear_probe_epochs"]) == ("sgd", 3)
+        assert (m["linear_probe_train_resolution"], m["linear_probe_eval_resolution"]) == (size, round(360 * size / 289))
+    elif protocol == "imagenet-finetune":
+        assert (m["finetune_train_resolution"], m["finetune_eval_resolution"]) == (round(475 * size / 289),
+                                                                                   round(600 * size / 289))
+        assert (m["finetune_crop"], m["finetune_schedule"], m["finetune_lr"], m["finetune_head_lr_scale"]) == (
+            "inception", "step", 0.001, 10.0)
+    elif protocol == "fine-grained":
+        assert m["finetune_runs"] == 2 and m["finetune_freeze_bn"] is True  # --runs overrides the protocol's 3
+        assert (m["finetune_head_stage_lr"], m["finetune_lr"], m["finetune_weight_decay"]) == (0.01, 0.001, 1e-5)
+        assert len(m["paper"][key]) == 4  # folders named for none of the four sets: all of Table 7's row
+    assert cli.main(["eval", str(model_dir), "--protocol", protocol, "--task", "zeroshot", *data,
+                     "--out", str(tmp_path / "x.json")]) == 2  # a protocol names its own task
+
+
 def test_finetuned_retrieval_preset_trains_from_a_model_on_a_karpathy_json(model_dir, tmp_path):
     from openalign.model.hub import load_pretrained
 

@@ -12,6 +12,7 @@ curated set is a dataset of its own: train on it with `openalign study model-vs-
 from __future__ import annotations
 
 from openalign.config import Config, ConfigError
+from openalign.eval import paper as paper_lib
 from openalign.study.report import save_figure
 from openalign.study.runner import Study, Variant, corpus_override
 
@@ -23,9 +24,11 @@ PAPER = ("Jia et al. 2021, Table 9: EfficientNet-B7 + BERT-base and EfficientNet
          "data, 10% of it and CC-3M (trained for 1/10 of the steps); zero-shot MSCOCO R@1 and ImageNet KNN R@1, "
          "in %.")
 PAPER_COLUMNS = ("MSCOCO I2T R@1", "MSCOCO T2I R@1", "ImageNet KNN R@1")
-TABLE_9 = {("large", "full"): (55.4, 41.7, 69.3), ("large", "10%"): (52.0, 39.2, 68.8),
-           ("large", "clean"): (18.9, 15.5, 48.7), ("small", "full"): (37.4, 24.5, 56.5),
-           ("small", "10%"): (36.7, 24.4, 55.8), ("small", "clean"): (22.1, 17.3, 48.9)}
+# our (size, data) -> the paper's (model, row) of Table 9 (eval/paper_tables.csv)
+MODELS = {"large": "EfficientNet-B7 + BERT-base", "small": "EfficientNet-B3 + BERT-mini"}
+ROWS = {"full": "ALIGN full data", "10%": "ALIGN 10% data", "clean": "CC-3M data"}
+TABLE_9 = {(size, data): tuple(paper_lib.row_values(9, ROWS[data], MODELS[size]).values()) for size in MODELS
+           for data in ROWS}
 DATA = (("full", "all data", {}), ("10%", f"{FRACTION:.0%} of the data", {"fraction": FRACTION}),
         ("clean", f"clean {FRACTION:.0%}", {"fraction": FRACTION, "noise": 0.0}))
 
