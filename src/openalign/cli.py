@@ -101,7 +101,8 @@ def cmd_study(args) -> int:
         raise ConfigError(f"unknown study {args.name!r}; choose from {', '.join(STUDIES)} or pmi")
     study = STUDIES[args.name]
     cfg = _with_data(presets.get(args.preset), args)
-    cfg = config_lib.override(cfg, ([*QUICK, *study.quick] if args.quick else []) + list(args.overrides))
+    tasks = [f"eval.tasks={','.join(dict.fromkeys([*cfg.eval.tasks, *study.tasks]))}"] if study.tasks else []
+    cfg = config_lib.override(cfg, tasks + ([*QUICK, *study.quick] if args.quick else []) + list(args.overrides))
     variants = study.variants(cfg)
     if args.only:
         variants = [v for v in variants if v.baseline or v.group in args.only or v.name in args.only]

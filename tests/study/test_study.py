@@ -38,6 +38,9 @@ def test_study_runs_variants_over_seeds_resumes_and_reports(shapes, tmp_path, mo
     assert abs(baseline["std"]["mean_recall"] - abs(recalls[0] - recalls[1]) / 2) < 1e-12
     report = (tmp_path / "study" / "report.md").read_text()
     assert "## label smoothing" in report and "no label smoothing" in report and " ± " in report
+    # Table 8's KNN column: KNN R@1 of the held-out split's classes, each dealt alternately to train and test
+    assert 0 <= baseline["mean"]["knn_top1"] <= 1 and baseline["runs"][0]["knn_n_test"] > 0
+    assert "| KNN R@1 |" in report.replace(" | KNN R@1 | ", "| KNN R@1 |")
     # the loss-direction group's threshold table: the baseline's and the row loss's spreads, from their runs
     table = report[report.index("## One threshold for every query?"):].splitlines()
     rows = {line.split(" | ")[0].strip("| "): line for line in table if line.startswith("| ")}
@@ -112,6 +115,8 @@ def test_noise_vs_scale_pipeline_on_a_tiny_corpus(tmp_path):
              for d in (tmp_path / "data").iterdir()}
     assert len(built) == 3  # 1x (clean and noisy), 2x and 4x the training images
     assert variants["noisy_x4"]["paper"]["MSCOCO I2T R@1"] == 23.8
+    # KNN's classes are the held-out emoji families; 120 emoji hold no family of two, so there is no KNN, not a crash
+    assert not any("knn_top1" in v["mean"] for v in variants.values())
     report = (tmp_path / "study" / "report.md").read_text()
     assert "paper: MSCOCO I2T R@1" in report and "Table 10" in report
     assert (tmp_path / "study" / "noise_vs_scale.png").stat().st_size > 0

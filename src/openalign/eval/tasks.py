@@ -228,8 +228,11 @@ def _calibration(ctx: Context, options: ZeroshotOptions, logits, labels, weights
 
 @dataclass(frozen=True)
 class KnnOptions:
-    train_data: str = ""  # the labeled training split (class folders, a label table or shards)
+    train_data: str = ""  # the labeled training split (class folders, a label table or shards); without it the
+        # evaluated split is its own pair: each class's images dealt alternately to train and test (`group`)
     k: int = 1  # neighbours (1: the paper's ImageNet KNN R@1)
+    group: str = ""  # without train_data: the images' metadata key whose values are the classes (default: `family`
+        # where every image has one, as the emoji corpus' held-out split; else the labels)
 
 
 @dataclass(frozen=True)
@@ -262,12 +265,48 @@ def _train_split(ctx: Context, train_data: str, task: str, crop: int = 0):
     return train.image_embeds, to_ids(train.labels), to_ids(data.labels), len(classes)
 
 
+KNN_GROUP = "family"  # the emoji corpus' held-out images: classes of variants (skin tones, genders) of one emoji
+
+
+def split_by_class(data, group: str = "") -> tuple[list[int], list[int], list[str]]:
+    """(train rows, test rows, class of every row) of one labelled split made its own KNN pair: each class's images,
+    in split order, dealt alternately to train and test (the first to train), as `corpus emoji-eval` deals its
+    class folders. The classes are the metadata `group` values (default: `family` where every image has one), else
+    the labels; a class of one image has no neighbour to be found by, and is left out."""
+    meta = data.meta or [{}] * len(data.labels)
+    key = group or (KNN_GROUP if meta and all(m.get(KNN_GROUP) for m in meta) else "")
+    if key and not all(m.get(key) for m in meta):
+        raise ConfigError(f"knn.group={key}: not every image of the split has that metadata")
+    classes = [str(m[key]) for m in meta] if key else list(data.labels)
+    members: dict[str, list[int]] = {}
+    for row, name in enumerate(classes):
+        members.setdefault(name, []).append(row)
+    train = [row for rows in members.values() if len(rows) > 1 for row in rows[0::2]]
+    test = [row for rows in members.values() if len(rows) > 1 for row in rows[1::2]]
+    return train, test, classes
+
+
 def knn(ctx: Context, options: KnnOptions = KnnOptions()) -> tuple[dict, dict]:
-    train_x, train_y, test_y, n_classes = _train_split(ctx, options.train_data, "knn")
-    predicted = M.knn_predict(train_x, train_y, ctx.data.image_embeds, options.k, n_classes)
+    """KNN top-1 (the paper's ImageNet KNN R@1 at k=1) of the evaluated images against a labelled training split's,
+    or, without one, within the evaluated split (`split_by_class`: what training's held-out evaluation runs)."""
+    if options.train_data:
+        train_x, train_y, test_y, n_classes = _train_split(ctx, options.train_data, "knn")
+        test_x, how = ctx.data.image_embeds, "train_data"
+    else:
+        train, test, classes = split_by_class(ctx.data, options.group)
+        if not test:
+            print("knn: no class of the evaluated split has two images, so no image has a neighbour of its class to "
+                  "be found by; give labelled data (class folders) or --train-data", file=sys.stderr)
+            return {}, {}
+        index = {c: i for i, c in enumerate(dict.fromkeys(classes[r] for r in train))}
+        to_ids = lambda rows: torch.tensor([index[classes[r]] for r in rows], dtype=torch.long)  # noqa: E731
+        train_x, train_y, test_x, test_y = ctx.data.image_embeds[train], to_ids(train), ctx.data.image_embeds[test], \
+            to_ids(test)
+        n_classes, how = len(index), "split"
+    predicted = M.knn_predict(train_x, train_y, test_x, options.k, n_classes)
     top1 = float((predicted == test_y).float().mean())
-    return {"top1": top1, "k": options.k, "n_train": len(train_x), "n_classes": n_classes,
-            "chance_top1": 1 / n_classes}, {}
+    return {"top1": top1, "k": options.k, "n_train": len(train_x), "n_test": len(test_x), "n_classes": n_classes,
+            "pairs_from": how, "chance_top1": 1 / n_classes}, {}
 
 
 def linear_probe(ctx: Context, options: ProbeOptions = ProbeOptions()) -> tuple[dict, dict]:
@@ -375,7 +414,7 @@ TASKS: dict[str, Task] = {t.name: t for t in (
          clip_benchmark=("zeroshot_retrieval", retrieval_clip_benchmark)),
     Task("zeroshot", zeroshot, ZeroshotOptions, held_out=True,
          clip_benchmark=("zeroshot_classification", zeroshot_clip_benchmark)),
-    Task("knn", knn, KnnOptions),
+    Task("knn", knn, KnnOptions, held_out=True, meta=(KNN_GROUP,)),
     Task("linear-probe", linear_probe, ProbeOptions),
     Task("cxc", cxc, CxcOptions),
     Task("multilingual", multilingual, MultilingualOptions, held_out=True, meta=(multilingual_lib.META,)),

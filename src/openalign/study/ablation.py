@@ -79,4 +79,4 @@ def threshold_report(results: dict, out) -> list[str]:
     return lines + [""]
 
 
-STUDY = Study(variants, INTRO, PAPER, PAPER_COLUMNS, extra_report=threshold_report)
+STUDY = Study(variants, INTRO, PAPER, PAPER_COLUMNS, extra_report=threshold_report, tasks=("knn",))

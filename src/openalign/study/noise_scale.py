@@ -94,4 +94,4 @@ def extra_report(results: dict, out) -> list[str]:
             ""]
 
 
-STUDY = Study(variants, INTRO, PAPER, PAPER_COLUMNS, extra_report, metric=headline)
+STUDY = Study(variants, INTRO, PAPER, PAPER_COLUMNS, extra_report, metric=headline, tasks=("knn",))

@@ -12,7 +12,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from openalign.study.runner import Study  # noqa: E402
 
 COLUMNS = (("mean_recall", "mean recall"), ("i2t_r1", "I2T R@1"), ("t2i_r1", "T2I R@1"),
-           ("zeroshot_top1", "zero-shot top-1"), ("temperature", "final temperature"), ("modality_gap", "modality gap"))
+           ("zeroshot_top1", "zero-shot top-1"), ("knn_top1", "KNN R@1"), ("temperature", "final temperature"),
+           ("modality_gap", "modality gap"))
 
 
 def mean_std(mean: float, std: float, seeds: int, digits: str = ".3f") -> str:

@@ -38,6 +38,7 @@ class Study:
     paper_columns: tuple[str, ...] = ()  # keys of Variant.paper, one report column each
     extra_report: Callable[[dict, Path], list[str]] | None = None  # more Markdown (and plots) after the tables
     quick: tuple[str, ...] = ()  # overrides --quick adds for this study, after the common ones
+    tasks: tuple[str, ...] = ()  # held-out tasks it adds to the base's eval.tasks (Tables 8-10 read ImageNet KNN: knn)
     # the headline, (result key, label), for Δ and plots; or a function of the base config giving it
     metric: tuple[str, str] | Callable[[Config], tuple[str, str]] = ("mean_recall", "mean recall")
 
