@@ -25,7 +25,7 @@ def test_text_pair_spearman_against_an_exact_model(tmp_path, monkeypatch):
 def test_one_registry_declares_every_task_and_derives_the_held_out_ones():
     assert list(tasks.TASKS) == ["retrieval", "zeroshot", "knn", "linear-probe", "cxc", "multilingual", "arithmetic",
                                  "compositional", "word-sim", "sts", "finetune", "vtab"]
-    assert tasks.HELD_OUT_TASKS == ("retrieval", "zeroshot", "multilingual", "arithmetic", "compositional")
+    assert tasks.HELD_OUT_TASKS == ("retrieval", "zeroshot", "knn", "multilingual", "arithmetic", "compositional")
     assert {n for n, t in tasks.TASKS.items() if t.reads == "path"} == {"word-sim", "sts", "finetune", "vtab"}
     assert tasks.TASKS["linear-probe"].prefix == "linear_probe_" and tasks.TASKS["retrieval"].prefix == ""
     for task in tasks.TASKS.values():  # frozen options with a default for every field
@@ -67,3 +67,19 @@ def test_tasks_return_metrics_and_figures_and_mutate_nothing(monkeypatch):
     assert all(torch.equal(getattr(data, f), getattr(before, f)) if torch.is_tensor(getattr(data, f))
                else getattr(data, f) == getattr(before, f) for f in ("image_embeds", "captions", "text_to_image",
                                                                      "labels", "keys", "meta"))
+
+
+def test_a_split_is_its_own_knn_pair_with_each_class_dealt_alternately():
+    from openalign.eval.features import EvalData
+
+    labels = ["a", "b", "a", "c", "a", "b"]
+    data = EvalData(torch.eye(6), [], torch.zeros(0, dtype=torch.long), labels)
+    assert tasks.split_by_class(data) == ([0, 4, 1], [2, 5], labels)  # class c (one image) is left out
+    data.meta = [{"family": f} for f in ("x", "x", "y", "y", "z", "x")]
+    assert tasks.split_by_class(data)[:2] == ([0, 5, 2], [1, 3])  # the families are the classes
+    assert tasks.split_by_class(data, "family") == tasks.split_by_class(data)
+    with pytest.raises(ConfigError, match="knn.group=colour"):
+        tasks.split_by_class(data, "colour")
+    # KNN on it: each test image's nearest training image (the identity features: none is nearer than another)
+    out, _ = tasks.knn(Context(None, None, EvalOptions(), data), tasks.KnnOptions())
+    assert (out["n_train"], out["n_test"], out["n_classes"], out["pairs_from"]) == (3, 2, 3, "split")
