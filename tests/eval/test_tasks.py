@@ -82,4 +82,4 @@ def test_a_split_is_its_own_knn_pair_with_each_class_dealt_alternately():
         tasks.split_by_class(data, "colour")
     # KNN on it: each test image's nearest training image (the identity features: none is nearer than another)
     out, _ = tasks.knn(Context(None, None, EvalOptions(), data), tasks.KnnOptions())
-    assert (out["n_train"], out["n_test"], out["n_classes"], out["pairs_from"]) == (3, 2, 3, "split")
+    assert (out["n_train"], out["n_test"], out["n_classes"], out["pairs_from"]) == (3, 2, 2, "split")  # families x, y
