@@ -110,8 +110,9 @@ def test_knn_and_linear_probe_against_a_labeled_training_split(tmp_path):
     # task options as dotted overrides
     three = eval_json(model_dir, tmp_path, "--data", str(test), "--task", "knn", "--train-data", str(train), "knn.k=3")
     assert three["knn_k"] == 3 and three["knn_n_train"] == 6
-    assert cli.main(["eval", str(model_dir), "--data", str(test), "--task", "knn",
-                     "--out", str(tmp_path / "t.json")]) == 2  # no --train-data: one sentence
+    # no --train-data: the split is its own pair, each colour's 3 images dealt to train, test, train
+    alone = eval_json(model_dir, tmp_path, "--data", str(test), "--task", "knn")
+    assert (alone["knn_pairs_from"], alone["knn_n_train"], alone["knn_n_test"]) == ("split", 6, 3)
 
 
 def word_spearman(model_dir, pairs) -> float:
@@ -166,7 +167,7 @@ def test_user_errors_are_one_sentence(shapes, tmp_path, capsys):
                      str(shapes["train"])]) == 2
     assert cli.main(["eval", str(tmp_path), "--data", str(shapes["eval"])]) == 2
     assert cli.main(["train", "--preset", "tiny", "--data", str(shapes["train"]), "--out", str(tmp_path / "knn"),
-                     "eval.tasks=retrieval,knn"]) == 2
+                     "eval.tasks=retrieval,linear-probe"]) == 2
     assert cli.main(["train", "--preset", "tiny", "--data", str(shapes["train"]), "--out", str(tmp_path / "f"),
                      "data.fraction=0"]) == 2
     assert cli.main(["train", "--preset", "tiny", "--data", str(shapes["train"]), "--out", str(tmp_path / "f2"),
@@ -175,7 +176,7 @@ def test_user_errors_are_one_sentence(shapes, tmp_path, capsys):
     assert len(errors) == 8 and all(e.startswith("openalign: error: ") for e in errors)
     assert "data.fraction=0.01 keeps 1 of 96 training samples, fewer than one batch of 8" in errors[7]
     assert "did you mean optim.lr" in errors[1] and "Traceback" not in "".join(errors)
-    assert "'knn' is not a held-out task" in errors[5]
+    assert "'linear-probe' is not a held-out task" in errors[5]
     assert "data.fraction=0.0 must be the share of the training samples to use, in (0, 1]" in errors[6]
 
 

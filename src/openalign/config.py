@@ -319,7 +319,7 @@ class FinetuneConfig:
     head_steps: Annotated[int, NON_NEGATIVE] = 0  # stage 1, before `steps`: the head alone on the frozen tower
     head_stage_lr: Annotated[float, NON_NEGATIVE] = 0.0  # stage 1's peak lr (0: the head's lr, lr x head_lr_scale)
     crop: Literal["pretraining", "inception"] = "pretraining"  # training crop: the pretraining's (resize, random
-        # crop, flip) or Szegedy et al.'s random-resized crop (8-100% of the area, aspect 3/4-4/3) and flip
+        # crop, flip) or Szegedy et al.'s random-resized crop (8 to 100 percent of the area, aspect 3/4-4/3) and flip
     freeze_bn: bool = False  # keep BatchNorm running statistics fixed (paper: for small datasets)
 
 

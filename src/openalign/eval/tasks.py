@@ -239,7 +239,7 @@ class KnnOptions:
 class ProbeOptions:
     train_data: str = ""  # the labeled training split (class folders, a label table or shards)
     solver: Literal["sgd", "lbfgs"] = "sgd"  # sgd: the paper's recipe (below); lbfgs: CLIP's (full-batch logistic
-        # regression, its L2 chosen on 20% of the training split)
+        # regression, its L2 chosen on a fifth of the training split)
     sgd: M.SgdProbe = M.SgdProbe()  # the sgd solver's recipe (`linear-probe.sgd.lr=0.05`, ...)
     train_crop: Annotated[int, non_negative("0 (the evaluation's crop) or a size in pixels")] = 0  # the training
         # split's features at this resolution (the paper: 289 for training, 360 for evaluation; --protocol
