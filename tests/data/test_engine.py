@@ -333,6 +333,50 @@ def test_dedup_and_screen_on_spark_give_the_local_keep_lists(tmp_path, sources, 
 
 
 @needs_java
+def test_bucket_dedup_on_spark_gives_the_local_keep_list(tmp_path, sources, spark):
+    import torch
+
+    from openalign import presets
+    from openalign.data.pairs import read_keep
+    from openalign.data.transforms import to_tensor
+    from openalign.model.dual_encoder import DualEncoder
+    from openalign.model.hub import save_pretrained
+    from openalign.pipeline.dedup import DedupOptions, dedup
+    from openalign.tokenizer import train_tokenizer
+
+    pairs = tmp_path / "pairs.parquet"
+    ingest(sources, pairs, IngestOptions(workers=1), progress=False)
+    held = tmp_path / "held"
+    held.mkdir()
+    for name in ("f03.png", "f11.png", "f12.png", "f13.png"):  # training images that are also evaluation images
+        shutil.copy(Path(sources[0]) / name, held / name)
+    cfg = presets.get("tiny")
+    torch.manual_seed(0)
+    model = DualEncoder(cfg.model)
+    with torch.no_grad():  # BatchNorm statistics of real images: random statistics embed everything near 0
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.reset_running_stats()
+                m.momentum = None
+        model.encode_image(torch.stack([to_tensor(Image.open(f).convert("RGB").resize((32, 32)))
+                                        for f in sorted(Path(sources[0]).glob("f*.png"))[:16]]))
+    save_pretrained(model.eval(), train_tokenizer(["a b c"] * 10, 120, 16), tmp_path / "model", cfg)
+    options = DedupOptions(mode="buckets", model=str(tmp_path / "model"), threshold=0.99999, clusters=4,
+                           top_clusters=3, choose=2, images_per_task=9, workers=1)
+    local = dedup(pairs, str(held), tmp_path / "dl", options, progress=False)
+    distributed = dedup(pairs, str(held), tmp_path / "ds", options, progress=False, engine=SPARK)
+    assert local["removed_images"] >= 4 and local["clusters"] == 4
+    # the same decisions; the scores agree to float rounding (the model runs on 2 threads here, 1 on an executor)
+    scored = ("closest_score_percentiles", "examples")
+    assert {k: v for k, v in without_engine(local).items() if k not in scored} == {
+        k: v for k, v in without_engine(distributed).items() if k not in scored}
+    assert {(e["train"], e["eval"]) for e in local["examples"]} == {(e["train"], e["eval"]) for e in
+                                                                    distributed["examples"]}  # copies: all ~1.0
+    assert local["closest_score_percentiles"] == pytest.approx(distributed["closest_score_percentiles"], abs=1e-5)
+    assert read_keep(tmp_path / "dl") == read_keep(tmp_path / "ds")
+
+
+@needs_java
 def test_index_shards_added_by_spark_tasks_equal_local_ones(tmp_path, spark):
     """The add phase of an index over its memory budget, as Spark tasks: the same IVF shards."""
     from openalign.index import build as build_lib

@@ -43,6 +43,21 @@ def setup(tmp_path):
     return held
 
 
+def save_model(path):
+    """A tiny model with BatchNorm statistics of the pictures (random towers output ~0 in eval mode otherwise)."""
+    cfg = presets.get("tiny")
+    model = DualEncoder(cfg.model)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.reset_running_stats()
+                m.momentum = None  # cumulative average: one pass gives exact statistics
+        model.encode_image(torch.stack([to_tensor(picture(i).resize((32, 32))) for i in range(8)]))
+    model.eval()
+    save_pretrained(model, train_tokenizer(["a b c"] * 10, 120, 16), path, cfg)
+    return path
+
+
 def test_phash_removes_exact_and_resized_copies(tmp_path, capsys):
     held = setup(tmp_path)
     assert main(["dedup", str(tmp_path / "pairs.parquet"), "--against", str(held), "--out", str(tmp_path / "d"),
@@ -55,17 +70,7 @@ def test_phash_removes_exact_and_resized_copies(tmp_path, capsys):
 
 def test_embedding_mode_with_a_saved_model(tmp_path):
     held = setup(tmp_path)
-    cfg = presets.get("tiny")
-    model = DualEncoder(cfg.model)
-    with torch.no_grad():  # BatchNorm statistics of real images, or random towers output ~0 in eval mode
-        for m in model.modules():
-            if isinstance(m, torch.nn.BatchNorm2d):
-                m.reset_running_stats()
-                m.momentum = None  # cumulative average: one pass gives exact statistics
-        model.encode_image(torch.stack([to_tensor(picture(i).resize((32, 32))) for i in range(8)]))
-    model.eval()
-    tokenizer = train_tokenizer(["a b c"] * 10, 120, 16)
-    save_pretrained(model, tokenizer, tmp_path / "model", cfg)
+    save_model(tmp_path / "model")
     assert main(["dedup", str(tmp_path / "pairs.parquet"), "--against", str(held), "--out", str(tmp_path / "d"),
                  "--mode", "embedding", "--model", str(tmp_path / "model"), "--threshold", "0.99999",
                  "--quiet"]) == 0
@@ -97,3 +102,45 @@ def test_an_interrupted_dedup_resumes_its_finished_tasks(tmp_path, monkeypatch):
     assert main(args) == 0
     report = json.loads((tmp_path / "d" / "dedup_report.json").read_text())
     assert report["resumed_tasks"] == 4 and report["removed_images"] == 3  # this set's killed run, resumed
+
+
+def test_bucket_dedup_flags_exactly_the_brute_force_pairs_that_share_a_bucket():
+    from openalign.pipeline import dedup as dd
+
+    rng = np.random.default_rng(0)
+    unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)  # noqa: E731
+    evaluation = unit(rng.normal(size=(300, 16))).astype(np.float32)
+    near = unit(evaluation[:120] + rng.normal(scale=0.03, size=(120, 16))).astype(np.float32)  # cosine ~0.99
+    train = np.concatenate([near, unit(rng.normal(size=(100, 16))).astype(np.float32)])
+    centroids = dd.kmeans(evaluation, 100)
+    index = dd.bucket_index(dd.bucket_codes(evaluation, centroids, 10, 3))
+    candidates = dd.bucket_candidates(dd.bucket_codes(train, centroids, 10, 3), index)
+    cos = train @ evaluation.T
+    flagged = {(i, int(j)) for i, found in enumerate(candidates) for j in found if cos[i, j] > 0.975}
+    # oracle: every pair by brute force, and whether the two share 3 of their 10 nearest cells, from plain sets
+    top = lambda x: [set(np.argsort(-(v @ centroids.T), kind="stable")[:10].tolist()) for v in x]  # noqa: E731
+    train_top, eval_top = top(train), top(evaluation)
+    brute = {(i, j) for i, j in zip(*np.nonzero(cos > 0.975))}
+    shared = {(i, j) for i, j in brute if len(train_top[i] & eval_top[j]) >= 3}
+    assert flagged <= brute  # every flagged pair is a duplicate
+    assert shared <= flagged  # every duplicate that shares a bucket is flagged
+    assert len(shared) >= 110 and len(flagged) / len(brute) >= 0.9  # near copies land in the same cells
+    compared = sum(len(found) for found in candidates) / len(train)
+    assert compared < 0.5 * len(evaluation)  # the point of buckets: far fewer comparisons than every pair
+
+
+def test_bucket_mode_removes_what_it_finds_in_shared_buckets(tmp_path):
+    held = setup(tmp_path)
+    save_model(tmp_path / "model")
+    common = ["--model", str(tmp_path / "model"), "--threshold", "0.99999", "--quiet"]
+    for mode in ("embedding", "buckets"):
+        assert main(["dedup", str(tmp_path / "pairs.parquet"), "--against", str(held), "--out", str(tmp_path / mode),
+                     "--mode", mode, *common]) == 0
+    exact = json.loads((tmp_path / "embedding" / "dedup_report.json").read_text())
+    report = json.loads((tmp_path / "buckets" / "dedup_report.json").read_text())
+    assert report["clusters"] == 3 and "sharing a bucket" in report["rule"]  # at most one cell per evaluation image
+    assert report["examples"][0]["train"].endswith("t1.png")  # the exact copy shares every bucket
+    assert report["removed_images"] == exact["removed_images"] and read_keep(tmp_path / "buckets") == read_keep(
+        tmp_path / "embedding")
+    assert main(["dedup", str(tmp_path / "pairs.parquet"), "--against", str(held), "--out", str(tmp_path / "x"),
+                 "--mode", "buckets", "--choose", "11", *common]) == 2  # 11 of 10 cells: one sentence

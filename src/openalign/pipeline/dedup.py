@@ -10,6 +10,12 @@ EVAL is a directory of webdataset shards, a directory of image files, or a pair 
 - `embedding`: any openalign model embeds both sides (evaluation transform); a training image whose
   cosine similarity to some evaluation image exceeds `threshold` (paper: 0.975) is removed. Exact
   inner-product search with FAISS.
+- `buckets`: the paper's Appendix A detector on the same embeddings. k-means (FAISS, spherical, seeded) cuts
+  the embedding space into `clusters` cells (4K at scale; at most one per evaluation image on small sets);
+  every image, training or evaluation, goes to its `top_clusters` (10) nearest cells and from them into every
+  `choose`-of-`top_clusters` bucket (3 of 10: 120 buckets); a training image is compared only with the
+  evaluation images it shares a bucket with (at least 3 of their 10 cells in common), and removed when one of
+  them is closer than `threshold`. Cost grows with the bucket sizes, not with the evaluation set.
 
 Writes DIR/keep.parquet (uids of the pairs whose image survives; intersect it with the filter
 keep-list in `openalign shard --keep FILTER --keep DEDUP`) and DIR/dedup_report.json (counts, the
@@ -41,10 +47,14 @@ REPORT = "dedup_report.json"
 
 @dataclass(frozen=True)
 class DedupOptions:
-    mode: Literal["phash", "embedding"] = "phash"  # phash: a perceptual hash (no model); embedding: a model's cosine
+    mode: Literal["phash", "embedding", "buckets"] = "phash"  # phash: a perceptual hash (no model); embedding: a
+        # model's cosine against every evaluation image; buckets: against those sharing a cluster bucket (Appendix A)
     max_distance: int = 4  # phash: Hamming bits (of 64) at or below which two images are duplicates
     threshold: float = 0.975  # embedding: cosine above which two images are duplicates (paper)
-    model: str = ""  # embedding: an openalign model directory
+    model: str = ""  # embedding, buckets: an openalign model directory
+    clusters: int = 4096  # buckets: k-means cells of the embedding space (at most the number of evaluation images)
+    top_clusters: int = 10  # buckets: each image's nearest cells
+    choose: int = 3  # buckets: cells per bucket (every choose-of-top_clusters combination is one)
     encode_batch: int = 128  # embedding: images encoded at once
     workers: int = 0  # local engine: processes (0: all cores; embedding mode: 1 process, all cores for the model)
     examples: int = 10  # closest removed matches listed in the report
@@ -153,6 +163,71 @@ def embedding_task(plan: str, index: int, scores_path: str, eval_path: str, mode
     return {"images": len(rows), "unreadable": len(rows) - len(ok)}
 
 
+# ---------------------------------------------------------------------------------------------- buckets
+
+def kmeans(vectors: np.ndarray, clusters: int, seed: int = 0) -> np.ndarray:
+    """[k, D] unit-norm centroids of `vectors` (spherical k-means, FAISS, 20 iterations, seeded), k = min(clusters,
+    number of vectors)."""
+    import faiss
+
+    k = max(1, min(clusters, len(vectors)))
+    km = faiss.Kmeans(vectors.shape[1], k, niter=20, seed=seed, spherical=True, verbose=False,
+                      min_points_per_centroid=1, max_points_per_centroid=1 << 20)
+    km.train(np.ascontiguousarray(vectors, dtype=np.float32))
+    return km.centroids / np.linalg.norm(km.centroids, axis=1, keepdims=True).clip(min=1e-12)
+
+
+def bucket_codes(vectors: np.ndarray, centroids: np.ndarray, top: int, choose: int) -> np.ndarray:
+    """[N, C(top, choose)] the buckets of each vector: its `top` nearest centroids (by cosine; ties to the lower
+    index), sorted, and every `choose` of them as one integer code (a base-k number)."""
+    import itertools
+
+    k = len(centroids)
+    top, choose = min(top, k), min(choose, top, k)
+    sims = vectors @ centroids.T
+    nearest = np.sort(np.argsort(-sims, axis=1, kind="stable")[:, :top], axis=1).astype(np.int64)
+    combos = np.array(list(itertools.combinations(range(top), choose)), dtype=np.int64)  # [C, choose]
+    picked = nearest[:, combos]  # [N, C, choose], ascending within each combination
+    return (picked * (k ** np.arange(choose - 1, -1, -1, dtype=np.int64))).sum(axis=2)
+
+
+def bucket_index(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(every bucket code, sorted; the evaluation image of each) of the evaluation images' [E, C] codes."""
+    owners = np.repeat(np.arange(len(codes), dtype=np.int64), codes.shape[1])
+    order = np.argsort(codes.ravel(), kind="stable")
+    return codes.ravel()[order], owners[order]
+
+
+def bucket_candidates(codes: np.ndarray, index: tuple[np.ndarray, np.ndarray]) -> list[np.ndarray]:
+    """For each row of training codes [N, C], the evaluation images that share one of its buckets (sorted)."""
+    sorted_codes, owners = index
+    left, right = np.searchsorted(sorted_codes, codes, "left"), np.searchsorted(sorted_codes, codes, "right")
+    return [np.unique(np.concatenate([owners[a:b] for a, b in zip(lo, hi) if b > a] or [np.zeros(0, np.int64)]))
+            for lo, hi in zip(left, right)]
+
+
+def bucket_task(plan: str, index: int, scores_path: str, eval_path: str, model_path: str, batch_size: int,
+                threads: int, buckets_path: str) -> dict:
+    """One task: each image's cosine similarity to the closest evaluation image it shares a bucket with (none
+    shared: no score, counted as `unbucketed`)."""
+    rows = read_plan(plan, index)
+    embeds, ok = embed_blobs(model_path, (sources.read_bytes(r["path"], r["member"]) for r in rows), batch_size, threads)
+    evaluation, saved = np.load(eval_path), np.load(buckets_path)
+    codes = bucket_codes(embeds, saved["centroids"], int(saved["top"]), int(saved["choose"]))
+    scores, matches, unbucketed = [None] * len(rows), [None] * len(rows), 0
+    candidates = bucket_candidates(codes, (saved["codes"], saved["owners"]))
+    for row, (i, found) in enumerate(zip(ok, candidates)):
+        if not len(found):
+            unbucketed += 1
+            continue
+        sims = evaluation[found] @ embeds[row]
+        best = int(np.argmax(sims))
+        scores[i], matches[i] = float(sims[best]), int(found[best])
+    write_scores(scores_path, rows, scores, matches)
+    return {"images": len(rows), "unreadable": len(rows) - len(ok), "unbucketed": unbucketed,
+            "compared": sum(len(found) for found in candidates)}
+
+
 # ---------------------------------------------------------------------------------------------- stage
 
 
@@ -162,10 +237,13 @@ def dedup(pairs: Path, against: str, out: Path, options: DedupOptions = DedupOpt
     processes or Spark), then write the keep-list of the pairs whose image is not a near-duplicate."""
     pairs, out = str(pairs), Path(out)
     check_pair_table(pairs, IMAGE_COLUMNS)
-    if options.mode not in ("phash", "embedding"):
-        raise ConfigError(f"unknown dedup mode {options.mode!r}; choose phash or embedding")
-    if options.mode == "embedding" and not options.model:
-        raise ConfigError("--mode embedding needs --model DIR (an openalign model directory)")
+    if options.mode not in ("phash", "embedding", "buckets"):
+        raise ConfigError(f"unknown dedup mode {options.mode!r}; choose phash, embedding or buckets")
+    if options.mode != "phash" and not options.model:
+        raise ConfigError(f"--mode {options.mode} needs --model DIR (an openalign model directory)")
+    if min(options.clusters, options.top_clusters, options.choose) < 1 or options.choose > options.top_clusters:
+        raise ConfigError(f"--clusters, --top-clusters and --choose must be at least 1, with --choose at most "
+                          f"--top-clusters (got {options.clusters}, {options.top_clusters}, {options.choose})")
     if engine.name == "local":  # the options' processes, else the engine's; embedding: 1 (the model uses every core)
         engine = Engine(workers=options.workers or engine.workers or (1 if options.mode == "embedding" else 0),
                         retries=engine.retries)
@@ -191,6 +269,14 @@ def dedup(pairs: Path, against: str, out: Path, options: DedupOptions = DedupOpt
         names = [eval_items[i][0] for i in ok]
         evaluation = np.ascontiguousarray(embeds)
         fn, args = embedding_task, (eval_path, str(Path(options.model).resolve()), options.encode_batch, threads)
+        if options.mode == "buckets":  # the cells and the evaluation images' buckets, once, for every task
+            centroids = kmeans(evaluation, options.clusters)
+            top, choose = min(options.top_clusters, len(centroids)), min(options.choose, options.top_clusters,
+                                                                         len(centroids))
+            codes, owners = bucket_index(bucket_codes(evaluation, centroids, top, choose))
+            buckets_path = str(out / WORK / "buckets.npz")
+            np.savez(buckets_path, centroids=centroids, codes=codes, owners=owners, top=top, choose=choose)
+            fn, args = bucket_task, args + (buckets_path,)
         where, order = f"{FINITE} AND score > {float(options.threshold)!r}", "DESC"
         from openalign.model.hub import model_fingerprint  # torch and transformers: only when a model is used
 
@@ -198,6 +284,8 @@ def dedup(pairs: Path, against: str, out: Path, options: DedupOptions = DedupOpt
     np.save(eval_path, evaluation)
     # the evaluation set by content: eval.npy is written again by every run, so its time would defeat resuming
     key = asdict(options) | {"workers": 0, "eval": array_digest(evaluation), "model_weights": weights}
+    if options.mode == "buckets":  # the cells are part of every task's input
+        key["centroids"] = array_digest(centroids)
     count, results, resumed, scores = image_tasks(pairs, out, fn, args, key, options.images_per_task, engine,
                                                   "dedup", progress)
     removed_images, examples, percentiles, nonfinite = score_summary(out, scores, where, order, options.examples)
@@ -205,7 +293,10 @@ def dedup(pairs: Path, against: str, out: Path, options: DedupOptions = DedupOpt
     report = {
         "stage": "dedup", "pairs": str(pairs), "against": str(against), "mode": options.mode, "engine": engine.name,
         "rule": (f"Hamming distance <= {options.max_distance} of 64 bits" if options.mode == "phash"
-                 else f"cosine > {options.threshold}"),
+                 else f"cosine > {options.threshold}" + (
+                     f" with an evaluation image sharing a bucket ({options.choose} of each image's "
+                     f"{options.top_clusters} nearest of {options.clusters} k-means cells)"
+                     if options.mode == "buckets" else "")),
         "model": options.model or None, "train_images": count, "eval_images": len(names),
         "unreadable_train_images": sum(r["unreadable"] for r in results.values()), "removed_images": removed_images,
         "removed_pairs": int(removed_pairs), "keep": str(out / "keep.parquet"), "resumed_tasks": resumed,
@@ -213,6 +304,9 @@ def dedup(pairs: Path, against: str, out: Path, options: DedupOptions = DedupOpt
         # how close the training set comes to the evaluation set, to choose a threshold with
         "closest_score_percentiles": percentiles,
         "nonfinite_scores": nonfinite,  # counted, never removed: a NaN or infinite score decides nothing
+        **({"clusters": int(len(centroids)), "unbucketed_train_images": sum(r["unbucketed"] for r in results.values()),
+            "comparisons_per_train_image": round(sum(r["compared"] for r in results.values()) / max(1, count), 2)}
+           if options.mode == "buckets" else {}),
         "seconds": round(time.perf_counter() - start, 2),
     }
     report = write_keep_report(out, REPORT, report, pairs)  # last: the keep-list is finished
