@@ -2,6 +2,7 @@ import io
 import json
 
 import numpy as np
+import pytest
 import torch
 from PIL import Image, ImageDraw
 
@@ -113,20 +114,31 @@ def test_bucket_dedup_flags_exactly_the_brute_force_pairs_that_share_a_bucket():
     near = unit(evaluation[:120] + rng.normal(scale=0.03, size=(120, 16))).astype(np.float32)  # cosine ~0.99
     train = np.concatenate([near, unit(rng.normal(size=(100, 16))).astype(np.float32)])
     centroids = dd.kmeans(evaluation, 100)
-    index = dd.bucket_index(dd.bucket_codes(evaluation, centroids, 10, 3))
-    candidates = dd.bucket_candidates(dd.bucket_codes(train, centroids, 10, 3), index)
+    index = dd.cell_index(dd.nearest_cells(evaluation, centroids, 10), len(centroids))
+    cells = dd.nearest_cells(train, centroids, 10)
+    rows, found = dd.bucket_pairs(cells, index, 3)
     cos = train @ evaluation.T
-    flagged = {(i, int(j)) for i, found in enumerate(candidates) for j in found if cos[i, j] > 0.975}
-    # oracle: every pair by brute force, and whether the two share 3 of their 10 nearest cells, from plain sets
-    top = lambda x: [set(np.argsort(-(v @ centroids.T), kind="stable")[:10].tolist()) for v in x]  # noqa: E731
-    train_top, eval_top = top(train), top(evaluation)
+    flagged = {(int(i), int(j)) for i, j in zip(rows, found) if cos[i, j] > 0.975}
+    # oracle: every pair by brute force, and the paper's buckets listed: every 3-of-10 combination of each image's
+    # 10 nearest cells (numpy's full sort of the cosines), a pair sharing one of them
+    import itertools
+
+    top = lambda x: [sorted(np.argsort(-(v @ centroids.T), kind="stable")[:10].tolist()) for v in x]  # noqa: E731
+    buckets = lambda x: [set(itertools.combinations(cells, 3)) for cells in top(x)]  # noqa: E731
+    train_buckets, eval_buckets = buckets(train), buckets(evaluation)
     brute = {(i, j) for i, j in zip(*np.nonzero(cos > 0.975))}
-    shared = {(i, j) for i, j in brute if len(train_top[i] & eval_top[j]) >= 3}
+    shared = {(i, j) for i, j in brute if train_buckets[i] & eval_buckets[j]}
     assert flagged <= brute  # every flagged pair is a duplicate
     assert shared <= flagged  # every duplicate that shares a bucket is flagged
     assert len(shared) >= 110 and len(flagged) / len(brute) >= 0.9  # near copies land in the same cells
-    compared = sum(len(found) for found in candidates) / len(train)
-    assert compared < 0.5 * len(evaluation)  # the point of buckets: far fewer comparisons than every pair
+    assert len(rows) / len(train) < 0.5 * len(evaluation)  # the point of buckets: far fewer comparisons
+    # each row's score is its best cosine among the pairs it shares a bucket with (chunked like a task's rows)
+    best, match, compared = dd.bucket_best(train, evaluation, cells, index, 3, rows_per_chunk=64)
+    for i in range(len(train)):
+        mine = found[rows == i]
+        assert compared[i] == len(mine) and (match[i] == -1) == (len(mine) == 0)
+        if len(mine):
+            assert best[i] == pytest.approx(cos[i, mine].max(), abs=1e-6) and cos[i, match[i]] == cos[i, mine].max()
 
 
 def test_bucket_mode_removes_what_it_finds_in_shared_buckets(tmp_path):

@@ -14,8 +14,11 @@ EVAL is a directory of webdataset shards, a directory of image files, or a pair 
   the embedding space into `clusters` cells (4K at scale; at most one per evaluation image on small sets);
   every image, training or evaluation, goes to its `top_clusters` (10) nearest cells and from them into every
   `choose`-of-`top_clusters` bucket (3 of 10: 120 buckets); a training image is compared only with the
-  evaluation images it shares a bucket with (at least 3 of their 10 cells in common), and removed when one of
-  them is closer than `threshold`. Cost grows with the bucket sizes, not with the evaluation set.
+  evaluation images it shares a bucket with, and removed when one of them is closer than `threshold`. Sharing
+  a bucket is sharing at least 3 of the 10 cells, which is how it is computed (an inverted list of the
+  evaluation images per cell: a sparse product counts the cells each pair shares), without listing the 120
+  buckets. docs/pipeline.md: recall and cost against
+  `embedding`.
 
 Writes DIR/keep.parquet (uids of the pairs whose image survives; intersect it with the filter
 keep-list in `openalign shard --keep FILTER --keep DEDUP`) and DIR/dedup_report.json (counts, the
@@ -177,33 +180,61 @@ def kmeans(vectors: np.ndarray, clusters: int, seed: int = 0) -> np.ndarray:
     return km.centroids / np.linalg.norm(km.centroids, axis=1, keepdims=True).clip(min=1e-12)
 
 
-def bucket_codes(vectors: np.ndarray, centroids: np.ndarray, top: int, choose: int) -> np.ndarray:
-    """[N, C(top, choose)] the buckets of each vector: its `top` nearest centroids (by cosine; ties to the lower
-    index), sorted, and every `choose` of them as one integer code (a base-k number)."""
-    import itertools
+def nearest_cells(vectors: np.ndarray, centroids: np.ndarray, top: int) -> np.ndarray:
+    """[N, top] each vector's `top` nearest centroids by cosine (an exact FAISS search of the centroids)."""
+    import faiss
 
-    k = len(centroids)
-    top, choose = min(top, k), min(choose, top, k)
-    sims = vectors @ centroids.T
-    nearest = np.sort(np.argsort(-sims, axis=1, kind="stable")[:, :top], axis=1).astype(np.int64)
-    combos = np.array(list(itertools.combinations(range(top), choose)), dtype=np.int64)  # [C, choose]
-    picked = nearest[:, combos]  # [N, C, choose], ascending within each combination
-    return (picked * (k ** np.arange(choose - 1, -1, -1, dtype=np.int64))).sum(axis=2)
+    cells = faiss.IndexFlatIP(centroids.shape[1])
+    cells.add(np.ascontiguousarray(centroids, dtype=np.float32))
+    return cells.search(np.ascontiguousarray(vectors, dtype=np.float32), min(top, len(centroids)))[1].astype(np.int64)
 
 
-def bucket_index(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(every bucket code, sorted; the evaluation image of each) of the evaluation images' [E, C] codes."""
-    owners = np.repeat(np.arange(len(codes), dtype=np.int64), codes.shape[1])
-    order = np.argsort(codes.ravel(), kind="stable")
-    return codes.ravel()[order], owners[order]
+def cell_index(cells: np.ndarray, n_cells: int):
+    """The evaluation images' [E, top] nearest cells as a sparse [n_cells, E] incidence matrix (CSC-ready CSR)."""
+    from scipy import sparse
+
+    rows = cells.ravel()
+    owners = np.repeat(np.arange(len(cells), dtype=np.int64), cells.shape[1])
+    return sparse.csr_matrix((np.ones(len(rows), np.int16), (rows, owners)), shape=(n_cells, len(cells)))
 
 
-def bucket_candidates(codes: np.ndarray, index: tuple[np.ndarray, np.ndarray]) -> list[np.ndarray]:
-    """For each row of training codes [N, C], the evaluation images that share one of its buckets (sorted)."""
-    sorted_codes, owners = index
-    left, right = np.searchsorted(sorted_codes, codes, "left"), np.searchsorted(sorted_codes, codes, "right")
-    return [np.unique(np.concatenate([owners[a:b] for a, b in zip(lo, hi) if b > a] or [np.zeros(0, np.int64)]))
-            for lo, hi in zip(left, right)]
+def bucket_pairs(cells: np.ndarray, index, choose: int) -> tuple[np.ndarray, np.ndarray]:
+    """(training row, evaluation image) of every pair that shares a bucket, ordered by training row then evaluation
+    image. Two images share one of the `choose`-of-`top` buckets exactly when at least `choose` of their `top`
+    nearest cells are the same, so the buckets need not be listed: the training rows' cell incidence times the
+    evaluation side's (`cell_index`) counts the cells each pair shares (a sparse product), and the pairs with
+    `choose` or more are kept."""
+    from scipy import sparse
+
+    n_cells = index.shape[0]
+    rows = np.repeat(np.arange(len(cells), dtype=np.int64), cells.shape[1])
+    mine = sparse.csr_matrix((np.ones(len(rows), np.int16), (rows, cells.ravel())), shape=(len(cells), n_cells))
+    shared = (mine @ index).tocsr()
+    shared.data[shared.data < choose] = 0
+    shared.eliminate_zeros()
+    shared.sort_indices()
+    coo = shared.tocoo()
+    return coo.row.astype(np.int64), coo.col.astype(np.int64)
+
+
+def bucket_best(embeds: np.ndarray, evaluation: np.ndarray, cells: np.ndarray, index: tuple[np.ndarray, np.ndarray],
+                choose: int, rows_per_chunk: int = 2048) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each training row: the highest cosine to an evaluation image it shares a bucket with (NaN: none), that
+    image (-1: none), and how many evaluation images it was compared with."""
+    best = np.full(len(embeds), np.nan)
+    match = np.full(len(embeds), -1, np.int64)
+    compared = np.zeros(len(embeds), np.int64)
+    for start in range(0, len(embeds), rows_per_chunk):
+        rows, found = bucket_pairs(cells[start:start + rows_per_chunk], index, choose)
+        if not len(rows):
+            continue
+        sims = np.einsum("ij,ij->i", embeds[start + rows], evaluation[found])
+        order = np.lexsort((found, -sims, rows))  # per row: the highest cosine first, ties to the lower image
+        first = np.r_[True, rows[order][1:] != rows[order][:-1]]
+        best[start + rows[order][first]] = sims[order][first]
+        match[start + rows[order][first]] = found[order][first]
+        compared[start:start + rows_per_chunk] = np.bincount(rows, minlength=min(rows_per_chunk, len(embeds) - start))
+    return best, match, compared
 
 
 def bucket_task(plan: str, index: int, scores_path: str, eval_path: str, model_path: str, batch_size: int,
@@ -213,19 +244,16 @@ def bucket_task(plan: str, index: int, scores_path: str, eval_path: str, model_p
     rows = read_plan(plan, index)
     embeds, ok = embed_blobs(model_path, (sources.read_bytes(r["path"], r["member"]) for r in rows), batch_size, threads)
     evaluation, saved = np.load(eval_path), np.load(buckets_path)
-    codes = bucket_codes(embeds, saved["centroids"], int(saved["top"]), int(saved["choose"]))
-    scores, matches, unbucketed = [None] * len(rows), [None] * len(rows), 0
-    candidates = bucket_candidates(codes, (saved["codes"], saved["owners"]))
-    for row, (i, found) in enumerate(zip(ok, candidates)):
-        if not len(found):
-            unbucketed += 1
-            continue
-        sims = evaluation[found] @ embeds[row]
-        best = int(np.argmax(sims))
-        scores[i], matches[i] = float(sims[best]), int(found[best])
+    cells = nearest_cells(embeds, saved["centroids"], int(saved["top"]))
+    index = cell_index(saved["cells"], len(saved["centroids"]))
+    best, match, compared = bucket_best(embeds, evaluation, cells, index, int(saved["choose"]))
+    scores, matches = [None] * len(rows), [None] * len(rows)
+    for row, i in enumerate(ok):
+        if match[row] >= 0:
+            scores[i], matches[i] = float(best[row]), int(match[row])
     write_scores(scores_path, rows, scores, matches)
-    return {"images": len(rows), "unreadable": len(rows) - len(ok), "unbucketed": unbucketed,
-            "compared": sum(len(found) for found in candidates)}
+    return {"images": len(rows), "unreadable": len(rows) - len(ok), "unbucketed": int((match < 0).sum()),
+            "compared": int(compared.sum())}
 
 
 # ---------------------------------------------------------------------------------------------- stage
@@ -273,9 +301,9 @@ def dedup(pairs: Path, against: str, out: Path, options: DedupOptions = DedupOpt
             centroids = kmeans(evaluation, options.clusters)
             top, choose = min(options.top_clusters, len(centroids)), min(options.choose, options.top_clusters,
                                                                          len(centroids))
-            codes, owners = bucket_index(bucket_codes(evaluation, centroids, top, choose))
             buckets_path = str(out / WORK / "buckets.npz")
-            np.savez(buckets_path, centroids=centroids, codes=codes, owners=owners, top=top, choose=choose)
+            np.savez(buckets_path, centroids=centroids, cells=nearest_cells(evaluation, centroids, top), top=top,
+                     choose=choose)
             fn, args = bucket_task, args + (buckets_path,)
         where, order = f"{FINITE} AND score > {float(options.threshold)!r}", "DESC"
         from openalign.model.hub import model_fingerprint  # torch and transformers: only when a model is used
