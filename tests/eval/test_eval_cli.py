@@ -147,6 +147,34 @@ def test_vtab_protocol_sweeps_retrains_and_reports_mean_and_std(model_dir, tmp_p
     assert m["vtab_mean_top1"] == pytest.approx((m["vtab_shapes_a_top1_mean"] + m["vtab_shapes_b_top1_mean"]) / 2)
 
 
+def test_vtab_groups_its_19_tasks_as_natural_specialized_and_structured():
+    groups = finetune_lib.VTAB_GROUPS
+    assert [len(groups[g]) for g in ("natural", "specialized", "structured")] == [7, 4, 8]
+    assert len({t for names in groups.values() for t in names}) == 19
+    assert finetune_lib.vtab_group("oxford_iiit_pet") == finetune_lib.vtab_group("Oxford-IIIT-Pet") == "natural"
+    assert finetune_lib.vtab_group("pets") == "natural" and finetune_lib.vtab_group("SVHN") == "natural"
+    assert finetune_lib.vtab_group("patch_camelyon") == finetune_lib.vtab_group("pcam") == "specialized"
+    assert finetune_lib.vtab_group("diabetic-retinopathy") == "specialized"
+    assert finetune_lib.vtab_group("dSprites_location") == finetune_lib.vtab_group("smallnorb_elevation") == "structured"
+    assert finetune_lib.vtab_group("clevr_count_all") == "structured" and finetune_lib.vtab_group("icons") == ""
+
+
+def test_vtab_reports_each_groups_mean_and_the_benchmarks_std_over_runs(model_dir, tmp_path):
+    for task in ("dtd", "eurosat", "Resisc45"):
+        class_folders(tmp_path / "vtab" / task / "train", 4)
+        class_folders(tmp_path / "vtab" / task / "test", 2, seed=1)
+    m = run(model_dir, tmp_path, "--task", "vtab", "--data", str(tmp_path / "vtab"), "--ft", "batch_size=4",
+            "--sweep", "lr=0.01", "--sweep", "steps=1", "--runs", "2")
+    assert (m["vtab_n_natural"], m["vtab_n_specialized"], "vtab_structured_top1" in m) == (1, 2, False)
+    assert m["vtab_natural_top1"] == m["vtab_dtd_top1_mean"]
+    assert m["vtab_specialized_top1"] == pytest.approx((m["vtab_eurosat_top1_mean"] + m["vtab_Resisc45_top1_mean"]) / 2)
+    assert m["vtab_mean_top1"] == pytest.approx(sum(m[f"vtab_{t}_top1_mean"] for t in ("dtd", "eurosat", "Resisc45")) / 3)
+    assert m["vtab_runs"] == 2 and 0 <= m["vtab_mean_top1_std"] <= max(m[f"vtab_{t}_top1_std"]
+                                                                        for t in ("dtd", "eurosat", "Resisc45"))
+    assert {c["cell"].split(",")[2].strip().split(" ")[0] for key in ("vtab_natural_top1", "vtab_specialized_top1")
+            for c in m["paper"][key]} == {"Natural", "Specialized"}
+
+
 def test_fit_is_a_pure_function_and_leaves_the_model_alone(model_dir):
     from openalign.model.hub import load_pretrained
 
