@@ -268,8 +268,8 @@ def builtin_shapes(tmp_path_factory):
     ("imagenet-probe", ("linear-probe.sgd.epochs=3",), "linear_probe_top1", "Table 5"),
     ("imagenet-finetune", FEW_STEPS, "finetune_top1", "Table 5"),
     ("fine-grained", FEW_STEPS + ("--runs", "2"), "finetune_top1", "Table 7"),
-    ("vtab", ("--ft", "batch_size=4", "--sweep", "lr=0.01", "--sweep", "steps=1", "--runs", "1"), "vtab_mean_top1",
-     "Table 6"),
+    ("vtab", ("--ft", "batch_size=4", "--sweep", "lr=0.01,0.001", "--sweep", "steps=1,2", "--trials", "1", "--runs",
+              "1"), "vtab_mean_top1", "Table 6"),
 ])
 def test_each_protocol_runs_end_to_end_with_the_papers_figure_beside_ours(model_dir, builtin_shapes, tmp_path, capsys,
                                                                            protocol, args, key, table):
@@ -297,6 +297,9 @@ def test_each_protocol_runs_end_to_end_with_the_papers_figure_beside_ours(model_
         assert m["finetune_runs"] == 2 and m["finetune_freeze_bn"] is True  # --runs overrides the protocol's 3
         assert (m["finetune_head_stage_lr"], m["finetune_lr"], m["finetune_weight_decay"]) == (0.01, 0.001, 1e-5)
         assert len(m["paper"][key]) == 4  # folders named for none of the four sets: all of Table 7's row
+    else:  # one trial drawn from the 4-point grid
+        assert m["vtab_trials"] == m["vtab_shapes_sweep_points"] == 1
+        assert (m["vtab_shapes_lr"], m["vtab_shapes_steps"]) in {(lr, st) for lr in (0.01, 0.001) for st in (1, 2)}
     assert cli.main(["eval", str(model_dir), "--protocol", protocol, "--task", "zeroshot", *data,
                      "--out", str(tmp_path / "x.json")]) == 2  # a protocol names its own task
 
