@@ -299,18 +299,24 @@ def redness(images):
 '''
 
 
+def pairs_and_copies(tmp_path, sources, names) -> tuple[Path, Path]:
+    """The sources ingested into a pair table, and a folder of evaluation images that copy training images `names`."""
+    pairs = tmp_path / "pairs.parquet"
+    ingest(sources, pairs, IngestOptions(workers=1), progress=False)
+    held = tmp_path / "held"
+    held.mkdir()
+    for name in names:
+        shutil.copy(Path(sources[0]) / name, held / name)
+    return pairs, held
+
+
 @needs_java
 def test_dedup_and_screen_on_spark_give_the_local_keep_lists(tmp_path, sources, spark):
     from openalign.pipeline.dedup import DedupOptions, dedup
     from openalign.data.pairs import read_keep
     from openalign.pipeline.screen import ScreenOptions, screen
 
-    pairs = tmp_path / "pairs.parquet"
-    ingest(sources, pairs, IngestOptions(workers=1), progress=False)
-    held = tmp_path / "held"
-    held.mkdir()
-    for name in ("f03.png", "f11.png"):  # two training images are also evaluation images
-        shutil.copy(Path(sources[0]) / name, held / name)
+    pairs, held = pairs_and_copies(tmp_path, sources, ("f03.png", "f11.png"))  # two are also evaluation images
     Image.open(Path(sources[3]).parent / "t4.png").resize((40, 56)).save(held / "t4_small.png")
     lost = Path(sources[0]) / "f20.png"
     lost.rename(lost.with_suffix(".gone"))  # an image lost after ingest: unreadable on both engines
@@ -344,12 +350,7 @@ def test_bucket_dedup_on_spark_gives_the_local_keep_list(tmp_path, sources, spar
     from openalign.pipeline.dedup import DedupOptions, dedup
     from openalign.tokenizer import train_tokenizer
 
-    pairs = tmp_path / "pairs.parquet"
-    ingest(sources, pairs, IngestOptions(workers=1), progress=False)
-    held = tmp_path / "held"
-    held.mkdir()
-    for name in ("f03.png", "f11.png", "f12.png", "f13.png"):  # training images that are also evaluation images
-        shutil.copy(Path(sources[0]) / name, held / name)
+    pairs, held = pairs_and_copies(tmp_path, sources, ("f03.png", "f11.png", "f12.png", "f13.png"))
     cfg = presets.get("tiny")
     torch.manual_seed(0)
     model = DualEncoder(cfg.model)
