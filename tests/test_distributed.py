@@ -61,7 +61,8 @@ def worker(rank: int, port: int, out: str, micro_batch: int, implementation: str
 @pytest.mark.parametrize("micro_batch,implementation,direction,kind", [
     (0, "naive", "both", "softmax"), (0, "chunked", "both", "softmax"), (2, "naive", "both", "softmax"),
     (0, "chunked", "image_to_text", "softmax"),
-    (0, "naive", "both", "filip"), (0, "naive", "image_to_text", "filip")])
+    (0, "naive", "both", "filip"), (0, "naive", "image_to_text", "filip"),
+    (0, "naive", "both", "sigmoid"), (0, "chunked", "both", "sigmoid"), (2, "chunked", "both", "sigmoid")])
 def test_two_processes_equal_the_single_process_batch(tmp_path, micro_batch, implementation, direction, kind):
     mp.start_processes(worker, args=(free_port(), str(tmp_path), micro_batch, implementation, direction, kind),
                        nprocs=WORLD, start_method="fork")
@@ -82,6 +83,8 @@ def test_two_processes_equal_the_single_process_batch(tmp_path, micro_batch, imp
             torch.testing.assert_close(rank["grads"][name], g, rtol=1e-6, atol=1e-9, msg=name)
         if kind == "softmax":
             assert rank["gathers"] == [(4, 80), (4, 80)] * 2  # one all_gather per modality per step
+        if kind == "sigmoid":
+            assert rank["gathers"] == [(4, 80)] * 2  # the texts alone, once a step
 
 
 def zero_worker(rank: int, port: int, out: str) -> None:
@@ -190,3 +193,52 @@ def test_fsdp_with_lamb_gives_the_single_process_lamb_steps(tmp_path, micro_batc
         torch.testing.assert_close(sharded["copy"][name], p.detach(), rtol=1e-6, atol=1e-9, msg=name)
     # the whole optimizer state: two moments for every parameter, by name
     assert len(sharded["state"]["state"]) == len(optimizer.state_dict()["state"])
+
+
+def sigmoid_worker(rank: int, world: int, port: int, out: str, implementation: str) -> None:
+    """This rank's share of the gathered sigmoid loss on its slice of a 12-pair fp64 batch, and its gradients."""
+    import torch.distributed as dist
+
+    from openalign import distributed
+    from openalign import loss as loss_lib
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    loss_lib.CHUNK_BYTES = 8 * 12 * 2  # chunked: blocks of 2 rows of the 12 gathered texts
+    img, txt, t, bias = sigmoid_batch()
+    n = 12 // world
+    img, txt = img[rank * n:(rank + 1) * n].clone().requires_grad_(), txt[rank * n:(rank + 1) * n].clone().requires_grad_()
+    t, bias = t.clone().requires_grad_(), bias.clone().requires_grad_()
+    loss = distributed.gathered_sigmoid_loss(img, txt, t, bias, implementation)
+    loss.backward()
+    scalars = torch.stack([loss.detach(), t.grad, bias.grad])
+    dist.all_reduce(scalars)  # the mean over ranks is the single-process loss, and its scalars' gradients
+    torch.save({"scalars": scalars / world, "img": img.grad / world, "txt": txt.grad / world},
+               Path(out) / f"sigmoid{rank}.pt")
+    dist.barrier()
+    os._exit(0)
+
+
+def sigmoid_batch():
+    g = torch.Generator().manual_seed(11)
+    unit = lambda: torch.nn.functional.normalize(torch.randn(12, 8, generator=g, dtype=torch.float64), dim=1)  # noqa: E731
+    return unit(), unit(), torch.tensor(0.1, dtype=torch.float64), torch.tensor(-2.5, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("implementation", ["naive", "chunked"])
+def test_gathered_sigmoid_loss_and_its_gradients_equal_one_process_on_the_whole_batch(tmp_path, world, implementation):
+    from openalign import loss as loss_lib
+
+    mp.start_processes(sigmoid_worker, args=(world, free_port(), str(tmp_path), implementation), nprocs=world,
+                       start_method="fork")
+    ranks = [torch.load(tmp_path / f"sigmoid{r}.pt") for r in range(world)]
+    img, txt, t, bias = (x.clone().requires_grad_() for x in sigmoid_batch())
+    loss = loss_lib.sigmoid_loss(img, txt, t, bias, "naive")
+    loss.backward()
+    expected = torch.stack([loss.detach(), t.grad, bias.grad])
+    for rank in ranks:  # loss, d/d scale, d/d bias: the same on every rank
+        torch.testing.assert_close(rank["scalars"], expected, rtol=0, atol=1e-10)
+    torch.testing.assert_close(torch.cat([r["img"] for r in ranks]), img.grad, rtol=0, atol=1e-10)
+    torch.testing.assert_close(torch.cat([r["txt"] for r in ranks]), txt.grad, rtol=0, atol=1e-10)

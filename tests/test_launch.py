@@ -124,3 +124,18 @@ def test_a_study_under_torchrun_trains_each_run_on_both_processes_and_reports_on
         if launch == 0:
             first, first_stamps = results["variants"], stamps
     assert results["variants"] == first and stamps == first_stamps
+
+
+def test_the_sigmoid_loss_trains_under_torchrun(shapes, tmp_path):
+    # Before: `loss.kind=sigmoid` was refused under torchrun ("runs in one process"). Now each rank scores its
+    # images against every rank's texts (distributed.gathered_sigmoid_loss; its equality with one process:
+    # tests/test_distributed.py).
+    run = tmp_path / "run"
+    argv = train_argv(shapes, run, "loss.kind=sigmoid", "loss.label_smoothing=0", "loss.implementation=chunked",
+                      "train.steps=3", "train.eval_every=0", "train.checkpoint_every=0")
+    done = subprocess.run(TORCHRUN + ["--master_port", str(free_port()), "-m", "openalign.cli", *argv], env=env(),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = losses(run)
+    assert sorted(steps) == [1, 2, 3] and all(0 < loss < 1e4 for loss in steps.values())
+    assert len(torch.load(run / "checkpoint.pt", weights_only=False)["ranks"]) == 2

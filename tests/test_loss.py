@@ -125,6 +125,53 @@ def test_chunked_rows_with_an_offset_equal_cross_entropy_on_a_slice_of_columns()
         torch.testing.assert_close(x, y, rtol=1e-8, atol=1e-10)
 
 
+def naive_sigmoid(a, b, t, bias, offset=0):
+    """Oracle: every pair's binary log-loss from a label matrix, +1 at (i, offset + i)."""
+    labels = -torch.ones(len(a), len(b), dtype=a.dtype)
+    labels[torch.arange(len(a)), torch.arange(offset, offset + len(a))] = 1.0
+    return -F.logsigmoid(labels * (a @ b.T / t + bias)).sum() / len(a)
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 7, 23, 64])  # 7 does not divide 23
+def test_chunked_sigmoid_loss_equals_the_naive_loss_and_gradients(chunk):
+    g = torch.Generator().manual_seed(5)
+    img = F.normalize(torch.randn(23, 8, generator=g, dtype=torch.float64), dim=-1).requires_grad_()
+    txt = F.normalize(torch.randn(23, 8, generator=g, dtype=torch.float64), dim=-1).requires_grad_()
+    t = torch.tensor(0.1, dtype=torch.float64, requires_grad=True)
+    bias = torch.tensor(-3.0, dtype=torch.float64, requires_grad=True)
+    ours = L.chunked_sigmoid_loss(img, txt, t, bias, chunk=chunk)
+    ref = naive_sigmoid(img, txt, t, bias)
+    assert ours.item() == pytest.approx(ref.item(), rel=1e-12)
+    assert L.sigmoid_loss(img, txt, t, bias).item() == pytest.approx(ref.item(), rel=1e-12)
+    for x, y in zip(torch.autograd.grad(ours, (img, txt, t, bias)), torch.autograd.grad(ref, (img, txt, t, bias))):
+        torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-12)
+
+
+def test_chunked_sigmoid_rows_with_an_offset_against_more_columns():
+    """One rank's images against every rank's texts: row i's positive is column offset + i."""
+    g = torch.Generator().manual_seed(6)
+    a = F.normalize(torch.randn(4, 6, generator=g, dtype=torch.float64), dim=-1).requires_grad_()
+    b = F.normalize(torch.randn(12, 6, generator=g, dtype=torch.float64), dim=-1).requires_grad_()
+    t = torch.tensor(0.2, dtype=torch.float64, requires_grad=True)
+    bias = torch.tensor(-1.5, dtype=torch.float64, requires_grad=True)
+    ours = L.chunked_sigmoid_loss(a, b, t, bias, offset=8, chunk=3)
+    ref = naive_sigmoid(a, b, t, bias, offset=8)
+    assert ours.item() == pytest.approx(ref.item(), rel=1e-12)
+    for x, y in zip(torch.autograd.grad(ours, (a, b, t, bias)), torch.autograd.grad(ref, (a, b, t, bias))):
+        torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-12)
+
+
+def test_chunked_sigmoid_keeps_no_block_for_the_backward():
+    """The saved tensors are the inputs: nothing of size [n, m] waits for the backward."""
+    a = torch.randn(300, 8, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(300, 8, dtype=torch.float64, requires_grad=True)
+    t, bias = torch.tensor(0.1, dtype=torch.float64, requires_grad=True), torch.tensor(-2.0, dtype=torch.float64)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda x: saved.append(x.numel()) or x, lambda x: x):
+        L.chunked_sigmoid_loss(a, b, t, bias, chunk=16).backward()
+    assert max(saved) < 300 * 300 // 4  # the naive form keeps the [300, 300] logits
+
+
 def test_chunked_loss_is_stable_at_extreme_temperatures():
     g = torch.Generator().manual_seed(5)
     img = F.normalize(torch.randn(40, 16, generator=g), dim=-1)

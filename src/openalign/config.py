@@ -573,8 +573,6 @@ def _cross_field(cfg: Config, world: int) -> list[str]:
     for option in ("shard_optimizer", "fsdp"):
         if getattr(cfg.train, option) and world == 1:
             problems.append(f"train.{option}=true shards over torchrun processes; launch with torchrun")
-    if world > 1 and cfg.loss.kind == "sigmoid":
-        problems.append("loss.kind=sigmoid runs in one process; use the softmax loss with torchrun")
     if cfg.loss.kind == "filip" and cfg.train.micro_batch:
         problems.append("loss.kind=filip does not run with train.micro_batch (gradient caching keeps pooled embeddings, "
                         "not token vectors); set train.micro_batch=0")

@@ -99,6 +99,23 @@ def gathered_softmax_loss(img: torch.Tensor, txt: torch.Tensor, temperature: tor
     return sum(term(*pair) for pair, kept in (((img, txt_all), rows), ((txt, img_all), columns)) if kept)
 
 
+def gathered_sigmoid_loss(img: torch.Tensor, txt: torch.Tensor, temperature: torch.Tensor, bias: torch.Tensor,
+                          implementation: str = "auto") -> torch.Tensor:
+    """This rank's share of the global-batch sigmoid loss: its images against every rank's texts (one all_gather;
+    the texts' gradients flow back to their owners), its positives at rank * n + i. The mean over ranks is the
+    single-process loss of the whole batch (each pair is scored once, so no second direction is needed); chunked,
+    no [n, B] block is kept for the backward."""
+    n = img.shape[0]
+    txt_all = gather(txt)
+    offset = dist.get_rank() * n
+    if loss_lib.chunked(implementation, len(txt_all)):
+        return loss_lib.chunked_sigmoid_loss(img, txt_all, temperature, bias, offset=offset)
+    logits = loss_lib.at_least_fp32(img) @ loss_lib.at_least_fp32(txt_all).T / temperature + bias  # [n, B]
+    labels = -torch.ones_like(logits)
+    labels[torch.arange(n), torch.arange(offset, offset + n)] = 1.0
+    return -F.logsigmoid(labels * logits).sum() / n
+
+
 def gathered_filip_loss(img: torch.Tensor, img_mask: torch.Tensor, txt: torch.Tensor, txt_mask: torch.Tensor,
                         temperature: torch.Tensor, label_smoothing: float = 0.1, direction: str = "both") -> torch.Tensor:
     """This rank's share of the global-batch late-interaction loss: its images' token-wise scores against every

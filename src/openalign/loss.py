@@ -10,6 +10,7 @@ Three exact forms of the softmax loss, all the same function of the embeddings:
 - `chunked_cross_entropy` streams the log-sum-exp over row blocks and recomputes the blocks in
   backward, so memory is O(B x chunk) instead of O(B^2), at 8*B^2*d FLOPs (one extra GEMM);
 - `distributed.gathered_softmax_loss` (distributed.py): each rank's rows against the gathered columns.
+The sigmoid loss has the same three forms (`sigmoid_loss`, `chunked_sigmoid_loss`, `distributed.gathered_sigmoid_loss`).
 Expanding the smoothed cross-entropy of row i over K candidates:
     CE_i = lse_i - (1 - s) * S_ii - (s / K) * sum_j S_ij
 only the log-sum-exp needs the whole row; the other two terms are dot products of embeddings.
@@ -89,11 +90,80 @@ def softmax_loss(img: torch.Tensor, txt: torch.Tensor, temperature: torch.Tensor
     return loss
 
 
-def sigmoid_loss(img: torch.Tensor, txt: torch.Tensor, temperature: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """SigLIP: every pair is a binary problem; mean over images of the summed pair losses."""
+def sigmoid_loss(img: torch.Tensor, txt: torch.Tensor, temperature: torch.Tensor, bias: torch.Tensor,
+                 implementation: str = "naive") -> torch.Tensor:
+    """SigLIP: every pair is a binary problem; mean over images of the summed pair losses. `implementation`:
+    naive (the [B, B] logits, kept for the backward), chunked (`chunked_sigmoid_loss`) or auto (chunked from
+    AUTO_CHUNKED_FROM pairs on)."""
+    if chunked(implementation, len(img)):
+        return chunked_sigmoid_loss(img, txt, temperature, bias)
     logits = at_least_fp32(img) @ at_least_fp32(txt).T / temperature + bias  # [B, B]
     labels = 2.0 * torch.eye(len(img), device=img.device) - 1.0  # +1 on the diagonal, -1 elsewhere
     return -F.logsigmoid(labels * logits).sum() / len(img)
+
+
+class _SoftplusSum(torch.autograd.Function):
+    """sum_ij softplus(Z_ij) / n, Z = a @ b.T / t + bias, in row blocks of `chunk`: the sigmoid loss's negative
+    part, every pair scored as a negative (the positives' correction is a dot product: `chunked_sigmoid_loss`).
+
+    Forward keeps no block; backward recomputes each block of Z, whose gradient is sigmoid(Z) / n, in two reused
+    buffers. The temperature divides each [c, d] slice of `a`, and its gradient needs no block:
+    sum_ij G_ij (Z_ij - bias) = sum(a / t * (G @ b)); the bias's is sum_ij G_ij."""
+
+    @staticmethod
+    def forward(ctx, a, b, t, bias, chunk: int):
+        n, m = a.shape[0], b.shape[0]
+        total = a.new_zeros(())
+        buffer = a.new_empty(min(chunk, n), m)
+        for s in range(0, n, chunk):
+            block = torch.mm(a[s:s + chunk] / t, b.T, out=buffer[:min(chunk, n - s)]).add_(bias)  # [c, m]
+            total += F.softplus(block).sum()
+        ctx.save_for_backward(a, b, t, bias)
+        ctx.chunk = chunk
+        return total / n
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b, t, bias = ctx.saved_tensors
+        n, m = a.shape[0], b.shape[0]
+        need_a, need_b, need_t, need_bias = ctx.needs_input_grad[:4]
+        grad_a = torch.empty_like(a) if need_a else None
+        grad_b = torch.zeros_like(b) if need_b else None
+        grad_t = torch.zeros((), dtype=a.dtype, device=a.device)
+        grad_bias = torch.zeros((), dtype=a.dtype, device=a.device)
+        rows = min(ctx.chunk, n)
+        buffer = a.new_empty(rows, m)
+        for s in range(0, n, ctx.chunk):
+            c = min(ctx.chunk, n - s)
+            scaled = a[s:s + c] / t  # [c, d]
+            d = torch.mm(scaled, b.T, out=buffer[:c]).add_(bias).sigmoid_().mul_(grad / n)  # d loss / d Z
+            if need_bias:
+                grad_bias += d.sum()
+            if need_a or need_t:
+                g_b = d @ b  # [c, d]
+                if need_t:
+                    grad_t -= (scaled * g_b).sum() / t
+                if need_a:
+                    torch.div(g_b, t, out=grad_a[s:s + c])
+            if need_b:
+                torch.addmm(grad_b, d.T, scaled, out=grad_b)
+        return (grad_a, grad_b, grad_t.to(t.dtype) if need_t else None, grad_bias.to(bias.dtype) if need_bias else None,
+                None)
+
+
+def chunked_sigmoid_loss(a: torch.Tensor, b: torch.Tensor, temperature: torch.Tensor, bias: torch.Tensor,
+                         offset: int = 0, chunk: int | None = None) -> torch.Tensor:
+    """The sigmoid loss of the rows of `a` against every row of `b`, row i's positive at column offset + i:
+    -(1/n) sum_ij log sigmoid(l_ij Z_ij), l = +1 on the positives, -1 elsewhere. Since
+    -log sigmoid(-z) = softplus(z) and log sigmoid(z) - log sigmoid(-z) = z, it is
+    (1/n) sum_ij softplus(Z_ij) - (1/n) sum_i Z_{i, offset+i}: the blocks stream (`_SoftplusSum`), the positives
+    are dot products. Exact: the naive form's value and gradients, in O(rows_per_chunk x len(b)) memory."""
+    a, b = at_least_fp32(a), at_least_fp32(b)
+    t, bias = temperature.to(a.dtype), bias.to(a.dtype)
+    n = a.shape[0]
+    rows = _chunk_rows(b.shape[0], a.element_size(), chunk)
+    positive = (a * b[offset:offset + n]).sum(dim=1).mean() / t + bias  # mean_i Z[i, offset + i]
+    return _SoftplusSum.apply(a, b, t, bias, rows) - positive
 
 
 def _chunk_rows(columns: int, itemsize: int, chunk: int | None) -> int:

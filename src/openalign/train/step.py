@@ -36,8 +36,11 @@ def compute_loss(core: DualEncoder, img: torch.Tensor, txt: torch.Tensor, cfg: L
     (gradient caching differentiates with respect to detached copies)."""
     scales = scales or {}
     temperature = loss_lib.clamp_temperature(scales.get("temperature", core.temperature), cfg.temperature.min)
-    if cfg.kind == "sigmoid":  # one process, the softmax's negatives fraction 1 under torchrun: config.check
-        return loss_lib.sigmoid_loss(img, txt, temperature, scales.get("bias", core.logit_bias))
+    if cfg.kind == "sigmoid":
+        bias = scales.get("bias", core.logit_bias)
+        if layout.active:
+            return distributed.gathered_sigmoid_loss(img, txt, temperature, bias, cfg.implementation)
+        return loss_lib.sigmoid_loss(img, txt, temperature, bias, cfg.implementation)
     if layout.active:
         return distributed.gathered_softmax_loss(img, txt, temperature, cfg.label_smoothing, cfg.implementation,
                                                  cfg.direction)
