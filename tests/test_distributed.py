@@ -44,7 +44,8 @@ def worker(rank: int, port: int, out: str, micro_batch: int, implementation: str
     gathers = []
     real = dist_fn.all_gather
     dist_fn.all_gather = lambda x, *a, **k: gathers.append(tuple(x.shape)) or real(x, *a, **k)
-    loss_cfg = LossConfig(kind=kind, label_smoothing=0.1, implementation=implementation, direction=direction)
+    loss_cfg = LossConfig(kind=kind.split("-")[0], label_smoothing=0.1, implementation=implementation,
+                          direction=direction, exchange="ring" if kind.endswith("-ring") else "gather")
     model = make_model(loss=loss_cfg)
     ddp = torch.nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
     layout = distributed.from_env()
@@ -62,13 +63,14 @@ def worker(rank: int, port: int, out: str, micro_batch: int, implementation: str
     (0, "naive", "both", "softmax"), (0, "chunked", "both", "softmax"), (2, "naive", "both", "softmax"),
     (0, "chunked", "image_to_text", "softmax"),
     (0, "naive", "both", "filip"), (0, "naive", "image_to_text", "filip"),
-    (0, "naive", "both", "sigmoid"), (0, "chunked", "both", "sigmoid"), (2, "chunked", "both", "sigmoid")])
+    (0, "naive", "both", "sigmoid"), (0, "chunked", "both", "sigmoid"), (2, "chunked", "both", "sigmoid"),
+    (2, "naive", "both", "sigmoid-ring")])
 def test_two_processes_equal_the_single_process_batch(tmp_path, micro_batch, implementation, direction, kind):
     mp.start_processes(worker, args=(free_port(), str(tmp_path), micro_batch, implementation, direction, kind),
                        nprocs=WORLD, start_method="fork")
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
     # the reference: one process, the whole batch, BatchNorm per device batch (per micro-batch with caching)
-    loss_cfg = LossConfig(kind=kind, label_smoothing=0.1, implementation="naive", direction=direction)
+    loss_cfg = LossConfig(kind=kind.split("-")[0], label_smoothing=0.1, implementation="naive", direction=direction)
     parts = 8 // micro_batch if micro_batch else WORLD
     model = make_model(loss=loss_cfg)
     losses = []
@@ -85,6 +87,8 @@ def test_two_processes_equal_the_single_process_batch(tmp_path, micro_batch, imp
             assert rank["gathers"] == [(4, 80), (4, 80)] * 2  # one all_gather per modality per step
         if kind == "sigmoid":
             assert rank["gathers"] == [(4, 80)] * 2  # the texts alone, once a step
+        if kind == "sigmoid-ring":
+            assert rank["gathers"] == []  # passed between neighbours instead
 
 
 def zero_worker(rank: int, port: int, out: str) -> None:
@@ -195,7 +199,7 @@ def test_fsdp_with_lamb_gives_the_single_process_lamb_steps(tmp_path, micro_batc
     assert len(sharded["state"]["state"]) == len(optimizer.state_dict()["state"])
 
 
-def sigmoid_worker(rank: int, world: int, port: int, out: str, implementation: str) -> None:
+def sigmoid_worker(rank: int, world: int, port: int, out: str, implementation: str, exchange: str) -> None:
     """This rank's share of the gathered sigmoid loss on its slice of a 12-pair fp64 batch, and its gradients."""
     import torch.distributed as dist
 
@@ -210,7 +214,8 @@ def sigmoid_worker(rank: int, world: int, port: int, out: str, implementation: s
     n = 12 // world
     img, txt = img[rank * n:(rank + 1) * n].clone().requires_grad_(), txt[rank * n:(rank + 1) * n].clone().requires_grad_()
     t, bias = t.clone().requires_grad_(), bias.clone().requires_grad_()
-    loss = distributed.gathered_sigmoid_loss(img, txt, t, bias, implementation)
+    shares = {"gather": distributed.gathered_sigmoid_loss, "ring": distributed.ring_sigmoid_loss}
+    loss = shares[exchange](img, txt, t, bias, implementation)
     loss.backward()
     scalars = torch.stack([loss.detach(), t.grad, bias.grad])
     dist.all_reduce(scalars)  # the mean over ranks is the single-process loss, and its scalars' gradients
@@ -227,12 +232,14 @@ def sigmoid_batch():
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
-@pytest.mark.parametrize("implementation", ["naive", "chunked"])
-def test_gathered_sigmoid_loss_and_its_gradients_equal_one_process_on_the_whole_batch(tmp_path, world, implementation):
+@pytest.mark.parametrize("implementation,exchange", [("naive", "gather"), ("chunked", "gather"), ("naive", "ring"),
+                                                     ("chunked", "ring")])
+def test_the_sigmoid_loss_over_ranks_and_its_gradients_equal_one_process_on_the_whole_batch(tmp_path, world, implementation,
+                                                                                      exchange):
     from openalign import loss as loss_lib
 
-    mp.start_processes(sigmoid_worker, args=(world, free_port(), str(tmp_path), implementation), nprocs=world,
-                       start_method="fork")
+    mp.start_processes(sigmoid_worker, args=(world, free_port(), str(tmp_path), implementation, exchange),
+                       nprocs=world, start_method="fork")
     ranks = [torch.load(tmp_path / f"sigmoid{r}.pt") for r in range(world)]
     img, txt, t, bias = (x.clone().requires_grad_() for x in sigmoid_batch())
     loss = loss_lib.sigmoid_loss(img, txt, t, bias, "naive")

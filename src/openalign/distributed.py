@@ -99,6 +99,47 @@ def gathered_softmax_loss(img: torch.Tensor, txt: torch.Tensor, temperature: tor
     return sum(term(*pair) for pair, kept in (((img, txt_all), rows), ((txt, img_all), columns)) if kept)
 
 
+class _NeighbourExchange(torch.autograd.Function):
+    """`x` sent to rank + 1 while rank - 1's arrives (both at once: no rank waits on another's send); backward
+    sends the gradient the other way, so each block's gradient travels back the ring to where it came from."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return _exchange(x, +1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _exchange(grad, -1)
+
+
+def _exchange(x: torch.Tensor, step: int) -> torch.Tensor:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    ops = [dist.P2POp(dist.isend, x, (rank + step) % world), dist.P2POp(dist.irecv, out, (rank - step) % world)]
+    for request in dist.batch_isend_irecv(ops):
+        request.wait()
+    return out
+
+
+def ring_sigmoid_loss(img: torch.Tensor, txt: torch.Tensor, temperature: torch.Tensor, bias: torch.Tensor,
+                      implementation: str = "auto") -> torch.Tensor:
+    """The same share as `gathered_sigmoid_loss`, with the texts passed around a ring instead of gathered (big_vision's
+    and OpenCLIP's "neighbour exchange"): W steps, each scoring this rank's images against the block it holds
+    (every pair as a negative) and passing the block on; the positives, all in the rank's own block, are one dot
+    product. A rank holds one other block at a time."""
+    img, block = loss_lib.at_least_fp32(img), loss_lib.at_least_fp32(txt)
+    t, b = temperature.to(img.dtype), bias.to(img.dtype)
+    n, world = img.shape[0], dist.get_world_size()
+    chunk = None if loss_lib.chunked(implementation, n * world) else n  # naive: one block of this rank's rows
+    loss = -((img * block).sum(dim=1).mean() / t + b)  # the positives: this rank's own pairs
+    for step in range(world):
+        loss = loss + loss_lib.softplus_sum(img, block, t, b, chunk)
+        if step < world - 1:
+            block = _NeighbourExchange.apply(block)
+    return loss
+
+
 def gathered_sigmoid_loss(img: torch.Tensor, txt: torch.Tensor, temperature: torch.Tensor, bias: torch.Tensor,
                           implementation: str = "auto") -> torch.Tensor:
     """This rank's share of the global-batch sigmoid loss: its images against every rank's texts (one all_gather;

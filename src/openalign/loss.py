@@ -161,9 +161,15 @@ def chunked_sigmoid_loss(a: torch.Tensor, b: torch.Tensor, temperature: torch.Te
     a, b = at_least_fp32(a), at_least_fp32(b)
     t, bias = temperature.to(a.dtype), bias.to(a.dtype)
     n = a.shape[0]
-    rows = _chunk_rows(b.shape[0], a.element_size(), chunk)
     positive = (a * b[offset:offset + n]).sum(dim=1).mean() / t + bias  # mean_i Z[i, offset + i]
-    return _SoftplusSum.apply(a, b, t, bias, rows) - positive
+    return softplus_sum(a, b, t, bias, chunk) - positive
+
+
+def softplus_sum(a: torch.Tensor, b: torch.Tensor, t: torch.Tensor, bias: torch.Tensor, chunk: int | None = None
+                 ) -> torch.Tensor:
+    """sum_ij softplus(a_i . b_j / t + bias) / len(a): every pair scored as a negative, in row blocks recomputed in
+    the backward (`chunk` rows; default: blocks of CHUNK_BYTES)."""
+    return _SoftplusSum.apply(a, b, t, bias, _chunk_rows(b.shape[0], a.element_size(), chunk))
 
 
 def _chunk_rows(columns: int, itemsize: int, chunk: int | None) -> int:

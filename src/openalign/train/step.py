@@ -39,7 +39,8 @@ def compute_loss(core: DualEncoder, img: torch.Tensor, txt: torch.Tensor, cfg: L
     if cfg.kind == "sigmoid":
         bias = scales.get("bias", core.logit_bias)
         if layout.active:
-            return distributed.gathered_sigmoid_loss(img, txt, temperature, bias, cfg.implementation)
+            exchange = distributed.ring_sigmoid_loss if cfg.exchange == "ring" else distributed.gathered_sigmoid_loss
+            return exchange(img, txt, temperature, bias, cfg.implementation)
         return loss_lib.sigmoid_loss(img, txt, temperature, bias, cfg.implementation)
     if layout.active:
         return distributed.gathered_softmax_loss(img, txt, temperature, cfg.label_smoothing, cfg.implementation,
