@@ -1,4 +1,5 @@
-"""P1, P2: the exact chunked contrastive loss against the naive full-matrix loss.
+"""P1, P2: the exact chunked contrastive loss against the naive full-matrix loss; P13: the sigmoid loss, chunked
+and over ranks, against its naive form and OpenCLIP's.
 
 Each case runs forward + backward of the symmetric label-smoothed loss (smoothing 0.1) in a fresh
 child process; its extra peak memory is VmHWM after minus resident memory before (inputs already
@@ -6,7 +7,13 @@ allocated). Cases: naive and chunked at N=16,384, chunked at N=65,536 (d=640, fp
 Gradients of the chunked loss are compared with an fp64 naive reference at --check-n; FLOPs are
 counted by torch.utils.flop_counter at a small N and reported per N^2*d.
 
-    .venv/bin/python bench/loss_memory.py [--n 16384] [--big-n 65536] [--dim 640] [--repeats 2]
+    .venv/bin/python bench/loss_memory.py [--n 16384] [--big-n 65536] [--dim 640] [--repeats 2] [--only p1|p13]
+
+P13 (SigLIP's sigmoid loss): naive ([N, N] logits kept for the backward) against openalign's chunked form at
+N=16,384 on one process; per-rank extra peak memory and time at 2,048 pairs per rank on 2, 4 and 8 gloo
+processes (spawned, one thread each), for the gathered and the ring exchange; and OpenCLIP 3.3.0's own
+`SigLipLoss` and `ClipLoss` in the same run (open_clip_torch installed with --no-deps into bench/.openclip, its
+loss.py loaded alone: it imports only torch).
 
 Writes its table into docs/benchmarks.md and ends with PERFORMANCE.md's verdict lines.
 """
@@ -87,6 +94,152 @@ def flops_per_n2d(kind: str, n: int, dim: int) -> float:
     return counter.get_total_flops() / (n * n * dim)
 
 
+# ---------------------------------------------------------------------------------------------- P13
+
+OPENCLIP = HERE.parent / ".openclip"
+OPENCLIP_VERSION = "3.3.0"
+
+
+def openclip_loss_module():
+    """OpenCLIP's loss.py, loaded alone (the package needs torchvision); installed once without dependencies."""
+    import importlib.util
+
+    path = OPENCLIP / "open_clip" / "loss.py"
+    if not path.is_file():
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(OPENCLIP),
+                        f"open_clip_torch=={OPENCLIP_VERSION}"], check=True)
+    spec = importlib.util.spec_from_file_location("openclip_loss", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def sigmoid_fn(kind: str, rank: int = 0, world: int = 1):
+    """(img, txt, t, bias) -> this process's loss."""
+    from openalign import distributed
+    from openalign import loss as L
+
+    if kind == "sigmoid_naive":
+        return lambda img, txt, t, b: L.sigmoid_loss(img, txt, t, b, "naive")
+    if kind == "sigmoid_chunked":
+        return lambda img, txt, t, b: L.sigmoid_loss(img, txt, t, b, "chunked")
+    if kind == "gather":
+        return lambda img, txt, t, b: distributed.gathered_sigmoid_loss(img, txt, t, b, "chunked")
+    if kind == "ring":
+        return lambda img, txt, t, b: distributed.ring_sigmoid_loss(img, txt, t, b, "chunked")
+    module = openclip_loss_module()
+    if kind == "openclip_siglip":  # its default exchange under torchrun (bidirectional neighbour exchange)
+        loss = module.SigLipLoss(rank=rank, world_size=world)
+        return lambda img, txt, t, b: loss(img, txt, 1 / t, b)
+    loss = module.ClipLoss(local_loss=True, gather_with_grad=True, rank=rank, world_size=world)  # openclip_clip
+    return lambda img, txt, t, b: loss(img, txt, 1 / t)
+
+
+def sigmoid_inputs(n: int, dim: int, seed: int = 0):
+    img, txt, t = inputs(n, dim, seed=seed)
+    return img, txt, t, torch.tensor(-10.0, requires_grad=True)
+
+
+def measure(fn, args, repeats: int) -> dict:
+    """Forward + backward `repeats` times after a small warm-up: median seconds and extra peak memory (MiB)."""
+    img, txt, t, b = args
+    small = sigmoid_inputs(64, img.shape[1])
+    fn(*small).backward()
+    before = resident_mib()
+    times = []
+    for _ in range(repeats):
+        for x in (img, txt, t, b):
+            x.grad = None
+        start = time.perf_counter()
+        fn(img, txt, t, b).backward()
+        times.append(time.perf_counter() - start)
+    return {"seconds": statistics.median(times), "extra_mib": peak_rss_mib() - before}
+
+
+def sigmoid_child(args) -> None:
+    torch.set_num_threads(args.threads)
+    print(json.dumps(measure(sigmoid_fn(args.child), sigmoid_inputs(args.n, args.dim), args.repeats)))
+
+
+def rank_worker(rank: int, world: int, port: int, kind: str, n: int, dim: int, repeats: int, out: str) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    fn = sigmoid_fn(kind, rank, world)
+    result = measure(fn, sigmoid_inputs(n, dim, seed=rank + 1), repeats)
+    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+    dist.barrier()
+    os._exit(0)  # (gloo's teardown can abort or hang: pytorch/pytorch#75097)
+
+
+def run_ranks(kind: str, world: int, n: int, dim: int, repeats: int) -> dict:
+    """`world` spawned gloo processes, `n` pairs each: the largest extra peak and the slowest median time."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+    from _common import free_port
+
+    with tempfile.TemporaryDirectory() as out:
+        mp.start_processes(rank_worker, args=(world, free_port(), kind, n, dim, repeats, out), nprocs=world,
+                           start_method="spawn")
+        results = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world)]
+    return {"seconds": max(r["seconds"] for r in results), "extra_mib": max(r["extra_mib"] for r in results)}
+
+
+def p13(args) -> None:
+    one = {}
+    for kind in ("sigmoid_naive", "sigmoid_chunked", "openclip_siglip", "openclip_clip"):
+        if kind.startswith("openclip"):
+            openclip_loss_module()  # installed before the measurement, not during it
+        one[kind] = run_child(kind, args.n, args, args.repeats)
+        print(f"P13 one process {kind} N={args.n:,}: {one[kind]['seconds']:.2f} s, extra peak "
+              f"{one[kind]['extra_mib']:.0f} MiB", flush=True)
+    ranks: dict = {}
+    for world in (2, 4, 8):
+        for kind in ("gather", "ring") + (("openclip_siglip", "openclip_clip") if world == 2 else ()):
+            ranks[kind, world] = run_ranks(kind, world, args.per_rank, args.dim, args.repeats)
+            print(f"P13 {world} ranks {kind} {args.per_rank:,} pairs each: {ranks[kind, world]['seconds']:.2f} s, "
+                  f"extra peak {ranks[kind, world]['extra_mib']:.0f} MiB per rank", flush=True)
+    memory_ratio = one["sigmoid_chunked"]["extra_mib"] / one["sigmoid_naive"]["extra_mib"]
+    time_ratio = one["sigmoid_chunked"]["seconds"] / one["sigmoid_naive"]["seconds"]
+    default = min(("gather", "ring"), key=lambda k: sum(ranks[k, w]["seconds"] for w in (2, 4)))
+    per_world = [ranks[default, w]["extra_mib"] for w in (2, 4, 8)]
+    spread = (max(per_world) - min(per_world)) / min(per_world)
+    rows = [
+        f"### P13 sigmoid loss (SigLIP; forward + backward, d={args.dim}, fp32)", "",
+        f"One process, N={args.n:,}, {args.threads} threads (median of {args.repeats}):", "",
+        "| loss | seconds | extra peak memory |", "|---|---|---|",
+        *(f"| {label} | {one[k]['seconds']:.2f} | {one[k]['extra_mib']:,.0f} MiB |" for k, label in (
+            ("sigmoid_naive", "naive sigmoid ([N, N] logits kept for the backward)"),
+            ("sigmoid_chunked", "openalign chunked sigmoid (blocks recomputed in the backward)"),
+            ("openclip_siglip", f"OpenCLIP {OPENCLIP_VERSION} `SigLipLoss`"),
+            ("openclip_clip", f"OpenCLIP {OPENCLIP_VERSION} `ClipLoss` (softmax, for scale)"))), "",
+        f"Over gloo processes on this machine ({args.per_rank:,} pairs per rank, 1 thread each; the slowest rank's "
+        "median time and the largest rank's extra peak):", "",
+        "| ranks | exchange | seconds | extra peak per rank |", "|---|---|---|---|",
+        *(f"| {w} | {label} | {ranks[k, w]['seconds']:.2f} | {ranks[k, w]['extra_mib']:,.0f} MiB |"
+          for w in (2, 4, 8) for k, label in (("gather", "openalign, all_gather (`loss.exchange=gather`)"),
+                                              ("ring", "openalign, ring (`loss.exchange=ring`)"),
+                                              ("openclip_siglip", "OpenCLIP `SigLipLoss` (bidirectional exchange)"),
+                                              ("openclip_clip", "OpenCLIP `ClipLoss` (local_loss, gather_with_grad)"))
+          if (k, w) in ranks), "",
+        f"- extra peak, chunked / naive at N={args.n:,}: **{memory_ratio:.3f}x** (target <= 0.05x); time "
+        f"**{time_ratio:.2f}x** (target <= 1.0x)",
+        f"- faster exchange over 2 and 4 ranks here: **{default}** (gloo on 2 cores measures contention, not NCCL: "
+        "provisional); its extra peak per rank at 2/4/8 ranks: " + " / ".join(f"{m:,.0f}" for m in per_world)
+        + f" MiB, spread **{spread:.1%}** (target <= 10%)",
+        f"- command: `.venv/bin/python bench/loss_memory.py --only p13 --n {args.n} --per-rank {args.per_rank} "
+        f"--dim {args.dim}`", "",
+    ]
+    print("\n".join(rows))
+    write_section("P13", "\n".join(rows))
+    print(verdict("P13", "sigmoid_memory_ratio", memory_ratio, 0.05, at_least=False, fmt=".3f"))
+    print(verdict("P13", "sigmoid_time_ratio", time_ratio, 1.0, at_least=False))
+    print(verdict("P13", "rank_memory_spread", spread, 0.10, at_least=False, fmt=".3f"))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=16_384)
@@ -95,12 +248,21 @@ def main() -> int:
     parser.add_argument("--check-n", type=int, default=4_096)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--child", choices=["naive", "chunked"])
+    parser.add_argument("--per-rank", type=int, default=2_048)
+    parser.add_argument("--only", choices=["p1", "p13"])
+    parser.add_argument("--child", choices=["naive", "chunked", "sigmoid_naive", "sigmoid_chunked", "openclip_siglip",
+                                            "openclip_clip"])
     args = parser.parse_args()
-    if args.child:
+    if args.child in ("naive", "chunked"):
         child(args)
         return 0
+    if args.child:
+        sigmoid_child(args)
+        return 0
     torch.set_num_threads(args.threads)
+    if args.only == "p13":
+        p13(args)
+        return 0
     runs = {}
     for name, kind, n in (("naive", "naive", args.n), ("chunked", "chunked", args.n), ("chunked_big", "chunked", args.big_n)):
         runs[name] = run_child(kind, n, args, args.repeats if n == args.n else 1)
@@ -133,6 +295,8 @@ def main() -> int:
     print(verdict("P2", "loss_time_ratio", time_ratio, 0.6, at_least=False))
     print(verdict("P2", "loss_flops_per_n2d", flops["chunked"], 8, at_least=False))
     print(verdict("P2", "loss_grad_rel_error", error, 1e-5, at_least=False, fmt=".1e"))
+    if args.only is None:
+        p13(args)
     return 0
 
 

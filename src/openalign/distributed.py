@@ -99,45 +99,74 @@ def gathered_softmax_loss(img: torch.Tensor, txt: torch.Tensor, temperature: tor
     return sum(term(*pair) for pair, kept in (((img, txt_all), rows), ((txt, img_all), columns)) if kept)
 
 
-class _NeighbourExchange(torch.autograd.Function):
-    """`x` sent to rank + 1 while rank - 1's arrives (both at once: no rank waits on another's send); backward
-    sends the gradient the other way, so each block's gradient travels back the ring to where it came from."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return _exchange(x, +1)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _exchange(grad, -1)
-
-
-def _exchange(x: torch.Tensor, step: int) -> torch.Tensor:
+def _exchange(x: torch.Tensor) -> torch.Tensor:
+    """`x` sent to rank + 1 while rank - 1's arrives (both posted at once: no rank waits on another's send)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     x = x.contiguous()
     out = torch.empty_like(x)
-    ops = [dist.P2POp(dist.isend, x, (rank + step) % world), dist.P2POp(dist.irecv, out, (rank - step) % world)]
+    ops = [dist.P2POp(dist.isend, x, (rank + 1) % world), dist.P2POp(dist.irecv, out, (rank - 1) % world)]
     for request in dist.batch_isend_irecv(ops):
         request.wait()
     return out
 
 
+class _RingSoftplusSum(torch.autograd.Function):
+    """sum over every rank's texts b of sum_ij softplus(a_i . b_j / t + bias), / len(a): the sigmoid loss's negative
+    part of this rank's images against all texts, the texts passed around the ring instead of gathered.
+
+    Forward: W steps, each scoring the block held (in row chunks, `loss.softplus_sum`'s arithmetic) and passing it
+    on; no block is kept. Backward: the ring again, each block travelling with its gradient so far; each rank adds
+    its images' part (d Z.T @ a / t) and passes both on, and after W hops the gradient is back with the block's
+    owner. Memory per rank: one text block, its gradient and a [chunk, n] logit buffer, whatever the world size."""
+
+    @staticmethod
+    def forward(ctx, a, b, t, bias, chunk: int):
+        world = dist.get_world_size()
+        total = a.new_zeros(())
+        block = b
+        for step in range(world):
+            total += loss_lib.softplus_sum(a, block, t, bias, chunk).detach()
+            if step < world - 1:
+                block = _exchange(block)
+        ctx.save_for_backward(a, b, t, bias)
+        ctx.chunk = chunk
+        return total
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b, t, bias = ctx.saved_tensors
+        n, world, chunk = a.shape[0], dist.get_world_size(), ctx.chunk
+        grad_a, grad_t, grad_bias = torch.zeros_like(a), a.new_zeros(()), a.new_zeros(())
+        block, block_grad = b, torch.zeros_like(b)
+        for step in range(world):
+            for s in range(0, n, chunk):
+                scaled = a[s:s + chunk] / t  # [c, d]
+                d = (scaled @ block.T).add_(bias).sigmoid_().mul_(grad / n)  # d loss / d Z, [c, n_block]
+                grad_bias += d.sum()
+                g_b = d @ block
+                grad_t -= (scaled * g_b).sum() / t
+                grad_a[s:s + chunk] += g_b / t
+                block_grad += d.T @ scaled
+            if step < world - 1:  # the block and its gradient so far, on to the next rank
+                both = _exchange(torch.cat([block, block_grad]))
+                block, block_grad = both[:len(b)], both[len(b):].clone()
+        block_grad = _exchange(block_grad)  # the last hop: home to the block's owner
+        return grad_a, block_grad, grad_t.to(t.dtype), grad_bias.to(bias.dtype), None
+
+
 def ring_sigmoid_loss(img: torch.Tensor, txt: torch.Tensor, temperature: torch.Tensor, bias: torch.Tensor,
                       implementation: str = "auto") -> torch.Tensor:
-    """The same share as `gathered_sigmoid_loss`, with the texts passed around a ring instead of gathered (big_vision's
-    and OpenCLIP's "neighbour exchange"): W steps, each scoring this rank's images against the block it holds
-    (every pair as a negative) and passing the block on; the positives, all in the rank's own block, are one dot
-    product. A rank holds one other block at a time."""
-    img, block = loss_lib.at_least_fp32(img), loss_lib.at_least_fp32(txt)
+    """The same share as `gathered_sigmoid_loss`, with the texts passed around a ring of neighbours instead of
+    gathered (big_vision's and OpenCLIP's "neighbour exchange"), forward and again in the backward
+    (`_RingSoftplusSum`): per-rank memory stays flat in the number of ranks. The positives, all in the rank's own
+    block, are one dot product."""
+    img, txt = loss_lib.at_least_fp32(img), loss_lib.at_least_fp32(txt)
     t, b = temperature.to(img.dtype), bias.to(img.dtype)
-    n, world = img.shape[0], dist.get_world_size()
-    chunk = None if loss_lib.chunked(implementation, n * world) else n  # naive: one block of this rank's rows
-    loss = -((img * block).sum(dim=1).mean() / t + b)  # the positives: this rank's own pairs
-    for step in range(world):
-        loss = loss + loss_lib.softplus_sum(img, block, t, b, chunk)
-        if step < world - 1:
-            block = _NeighbourExchange.apply(block)
-    return loss
+    n = img.shape[0]
+    chunked = loss_lib.chunked(implementation, n * dist.get_world_size())
+    chunk = loss_lib._chunk_rows(n, img.element_size(), None) if chunked else n  # rows per [chunk, n] block
+    positive = (img * txt).sum(dim=1).mean() / t + b  # this rank's own pairs
+    return _RingSoftplusSum.apply(img, txt, t, b, chunk) - positive
 
 
 def gathered_sigmoid_loss(img: torch.Tensor, txt: torch.Tensor, temperature: torch.Tensor, bias: torch.Tensor,
