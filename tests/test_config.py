@@ -51,7 +51,10 @@ def test_kinds_are_literal_and_checked_once_with_every_rule_across_fields_and_pr
     sigmoid = override(cfg, ["loss.kind=sigmoid", "loss.negatives_fraction=0.5", "train.fsdp=true",
                              "loss.label_smoothing=0"])
     check(override(cfg, ["loss.kind=sigmoid", "loss.label_smoothing=0"]))  # one process: fine
-    check(override(cfg, ["loss.kind=sigmoid", "loss.label_smoothing=0"]), world=2)  # and under torchrun (gathered)
+    check(override(cfg, ["loss.kind=sigmoid", "loss.label_smoothing=0"]), world=2)  # and under torchrun (a ring)
+    check(override(cfg, ["loss.kind=sigmoid", "loss.label_smoothing=0", "loss.exchange=gather"]), world=2)
+    with pytest.raises(ConfigError, match="loss.exchange=ring chooses how the sigmoid loss's texts"):
+        check(override(cfg, ["loss.exchange=ring"]))  # the softmax gathers: the option would be ignored
     with pytest.raises(ConfigError, match="2 config values") as err:
         check(dataclasses.replace(sigmoid, train=dataclasses.replace(sigmoid.train, fsdp=False)), world=2)
     assert "runs in one process" in str(err.value) and "is for the softmax loss" in str(err.value)

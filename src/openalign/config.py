@@ -218,8 +218,8 @@ class LossConfig:
     # caption) or text_to_image (the columns) alone: the one-direction ablation of the PMI view
     direction: Literal["both", "image_to_text", "text_to_image"] = "both"
     # the sigmoid loss under torchrun: every rank's texts gathered at once, or passed around a ring of neighbours
-    # (one block at a time); both exact (docs/scale.md)
-    exchange: Literal["gather", "ring"] = "gather"
+    # (one block at a time, again in the backward); both exact; auto: ring, the faster measured here (docs/scale.md)
+    exchange: Literal["auto", "gather", "ring"] = "auto"
     temperature: TemperatureConfig = field(default_factory=TemperatureConfig)
 
 
@@ -581,9 +581,9 @@ def _cross_field(cfg: Config, world: int) -> list[str]:
                         "not token vectors); set train.micro_batch=0")
     if cfg.loss.kind == "filip" and cfg.loss.negatives_fraction < 1.0:
         problems.append("loss.negatives_fraction < 1 (the Table 8 ablation) is for the pooled softmax loss")
-    if cfg.loss.exchange == "ring" and cfg.loss.kind != "sigmoid":
-        problems.append(f"loss.exchange=ring passes the sigmoid loss's texts around the ranks; loss.kind={cfg.loss.kind} "
-                        "gathers its embeddings: leave loss.exchange=gather")
+    if cfg.loss.exchange != "auto" and cfg.loss.kind != "sigmoid":
+        problems.append(f"loss.exchange={cfg.loss.exchange} chooses how the sigmoid loss's texts reach every rank; "
+                        f"loss.kind={cfg.loss.kind} gathers its embeddings: leave loss.exchange=auto")
     if cfg.loss.kind == "sigmoid" and cfg.loss.direction != "both":
         problems.append(f"loss.direction={cfg.loss.direction} applies to the softmax loss; the sigmoid loss has no "
                         "direction")

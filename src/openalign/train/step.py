@@ -39,7 +39,7 @@ def compute_loss(core: DualEncoder, img: torch.Tensor, txt: torch.Tensor, cfg: L
     if cfg.kind == "sigmoid":
         bias = scales.get("bias", core.logit_bias)
         if layout.active:
-            exchange = distributed.ring_sigmoid_loss if cfg.exchange == "ring" else distributed.gathered_sigmoid_loss
+            exchange = distributed.gathered_sigmoid_loss if cfg.exchange == "gather" else distributed.ring_sigmoid_loss
             return exchange(img, txt, temperature, bias, cfg.implementation)
         return loss_lib.sigmoid_loss(img, txt, temperature, bias, cfg.implementation)
     if layout.active:
