@@ -99,59 +99,78 @@ def gathered_softmax_loss(img: torch.Tensor, txt: torch.Tensor, temperature: tor
     return sum(term(*pair) for pair, kept in (((img, txt_all), rows), ((txt, img_all), columns)) if kept)
 
 
-def _exchange(x: torch.Tensor) -> torch.Tensor:
-    """`x` sent to rank + 1 while rank - 1's arrives (both posted at once: no rank waits on another's send)."""
+def _exchange(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """`x` sent to rank + 1 while rank - 1's arrives into `out` (both posted at once: no rank waits on another's
+    send)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     x = x.contiguous()
-    out = torch.empty_like(x)
+    out = torch.empty_like(x) if out is None else out
     ops = [dist.P2POp(dist.isend, x, (rank + 1) % world), dist.P2POp(dist.irecv, out, (rank - 1) % world)]
     for request in dist.batch_isend_irecv(ops):
         request.wait()
     return out
 
 
+def _softplus_rows(scaled: torch.Tensor, block: torch.Tensor, bias: torch.Tensor, chunk: int, z: torch.Tensor,
+                   spare: torch.Tensor) -> torch.Tensor:
+    """sum_ij softplus(scaled_i . block_j + bias) in row chunks, in the two [chunk, len(block)] buffers given:
+    softplus(z) = max(z, 0) + log1p(exp(-|z|)), every step in place."""
+    total = scaled.new_zeros(())
+    for s in range(0, len(scaled), chunk):
+        c = min(chunk, len(scaled) - s)
+        logits = torch.mm(scaled[s:s + chunk], block.T, out=z[:c]).add_(bias)
+        tail = torch.abs(logits, out=spare[:c]).neg_().exp_().log1p_()
+        total += logits.clamp_(min=0).add_(tail).sum()
+    return total
+
+
 class _RingSoftplusSum(torch.autograd.Function):
     """sum over every rank's texts b of sum_ij softplus(a_i . b_j / t + bias), / len(a): the sigmoid loss's negative
     part of this rank's images against all texts, the texts passed around the ring instead of gathered.
 
-    Forward: W steps, each scoring the block held (in row chunks, `loss.softplus_sum`'s arithmetic) and passing it
-    on; no block is kept. Backward: the ring again, each block travelling with its gradient so far; each rank adds
-    its images' part (d Z.T @ a / t) and passes both on, and after W hops the gradient is back with the block's
-    owner. Memory per rank: one text block, its gradient and a [chunk, n] logit buffer, whatever the world size."""
+    Forward: W steps, each scoring the block held (in row chunks) and passing it on; no block is kept. Backward:
+    the ring again, each block travelling with its gradient so far; each rank adds its images' part
+    (d Z.T @ a / t) and passes both on, and after W hops the gradient is back with the block's owner. Every step
+    reuses the same buffers (one text block and its gradient, in flight and arriving, and [chunk, n] logits), so a
+    rank's memory is the same whatever the world size."""
 
     @staticmethod
     def forward(ctx, a, b, t, bias, chunk: int):
         world = dist.get_world_size()
+        rows = min(chunk, len(a))
+        z, spare = a.new_empty(rows, len(b)), a.new_empty(rows, len(b))
+        held, arriving = b.clone(), torch.empty_like(b)
+        scaled = a / t  # the same every step
         total = a.new_zeros(())
-        block = b
         for step in range(world):
-            total += loss_lib.softplus_sum(a, block, t, bias, chunk).detach()
+            total += _softplus_rows(scaled, held, bias, chunk, z, spare)
             if step < world - 1:
-                block = _exchange(block)
+                held, arriving = _exchange(held, arriving), held
         ctx.save_for_backward(a, b, t, bias)
         ctx.chunk = chunk
-        return total
+        return total / len(a)
 
     @staticmethod
     def backward(ctx, grad):
         a, b, t, bias = ctx.saved_tensors
         n, world, chunk = a.shape[0], dist.get_world_size(), ctx.chunk
-        grad_a, grad_t, grad_bias = torch.zeros_like(a), a.new_zeros(()), a.new_zeros(())
-        block, block_grad = b, torch.zeros_like(b)
+        g_sum, grad_bias = torch.zeros_like(a), a.new_zeros(())  # g_sum: sum over blocks of dL/dZ @ block
+        rows = min(chunk, n)
+        d_buffer = a.new_empty(rows, len(b))
+        scaled = a / t
+        held, arriving = torch.cat([b, torch.zeros_like(b)]), torch.empty(2 * len(b), b.shape[1], dtype=b.dtype)
         for step in range(world):
+            block, block_grad = held[:len(b)], held[len(b):]
             for s in range(0, n, chunk):
-                scaled = a[s:s + chunk] / t  # [c, d]
-                d = (scaled @ block.T).add_(bias).sigmoid_().mul_(grad / n)  # d loss / d Z, [c, n_block]
+                c = min(chunk, n - s)
+                d = torch.mm(scaled[s:s + chunk], block.T, out=d_buffer[:c]).add_(bias).sigmoid_().mul_(grad / n)
                 grad_bias += d.sum()
-                g_b = d @ block
-                grad_t -= (scaled * g_b).sum() / t
-                grad_a[s:s + chunk] += g_b / t
-                block_grad += d.T @ scaled
-            if step < world - 1:  # the block and its gradient so far, on to the next rank
-                both = _exchange(torch.cat([block, block_grad]))
-                block, block_grad = both[:len(b)], both[len(b):].clone()
-        block_grad = _exchange(block_grad)  # the last hop: home to the block's owner
-        return grad_a, block_grad, grad_t.to(t.dtype), grad_bias.to(bias.dtype), None
+                g_sum[s:s + chunk].addmm_(d, block)
+                block_grad.addmm_(d.T, scaled[s:s + chunk])
+            # the block and its gradient so far, on to the next rank; after the last step, the gradient goes home
+            held, arriving = _exchange(held, arriving), held
+        grad_t = -(scaled.reshape(-1) @ g_sum.reshape(-1)) / t  # sum_ij G_ij (Z_ij - bias) = sum(a / t * (G @ b))
+        return g_sum.div_(t), held[len(b):].clone(), grad_t.to(t.dtype), grad_bias.to(bias.dtype), None
 
 
 def ring_sigmoid_loss(img: torch.Tensor, txt: torch.Tensor, temperature: torch.Tensor, bias: torch.Tensor,
