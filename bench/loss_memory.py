@@ -129,15 +129,6 @@ def sigmoid_fn(kind: str, rank: int = 0, world: int = 1):
         return lambda img, txt, t, b: distributed.ring_sigmoid_loss(img, txt, t, b, "chunked")
     if kind == "softmax":  # the paper's loss, gathered both ways, chunked: for the by-world-size table
         return lambda img, txt, t, b: distributed.gathered_softmax_loss(img, txt, t, 0.1, "chunked")
-    if kind == "exchange_only":  # the ring's 2(W - 1) + 1 transfers of a text block and nothing else: gloo's share
-
-        def exchange_only(img, txt, t, b):
-            block = txt.detach()
-            for _ in range(2 * (world - 1) + 1):
-                block = distributed._exchange(block)
-            return t * 0.0
-
-        return exchange_only
     module = openclip_loss_module()
     if kind == "openclip_siglip":  # its default exchange under torchrun (bidirectional neighbour exchange)
         loss = module.SigLipLoss(rank=rank, world_size=world)
@@ -212,8 +203,7 @@ def p13(args) -> None:
               f"{one[kind]['extra_mib']:.0f} MiB", flush=True)
     ranks: dict = {}
     for world in (2, 4, 8):
-        for kind in ("gather", "ring", "exchange_only", "softmax") + (("openclip_siglip", "openclip_clip")
-                                                                       if world == 2 else ()):
+        for kind in ("gather", "ring", "softmax") + (("openclip_siglip", "openclip_clip") if world == 2 else ()):
             ranks[kind, world] = run_ranks(kind, world, args.per_rank, args.dim, args.repeats)
             print(f"P13 {world} ranks {kind} {args.per_rank:,} pairs each: {ranks[kind, world]['seconds']:.2f} s, "
                   f"extra peak {ranks[kind, world]['extra_mib']:.0f} MiB per rank", flush=True)
@@ -237,7 +227,6 @@ def p13(args) -> None:
         *(f"| {w} | {label} | {ranks[k, w]['seconds']:.2f} | {ranks[k, w]['extra_mib']:,.0f} MiB |"
           for w in (2, 4, 8) for k, label in (("gather", "openalign, all_gather (`loss.exchange=gather`)"),
                                               ("ring", "openalign, ring (`loss.exchange=ring`)"),
-                                              ("exchange_only", "the ring's transfers alone, no loss (gloo)"),
                                               ("softmax", "openalign softmax (the paper's), gathered, chunked"),
                                               ("openclip_siglip", "OpenCLIP `SigLipLoss` (bidirectional exchange)"),
                                               ("openclip_clip", "OpenCLIP `ClipLoss` (local_loss, gather_with_grad)"))
