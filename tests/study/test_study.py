@@ -286,3 +286,31 @@ def test_a_finished_run_is_reused_only_for_the_same_config_and_data(shapes, tmp_
     assert runner.run_one(cfg, out) == first and calls == []  # the same config: reused
     changed = runner.run_one(config_lib.override(cfg, ["seed=1"]), out)
     assert len(calls) == 1 and calls[0].seed == 1 and changed["final_loss"] != first["final_loss"]
+
+
+def test_loss_batch_plan_sees_the_same_examples_at_every_batch(tmp_path):
+    from openalign import config as config_lib
+    from openalign.config import check
+    from openalign.study import QUICK, loss_batch
+
+    base = config_lib.override(presets.get("demo"), list(QUICK))
+    plan = loss_batch.variants(base)
+    assert [v.name for v in plan] == [f"{k}_b{b}" for k in ("softmax", "sigmoid") for b in (32, 64, 128, 256, 512)]
+    for v in plan:
+        cfg = config_lib.override(base, list(v.overrides))
+        check(cfg)  # every run is a valid config
+        assert cfg.train.steps * cfg.data.global_batch == base.train.steps * base.data.global_batch == 12_800
+        assert cfg.model == base.model and cfg.optim.lr == base.optim.lr
+        assert cfg.optim.warmup_steps <= cfg.train.steps
+        if v.name.startswith("sigmoid"):
+            assert (cfg.loss.kind, cfg.loss.label_smoothing, cfg.loss.temperature.init) == ("sigmoid", 0.0, 0.1)
+    assert [v.name for v in plan if v.baseline] == ["softmax_b128", "sigmoid_b128"]
+
+    def row(recall):
+        return {"mean": {"mean_recall": recall}, "std": {"mean_recall": 0.01}}
+
+    results = {f"{k}_b{b}": row(0.05 + (0.02 if k == "sigmoid" and b < 128 else 0.0)) for k in ("softmax", "sigmoid")
+               for b in (32, 64, 128, 256, 512)}
+    lines = loss_batch.extra_report(results, tmp_path)
+    assert "| 32 | 0.050 ± 0.010 | 0.070 ± 0.010 | +0.020 |" in lines and "| 512 | 0.050 ± 0.010 | 0.050 ± 0.010 | +0.000 |" in lines
+    assert (tmp_path / "loss_batch.png").stat().st_size > 0
