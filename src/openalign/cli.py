@@ -464,7 +464,8 @@ def _train_flags(p) -> None:
 
 
 def _study_flags(p) -> None:
-    p.add_argument("name", help="ablation, noise-vs-scale, model-vs-data, multilingual, compositional, dynamics or pmi "
+    p.add_argument("name", help="ablation, noise-vs-scale, model-vs-data, multilingual, compositional, dynamics, "
+                                "loss-batch or pmi "
                                 "(the loss alone on a synthetic table: its options as key=value)")
     p.add_argument("--out", required=True)
     _run_flags(p, "the base config of every run")
