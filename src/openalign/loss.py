@@ -139,14 +139,7 @@ class _SoftplusSum(torch.autograd.Function):
             d = torch.mm(scaled, b.T, out=buffer[:c]).add_(bias).sigmoid_().mul_(grad / n)  # d loss / d Z
             if need_bias:
                 grad_bias += d.sum()
-            if need_a or need_t:
-                g_b = d @ b  # [c, d]
-                if need_t:
-                    grad_t -= (scaled * g_b).sum() / t
-                if need_a:
-                    torch.div(g_b, t, out=grad_a[s:s + c])
-            if need_b:
-                torch.addmm(grad_b, d.T, scaled, out=grad_b)
+            _block_gradients(d, b, scaled, t, grad_a, grad_b, grad_t, slice(s, s + c), need_a, need_t)
         return (grad_a, grad_b, grad_t.to(t.dtype) if need_t else None, grad_bias.to(bias.dtype) if need_bias else None,
                 None)
 
@@ -174,6 +167,21 @@ def softplus_sum(a: torch.Tensor, b: torch.Tensor, t: torch.Tensor, bias: torch.
 
 def _chunk_rows(columns: int, itemsize: int, chunk: int | None) -> int:
     return chunk or max(1, CHUNK_BYTES // (itemsize * max(columns, 1)))
+
+
+def _block_gradients(d: torch.Tensor, b: torch.Tensor, scaled: torch.Tensor, t: torch.Tensor, grad_a, grad_b,
+                     grad_t: torch.Tensor, rows: slice, need_a: bool, need_t: bool) -> None:
+    """Accumulate one row block's gradients, given d = d loss / d Z of the block Z = scaled @ b.T (scaled = a / t):
+    grad_a[rows] = d @ b / t, grad_b += d.T @ scaled, grad_t -= sum(scaled * (d @ b)) / t (no [c, m] product
+    needed for the temperature: sum_ij d_ij Z_ij = sum(scaled * (d @ b)))."""
+    if need_a or need_t:
+        g_b = d @ b  # [c, d]
+        if need_t:
+            grad_t -= (scaled * g_b).sum() / t
+        if need_a:
+            torch.div(g_b, t, out=grad_a[rows])
+    if grad_b is not None:
+        torch.addmm(grad_b, d.T, scaled, out=grad_b)  # (not addmm_: FLOP counters miss it)
 
 
 class _LogSumExp(torch.autograd.Function):
@@ -226,14 +234,7 @@ class _LogSumExp(torch.autograd.Function):
             if ctx.columns:  # + (n / m) x column softmax, in the block's own memory
                 d.add_(block.sub_(col_lse[None, :]).exp_(), alpha=n / m)
             d.mul_(grad / n)  # d loss / d S
-            if need_a or need_t:
-                g_b = d @ b  # [c, d]
-                if need_t:
-                    grad_t -= (scaled * g_b).sum() / t
-                if need_a:
-                    torch.div(g_b, t, out=grad_a[s:s + c])
-            if need_b:
-                torch.addmm(grad_b, d.T, scaled, out=grad_b)  # (not addmm_: FLOP counters miss it)
+            _block_gradients(d, b, scaled, t, grad_a, grad_b, grad_t, slice(s, s + c), need_a, need_t)
         return grad_a, grad_b, grad_t.to(t.dtype) if need_t else None, None, None
 
 
