@@ -166,6 +166,7 @@ def cmd_eval(args) -> int:
     host.reuse_freed_memory()
     v = cfg.model.vision
     names, overrides, recipe = args.task or [], list(args.overrides), parse_options(args.ft) if args.ft else None
+    shared = given(args, {f.name for t in TASKS.values() for f in dataclasses.fields(t.options)})
     given_crop, given_resize = args.crop, args.resize
     if args.protocol:
         from openalign.eval import protocols
@@ -177,8 +178,7 @@ def cmd_eval(args) -> int:
                               "those tasks without --protocol)")
         names, given_crop, given_resize = [task], resolved.crop, resolved.resize
         # the protocol's numbers first, then the user's: --ft and task.key=value override them
-        mine = [o for o in protocols.options(resolved) if o.partition("=")[0].split(".", 1)[1] not in
-                given(args, {f.name for t in TASKS.values() for f in dataclasses.fields(t.options)})]  # --runs wins
+        mine = [o for o in protocols.options(resolved) if o.partition("=")[0].split(".", 1)[1] not in shared]  # --runs wins
         overrides = mine + [f"{task}.recipe.{item}" for item in args.ft or []] + overrides
         recipe = None
         print(f"protocol {args.protocol}: {resolved.protocol.recipe}", file=sys.stderr)
@@ -188,7 +188,6 @@ def cmd_eval(args) -> int:
         raise ConfigError(f"--crop {crop} is larger than --resize {resize}; the crop is taken from the resized image")
     common = options_from(args, EvalOptions, max_length=cfg.model.text.max_length, resize=resize, crop=crop,
                           model_id=files_fingerprint(args.model) if args.cache else "")
-    shared = given(args, {f.name for t in TASKS.values() for f in dataclasses.fields(t.options)})
     options = configure(names or ["retrieval", "zeroshot"], overrides, **shared | {
         "templates": load_templates(args.templates) if args.templates else None, "recipe": recipe})
     from openalign.eval.report import write_clip_benchmark

@@ -111,19 +111,6 @@ def _exchange(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     return out
 
 
-def _softplus_rows(scaled: torch.Tensor, block: torch.Tensor, bias: torch.Tensor, chunk: int, z: torch.Tensor,
-                   spare: torch.Tensor) -> torch.Tensor:
-    """sum_ij softplus(scaled_i . block_j + bias) in row chunks, in the two [chunk, len(block)] buffers given:
-    softplus(z) = max(z, 0) + log1p(exp(-|z|)), every step in place."""
-    total = scaled.new_zeros(())
-    for s in range(0, len(scaled), chunk):
-        c = min(chunk, len(scaled) - s)
-        logits = torch.mm(scaled[s:s + chunk], block.T, out=z[:c]).add_(bias)
-        tail = torch.abs(logits, out=spare[:c]).neg_().exp_().log1p_()
-        total += logits.clamp_(min=0).add_(tail).sum()
-    return total
-
-
 class _RingSoftplusSum(torch.autograd.Function):
     """sum over every rank's texts b of sum_ij softplus(a_i . b_j / t + bias), / len(a): the sigmoid loss's negative
     part of this rank's images against all texts, the texts passed around the ring instead of gathered.
@@ -143,7 +130,7 @@ class _RingSoftplusSum(torch.autograd.Function):
         scaled = a / t  # the same every step
         total = a.new_zeros(())
         for step in range(world):
-            total += _softplus_rows(scaled, held, bias, chunk, z, spare)
+            total += loss_lib.softplus_rows(scaled, held, bias, chunk, z, spare)
             if step < world - 1:
                 held, arriving = _exchange(held, arriving), held
         ctx.save_for_backward(a, b, t, bias)
@@ -199,10 +186,7 @@ def gathered_sigmoid_loss(img: torch.Tensor, txt: torch.Tensor, temperature: tor
     offset = dist.get_rank() * n
     if loss_lib.chunked(implementation, len(txt_all)):
         return loss_lib.chunked_sigmoid_loss(img, txt_all, temperature, bias, offset=offset)
-    logits = loss_lib.at_least_fp32(img) @ loss_lib.at_least_fp32(txt_all).T / temperature + bias  # [n, B]
-    labels = -torch.ones_like(logits)
-    labels[torch.arange(n), torch.arange(offset, offset + n)] = 1.0
-    return -F.logsigmoid(labels * logits).sum() / n
+    return loss_lib.naive_sigmoid_loss(img, txt_all, temperature, bias, offset=offset)
 
 
 def gathered_filip_loss(img: torch.Tensor, img_mask: torch.Tensor, txt: torch.Tensor, txt_mask: torch.Tensor,

@@ -97,30 +97,47 @@ def sigmoid_loss(img: torch.Tensor, txt: torch.Tensor, temperature: torch.Tensor
     AUTO_CHUNKED_FROM pairs on)."""
     if chunked(implementation, len(img)):
         return chunked_sigmoid_loss(img, txt, temperature, bias)
-    logits = at_least_fp32(img) @ at_least_fp32(txt).T / temperature + bias  # [B, B]
-    labels = 2.0 * torch.eye(len(img), device=img.device) - 1.0  # +1 on the diagonal, -1 elsewhere
-    return -F.logsigmoid(labels * logits).sum() / len(img)
+    return naive_sigmoid_loss(img, txt, temperature, bias)
+
+
+def naive_sigmoid_loss(a: torch.Tensor, b: torch.Tensor, temperature: torch.Tensor, bias: torch.Tensor,
+                       offset: int = 0) -> torch.Tensor:
+    """The rows of `a` against every row of `b`, row i's positive at column offset + i, from the materialized
+    [n, m] logits (kept for the backward)."""
+    logits = at_least_fp32(a) @ at_least_fp32(b).T / temperature + bias  # [n, m]
+    labels = -torch.ones_like(logits)  # +1 on the positives, -1 elsewhere
+    labels[torch.arange(len(a)), torch.arange(offset, offset + len(a))] = 1.0
+    return -F.logsigmoid(labels * logits).sum() / len(a)
+
+
+def softplus_rows(scaled: torch.Tensor, b: torch.Tensor, bias: torch.Tensor, chunk: int, z: torch.Tensor,
+                  spare: torch.Tensor) -> torch.Tensor:
+    """sum_ij softplus(scaled_i . b_j + bias) in row chunks, in the two [chunk, len(b)] buffers given:
+    softplus(z) = max(z, 0) + log1p(exp(-|z|)), every step in place."""
+    total = scaled.new_zeros(())
+    for s in range(0, len(scaled), chunk):
+        c = min(chunk, len(scaled) - s)
+        logits = torch.mm(scaled[s:s + chunk], b.T, out=z[:c]).add_(bias)
+        tail = torch.abs(logits, out=spare[:c]).neg_().exp_().log1p_()
+        total += logits.clamp_(min=0).add_(tail).sum()
+    return total
 
 
 class _SoftplusSum(torch.autograd.Function):
     """sum_ij softplus(Z_ij) / n, Z = a @ b.T / t + bias, in row blocks of `chunk`: the sigmoid loss's negative
     part, every pair scored as a negative (the positives' correction is a dot product: `chunked_sigmoid_loss`).
 
-    Forward keeps no block; backward recomputes each block of Z, whose gradient is sigmoid(Z) / n, in two reused
-    buffers. The temperature divides each [c, d] slice of `a`, and its gradient needs no block:
+    Forward keeps no block (`softplus_rows`, in two reused buffers); backward recomputes each block of Z, whose
+    gradient is sigmoid(Z) / n, in one reused buffer. The temperature divides each [c, d] slice of `a`, and its gradient needs no block:
     sum_ij G_ij (Z_ij - bias) = sum(a / t * (G @ b)); the bias's is sum_ij G_ij."""
 
     @staticmethod
     def forward(ctx, a, b, t, bias, chunk: int):
-        n, m = a.shape[0], b.shape[0]
-        total = a.new_zeros(())
-        buffer = a.new_empty(min(chunk, n), m)
-        for s in range(0, n, chunk):
-            block = torch.mm(a[s:s + chunk] / t, b.T, out=buffer[:min(chunk, n - s)]).add_(bias)  # [c, m]
-            total += F.softplus(block).sum()
+        rows = min(chunk, len(a))
+        total = softplus_rows(a / t, b, bias, chunk, a.new_empty(rows, len(b)), a.new_empty(rows, len(b)))
         ctx.save_for_backward(a, b, t, bias)
         ctx.chunk = chunk
-        return total / n
+        return total / len(a)
 
     @staticmethod
     def backward(ctx, grad):

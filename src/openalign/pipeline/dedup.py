@@ -189,13 +189,17 @@ def nearest_cells(vectors: np.ndarray, centroids: np.ndarray, top: int) -> np.nd
     return cells.search(np.ascontiguousarray(vectors, dtype=np.float32), min(top, len(centroids)))[1].astype(np.int64)
 
 
-def cell_index(cells: np.ndarray, n_cells: int):
-    """The evaluation images' [E, top] nearest cells as a sparse [n_cells, E] incidence matrix (CSC-ready CSR)."""
+def cell_incidence(cells: np.ndarray, n_cells: int):
+    """Images' [N, top] nearest cells as a sparse [N, n_cells] 0/1 matrix (CSR)."""
     from scipy import sparse
 
-    rows = cells.ravel()
-    owners = np.repeat(np.arange(len(cells), dtype=np.int64), cells.shape[1])
-    return sparse.csr_matrix((np.ones(len(rows), np.int16), (rows, owners)), shape=(n_cells, len(cells)))
+    rows = np.repeat(np.arange(len(cells), dtype=np.int64), cells.shape[1])
+    return sparse.csr_matrix((np.ones(len(rows), np.int16), (rows, cells.ravel())), shape=(len(cells), n_cells))
+
+
+def cell_index(cells: np.ndarray, n_cells: int):
+    """The evaluation images' [E, top] nearest cells as a sparse [n_cells, E] incidence matrix."""
+    return cell_incidence(cells, n_cells).T.tocsr()
 
 
 def bucket_pairs(cells: np.ndarray, index, choose: int) -> tuple[np.ndarray, np.ndarray]:
@@ -204,12 +208,7 @@ def bucket_pairs(cells: np.ndarray, index, choose: int) -> tuple[np.ndarray, np.
     nearest cells are the same, so the buckets need not be listed: the training rows' cell incidence times the
     evaluation side's (`cell_index`) counts the cells each pair shares (a sparse product), and the pairs with
     `choose` or more are kept."""
-    from scipy import sparse
-
-    n_cells = index.shape[0]
-    rows = np.repeat(np.arange(len(cells), dtype=np.int64), cells.shape[1])
-    mine = sparse.csr_matrix((np.ones(len(rows), np.int16), (rows, cells.ravel())), shape=(len(cells), n_cells))
-    shared = (mine @ index).tocsr()
+    shared = (cell_incidence(cells, index.shape[0]) @ index).tocsr()
     shared.data[shared.data < choose] = 0
     shared.eliminate_zeros()
     shared.sort_indices()
@@ -217,8 +216,8 @@ def bucket_pairs(cells: np.ndarray, index, choose: int) -> tuple[np.ndarray, np.
     return coo.row.astype(np.int64), coo.col.astype(np.int64)
 
 
-def bucket_best(embeds: np.ndarray, evaluation: np.ndarray, cells: np.ndarray, index: tuple[np.ndarray, np.ndarray],
-                choose: int, rows_per_chunk: int = 2048) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def bucket_best(embeds: np.ndarray, evaluation: np.ndarray, cells: np.ndarray, index, choose: int,
+                rows_per_chunk: int = 2048) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For each training row: the highest cosine to an evaluation image it shares a bucket with (NaN: none), that
     image (-1: none), and how many evaluation images it was compared with."""
     best = np.full(len(embeds), np.nan)
