@@ -116,19 +116,19 @@ def openclip_loss_module():
 
 def sigmoid_fn(kind: str, rank: int = 0, world: int = 1):
     """(img, txt, t, bias) -> this process's loss."""
-    from openalign import distributed
     from openalign import loss as L
+    from openalign.loss import sigmoid, softmax
 
     if kind == "sigmoid_naive":
         return lambda img, txt, t, b: L.sigmoid_loss(img, txt, t, b, "naive")
     if kind == "sigmoid_chunked":
         return lambda img, txt, t, b: L.sigmoid_loss(img, txt, t, b, "chunked")
     if kind == "gather":
-        return lambda img, txt, t, b: distributed.gathered_sigmoid_loss(img, txt, t, b, "chunked")
+        return lambda img, txt, t, b: sigmoid.gathered_sigmoid_loss(img, txt, t, b, "chunked")
     if kind == "ring":
-        return lambda img, txt, t, b: distributed.ring_sigmoid_loss(img, txt, t, b, "chunked")
+        return lambda img, txt, t, b: sigmoid.ring_sigmoid_loss(img, txt, t, b, "chunked")
     if kind == "softmax":  # the paper's loss, gathered both ways, chunked: for the by-world-size table
-        return lambda img, txt, t, b: distributed.gathered_softmax_loss(img, txt, t, 0.1, "chunked")
+        return lambda img, txt, t, b: softmax.gathered_softmax_loss(img, txt, t, 0.1, "chunked")
     module = openclip_loss_module()
     if kind == "openclip_siglip":  # its default exchange under torchrun (bidirectional neighbour exchange)
         loss = module.SigLipLoss(rank=rank, world_size=world)

@@ -39,10 +39,10 @@ from openalign.data import tars
 from openalign.data import transforms
 from openalign.corpora import resolve_data
 from openalign.data.loader import Position, StreamSpec, epoch_plan, train_loader
-from openalign.model.dual_encoder import DualEncoder, hf_config
+from openalign.model.dual_encoder import DualEncoder, Encoding, hf_config
 from openalign.tokenizer import train_tokenizer
 from openalign.train.optim import build_optimizer, set_lr
-from openalign.train.step import compute_loss, forward_backward
+from openalign.train.step import batch_loss, forward_backward
 
 WORLD = 2
 
@@ -233,7 +233,8 @@ def gloo_check(args, cfg, batch) -> dict:
         i, t = model(chunk["pixel_values"].double(), chunk["input_ids"], chunk["attention_mask"])
         img.append(i.embeds)
         txt.append(t.embeds)
-    loss = compute_loss(model, torch.cat(img), torch.cat(txt), dataclasses.replace(cfg.loss, implementation="naive"))
+    loss = batch_loss(model, Encoding(torch.cat(img), None), Encoding(torch.cat(txt), None),
+                      dataclasses.replace(cfg.loss, implementation="naive"))
     loss.backward()
     # relative to the largest gradient entry of the model: some gradients are zero up to rounding (a
     # BatchNorm bias followed by another BatchNorm), where a per-tensor ratio would only compare noise

@@ -2,6 +2,7 @@ import dataclasses
 
 import pytest
 
+import openalign.loss  # noqa: F401  (registers the loss kinds, whose rules config.check asks)
 from openalign import config as config_lib
 from openalign import presets
 from openalign.config import Config, ConfigError
@@ -39,34 +40,39 @@ def test_unknown_preset_suggests():
         presets.get("align-b7-bas")
 
 
-def test_kinds_are_literal_and_checked_once_with_every_rule_across_fields_and_processes():
+def test_kinds_are_checked_once_with_every_rule_across_fields_and_processes():
     from openalign.config import check, override
 
     cfg = presets.get("tiny")
-    with pytest.raises(ConfigError, match="loss.kind=hinge must be softmax, sigmoid or filip"):
+    with pytest.raises(ConfigError, match="loss.kind=hinge must be softmax, sigmoid or filip"):  # the registered kinds
         check(override(cfg, ["loss.kind=hinge"]))
     bad = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, implementation="fast"))
     with pytest.raises(ConfigError, match="loss.implementation=fast must be auto, naive or chunked"):
         check(bad)
-    sigmoid = override(cfg, ["loss.kind=sigmoid", "loss.negatives_fraction=0.5", "train.fsdp=true",
-                             "loss.label_smoothing=0"])
     check(override(cfg, ["loss.kind=sigmoid", "loss.label_smoothing=0"]))  # one process: fine
     check(override(cfg, ["loss.kind=sigmoid", "loss.label_smoothing=0"]), world=2)  # and under torchrun (a ring)
     check(override(cfg, ["loss.kind=sigmoid", "loss.label_smoothing=0", "loss.exchange=gather"]), world=2)
-    with pytest.raises(ConfigError, match="loss.exchange=ring chooses how the sigmoid loss's texts"):
+    with pytest.raises(ConfigError, match="loss.exchange=ring chooses how the sigmoid loss's texts reach every rank, "
+                                          "which loss.kind=softmax does not use: set loss.exchange=auto"):
         check(override(cfg, ["loss.exchange=ring"]))  # the softmax gathers: the option would be ignored
-    with pytest.raises(ConfigError, match="2 config values") as err:
-        check(dataclasses.replace(sigmoid, train=dataclasses.replace(sigmoid.train, fsdp=False)), world=2)
-    assert "runs in one process" in str(err.value) and "is for the softmax loss" in str(err.value)
+    check(override(cfg, ["loss.negatives_fraction=0.5"]), world=1)
+    with pytest.raises(ConfigError, match="2 config values") as err:  # the kind's rules join the others
+        check(override(cfg, ["loss.negatives_fraction=0.5", "train.fsdp=true", "train.shard_optimizer=true"]), world=2)
+    assert "already shards" in str(err.value) and "(the Table 8 ablation) runs in one process" in str(err.value)
     # options the sigmoid loss would ignore without a word (before: silently ignored)
-    with pytest.raises(ConfigError, match="set loss.label_smoothing=0 with loss.kind=sigmoid"):
+    with pytest.raises(ConfigError, match="smooths the softmax's targets, which loss.kind=sigmoid does not use: set "
+                                          "loss.label_smoothing=0.0"):
         check(override(cfg, ["loss.kind=sigmoid", "loss.label_smoothing=0.1"]))
-    with pytest.raises(ConfigError, match="is for the softmax loss; the sigmoid loss uses every pair"):
+    with pytest.raises(ConfigError, match="drops in-batch negatives .* which loss.kind=sigmoid does not use"):
         check(override(cfg, ["loss.kind=sigmoid", "loss.label_smoothing=0", "loss.negatives_fraction=0.5"]))
+    with pytest.raises(ConfigError, match="drops in-batch negatives .* which loss.kind=filip does not use"):
+        check(override(cfg, ["loss.kind=filip", "loss.negatives_fraction=0.5"]))
+    with pytest.raises(ConfigError, match="loss.kind=filip does not run with train.micro_batch"):
+        check(override(cfg, ["loss.kind=filip", "train.micro_batch=4"]))
     with pytest.raises(ConfigError, match="train.fsdp=true shards over torchrun processes"):
         check(override(cfg, ["train.fsdp=true"]), world=1)
     check(override(cfg, ["loss.direction=text_to_image"]), world=2)  # one term is exact when gathered too
-    with pytest.raises(ConfigError, match="the sigmoid loss has no direction"):
+    with pytest.raises(ConfigError, match="keeps one of the softmax's two terms, which loss.kind=sigmoid does not use"):
         check(override(cfg, ["loss.kind=sigmoid", "loss.direction=image_to_text", "loss.label_smoothing=0"]))
     with pytest.raises(ConfigError, match="loss.direction=rows must be both, image_to_text or text_to_image"):
         check(override(cfg, ["loss.direction=rows"]))

@@ -203,18 +203,17 @@ def sigmoid_worker(rank: int, world: int, port: int, out: str, implementation: s
     """This rank's share of the gathered sigmoid loss on its slice of a 12-pair fp64 batch, and its gradients."""
     import torch.distributed as dist
 
-    from openalign import distributed
-    from openalign import loss as loss_lib
+    from openalign.loss import base, sigmoid
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    loss_lib.CHUNK_BYTES = 8 * 12 * 2  # chunked: blocks of 2 rows of the 12 gathered texts
+    base.CHUNK_BYTES = 8 * 12 * 2  # chunked: blocks of 2 rows of the 12 gathered texts
     img, txt, t, bias = sigmoid_batch()
     n = 12 // world
     img, txt = img[rank * n:(rank + 1) * n].clone().requires_grad_(), txt[rank * n:(rank + 1) * n].clone().requires_grad_()
     t, bias = t.clone().requires_grad_(), bias.clone().requires_grad_()
-    shares = {"gather": distributed.gathered_sigmoid_loss, "ring": distributed.ring_sigmoid_loss}
+    shares = {"gather": sigmoid.gathered_sigmoid_loss, "ring": sigmoid.ring_sigmoid_loss}
     loss = shares[exchange](img, txt, t, bias, implementation)
     loss.backward()
     scalars = torch.stack([loss.detach(), t.grad, bias.grad])

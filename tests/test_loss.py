@@ -5,6 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from openalign import loss as L
+from openalign.config import LossConfig
+from openalign.loss import base, softmax
 
 
 def naive_softmax_loss(img, txt, t, smoothing):
@@ -58,7 +60,7 @@ def test_one_direction_is_one_cross_entropy_term(implementation):
 
 def test_temperature_floor_keeps_loss_finite():
     img = F.normalize(torch.randn(8, 4), dim=-1)
-    t = L.clamp_temperature(torch.tensor(-3.0), 1e-3)
+    t = L.create(LossConfig()).temperature({"temperature": torch.tensor(-3.0)})
     assert t.item() == pytest.approx(1e-3)
     assert torch.isfinite(L.softmax_loss(img, img.flip(0), t, 0.1))
 
@@ -185,15 +187,15 @@ def test_chunked_loss_is_stable_at_extreme_temperatures():
 
 def test_auto_picks_the_chunked_loss_for_large_batches(monkeypatch):
     calls = []
-    monkeypatch.setattr(L, "chunked_cross_entropy", lambda *a, **k: calls.append(len(a[0])) or torch.tensor(0.0))
+    monkeypatch.setattr(softmax, "chunked_cross_entropy", lambda *a, **k: calls.append(len(a[0])) or torch.tensor(0.0))
     x = torch.eye(8)
     L.contrastive_loss(x, x, torch.tensor(1.0), implementation="auto")
-    monkeypatch.setattr(L, "AUTO_CHUNKED_FROM", 8)
+    monkeypatch.setattr(base, "AUTO_CHUNKED_FROM", 8)
     L.contrastive_loss(x, x, torch.tensor(1.0), implementation="auto")
     L.contrastive_loss(x, x, torch.tensor(1.0), negatives=torch.ones(8, 8, dtype=torch.bool), implementation="chunked")
     assert calls == [8]  # below the threshold and with a negatives mask: materialized
     assert [L.chunked(i, n) for i, n in (("auto", 7), ("auto", 8), ("naive", 9), ("chunked", 1))] == \
-        [False, True, False, True]  # one rule, which distributed.gathered_softmax_loss uses too
+        [False, True, False, True]  # one rule, which softmax.gathered_softmax_loss uses too
     # an unknown implementation is refused once, when the config is checked, not on every call
     from openalign import presets
     from openalign.config import ConfigError, check, override

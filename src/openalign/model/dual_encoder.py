@@ -31,6 +31,7 @@ from torch import nn
 from transformers import (AlignConfig, AlignModel, AlignTextConfig, AlignVisionConfig, BertConfig, CLIPModel,
                           CLIPVisionConfig, VisionTextDualEncoderConfig, VisionTextDualEncoderModel)
 
+from openalign import loss as loss_lib
 from openalign.config import ConfigError, LossConfig, ModelConfig, VisionConfig
 from openalign.model.cls_only import cls_only, use_cls_only_last_layer
 from openalign.model.depthwise import use_fast_depthwise
@@ -155,16 +156,17 @@ class DualEncoder(TwoTowers):
         super().__init__()
         loss = loss or LossConfig()
         self.cfg = cfg
-        self.keep_tokens = loss.kind == "filip"  # forward() returns token vectors too (the late-interaction loss)
+        kind = loss_lib.kind_of(loss)
+        self.keep_tokens = kind.tokens  # forward() returns token vectors too (a late-interaction loss)
         self.image_projection = None
         self.build(hf, loss)
         if loss.temperature.fixed > 0:
             with torch.no_grad():
                 self.temperature.fill_(loss.temperature.fixed)
             self.temperature.requires_grad_(False)
-        # SigLIP's learned bias; only the sigmoid loss has one.
-        self.logit_bias = nn.Parameter(torch.tensor(loss.temperature.sigmoid_bias_init)) if loss.kind == "sigmoid" \
-            else None
+        # a logit bias (SigLIP's), where the loss kind learns one
+        start = kind.initial_scalars(loss)
+        self.logit_bias = nn.Parameter(torch.tensor(float(start["bias"]))) if "bias" in start else None
         self.speed_up()
 
     # ------------------------------------------------------------------ what each kind of image tower says
@@ -216,11 +218,16 @@ class DualEncoder(TwoTowers):
         """The towers' repeated blocks (FSDP's units; memory bench)."""
         return [*self.vision_blocks(), *self.text_blocks()]
 
-    def scale_parameters(self) -> dict[str, nn.Parameter]:
-        """The learned scales of the logits (loss.temperature): the temperature, and SigLIP's bias when the loss
-        has one; those of them that are learned. The optimizer gives them their own group."""
+    def scales(self) -> dict[str, torch.Tensor]:
+        """The scalars of the logits the loss reads, by name (its `scalars`): the temperature, and the logit bias
+        when the loss kind learns one."""
         found = {"temperature": self.temperature, "bias": self.logit_bias}
-        return {name: p for name, p in found.items() if p is not None and p.requires_grad}
+        return {name: p for name, p in found.items() if p is not None}
+
+    def scale_parameters(self) -> dict[str, nn.Parameter]:
+        """Those of `scales()` that are learned (not loss.temperature.fixed). The optimizer gives them their own
+        group."""
+        return {name: p for name, p in self.scales().items() if p.requires_grad}
 
     def encode_image(self, pixel_values: torch.Tensor, tokens: bool = False) -> Encoding:
         """pixel_values [B, 3, H, W] in [-1, 1] (data/transforms.py), mapped to what the tower was trained on;

@@ -29,38 +29,13 @@ from openalign.model.dual_encoder import DualEncoder, Encoding
 from openalign.train import fsdp
 
 
-def compute_loss(core: DualEncoder, img: torch.Tensor, txt: torch.Tensor, cfg: LossConfig,
-                 layout: distributed.Dist = distributed.Dist(), generator: torch.Generator | None = None,
-                 scales: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
-    """The configured loss of aligned embeddings; `scales` replaces the temperature / bias parameters
-    (gradient caching differentiates with respect to detached copies)."""
-    scales = scales or {}
-    temperature = loss_lib.clamp_temperature(scales.get("temperature", core.temperature), cfg.temperature.min)
-    if cfg.kind == "sigmoid":
-        bias = scales.get("bias", core.logit_bias)
-        if layout.active:
-            exchange = distributed.gathered_sigmoid_loss if cfg.exchange == "gather" else distributed.ring_sigmoid_loss
-            return exchange(img, txt, temperature, bias, cfg.implementation)
-        return loss_lib.sigmoid_loss(img, txt, temperature, bias, cfg.implementation)
-    if layout.active:
-        return distributed.gathered_softmax_loss(img, txt, temperature, cfg.label_smoothing, cfg.implementation,
-                                                 cfg.direction)
-    negatives = loss_lib.negatives_mask(len(img), cfg.negatives_fraction, generator, img.device)
-    return loss_lib.contrastive_loss(img, txt, temperature, cfg.label_smoothing, negatives, cfg.implementation,
-                                     cfg.direction)
-
-
 def batch_loss(core: DualEncoder, img: Encoding, txt: Encoding, cfg: LossConfig,
-               layout: distributed.Dist = distributed.Dist(), generator: torch.Generator | None = None) -> torch.Tensor:
-    """The configured loss of one batch's encodings. loss.kind=filip: the pooled softmax loss plus the same loss
-    over the late-interaction scores of their token vectors; the pooled term trains the embeddings the
-    two-stage search shortlists with, the late term those it re-ranks with."""
-    pooled = compute_loss(core, img.embeds, txt.embeds, cfg, layout, generator)
-    if cfg.kind != "filip":
-        return pooled
-    temperature = loss_lib.clamp_temperature(core.temperature, cfg.temperature.min)
-    args = (img.tokens, img.mask, txt.tokens, txt.mask, temperature, cfg.label_smoothing, cfg.direction)
-    return pooled + (distributed.gathered_filip_loss(*args) if layout.active else loss_lib.filip_loss(*args))
+               layout: distributed.Dist = distributed.Dist(), generator: torch.Generator | None = None,
+               scales: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+    """The configured loss (loss_lib.create) of one batch's encodings; `scales` replaces the model's learned scalars
+    (gradient caching differentiates with respect to detached copies)."""
+    loss = loss_lib.create(cfg, layout.world)
+    return loss(img, txt, {**core.scales(), **(scales or {})}, generator)
 
 
 def _rng_state(device: torch.device):
@@ -120,7 +95,7 @@ def _forward_backward(model, core, batch, loss_cfg, micro_batch, layout, device,
     txt = torch.cat(txt_parts).requires_grad_()
     params = core.scale_parameters()
     scales = {k: p.detach().requires_grad_() for k, p in params.items()}
-    loss = compute_loss(core, img, txt, loss_cfg, layout, generator, scales)
+    loss = batch_loss(core, Encoding(img, None), Encoding(txt, None), loss_cfg, layout, generator, scales)
     loss.backward()  # d loss / d embeddings (and temperature), for the whole batch
     ddp = isinstance(model, DistributedDataParallel)
     for i, part in enumerate(parts):  # pass 2: each micro-batch again, with a graph and its cached gradients
