@@ -1,6 +1,7 @@
 """Real launches in subprocesses: SIGKILL then --resume, and two processes under torchrun."""
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -126,16 +127,39 @@ def test_a_study_under_torchrun_trains_each_run_on_both_processes_and_reports_on
     assert results["variants"] == first and stamps == first_stamps
 
 
-def test_the_sigmoid_loss_trains_under_torchrun(shapes, tmp_path):
+def test_the_sigmoid_loss_under_torchrun_equals_one_process_on_the_whole_batch(shapes, tmp_path, monkeypatch):
     # Before: `loss.kind=sigmoid` was refused under torchrun ("runs in one process"). Now each rank scores its
-    # images against every rank's texts (distributed.gathered_sigmoid_loss; its equality with one process:
-    # tests/test_distributed.py).
+    # images against every rank's texts, passed around a ring (loss/sigmoid.py; the loss's own equality with one
+    # process in fp64: tests/test_distributed.py). Here the whole command: 2 processes against one process that
+    # reads both ranks' batches as one (BatchNorm per rank on both sides: gradient caching over the two halves).
+    from openalign import cli
+    from openalign.data import tars
+    from openalign.data.loader import Position, epoch_plan, train_loader
+    from openalign.train import trainer
+
+    overrides = ("loss.kind=sigmoid", "loss.label_smoothing=0", "loss.implementation=chunked", "train.steps=5",
+                 "train.eval_every=0", "train.checkpoint_every=0", "model.text.dropout=0")  # dropout: per rank
     run = tmp_path / "run"
-    argv = train_argv(shapes, run, "loss.kind=sigmoid", "loss.label_smoothing=0", "loss.implementation=chunked",
-                      "train.steps=3", "train.eval_every=0", "train.checkpoint_every=0")
-    done = subprocess.run(TORCHRUN + ["--master_port", str(free_port()), "-m", "openalign.cli", *argv], env=env(),
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(TORCHRUN + ["--master_port", str(free_port()), "-m", "openalign.cli",
+                                      *train_argv(shapes, run, *overrides)], env=env(), capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    steps = losses(run)
-    assert sorted(steps) == [1, 2, 3] and all(0 < loss < 1e4 for loss in steps.values())
     assert len(torch.load(run / "checkpoint.pt", weights_only=False)["ranks"]) == 2
+
+    def both_ranks_as_one(spec, tokenizer, plan, position):
+        counts = {s: tars.count_samples(s) for s in spec.shards}
+        ranks = [dataclasses.replace(spec, rank=r, world_size=2, rank_batch=spec.rank_batch // 2) for r in (0, 1)]
+        streams = [train_loader(r, tokenizer, epoch_plan(r, counts, Position(), 5)) for r in ranks]
+        for halves in zip(*streams):
+            width = max(h["input_ids"].shape[1] for h in halves)  # each half is padded to its own longest text
+            batch = {k: torch.cat([torch.nn.functional.pad(h[k], (0, width - h[k].shape[1])) if k != "pixel_values"
+                                   else h[k] for h in halves]) for k in ("pixel_values", "input_ids", "attention_mask")}
+            yield halves[0] | batch | {"keys": halves[0]["keys"] + halves[1]["keys"]}
+
+    monkeypatch.setattr(trainer, "train_loader", both_ranks_as_one)
+    one = tmp_path / "one"
+    assert cli.main(train_argv(shapes, one, *overrides, "train.micro_batch=4")) == 0
+    together, alone = losses(run), losses(one)
+    assert sorted(together) == [1, 2, 3, 4, 5] and sorted(alone) == [1, 2, 3, 4, 5]
+    assert max(abs(together[s] - alone[s]) for s in together) <= 1e-5, (together, alone)
+    assert len(set(round(v, 4) for v in together.values())) > 1  # it trained: the loss moved

@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from openalign import loss as loss_lib
 from openalign import presets
 from openalign.model.dual_encoder import DualEncoder, vision_pooled_dim
 
@@ -9,7 +10,8 @@ from openalign.model.dual_encoder import DualEncoder, vision_pooled_dim
 def test_paper_presets_build_on_meta_with_paper_dims(name):
     cfg = presets.get(name)
     assert (cfg.model.vision.resize_size, cfg.model.vision.image_size, cfg.model.text.max_length) == (346, 289, 64)
-    assert cfg.loss.temperature.init == 1.0 and cfg.loss.label_smoothing == 0.1
+    start = loss_lib.kind_of(cfg.loss).initial_scalars(cfg.loss)["temperature"]  # init 0: the paper loss's own
+    assert start == 1.0 and cfg.loss.temperature.init == 0.0 and cfg.loss.label_smoothing == 0.1
     assert cfg.optim.name == "lamb" and cfg.optim.weight_decay == 1e-5 and cfg.data.global_batch == 16_384
     with torch.device("meta"):
         model = DualEncoder(cfg.model, cfg.loss)

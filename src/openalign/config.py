@@ -192,10 +192,17 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TemperatureConfig:
-    """The learned scale of the logits, in one place: the model creates it, the loss clamps it, the optimizer
-    gives it its own learning rate (DualEncoder.scale_parameters)."""
+    """The learned scale of the logits, in one place: the loss kind says how it starts and how it is learned, the
+    model creates it, the loss floors it, the optimizer gives it its own learning rate (DualEncoder.scale_parameters)."""
 
-    init: Annotated[float, POSITIVE] = 1.0  # paper: 1.0 (CLIP: 0.07)
+    # the starting temperature T (logits = cosine / T); 0: the loss kind's own (softmax and filip: 1.0, the
+    # paper's; sigmoid: 0.1, SigLIP's logit scale 10)
+    init: Annotated[float, non_negative("0 (the loss kind's own) or a positive number")] = 0.0
+    # what is learned: raw, T itself (the paper's divisor); log, log(1/T), the log of the logits' scale (CLIP's
+    # logit_scale, SigLIP's t'); auto: the loss kind's own (softmax and filip: raw; sigmoid: log)
+    parameterization: Literal["auto", "raw", "log"] = "auto"
+    # > 0: the logits' scale 1/T is capped here (CLIP: 100), as T is floored at min; past either, T's gradient is 0
+    max_scale: Annotated[float, non_negative("0 (no cap) or a positive number")] = 0.0
     fixed: Annotated[float, non_negative("0 (learned) or a positive number")] = 0.0  # > 0: not learned, held at this value (Table 8: 1/128, 1/64, 1/32)
     min: Annotated[float, POSITIVE] = 1e-3  # floor: logits stay finite, the loss cannot diverge
     # Multiplier on its learning rate. The paper's 1.0 init moves by ~lr per step under LAMB (trust ratio
@@ -373,8 +380,11 @@ def moved_key(key: str) -> str:
 
 
 def _moved(data: dict) -> dict:
-    """A saved Config dict with the keys of MOVED at their new places."""
+    """A saved Config dict with the keys of MOVED at their new places, and what a config saved before a key existed
+    meant: one without loss.temperature.parameterization learned the raw divisor T, whatever its loss."""
     data = json.loads(json.dumps(data))
+    if isinstance(data.get("loss"), dict):
+        data["loss"].setdefault("temperature", {}).setdefault("parameterization", "raw")
     for old, new in MOVED.items():
         *path, name = old.split(".")
         node = data
@@ -584,6 +594,9 @@ def _cross_field(cfg: Config, world: int) -> list[str]:
     t = cfg.loss.temperature
     if t.fixed and t.fixed < t.min:
         problems.append(f"loss.temperature.fixed={t.fixed} is below loss.temperature.min={t.min}")
+    if t.fixed and t.max_scale and t.fixed * t.max_scale < 1:
+        problems.append(f"loss.temperature.fixed={t.fixed} is a logit scale of {1 / t.fixed:g}, above "
+                        f"loss.temperature.max_scale={t.max_scale}")
     return problems
 
 

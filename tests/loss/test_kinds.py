@@ -45,8 +45,9 @@ def test_each_kind_is_one_registered_module_and_the_factory_builds_it():
     for name, kind in config_lib.LOSS_KINDS.items():
         assert kind.__module__ == f"openalign.loss.{name}" and kind.name == name
         assert isinstance(loss_lib.create(LossConfig(kind=name), world=2), kind)
-    assert loss_lib.kind_of(LossConfig(kind="sigmoid")).initial_scalars(LossConfig()) == {"temperature": 1.0,
+    assert loss_lib.kind_of(LossConfig(kind="sigmoid")).initial_scalars(LossConfig()) == {"temperature": 0.1,
                                                                                            "bias": -10.0}
+    assert loss_lib.kind_of(LossConfig()).initial_scalars(LossConfig()) == {"temperature": 1.0}  # the paper's
 
 
 def test_no_module_outside_the_registry_names_a_loss_kind():

@@ -29,7 +29,7 @@ def trained_like_model():
         for m in model.modules():
             if isinstance(m, torch.nn.BatchNorm2d):
                 m.running_mean.uniform_(-0.1, 0.1)
-        model.temperature.fill_(0.05)
+        model.set_temperature(0.05)
     return cfg, model
 
 
@@ -182,7 +182,7 @@ def test_a_save_that_fails_leaves_the_previous_model_directory(tmp_path, monkeyp
 
     monkeypatch.setattr(hub.config_lib, "save", cut_short)  # openalign.json, after the weights
     with torch.no_grad():
-        model.temperature.fill_(0.5)
+        model.set_temperature(0.5)
     with pytest.raises(OSError):
         save_pretrained(model, None, out, cfg)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before

@@ -34,7 +34,7 @@ def vit_model(pool: str = "cls"):
     torch.manual_seed(0)
     model = DualEncoder(cfg.model, cfg.loss).eval()
     with torch.no_grad():
-        model.temperature.fill_(0.05)  # away from its init: the saved logit_scale must follow
+        model.set_temperature(0.05)  # away from its init: the saved logit_scale must follow
     return cfg, model
 
 

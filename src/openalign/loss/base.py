@@ -10,12 +10,13 @@ chunked and gathered forms, chosen by the configured implementation and the worl
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 import torch
 
 from openalign import config as config_lib
-from openalign.config import Config, LossConfig
+from openalign.config import Config, LossConfig, TemperatureConfig
 
 CHUNK_BYTES = 32 * 2**20  # chunked loss: bytes of one [rows, B] block of logits (a few are alive at once)
 AUTO_CHUNKED_FROM = 4_096  # `implementation="auto"`: batches at least this large use the chunked loss
@@ -39,6 +40,8 @@ class Loss:
 
     name: ClassVar[str] = ""
     scalars: ClassVar[tuple[str, ...]] = ("temperature",)  # the learned scalars it reads (model parameters, saved)
+    temperature_init: ClassVar[float] = 1.0  # T at the start when loss.temperature.init is 0 (the paper's 1.0)
+    parameterization: ClassVar[str] = "raw"  # how T is learned when loss.temperature.parameterization is auto
     tokens: ClassVar[bool] = False  # reads token vectors (late interaction); gradient caching keeps pooled ones only
     options: ClassVar[frozenset[str]] = frozenset()  # the OPTIONS it reads
 
@@ -47,9 +50,16 @@ class Loss:
 
     @classmethod
     def initial_scalars(cls, cfg: LossConfig) -> dict[str, float]:
-        """How its learned scalars start."""
-        start = {"temperature": cfg.temperature.init, "bias": cfg.temperature.sigmoid_bias_init}
+        """How its learned scalars start: the temperature T (whichever way it is learned) and the logit bias."""
+        start = {"temperature": cfg.temperature.init or cls.temperature_init, "bias": cfg.temperature.sigmoid_bias_init}
         return {name: start[name] for name in cls.scalars}
+
+    @classmethod
+    def learned_as(cls, cfg: LossConfig) -> str:
+        """How the temperature is learned (loss.temperature.parameterization, auto: the kind's own): raw (T) or log
+        (log(1/T))."""
+        chosen = cfg.temperature.parameterization
+        return cls.parameterization if chosen == "auto" else chosen
 
     @classmethod
     def rules(cls, cfg: Config, world: int) -> list[str]:
@@ -69,8 +79,8 @@ class Loss:
         return problems
 
     def temperature(self, scales: dict[str, torch.Tensor]) -> torch.Tensor:
-        # The temperature is a learned divisor: bounded below, logits stay finite whatever the optimizer does.
-        return scales["temperature"].clamp(min=self.cfg.temperature.min)
+        """T from the model's learned parameter `scales["temperature"]` (`temperature_of`)."""
+        return temperature_of(scales["temperature"], self.learned_as(self.cfg), self.cfg.temperature)
 
     def __call__(self, img, txt, scales: dict[str, torch.Tensor], generator: torch.Generator | None = None
                  ) -> torch.Tensor:
@@ -103,6 +113,19 @@ def kind_of(cfg: LossConfig) -> type[Loss]:
         raise config_lib.ConfigError(f"loss.kind={cfg.kind} is not a registered loss kind ({known}); import the module "
                                      "that registers it (openalign.loss.register) first")
     return kind
+
+
+def temperature_of(parameter: torch.Tensor, learned_as: str, settings: TemperatureConfig) -> torch.Tensor:
+    """The temperature T from its learned parameter: T itself (raw, the paper's divisor) or log(1/T) (log, CLIP's and
+    SigLIP's log scale), floored at loss.temperature.min and at 1 / max_scale (CLIP's cap of 100 on the scale):
+    the logits stay finite whatever the optimizer does, and past the floor T's gradient is 0."""
+    temperature = parameter if learned_as == "raw" else torch.exp(-parameter)
+    return temperature.clamp(min=max(settings.min, 1.0 / settings.max_scale if settings.max_scale else 0.0))
+
+
+def parameter_of(temperature: float, learned_as: str) -> float:
+    """The learned parameter that gives `temperature` (the inverse of `temperature_of` above the floor)."""
+    return temperature if learned_as == "raw" else -math.log(temperature)
 
 
 def chunked(implementation: str, rows: int) -> bool:

@@ -198,6 +198,8 @@ class Sigmoid(Loss):
 
     name = "sigmoid"
     scalars = ("temperature", "bias")
+    temperature_init = 0.1  # SigLIP: the logits' scale starts at 10 (t' = log 10), the bias at -10
+    parameterization = "log"  # SigLIP learns t', the scale being exp(t')
     options = frozenset({"exchange"})
 
     def __call__(self, img, txt, scales, generator=None):

@@ -11,8 +11,11 @@ model.vision.kind=vit (CLIP's towers' layout):
   text:  BERT (BertModel with its pooler) -> pooled [CLS] -> linear projection (no bias) -> L2 normalize
   The towers and projections live in a `transformers.VisionTextDualEncoderModel` (`self.dual`), so
   plain transformers' get_image_features / get_text_features give the same embeddings (cls pooling).
-Both have one learned temperature shared by both directions, as a raw divisor (the paper's); the ViT's
-is kept beside the HF model and written into its logit_scale = log(1/T) when saved (hub.py).
+Both have one learned temperature T shared by both directions, learned as the loss kind says
+(loss.temperature.parameterization): raw, T itself (the paper's divisor: AlignModel's own `temperature`, or the ViT's
+`vit_temperature` beside its HF model), or log, `logit_scale` = log(1/T) beside the HF model (CLIP's and SigLIP's).
+Before saving, T is written where transformers reads it: AlignModel's `temperature`, VisionTextDualEncoderModel's
+logit_scale = log(1/T) (hub.py).
 The two are the kinds EfficientNetDualEncoder and ViTDualEncoder of DualEncoder: a new kind of image tower is
 one more class here (and its config in presets.py).
 model.family=clip with model.init_from (`train --init` a CLIPModel directory): CLIPDualEncoder
@@ -159,20 +162,24 @@ class DualEncoder(TwoTowers):
         kind = loss_lib.kind_of(loss)
         self.keep_tokens = kind.tokens  # forward() returns token vectors too (a late-interaction loss)
         self.image_projection = None
-        self.build(hf, loss)
-        if loss.temperature.fixed > 0:
-            with torch.no_grad():
-                self.temperature.fill_(loss.temperature.fixed)
-            self.temperature.requires_grad_(False)
-        # a logit bias (SigLIP's), where the loss kind learns one
         start = kind.initial_scalars(loss)
+        self.build(hf, start["temperature"])
+        self.temperature_settings, self.learned_as = loss.temperature, kind.learned_as(loss)
+        if self.learned_as == "log":  # log(1/T) is learned beside the tower's raw T, written into it when saved
+            self.raw_temperature.requires_grad_(False)
+            self.logit_scale = nn.Parameter(-torch.log(self.raw_temperature.detach().float()).clone())
+        if loss.temperature.fixed > 0:
+            self.set_temperature(loss.temperature.fixed)
+            self.temperature_parameter.requires_grad_(False)
+        # a logit bias (SigLIP's), where the loss kind learns one
         self.logit_bias = nn.Parameter(torch.tensor(float(start["bias"]))) if "bias" in start else None
         self.speed_up()
 
     # ------------------------------------------------------------------ what each kind of image tower says
 
-    def build(self, hf, loss: LossConfig) -> None:
-        """The transformers model holding the towers (`hf` when given), and the parameters it lacks."""
+    def build(self, hf, temperature_init: float) -> None:
+        """The transformers model holding the towers (`hf` when given, else one whose temperature starts at
+        `temperature_init`), and the parameters it lacks."""
         raise NotImplementedError
 
     def speed_up(self) -> None:
@@ -209,8 +216,13 @@ class DualEncoder(TwoTowers):
         """The pooled feature from a full text-tower output (the late-interaction path)."""
         raise NotImplementedError
 
-    def store_scale(self) -> None:
-        """Write the learned temperature where the transformers model keeps it, before saving (hub.py)."""
+    @property
+    def raw_temperature(self) -> nn.Parameter:
+        """The tower's own raw T parameter (learned when loss.temperature.parameterization is raw)."""
+        raise NotImplementedError
+
+    def store_hf_scale(self) -> None:
+        """Write `raw_temperature` where the transformers model keeps it, if elsewhere (before saving)."""
 
     # ------------------------------------------------------------------ shared
 
@@ -218,10 +230,33 @@ class DualEncoder(TwoTowers):
         """The towers' repeated blocks (FSDP's units; memory bench)."""
         return [*self.vision_blocks(), *self.text_blocks()]
 
+    @property
+    def temperature_parameter(self) -> nn.Parameter:
+        """What is learned for T: the raw T (`raw_temperature`) or log(1/T) (`logit_scale`)."""
+        return self.logit_scale if self.learned_as == "log" else self.raw_temperature
+
+    @property
+    def temperature(self) -> torch.Tensor:
+        """T as the loss uses it (floored: loss.temperature.min and max_scale), with its gradient."""
+        return loss_lib.temperature_of(self.temperature_parameter, self.learned_as, self.temperature_settings)
+
+    def set_temperature(self, value: float) -> None:
+        """Make T `value` (loss.temperature.fixed; a starting checkpoint's T), whichever way it is learned."""
+        with torch.no_grad():
+            self.temperature_parameter.fill_(loss_lib.parameter_of(float(value), self.learned_as))
+
+    def store_scale(self) -> None:
+        """Write the learned T where the transformers model keeps it, before saving (hub.py): AlignModel's
+        `temperature`, VisionTextDualEncoderModel's logit_scale = log(1/T)."""
+        if self.learned_as == "log":
+            with torch.no_grad():
+                self.raw_temperature.copy_(self.temperature.detach())
+        self.store_hf_scale()
+
     def scales(self) -> dict[str, torch.Tensor]:
         """The scalars of the logits the loss reads, by name (its `scalars`): the temperature, and the logit bias
         when the loss kind learns one."""
-        found = {"temperature": self.temperature, "bias": self.logit_bias}
+        found = {"temperature": self.temperature_parameter, "bias": self.logit_bias}
         return {name: p for name, p in found.items() if p is not None}
 
     def scale_parameters(self) -> dict[str, nn.Parameter]:
@@ -284,8 +319,8 @@ class EfficientNetDualEncoder(DualEncoder):
     """The paper's: EfficientNet and BERT in a `transformers.AlignModel` (`self.align`), the image feature the
     mean of the last block's cells, the text feature BERT's raw [CLS] (no pooler)."""
 
-    def build(self, hf, loss: LossConfig) -> None:
-        self.align = hf if hf is not None else AlignModel(hf_config(self.cfg, temperature_init=loss.temperature.init))
+    def build(self, hf, temperature_init: float) -> None:
+        self.align = hf if hf is not None else AlignModel(hf_config(self.cfg, temperature_init=temperature_init))
         # [CLS] is used directly: the pooler would be a parameter without gradient (breaks DDP).
         self.align.text_model.pooler = None
         pooled = vision_pooled_dim(self.align)
@@ -304,7 +339,7 @@ class EfficientNetDualEncoder(DualEncoder):
         return self.align
 
     @property
-    def temperature(self) -> torch.Tensor:
+    def raw_temperature(self) -> nn.Parameter:
         return self.align.temperature
 
     @property
@@ -338,9 +373,9 @@ class ViTDualEncoder(DualEncoder):
     temperature is a raw divisor like the EfficientNet model's, kept beside the transformers model and written
     into its logit_scale = log(1/T) when saved."""
 
-    def build(self, hf, loss: LossConfig) -> None:
+    def build(self, hf, temperature_init: float) -> None:
         self.dual = hf if hf is not None else VisionTextDualEncoderModel(
-            hf_vit_config(self.cfg, temperature_init=loss.temperature.init))
+            hf_vit_config(self.cfg, temperature_init=temperature_init))
         self.dual.logit_scale.requires_grad_(False)  # where the temperature is saved, not where it is learned
         self.vit_temperature = nn.Parameter(torch.exp(-self.dual.logit_scale.detach().float()).clone())
 
@@ -349,7 +384,7 @@ class ViTDualEncoder(DualEncoder):
         return self.dual
 
     @property
-    def temperature(self) -> torch.Tensor:
+    def raw_temperature(self) -> nn.Parameter:
         return self.vit_temperature
 
     @property
@@ -378,9 +413,9 @@ class ViTDualEncoder(DualEncoder):
     def pooled_text(self, out):
         return out.pooler_output
 
-    def store_scale(self) -> None:  # the transformers model's own scale: its logits_per_image are openalign's too
+    def store_hf_scale(self) -> None:  # the transformers model's own scale: its logits_per_image are openalign's too
         with torch.no_grad():
-            self.dual.logit_scale.copy_(-torch.log(self.temperature.detach().to(self.dual.logit_scale.dtype)))
+            self.dual.logit_scale.copy_(-torch.log(self.vit_temperature.detach().to(self.dual.logit_scale.dtype)))
 
 
 class CLIPDualEncoder(ViTDualEncoder):
@@ -390,12 +425,12 @@ class CLIPDualEncoder(ViTDualEncoder):
     divisor started at the checkpoint's 1 / exp(logit_scale) and written back into logit_scale when saved, as the
     ViT kind's is. The architecture is the starting checkpoint's (`model.init_from`'s config.json)."""
 
-    def build(self, hf, loss: LossConfig) -> None:
+    def build(self, hf, temperature_init: float) -> None:
         if hf is None:
             if not self.cfg.init_from:
                 raise ConfigError("model.family=clip trains from a CLIPModel directory: pass --init DIR")
             hf = CLIPModel.from_pretrained(self.cfg.init_from, local_files_only=True)
-        super().build(hf, loss)
+        super().build(hf, temperature_init)
 
     def text_blocks(self) -> list[nn.Module]:
         return list(self.text_tower.encoder.layers)

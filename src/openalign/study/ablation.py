@@ -10,6 +10,7 @@ similarity thresholds: `threshold_report`).
 
 from __future__ import annotations
 
+from openalign import loss as loss_lib
 from openalign.config import Config
 from openalign.eval import paper as paper_lib
 from openalign.study.report import mean_std
@@ -35,7 +36,8 @@ def _paper(key: str) -> dict:
 
 def variants(base: Config) -> list[Variant]:
     dim = base.model.embed_dim
-    other_init = 1.0 if base.loss.temperature.init != 1.0 else 0.07
+    start = loss_lib.kind_of(base.loss).initial_scalars(base.loss)["temperature"]  # init 0: the kind's own
+    other_init = 1.0 if start != 1.0 else 0.07
     plan = [Variant("baseline", "baseline", (), f"baseline (dim {dim}, learned T)", baseline=True,
                     paper=_paper("baseline"))]
     plan += [Variant(f"dim{dim // f}", "embedding dimension", (f"model.embed_dim={dim // f}",), f"dim {dim // f}",

@@ -5,8 +5,9 @@ The same model and data for every run, and the same number of training examples 
 2023): the sigmoid loss is ahead at small batches, and the two meet at large ones (the softmax needs many
 negatives in its normalisation; the sigmoid scores each pair on its own).
 
-The sigmoid runs start from SigLIP's initialisation: the logits' scale at 10 (`loss.temperature.init=0.1`, the
-raw divisor that is openalign's parameterisation today) and the bias at -10; the softmax from the base's.
+The sigmoid runs start from SigLIP's initialisation: the logits' scale at 10 (`loss.temperature.init=0.1`, over the
+demo preset's 0.07), learned as log(1/T) as SigLIP learns it (the sigmoid's own parameterization), and the bias at
+-10; the softmax from the base's.
 """
 
 from __future__ import annotations

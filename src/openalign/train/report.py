@@ -10,6 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from openalign import loss as loss_lib  # noqa: E402
 from openalign.config import Config  # noqa: E402
 from openalign.eval.metrics import chance_key  # noqa: E402
 from openalign.eval.report import caveats  # noqa: E402
@@ -82,7 +83,8 @@ def write(out: Path, cfg: Config, metrics: dict, model_info: dict) -> str:
         f" {model_info['text_params']:,} params), embedding {cfg.model.embed_dim}",
         f"- steps {steps[-1]['step'] if steps else 0}, batch {cfg.data.global_batch}, images {cfg.model.vision.image_size}px,"
         f" median {speed[len(speed) // 2]:.0f} pairs/s",
-        f"- temperature: init {cfg.loss.temperature.init}, final {model_info['temperature']:.4f}"
+        f"- temperature: init {loss_lib.kind_of(cfg.loss).initial_scalars(cfg.loss)['temperature']:g}, final "
+        f"{model_info['temperature']:.4f}, learned {loss_lib.kind_of(cfg.loss).learned_as(cfg.loss)}"
         f" (lr scale {cfg.loss.temperature.lr_scale}; the paper's init is 1.0 — for runs this short it"
         " costs held-out recall, measured in docs/demo.md)", "",
         "## Held-out evaluation (family split: no variant of these emoji was seen in training)" if cfg.data.corpus == "emoji"
