@@ -6,7 +6,7 @@ Its forms, all exact (tests/test_loss.py, tests/test_distributed.py):
 - `naive_sigmoid_loss`: the [n, m] logits, kept for the backward;
 - `chunked_sigmoid_loss`: the row blocks streamed and recomputed in the backward (`_SoftplusSum`), O(rows x m);
 - `gathered_sigmoid_loss` (torchrun): each rank's images against every rank's texts, gathered once;
-- `ring_sigmoid_loss` (torchrun): the texts passed around a ring of neighbours instead (`_RingSoftplusSum`),
+- `ring_sigmoid_loss` (torchrun): the texts passed around a ring of neighbours instead (`_SoftplusSum` over W ranks),
   per-rank memory flat in the number of ranks.
 Each pair is scored once, so no second direction is needed.
 """
@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from openalign import distributed
-from openalign.loss.base import Loss, at_least_fp32, block_gradients, chunk_rows, chunked, register
+from openalign.loss.base import Loss, at_least_fp32, chunk_rows, chunked, register
 
 
 def sigmoid_loss(img: torch.Tensor, txt: torch.Tensor, temperature: torch.Tensor, bias: torch.Tensor,
@@ -55,41 +55,57 @@ def softplus_rows(scaled: torch.Tensor, b: torch.Tensor, bias: torch.Tensor, chu
 
 
 class _SoftplusSum(torch.autograd.Function):
-    """sum_ij softplus(Z_ij) / n, Z = a @ b.T / t + bias, in row blocks of `chunk`: the sigmoid loss's negative
-    part, every pair scored as a negative (the positives' correction is a dot product: `chunked_sigmoid_loss`).
+    """sum_ij softplus(Z_ij) / n, Z = a @ b.T / t + bias, in row blocks of `chunk`, over the texts of `world` ranks
+    passed around a ring (world 1: `b` alone): the sigmoid loss's negative part, every pair scored as a negative (the
+    positives' correction is a dot product: `chunked_sigmoid_loss`).
 
-    Forward keeps no block (`softplus_rows`, in two reused buffers); backward recomputes each block of Z, whose
-    gradient is sigmoid(Z) / n, in one reused buffer. The temperature divides each [c, d] slice of `a`, and its gradient needs no block:
+    Forward: W steps, each scoring the block held (`softplus_rows`, in two reused buffers) and passing it on to the
+    next rank (big_vision's and OpenCLIP's "neighbour exchange"); no block is kept. Backward: the ring again, each
+    block of Z recomputed (its gradient is sigmoid(Z) / n, in one reused buffer) and each text block travelling with
+    its gradient so far: each rank adds its images' part (dZ.T @ a / t) and passes both on, and after W hops the
+    gradient is back with the block's owner. Every step reuses the same buffers, so a rank's memory is the same
+    whatever the world size. The temperature divides each [c, d] slice of `a`, and its gradient needs no block:
     sum_ij G_ij (Z_ij - bias) = sum(a / t * (G @ b)); the bias's is sum_ij G_ij."""
 
     @staticmethod
-    def forward(ctx, a, b, t, bias, chunk: int):
+    def forward(ctx, a, b, t, bias, chunk: int, world: int):
         rows = min(chunk, len(a))
-        total = softplus_rows(a / t, b, bias, chunk, a.new_empty(rows, len(b)), a.new_empty(rows, len(b)))
+        z, spare = a.new_empty(rows, len(b)), a.new_empty(rows, len(b))
+        held, arriving = b, torch.empty_like(b) if world > 1 else None
+        scaled = a / t  # the same every step
+        total = a.new_zeros(())
+        for step in range(world):
+            total += softplus_rows(scaled, held, bias, chunk, z, spare)
+            if step < world - 1:
+                held, arriving = distributed.exchange(held, arriving), (held if step else torch.empty_like(b))
         ctx.save_for_backward(a, b, t, bias)
-        ctx.chunk = chunk
+        ctx.chunk, ctx.world = chunk, world
         return total / len(a)
 
     @staticmethod
     def backward(ctx, grad):
         a, b, t, bias = ctx.saved_tensors
-        n, m = a.shape[0], b.shape[0]
-        need_a, need_b, need_t, need_bias = ctx.needs_input_grad[:4]
-        grad_a = torch.empty_like(a) if need_a else None
-        grad_b = torch.zeros_like(b) if need_b else None
-        grad_t = torch.zeros((), dtype=a.dtype, device=a.device)
-        grad_bias = torch.zeros((), dtype=a.dtype, device=a.device)
-        rows = min(ctx.chunk, n)
-        buffer = a.new_empty(rows, m)
-        for s in range(0, n, ctx.chunk):
-            c = min(ctx.chunk, n - s)
-            scaled = a[s:s + c] / t  # [c, d]
-            d = torch.mm(scaled, b.T, out=buffer[:c]).add_(bias).sigmoid_().mul_(grad / n)  # d loss / d Z
-            if need_bias:
+        n, m, world, chunk = a.shape[0], b.shape[0], ctx.world, ctx.chunk
+        g_sum, grad_bias = torch.zeros_like(a), a.new_zeros(())  # g_sum: sum over blocks of dL/dZ @ block
+        d_buffer = a.new_empty(min(chunk, n), m)
+        scaled = a / t
+        # the block and its gradient so far travel as one message
+        held = torch.cat([b, torch.zeros_like(b)]) if world > 1 else None
+        arriving = torch.empty_like(held) if world > 1 else None
+        block, block_grad = (held[:m], held[m:]) if world > 1 else (b, torch.zeros_like(b))
+        for _ in range(world):
+            for s in range(0, n, chunk):
+                c = min(chunk, n - s)
+                d = torch.mm(scaled[s:s + c], block.T, out=d_buffer[:c]).add_(bias).sigmoid_().mul_(grad / n)
                 grad_bias += d.sum()
-            block_gradients(d, b, scaled, t, grad_a, grad_b, grad_t, slice(s, s + c), need_a, need_t)
-        return (grad_a, grad_b, grad_t.to(t.dtype) if need_t else None, grad_bias.to(bias.dtype) if need_bias else None,
-                None)
+                torch.addmm(g_sum[s:s + c], d, block, out=g_sum[s:s + c])  # (not addmm_: FLOP counters miss it)
+                torch.addmm(block_grad, d.T, scaled[s:s + c], out=block_grad)
+            if world > 1:  # on to the next rank; after the last step, the gradient goes home
+                held, arriving = distributed.exchange(held, arriving), held
+                block, block_grad = held[:m], held[m:]
+        grad_t = -(scaled.reshape(-1) @ g_sum.reshape(-1)) / t  # sum_ij G_ij (Z_ij - bias) = sum(a / t * (G @ b))
+        return (g_sum.div_(t), block_grad.clone() if world > 1 else block_grad, grad_t.to(t.dtype),
+                grad_bias.to(bias.dtype), None, None)
 
 
 def chunked_sigmoid_loss(a: torch.Tensor, b: torch.Tensor, temperature: torch.Tensor, bias: torch.Tensor,
@@ -110,63 +126,14 @@ def softplus_sum(a: torch.Tensor, b: torch.Tensor, t: torch.Tensor, bias: torch.
                  ) -> torch.Tensor:
     """sum_ij softplus(a_i . b_j / t + bias) / len(a): every pair scored as a negative, in row blocks recomputed in
     the backward (`chunk` rows; default: blocks of CHUNK_BYTES)."""
-    return _SoftplusSum.apply(a, b, t, bias, chunk_rows(b.shape[0], a.element_size(), chunk))
-
-
-class _RingSoftplusSum(torch.autograd.Function):
-    """sum over every rank's texts b of sum_ij softplus(a_i . b_j / t + bias), / len(a): the sigmoid loss's negative
-    part of this rank's images against all texts, the texts passed around the ring instead of gathered.
-
-    Forward: W steps, each scoring the block held (in row chunks) and passing it on; no block is kept. Backward:
-    the ring again, each block travelling with its gradient so far; each rank adds its images' part
-    (d Z.T @ a / t) and passes both on, and after W hops the gradient is back with the block's owner. Every step
-    reuses the same buffers (one text block and its gradient, in flight and arriving, and [chunk, n] logits), so a
-    rank's memory is the same whatever the world size."""
-
-    @staticmethod
-    def forward(ctx, a, b, t, bias, chunk: int):
-        world = dist.get_world_size()
-        rows = min(chunk, len(a))
-        z, spare = a.new_empty(rows, len(b)), a.new_empty(rows, len(b))
-        held, arriving = b.clone(), torch.empty_like(b)
-        scaled = a / t  # the same every step
-        total = a.new_zeros(())
-        for step in range(world):
-            total += softplus_rows(scaled, held, bias, chunk, z, spare)
-            if step < world - 1:
-                held, arriving = distributed.exchange(held, arriving), held
-        ctx.save_for_backward(a, b, t, bias)
-        ctx.chunk = chunk
-        return total / len(a)
-
-    @staticmethod
-    def backward(ctx, grad):
-        a, b, t, bias = ctx.saved_tensors
-        n, world, chunk = a.shape[0], dist.get_world_size(), ctx.chunk
-        g_sum, grad_bias = torch.zeros_like(a), a.new_zeros(())  # g_sum: sum over blocks of dL/dZ @ block
-        rows = min(chunk, n)
-        d_buffer = a.new_empty(rows, len(b))
-        scaled = a / t
-        held, arriving = torch.cat([b, torch.zeros_like(b)]), torch.empty(2 * len(b), b.shape[1], dtype=b.dtype)
-        for step in range(world):
-            block, block_grad = held[:len(b)], held[len(b):]
-            for s in range(0, n, chunk):
-                c = min(chunk, n - s)
-                d = torch.mm(scaled[s:s + chunk], block.T, out=d_buffer[:c]).add_(bias).sigmoid_().mul_(grad / n)
-                grad_bias += d.sum()
-                g_sum[s:s + chunk].addmm_(d, block)
-                block_grad.addmm_(d.T, scaled[s:s + chunk])
-            # the block and its gradient so far, on to the next rank; after the last step, the gradient goes home
-            held, arriving = distributed.exchange(held, arriving), held
-        grad_t = -(scaled.reshape(-1) @ g_sum.reshape(-1)) / t  # sum_ij G_ij (Z_ij - bias) = sum(a / t * (G @ b))
-        return g_sum.div_(t), held[len(b):].clone(), grad_t.to(t.dtype), grad_bias.to(bias.dtype), None
+    return _SoftplusSum.apply(a, b, t, bias, chunk_rows(b.shape[0], a.element_size(), chunk), 1)
 
 
 def ring_sigmoid_loss(img: torch.Tensor, txt: torch.Tensor, temperature: torch.Tensor, bias: torch.Tensor,
                       implementation: str = "auto") -> torch.Tensor:
     """The same share as `gathered_sigmoid_loss`, with the texts passed around a ring of neighbours instead of
     gathered (big_vision's and OpenCLIP's "neighbour exchange"), forward and again in the backward
-    (`_RingSoftplusSum`): per-rank memory stays flat in the number of ranks. The positives, all in the rank's own
+    (`_SoftplusSum` over the world): per-rank memory stays flat in the number of ranks. The positives, all in the rank's own
     block, are one dot product."""
     img, txt = at_least_fp32(img), at_least_fp32(txt)
     t, b = temperature.to(img.dtype), bias.to(img.dtype)
@@ -174,7 +141,7 @@ def ring_sigmoid_loss(img: torch.Tensor, txt: torch.Tensor, temperature: torch.T
     streamed = chunked(implementation, n * dist.get_world_size())
     chunk = chunk_rows(n, img.element_size(), None) if streamed else n  # rows per [chunk, n] block
     positive = (img * txt).sum(dim=1).mean() / t + b  # this rank's own pairs
-    return _RingSoftplusSum.apply(img, txt, t, b, chunk) - positive
+    return _SoftplusSum.apply(img, txt, t, b, chunk, dist.get_world_size()) - positive
 
 
 def gathered_sigmoid_loss(img: torch.Tensor, txt: torch.Tensor, temperature: torch.Tensor, bias: torch.Tensor,
