@@ -55,6 +55,13 @@ def plot_curves(log: Path, out: Path) -> None:
     plt.close(fig)
 
 
+def eval_line(step: int, metrics: dict) -> str:
+    """An evaluation during a run as one short line: its headline numbers (or its first four)."""
+    keys = [k for k in ("mean_recall", "i2t_r10", "t2i_r10", "zeroshot_top1", "knn_r1") if k in metrics]
+    keys = keys or [k for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)][:4]
+    return f"step {step} eval: " + ", ".join(f"{k} {metrics[k]:.3f}" for k in keys)
+
+
 def summary_lines(metrics: dict) -> list[str]:
     lines = []
     for key in HEADLINE:

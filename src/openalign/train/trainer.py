@@ -36,7 +36,8 @@ from openalign.model import hub
 from openalign.outputs import owned, writing
 from openalign.model.dual_encoder import DualEncoder
 from openalign.tokenizer import check_tokenizer_dir, load_tokenizer, train_tokenizer
-from openalign.train import fsdp, report
+from openalign.train import dashboards, fsdp, report
+from openalign.train.dashboards import Dashboards
 from openalign.schedule import lr_at
 from openalign.train.optim import build_optimizer, full_state_dict, set_lr
 from openalign.train.step import forward_backward
@@ -227,7 +228,8 @@ def truncate_log(path: Path, step: int) -> None:
     path.write_text("".join(line + "\n" for line in kept))
 
 
-RUN_FILES = (CHECKPOINT, "checkpoint.tmp", METRICS, "tokenizer", "model", "report.md", "training.png", "config.json")
+RUN_FILES = (CHECKPOINT, "checkpoint.tmp", METRICS, "tokenizer", "model", "report.md", "training.png", "config.json",
+             "tensorboard", "wandb", "wandb_id")
 
 
 def check_before_work(cfg: Config, resume: bool, overwrite: bool = False) -> None:
@@ -239,6 +241,7 @@ def check_before_work(cfg: Config, resume: bool, overwrite: bool = False) -> Non
                           "another --out")
     world = distributed.from_env().world
     config_lib.check(cfg, world=world)
+    dashboards.check(cfg.train.report_to)
     unknown = [t for t in cfg.eval.tasks if t not in HELD_OUT_TASKS]
     if unknown:
         raise ConfigError(f"eval.tasks: {unknown[0]!r} is not a held-out task; choose from {', '.join(HELD_OUT_TASKS)} "
@@ -319,11 +322,13 @@ def evaluate(run: Run, core: DualEncoder | None) -> dict:
 
 
 class Log:
-    """metrics.jsonl (rank 0), the progress bar, and the throughput since the last row; stops on NaN."""
+    """metrics.jsonl and the dashboards (rank 0), the progress bar, and the throughput since the last row; stops on
+    NaN."""
 
     def __init__(self, run: Run, step: int):
         self.run, self.last = run, {}
         self.file = open(run.out / METRICS, "a") if run.layout.main else None
+        self.dashboards = Dashboards(run.cfg, run.out, step) if run.layout.main and run.cfg.train.report_to else None
         self.bar = tqdm(total=run.cfg.train.steps, initial=step, desc="train", unit="step", disable=not run.progress,
                         dynamic_ncols=True)
         self.pairs, self.skipped, self.data_time, self.tick = 0, 0, 0.0, time.perf_counter()
@@ -361,6 +366,15 @@ class Log:
         if self.file:
             self.file.write(json.dumps(row) + "\n")
             self.file.flush()
+        if self.dashboards:
+            self.dashboards.log(row)
+        if row.get("eval") and self.run.progress:  # an evaluation, also as one short line
+            self.bar.write(report.eval_line(row["step"], row["eval"]))
+
+    def figure(self, name: str, path: Path, step: int) -> None:
+        """A plot drawn for the run, on the dashboards too."""
+        if self.dashboards:
+            self.dashboards.image(name, path, step)
 
     def stop_if_diverged(self, loss: float, step: int) -> None:
         """One sentence instead of training on NaN: `loss` is the mean over ranks, so every rank stops together."""
@@ -375,6 +389,8 @@ class Log:
         self.bar.close()
         if self.file:
             self.file.close()
+        if self.dashboards:
+            self.dashboards.close()
 
 
 def train(cfg: Config, resume: bool = False, progress: bool = True, overwrite: bool = False) -> TrainResult:
@@ -432,9 +448,10 @@ def finish(run: Run, model: DualEncoder, step: int, log: Log) -> TrainResult:
         hub.save_pretrained(core, run.tokenizer, model_dir, run.cfg)
     metrics = evaluate(run, core) if run.eval_shards else {}  # the same whole model: gathered once
     log.write({"step": step, "eval": metrics, "final": True})
-    log.close()
     if run.layout.main:
         report.write(run.out, run.cfg, metrics, hub.describe(core))
+        log.figure("training", run.out / "training.png", step)
+    log.close()
     distributed.barrier(run.layout)
     return TrainResult(out=run.out, step=step, metrics=metrics, model_dir=model_dir, last=log.last or last_row(run.out))
 
