@@ -28,11 +28,16 @@ def test_hand_computed_two_pairs():
     assert L.softmax_loss(img, img, t, 0.1).item() == pytest.approx(expected_smooth, rel=1e-12)
 
 
+def unit_rows(g: torch.Generator, n: int, d: int) -> torch.Tensor:
+    """[n, d] fp64 unit rows, a leaf that takes gradients."""
+    return F.normalize(torch.randn(n, d, generator=g, dtype=torch.float64), dim=-1).requires_grad_()
+
+
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 def test_equals_fp64_naive_reference_with_gradients(smoothing):
     g = torch.Generator().manual_seed(0)
-    img = F.normalize(torch.randn(16, 8, generator=g, dtype=torch.float64), dim=-1).requires_grad_()
-    txt = F.normalize(torch.randn(16, 8, generator=g, dtype=torch.float64), dim=-1).requires_grad_()
+    img = unit_rows(g, 16, 8)
+    txt = unit_rows(g, 16, 8)
     t = torch.tensor(0.07, dtype=torch.float64, requires_grad=True)
     ours = L.softmax_loss(img, txt, t, smoothing)
     ref = naive_softmax_loss(img, txt, t, smoothing)
@@ -104,8 +109,8 @@ def test_sigmoid_loss_matches_pairwise_reference():
 @pytest.mark.parametrize("chunk", [1, 5, 64])
 def test_chunked_loss_equals_the_naive_loss_and_gradients(smoothing, chunk):
     g = torch.Generator().manual_seed(3)
-    img = F.normalize(torch.randn(23, 8, generator=g, dtype=torch.float64), dim=-1).requires_grad_()
-    txt = F.normalize(torch.randn(23, 8, generator=g, dtype=torch.float64), dim=-1).requires_grad_()
+    img = unit_rows(g, 23, 8)
+    txt = unit_rows(g, 23, 8)
     t = torch.tensor(0.05, dtype=torch.float64, requires_grad=True)
     ours = L.chunked_cross_entropy(img, txt, t, smoothing, columns=True, chunk=chunk)
     ref = naive_softmax_loss(img, txt, t, smoothing)
@@ -117,8 +122,8 @@ def test_chunked_loss_equals_the_naive_loss_and_gradients(smoothing, chunk):
 def test_chunked_rows_with_an_offset_equal_cross_entropy_on_a_slice_of_columns():
     """One rank's rows against gathered columns: row i's positive is column offset + i."""
     g = torch.Generator().manual_seed(4)
-    a = F.normalize(torch.randn(4, 6, generator=g, dtype=torch.float64), dim=-1).requires_grad_()
-    b = F.normalize(torch.randn(12, 6, generator=g, dtype=torch.float64), dim=-1).requires_grad_()
+    a = unit_rows(g, 4, 6)
+    b = unit_rows(g, 12, 6)
     t = torch.tensor(0.1, dtype=torch.float64, requires_grad=True)
     ours = L.chunked_cross_entropy(a, b, t, 0.1, offset=8, chunk=3)
     ref = F.cross_entropy(a @ b.T / t, torch.arange(8, 12), label_smoothing=0.1)
@@ -137,8 +142,8 @@ def naive_sigmoid(a, b, t, bias, offset=0):
 @pytest.mark.parametrize("chunk", [1, 4, 7, 23, 64])  # 7 does not divide 23
 def test_chunked_sigmoid_loss_equals_the_naive_loss_and_gradients(chunk):
     g = torch.Generator().manual_seed(5)
-    img = F.normalize(torch.randn(23, 8, generator=g, dtype=torch.float64), dim=-1).requires_grad_()
-    txt = F.normalize(torch.randn(23, 8, generator=g, dtype=torch.float64), dim=-1).requires_grad_()
+    img = unit_rows(g, 23, 8)
+    txt = unit_rows(g, 23, 8)
     t = torch.tensor(0.1, dtype=torch.float64, requires_grad=True)
     bias = torch.tensor(-3.0, dtype=torch.float64, requires_grad=True)
     ours = L.chunked_sigmoid_loss(img, txt, t, bias, chunk=chunk)
@@ -152,8 +157,8 @@ def test_chunked_sigmoid_loss_equals_the_naive_loss_and_gradients(chunk):
 def test_chunked_sigmoid_rows_with_an_offset_against_more_columns():
     """One rank's images against every rank's texts: row i's positive is column offset + i."""
     g = torch.Generator().manual_seed(6)
-    a = F.normalize(torch.randn(4, 6, generator=g, dtype=torch.float64), dim=-1).requires_grad_()
-    b = F.normalize(torch.randn(12, 6, generator=g, dtype=torch.float64), dim=-1).requires_grad_()
+    a = unit_rows(g, 4, 6)
+    b = unit_rows(g, 12, 6)
     t = torch.tensor(0.2, dtype=torch.float64, requires_grad=True)
     bias = torch.tensor(-1.5, dtype=torch.float64, requires_grad=True)
     ours = L.chunked_sigmoid_loss(a, b, t, bias, offset=8, chunk=3)

@@ -86,9 +86,6 @@ class Loss:
                  ) -> torch.Tensor:
         raise NotImplementedError
 
-    def chunked(self, rows: int) -> bool:
-        return chunked(self.cfg.implementation, rows)
-
 
 def register(kind: type[Loss]) -> type[Loss]:
     """Class decorator: make `kind` the loss of `loss.kind=<kind.name>` (config.LOSS_KINDS, which config.check asks

@@ -83,6 +83,7 @@ def write(out: Path, cfg: Config, metrics: dict, model_info: dict) -> str:
     (out / "final_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     steps, _ = read_log(out / "metrics.jsonl")
     speed = sorted(r["pairs_per_s"] for r in steps[1:]) or [0.0]
+    kind = loss_lib.kind_of(cfg.loss)
     text = "\n".join([
         f"# openalign run: {cfg.preset or 'custom'}", "",
         f"- model: EfficientNet (width {cfg.model.vision.width_coefficient}, depth {cfg.model.vision.depth_coefficient},"
@@ -90,8 +91,8 @@ def write(out: Path, cfg: Config, metrics: dict, model_info: dict) -> str:
         f" {model_info['text_params']:,} params), embedding {cfg.model.embed_dim}",
         f"- steps {steps[-1]['step'] if steps else 0}, batch {cfg.data.global_batch}, images {cfg.model.vision.image_size}px,"
         f" median {speed[len(speed) // 2]:.0f} pairs/s",
-        f"- temperature: init {loss_lib.kind_of(cfg.loss).initial_scalars(cfg.loss)['temperature']:g}, final "
-        f"{model_info['temperature']:.4f}, learned {loss_lib.kind_of(cfg.loss).learned_as(cfg.loss)}"
+        f"- temperature: init {kind.initial_scalars(cfg.loss)['temperature']:g}, final "
+        f"{model_info['temperature']:.4f}, learned {kind.learned_as(cfg.loss)}"
         f" (lr scale {cfg.loss.temperature.lr_scale}; the paper's init is 1.0 — for runs this short it"
         " costs held-out recall, measured in docs/demo.md)", "",
         "## Held-out evaluation (family split: no variant of these emoji was seen in training)" if cfg.data.corpus == "emoji"
