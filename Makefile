@@ -13,6 +13,9 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[dev]'
+	# clip-retrieval's own ClipClient for the API test: its package imports its whole back end (torch, faiss, CLIP),
+	# so it goes without dependencies into a folder of its own and the test loads clip_client.py alone
+	$(BIN)/pip install --quiet --no-deps --target $(VENV)/clip-retrieval clip-retrieval==2.45.0
 	touch $@
 
 # System packages the built-in emoji corpus and the Spark engine need (Debian/Ubuntu); skipped when

@@ -1,3 +1,4 @@
+import contextlib
 import io
 import json
 import random
@@ -178,3 +179,26 @@ def run_killed(monkeypatch, owner, name: str, argv: list[str], calls: int = 0) -
         except KeyboardInterrupt:
             return
     raise AssertionError(f"`openalign {' '.join(argv[:1])}` did not reach {name}")
+
+
+@contextlib.contextmanager
+def serving(app):
+    """`app` served by uvicorn on a free loopback port in a thread, as `openalign serve` runs it: its URL."""
+    import threading
+    import time
+
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

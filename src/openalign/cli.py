@@ -414,12 +414,18 @@ def cmd_serve(args) -> int:
     import uvicorn
 
     from openalign.serve.app import LOOPBACK, Limits, allowed_hosts, create_app
+    from openalign.serve.catalog import Catalog, parse_specs
 
     _searches()
 
     hosts = allowed_hosts(args.host, tuple(h.strip() for h in (args.allowed_hosts or "").split(",") if h.strip()))
-    app = create_app(Path(args.index), args.model, options_from(args, Limits), args.min_score, hosts)
-    print(f"openalign search on http://{args.host}:{args.port}/ (API docs at /docs); Ctrl-C stops it")
+    catalog = Catalog(parse_specs(args.indexes), args.model, args.min_score)
+    app = create_app(catalog, limits=options_from(args, Limits), hosts=hosts)
+    for name, collection in catalog.collections.items():
+        held = ", ".join(f"{s['count']:,} {m} vectors ({s['kind']})" for m, s in collection.summary().items())
+        print(f"  {name}: {held}")
+    print(f"openalign search on http://{args.host}:{args.port}/ (API docs at /docs; clip-retrieval's ClipClient: "
+          f"http://{args.host}:{args.port}/knn-service); Ctrl-C stops it")
     if args.host not in LOOPBACK:
         print(f"warning: --host {args.host} serves every client that can reach this machine on port {args.port}, "
               "with no authentication", file=sys.stderr)
@@ -634,8 +640,11 @@ def _search_flags(p) -> None:
 def _serve_flags(p) -> None:
     from openalign.serve.app import Limits
 
-    p.add_argument("index")
-    p.add_argument("--model", help="the model the index was embedded with (default: the one recorded)")
+    p.add_argument("indexes", nargs="+", metavar="INDEX",
+                   help="index directories (named by their folder), NAME=DIR, or a JSON file of names like "
+                        "clip-retrieval's indices_paths.json; an image and a text index of one name serve its two "
+                        "modalities")
+    p.add_argument("--model", help="the model the indexes were embedded with (default: each one's recorded)")
     p.add_argument("--host", default="127.0.0.1", help="127.0.0.1: this machine only; 0.0.0.0 to share it")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--allowed-hosts", metavar="NAME,...", help="more Host header names to answer (by default the "
@@ -667,7 +676,7 @@ COMMANDS = {  # name: (help, flags, command, has --quiet)
     "embed": ("image embeddings of a collection (resumable parts + metadata)", _embed_flags, cmd_embed, True),
     "index": ("a FAISS index over embeddings, tuned to a recall target", _index_flags, cmd_index, True),
     "search": ("search an index by text, image, or image +/- texts", _search_flags, cmd_search, False),
-    "serve": ("the search page and HTTP API over an index", _serve_flags, cmd_serve, False),
+    "serve": ("the search page, HTTP API and clip-retrieval API over one or more indexes", _serve_flags, cmd_serve, False),
     "tokenizer": ("train a WordPiece vocabulary on the texts of some shards", _tokenizer_flags, cmd_tokenizer, False),
 }
 

@@ -64,3 +64,21 @@ assert faiss.cvar.distance_compute_blas_database_bs == exact.FAISS_DATABASE_TILE
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("n_queries", [1, 3])
+def test_a_large_k_equals_numpy_top_k_with_ties_to_the_lower_row(monkeypatch, n_queries):
+    """k beyond the scan's insertion lists (a service's 10,000 results): blocks selected by partition, merged."""
+    monkeypatch.setattr(exact, "LARGE_K_BYTES", 4 * 3 * 1_000)  # blocks of 1,000 rows: the merge runs many times
+    rng = np.random.default_rng(1)
+    vectors = rng.standard_normal((5_000, 16)).astype(np.float32)
+    vectors[4_000:4_100] = vectors[10]  # 101 tied rows across blocks: the lower rows win
+    queries = rng.standard_normal((n_queries, 16)).astype(np.float32)
+    queries[0] = vectors[10]
+    scores, ids = exact.search(vectors, queries, k=1_200)
+    full = queries @ vectors.T
+    want = np.lexsort((np.broadcast_to(np.arange(5_000), full.shape), -full), axis=1)[:, :1_200]
+    assert ids.shape == (n_queries, 1_200)
+    np.testing.assert_array_equal(ids, want)
+    np.testing.assert_allclose(scores, np.take_along_axis(full, want, 1), rtol=1e-5)
+    assert exact.search(vectors, queries, k=9_000)[1].shape == (n_queries, 5_000)  # k past the rows: all of them

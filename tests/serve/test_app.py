@@ -28,7 +28,8 @@ def b64(image: Image.Image, fmt: str = "PNG") -> str:
 
 
 def test_health_page_and_openapi(client):
-    assert client.get("/health").json() == {"status": "ok", "count": 12, "kind": "flat", "dim": 80}
+    assert client.get("/health").json() == {"status": "ok", "count": 12, "kind": "flat", "dim": 80,
+                                            "indices": {"idx": {"image": {"count": 12, "kind": "flat", "dim": 80}}}}
     page = client.get("/")
     assert page.status_code == 200 and "openalign search" in page.text and "/static/app.js" in page.text
     assert client.get("/static/app.js").status_code == 200 and client.get("/static/../app.py").status_code == 404
@@ -78,7 +79,7 @@ def test_min_score_per_request_and_as_the_server_default(client, tmp_path):
     assert [r["score"] for r in some["results"]] == scores[:4] and some["min_score"] == floor
     assert everything["min_score"] is None
     (tmp_path / "m.json").write_text(json.dumps({"t2i_threshold_median": floor}))  # as `openalign eval` writes it
-    index_dir = Path(client.app.state.index_dir)
+    index_dir = client.app.state.catalog.get(None).live(None).path
     server = TestClient(create_app(index_dir, None, min_score=str(tmp_path / "m.json")))
     assert len(server.post("/search", json={"text": "a red circle", "k": 12}).json()["results"]) == 4
     assert len(server.post("/search", json={"text": "a red circle", "k": 12, "min_score": -1}).json()["results"]) == 12
@@ -197,3 +198,17 @@ def test_host_header_thumbnails_and_404s_do_not_reach_past_the_index(tmp_path, m
     assert cli.main(["serve", str(index), "--host", "0.0.0.0", "--port", "8123"]) == 0
     err = capsys.readouterr().err
     assert "warning: --host 0.0.0.0 serves every client" in err and "answering Host names: 127.0.0.1" in err
+
+
+def test_large_k_is_bounded_and_only_the_first_results_carry_metadata(client):
+    from openalign.serve.app import Limits, create_app
+
+    index_dir = client.app.state.catalog.get(None).live(None).path
+    small = TestClient(create_app(index_dir, None, Limits(max_k=12, max_metadata=5)))
+    results = small.post("/search", json={"text": "a red circle", "k": 12}).json()["results"]
+    assert len(results) == 12 and all(r["caption"] for r in results[:5])
+    assert all(r["caption"] is None and r["path"] is None for r in results[5:])
+    assert all(r["thumbnail"] == f"/image/{r['id']}" for r in results)  # each still reachable
+    refused = small.post("/search", json={"text": "a red circle", "k": 13})
+    assert refused.status_code == 400 and refused.json()["detail"] == "k is at most 12 on this server"
+    assert small.post("/search", json={"text": "x", "rerank": 201}).status_code == 400

@@ -1,13 +1,10 @@
 """The search page in real headless Chromium (Debian's, driven by Playwright; `make test` installs it)."""
 
 import shutil
-import threading
-import time
 
 import pytest
-import uvicorn
 
-from conftest import free_port, shape_image, shape_index
+from conftest import serving, shape_image, shape_index
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (make test installs it)")
@@ -19,19 +16,9 @@ def server(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("browser")
     index = shape_index(root)
-    port = free_port()
-    app_server = uvicorn.Server(uvicorn.Config(create_app(index), host="127.0.0.1", port=port,
-                                               log_level="warning"))
-    thread = threading.Thread(target=app_server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not app_server.started:
-        assert time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.05)
     shape_image("blue", "square").save(root / "query.png")
-    yield f"http://127.0.0.1:{port}", root / "query.png"
-    app_server.should_exit = True
-    thread.join(timeout=10)
+    with serving(create_app([str(index), f"more={index}"])) as url:  # two names: the page offers a choice
+        yield url, root / "query.png"
 
 
 def loaded_thumbnails(page, expected: int) -> int:
@@ -75,4 +62,13 @@ def test_type_a_query_upload_an_image_add_a_term_and_see_thumbnails(server):
         page.click("#go")
         page.wait_for_selector("#error:not([hidden])")
         assert "not a readable image" in page.inner_text("#error")
+        # the second index, chosen from the page: the request names it and its thumbnails load from it
+        page.click("#clear-image")
+        page.fill("#text", "a blue square")
+        page.evaluate("document.getElementById('results').replaceChildren()")
+        with page.expect_request("**/search") as request:
+            page.select_option("#index", "more|image")
+        assert request.value.post_data_json["index"] == "more"
+        assert loaded_thumbnails(page, 6) == 6
+        assert page.locator("#results img").first.get_attribute("src").endswith("?index=more")
         browser.close()

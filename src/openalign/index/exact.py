@@ -12,6 +12,9 @@ Measured on 1M x 640 vectors with 2 threads (bench/search.py, P7):
 - larger batches: FAISS's blocked GEMM and heaps (`faiss.knn`), the fastest here from ~256 queries
   (its GEMM ran at 1.3x torch's MKL on this AMD CPU), with database tiles of 4,096 rows instead of
   FAISS's default 1,024 (~10% faster here).
+- a large k (more than `SCAN_K_UP_TO`: a service's 10,000 results): every scan task's list would take most of
+  its rows by insertion (O(rows x k)); instead blocks of rows are scored by BLAS and each block's k best
+  selected by partition, then merged (`_large_k`).
 Memory: each scan task's scores (queries x SCAN_ROWS), never a whole [queries x rows] matrix.
 """
 
@@ -25,6 +28,8 @@ from openalign.index.scan import keep_best, padded_queries, parallel_region, til
 
 SCAN_UP_TO = 128  # queries: one parallel scan over the matrix (numba); FAISS beyond
 SCAN_ROWS = 2_048  # rows per scan task: its scores of 64 queries (512 KiB) stay in L2
+SCAN_K_UP_TO = 256  # the scan's sorted lists by insertion up to this k; selection by partition beyond
+LARGE_K_BYTES = 2**26  # a large k's block of scores (queries x rows, float32)
 
 # FAISS's brute-force tile: 4,096 database rows measured ~10% faster than its default 1,024 for the batches that
 # reach faiss.knn (more than SCAN_UP_TO). A process-wide setting: `configure_faiss` applies it once when a command
@@ -43,6 +48,8 @@ def search(vectors: np.ndarray, queries: np.ndarray, k: int) -> tuple[np.ndarray
     vectors = np.asarray(vectors, dtype=np.float32)
     queries = np.ascontiguousarray(queries, dtype=np.float32).reshape(-1, vectors.shape[1])
     k = min(k, vectors.shape[0])
+    if k > SCAN_K_UP_TO:
+        return _large_k(vectors, queries, k)
     if len(queries) <= SCAN_UP_TO or k == 0:
         return _scan(vectors, queries, k)
     scores, ids = faiss.knn(queries, np.ascontiguousarray(vectors), k, metric=faiss.METRIC_INNER_PRODUCT)
@@ -80,4 +87,34 @@ def _scan(vectors: np.ndarray, queries: np.ndarray, k: int) -> tuple[np.ndarray,
     scores, ids = top_scores.reshape(len(queries), -1), top_ids.reshape(len(queries), -1)
     # every row is in some task, so the k best of the tasks' lists are the k best; ties: lower row first
     order = np.lexsort((ids, -scores), axis=1)[:, :k]
+    return np.take_along_axis(scores, order, 1), np.take_along_axis(ids, order, 1)
+
+
+def _large_k(vectors: np.ndarray, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The exact top k for a large k: blocks of rows scored by BLAS, each query's k best of the running list and
+    the block selected by partition (every score tied with the k-th kept, so that ties go to the lower row as in
+    the scan), then sorted."""
+    rows = max(k, LARGE_K_BYTES // (4 * max(1, len(queries))))
+    best_scores = np.full((len(queries), 0), -np.inf, np.float32)
+    best_ids = np.zeros((len(queries), 0), np.int64)
+    for first in range(0, len(vectors), rows):
+        block = np.ascontiguousarray(vectors[first:first + rows], dtype=np.float32)
+        scores = np.concatenate([best_scores, queries @ block.T], axis=1)
+        ids = np.concatenate([best_ids, np.broadcast_to(np.arange(first, first + len(block)),
+                                                         (len(queries), len(block)))], axis=1)
+        best_scores, best_ids = _k_best(scores, ids, k)
+    return best_scores, best_ids
+
+
+def _k_best(scores: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's k best (scores, ids) best first, ties to the lower id."""
+    if scores.shape[1] > k:
+        kth = -np.partition(-scores, k - 1, axis=1)[:, k - 1:k]  # each row's k-th best score
+        out_s, out_i = np.empty((len(scores), k), np.float32), np.empty((len(scores), k), np.int64)
+        for q in range(len(scores)):
+            keep = np.nonzero(scores[q] >= kth[q])[0]  # the k best and any tied with the k-th
+            order = np.lexsort((ids[q, keep], -scores[q, keep]))[:k]
+            out_s[q], out_i[q] = scores[q, keep[order]], ids[q, keep[order]]
+        return out_s, out_i
+    order = np.lexsort((ids, -scores), axis=1)
     return np.take_along_axis(scores, order, 1), np.take_along_axis(ids, order, 1)

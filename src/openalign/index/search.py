@@ -127,12 +127,15 @@ def rerank(model, tokenizer, query: Query, hits: list[Hit], patches: Parts, k: i
             for rank, i in enumerate(order)]
 
 
-def search(index: Loaded, vector: np.ndarray, k: int = 10, min_score: float | None = None) -> list[Hit]:
-    """The top k by cosine; with `min_score`, only those scoring at least that (possibly fewer than k)."""
+def search(index: Loaded, vector: np.ndarray, k: int = 10, min_score: float | None = None,
+           metadata: int | None = None) -> list[Hit]:
+    """The top k by cosine; with `min_score`, only those scoring at least that (possibly fewer than k). The first
+    `metadata` hits (default: all) carry their metadata; the rest, an empty `meta`."""
     scores, ids = index.search(vector[None].astype(np.float32), k)
     found = [(float(s), int(i)) for s, i in zip(scores[0].tolist(), ids[0].tolist())
              if i >= 0 and (min_score is None or s >= min_score)]  # id -1: fewer than k in the index
-    rows = index.meta.take([i for _, i in found]).to_pylist()  # ids are row numbers of the metadata
+    rows = index.meta.take([i for _, i in found[:metadata]]).to_pylist()  # ids are row numbers of the metadata
+    rows += [{}] * (len(found) - len(rows))
     return [Hit(rank + 1, score, i, {k: v for k, v in row.items() if k != "id"})
             for rank, ((score, i), row) in enumerate(zip(found, rows))]
 
@@ -171,15 +174,57 @@ def min_score(spec: str | float | None, weights: str | None = None) -> float | N
 
 
 def load_model_for(index: Loaded, model_dir: str | None):
-    from openalign.model.hub import load_pretrained, weights_fingerprint
+    from openalign.model.hub import load_pretrained
 
     path = Path(model_dir or index.info.get("model", ""))
     model, tokenizer, _ = load_pretrained(path)
-    if index.info.get("weights") and weights_fingerprint(path) != index.info["weights"]:
-        raise ConfigError(f"{path} is not the model this index was embedded with (its weights differ); rerun "
-                          "`openalign embed` and `openalign index`, or pass --model with the original model")
     if tokenizer is None:
         raise ConfigError(f"{path} has no tokenizer; pass --model with the model the index was embedded with")
+    check_model_for(index, path, model)
+    return model, tokenizer
+
+
+def check_model_for(index: Loaded, path: str | Path, model) -> None:
+    """`model` (loaded from `path`) is the one `index` was embedded with: its weights, and its width."""
+    from openalign.model.hub import weights_fingerprint
+
+    if index.info.get("weights") and weights_fingerprint(Path(path)) != index.info["weights"]:
+        raise ConfigError(f"{path} is not the model this index was embedded with (its weights differ); rerun "
+                          "`openalign embed` and `openalign index`, or pass --model with the original model")
     if model.cfg.embed_dim != index.info["dim"]:
         raise ConfigError(f"{path} embeds to {model.cfg.embed_dim} dimensions, the index holds {index.info['dim']}")
-    return model, tokenizer
+
+
+def stored_vectors(index: Loaded, ids: list[int]) -> np.ndarray:
+    """The indexed vectors of rows `ids` [len(ids), d], as stored (see Loaded.vector)."""
+    if not ids:
+        return np.zeros((0, index.info["dim"]), np.float32)
+    return np.stack([index.vector(int(i)) for i in ids]).astype(np.float32)
+
+
+def near_duplicates(vectors: np.ndarray, threshold: float) -> list[int]:
+    """Positions of `vectors` (a ranked result list) to drop as near-duplicates, as clip-retrieval's `deduplicate`:
+    vectors (normalized) whose cosine is above `threshold` are linked, and each connected group keeps its first
+    (best-ranked) member."""
+    import faiss
+
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    vectors = vectors / np.where(norms == 0, 1, norms)
+    flat = faiss.IndexFlatIP(vectors.shape[1])
+    flat.add(vectors)
+    lims, _, found = flat.range_search(vectors, threshold)
+    parent = list(range(len(vectors)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i in range(len(vectors)):
+        for j in found[lims[i]:lims[i + 1]].tolist():
+            a, b = root(i), root(j)
+            if a != b:
+                parent[max(a, b)] = min(a, b)  # a group's root is its best-ranked member
+    return [i for i in range(len(vectors)) if root(i) != i]

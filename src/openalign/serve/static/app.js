@@ -47,6 +47,8 @@ async function run(event) {
     text_weight: Number($("text-weight").value), image_weight: Number($("image-weight").value),
     k: Number($("k").value),
   };
+  const [index, modality] = ($("index").value || "|").split("|");
+  if (index) { body.index = index; body.modality = modality; }
   if (imageData) body.image = imageData;
   if (imageId !== null) body.image_id = imageId;
   $("error").hidden = true;
@@ -96,4 +98,22 @@ const drop = $("drop");
 drop.addEventListener("dragover", (e) => { e.preventDefault(); drop.classList.add("over"); });
 drop.addEventListener("dragleave", () => drop.classList.remove("over"));
 drop.addEventListener("drop", (e) => { e.preventDefault(); drop.classList.remove("over"); setImage(e.dataTransfer.files[0]); });
-fetch("/health").then((r) => r.json()).then((h) => { $("status").textContent = `${h.count.toLocaleString()} images, ${h.kind} index`; });
+// the indexes this service answers (a name's image vectors, and its captions' vectors when it has them)
+fetch("/health").then((r) => r.json()).then((h) => {
+  const choice = $("index");
+  for (const [name, modalities] of Object.entries(h.indices || {})) {
+    for (const [modality, info] of Object.entries(modalities)) {
+      const option = new Option(`${name}${modality === "text" ? " (captions)" : ""}`, `${name}|${modality}`);
+      option.dataset.status = `${info.count.toLocaleString()} ${modality === "text" ? "captions" : "images"}, ${info.kind} index`;
+      choice.add(option);
+    }
+  }
+  const status = () => { $("status").textContent = choice.selectedOptions[0]?.dataset.status || ""; };
+  $("index-choice").hidden = choice.options.length < 2;
+  choice.onchange = () => {
+    if (imageId !== null) { imageId = null; showImage(false); }  // an id of the other index
+    status();
+    if ($("text").value || imageData) run();
+  };
+  status();
+});

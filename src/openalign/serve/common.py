@@ -1,0 +1,130 @@
+"""What the service's two APIs share: the limits on a request, the body-size guard, the 422 that never echoes its
+input, an upload's checks, a thumbnail."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import os
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import Field
+
+from openalign.data import images as image_lib
+from openalign.data.sources import SOURCES
+from openalign.index.build import Loaded
+
+
+MAX_TEXT_CHARS = 1_000  # per text (query, plus or minus term); the tokenizer keeps 64 tokens of it anyway
+MAX_TERMS = 8  # plus + minus texts
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_upload_bytes: int = 10 * 2**20  # largest query image accepted, e.g. 10M
+    max_pixels: int = 40_000_000  # largest query image in pixels
+    max_k: int = 10_000  # most results one request may ask for (k, num_result_ids)
+    max_metadata: int = 200  # /search: the first this many results carry their metadata; the rest, id and score
+    max_rerank: int = 200  # largest shortlist re-ordered by late interaction
+    max_inline_images: int = 100  # /knn-service and /metadata with_image: images sent inline at most
+    max_terms: int = MAX_TERMS  # most plus/minus texts in one query
+
+    @property
+    def max_body_bytes(self) -> int:
+        """The largest request body: a base64 upload (4/3 of its bytes) plus room for the JSON around it."""
+        return self.max_upload_bytes * 4 // 3 + 64 * 1024
+
+
+Term = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over `max_bytes` is answered 413 before the app reads it whole.
+
+    A declared Content-Length over the limit is refused without reading a byte; a body sent without one
+    (chunked) is counted as it arrives and refused at the first chunk past the limit. So a 1 GB body costs
+    the server at most `max_bytes` of memory, not the 2+ GB of parsing it."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or ()).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
+            return await self._refuse(send)
+        seen, started, refused = 0, False, False
+
+        async def counted_receive():
+            nonlocal seen, refused
+            if refused:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:  # answer now; the app then sees a client that went away
+                    refused = True
+                    if not started:
+                        await self._refuse(send)
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def tracked_send(message):
+            nonlocal started
+            if refused:
+                return  # the 413 has been sent: whatever the app answers to the disconnect is dropped
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        await self.app(scope, counted_receive, tracked_send)
+
+    async def _refuse(self, send):
+        await JSONResponse({"detail": f"the request body is larger than {self.max_bytes:,} bytes"}, 413)(
+            {"type": "http"}, None, send)
+
+
+async def validation_error(request: Request, err: RequestValidationError) -> JSONResponse:
+    """422 naming each bad field and its rule; unlike FastAPI's default, never the (unbounded) input."""
+    details = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", ""))[:200], "type": e.get("type", "")}
+               for e in err.errors()[:10]]
+    return JSONResponse({"detail": details}, 422)
+
+
+def decode_upload(data: str, limits: Limits) -> bytes:
+    if len(data) > limits.max_upload_bytes * 4 // 3 + 4:
+        raise HTTPException(413, f"the image is larger than {limits.max_upload_bytes // 2**20} MiB")
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise HTTPException(400, "image must be the file's bytes in base64") from None
+    try:
+        image_lib.probe(raw, limits.max_pixels)
+    except image_lib.BadImage as err:
+        reason = {"too_many_pixels": f"the image has more than {limits.max_pixels:,} pixels",
+                  "empty": "the upload is empty"}.get(err.reason, "the upload is not a readable image")
+        raise HTTPException(413 if err.reason == "too_many_pixels" else 400, reason) from None
+    return raw
+
+
+def thumbnail_jpeg(index: Loaded, image_id: int, size: int = 256) -> bytes:
+    """A JPEG thumbnail of an indexed image, from its file or its shard (404 when it is gone)."""
+    if not 0 <= image_id < len(index.meta):
+        raise HTTPException(404, f"no image with id {image_id}")
+    row = index.meta.row(image_id)
+    path, key = row["path"], row["key"]
+    if not path or os.path.realpath(path) != path:  # resolved when embedded: a link swapped in since is refused
+        raise HTTPException(404, f"image {image_id} has moved since it was indexed")
+    try:  # the one reader of files and tar members (data/sources.py: safe across request threads)
+        image = image_lib.load_rgb(SOURCES.read(path, key if path.endswith(".tar") else None))
+    except (OSError, image_lib.BadImage):  # never the server's paths in an answer
+        raise HTTPException(404, f"image {image_id} can no longer be read") from None
+    image.thumbnail((max(16, min(size, 1024)),) * 2)
+    buf = io.BytesIO()
+    image.save(buf, format="JPEG", quality=85)
+    return buf.getvalue()
