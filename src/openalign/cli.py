@@ -367,6 +367,11 @@ def cmd_index(args) -> int:
     from openalign.index.build import IndexOptions, build
 
     _searches()
+    if args.add or args.delete:
+        return _grow_index(args)
+    if args.index or not args.out or not args.embeddings:
+        raise ConfigError("build an index with `openalign index EMB --out INDEX`; grow one with `openalign index "
+                          "--add EMB INDEX` or `openalign index --delete IDS INDEX`")
     info = build(Path(args.embeddings), Path(args.out), options_from(args, IndexOptions), engine=_engine(args),
                  progress=not args.quiet)
     params = ", ".join(f"{k} {v}" for k, v in info["params"].items()) or "exact"
@@ -374,6 +379,39 @@ def cmd_index(args) -> int:
              if info["storage"] == "shards" else "")
     print(f"{info['kind']} index of {info['count']:,} {info['vectors']} vectors ({params}; recall@10 "
           f"{info['recall_at_10']:.3f} against exact search{where}) -> {args.out}")
+    for warning in info.get("warnings", []):
+        print(f"warning: {warning}", file=sys.stderr)
+    return 0
+
+
+def _grow_index(args) -> int:
+    """`index --add EMB INDEX` and `index --delete IDS INDEX` (index/grow.py)."""
+    from openalign.index import grow
+    from openalign.index.build import IndexOptions
+
+    if args.add and args.delete:
+        raise ConfigError("--add and --delete are two commands: run one, then the other")
+    if args.delete:
+        if args.index or not (args.out or args.embeddings):
+            raise ConfigError("delete ids with `openalign index --delete IDS INDEX`")
+        index = Path(args.out or args.embeddings)
+        info = grow.delete(index, grow.parse_ids(args.delete))
+        print(f"deleted {info['newly_deleted']:,} ids from {index} ({info['deleted']['count']:,} deleted in all, of "
+              f"{info['count']:,}); searches no longer return them")
+        return 0
+    index = args.index or args.out
+    if not args.embeddings or not index:
+        raise ConfigError("add new embeddings with `openalign index --add EMB INDEX`")
+    info = grow.add(Path(args.embeddings), Path(index), options_from(args, IndexOptions), engine=_engine(args),
+                    progress=not args.quiet)
+    if not info["added"]:
+        print(f"{index} already holds every part of {args.embeddings} ({info['count']:,} vectors): nothing to add")
+        return 0
+    recall = info["adds"][-1]["recall_at_10"]
+    measured = f"; recall@10 on the added rows {recall:.3f} (built: {info['recall_at_10']:.3f})" if recall is not None \
+        else ""
+    print(f"added {info['added']:,} vectors to {index}: {info['count']:,} in all, ids {info['count'] - info['added']:,}"
+          f" to {info['count'] - 1:,}{measured}")
     for warning in info.get("warnings", []):
         print(f"warning: {warning}", file=sys.stderr)
     return 0
@@ -615,8 +653,13 @@ def _index_flags(p) -> None:
     from openalign.data.engine import Engine
     from openalign.index.build import IndexOptions
 
-    p.add_argument("embeddings", help="the output of `openalign embed`")
-    p.add_argument("--out", required=True)
+    p.add_argument("embeddings", nargs="?", help="the output of `openalign embed` (with --delete: the index)")
+    p.add_argument("index", nargs="?", help="with --add: the index to grow")
+    p.add_argument("--out", help="the index directory to build")
+    p.add_argument("--add", action="store_true", help="append the new parts of EMB (a collection that grew and was "
+                   "embedded again) to the index INDEX: `openalign index --add EMB INDEX`")
+    p.add_argument("--delete", metavar="IDS", help="take ids out of every search of the index: `openalign index "
+                   "--delete 3,17,42 INDEX` (or a file of ids, one per line)")
     add_options(p, IndexOptions, convert={"memory": _size})
     add_options(p, Engine, only=("workers",), where="ivf shards, local engine: add tasks at once; ")
     _engine_flags(p)
@@ -712,6 +755,8 @@ def _owner(args):
     from openalign.outputs import owned
 
     out = getattr(args, "out", None)
+    if args.command == "index" and (args.add or args.delete):  # the index being grown
+        out = out or (args.index if args.add else args.embeddings)
     if not out or args.command == "train" or distributed.from_env().rank != 0:
         return contextlib.nullcontext()
     return owned(Path(out))

@@ -39,6 +39,14 @@ from openalign.index.cells import CellScan
 from openalign.index.parts import Parts, add_shard, part_files, read_manifest
 
 FILE, META, INFO, EXACT16 = "index.faiss", "meta.parquet", "index.json", "vectors-f16.npy"
+TRAINED = "trained.faiss"  # IVF: the trained, empty index (its quantizer), for `index --add` to new shards
+FILES = {"index": FILE, "meta": META, "exact16": EXACT16}  # index.json "files": a generation's names (grow.py)
+
+
+def file_of(info: dict, role: str) -> str:
+    """The file of `role` (index, meta, exact16) of the generation index.json describes: `index --add` writes a new
+    generation's files under new names and index.json names them, so a reader never sees half of a change."""
+    return (info.get("files") or {}).get(role, FILES[role])
 
 
 @dataclass(frozen=True)
@@ -144,14 +152,14 @@ def _exact16(parts: Parts, out: Path | None, chunk_rows: int) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------------------- streaming
 
-def streaming_search(parts: Parts, queries: np.ndarray, k: int, stop: int | None = None, score_bytes: int = 2**28
-                     ) -> tuple[np.ndarray, np.ndarray]:
-    """Exact top k over the parts' rows [0, stop), a chunk at a time: each chunk's own top k merged into the
+def streaming_search(parts: Parts, queries: np.ndarray, k: int, stop: int | None = None, score_bytes: int = 2**28,
+                     start: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top k over the parts' rows [start, stop), a chunk at a time: each chunk's own top k merged into the
     running top k. A chunk's rows are bounded so that its [queries x rows] scores stay within `score_bytes`."""
     rows = int(max(4_096, min(262_144, score_bytes // (4 * max(1, len(queries))))))
     best_scores = np.full((len(queries), 0), -np.inf, np.float32)
     best_ids = np.zeros((len(queries), 0), np.int64)
-    for first, chunk in parts.chunks(0, stop, rows):
+    for first, chunk in parts.chunks(start, stop, rows):
         scores, ids = exact.search(chunk, queries, k)
         scores = np.concatenate([best_scores, scores], axis=1)
         ids = np.concatenate([best_ids, ids + first], axis=1)
@@ -228,6 +236,9 @@ def build_streaming(parts: Parts, out: Path | None, options: IndexOptions, engin
     if kind == "ivf":
         index, tuning = _trained_ivf(parts, options, budget, rng, params)
         storage = "memory" if n * (index.code_size + 8) <= budget // 2 else "shards"  # a code and its id per row
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            faiss.write_index(index, str(out / TRAINED))  # the quantizer, kept for `index --add`
     else:
         index = faiss.IndexFlatIP(d) if kind == "flat" else faiss.IndexHNSWFlat(d, 32, faiss.METRIC_INNER_PRODUCT)
         if kind == "hnsw":
@@ -280,11 +291,12 @@ def _trained_ivf(parts: Parts, options: IndexOptions, budget: int, rng, params: 
     return index, ("nprobe", probes)
 
 
-def _add_shards(trained: faiss.Index, parts: Parts, out: Path | None, options: IndexOptions, engine,
-                progress: bool) -> tuple[list[str], int]:
+def _add_shards(trained: faiss.Index | Path, parts: Parts, out: Path | None, options: IndexOptions, engine,
+                progress: bool, first: int = 0) -> tuple[list[str], int]:
     """The rows cut into contiguous blocks, each added by a task into an IVF shard file of its own in `out`
     (resumable: finished shards of the same vectors and options are kept); the shards' names and the first
-    block's rows."""
+    block's rows. `trained`: the trained, empty index (or its file); `first`: the first shard's number (`index
+    --add` appends shards after an index's own)."""
     from openalign.data.engine import Engine, Task, run_tasks, task_id
 
     if out is None:
@@ -292,21 +304,24 @@ def _add_shards(trained: faiss.Index, parts: Parts, out: Path | None, options: I
     n, d = parts.n, parts.d
     work = out / "_work"
     work.mkdir(parents=True, exist_ok=True)
-    faiss.write_index(trained, str(work / "trained.index"))
+    if not isinstance(trained, Path):
+        faiss.write_index(trained, str(work / "trained.index"))
+        trained = work / "trained.index"
+    code_size = faiss.read_index(str(trained)).code_size
     engine = engine or Engine()
     workers = (engine.workers or 1) if engine.name == "local" else 1
     # half the budget holds every concurrent task's codes, after each task's own float32 chunk and its
     # process (numpy, FAISS, pyarrow: ~100 MiB; no torch in parts.py)
     budget = options.memory or 2**62
     per_task = (budget // 2 - workers * (options.chunk_rows * d * 4 + 128 * 2**20)) // max(1, workers)
-    block_rows = options.block_rows or max(options.chunk_rows, per_task // (trained.code_size + 8))
+    block_rows = options.block_rows or max(options.chunk_rows, per_task // (code_size + 8))
     bounds = [(a, min(a + block_rows, n)) for a in range(0, n, block_rows)]
-    names = shard_names(len(bounds))
-    for stale in out.glob("shard-*.faiss"):
+    names = shard_names(first + len(bounds))[first:]
+    for stale in out.glob("shard-*.faiss") if first == 0 else ():
         if stale.name not in names:
             stale.unlink()
-    key = json.dumps([parts.fingerprint(), repr(options)])  # the vectors' files as they are now, not their names
-    tasks = [Task(task_id(i), add_shard, (str(work / "trained.index"), parts.files, a, b, str(out / names[i]),
+    key = json.dumps([parts.fingerprint(), repr(options), first])  # the vectors' files as they are now
+    tasks = [Task(task_id(i), add_shard, (str(trained), parts.files, a, b, str(out / names[i]),
                                           options.chunk_rows), key=f"{key}:{a}:{b}", outputs=(str(out / names[i]),))
              for i, (a, b) in enumerate(bounds)]
     run_tasks(tasks, work / "_status", engine, "index add", progress)
@@ -342,21 +357,50 @@ def build(emb: Path, out: Path, options: IndexOptions = IndexOptions(), engine=N
             if leftover.is_file() and not leftover.name.startswith("shard-"):
                 leftover.unlink()
         raise
+    trained = (staging / TRAINED).is_file()
     info = {"kind": built["kind"], "params": built["params"], "recall_at_10": built["recall_at_10"],
             "recall_target": options.recall, "count": n, "dim": d, "vectors": options.vectors,
             "storage": built["storage"], "shards": built.get("shards", []), "tuned_on": built.get("tuned_on", "all"),
-            "embeddings": str(Path(emb).resolve()), "model": manifest["model"], "weights": manifest.get("weights", "")}
+            "embeddings": str(Path(emb).resolve()), "model": manifest["model"], "weights": manifest.get("weights", ""),
+            "generation": 0, "files": {role: FILES[role] for role in ("index", "meta", "exact16")},
+            "trained": TRAINED if trained else None, "parts": part_records(emb, options.vectors),
+            "options": {"chunk_rows": options.chunk_rows, "tune_queries": options.tune_queries, "seed": options.seed}}
     info["warnings"] = recall_warnings(info)
-    new = [FILE] * (index is not None) + built.get("shards", []) + [EXACT16] * bool(built["params"].get("refine"))
+    new = [FILE] * (index is not None) + built.get("shards", []) + [EXACT16] * bool(built["params"].get("refine")) \
+        + [TRAINED] * trained
     unfinish(out / INFO)  # from here until index.json is written, `out` is not an index: load says so
-    for stale in [out / FILE, out / EXACT16, *out.glob("shard-*.faiss")]:
+    for stale in [*generation_files(out), *out.glob("shard-*.faiss")]:
         if stale.name not in new:
-            stale.unlink(missing_ok=True)  # a previous build's
+            stale.unlink(missing_ok=True)  # a previous build's (or add's)
     for name in new + [META]:
         os.replace(staging / name, out / name)
     write_json(out / INFO, info)
     shutil.rmtree(staging, ignore_errors=True)
     return info
+
+
+def generation_files(out: Path) -> list[Path]:
+    """Every file of any generation of an index in `out` (a build's names, and `index --add` / `--delete`'s)."""
+    names = [FILE, META, EXACT16, TRAINED, "index-g*.faiss", "meta-g*.parquet", "vectors-f16-g*.npy", "deleted-g*.npy"]
+    return [f for name in names for f in (out.glob(name) if "*" in name else [out / name])]
+
+
+def part_records(emb: Path, vectors: str = "image") -> list[list]:
+    """[part index, rows, digest] of each part of an embed output, in order: what an index holds, so that `index
+    --add` can tell the parts it has (unchanged) from new ones. The digest covers the part's plan and inputs."""
+    import hashlib
+
+    manifest = read_manifest(emb, vectors)
+    records = []
+    for i in sorted(manifest["parts"], key=int):
+        try:
+            status = json.loads((Path(emb) / f"part-{int(i):06d}.json").read_text())
+        except (OSError, ValueError):
+            status = {}
+        digest = hashlib.blake2b(json.dumps([status.get("plan"), status.get("inputs")]).encode(),
+                                 digest_size=8).hexdigest()
+        records.append([int(i), int(manifest["parts"][i]["rows"]), digest])
+    return records
 
 
 def recall_warnings(info: dict) -> list[str]:
@@ -450,8 +494,35 @@ class Loaded:
     meta: Meta
     info: dict
     shards: list = field(default_factory=list)  # an IndexShards' members, kept alive here
+    deleted: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # sorted ids `index --delete` removed
+
+    def is_deleted(self, i: int) -> bool:
+        at = int(np.searchsorted(self.deleted, i))
+        return at < len(self.deleted) and int(self.deleted[at]) == i
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Scores and row ids [q, k] (-1 past the rows there are), deleted ids never among them: the search asks
+        for more than k while deleted ones are among the first, growing 4x a time."""
+        if not len(self.deleted):
+            return self._search(queries, k)
+        queries = np.ascontiguousarray(queries, dtype=np.float32).reshape(-1, self.info["dim"])
+        live = self.index.ntotal - len(self.deleted)
+        want = min(self.index.ntotal, k + min(len(self.deleted), 4 * k))
+        while True:
+            scores, ids = self._search(queries, want)
+            keep = ~np.isin(ids, self.deleted) & (ids >= 0)
+            enough = keep.sum(axis=1) >= min(k, live)
+            if enough.all() or want >= self.index.ntotal:
+                break
+            want = min(self.index.ntotal, 4 * want)
+        out_s = np.full((len(queries), k), -np.inf, np.float32)
+        out_i = np.full((len(queries), k), -1, np.int64)
+        for q in range(len(queries)):
+            row = np.nonzero(keep[q])[0][:k]
+            out_s[q, :len(row)], out_i[q, :len(row)] = scores[q, row], ids[q, row]
+        return out_s, out_i
+
+    def _search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Scores and row ids [q, k]; a flat index is searched by `exact.search` (faster than FAISS's
         own at every batch size: P7) over its vectors in place."""
         if isinstance(self.index, faiss.IndexFlat):
@@ -494,11 +565,12 @@ def read_info(path: Path) -> dict:
     return info
 
 
-def load(path: Path, mmap: bool = True) -> Loaded:
+def load(path: Path, mmap: bool = True, info: dict | None = None) -> Loaded:
     """The index memory-mapped where FAISS can (in-memory inverted lists and flat vectors are mapped from
-    index.faiss; IVF shards from shard-*.faiss, searched together), its metadata by id, and search parameters."""
+    index.faiss; IVF shards from shard-*.faiss, searched together), its metadata by id, and search parameters.
+    `info`: the generation to load (default: the one index.json names; `index --add` checks a new one first)."""
     path = Path(path)
-    info = read_info(path)
+    info = read_info(path) if info is None else info
     again = _again(path)
     dim, count, params = int(info["dim"]), int(info["count"]), dict(info["params"])
     shards = list(info.get("shards") or [])
@@ -508,9 +580,9 @@ def load(path: Path, mmap: bool = True) -> Loaded:
             index, members = open_shards(path, shards, dim)
         else:
             try:
-                index = faiss.read_index(str(path / FILE), faiss.IO_FLAG_MMAP if mmap else 0)
+                index = faiss.read_index(str(path / file_of(info, "index")), faiss.IO_FLAG_MMAP if mmap else 0)
             except RuntimeError:  # this index type cannot be mapped: read it
-                index = faiss.read_index(str(path / FILE))
+                index = faiss.read_index(str(path / file_of(info, "index")))
     except RuntimeError:  # FAISS's reader: a missing, cut or foreign file
         raise ConfigError(f"{path}'s FAISS index file is missing or damaged; {again}") from None
     if index.ntotal != count or index.d != dim:
@@ -523,19 +595,28 @@ def load(path: Path, mmap: bool = True) -> Loaded:
     if not members:
         index = _batched(index)
     if params.get("refine"):
-        if not (path / EXACT16).is_file():
-            raise ConfigError(f"{path} was built with --refine but its {EXACT16} is missing; build the index again")
+        exact_file = path / file_of(info, "exact16")
+        if not exact_file.is_file():
+            raise ConfigError(f"{path} was built with --refine but its {exact_file.name} is missing; build the index "
+                              "again")
         try:
-            exact16 = np.load(path / EXACT16, mmap_mode="r")
+            exact16 = np.load(exact_file, mmap_mode="r")
         except (OSError, ValueError):
-            raise ConfigError(f"{path / EXACT16} is damaged; {again}") from None
+            raise ConfigError(f"{exact_file} is damaged; {again}") from None
         if exact16.shape != (count, dim):
-            raise ConfigError(f"{path / EXACT16} holds {exact16.shape} vectors, not ({count}, {dim}); {again}")
+            raise ConfigError(f"{exact_file} holds {exact16.shape} vectors, not ({count}, {dim}); {again}")
         index = Refined(index, exact16, params["refine"])
+    meta_file = path / file_of(info, "meta")
     try:
-        meta = Meta(path / META)
+        meta = Meta(meta_file)
     except (OSError, pa.ArrowException):
-        raise ConfigError(f"{path / META} is missing or damaged; {again}") from None
+        raise ConfigError(f"{meta_file} is missing or damaged; {again}") from None
     if len(meta) != count:
-        raise ConfigError(f"{path / META} has {len(meta):,} rows for {count:,} vectors; {again}")
-    return Loaded(index, meta, info, members)
+        raise ConfigError(f"{meta_file} has {len(meta):,} rows for {count:,} vectors; {again}")
+    deleted = np.zeros(0, np.int64)
+    if info.get("deleted"):
+        try:
+            deleted = np.load(path / info["deleted"]["file"])
+        except (OSError, ValueError, KeyError, TypeError):
+            raise ConfigError(f"{path}'s list of deleted ids is missing or damaged; {again}") from None
+    return Loaded(index, meta, info, members, deleted)

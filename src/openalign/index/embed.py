@@ -12,7 +12,9 @@
 Sources: a directory of images (searched recursively; a `.txt` beside an image is its caption),
 webdataset shards, or any evaluation layout (Karpathy JSON, caption table). Shards are one part each
 (clip-retrieval's layout: a part reads only its tar); other sources are cut into parts of `part_size`
-images in a fixed order. Unreadable images are skipped and counted.
+images in a fixed order. Unreadable images are skipped and counted. Parts are append-only: a rerun on a
+collection that grew keeps every finished part's images in that part and puts the new ones in new parts after
+the last (each part's status records its images), so only they are embedded and the existing rows keep their ids.
 
 Under torchrun each rank embeds the parts i with i % WORLD_SIZE == RANK, skipping parts whose status
 says they are finished for this plan (model weights, sources, layout); rank 0 then writes the manifest.
@@ -23,6 +25,7 @@ one-process run. On CUDA the towers run in bf16 autocast, images in channels_las
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 from collections import Counter
@@ -66,36 +69,92 @@ class EmbedOptions:
 
 @dataclass(frozen=True)
 class Part:
-    """One unit of embedding work: a whole shard, or rows [start, stop) of a listed source."""
+    """One unit of embedding work: a whole shard, or some images of listed sources ((source, position) pairs)."""
 
     index: int
     shard: str = ""
-    source: str = ""
-    start: int = 0
-    stop: int = 0
+    items: tuple = ()
 
 
-def plan_parts(sources: list[str], options: EmbedOptions) -> tuple[list[Part], dict[str, list[source_lib.Item]],
-                                                                  dict[int, str]]:
+def _unit(item: source_lib.Item) -> tuple:
+    """What an image is across runs: its file, or its tar and member."""
+    return item.path, item.member
+
+
+def _recorded_units(out: Path | None) -> dict[int, list[tuple]]:
+    """Each finished part's units as its status recorded them: [("shard", path)] or [(path, member), ...]."""
+    recorded = {}
+    for status_file in sorted(out.glob("part-*.json")) if out is not None and out.is_dir() else ():
+        try:
+            status = json.loads(status_file.read_text())
+            index = int(status_file.stem[5:])
+        except (OSError, ValueError):
+            continue
+        if isinstance(status.get("units"), list):
+            recorded[index] = [tuple(u) for u in status["units"]]
+    return recorded
+
+
+def plan_parts(sources: list[str], options: EmbedOptions, out: Path | None = None
+               ) -> tuple[list[Part], dict[str, list[source_lib.Item]], dict[int, str]]:
     """The parts of `sources` in order, the listed sources' items, and each part's inputs fingerprint: a shard's
     path, size and modification time; for listed images, each one's path, size, time and captions. A changed
-    image or caption changes only its own part's fingerprint."""
-    parts, listings, inputs = [], {}, {}
+    image or caption changes only its own part's fingerprint.
+
+    Parts are append-only: a part finished in `out` keeps its index and its images (those still present); images
+    and shards no finished part holds go into new parts after the last, in the listing's order (shards one part
+    each, images `part_size` at a time; a part whose status was lost is planned again in its place). So a collection
+    that grew embeds only its new images, and the rows of the parts already indexed keep their ids (`index --add`)."""
+    listings, present, order = {}, {}, []  # unit -> (source, position) or shard; units in listing order
     for source in sources:
         listed = source_lib.listing(source, options.images, "all", options.image_column, options.text_column)
         if listed is None:
             for shard in (str(Path(s).resolve()) for s in source_lib.shard_list(source)):
-                inputs[len(parts)] = sources_key(shard)  # its path, size and modification time
-                parts.append(Part(len(parts), shard=shard))
+                unit = ("shard", shard)
+                if unit not in present:
+                    present[unit] = shard
+                    order.append(unit)
             continue
         listings[source] = listed
-        for start in range(0, len(listed), options.part_size):
-            stop = min(start + options.part_size, len(listed))
-            inputs[len(parts)] = sources_key([[i.path, i.member, i.texts] for i in listed[start:stop]])
-            parts.append(Part(len(parts), source=source, start=start, stop=stop))
+        for position, item in enumerate(listed):
+            unit = _unit(item)
+            if unit not in present:
+                present[unit] = (source, position)
+                order.append(unit)
+    parts, claimed = [], set()
+    for index, units in sorted(_recorded_units(out).items()):
+        kept = [u for u in units if u in present and u not in claimed]
+        claimed.update(kept)
+        if kept:
+            parts.append(_part(index, [present[u] for u in kept]))
+    new = [u for u in order if u not in claimed]
+    taken = {p.index for p in parts}
+    free = (i for i in itertools.count() if i not in taken)  # gaps first (a part lost its status), then after the last
+    items = [present[u] for u in new if not isinstance(present[u], str)]
+    for unit in new:
+        if isinstance(present[unit], str):
+            parts.append(Part(next(free), shard=present[unit]))
+    for start in range(0, len(items), options.part_size):
+        parts.append(_part(next(free), items[start:start + options.part_size]))
+    parts.sort(key=lambda p: p.index)
+    inputs = {}
+    for part in parts:
+        inputs[part.index] = sources_key(part.shard) if part.shard else sources_key(
+            [[i.path, i.member, i.texts] for i in part_items(part, listings)])
     return parts, listings, inputs
 
 
+def _part(index: int, where: list) -> Part:
+    return Part(index, shard=where[0]) if isinstance(where[0], str) else Part(index, items=tuple(where))
+
+
+def part_items(part: Part, listings: dict[str, list[source_lib.Item]]) -> list[source_lib.Item]:
+    return [listings[source][position] for source, position in part.items]
+
+
+def _units(part: Part, listings: dict) -> list:
+    """What the part's status records to keep its images across runs."""
+    return [["shard", part.shard]] if part.shard else [list(_unit(i)) for i in part_items(part, listings)]
 
 
 def _write_part(out: Path, index: int, embeds: np.ndarray, rows: list[dict], texts: np.ndarray | None = None,
@@ -195,7 +254,7 @@ def embed(model_dir: Path, sources: list[str], out: Path, options: EmbedOptions 
         torch.distributed.init_process_group("gloo")  # only for the barrier; the work itself never talks
     encoder = Encoder(Path(model_dir), options.device, layout.local_rank)
     cfg = encoder.cfg
-    parts, listings, inputs = plan_parts(sources, options)
+    parts, listings, inputs = plan_parts(sources, options, out)
     if not parts:
         raise ConfigError(f"no images in {', '.join(sources)}")
     out.mkdir(parents=True, exist_ok=True)
@@ -207,7 +266,9 @@ def embed(model_dir: Path, sources: list[str], out: Path, options: EmbedOptions 
             "top_patches": options.top_patches}
     if options.top_patches < 0:
         raise ConfigError(f"--top-patches {options.top_patches} must be 0 (all) or a count of patches to keep")
-    key = hashlib.blake2b(json.dumps(plan, sort_keys=True).encode(), digest_size=16).hexdigest()
+    # which sources and how new images are grouped are not the plan: parts are append-only (plan_parts)
+    keyed = {k: v for k, v in plan.items() if k not in ("source", "part_size")}
+    key = hashlib.blake2b(json.dumps(keyed, sort_keys=True).encode(), digest_size=16).hexdigest()
     if layout.main:
         unfinish(out / MANIFEST)  # `index` refuses this output until every part is this plan's
     if layout.active:
@@ -215,15 +276,15 @@ def embed(model_dir: Path, sources: list[str], out: Path, options: EmbedOptions 
     mine = [p for p in parts if p.index % layout.world == layout.rank]
     why = {p.index: _why_redo(out, p, key, inputs[p.index], options, _status(out, p.index)) for p in mine}
     todo = [p for p in mine if why[p.index] is not None]
-    bar = tqdm(total=sum(p.stop - p.start for p in todo if not p.shard) or None, desc=f"embed (rank {layout.rank})"
+    bar = tqdm(total=sum(len(p.items) for p in todo if not p.shard) or None, desc=f"embed (rank {layout.rank})"
                if layout.active else "embed", unit="img", disable=not progress)
     for part in todo:
         counter: dict = {}
-        items = source_lib.shard_items(part.shard, counter) if part.shard else listings[part.source][part.start:part.stop]
+        items = source_lib.shard_items(part.shard, counter) if part.shard else part_items(part, listings)
         matrix, texts, rows, decoded, patches = embed_part(encoder, items, options, bar)
         _write_part(out, part.index, matrix.astype(dtype), rows, None if texts is None else texts.astype(dtype),
                     patches)
-        status = {"plan": key, "inputs": inputs[part.index], "rows": len(rows),
+        status = {"plan": key, "inputs": inputs[part.index], "rows": len(rows), "units": _units(part, listings),
                   "skipped": decoded.get("skipped", 0) + counter.get("skipped", 0),
                   "unusable": counter.get("reasons", {}), "rank": layout.rank}
         write_json(out / f"part-{part.index:06d}.json", status)  # last: the part is finished
@@ -247,8 +308,9 @@ def _manifest(out: Path, parts: list[Part], plan: dict, key: str, inputs: dict[i
     for status in done.values():
         for reason, n in status.get("unusable", {}).items():
             unusable[reason] = unusable.get(reason, 0) + n
-    for stale in out.glob("part-*.npy"):  # parts beyond this plan's (an earlier, larger collection)
-        if int(stale.stem[5:]) >= len(parts):
+    planned = {p.index for p in parts}
+    for stale in out.glob("part-*.npy"):  # parts no longer planned (all their images gone)
+        if int(stale.stem[5:]) not in planned:
             for name in (stale.name, f"meta-{stale.stem[5:]}.parquet", f"text-{stale.stem[5:]}.npy",
                          f"{PATCHES}-{stale.stem[5:]}.npy", f"{stale.stem}.json"):
                 (out / name).unlink(missing_ok=True)

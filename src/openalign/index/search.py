@@ -63,6 +63,8 @@ def query_vector(model, tokenizer, query: Query, index: Loaded | None = None) ->
     elif query.image_id is not None:
         if index is None or not 0 <= query.image_id < index.index.ntotal:
             raise ConfigError(f"no image with id {query.image_id} in the index")
+        if index.is_deleted(int(query.image_id)):
+            raise ConfigError(f"image {query.image_id} was deleted from the index")
         image = index.vector(int(query.image_id))
     if image is None and not texts:
         raise ConfigError("a query needs a text, an image or an image id")

@@ -114,7 +114,7 @@ def decode_upload(data: str, limits: Limits) -> bytes:
 
 def thumbnail_jpeg(index: Loaded, image_id: int, size: int = 256) -> bytes:
     """A JPEG thumbnail of an indexed image, from its file or its shard (404 when it is gone)."""
-    if not 0 <= image_id < len(index.meta):
+    if not 0 <= image_id < len(index.meta) or index.is_deleted(image_id):
         raise HTTPException(404, f"no image with id {image_id}")
     row = index.meta.row(image_id)
     path, key = row["path"], row["key"]

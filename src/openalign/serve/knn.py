@@ -203,7 +203,7 @@ def _metadata(catalog: Catalog, request: MetadataRequest, limits: Limits) -> lis
         index = catalog.get(request.indice_name).live(request.modality).current()
     except ConfigError as err:
         raise HTTPException(400, str(err)) from None
-    bad = [i for i in request.ids if not 0 <= i < len(index.meta)]
+    bad = [i for i in request.ids if not 0 <= i < len(index.meta) or index.is_deleted(i)]
     if bad:
         raise HTTPException(400, f"no image with id {bad[0]} in this index")
     rows = index.meta.take(request.ids).to_pylist()
