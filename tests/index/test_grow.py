@@ -265,3 +265,23 @@ def test_a_running_service_sees_an_add_and_a_delete_at_its_next_request(grown, t
     knn = client.post("/knn-service", json={"embedding_input": [float(x) for x in build_lib.load(index).vector(10)],
                                             "num_images": 3}).json()
     assert 10 not in [r["id"] for r in knn]
+
+
+@pytest.mark.parametrize("options", [["--kind", "ivf"], ["--kind", "ivf", "--codes", "flat"],
+                                     ["--kind", "ivf", "--refine", "2"],
+                                     ["--kind", "ivf", "--memory", "300K", "--block-rows", "2000"]])
+def test_a_large_k_from_an_ivf_index_is_k_results(tmp_path, options):
+    """The tuned nprobe's cells hold a few hundred vectors; k=3,000 probes enough cells for 3,000 (FAISS returns only
+    what it probes), per search; a small k keeps the tuned nprobe."""
+    vectors = clustered(9_000, 24, np.random.default_rng(0).normal(size=(40, 24)), 1)
+    fake_parts(tmp_path / "emb", vectors, 3_000)
+    assert cli.main(["index", str(tmp_path / "emb"), "--out", str(tmp_path / "idx"), "--nlist", "60",
+                     "--train-per-cell", "39", "--quiet", *options]) == 0
+    index = build_lib.load(tmp_path / "idx")
+    nprobe = index.info["params"]["nprobe"]
+    assert nprobe * 9_000 / 60 < 3_000
+    scores, ids = index.search(vectors[:2], 3_000)
+    assert (ids >= 0).all() and len(set(ids[0].tolist())) == 3_000
+    truth = np.argsort(-(vectors[:2] @ vectors.T), axis=1)[:, :3_000]
+    assert np.mean([len(set(a) & set(b)) / 3_000 for a, b in zip(ids.tolist(), truth.tolist())]) > 0.9
+    assert index._probes_for(10) is None

@@ -113,9 +113,9 @@ class Refined:
     def ntotal(self) -> int:
         return self.exact16.shape[0]
 
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def search(self, queries: np.ndarray, k: int, params=None) -> tuple[np.ndarray, np.ndarray]:
         queries = np.ascontiguousarray(queries, dtype=np.float32)
-        _, ids = self.index.search(queries, max(k, self.factor * k))
+        _, ids = self.index.search(queries, max(k, self.factor * k), params=params)
         found = ids >= 0  # fewer candidates than asked: FAISS pads with -1
         rows = np.sort(np.unique(ids[found]))  # each candidate's vector read once, in file order
         vectors = np.asarray(self.exact16[rows], dtype=np.float32)
@@ -531,7 +531,23 @@ class Loaded:
                 return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
             vectors = faiss.rev_swig_ptr(self.index.get_xb(), n * d).reshape(n, d)
             return exact.search(vectors, queries, k)
+        probes = self._probes_for(k * (self.index.factor if isinstance(self.index, Refined) else 1))
+        if probes:
+            return self.index.search(queries, k, params=faiss.SearchParametersIVF(nprobe=probes))
         return self.index.search(queries, k)
+
+    def _probes_for(self, k: int) -> int | None:
+        """For a large k (a service's 10,000 results), the IVF cells to probe so that they hold about 4k vectors:
+        the tuned nprobe's cells hold nprobe x n / nlist, a few hundred for a recall@10 target, and FAISS returns
+        only what the probed cells hold. Passed per search (thread-safe); None while the tuned nprobe suffices."""
+        ivf = faiss.try_extract_index_ivf(_faiss(self.shards[0] if self.shards else self.index))
+        if ivf is None or not self.index.ntotal:
+            return None
+        per_cell = self.index.ntotal / ivf.nlist
+        nprobe = int(self.info["params"].get("nprobe", ivf.nprobe))
+        if nprobe * per_cell >= 4 * k:
+            return None
+        return int(min(ivf.nlist, max(nprobe, math.ceil(4 * k / per_cell))))
 
     def vector(self, i: int) -> np.ndarray:
         """The indexed vector of row `i` (as stored: 8-bit codes come back to within their step, a refined

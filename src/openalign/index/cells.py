@@ -55,11 +55,12 @@ class CellScan:
             self._cells = (vectors, ids)
         return self._cells
 
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Scores and ids [q, k], best first; ids -1 (scores -inf) where the probed cells hold fewer than k."""
+    def search(self, queries: np.ndarray, k: int, params=None) -> tuple[np.ndarray, np.ndarray]:
+        """Scores and ids [q, k], best first; ids -1 (scores -inf) where the probed cells hold fewer than k.
+        `params` (FAISS search parameters: another nprobe for a large k): FAISS's own search."""
         queries = np.ascontiguousarray(queries, dtype=np.float32).reshape(-1, self.ivf.d)
-        if len(queries) < BATCH_FROM or k == 0:
-            return self.index.search(queries, k)
+        if len(queries) < BATCH_FROM or k == 0 or params is not None:
+            return self.index.search(queries, k, params=params)
         nprobe = min(self.ivf.nprobe, self.ivf.nlist)
         _, probes = self.ivf.quantizer.search(queries, nprobe)  # [Q, P] cells, -1 past the last
         flat = probes.ravel()
