@@ -196,3 +196,31 @@ def test_non_finite_numbers_and_non_json_bodies(server):
     assert nan.status_code == 422 and "finite" in str(nan.json()["detail"])
     assert httpx.post(f"{url}/knn-service", content="{not json").json()["detail"] == "the request body is not JSON"
     assert httpx.post(f"{url}/metadata", json={"ids": [999], "indice_name": "shapes"}).status_code == 400
+
+
+def test_a_refused_chunked_body_is_no_server_error(server):
+    """A body over the limit sent without a length is refused mid-stream; the handler reading it then sees the client
+    gone. Before: an unhandled ClientDisconnect per such request, and under load abusive clients' other requests
+    were dropped (bench/serve_load.py: ReadError on 26 of 745)."""
+    import logging
+
+    url, _ = server
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("uvicorn.error").addHandler(handler)
+    try:
+        def chunks():
+            yield b'{"text": "'
+            for _ in range(16):
+                yield b"a" * 2**20
+
+        for route in ("/knn-service", "/metadata"):
+            try:
+                assert httpx.post(f"{url}{route}", content=chunks()).status_code == 413
+            except httpx.HTTPError:  # the server may close the connection mid-upload
+                pass
+        assert httpx.get(f"{url}/indices-list").status_code == 200
+    finally:
+        logging.getLogger("uvicorn.error").removeHandler(handler)
+    assert not [r for r in records if r.levelno >= logging.ERROR], [r.getMessage() for r in records]

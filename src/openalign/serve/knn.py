@@ -29,9 +29,10 @@ from typing import Literal
 import numpy as np
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
 from openalign.config import ConfigError
 from openalign.index import search
@@ -178,10 +179,21 @@ def _schema(model) -> dict:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
 
 
+async def _body(http: Request) -> bytes | None:
+    """The request's body; None when the client went away (or BodyLimit refused it: its 413 is already sent)."""
+    try:
+        return await http.body()
+    except ClientDisconnect:
+        return None
+
+
 def add_routes(app: FastAPI, catalog: Catalog, limits: Limits) -> None:
     @app.post("/knn-service", openapi_extra=_schema(KnnRequest), tags=["clip-retrieval"])
-    async def knn_service(http: Request) -> JSONResponse:
-        request = _parsed(KnnRequest, await http.body())
+    async def knn_service(http: Request) -> Response:
+        body = await _body(http)
+        if body is None:
+            return Response(status_code=400)  # nobody reads it
+        request = _parsed(KnnRequest, body)
         results = await run_in_threadpool(knn, catalog, request, limits)
         skipped = not_applied(request)
         return JSONResponse(results, headers={NOT_APPLIED: ", ".join(skipped)} if skipped else None)
@@ -191,9 +203,12 @@ def add_routes(app: FastAPI, catalog: Catalog, limits: Limits) -> None:
         return catalog.names
 
     @app.post("/metadata", openapi_extra=_schema(MetadataRequest), tags=["clip-retrieval"])
-    async def metadata_service(http: Request) -> list[dict]:
-        request = _parsed(MetadataRequest, await http.body())
-        return await run_in_threadpool(_metadata, catalog, request, limits)
+    async def metadata_service(http: Request) -> Response:
+        body = await _body(http)
+        if body is None:
+            return Response(status_code=400)
+        request = _parsed(MetadataRequest, body)
+        return JSONResponse(await run_in_threadpool(_metadata, catalog, request, limits))
 
 
 def _metadata(catalog: Catalog, request: MetadataRequest, limits: Limits) -> list[dict]:
