@@ -101,6 +101,12 @@ def cmd_study(args) -> int:
         raise ConfigError(f"unknown study {args.name!r}; choose from {', '.join(STUDIES)} or pmi")
     study = STUDIES[args.name]
     cfg = _with_data(presets.get(args.preset), args)
+    if args.sources:
+        if args.name != "noise-vs-scale":
+            raise ConfigError("--sources belongs to the noise-vs-scale study (more data as new sources)")
+        from openalign.study.noise_scale import SOURCES
+
+        cfg = config_lib.override(cfg, ["data.corpus=" + "+".join(SOURCES)])
     tasks = [f"eval.tasks={','.join(dict.fromkeys([*cfg.eval.tasks, *study.tasks]))}"] if study.tasks else []
     cfg = config_lib.override(cfg, tasks + ([*QUICK, *study.quick] if args.quick else []) + list(args.overrides))
     variants = study.variants(cfg)
@@ -515,6 +521,8 @@ def _study_flags(p) -> None:
     p.add_argument("--quick", action="store_true", help="short runs: minutes each on a CPU")
     p.add_argument("--seeds", type=int, default=1, help="runs per variant (mean ± std)")
     p.add_argument("--only", action="append", help="a group or variant to run (repeatable); the baseline always runs")
+    p.add_argument("--sources", action="store_true", help="noise-vs-scale: more data as new sources (clean emoji "
+                   "against emoji + openclipart + shapes with noisy alt-texts), each source's held-out split measured")
 
 
 def _eval_flags(p) -> None:

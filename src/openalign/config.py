@@ -253,9 +253,14 @@ class OptimConfig:
 class DataConfig:
     train: str = ""  # webdataset shards: a directory, a brace pattern or a list file
     eval: str = ""  # held-out shards for periodic and final evaluation
-    corpus: str = ""  # built-in corpus to build into data_dir when `train` is empty (emoji)
-    # options of the built-in corpus's builder, e.g. data.corpus_options=noise=0.5,languages=en+de+fr; a corpus built
-    # with options lives in data_dir/<corpus>-<options>, so variants of one corpus sit side by side
+    # built-in corpus to build into data_dir when `train` is empty (emoji); several joined by + (emoji+openclipart):
+    # trained on together, evaluated on the union of their held-out splits and on each one's (metrics NAME/...)
+    corpus: str = ""
+    # built-in corpora whose held-out splits evaluate the run (default: data.corpus's), e.g. a run trained on emoji
+    # alone measured on emoji+openclipart+shapes as well; each one's metrics NAME/...
+    eval_corpus: str = ""
+    # options of the built-in corpus's builder, e.g. data.corpus_options=noise=0.5,languages=en+de+fr (several corpora:
+    # NAME.noise=0.5); a corpus built with options lives in data_dir/<corpus>-<options>, so variants sit side by side
     corpus_options: tuple[str, ...] = ()
     data_dir: str = "data"
     # train on this share of the training samples (0 < f <= 1): a fixed subset chosen by a hash of each sample's

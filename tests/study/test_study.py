@@ -314,3 +314,45 @@ def test_loss_batch_plan_sees_the_same_examples_at_every_batch(tmp_path):
     lines = loss_batch.extra_report(results, tmp_path)
     assert "| 32 | 0.050 ± 0.010 | 0.070 ± 0.010 | +0.020 |" in lines and "| 512 | 0.050 ± 0.010 | 0.050 ± 0.010 | +0.000 |" in lines
     assert (tmp_path / "loss_batch.png").stat().st_size > 0
+
+
+@needs_emoji_data
+def test_noise_vs_scale_with_distinct_sources_measures_each_sources_heldout_split(tmp_path):
+    """--sources: clean emoji against emoji + openclipart (a small synthetic tree in its layout) + shapes, every arm
+    evaluated on each source's held-out split and on their union."""
+    import numpy as np
+    from PIL import Image
+
+    root = tmp_path / "png" / "animals" / "birds"
+    root.mkdir(parents=True)
+    rng = np.random.default_rng(1)
+    for i in range(24):
+        Image.fromarray(rng.integers(0, 255, (240, 260, 3), dtype=np.uint8)).save(root / f"bird_{i}_author.png")
+    options = (f"data.corpus_options=emoji.limit=60,openclipart.root={tmp_path / 'png'},openclipart.image_size=64,"
+               "openclipart.heldout=0.25,shapes.per_combo=1,shapes.eval_seen=1,shapes.eval_unseen=1")
+    assert cli.main(["study", "noise-vs-scale", "--sources", "--out", str(tmp_path / "study"), *TINY,
+                     f"data.data_dir={tmp_path / 'data'}", options]) == 0
+    variants = json.loads((tmp_path / "study" / "results.json").read_text())["variants"]
+    assert list(variants) == ["clean_x1", "noisy_x2", "noisy_x4"]
+    runs = {name: row["runs"][0] for name, row in variants.items()}
+    for row in runs.values():  # the same held-out splits for every arm, each alone and together
+        assert row["n_images"] == sum(row[f"{s}/n_images"] for s in ("emoji", "openclipart", "shapes"))
+    assert len({(r["emoji/n_images"], r["openclipart/n_images"], r["shapes/n_images"]) for r in runs.values()}) == 1
+    assert runs["clean_x1"]["openclipart/n_images"] > 0
+    report = (tmp_path / "study" / "report.md").read_text()
+    assert "## Clean data against noisy sources added" in report and "| openclipart |" in report
+    assert (tmp_path / "study" / "noise_vs_sources.png").stat().st_size > 0
+    trained = {d.name for d in (tmp_path / "data").iterdir()}
+    assert any(d.startswith("emoji-") for d in trained) and any(d.startswith("shapes-") for d in trained)
+    assert cli.main(["study", "ablation", "--sources", "--out", str(tmp_path / "x"), *TINY]) == 2  # its own flag
+
+
+def test_several_corpora_options_name_their_corpus(tmp_path):
+    from openalign.config import override
+    from openalign.corpora import resolve_data
+
+    cfg = override(presets.get("tiny"), ["data.corpus=emoji+shapes", "data.corpus_options=noise=0.5"])
+    with pytest.raises(ConfigError, match="each option names its corpus, as emoji.noise=0.5"):
+        resolve_data(cfg.data, progress=False)
+    with pytest.raises(ConfigError, match="unknown built-in corpus 'shape'.*did you mean shapes"):
+        resolve_data(override(cfg, ["data.corpus=emoji+shape"]).data, progress=False)

@@ -33,23 +33,79 @@ def _shards(spec: str, data: DataConfig, split: str, progress: bool) -> list[str
     return list_shards(spec)
 
 
+def sources(corpus: str) -> list[str]:
+    """The built-in corpora `data.corpus` names: one, or several joined by `+` (`emoji+openclipart+shapes`)."""
+    names = [n.strip() for n in corpus.split("+") if n.strip()]
+    for name in names:
+        if name not in CORPORA:
+            close = difflib.get_close_matches(name, list(CORPORA), n=1)
+            raise ConfigError(f"unknown built-in corpus {name!r}; choose from {', '.join(CORPORA)}"
+                              + (f" (did you mean {close[0]}?)" if close else ""))
+    if len(set(names)) != len(names):
+        raise ConfigError(f"data.corpus={corpus} names a corpus twice")
+    return names
+
+
+def source_options(data: DataConfig) -> dict[str, tuple[str, ...]]:
+    """Each built-in corpus's own options, for those data.corpus and data.eval_corpus name. With one corpus,
+    `key=value`; with several, `NAME.key=value` (an option of the corpus NAME), so that emoji's noise and shapes'
+    noise can differ."""
+    names = list(dict.fromkeys(sources(data.corpus) + (sources(data.eval_corpus) if data.eval_corpus else [])))
+    if len(names) == 1:
+        return {names[0]: tuple(data.corpus_options)}
+    split: dict[str, list[str]] = {name: [] for name in names}
+    for item in data.corpus_options:
+        name, dot, rest = item.partition(".")
+        if not dot or name not in split or "=" not in rest:
+            raise ConfigError(f"data.corpus_options: {item!r}: with several corpora each option names its corpus, "
+                              f"as {names[0]}.noise=0.5 (corpora: {', '.join(names)})")
+        split[name].append(rest)
+    return {name: tuple(items) for name, items in split.items()}
+
+
+def _built(name: str, options: tuple[str, ...], data: DataConfig, progress: bool) -> Path:
+    """A built-in corpus's directory, built into data_dir once."""
+    kwargs = corpus_options(name, options)
+    root = Path(data.data_dir) / corpus_dir(name, options)
+    if not ((root / "train" / MANIFEST).is_file() and (root / "eval" / MANIFEST).is_file()):
+        if progress:
+            print(f"building the built-in {name} corpus in {root} (once)")
+        takes_progress = "progress" in inspect.signature(CORPORA[name]).parameters
+        CORPORA[name](root, **kwargs, **({"progress": progress} if takes_progress else {}))
+    return root
+
+
 def resolve_data(data: DataConfig, progress: bool = True) -> tuple[list[str], list[str]]:
-    """(train shards, eval shards); builds the configured built-in corpus into data_dir when absent."""
+    """(train shards, eval shards); builds the configured built-in corpora into data_dir when absent. Several
+    corpora (`data.corpus=emoji+openclipart`): every source's training shards, and the union of their held-out
+    splits (each source's alone: `source_eval_shards`)."""
+    if data.train and data.eval_corpus:
+        raise ConfigError("data.eval_corpus evaluates a run on built-in corpora; with --data give --eval-data")
     if data.train:
         train = _shards(data.train, data, ",".join(data.train_splits), progress)
         return train, _shards(data.eval, data, data.eval_split, progress) if data.eval else []
     if not data.corpus:
         raise ConfigError("no training data: pass --data SHARDS (a directory of .tar shards) or data.corpus=emoji")
-    if data.corpus not in CORPORA:
-        raise ConfigError(f"unknown built-in corpus {data.corpus!r}; choose from {', '.join(CORPORA)}")
-    options = corpus_options(data.corpus, data.corpus_options)
-    root = Path(data.data_dir) / corpus_dir(data.corpus, data.corpus_options)
-    if not ((root / "train" / MANIFEST).is_file() and (root / "eval" / MANIFEST).is_file()):
-        if progress:
-            print(f"building the built-in {data.corpus} corpus in {root} (once)")
-        takes_progress = "progress" in inspect.signature(CORPORA[data.corpus]).parameters
-        CORPORA[data.corpus](root, **options, **({"progress": progress} if takes_progress else {}))
-    return list_shards(str(root / "train")), list_shards(data.eval or str(root / "eval"))
+    options = source_options(data)
+    roots = {name: _built(name, own, data, progress) for name, own in options.items()}
+    train = [shard for name in sources(data.corpus) for shard in list_shards(str(roots[name] / "train"))]
+    if data.eval:
+        return train, list_shards(data.eval)
+    evaluated = sources(data.eval_corpus or data.corpus)
+    return train, [shard for name in evaluated for shard in list_shards(str(roots[name] / "eval"))]
+
+
+def source_eval_shards(data: DataConfig) -> dict[str, list[str]]:
+    """Each corpus's held-out shards when the run is evaluated on several (data.eval_corpus, or data.corpus);
+    built by resolve_data; {} otherwise."""
+    if data.train or not data.corpus or data.eval:
+        return {}
+    evaluated = sources(data.eval_corpus or data.corpus)
+    if len(evaluated) < 2:
+        return {}
+    options = source_options(data)
+    return {name: list_shards(str(Path(data.data_dir) / corpus_dir(name, options[name]) / "eval"))
+            for name in evaluated}
 
 
 def corpus_dir(corpus: str, options: tuple[str, ...]) -> str:

@@ -74,7 +74,22 @@ def summary_lines(metrics: dict) -> list[str]:
     for key in ("i2t_median_rank", "t2i_median_rank", "n_images", "n_texts", "zeroshot_n_classes"):
         if key in metrics:
             lines.append(f"  {key:<14} {metrics[key]:g}")
-    return lines + caveats(metrics)
+    return lines + source_lines(metrics) + caveats(metrics)
+
+
+def source_lines(metrics: dict) -> list[str]:
+    """Several corpora (data.corpus=emoji+openclipart): each one's held-out split alone (metrics NAME/...)."""
+    lines = []
+    for name in dict.fromkeys(k.split("/", 1)[0] for k in metrics if "/" in k):
+        own = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith(name + "/")}
+        parts = []
+        for key in ("i2t_r10", "t2i_r10", "mean_recall"):
+            if key in own:
+                chance = own.get(chance_key(key, own))
+                parts.append(f"{key} {own[key]:.3f}" + (f" ({own[key] / chance:.1f}x chance)" if chance else ""))
+        if parts:
+            lines.append(f"  {name + ' alone:':<14} " + ", ".join(parts) + f" ({own.get('n_images', 0):g} images)")
+    return lines
 
 
 def write(out: Path, cfg: Config, metrics: dict, model_info: dict) -> str:
@@ -96,7 +111,7 @@ def write(out: Path, cfg: Config, metrics: dict, model_info: dict) -> str:
         f" (lr scale {cfg.loss.temperature.lr_scale}; the paper's init is 1.0 — for runs this short it"
         " costs held-out recall, measured in docs/demo.md)", "",
         "## Held-out evaluation (family split: no variant of these emoji was seen in training)" if cfg.data.corpus == "emoji"
-        and not cfg.data.train else f"## Held-out evaluation ({cfg.data.eval or 'none'})", "",
+        and not cfg.data.train else f"## Held-out evaluation ({cfg.data.eval or cfg.data.corpus or 'none'})", "",
         "```", *summary_lines(metrics), "```", "",
         "![training curves](training.png)", "",
     ])

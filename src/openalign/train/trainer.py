@@ -27,7 +27,7 @@ from openalign import config as config_lib
 from openalign import distributed, host
 from openalign.config import Config, ConfigError
 from openalign.data import tars
-from openalign.corpora import resolve_data
+from openalign.corpora import resolve_data, source_eval_shards
 from openalign.data.loader import Position, StreamSpec, epoch_plan, train_loader
 from openalign.data.pairs import build_keep_index
 from openalign.eval.features import EvalOptions
@@ -67,6 +67,7 @@ class Run:
     train_shards: list[str]
     eval_shards: list[str]
     tokenizer: object
+    source_evals: dict = dataclasses.field(default_factory=dict)  # several corpora: each one's held-out shards
 
 
 def autocast(device: torch.device, precision: str):
@@ -105,7 +106,7 @@ def start(cfg: Config, progress: bool, resume: bool = False) -> Run:
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, text=text))
     if layout.main:
         config_lib.save(cfg, out / "config.json")
-    return Run(cfg, out, device, layout, progress, train_shards, eval_shards, tokenizer)
+    return Run(cfg, out, device, layout, progress, train_shards, eval_shards, tokenizer, source_eval_shards(cfg.data))
 
 
 def prepare_tokenizer(cfg: Config, train_shards: list[str], out: Path):
@@ -317,6 +318,9 @@ def evaluate(run: Run, core: DualEncoder | None) -> dict:
     options = configure(list(cfg.eval.tasks), templates=cfg.eval.templates)
     metrics = run_tasks(core, run.tokenizer, run.eval_shards, list(cfg.eval.tasks), common, options,
                         progress=False)[0] if run.layout.main else {}
+    for name, shards in run.source_evals.items() if run.layout.main else ():  # several corpora: each one's own
+        own = run_tasks(core, run.tokenizer, shards, list(cfg.eval.tasks), common, options, progress=False)[0]
+        metrics |= {f"{name}/{key}": value for key, value in own.items() if isinstance(value, (int, float))}
     distributed.barrier(run.layout)
     return metrics
 
