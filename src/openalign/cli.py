@@ -97,8 +97,10 @@ def cmd_study(args) -> int:
 
     if args.name == "pmi":
         return _study_pmi(args)
+    if args.name == "failure-modes":
+        return _study_failure_modes(args)
     if args.name not in STUDIES:
-        raise ConfigError(f"unknown study {args.name!r}; choose from {', '.join(STUDIES)} or pmi")
+        raise ConfigError(f"unknown study {args.name!r}; choose from {', '.join(STUDIES)}, pmi or failure-modes")
     study = STUDIES[args.name]
     cfg = _with_data(presets.get(args.preset), args)
     if args.sources:
@@ -151,6 +153,34 @@ def _study_pmi(args) -> int:
                  for d, name in pmi.DIRECTIONS.items()]
         print(f"  d={width:<3} residual from PMI + one constant: " + ", ".join(cells)
               + f"; rank-d SVD {results['svd'][str(width)]['residual']:.3f}")
+    return 0
+
+
+def _study_failure_modes(args) -> int:
+    """`study failure-modes`: the teaching's failure modes of contrastive training, part by part (study/failure_modes.py)."""
+    from openalign.study import failure_modes
+
+    for flag in ("data", "eval_data", "images", "sources"):
+        if getattr(args, flag):
+            raise ConfigError(f"--{flag.replace('_', '-')} does not apply to the failure-modes study; set its options "
+                              "as key=value, e.g. parts=composition-toy toy_steps=1000")
+    overrides = [*(failure_modes.QUICK if args.quick else ()), *args.overrides]
+    if args.only:
+        overrides.append("parts=" + ",".join(args.only))
+    options = config_lib.override(failure_modes.FailureOptions(), overrides,
+                                  help_hint="the failure-modes study's options are those of study/failure_modes.py's "
+                                            "FailureOptions")
+    config_lib.check(options)
+    start = time.perf_counter()
+    results = failure_modes.run(options, args.seeds, Path(args.out), progress=not args.quiet)
+    report = failure_modes.write_report(results, Path(args.out))
+    print(f"{len(options.parts)} part(s) x {args.seeds} seed(s) in {(time.perf_counter() - start) / 60:.1f} min -> "
+          f"{report}")
+    if "composition-toy" in results:
+        for tower, label in failure_modes.TOWERS.items():
+            m = results["composition-toy"]["towers"][tower]["mean"]
+            print(f"  composition toy, {label}: training loss {m['final_loss']:.3f}, held-out pairs recognised "
+                  f"{m['heldout_accuracy']:.1%}")
     return 0
 
 
@@ -514,8 +544,8 @@ def _train_flags(p) -> None:
 
 def _study_flags(p) -> None:
     p.add_argument("name", help="ablation, noise-vs-scale, model-vs-data, multilingual, compositional, dynamics, "
-                                "loss-batch or pmi "
-                                "(the loss alone on a synthetic table: its options as key=value)")
+                                "loss-batch, pmi (the loss alone on a synthetic table: its options as key=value) or "
+                                "failure-modes (the teaching's failure modes, part by part: --only PART)")
     p.add_argument("--out", required=True)
     _run_flags(p, "the base config of every run")
     p.add_argument("--quick", action="store_true", help="short runs: minutes each on a CPU")

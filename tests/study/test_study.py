@@ -356,3 +356,34 @@ def test_several_corpora_options_name_their_corpus(tmp_path):
         resolve_data(cfg.data, progress=False)
     with pytest.raises(ConfigError, match="unknown built-in corpus 'shape'.*did you mean shapes"):
         resolve_data(override(cfg, ["data.corpus=emoji+shape"]).data, progress=False)
+
+
+def test_failure_modes_composition_toy_through_main(tmp_path, capsys):
+    """The teaching's composition toy at its smallest: both towers trained, the held-out pairs scored, a report with
+    the table, the teaching's figures beside ours, and a plot."""
+    out = tmp_path / "fm"
+    assert cli.main(["study", "failure-modes", "--only", "composition-toy", "--seeds", "2", "--out", str(out), "--quiet",
+                     "toy_steps=300", "toy_test=20"]) == 0
+    results = json.loads((out / "results.json").read_text())["composition-toy"]
+    for tower in ("linear", "hidden"):
+        row = results["towers"][tower]
+        assert 0 <= row["mean"]["heldout_accuracy"] <= 1 and len(row["curves"]) == 2
+        assert row["curves"][0][-1] < row["curves"][0][0]  # it learned
+        assert row["mean"]["logit_scale"] <= 100.0 + 1e-6  # the cap
+    report = (out / "report.md").read_text()
+    assert "| one linear map (32→8) |" in report and "| 96% |" in report and "composes" in report
+    assert (out / "composition_toy.png").stat().st_size > 0
+    assert "held-out pairs recognised" in capsys.readouterr().out
+    assert cli.main(["study", "failure-modes", "--only", "nosuch", "--out", str(out), "--quiet"]) == 2
+
+
+def test_composition_toy_captions_are_bags_of_its_fifteen_words():
+    import torch
+
+    from openalign.study import failure_modes as fm
+
+    assert len(fm.VOCAB) == 15 and len(fm.HELD_OUT) == 4
+    ids, offsets = fm._captions([("red", "cone"), ("blue", "star")], torch.Generator().manual_seed(0), 2)
+    first = ids[:offsets[1]].tolist()
+    assert first[:2] == [fm.VOCAB.index("red"), fm.VOCAB.index("cone")] and len(first) <= 4
+    assert all(fm.VOCAB[i] in fm.FILLERS for i in first[2:])
