@@ -387,3 +387,18 @@ def test_composition_toy_captions_are_bags_of_its_fifteen_words():
     first = ids[:offsets[1]].tolist()
     assert first[:2] == [fm.VOCAB.index("red"), fm.VOCAB.index("cone")] and len(first) <= 4
     assert all(fm.VOCAB[i] in fm.FILLERS for i in first[2:])
+
+
+def test_failure_modes_generic_captions_score_near_pmi_not_by_frequency(tmp_path):
+    """A caption that goes with every image (half of all pairs): the most frequent caption of every image by count,
+    never an image's best by the contrastive scores, which sit near its PMI (zero)."""
+    out = tmp_path / "fm"
+    assert cli.main(["study", "failure-modes", "--only", "generic-captions", "--out", str(out), "--quiet",
+                     "generic_steps=400"]) == 0
+    result = json.loads((out / "results.json").read_text())["generic-captions"]
+    assert result["count_generic_best_share"] > 0.9 and result["pmi_generic_best_share"] == 0.0
+    assert result["mean"]["generic_best_share"] < 0.05
+    assert abs(result["mean"]["generic_score"]) < 0.5 < result["mean"]["specific_best"]
+    assert abs(result["pmi_generic"]) < 0.05
+    assert "## Generic captions" in (out / "report.md").read_text()
+    assert (out / "generic_captions.png").stat().st_size > 0
