@@ -402,3 +402,23 @@ def test_failure_modes_generic_captions_score_near_pmi_not_by_frequency(tmp_path
     assert abs(result["pmi_generic"]) < 0.05
     assert "## Generic captions" in (out / "report.md").read_text()
     assert (out / "generic_captions.png").stat().st_size > 0
+
+
+def test_failure_modes_rerank_cost_measures_pooled_search_and_reranking(tmp_path):
+    from conftest import save_tiny_model, shape_images
+
+    model = save_tiny_model(tmp_path / "model", ["a red circle", "a blue square"])
+    images = shape_images(tmp_path / "images")
+    out = tmp_path / "fm"
+    assert cli.main(["study", "failure-modes", "--only", "rerank-cost", "--out", str(out), "--quiet",
+                     f"rerank_model={model}", f"rerank_images={images}", "rerank_shortlists=2,5",
+                     "rerank_queries=3"]) == 0
+    result = json.loads((out / "results.json").read_text())["rerank-cost"]
+    assert result["images"] == 12 and set(result["rerank_seconds"]) == {"2", "5"}
+    assert result["pooled_seconds"] > 0 and result["embed_seconds_per_image"] > 0
+    assert result["break_even_queries"]["5"] == pytest.approx(
+        12 * result["embed_seconds_per_image"] / result["rerank_seconds"]["5"])
+    assert "## Pooled search against late-interaction" in (out / "report.md").read_text()
+    assert (out / "rerank_cost.png").stat().st_size > 0
+    assert cli.main(["study", "failure-modes", "--only", "rerank-cost", "--out", str(out), "--quiet",
+                     f"rerank_model={tmp_path / 'none'}"]) == 2  # no model: one sentence
