@@ -422,3 +422,18 @@ def test_failure_modes_rerank_cost_measures_pooled_search_and_reranking(tmp_path
     assert (out / "rerank_cost.png").stat().st_size > 0
     assert cli.main(["study", "failure-modes", "--only", "rerank-cost", "--out", str(out), "--quiet",
                      f"rerank_model={tmp_path / 'none'}"]) == 2  # no model: one sentence
+
+
+def test_failure_modes_concept_frequency_bins_accuracy_by_training_frequency(shapes, tmp_path):
+    from conftest import save_tiny_model
+
+    model = save_tiny_model(tmp_path / "model", ["a red circle", "a blue square"])
+    out = tmp_path / "fm"
+    assert cli.main(["study", "failure-modes", "--only", "concept-frequency", "--out", str(out), "--quiet",
+                     f"frequency_models={model}", f"frequency_train={shapes['train']}",
+                     f"frequency_eval={shapes['eval']}"]) == 0
+    (name, row), = json.loads((out / "results.json").read_text())["concept-frequency"].items()
+    assert row["images"] > 0 and 0 <= row["accuracy"] <= 1 and row["chance"] == pytest.approx(1 / row["classes"])
+    assert sum(b["images"] for b in row["bins"]) == row["images"]
+    assert "## Zero-shot accuracy against concept frequency" in (out / "report.md").read_text()
+    assert (out / "concept_frequency.png").stat().st_size > 0

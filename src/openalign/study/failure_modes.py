@@ -25,6 +25,11 @@ picks parts. Parts so far:
   once (M images): Q* = M t_image / t_rerank(K). The teaching's two-stage argument: shortlist with the dual encoder,
   re-rank a few dozen with a scorer that reads both; a fusion pass at 0.1% of the towers' cost breaks even with the
   dual encoder at about 900 queries for M = 10,000.
+- `concept-frequency`: zero-shot accuracy against how often a class's words occur in training. For each (model,
+  training shards, held-out shards) set: every held-out image classified among all the held-out class names (its
+  own caption: emoji's CLDR name, openclipart's title), and its class's training frequency (the mean count of its
+  words in the training captions); accuracy by frequency bin, and the fitted slope per decade of frequency. The
+  teaching: zero-shot accuracy follows how often a concept was seen (roughly log-linearly).
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ FILLERS = ("a", "the", "photo", "of", "small", "picture")
 HELD_OUT = (("red", "star"), ("green", "ring"), ("blue", "cone"), ("yellow", "ball"))
 VOCAB = COLOURS + SHAPES + FILLERS  # 15 words
 TOWERS = {"linear": "one linear map (32→8)", "hidden": "one hidden layer (32→64→8)"}
-PARTS = ("composition-toy", "generic-captions", "rerank-cost")
+PARTS = ("composition-toy", "generic-captions", "rerank-cost", "concept-frequency")
 SHARE = Rule(lambda v: 0 < v < 1, "a share of all pairs, in (0, 1)")
 
 
@@ -73,6 +78,9 @@ class FailureOptions:
     rerank_images: str = "data/emoji/train"  # rerank cost: the collection embedded (images, shards or a table)
     rerank_shortlists: Annotated[tuple[int, ...], POSITIVE_INTS] = (10, 50, 100, 200)  # rerank cost: the K re-ranked
     rerank_queries: Annotated[int, POSITIVE_INT] = 40  # rerank cost: text queries timed
+    frequency_models: tuple[str, ...] = ("runs/demo/model",)  # concept frequency: a model per set
+    frequency_train: tuple[str, ...] = ("data/emoji/train",)  # concept frequency: the set's training shards
+    frequency_eval: tuple[str, ...] = ("data/emoji/eval",)  # concept frequency: the set's held-out shards
 
 
 QUICK = ("toy_steps=1000", "toy_test=100", "generic_steps=600", "rerank_queries=10")  # --quick: about a minute
@@ -330,6 +338,81 @@ def _rerank_figure(result: dict, path: Path) -> None:
     save_figure(fig, path, legend_axes=[ax], legend_size=8)
 
 
+def _words(text: str) -> list[str]:
+    import re
+
+    return [w for w in re.split(r"[^0-9a-z]+", text.lower()) if w]
+
+
+def concept_frequency(options: FailureOptions, progress: bool) -> dict:
+    """Per set: each held-out image's zero-shot hit (its own name ranked first among all held-out names) and its
+    class's training frequency; accuracy by frequency bin and the least-squares slope per decade."""
+    from collections import Counter
+
+    import numpy as np
+
+    import openalign
+    from openalign.config import ConfigError
+    from openalign.data import images as image_lib
+    from openalign.data.tars import BadSample, all_texts, image_bytes, list_shards, read_samples, sample_texts
+
+    sets = list(zip(options.frequency_models, options.frequency_train, options.frequency_eval))
+    if not sets or len({len(options.frequency_models), len(options.frequency_train), len(options.frequency_eval)}) > 1:
+        raise ConfigError("concept-frequency: give as many frequency_models as frequency_train and frequency_eval")
+    results = {}
+    for model_dir, train, evaluation in tqdm(sets, desc="concept frequency", unit="set", disable=not progress):
+        if not (Path(model_dir) / "config.json").is_file():
+            raise ConfigError(f"concept-frequency needs a model at {model_dir} (run `make demo`, or give "
+                              "frequency_models=DIR)")
+        counts = Counter(w for text in all_texts(list_shards(train)) for w in _words(text))
+        images, names = [], []
+        for sample in read_samples(list_shards(evaluation)):
+            try:
+                name, image = sample_texts(sample)[0], image_lib.load_rgb(image_bytes(sample))
+            except (BadSample, image_lib.BadImage, KeyError):
+                continue
+            images.append(image)
+            names.append(name)
+        classes = sorted(set(names))
+        model = openalign.load(model_dir)
+        scores = model.encode_images(images) @ model.encode_texts(classes).T
+        hits = (scores.argmax(dim=1) == torch.tensor([classes.index(n) for n in names])).float().numpy()
+        frequency = np.array([statistics.fmean([counts.get(w, 0) for w in _words(n)] or [0]) for n in names])
+        x = np.log10(1 + frequency)
+        slope, intercept = np.polyfit(x, hits, 1) if x.std() > 0 else (0.0, float(hits.mean()))
+        edges = np.unique(np.quantile(x, np.linspace(0, 1, 6)))
+        bins = []
+        for lo, hi in zip(edges[:-1], edges[1:]):
+            inside = (x >= lo) & ((x < hi) | (hi == edges[-1]))
+            if inside.any():
+                bins.append({"low": float(10 ** lo - 1), "high": float(10 ** hi - 1), "images": int(inside.sum()),
+                             "accuracy": float(hits[inside].mean()), "centre": float(x[inside].mean())})
+        results[f"{Path(evaluation).parent.name or evaluation}"] = {
+            "model": str(model_dir), "images": len(names), "classes": len(classes), "chance": 1 / len(classes),
+            "accuracy": float(hits.mean()), "slope_per_decade": float(slope), "intercept": float(intercept),
+            "unseen_share": float((frequency == 0).mean()), "bins": bins}
+    return results
+
+
+def _frequency_figure(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, row in result.items():
+        xs = [b["centre"] for b in row["bins"]]
+        line = ax.plot(xs, [b["accuracy"] for b in row["bins"]], marker="o", label=f"{name}: binned")[0]
+        ax.plot(xs, [row["intercept"] + row["slope_per_decade"] * x for x in xs], ls="--", color=line.get_color(),
+                label=f"{name}: fit, {row['slope_per_decade']:+.3f} per decade")
+        ax.axhline(row["chance"], color=line.get_color(), lw=0.6, ls=":")
+    ax.set(xlabel="log10(1 + training count of the class's words)", ylabel="zero-shot top-1",
+           title="zero-shot accuracy against concept frequency")
+    ax.grid(alpha=0.3)
+    save_figure(fig, path, legend_axes=[ax], legend_size=7)
+
+
 def run(options: FailureOptions, seeds: int, out: Path, progress: bool = True) -> dict:
     """Every part asked for: results.json in `out`."""
     from openalign.config import ConfigError
@@ -347,6 +430,8 @@ def run(options: FailureOptions, seeds: int, out: Path, progress: bool = True) -
         results["generic-captions"] = generic_captions(options, seeds, progress)
     if "rerank-cost" in options.parts:
         results["rerank-cost"] = rerank_cost(options, out, progress)
+    if "concept-frequency" in options.parts:
+        results["concept-frequency"] = concept_frequency(options, progress)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     return results
@@ -416,6 +501,22 @@ def write_report(results: dict, out: Path) -> Path:
                   "how many queries pay for one embedding of the collection: the teaching's two-stage design "
                   "(shortlist, then a scorer that reads both) holds while K stays small.", "",
                   "![per-query cost against K](rerank_cost.png)", ""]
+    if "concept-frequency" in results:
+        result = results["concept-frequency"]
+        _frequency_figure(result, out / "concept_frequency.png")
+        lines += ["## Zero-shot accuracy against concept frequency", "",
+                  "Each held-out image classified among every held-out class name; its class's frequency is the mean "
+                  "training count of the name's words.", "",
+                  "| held-out set | model | images (classes) | zero-shot top-1 (chance) | names with no word seen in "
+                  "training | slope per decade of frequency |", "|---|---|---|---|---|---|"]
+        for name, row in result.items():
+            lines.append(f"| {name} | {row['model']} | {row['images']:,} ({row['classes']:,}) | {row['accuracy']:.3f} "
+                         f"({row['chance']:.4f}) | {row['unseen_share']:.0%} | {row['slope_per_decade']:+.3f} |")
+        lines += ["", "| held-out set | training count of the words | images | zero-shot top-1 |", "|---|---|---|---|"]
+        for name, row in result.items():
+            for b in row["bins"]:
+                lines.append(f"| {name} | {b['low']:.0f}–{b['high']:.0f} | {b['images']} | {b['accuracy']:.3f} |")
+        lines += ["", "![zero-shot accuracy against concept frequency](concept_frequency.png)", ""]
     path = out / "report.md"
     path.write_text("\n".join(lines))
     return path
