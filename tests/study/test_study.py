@@ -432,8 +432,16 @@ def test_failure_modes_concept_frequency_bins_accuracy_by_training_frequency(sha
     assert cli.main(["study", "failure-modes", "--only", "concept-frequency", "--out", str(out), "--quiet",
                      f"frequency_models={model}", f"frequency_train={shapes['train']}",
                      f"frequency_eval={shapes['eval']}"]) == 0
-    (name, row), = json.loads((out / "results.json").read_text())["concept-frequency"].items()
+    (name, row), = json.loads((out / "results.json").read_text())["concept-frequency"]["sets"].items()
     assert row["images"] > 0 and 0 <= row["accuracy"] <= 1 and row["chance"] == pytest.approx(1 / row["classes"])
     assert sum(b["images"] for b in row["bins"]) == row["images"]
     assert "## Zero-shot accuracy against concept frequency" in (out / "report.md").read_text()
     assert (out / "concept_frequency.png").stat().st_size > 0
+    # a second part run into the same study keeps the first one's results, each with its own options
+    assert cli.main(["study", "failure-modes", "--only", "generic-captions", "--out", str(out), "--quiet",
+                     "generic_steps=50"]) == 0
+    both = json.loads((out / "results.json").read_text())
+    assert set(both) == {"concept-frequency", "generic-captions"}
+    assert both["generic-captions"]["options"]["generic_steps"] == 50
+    assert "## Zero-shot accuracy" in (out / "report.md").read_text() and "## Generic captions" in \
+        (out / "report.md").read_text()

@@ -391,7 +391,7 @@ def concept_frequency(options: FailureOptions, progress: bool) -> dict:
             "model": str(model_dir), "images": len(names), "classes": len(classes), "chance": 1 / len(classes),
             "accuracy": float(hits.mean()), "slope_per_decade": float(slope), "intercept": float(intercept),
             "unseen_share": float((frequency == 0).mean()), "bins": bins}
-    return results
+    return {"sets": results}
 
 
 def _frequency_figure(result: dict, path: Path) -> None:
@@ -401,7 +401,7 @@ def _frequency_figure(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for name, row in result.items():
+    for name, row in result["sets"].items():
         xs = [b["centre"] for b in row["bins"]]
         line = ax.plot(xs, [b["accuracy"] for b in row["bins"]], marker="o", label=f"{name}: binned")[0]
         ax.plot(xs, [row["intercept"] + row["slope_per_decade"] * x for x in xs], ls="--", color=line.get_color(),
@@ -423,15 +423,16 @@ def run(options: FailureOptions, seeds: int, out: Path, progress: bool = True) -
     if seeds < 1:
         raise ConfigError(f"--seeds must be at least 1, not {seeds}")
     torch.set_num_threads(1)  # tiny matrices: threads cost more than they give
-    results: dict = {"options": asdict(options), "seeds": seeds}
-    if "composition-toy" in options.parts:
-        results["composition-toy"] = composition_toy(options, seeds, progress)
-    if "generic-captions" in options.parts:
-        results["generic-captions"] = generic_captions(options, seeds, progress)
-    if "rerank-cost" in options.parts:
-        results["rerank-cost"] = rerank_cost(options, out, progress)
-    if "concept-frequency" in options.parts:
-        results["concept-frequency"] = concept_frequency(options, progress)
+    try:  # the parts an earlier call ran stay (each with the options and seeds it ran with)
+        results = json.loads((out / "results.json").read_text())
+    except (OSError, ValueError):
+        results = {}
+    done = {"composition-toy": lambda: composition_toy(options, seeds, progress),
+            "generic-captions": lambda: generic_captions(options, seeds, progress),
+            "rerank-cost": lambda: rerank_cost(options, out, progress),
+            "concept-frequency": lambda: concept_frequency(options, progress)}
+    for part in options.parts:
+        results[part] = done[part]() | {"options": asdict(options), "seeds": seeds}
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     return results
@@ -439,11 +440,16 @@ def run(options: FailureOptions, seeds: int, out: Path, progress: bool = True) -
 
 def write_report(results: dict, out: Path) -> Path:
     """report.md and each part's PNG in `out`."""
-    options = FailureOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in results["options"].items()})
-    seeds = results["seeds"]
+    def ran(part: str) -> tuple[FailureOptions, int]:
+        """The options and seeds a part ran with."""
+        given = results[part]["options"]
+        return FailureOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in given.items()}), \
+            results[part]["seeds"]
+
     lines = ["# openalign study: failure-modes", "", __doc__.split("\n\n", 1)[1].split("\n\n- ")[0].strip(), ""]
     if "composition-toy" in results:
         result = results["composition-toy"]
+        options, seeds = ran("composition-toy")
         _toy_figure(result, options, out / "composition_toy.png")
         lines += ["## Composition: a linear against a deeper image tower (the teaching's toy)", "",
                   f"{options.toy_steps} Adam steps (lr {options.toy_lr}) of the 16 seen pairs; image noise "
@@ -459,6 +465,7 @@ def write_report(results: dict, out: Path) -> Path:
         lines += ["", *_toy_reading(result), "", "![training loss and held-out pairs](composition_toy.png)", ""]
     if "generic-captions" in results:
         result = results["generic-captions"]
+        options, seeds = ran("generic-captions")
         _generic_figure(result, out / "generic_captions.png")
         m, sd = result["mean"], result["std"]
         lines += ["## Generic captions (the PMI study's table, plus captions that go with everything)", "",
@@ -481,6 +488,7 @@ def write_report(results: dict, out: Path) -> Path:
                   "", "![caption frequency against learned score](generic_captions.png)", ""]
     if "rerank-cost" in results:
         result = results["rerank-cost"]
+        options, _ = ran("rerank-cost")
         _rerank_figure(result, out / "rerank_cost.png")
         per_image = result["embed_seconds_per_image"]
         lines += ["## Pooled search against late-interaction re-ranking (measured)", "",
@@ -509,11 +517,11 @@ def write_report(results: dict, out: Path) -> Path:
                   "training count of the name's words.", "",
                   "| held-out set | model | images (classes) | zero-shot top-1 (chance) | names with no word seen in "
                   "training | slope per decade of frequency |", "|---|---|---|---|---|---|"]
-        for name, row in result.items():
+        for name, row in result["sets"].items():
             lines.append(f"| {name} | {row['model']} | {row['images']:,} ({row['classes']:,}) | {row['accuracy']:.3f} "
                          f"({row['chance']:.4f}) | {row['unseen_share']:.0%} | {row['slope_per_decade']:+.3f} |")
         lines += ["", "| held-out set | training count of the words | images | zero-shot top-1 |", "|---|---|---|---|"]
-        for name, row in result.items():
+        for name, row in result["sets"].items():
             for b in row["bins"]:
                 lines.append(f"| {name} | {b['low']:.0f}–{b['high']:.0f} | {b['images']} | {b['accuracy']:.3f} |")
         lines += ["", "![zero-shot accuracy against concept frequency](concept_frequency.png)", ""]
