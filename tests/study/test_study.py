@@ -445,3 +445,42 @@ def test_failure_modes_concept_frequency_bins_accuracy_by_training_frequency(sha
     assert both["generic-captions"]["options"]["generic_steps"] == 50
     assert "## Zero-shot accuracy" in (out / "report.md").read_text() and "## Generic captions" in \
         (out / "report.md").read_text()
+
+
+def test_failure_modes_relations_and_several_objects_train_on_shape_scenes(tmp_path):
+    """The two parts that train openalign's towers (tiny preset, a few steps) on the shapes corpus's scenes: the
+    caption against its swapped twin for the paper's loss and FILIP's, and the split of probability between the
+    shapes a scene shows."""
+    out = tmp_path / "fm"
+    budget = (f"scene_overrides=train.steps=2,train.eval_every=0,train.checkpoint_every=0,"
+              f"data.data_dir={tmp_path / 'data'}")
+    assert cli.main(["study", "failure-modes", "--only", "relations", "--only", "several-objects", "--out", str(out),
+                     "--quiet", "scene_preset=tiny", "scene_per_combo=1", "scene_scales=1,100", budget]) == 0
+    results = json.loads((out / "results.json").read_text())
+    relations = results["relations"]["losses"]
+    assert set(relations) == {"softmax", "filip"} and relations["filip"]["scenes"] == 56 * 6
+    assert all(0 <= row["mean"][k] <= 1 for row in relations.values() for k in ("pooled", "late"))
+    objects = results["several-objects"]
+    assert 0 <= objects["objects_found"] <= 1 and 0 < objects["chance_found"] < 0.06
+    split = objects["split"]
+    assert split["100"]["top_share"] >= split["1"]["top_share"]  # a larger scale concentrates the probability
+    report = (out / "report.md").read_text()
+    assert "## Relations and word order" in report and "## Several objects" in report
+    assert (out / "relations.png").stat().st_size > 0
+
+
+def test_shapes_scenes_name_their_objects_and_the_swapped_caption(tmp_path):
+    from openalign.corpora import shapes
+    from openalign.data.tars import list_shards, read_samples, sample_meta
+
+    shapes.build(tmp_path / "rel", per_combo=1, eval_seen=1, scene="relation")
+    meta = [sample_meta(s) for s in read_samples(list_shards(str(tmp_path / "rel" / "eval")))]
+    a, b = meta[0]["objects"]
+    assert meta[0]["texts"][0] == f"a {a} {meta[0]['relation']} a {b}"
+    assert meta[0]["swapped"] == f"a {b} {meta[0]['relation']} a {a}"
+    assert all(m["objects"][0].split()[0] != m["objects"][1].split()[0] for m in meta)  # colours differ
+    shapes.build(tmp_path / "obj", per_combo=1, eval_seen=1, scene="objects")
+    meta = [sample_meta(s) for s in read_samples(list_shards(str(tmp_path / "obj" / "eval")))]
+    assert {len(m["objects"]) for m in meta} == {2, 3} and all(m["texts"][0] == f"a {m['objects'][0]}" for m in meta)
+    with pytest.raises(ConfigError, match="scene must be one of"):
+        shapes.build(tmp_path / "x", scene="crowd")
