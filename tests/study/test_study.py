@@ -371,7 +371,7 @@ def test_failure_modes_composition_toy_through_main(tmp_path, capsys):
         assert row["curves"][0][-1] < row["curves"][0][0]  # it learned
         assert row["mean"]["logit_scale"] <= 100.0 + 1e-6  # the cap
     report = (out / "report.md").read_text()
-    assert "| one linear map (32→8) |" in report and "| 96% |" in report and "composes" in report
+    assert "| one linear map (32→8) |" in report and "| 96% |" in report and "Composition:" in report
     assert (out / "composition_toy.png").stat().st_size > 0
     assert "held-out pairs recognised" in capsys.readouterr().out
     assert cli.main(["study", "failure-modes", "--only", "nosuch", "--out", str(out), "--quiet"]) == 2
