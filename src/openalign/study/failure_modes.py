@@ -440,11 +440,11 @@ def _frequency_figure(result: dict, path: Path) -> None:
 
 def _scene_model(options: FailureOptions, scene: str, loss: str, seed: int, out: Path) -> Path:
     """A model trained on the shapes corpus's `scene` scenes (resumable: study/runner.py's run_one)."""
+    import dataclasses
+
     from openalign import config as config_lib
     from openalign import presets
     from openalign.study.runner import run_one
-
-    import dataclasses
 
     cfg = config_lib.override(presets.get(options.scene_preset), [
         "data.corpus=shapes", f"data.corpus_options=scene={scene},per_combo={options.scene_per_combo}",
