@@ -484,3 +484,15 @@ def test_shapes_scenes_name_their_objects_and_the_swapped_caption(tmp_path):
     assert {len(m["objects"]) for m in meta} == {2, 3} and all(m["texts"][0] == f"a {m['objects'][0]}" for m in meta)
     with pytest.raises(ConfigError, match="scene must be one of"):
         shapes.build(tmp_path / "x", scene="crowd")
+
+
+def test_failure_modes_deeper_tower_trains_each_depth_on_shapes(tmp_path):
+    out = tmp_path / "fm"
+    budget = (f"scene_overrides=train.steps=2,train.eval_every=0,train.checkpoint_every=0,"
+              f"data.data_dir={tmp_path / 'data'}")
+    assert cli.main(["study", "failure-modes", "--only", "deeper-tower", "--out", str(out), "--quiet",
+                     "scene_preset=tiny", "depths=0.25,0.5", budget]) == 0
+    depths = json.loads((out / "results.json").read_text())["deeper-tower"]["depths"]
+    assert set(depths) == {"0.25", "0.5"} and depths["0.25"]["chance"] == pytest.approx(1 / 64)
+    assert all(0 <= row["mean"]["compositional_unseen_top1"] <= 1 for row in depths.values())
+    assert "## Composition with openalign's towers" in (out / "report.md").read_text()
