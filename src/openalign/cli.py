@@ -136,16 +136,10 @@ def _study_pmi(args) -> int:
     """`study pmi`: no towers and no data: the loss alone on a synthetic count table (study/pmi.py)."""
     from openalign.study import pmi
 
-    for flag in ("data", "eval_data", "images", "only"):
-        if getattr(args, flag):
-            raise ConfigError(f"--{flag.replace('_', '-')} does not apply to the pmi study (it makes its own table); "
-                              "set its options as key=value, e.g. widths=4,16 steps=600")
-    options = config_lib.override(pmi.PmiOptions(), [*(pmi.QUICK if args.quick else ()), *args.overrides],
-                                  help_hint="the pmi study's options are those of study/pmi.py's PmiOptions")
-    config_lib.check(options)
-    start = time.perf_counter()
-    results = pmi.run(options, args.seeds, Path(args.out), progress=not args.quiet)
-    report = pmi.write_report(results, Path(args.out))
+    options, results, report, start = _standalone_study(
+        args, pmi, pmi.PmiOptions(), pmi.QUICK, ("data", "eval_data", "images", "only", "sources"),
+        "the pmi study (it makes its own table); set its options as key=value, e.g. widths=4,16 steps=600",
+        "the pmi study's options are those of study/pmi.py's PmiOptions")
     print(f"{len(options.widths)} widths x 3 losses x {args.seeds} seed(s) in "
           f"{(time.perf_counter() - start) / 60:.1f} min -> {report}, {Path(args.out) / 'pmi.png'}")
     for width in options.widths:
@@ -156,24 +150,31 @@ def _study_pmi(args) -> int:
     return 0
 
 
+def _standalone_study(args, module, defaults, quick: tuple, refused: tuple, refusal: str, hint: str,
+                      extra: list | None = None):
+    """A study with its own runner and options (pmi, failure-modes): flags it has no use for refused, its options
+    from --quick and key=value, then `module.run` and `module.write_report`."""
+    for flag in refused:
+        if getattr(args, flag):
+            raise ConfigError(f"--{flag.replace('_', '-')} does not apply to {refusal}")
+    options = config_lib.override(defaults, [*(quick if args.quick else ()), *args.overrides, *(extra or [])],
+                                  help_hint=hint)
+    config_lib.check(options)
+    start = time.perf_counter()
+    results = module.run(options, args.seeds, Path(args.out), progress=not args.quiet)
+    return options, results, module.write_report(results, Path(args.out)), start
+
+
 def _study_failure_modes(args) -> int:
     """`study failure-modes`: the teaching's failure modes of contrastive training, part by part (study/failure_modes.py)."""
     from openalign.study import failure_modes
 
-    for flag in ("data", "eval_data", "images", "sources"):
-        if getattr(args, flag):
-            raise ConfigError(f"--{flag.replace('_', '-')} does not apply to the failure-modes study; set its options "
-                              "as key=value, e.g. parts=composition-toy toy_steps=1000")
-    overrides = [*(failure_modes.QUICK if args.quick else ()), *args.overrides]
-    if args.only:
-        overrides.append("parts=" + ",".join(args.only))
-    options = config_lib.override(failure_modes.FailureOptions(), overrides,
-                                  help_hint="the failure-modes study's options are those of study/failure_modes.py's "
-                                            "FailureOptions")
-    config_lib.check(options)
-    start = time.perf_counter()
-    results = failure_modes.run(options, args.seeds, Path(args.out), progress=not args.quiet)
-    report = failure_modes.write_report(results, Path(args.out))
+    extra = ["parts=" + ",".join(args.only)] if args.only else []
+    options, results, report, start = _standalone_study(
+        args, failure_modes, failure_modes.FailureOptions(), failure_modes.QUICK, ("data", "eval_data", "images",
+                                                                                    "sources"),
+        "the failure-modes study; set its options as key=value, e.g. parts=composition-toy toy_steps=1000",
+        "the failure-modes study's options are those of study/failure_modes.py's FailureOptions", extra)
     print(f"{len(options.parts)} part(s) x {args.seeds} seed(s) in {(time.perf_counter() - start) / 60:.1f} min -> "
           f"{report}")
     if "composition-toy" in results:

@@ -629,6 +629,10 @@ def run(options: FailureOptions, seeds: int, out: Path, progress: bool = True) -
     return results
 
 
+def _cell(mean: dict, std: dict, key: str, fmt: str = ".3f") -> str:
+    return f"{mean[key]:{fmt}} ± {std[key]:{fmt}}"
+
+
 def write_report(results: dict, out: Path) -> Path:
     """report.md and each part's PNG in `out`."""
     def ran(part: str) -> tuple[FailureOptions, int]:
@@ -650,9 +654,9 @@ def write_report(results: dict, out: Path) -> Path:
                   "the teaching: loss | the teaching: held-out |", "|---|---|---|---|---|---|---|"]
         for tower, label in TOWERS.items():
             m, s, claim = result["towers"][tower]["mean"], result["towers"][tower]["std"], result["claim"][tower]
-            lines.append(f"| {label} | {m['final_loss']:.3f} ± {s['final_loss']:.3f} | {m['heldout_accuracy']:.1%} ± "
-                         f"{s['heldout_accuracy']:.1%} | {m['seen_accuracy']:.1%} | {m['logit_scale']:.1f} | "
-                         f"{claim['final_loss']:.2f} | {claim['heldout_accuracy']:.0%} |")
+            lines.append(f"| {label} | {_cell(m, s, 'final_loss')} | {_cell(m, s, 'heldout_accuracy', '.1%')} | "
+                         f"{m['seen_accuracy']:.1%} | {m['logit_scale']:.1f} | {claim['final_loss']:.2f} | "
+                         f"{claim['heldout_accuracy']:.0%} |")
         lines += ["", *_toy_reading(result), "", "![training loss and held-out pairs](composition_toy.png)", ""]
     if "deeper-tower" in results:
         result = results["deeper-tower"]
@@ -665,9 +669,9 @@ def write_report(results: dict, out: Path) -> Path:
                   "|---|---|---|---|"]
         for depth, row in result["depths"].items():
             m, sd = row["mean"], row["std"]
-            lines.append(f"| {depth} | {m['compositional_unseen_top1']:.3f} ± {sd['compositional_unseen_top1']:.3f} | "
-                         f"{m['compositional_seen_top1']:.3f} ± {sd['compositional_seen_top1']:.3f} | "
-                         f"{m['final_loss']:.3f} ± {sd['final_loss']:.3f} |")
+            lines.append(f"| {depth} | " + " | ".join(_cell(m, sd, k) for k in ("compositional_unseen_top1",
+                                                                               "compositional_seen_top1",
+                                                                               "final_loss")) + " |")
         lines.append("")
     if "generic-captions" in results:
         result = results["generic-captions"]
@@ -752,8 +756,7 @@ def write_report(results: dict, out: Path) -> Path:
                   "|---|---|---|---|"]
         for loss, row in result["losses"].items():
             m, sd = row["mean"], row["std"]
-            lines.append(f"| {loss} | {row['scenes']} | {m['pooled']:.1%} ± {sd['pooled']:.1%} | {m['late']:.1%} ± "
-                         f"{sd['late']:.1%} |")
+            lines.append(f"| {loss} | {row['scenes']} | {_cell(m, sd, 'pooled', '.1%')} | {_cell(m, sd, 'late', '.1%')} |")
         lines += ["", "A pooled score is a sum over what the image holds and what the caption says; swapping the "
                   "roles leaves both sums as they were, up to the position words' own vectors and word order in the "
                   "text tower. Late interaction matches each token to its best patch alone, so it compares no roles "
