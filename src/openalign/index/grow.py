@@ -65,10 +65,15 @@ def _new_parts(emb: Path, index_dir: Path, info: dict) -> list[list]:
     return records[len(held):]
 
 
+def _files_of(info: dict) -> set[str]:
+    """The files a generation's index.json names."""
+    return {build.file_of(info, role) for role in build.FILES} | set(info.get("shards") or []) | \
+        {info.get("trained") or "", (info.get("deleted") or {}).get("file", "")}
+
+
 def _clear_leftovers(index_dir: Path, info: dict) -> None:
     """Files no generation names: an interrupted add's or delete's (a rerun writes them again)."""
-    named = {build.file_of(info, role) for role in build.FILES} | set(info.get("shards") or []) | {build.INFO}
-    named |= {info.get("trained") or "", (info.get("deleted") or {}).get("file", "")}
+    named = _files_of(info) | {build.INFO}
     temporary = [*index_dir.glob("*.tmp"), *index_dir.glob(".*.tmp")]  # one writer at a time: the lock (cli)
     for path in [*build.generation_files(index_dir), *index_dir.glob("shard-*.faiss"), *temporary]:
         if path.name not in named:
@@ -78,8 +83,7 @@ def _clear_leftovers(index_dir: Path, info: dict) -> None:
 def _commit(index_dir: Path, old: dict, new: dict) -> None:
     """index.json replaced (the change happens here, atomically), then the previous generation's files removed."""
     write_json(index_dir / build.INFO, new)
-    keep = {build.file_of(new, role) for role in build.FILES} | set(new.get("shards") or [])
-    keep |= {new.get("trained") or "", (new.get("deleted") or {}).get("file", "")}
+    keep = _files_of(new)
     for role in build.FILES:
         if build.file_of(old, role) not in keep:
             (index_dir / build.file_of(old, role)).unlink(missing_ok=True)

@@ -169,8 +169,8 @@ class Collection:
         return self.indexes[modality]
 
     def summary(self) -> dict:
-        return {m: {"count": live.current().index.ntotal, "kind": live.current().info["kind"],
-                    "dim": live.current().info["dim"]} for m, live in self.indexes.items()}
+        current = {m: live.current() for m, live in self.indexes.items()}
+        return {m: {"count": c.index.ntotal, "kind": c.info["kind"], "dim": c.info["dim"]} for m, c in current.items()}
 
 
 class Catalog:
