@@ -4,8 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 EMOJI_FONT := /usr/share/fonts/truetype/noto/NotoColorEmoji.ttf
 CLDR := /usr/share/unicode/cldr/common/annotations/en.xml
+OPENCLIPART := /usr/share/openclipart/png
 
-.PHONY: demo test setup sysdeps browser bench clean
+.PHONY: demo clipart test setup sysdeps clipart-deps browser bench clean
 
 # The venv is rebuilt when pyproject.toml changes. torch==2.13.0 resolves to the CPU wheel here.
 $(BIN)/.installed: pyproject.toml
@@ -19,7 +20,7 @@ $(BIN)/.installed: pyproject.toml
 	touch $@
 
 # System packages the built-in emoji corpus and the Spark engine need (Debian/Ubuntu); skipped when
-# present or not root. `openalign corpus openclipart` also needs openclipart-png (not installed here).
+# present or not root. The openclipart corpus's package is clipart-deps's (`make clipart`).
 sysdeps:
 	@if ! command -v java >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -35,6 +36,17 @@ sysdeps:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fonts-noto-color-emoji unicode-cldr-core >/dev/null; \
 	  else \
 	    echo "missing system packages: run 'sudo apt-get install fonts-noto-color-emoji unicode-cldr-core'"; \
+	  fi; \
+	fi
+
+# openclipart-png, the images of the built-in openclipart corpus (`make clipart`, `openalign corpus openclipart`)
+clipart-deps:
+	@if [ ! -d $(OPENCLIPART) ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing openclipart-png (the clipart preset's images)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openclipart-png >/dev/null; \
+	  else \
+	    echo "missing openclipart-png for the clipart preset: run 'sudo apt-get install openclipart-png'"; \
 	  fi; \
 	fi
 
@@ -54,6 +66,10 @@ setup: $(BIN)/.installed sysdeps
 
 demo: setup
 	$(BIN)/openalign train --overwrite
+
+# The next step after the demo: about an hour on 2 cores, a model that works on real clipart (docs/demo.md)
+clipart: setup clipart-deps
+	$(BIN)/openalign train --preset clipart --overwrite
 
 test: setup browser
 	$(BIN)/python -m pytest

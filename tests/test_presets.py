@@ -68,7 +68,7 @@ def test_the_demo_and_tiny_are_the_paper_recipe_plus_their_stated_deviations():
     towers = ("preset", "out", "model.vision.width_coefficient", "model.vision.depth_coefficient",
               "model.text.hidden_size", "model.text.num_layers", "model.text.num_heads", "model.text.intermediate_size",
               "model.embed_dim")
-    for name, deviations in (("demo", presets.DEMO), ("tiny", presets.TINY)):
+    for name, deviations in (("demo", presets.DEMO), ("tiny", presets.TINY), ("clipart", presets.CLIPART)):
         changed = {k for k, v in leaves(presets.get(name)).items() if paper[k] != v}
         stated = {d.split("=")[0] for d in deviations}
         assert changed - set(towers) <= stated, f"{name} deviates without saying so: {changed - set(towers) - stated}"

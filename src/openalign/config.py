@@ -270,6 +270,9 @@ class DataConfig:
     # train on the original shards (e.g. img2dataset's), reading only the pairs these keep-list directories keep
     # (filter, dedup, screen outputs; intersected), instead of rewriting the corpus with `openalign shard`
     keep: tuple[str, ...] = ()
+    # built-in corpora: leave out every training image within 4 bits (of a 64-bit perceptual hash) of a held-out
+    # image of any corpus the run is evaluated on (the paper's test-set hygiene; corpora/heldout.py)
+    dedup_heldout: bool = False
     global_batch: Annotated[int, POSITIVE_INT] = 16_384  # pairs per step over all processes; paper: 16 per core x 1024
         # cores (each process encodes global_batch / world: StreamSpec.rank_batch)
     workers: Annotated[int, non_negative("0 (read in the main process) or more")] = 1

@@ -11,6 +11,7 @@ from typing import Callable
 
 from openalign.config import ConfigError, DataConfig
 from openalign.corpora import emoji
+from openalign.corpora import heldout
 from openalign.corpora import openclipart
 from openalign.corpora import shapes
 from openalign.pipeline.shard import karpathy_shards
@@ -81,11 +82,18 @@ def resolve_data(data: DataConfig, progress: bool = True) -> tuple[list[str], li
     splits (each source's alone: `source_eval_shards`)."""
     if data.train and data.eval_corpus:
         raise ConfigError("data.eval_corpus evaluates a run on built-in corpora; with --data give --eval-data")
+    if data.train and data.dedup_heldout:
+        raise ConfigError("data.dedup_heldout compares the built-in corpora's training and held-out splits; with "
+                          "--data run `openalign dedup PAIRS --against HELDOUT` and pass its output as data.keep")
     if data.train:
         train = _shards(data.train, data, ",".join(data.train_splits), progress)
         return train, _shards(data.eval, data, data.eval_split, progress) if data.eval else []
     if not data.corpus:
         raise ConfigError("no training data: pass --data SHARDS (a directory of .tar shards) or data.corpus=emoji")
+    if data.dedup_heldout and (data.eval or data.keep):
+        raise ConfigError("data.dedup_heldout compares the built-in corpora's training and held-out splits; with "
+                          f"{'--eval-data' if data.eval else 'data.keep'} run `openalign dedup` on your own pair table "
+                          "and pass its output as data.keep")
     options = source_options(data)
     roots = {name: _built(name, own, data, progress) for name, own in options.items()}
     train = [shard for name in sources(data.corpus) for shard in list_shards(str(roots[name] / "train"))]
@@ -93,6 +101,19 @@ def resolve_data(data: DataConfig, progress: bool = True) -> tuple[list[str], li
         return train, list_shards(data.eval)
     evaluated = sources(data.eval_corpus or data.corpus)
     return train, [shard for name in evaluated for shard in list_shards(str(roots[name] / "eval"))]
+
+
+def heldout_keep(data: DataConfig, progress: bool = True) -> str:
+    """data.dedup_heldout: the keep index of the training samples of data.corpus that are no near-duplicate of a
+    held-out image of data.eval_corpus (or data.corpus), built once (corpora/heldout.py); '' when not asked for.
+    The corpora must be built (resolve_data)."""
+    if not data.dedup_heldout:
+        return ""
+    options = source_options(data)
+    root = {name: Path(data.data_dir) / corpus_dir(name, own) for name, own in options.items()}
+    train = {name: list_shards(str(root[name] / "train")) for name in sources(data.corpus)}
+    held = {name: list_shards(str(root[name] / "eval")) for name in sources(data.eval_corpus or data.corpus)}
+    return heldout.keep_index(train, held, Path(data.data_dir), progress=progress)
 
 
 def source_eval_shards(data: DataConfig) -> dict[str, list[str]]:

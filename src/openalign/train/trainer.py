@@ -27,7 +27,7 @@ from openalign import config as config_lib
 from openalign import distributed, host
 from openalign.config import Config, ConfigError
 from openalign.data import tars
-from openalign.corpora import resolve_data, source_eval_shards
+from openalign.corpora import heldout_keep, resolve_data, source_eval_shards
 from openalign.data.loader import Position, StreamSpec, epoch_plan, train_loader
 from openalign.data.pairs import build_keep_index
 from openalign.eval.features import EvalOptions
@@ -68,6 +68,7 @@ class Run:
     eval_shards: list[str]
     tokenizer: object
     source_evals: dict = dataclasses.field(default_factory=dict)  # several corpora: each one's held-out shards
+    keep: str = ""  # the keep index the training samples are read through (data.keep, data.dedup_heldout)
 
 
 def autocast(device: torch.device, precision: str):
@@ -98,7 +99,8 @@ def start(cfg: Config, progress: bool, resume: bool = False) -> Run:
     progress = progress and layout.main
     # rank 0 builds what is missing (a built-in corpus, Karpathy shards, the tokenizer); the others then read it
     train_shards, eval_shards = distributed.main_first(layout, lambda main: resolve_data(cfg.data, progress and main))
-    tokenizer = distributed.main_first(layout, lambda main: prepare_tokenizer(cfg, train_shards, out))
+    keep = distributed.main_first(layout, lambda main: keep_index(cfg, progress and main))
+    tokenizer = distributed.main_first(layout, lambda main: prepare_tokenizer(cfg, train_shards, out, keep))
     # The trained vocabulary may be smaller than asked for (small corpora): size the embedding to it.
     # A model we start from keeps its own embedding table (it may be padded beyond its tokenizer).
     if not cfg.model.init_from:
@@ -106,17 +108,18 @@ def start(cfg: Config, progress: bool, resume: bool = False) -> Run:
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, text=text))
     if layout.main:
         config_lib.save(cfg, out / "config.json")
-    return Run(cfg, out, device, layout, progress, train_shards, eval_shards, tokenizer, source_eval_shards(cfg.data))
+    return Run(cfg, out, device, layout, progress, train_shards, eval_shards, tokenizer, source_eval_shards(cfg.data),
+               keep)
 
 
-def prepare_tokenizer(cfg: Config, train_shards: list[str], out: Path):
+def prepare_tokenizer(cfg: Config, train_shards: list[str], out: Path, keep: str = ""):
     saved = out / "tokenizer"
     if cfg.data.tokenizer:
         return load_tokenizer(cfg.data.tokenizer)
     if (saved / "tokenizer.json").is_file():
         return load_tokenizer(saved)
     counter: dict = {}
-    texts = tars.all_texts(train_shards, cfg.data.fraction, counter, keep=_keep(cfg))
+    texts = tars.all_texts(train_shards, cfg.data.fraction, counter, keep=keep)
     tokenizer = train_tokenizer(texts, cfg.model.text.vocab_size, cfg.model.text.max_length)
     tokenizer.save_pretrained(saved)
     if counter.get("skipped"):
@@ -256,28 +259,31 @@ def check_before_work(cfg: Config, resume: bool, overwrite: bool = False) -> Non
         read_checkpoint(Path(cfg.out) / CHECKPOINT, check_only=True)
 
 
-def _keep(cfg: Config) -> str:
-    """The keep index of data.keep ('' without keep-lists); built once into data.data_dir, then reused."""
-    if not cfg.data.keep:
-        return ""
-    return build_keep_index(list(cfg.data.keep), Path(cfg.data.data_dir))
+def keep_index(cfg: Config, progress: bool) -> str:
+    """The keep index the training samples are read through: data.keep's, or data.dedup_heldout's ('' for
+    neither); built once into data.data_dir, then reused."""
+    if cfg.data.keep:
+        return build_keep_index(list(cfg.data.keep), Path(cfg.data.data_dir))
+    return heldout_keep(cfg.data, progress)
 
 
 def training_stream(run: Run) -> tuple[StreamSpec, dict[str, int]]:
     """This rank's share of the stream, and the samples per shard (of the data.fraction / data.keep subset,
     which must hold at least one batch)."""
     cfg, layout = run.cfg, run.layout
-    spec = StreamSpec.for_config(cfg, run.train_shards, rank=layout.rank, world_size=layout.world, keep=_keep(cfg))
+    spec = StreamSpec.for_config(cfg, run.train_shards, rank=layout.rank, world_size=layout.world, keep=run.keep)
     counts = {s: tars.count_samples(s, cfg.data.fraction, keep=spec.keep) for s in run.train_shards}
-    if cfg.data.keep or cfg.data.fraction < 1.0:
+    if run.keep or cfg.data.fraction < 1.0:
         kept, total = sum(counts.values()), sum(tars.count_samples(s) for s in run.train_shards)
-        name = "data.keep" if cfg.data.keep else f"data.fraction={cfg.data.fraction:g}"
+        name = ", ".join(n for n, on in (("data.keep", cfg.data.keep), ("data.dedup_heldout", cfg.data.dedup_heldout),
+                                         (f"data.fraction={cfg.data.fraction:g}", cfg.data.fraction < 1.0)) if on)
         if kept < cfg.data.global_batch:
             raise ConfigError(f"data.keep keeps {kept:,} of the {total:,} samples in data.train, fewer than one batch "
                               f"of {cfg.data.global_batch}; data.train must be the shards that were ingested into the "
                               "pair table the keep-lists come from" if cfg.data.keep else
                               f"{name} keeps {kept:,} of {total:,} training samples, fewer than one batch of "
-                              f"{cfg.data.global_batch}; raise data.fraction or lower data.global_batch")
+                              f"{cfg.data.global_batch}; " + ("raise data.fraction or " if cfg.data.fraction < 1.0
+                                                                     else "") + "lower data.global_batch")
         if run.progress:
             print(f"{name}: training on {kept:,} of {total:,} samples")
     return spec, counts
