@@ -82,18 +82,15 @@ def resolve_data(data: DataConfig, progress: bool = True) -> tuple[list[str], li
     splits (each source's alone: `source_eval_shards`)."""
     if data.train and data.eval_corpus:
         raise ConfigError("data.eval_corpus evaluates a run on built-in corpora; with --data give --eval-data")
-    if data.train and data.dedup_heldout:
-        raise ConfigError("data.dedup_heldout compares the built-in corpora's training and held-out splits; with "
-                          "--data run `openalign dedup PAIRS --against HELDOUT` and pass its output as data.keep")
+    if data.dedup_heldout and (data.train or data.eval or data.keep):
+        given = "--data" if data.train else "--eval-data" if data.eval else "data.keep"
+        raise ConfigError(f"data.dedup_heldout compares the built-in corpora's training and held-out splits; with "
+                          f"{given} run `openalign dedup PAIRS --against HELDOUT` and pass its output as data.keep")
     if data.train:
         train = _shards(data.train, data, ",".join(data.train_splits), progress)
         return train, _shards(data.eval, data, data.eval_split, progress) if data.eval else []
     if not data.corpus:
         raise ConfigError("no training data: pass --data SHARDS (a directory of .tar shards) or data.corpus=emoji")
-    if data.dedup_heldout and (data.eval or data.keep):
-        raise ConfigError("data.dedup_heldout compares the built-in corpora's training and held-out splits; with "
-                          f"{'--eval-data' if data.eval else 'data.keep'} run `openalign dedup` on your own pair table "
-                          "and pass its output as data.keep")
     options = source_options(data)
     roots = {name: _built(name, own, data, progress) for name, own in options.items()}
     train = [shard for name in sources(data.corpus) for shard in list_shards(str(roots[name] / "train"))]
