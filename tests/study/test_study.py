@@ -491,8 +491,31 @@ def test_failure_modes_deeper_tower_trains_each_depth_on_shapes(tmp_path):
     budget = (f"scene_overrides=train.steps=2,train.eval_every=0,train.checkpoint_every=0,"
               f"data.data_dir={tmp_path / 'data'}")
     assert cli.main(["study", "failure-modes", "--only", "deeper-tower", "--out", str(out), "--quiet",
-                     "scene_preset=tiny", "depths=0.25,0.5", budget]) == 0
+                     "scene_preset=tiny", "depths=0.25,0.5", budget,
+                     "depth_overrides=train.steps=3,optim.lr=2e-3,optim.warmup_steps=1"]) == 0
     depths = json.loads((out / "results.json").read_text())["deeper-tower"]["depths"]
     assert set(depths) == {"0.25", "0.5"} and depths["0.25"]["chance"] == pytest.approx(1 / 64)
     assert all(0 <= row["mean"]["compositional_unseen_top1"] <= 1 for row in depths.values())
+    # the deeper tower's own recipe goes after the scenes' budget, for every depth alike
+    for depth in ("0.25", "0.5"):
+        cfg = json.loads((out / "runs" / f"depth{depth}" / "seed0" / "config.json").read_text())
+        assert (cfg["train"]["steps"], cfg["optim"]["lr"], cfg["optim"]["warmup_steps"]) == (3, 2e-3, 1)
     assert "## Composition with openalign's towers" in (out / "report.md").read_text()
+    assert (out / "deeper_tower.png").stat().st_size > 0
+
+
+def test_failure_modes_deeper_tower_reading_needs_both_depths_trained():
+    """The reading compares composition only once both depths fit the seen pairs, and calls a gap only outside the
+    seeds' spread."""
+    from openalign.study.failure_modes import _depth_reading
+
+    def row(unseen, seen, spread=0.02):
+        return {"mean": {"compositional_unseen_top1": unseen, "compositional_seen_top1": seen, "final_loss": 4.0},
+                "std": {"compositional_unseen_top1": spread}, "chance": 1 / 64}
+
+    untrained = _depth_reading({"depths": {"0.25": row(0.97, 1.0), "1": row(0.06, 0.53)}})[0]
+    assert "untrained" in untrained and "composes worse" not in untrained
+    worse = _depth_reading({"depths": {"1": row(0.60, 1.0, 0.13), "0.25": row(0.87, 0.99)}})[0]
+    assert "60.0% against 87.0%" in worse and "composes worse" in worse  # the deeper first, whatever the order
+    within = _depth_reading({"depths": {"0.25": row(0.87, 0.99), "1": row(0.80, 1.0, 0.13)}})[0]
+    assert "no difference outside" in within
