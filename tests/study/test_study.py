@@ -519,3 +519,22 @@ def test_failure_modes_deeper_tower_reading_needs_both_depths_trained():
     assert "60.0% against 87.0%" in worse and "composes worse" in worse  # the deeper first, whatever the order
     within = _depth_reading({"depths": {"0.25": row(0.87, 0.99), "1": row(0.80, 1.0, 0.13)}})[0]
     assert "no difference outside" in within
+
+
+def test_failure_modes_report_states_how_an_older_result_ran(tmp_path):
+    """A results.json written before `depth_overrides` existed ran the deeper tower at the scenes' budget alone; the
+    report must say so, not credit it with today's recipe."""
+    from dataclasses import asdict
+
+    from openalign.study.failure_modes import FailureOptions, write_report
+
+    row = {"mean": {"compositional_unseen_top1": 0.58, "compositional_seen_top1": 0.93, "final_loss": 5.4},
+           "std": {"compositional_unseen_top1": 0.0, "compositional_seen_top1": 0.0, "final_loss": 0.0},
+           "chance": 1 / 64}
+    options = asdict(FailureOptions())
+    old = {k: v for k, v in options.items() if k != "depth_overrides"}
+    write_report({"deeper-tower": {"depths": {"0.25": row, "1": row}, "options": old, "seeds": 1}}, tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert "train.steps=300" in report and "recipe" not in report and "optim.lr=2e-3" not in report
+    write_report({"deeper-tower": {"depths": {"0.25": row, "1": row}, "options": options, "seeds": 1}}, tmp_path)
+    assert "recipe (train.steps=1000, optim.lr=2e-3" in (tmp_path / "report.md").read_text()

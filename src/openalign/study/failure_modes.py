@@ -109,6 +109,9 @@ class FailureOptions:
     depth_overrides: tuple[str, ...] = ("train.steps=1000", "optim.lr=2e-3", "optim.warmup_steps=200")  # deeper tower: after the scenes' budget, a recipe both depths train under (at the demo's lr 5e-3 depth 1.0 does not)
 
 
+# Options added after results were first written, each with the value that ran before it existed: a results.json
+# from an older version is reported as it ran, not with today's defaults.
+BEFORE = {"depth_overrides": ()}
 QUICK = ("toy_steps=1000", "toy_test=100", "generic_steps=600", "rerank_queries=10")  # --quick: about a minute
 
 
@@ -682,7 +685,7 @@ def write_report(results: dict, out: Path) -> Path:
     """report.md and each part's PNG in `out`."""
     def ran(part: str) -> tuple[FailureOptions, int]:
         """The options and seeds a part ran with."""
-        given = results[part]["options"]
+        given = BEFORE | results[part]["options"]
         return FailureOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in given.items()}), \
             results[part]["seeds"]
 
@@ -708,9 +711,11 @@ def write_report(results: dict, out: Path) -> Path:
         options, seeds = ran("deeper-tower")
         lines += ["## Composition with openalign's towers: a shallower against a deeper EfficientNet on shapes", "",
                   f"The `{options.scene_preset}` preset at depth coefficients {', '.join(f'{d:g}' for d in options.depths)}"
-                  f", trained on the shapes corpus at the scenes' budget ({', '.join(options.scene_overrides)}) "
-                  f"changed by the deeper tower's recipe ({', '.join(options.depth_overrides)}); zero-shot top-1 over "
-                  f"the 64 pairs on fresh images; mean ± std over {seeds} seed{'s' * (seeds > 1)}.", "",
+                  f", trained on the shapes corpus at the scenes' budget ({', '.join(options.scene_overrides)})"
+                  + (f" changed by the deeper tower's recipe ({', '.join(options.depth_overrides)})"
+                     if options.depth_overrides else "") +
+                  f"; zero-shot top-1 over the 64 pairs on fresh images; mean ± std over {seeds} "
+                  f"seed{'s' * (seeds > 1)}.", "",
                   "| depth coefficient | unseen pairs top-1 | seen pairs top-1 | final training loss |",
                   "|---|---|---|---|"]
         for depth, row in result["depths"].items():
