@@ -307,24 +307,33 @@ def generic_captions(options: FailureOptions, seeds: int, progress: bool) -> dic
             "column_scores": [statistics.fmean(r["column_scores"][j] for r in runs) for j in range(table.shape[1])]}
 
 
-def _depth_figure(result: dict, path: Path) -> None:
-    """Zero-shot top-1 on the unseen and the seen colour-shape pairs, by depth coefficient, with the seeds' spread."""
+def _paired_bars(rows: dict, series: tuple[tuple[str, str], ...], ticks: list[str], chance: float, path: Path,
+                 **axes) -> None:
+    """Two metrics side by side for each row of a study part (`rows`: name -> {"mean", "std"}), the seeds' spread as
+    error bars and chance as a dashed line; `axes` are matplotlib's axis settings (ylabel, title, ylim)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    depths = list(result["depths"])
+    names = list(rows)
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    for i, (key, label) in enumerate((("compositional_unseen_top1", "unseen pairs"),
-                                      ("compositional_seen_top1", "seen pairs"))):
-        ax.bar([j + 0.4 * i for j in range(len(depths))], [result["depths"][d]["mean"][key] for d in depths], 0.4,
-               yerr=[result["depths"][d]["std"][key] for d in depths], capsize=3, label=label)
-    ax.axhline(result["depths"][depths[0]]["chance"], color="k", ls="--", lw=0.8, label="chance")
-    ax.set_xticks([j + 0.2 for j in range(len(depths))], [f"depth {d}" for d in depths])
-    ax.set(ylim=(0, 1.05), ylabel="zero-shot top-1 over the 64 pairs", title="composition by image-tower depth")
+    for i, (key, label) in enumerate(series):
+        ax.bar([j + 0.4 * i for j in range(len(names))], [rows[x]["mean"][key] for x in names], 0.4,
+               yerr=[rows[x]["std"][key] for x in names], capsize=3, label=label)
+    ax.axhline(chance, color="k", ls="--", lw=0.8, label="chance")
+    ax.set_xticks([j + 0.2 for j in range(len(names))], ticks)
+    ax.set(**axes)
     ax.grid(alpha=0.3, axis="y")
     save_figure(fig, path, legend_axes=[ax])
+
+
+def _depth_figure(result: dict, path: Path) -> None:
+    """Zero-shot top-1 on the unseen and the seen colour-shape pairs, by depth coefficient, with the seeds' spread."""
+    rows = result["depths"]
+    _paired_bars(rows, (("compositional_unseen_top1", "unseen pairs"), ("compositional_seen_top1", "seen pairs")),
+                 [f"depth {d}" for d in rows], next(iter(rows.values()))["chance"], path, ylim=(0, 1.05),
+                 ylabel="zero-shot top-1 over the 64 pairs", title="composition by image-tower depth")
 
 
 def _generic_figure(result: dict, path: Path) -> None:
@@ -632,21 +641,10 @@ def _embed(model, pixels: list) -> torch.Tensor:
 
 
 def _relations_figure(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    losses = list(result["losses"])
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    for i, (key, label) in enumerate((("pooled", "pooled score"), ("late", "late interaction"))):
-        ax.bar([j + 0.4 * i for j in range(len(losses))], [result["losses"][x]["mean"][key] for x in losses], 0.4,
-               yerr=[result["losses"][x]["std"][key] for x in losses], capsize=3, label=label)
-    ax.axhline(0.5, color="k", ls="--", lw=0.8, label="chance")
-    ax.set_xticks([j + 0.2 for j in range(len(losses))], [f"trained with {x}" for x in losses])
-    ax.set(ylim=(0, 1), ylabel="own caption above the swapped one", title="relations: who is left of whom")
-    ax.grid(alpha=0.3, axis="y")
-    save_figure(fig, path, legend_axes=[ax])
+    rows = result["losses"]
+    _paired_bars(rows, (("pooled", "pooled score"), ("late", "late interaction")), [f"trained with {x}" for x in rows],
+                 0.5, path, ylim=(0, 1), ylabel="own caption above the swapped one",
+                 title="relations: who is left of whom")
 
 
 def run(options: FailureOptions, seeds: int, out: Path, progress: bool = True) -> dict:
