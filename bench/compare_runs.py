@@ -7,6 +7,14 @@ dual encoder against its late-interaction re-rank).
 
 Each run is `LABEL=PATH` (several paths joined by `+` are seeds: mean and std). With --rerank, each metric
 is drawn before and after the re-rank (`*_rerank`), and a second panel gives the scoring time per query.
+
+With --curves each PATH is a training run directory instead, and each metric gets a panel of its held-out
+evaluations over the steps (metrics.jsonl): every seed faint, their mean bold, and a markdown table of mean ± std
+per step printed (the numbers behind the plot). --per-chance divides each metric by its chance level:
+
+    python bench/compare_runs.py --curves --per-chance --out docs/clipart_seeds.png \
+        "clipart preset=runs/clipart+runs/clipart-seed1+runs/clipart-seed2" \
+        --metrics openclipart/i2t_r10 openclipart/t2i_r10 emoji/i2t_r10 emoji/t2i_r10
 """
 
 from __future__ import annotations
@@ -32,14 +40,76 @@ def mean_std(runs: list[dict], key: str) -> tuple[float, float]:
     return statistics.fmean(values), statistics.pstdev(values) if len(values) > 1 else 0.0
 
 
+def chance_key(metric: str) -> str:
+    """`openclipart/i2t_r10` -> `openclipart/chance_i2t_r10`; `i2t_r10` -> `chance_i2t_r10`."""
+    source, slash, name = metric.rpartition("/")
+    return f"{source}{slash}chance_{name}"
+
+
+def eval_series(run: Path, metric: str, per_chance: bool) -> dict[int, float]:
+    """step -> the metric at each of a training run's evaluations (over its chance level with per_chance)."""
+    from openalign.study.dynamics import read_curves
+
+    series = {}
+    for step, metrics in read_curves(run)[1]:
+        if metric not in metrics:
+            raise SystemExit(f"{run}: no {metric!r} in its evaluations (it has {', '.join(sorted(metrics))})")
+        series[step] = metrics[metric] / metrics[chance_key(metric)] if per_chance else metrics[metric]
+    if not series:
+        raise SystemExit(f"{run}: no held-out evaluation in metrics.jsonl (train with train.eval_every > 0)")
+    return series
+
+
+def curves(specs: list[str], metrics: list[str], out: str, per_chance: bool, title: str) -> str:
+    """One panel per metric over the steps, and the markdown table of mean ± std over each label's seeds
+    at the steps all of them evaluated."""
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.8), squeeze=False)
+    unit = " (x chance)" if per_chance else ""
+    lines = []
+    for (label, paths), color in zip((s.rpartition("=")[::2] for s in specs), plt.rcParams["axes.prop_cycle"]):
+        runs = [Path(p) for p in paths.split("+")]
+        steps, cells = None, []
+        for ax, metric in zip(axes[0], metrics):
+            series = [eval_series(run, metric, per_chance) for run in runs]
+            for one in series:
+                ax.plot(list(one), list(one.values()), color=color["color"], alpha=0.3, lw=1)
+            steps = sorted(set.intersection(*(set(one) for one in series)))
+            means = [statistics.fmean(one[s] for one in series) for s in steps]
+            ax.plot(steps, means, color=color["color"], lw=2, marker="o", ms=3,
+                    label=f"{label} ({len(runs)} seed{'s' if len(runs) > 1 else ''})")
+            ax.set(title=metric, xlabel="step", ylabel=metric.rpartition("/")[2] + unit)
+            ax.grid(alpha=0.3)
+            cells.append({s: [one[s] for one in series] for s in steps})
+        lines += [f"{label}, mean ± std over {len(runs)} seed(s){unit}:", "",
+                  "| step | " + " | ".join(metrics) + " |", "|---" * (len(metrics) + 1) + "|"]
+        fmt = ".1f" if per_chance else ".3f"
+        for s in steps:
+            lines.append(f"| {s:,} | " + " | ".join(
+                f"{statistics.fmean(c[s]):{fmt}} ± {statistics.pstdev(c[s]):{fmt}}" for c in cells) + " |")
+        lines.append("")
+    axes[0][0].legend(fontsize=7)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+", metavar="LABEL=PATH[+PATH]")
     p.add_argument("--out", required=True)
     p.add_argument("--metrics", nargs="+", default=["i2t_r1", "t2i_r1", "mean_recall"])
     p.add_argument("--rerank", action="store_true", help="each metric before and after the re-rank, and the time")
+    p.add_argument("--curves", action="store_true", help="PATHs are training runs: each metric over the steps")
+    p.add_argument("--per-chance", action="store_true", help="with --curves: each metric over its chance level")
     p.add_argument("--title", default="")
     args = p.parse_args(argv)
+    if args.curves:
+        print(curves(args.runs, args.metrics, args.out, args.per_chance, args.title))
+        print(f"wrote {args.out}")
+        return 0
     runs = [load(s) for s in args.runs]
     panels = 2 if args.rerank else 1
     fig, axes = plt.subplots(1, panels, figsize=(6.5 * panels, 4.2), squeeze=False)
