@@ -116,8 +116,9 @@ def demo_vit() -> Config:
 # - every training image within 4 bits of perceptual hash of a held-out image of either source left out
 #   (data.dedup_heldout: the same drawing filed twice, colour variants, identical flags);
 # - a text tower of 6 layers x 384 (the demo's 4 x 256 does not fit its five minutes): at 600 steps it raised
-#   held-out openclipart R@10 by about a fifth, more than 96 px images or a wider image tower;
-# - one tokenizer trained on both sources' texts; 4,000 steps and 4 evaluations: about an hour on 2 cores.
+#   held-out openclipart R@10 by about a fifth, more than 96 px images or a wider image tower (at the full hour the
+#   4 x 256 tower, given the same wall time as 6,000 steps, draws with it: docs/demo.md);
+# - one tokenizer trained on both sources' texts; 4,000 steps and 4 evaluations: 54-62 min on 2 cores (3 seeds).
 CLIPART = (*DEMO, "data.corpus=openclipart+emoji", "data.corpus_options=openclipart.min_short_side=96",
            "data.dedup_heldout=true", "train.steps=4000", "train.eval_every=1000", "train.checkpoint_every=500")
 
