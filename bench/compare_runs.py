@@ -20,6 +20,7 @@ per step printed (the numbers behind the plot). --per-chance divides each metric
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 from pathlib import Path
@@ -64,28 +65,31 @@ def curves(specs: list[str], metrics: list[str], out: str, per_chance: bool, tit
     """One panel per metric over the steps, and the markdown table of mean ± std over each label's seeds
     at the steps all of them evaluated."""
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.8), squeeze=False)
+    colors = itertools.cycle(plt.rcParams["axes.prop_cycle"].by_key()["color"])
     unit = " (x chance)" if per_chance else ""
+    fmt = ".1f" if per_chance else ".3f"
     lines = []
-    for (label, paths), color in zip((s.rpartition("=")[::2] for s in specs), plt.rcParams["axes.prop_cycle"]):
+    for spec, color in zip(specs, colors):
+        label, _, paths = spec.rpartition("=")
         runs = [Path(p) for p in paths.split("+")]
-        steps, cells = None, []
+        seeds = f"{len(runs)} seed{'s' if len(runs) > 1 else ''}"
+        by_metric = []  # per metric: step -> its value in every seed, at the steps every seed evaluated
         for ax, metric in zip(axes[0], metrics):
             series = [eval_series(run, metric, per_chance) for run in runs]
             for one in series:
-                ax.plot(list(one), list(one.values()), color=color["color"], alpha=0.3, lw=1)
-            steps = sorted(set.intersection(*(set(one) for one in series)))
-            means = [statistics.fmean(one[s] for one in series) for s in steps]
-            ax.plot(steps, means, color=color["color"], lw=2, marker="o", ms=3,
-                    label=f"{label} ({len(runs)} seed{'s' if len(runs) > 1 else ''})")
+                ax.plot(list(one), list(one.values()), color=color, alpha=0.3, lw=1)
+            shared = sorted(set.intersection(*(set(one) for one in series)))
+            by_step = {step: [one[step] for one in series] for step in shared}
+            ax.plot(shared, [statistics.fmean(v) for v in by_step.values()], color=color, lw=2, marker="o", ms=3,
+                    label=f"{label} ({seeds})")
             ax.set(title=metric, xlabel="step", ylabel=metric.rpartition("/")[2] + unit)
             ax.grid(alpha=0.3)
-            cells.append({s: [one[s] for one in series] for s in steps})
-        lines += [f"{label}, mean ± std over {len(runs)} seed(s){unit}:", "",
+            by_metric.append(by_step)
+        lines += [f"{label}, mean ± std over {seeds}{unit}:", "",
                   "| step | " + " | ".join(metrics) + " |", "|---" * (len(metrics) + 1) + "|"]
-        fmt = ".1f" if per_chance else ".3f"
-        for s in steps:
-            lines.append(f"| {s:,} | " + " | ".join(
-                f"{statistics.fmean(c[s]):{fmt}} ± {statistics.pstdev(c[s]):{fmt}}" for c in cells) + " |")
+        for step in sorted(set.intersection(*(set(by_step) for by_step in by_metric))):
+            lines.append(f"| {step:,} | " + " | ".join(
+                f"{statistics.fmean(b[step]):{fmt}} ± {statistics.pstdev(b[step]):{fmt}}" for b in by_metric) + " |")
         lines.append("")
     axes[0][0].legend(fontsize=7)
     if title:
