@@ -31,9 +31,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def load(spec: str) -> tuple[str, list[dict]]:
+def parse(spec: str) -> tuple[str, list[Path]]:
+    """`LABEL=PATH[+PATH...]` -> (LABEL, [PATH, ...])."""
     label, _, paths = spec.rpartition("=")
-    return label, [json.loads(Path(p).read_text()) for p in paths.split("+")]
+    return label, [Path(p) for p in paths.split("+")]
+
+
+def load(spec: str) -> tuple[str, list[dict]]:
+    label, paths = parse(spec)
+    return label, [json.loads(p.read_text()) for p in paths]
 
 
 def mean_std(runs: list[dict], key: str) -> tuple[float, float]:
@@ -41,21 +47,17 @@ def mean_std(runs: list[dict], key: str) -> tuple[float, float]:
     return statistics.fmean(values), statistics.pstdev(values) if len(values) > 1 else 0.0
 
 
-def chance_key(metric: str) -> str:
-    """`openclipart/i2t_r10` -> `openclipart/chance_i2t_r10`; `i2t_r10` -> `chance_i2t_r10`."""
-    source, slash, name = metric.rpartition("/")
-    return f"{source}{slash}chance_{name}"
-
-
-def eval_series(run: Path, metric: str, per_chance: bool) -> dict[int, float]:
-    """step -> the metric at each of a training run's evaluations (over its chance level with per_chance)."""
-    from openalign.study.dynamics import read_curves
+def eval_series(run: Path, evals: list[tuple[int, dict]], metric: str, per_chance: bool) -> dict[int, float]:
+    """step -> the metric at each of a training run's evaluations `evals` (over its chance level with per_chance)."""
+    from openalign.eval.metrics import chance_key
 
     series = {}
-    for step, metrics in read_curves(run)[1]:
+    for step, metrics in evals:
         if metric not in metrics:
             raise SystemExit(f"{run}: no {metric!r} in its evaluations (it has {', '.join(sorted(metrics))})")
-        series[step] = metrics[metric] / metrics[chance_key(metric)] if per_chance else metrics[metric]
+        if per_chance and not (chance := chance_key(metric, metrics)):
+            raise SystemExit(f"{run}: no chance level of {metric!r} in its evaluations: drop --per-chance")
+        series[step] = metrics[metric] / metrics[chance] if per_chance else metrics[metric]
     if not series:
         raise SystemExit(f"{run}: no held-out evaluation in metrics.jsonl (train with train.eval_every > 0)")
     return series
@@ -64,18 +66,20 @@ def eval_series(run: Path, metric: str, per_chance: bool) -> dict[int, float]:
 def curves(specs: list[str], metrics: list[str], out: str, per_chance: bool, title: str) -> str:
     """One panel per metric over the steps, and the markdown table of mean ± std over each label's seeds
     at the steps all of them evaluated."""
+    from openalign.study.dynamics import read_curves
+
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.8), squeeze=False)
     colors = itertools.cycle(plt.rcParams["axes.prop_cycle"].by_key()["color"])
     unit = " (x chance)" if per_chance else ""
     fmt = ".1f" if per_chance else ".3f"
     lines = []
     for spec, color in zip(specs, colors):
-        label, _, paths = spec.rpartition("=")
-        runs = [Path(p) for p in paths.split("+")]
+        label, runs = parse(spec)
+        evals = [read_curves(run)[1] for run in runs]  # each run's metrics.jsonl read once, for every metric
         seeds = f"{len(runs)} seed{'s' if len(runs) > 1 else ''}"
         by_metric = []  # per metric: step -> its value in every seed, at the steps every seed evaluated
         for ax, metric in zip(axes[0], metrics):
-            series = [eval_series(run, metric, per_chance) for run in runs]
+            series = [eval_series(run, found, metric, per_chance) for run, found in zip(runs, evals)]
             for one in series:
                 ax.plot(list(one), list(one.values()), color=color, alpha=0.3, lw=1)
             shared = sorted(set.intersection(*(set(one) for one in series)))

@@ -182,6 +182,14 @@ def test_chance_keys_of_task_prefixed_metrics():
     assert M.chance_key("knn_top1", metrics) is None  # no chance level written: none shown
 
 
+def test_chance_keys_of_a_corpus_held_out_split():
+    """data.corpus=emoji+openclipart: each source's metrics are NAME/... with their chance levels NAME/chance_..."""
+    metrics = {"openclipart/i2t_r10": 0.6, "openclipart/chance_i2t_r10": 0.019, "chance_i2t_r10": 0.01}
+    assert M.chance_key("openclipart/i2t_r10", metrics) == "openclipart/chance_i2t_r10"
+    assert M.chance_key("i2t_r10", metrics) == "chance_i2t_r10"
+    assert M.is_chance("openclipart/chance_i2t_r10") and not M.is_chance("openclipart/i2t_r10")
+
+
 def test_a_new_tasks_chance_keys_need_no_registration():
     # Before: chance keys came from a list of task prefixes in metrics.py; a task added to eval/tasks.py without
     # a line there had its chance level looked up at `chance_newtask_top1` and never shown.

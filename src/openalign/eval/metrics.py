@@ -23,14 +23,14 @@ KS = (1, 5, 10)
 def chance_key(key: str, metrics: dict) -> str | None:
     """Where `metrics` holds the chance level of `key`, or None: a task writes its metrics' chance levels under its
     own prefix (eval/tasks.py `Task.prefix`), `chance_i2t_r10` for retrieval's bare keys, `zeroshot_chance_top1` for
-    `zeroshot_top1`; the key is found in the metrics themselves, so no list of prefixes here can fall behind the
-    tasks."""
-    candidates = [f"chance_{key}"] + [key[:i + 1] + "chance_" + key[i + 1:] for i, c in enumerate(key) if c == "_"]
+    `zeroshot_top1`, and a corpus's held-out split under its name (`openclipart/chance_i2t_r10`); the key is found
+    in the metrics themselves, so no list of prefixes here can fall behind the tasks."""
+    candidates = [f"chance_{key}"] + [key[:i + 1] + "chance_" + key[i + 1:] for i, c in enumerate(key) if c in "_/"]
     return next((c for c in candidates if c in metrics), None)
 
 
 def is_chance(key: str) -> bool:
-    return key.startswith("chance_") or "_chance_" in key
+    return key.startswith("chance_") or "_chance_" in key or "/chance_" in key
 
 
 MISS = torch.iinfo(torch.long).max  # the rank of a query without a finite target score: never within any K
