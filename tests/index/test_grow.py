@@ -285,3 +285,39 @@ def test_a_large_k_from_an_ivf_index_is_k_results(tmp_path, options):
     truth = np.argsort(-(vectors[:2] @ vectors.T), axis=1)[:, :3_000]
     assert np.mean([len(set(a) & set(b)) / 3_000 for a, b in zip(ids.tolist(), truth.tolist())]) > 0.9
     assert index._probes_for(10) is None
+
+
+OUTSIDE = {  # index.json entries that name a file outside the index's directory
+    "meta, absolute": lambda info, out: info["files"].__setitem__("meta", str(out / "meta.parquet")),
+    "index, ../": lambda info, out: info["files"].__setitem__("index", "../outside/index.faiss"),
+    "deleted, absolute": lambda info, out: info.__setitem__("deleted", {"file": str(out / "taken.npy"), "count": 1}),
+}
+
+
+@pytest.mark.parametrize("craft", list(OUTSIDE))
+def test_an_index_json_naming_an_outside_file_is_refused_and_nothing_outside_is_read_or_removed(
+        grown, tmp_path, capsys, craft):
+    """A crafted index.json under `index --add`, `index --delete`, `search` and `serve`: one sentence, and the outside
+    files are never read or removed (before: --delete unlinked `deleted.file` wherever it was, and a `files.meta`
+    elsewhere was loaded from there)."""
+    import shutil
+
+    from openalign.serve.catalog import Catalog, parse_specs
+
+    root, model, _, _ = grown
+    outside = shutil.copytree(root / "idx", tmp_path / "outside")  # an index's files, as an attacker would plant
+    np.save(outside / "taken.npy", np.array([3], np.int64))
+    before = snapshot(outside)
+    index = shutil.copytree(root / "idx", tmp_path / "idx")
+    info = json.loads((index / "index.json").read_text())
+    OUTSIDE[craft](info, outside)
+    (index / "index.json").write_text(json.dumps(info))
+    capsys.readouterr()
+    for argv in (["index", "--delete", "9", str(index)], ["index", "--add", str(root / "emb"), str(index), "--quiet"],
+                 ["search", str(index), "--text", "a picture", "--model", str(model)]):
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert "not a plain file name" in err and err.count("\n") == 1, (argv, err)
+    with pytest.raises(ConfigError, match="not a plain file name"):
+        Catalog(parse_specs([str(index)]))
+    assert snapshot(outside) == before  # nothing outside was removed or changed

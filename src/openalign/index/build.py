@@ -573,12 +573,72 @@ def read_info(path: Path) -> dict:
                           "finish leaves none; run `openalign index` again")
     try:
         info = json.loads((path / INFO).read_text())
-        if "kind" not in info:
-            raise KeyError("kind")
-        int(info["dim"]), int(info["count"]), dict(info["params"]), list(info.get("shards") or [])
-    except (ValueError, KeyError, TypeError, AttributeError):
-        raise ConfigError(f"{path / INFO} is damaged (not the JSON `openalign index` writes); {_again(path)}") from None
+        problem = _damage(info)
+    except (ValueError, RecursionError):  # not JSON, or nested past Python's parser
+        problem = "it is not JSON"
+    if problem:
+        raise ConfigError(f"{path / INFO} is damaged ({problem}); {_again(path)}")
     return info
+
+
+INDEX_KINDS = ("flat", "ivf", "hnsw")
+COUNTED_PARAMS = ("nprobe", "efSearch", "refine", "nlist", "shards", "M", "pq_subquantizers", "trained_on")
+
+
+def plain_name(name) -> bool:
+    """A file name an index may hold: a plain name inside its directory, never a path (`../x`, `/etc/x`, `a/b`)."""
+    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name \
+        and "\0" not in name
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _damage(info) -> str:
+    """What is wrong with an index.json, or "" when it is what `openalign index` writes: every value this package
+    reads has its type, and every file it names is a plain name inside the index's directory (so a crafted one can
+    make openalign read or remove nothing outside it)."""
+    if not isinstance(info, dict):
+        return "not a JSON object"
+    if info.get("kind") not in INDEX_KINDS:
+        return f"its kind is not one of {', '.join(INDEX_KINDS)}"
+    for key in ("dim", "count"):
+        if not _count(info.get(key)):
+            return f"its {key} is not a whole number"
+    params = info.get("params")
+    if not isinstance(params, dict):
+        return "its params are not an object"
+    wrong = [k for k in COUNTED_PARAMS if k in params and not _count(params[k])]
+    if wrong:
+        return f"its params.{wrong[0]} is not a whole number"
+    if not isinstance(info.get("recall_at_10", 0), (int, float)) or isinstance(info.get("recall_at_10"), bool):
+        return "its recall_at_10 is not a number"
+    if not _count(info.get("generation", 0)):
+        return "its generation is not a whole number"
+    named = []
+    files = info.get("files") or {}
+    if not isinstance(files, dict) or set(files) - set(FILES):
+        return f"its files must map {', '.join(FILES)} to file names"
+    named += [(f"files.{role}", name) for role, name in files.items()]
+    shards = info.get("shards") or []
+    if not isinstance(shards, list):
+        return "its shards are not a list"
+    named += [("shards", name) for name in shards]
+    if info.get("trained") is not None:
+        named.append(("trained", info["trained"]))
+    deleted = info.get("deleted")
+    if deleted is not None:
+        if not isinstance(deleted, dict) or not _count(deleted.get("count")):
+            return "its deleted entry is not {\"file\": ..., \"count\": ...}"
+        named.append(("deleted.file", deleted.get("file")))
+    for where, name in named:
+        if not plain_name(name):
+            return (f"its {where} is {str(name)[:80]!r}, not a plain file name: an index names only files inside its "
+                    "own directory")
+    if not isinstance(info.get("parts", []), (list, type(None))):
+        return "its parts are not a list"
+    return ""
 
 
 def load(path: Path, mmap: bool = True, info: dict | None = None) -> Loaded:
