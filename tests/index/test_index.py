@@ -508,3 +508,40 @@ def test_damaged_index_files_are_one_sentence(tmp_path, capsys, how):
         build_lib.load(idx)
     message = str(err.value)
     assert "\n" not in message and ("build the index again" in message or "run `openalign index` again" in message)
+
+
+def as_pytorch_bin(model_dir: Path, out: Path, nudge: float = 0.0) -> Path:
+    """`model_dir` saved as transformers' `pytorch_model.bin` instead of safetensors; `nudge` moves one weight."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    shutil.copytree(model_dir, out)
+    state = load_file(out / "model.safetensors")
+    name = sorted(state)[0]
+    state[name] = state[name] + nudge
+    torch.save(state, out / "pytorch_model.bin")
+    (out / "model.safetensors").unlink()
+    return out
+
+
+def test_models_saved_as_pytorch_bin_differ_in_fingerprint_and_search_refuses_the_other(model_dir, tmp_path, capsys):
+    # Before: the fingerprint hashed *.safetensors alone, so two .bin models of different weights were one model.
+    from openalign.model.hub import load_pretrained, weights_fingerprint
+
+    first = as_pytorch_bin(model_dir, tmp_path / "first")
+    second = as_pytorch_bin(model_dir, tmp_path / "second", nudge=0.01)
+    assert load_pretrained(first)[0] is not None  # transformers reads the .bin directory
+    assert weights_fingerprint(first) != weights_fingerprint(second)
+    assert weights_fingerprint(first) == weights_fingerprint(as_pytorch_bin(model_dir, tmp_path / "copy"))
+    images = tmp_path / "images"
+    images.mkdir()
+    for colour in COLORS:
+        shape_image(colour, "circle").save(images / f"{colour}.png")
+    assert cli.main(["embed", str(first), "--images", str(images), "--out", str(tmp_path / "emb"), "--quiet"]) == 0
+    assert cli.main(["index", str(tmp_path / "emb"), "--out", str(tmp_path / "idx"), "--quiet"]) == 0
+    capsys.readouterr()
+    assert cli.main(["search", str(tmp_path / "idx"), "--model", str(second), "--text", "red"]) == 2
+    assert "not the model this index was embedded with" in capsys.readouterr().err
+    assert cli.main(["search", str(tmp_path / "idx"), "--model", str(first), "--text", "red"]) == 0

@@ -294,11 +294,18 @@ def image_processor_settings(path: Path) -> dict | None:
     return next(iter(found.values()), None)
 
 
+WEIGHT_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".msgpack", ".h5", ".npz")  # beside *.safetensors
+
+
 def weights_fingerprint(path: Path) -> str:
-    """A hash of a model directory's config and weights (content only: copying the directory keeps it)."""
+    """A hash of a model directory's config and every weight file it can hold (content only: copying the directory
+    keeps it): safetensors, and transformers', PyTorch's, Flax's, Keras's and numpy's formats (`pytorch_model.bin`
+    and its shards among them). The order keeps the digest of a directory of safetensors alone as it always was."""
     digest = hashlib.blake2b(digest_size=16)
     extra = [Path(path) / name for name in ("config.json", openclip.CONFIG_FILE, openclip.WEIGHT_FILES[1])]
-    for file in sorted(Path(path).glob("*.safetensors")) + extra:
+    others = sorted(f for f in Path(path).iterdir() if f.suffix in WEIGHT_SUFFIXES and f not in extra) \
+        if Path(path).is_dir() else []
+    for file in sorted(Path(path).glob("*.safetensors")) + extra + others:
         if file.is_file():
             digest.update(file.name.encode())
             with open(file, "rb") as f:
