@@ -95,6 +95,40 @@ def save_tiny_model(out: Path, texts: list[str]) -> Path:
     return out
 
 
+def http_get(url: str, timeout: float = 60) -> tuple[int, bytes]:
+    """(status, body) of a GET; an HTTP error's status too."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def serve_process(args: list[str]):
+    """`openalign serve ARGS` in a subprocess on a free loopback port, once /health answers: (process, its URL).
+    A crash in a C library fails the test instead of killing pytest; the caller stops it."""
+    import subprocess
+    import sys
+    import time
+
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "openalign", "serve", *map(str, args), "--port", str(port)],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while True:
+        assert process.poll() is None, f"the server exited: {process.stdout.read()[-2000:]}"
+        assert time.monotonic() < deadline, "the server did not start"
+        try:
+            if http_get(url + "/health", timeout=10)[0] == 200:
+                return process, url
+        except OSError:
+            time.sleep(0.2)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -505,7 +505,8 @@ def cmd_serve(args) -> int:
         print(f"warning: --host {args.host} serves every client that can reach this machine on port {args.port}, "
               "with no authentication", file=sys.stderr)
     print(f"answering Host names: {', '.join(hosts)} (add others with --allowed-hosts)", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    # SIGTERM / Ctrl-C: requests in flight get 10 s to finish, then the server stops whatever they do
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=10)
     return 0
 
 

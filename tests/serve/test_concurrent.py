@@ -7,16 +7,14 @@ import base64
 import io
 import json
 import subprocess
-import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from conftest import COLORS, SHAPES, free_port, save_tiny_model, shape_image, shape_images
+from conftest import COLORS, SHAPES, http_get, save_tiny_model, serve_process, shape_image, shape_images
 from openalign import cli
 
 
@@ -45,14 +43,6 @@ def _post(url: str, body: dict) -> tuple[int, dict]:
         return err.code, {"detail": err.read().decode(errors="replace")[:300]}
 
 
-def _get(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=60) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read()
-
-
 def _upload() -> str:
     buf = io.BytesIO()
     shape_image("blue", "square").save(buf, format="PNG")
@@ -71,22 +61,6 @@ def _queries(worker: int, n: int) -> list:
     return [kinds[(worker + i) % len(kinds)](worker * n + i) for i in range(n)]
 
 
-def _start(index: Path, model: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "openalign", "serve", str(index), "--model", str(model),
-                                "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        assert process.poll() is None, f"the server exited: {process.stdout.read()[-2000:]}"
-        assert time.monotonic() < deadline, "the server did not start"
-        try:
-            if _get(url + "/health")[0] == 200:
-                return process, url
-        except OSError:
-            time.sleep(0.2)
-
-
 def _hammer(url: str, threads: int, per_thread: int) -> list[str]:
     failures: list[str] = []
     barrier = threading.Barrier(threads)  # every thread's first request at once: the cold caches race
@@ -96,7 +70,7 @@ def _hammer(url: str, threads: int, per_thread: int) -> list[str]:
         for what, body in _queries(worker, per_thread):
             try:
                 if what == "image":
-                    status, data = _get(f"{url}/image/{body}?size=32")
+                    status, data = http_get(f"{url}/image/{body}?size=32")
                     ok = status == 200 and data[:2] == b"\xff\xd8"
                 else:
                     status, data = _post(url, body)
@@ -117,7 +91,7 @@ def _hammer(url: str, threads: int, per_thread: int) -> list[str]:
 def test_concurrent_mixed_queries_on_a_many_part_index_all_succeed(many_groups_index):
     index, model = many_groups_index
     for start in range(2):  # bounded repeats: two cold starts, each raced by every thread's first request
-        process, url = _start(index, model)
+        process, url = serve_process([index, "--model", model])
         try:
             failures = _hammer(url, threads=8, per_thread=15)
             died = process.poll()

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tarfile
 import threading
 from dataclasses import dataclass, field
@@ -342,6 +343,46 @@ def shard_items(shard: str, counter: dict | None = None, captionless: bool = Tru
 
 # ---------------------------------------------------------------------------------------------- bytes
 
+class NotAFile(OSError):
+    """What should hold image bytes is a FIFO, a device, a socket or a directory."""
+
+
+class TooLarge(OSError):
+    """Image bytes over the reader's limit, refused before they are read."""
+
+
+def regular(st: os.stat_result, path: str) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise NotAFile(f"{path} is not a regular file")
+
+
+def open_regular(path: str):
+    """`path` opened for reading without blocking on a FIFO (O_NONBLOCK), and checked on the open file itself (no
+    swap between a check and the open): a regular file, or `NotAFile`."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        regular(os.fstat(fd), path)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(path: str, max_bytes: int | None = None) -> bytes:
+    """A regular file's bytes; `TooLarge` past `max_bytes` (by its size, then by what is read: a file that grows
+    while read is cut at the limit and refused too)."""
+    with open_regular(path) as f:
+        if max_bytes is None:
+            return f.read()
+        if os.fstat(f.fileno()).st_size > max_bytes:
+            raise TooLarge(f"{path} is over {max_bytes:,} bytes")
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise TooLarge(f"{path} is over {max_bytes:,} bytes")
+    return data
+
+
 class _Sources:
     """Image bytes by (path, member): a file, a tar member (by name, or by sample key: its image), or an image of
     img2dataset's `parquet` output (by key). Safe for a service's request threads: each tar is indexed once (under
@@ -363,12 +404,19 @@ class _Sources:
                 getattr(table, "close", lambda: None)()
             self.tars, self.tables, self.group = {}, {}, (None, None, None)
 
-    def read(self, path: str, member: str | None) -> bytes:
+    def read(self, path: str, member: str | None, max_bytes: int | None = None) -> bytes:
+        """The bytes of a file, a tar member or a table's image; `max_bytes`: larger ones are `TooLarge`, refused
+        before they are read. Whatever holds them must be a regular file (`NotAFile`: a FIFO would block the
+        reader forever, /dev/zero fill its memory)."""
         if not member:
-            return Path(path).read_bytes()
+            return read_regular(path, max_bytes)
+        regular(os.stat(path), path)
         if path.endswith(".parquet"):
             with self._lock:  # one ParquetFile and row-group cache per table, shared by every thread
-                return self._table_image(path, member)
+                data = self._table_image(path, member)
+            if max_bytes is not None and len(data) > max_bytes:
+                raise TooLarge(f"{member} of {path} is over {max_bytes:,} bytes")
+            return data
         stat = os.stat(path)
         stamp = (stat.st_size, stat.st_mtime_ns)  # a tar written again at the same path is indexed again
         stamped = self.tars.get(path)
@@ -382,7 +430,9 @@ class _Sources:
         if found is None:
             raise FileNotFoundError(f"{member} not in {path}")
         offset, size = found
-        with open(path, "rb") as f:
+        if max_bytes is not None and size > max_bytes:
+            raise TooLarge(f"{member} of {path} is over {max_bytes:,} bytes")
+        with open_regular(path) as f:
             f.seek(offset)
             data = f.read(size)
         if len(data) != size:
@@ -430,7 +480,7 @@ class _Sources:
         sample `KEY.jpg` is found by `KEY` too: an index's metadata names samples by key)."""
         index, keys = {}, {}
         try:
-            with tarfile.open(path) as tar:
+            with open_regular(path) as f, tarfile.open(fileobj=f) as tar:
                 try:
                     for info in tar:
                         if info.isfile():
@@ -440,6 +490,8 @@ class _Sources:
                                 keys.setdefault(key, (info.offset_data, info.size))
                 except tarfile.TarError:  # truncated: the members before the cut are still there
                     pass
+        except NotAFile:
+            raise
         except (tarfile.TarError, OSError) as err:
             raise OSError(f"{path}: {err}") from None
         return keys | index

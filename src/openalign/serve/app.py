@@ -186,7 +186,7 @@ def create_app(indexes: Path | str | list[str] | Catalog, model_dir: str | None 
     def thumbnail(image_id: int, size: int = 256, index: str | None = None,
                   modality: Literal["image", "text"] | None = None) -> Response:
         loaded = live_index(collection_of(catalog, index), modality).current()
-        return Response(thumbnail_jpeg(loaded, image_id, size), media_type="image/jpeg",
+        return Response(thumbnail_jpeg(loaded, image_id, size, limits), media_type="image/jpeg",
                         headers={"Cache-Control": "max-age=3600"})
 
     knn.add_routes(app, catalog, limits)

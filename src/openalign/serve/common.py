@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from pydantic import Field
 
 from openalign.data import images as image_lib
-from openalign.data.sources import SOURCES
+from openalign.data.sources import SOURCES, NotAFile, TooLarge
 from openalign.index.build import Loaded
 
 
@@ -32,6 +32,7 @@ class Limits:
     max_metadata: int = 200  # /search: the first this many results carry their metadata; the rest, id and score
     max_rerank: int = 200  # largest shortlist re-ordered by late interaction
     max_inline_images: int = 100  # /knn-service and /metadata with_image: images sent inline at most
+    max_image_bytes: int = 64 * 2**20  # largest indexed image file read for a thumbnail, e.g. 64M
     max_terms: int = MAX_TERMS  # most plus/minus texts in one query
 
     @property
@@ -112,8 +113,10 @@ def decode_upload(data: str, limits: Limits) -> bytes:
     return raw
 
 
-def thumbnail_jpeg(index: Loaded, image_id: int, size: int = 256) -> bytes:
-    """A JPEG thumbnail of an indexed image, from its file or its shard (404 when it is gone)."""
+def thumbnail_jpeg(index: Loaded, image_id: int, size: int = 256, limits: Limits = Limits()) -> bytes:
+    """A JPEG thumbnail of an indexed image, from its file or its shard (404 when it is gone). Its bytes come from a
+    regular file only and are capped before they are read (`limits.max_image_bytes`): a FIFO, a device or a huge
+    file swapped in behind an indexed path is a 404 at once, never a request thread blocked or memory filled."""
     if not 0 <= image_id < len(index.meta) or index.is_deleted(image_id):
         raise HTTPException(404, f"no image with id {image_id}")
     row = index.meta.row(image_id)
@@ -121,8 +124,14 @@ def thumbnail_jpeg(index: Loaded, image_id: int, size: int = 256) -> bytes:
     if not path or os.path.realpath(path) != path:  # resolved when embedded: a link swapped in since is refused
         raise HTTPException(404, f"image {image_id} has moved since it was indexed")
     try:  # the one reader of files and tar members (data/sources.py: safe across request threads)
-        image = image_lib.load_rgb(SOURCES.read(path, key if path.endswith(".tar") else None))
-    except (OSError, image_lib.BadImage):  # never the server's paths in an answer
+        data = SOURCES.read(path, key if path.endswith(".tar") else None, limits.max_image_bytes)
+        image = image_lib.load_rgb(data, limits.max_pixels)
+    except NotAFile:  # never the server's paths in an answer
+        raise HTTPException(404, f"image {image_id} is no longer a regular file") from None
+    except TooLarge:
+        raise HTTPException(404, f"image {image_id} is over {limits.max_image_bytes:,} bytes, the most this service "
+                                 "reads for a thumbnail (serve --max-image-bytes)") from None
+    except (OSError, image_lib.BadImage):
         raise HTTPException(404, f"image {image_id} can no longer be read") from None
     image.thumbnail((max(16, min(size, 1024)),) * 2)
     buf = io.BytesIO()

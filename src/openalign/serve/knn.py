@@ -114,7 +114,7 @@ def query_vector(collection, index: Loaded, request: KnnRequest, limits: Limits)
         raise HTTPException(400, str(err)) from None
 
 
-def metadata(index: Loaded, image_id: int, row: dict, with_image: bool) -> dict:
+def metadata(index: Loaded, image_id: int, row: dict, with_image: bool, limits: Limits) -> dict:
     """One result's metadata as clip-retrieval's columns: caption, and image_path (a file) or tar + member (a shard's
     image; its bytes are at /image/ID); width and height; with_image: `image`, a base64 JPEG thumbnail."""
     path, out = row.get("path") or "", {"caption": row.get("caption")}
@@ -127,7 +127,7 @@ def metadata(index: Loaded, image_id: int, row: dict, with_image: bool) -> dict:
     out["width"], out["height"] = row.get("width"), row.get("height")
     if with_image:
         try:
-            out["image"] = base64.b64encode(thumbnail_jpeg(index, image_id, 512)).decode()
+            out["image"] = base64.b64encode(thumbnail_jpeg(index, image_id, 512, limits)).decode()
         except HTTPException:  # a file gone since: clip-retrieval too leaves `image` out
             pass
     return out
@@ -155,7 +155,7 @@ def knn(catalog: Catalog, request: KnnRequest, limits: Limits) -> list[dict]:
     rows = index.meta.take(ids).to_pylist()
     results = []
     for i, hit in enumerate(hits):
-        result = metadata(index, hit.id, rows[i], request.with_image) if i < len(rows) else {}
+        result = metadata(index, hit.id, rows[i], request.with_image, limits) if i < len(rows) else {}
         results.append(result | {"id": hit.id, "similarity": hit.score})
     return results
 
@@ -222,4 +222,5 @@ def _metadata(catalog: Catalog, request: MetadataRequest, limits: Limits) -> lis
     if bad:
         raise HTTPException(400, f"no image with id {bad[0]} in this index")
     rows = index.meta.take(request.ids).to_pylist()
-    return [{"id": i, "metadata": metadata(index, i, row, request.with_image)} for i, row in zip(request.ids, rows)]
+    return [{"id": i, "metadata": metadata(index, i, row, request.with_image, limits)}
+            for i, row in zip(request.ids, rows)]
