@@ -409,16 +409,31 @@ def cmd_index(args) -> int:
     if args.index or not args.out or not args.embeddings:
         raise ConfigError("build an index with `openalign index EMB --out INDEX`; grow one with `openalign index "
                           "--add EMB INDEX` or `openalign index --delete IDS INDEX`")
-    info = build(Path(args.embeddings), Path(args.out), options_from(args, IndexOptions), engine=_engine(args),
-                 progress=not args.quiet)
+    options = options_from(args, IndexOptions)
+    before = _takedowns_in(Path(args.out))
+    info = build(Path(args.embeddings), Path(args.out), options, engine=_engine(args), progress=not args.quiet)
     params = ", ".join(f"{k} {v}" for k, v in info["params"].items()) or "exact"
     where = (f"; {len(info['shards'])} IVF shards on disk, searched together, tuned on the first"
              if info["storage"] == "shards" else "")
     print(f"{info['kind']} index of {info['count']:,} {info['vectors']} vectors ({params}; recall@10 "
           f"{info['recall_at_10']:.3f} against exact search{where}) -> {args.out}")
+    kept = info.get("deleted")
+    if kept:
+        print(f"kept the {kept['images']:,} images taken down from the index it replaced (index --delete): "
+              f"{kept['count']:,} of them are in it and stay out of every search; --forget-deletions drops them")
+    elif options.forget_deletions and before:
+        print(f"dropped the {before:,} take-downs of the index it replaced, as --forget-deletions asked")
     for warning in info.get("warnings", []):
         print(f"warning: {warning}", file=sys.stderr)
     return 0
+
+
+def _takedowns_in(out: Path) -> int:
+    """How many images the index in `out` holds taken down (0 where there is none, or it cannot be read)."""
+    try:
+        return int(((json.loads((out / "index.json").read_text()) or {}).get("deleted") or {}).get("count", 0))
+    except (OSError, ValueError, AttributeError, TypeError):
+        return 0
 
 
 def _grow_index(args) -> int:
@@ -429,18 +444,30 @@ def _grow_index(args) -> int:
     if args.add and args.delete:
         raise ConfigError("--add and --delete are two commands: run one, then the other")
     if args.delete:
-        if args.index or not (args.out or args.embeddings):
+        if args.index or not (args.out or args.embeddings) or (args.out and args.embeddings):
             raise ConfigError("delete ids with `openalign index --delete IDS INDEX`")
         index = Path(args.out or args.embeddings)
         info = grow.delete(index, grow.parse_ids(args.delete))
+        if not info["newly_deleted"]:
+            print(f"every one of those ids was deleted from {index} already: nothing changed")
+            return 0
         print(f"deleted {info['newly_deleted']:,} ids from {index} ({info['deleted']['count']:,} deleted in all, of "
-              f"{info['count']:,}); searches no longer return them")
+              f"{info['count']:,}); searches no longer return them, and a rebuild or an add keeps their images out")
         return 0
+    if args.index and args.out and Path(args.index).resolve() != Path(args.out).resolve():
+        raise ConfigError(f"--add grows the index INDEX in place, so --out {args.out} would be ignored: give the "
+                          "index once, `openalign index --add EMB INDEX`")
     index = args.index or args.out
     if not args.embeddings or not index:
         raise ConfigError("add new embeddings with `openalign index --add EMB INDEX`")
+    if (Path(args.embeddings) / "index.json").is_file() and not (Path(index) / "index.json").is_file():
+        raise ConfigError(f"{args.embeddings} is an index and {index} is not: the order is `openalign index --add EMB "
+                          "INDEX`, the embed output first")
     info = grow.add(Path(args.embeddings), Path(index), options_from(args, IndexOptions), engine=_engine(args),
                     progress=not args.quiet)
+    if info.get("kept_down"):
+        print(f"{info['kept_down']:,} of the added rows are images taken down before (index --delete): they stay "
+              "deleted")
     if not info["added"]:
         print(f"{index} already holds every part of {args.embeddings} ({info['count']:,} vectors): nothing to add")
         return 0
@@ -698,8 +725,8 @@ def _index_flags(p) -> None:
     p.add_argument("--out", help="the index directory to build")
     p.add_argument("--add", action="store_true", help="append the new parts of EMB (a collection that grew and was "
                    "embedded again) to the index INDEX: `openalign index --add EMB INDEX`")
-    p.add_argument("--delete", metavar="IDS", help="take ids out of every search of the index: `openalign index "
-                   "--delete 3,17,42 INDEX` (or a file of ids, one per line)")
+    p.add_argument("--delete", metavar="IDS", help="take ids out of every search of the index, and their images out "
+                   "of every rebuild and add: `openalign index --delete 3,17,42 INDEX` (or @FILE, ids one per line)")
     add_options(p, IndexOptions, convert={"memory": _size})
     add_options(p, Engine, only=("workers",), where="ivf shards, local engine: add tasks at once; ")
     _engine_flags(p)

@@ -90,15 +90,17 @@ def json_rows(emb: Path) -> list[dict]:
     return load_meta(emb).to_pylist()
 
 
-def fake_parts(path: Path, vectors: np.ndarray, part: int, start_part: int = 0) -> Path:
-    """Embed-output parts of `vectors`, appended after `start_part` parts already there, with their statuses."""
+def fake_parts(path: Path, vectors: np.ndarray, part: int, start_part: int = 0, images=None) -> Path:
+    """Embed-output parts of `vectors`, appended after `start_part` parts already there, with their statuses; row
+    r is image `images[r]` (key k{n}, path /x/{n}.jpg; default: numbered on from the rows there)."""
     path.mkdir(parents=True, exist_ok=True)
     manifest = json.loads((path / MANIFEST).read_text()) if (path / MANIFEST).is_file() else \
         {"complete": True, "parts": {}, "model": "m", "dim": vectors.shape[1]}
     first = sum(p["rows"] for p in manifest["parts"].values())
+    images = list(range(first, first + len(vectors))) if images is None else list(images)
     for j, at in enumerate(range(0, len(vectors), part)):
         i, chunk = start_part + j, vectors[at:at + part]
-        rows = [{"key": f"k{first + at + r}", "path": f"/x/{first + at + r}.jpg", "caption": "", "width": 1,
+        rows = [{"key": f"k{images[at + r]}", "path": f"/x/{images[at + r]}.jpg", "caption": "", "width": 1,
                  "height": 1} for r in range(len(chunk))]
         _write_part(path, i, chunk, rows)
         (path / f"part-{i:06d}.json").write_text(json.dumps({"plan": "p", "inputs": f"i{i}", "rows": len(chunk)}))
@@ -321,3 +323,78 @@ def test_an_index_json_naming_an_outside_file_is_refused_and_nothing_outside_is_
     with pytest.raises(ConfigError, match="not a plain file name"):
         Catalog(parse_specs([str(index)]))
     assert snapshot(outside) == before  # nothing outside was removed or changed
+
+
+def found_keys(index_dir: Path, queries: np.ndarray, k: int = 20) -> set[str]:
+    index = build_lib.load(index_dir)
+    ids = index.search(queries, k)[1]
+    return {row["key"] for row in index.meta.take([int(i) for i in ids.ravel() if i >= 0]).to_pylist()}
+
+
+def test_a_take_down_survives_a_rebuild_a_reordered_rebuild_and_an_add(tmp_path, capsys, monkeypatch):
+    # Before: `index --delete` then `openalign index EMB --out INDEX` (the rebuild the drift warning recommends)
+    # dropped the deletions silently and every deleted image came back.
+    vectors = clustered(3_000, 16, np.random.default_rng(0).normal(size=(20, 16)), 1)
+    fake_parts(tmp_path / "emb", vectors, 1_000)
+    idx = str(tmp_path / "idx")
+    assert cli.main(["index", str(tmp_path / "emb"), "--out", idx, "--quiet"]) == 0
+    gone = list(range(100, 140))
+    gone_keys = {f"k{i}" for i in gone}
+    assert cli.main(["index", "--delete", ",".join(map(str, gone)), idx]) == 0
+    assert not found_keys(idx, vectors[gone]) & gone_keys
+    capsys.readouterr()
+    assert cli.main(["index", str(tmp_path / "emb"), "--out", idx, "--quiet"]) == 0  # a rebuild in place
+    assert "kept the 40 images taken down" in capsys.readouterr().out
+    assert not found_keys(idx, vectors[gone]) & gone_keys
+    assert build_lib.load(idx).info["deleted"]["count"] == 40
+    # the same images in another order (other ids), built into the same directory
+    order = np.random.default_rng(2).permutation(3_000)
+    fake_parts(tmp_path / "shuffled", vectors[order], 1_000, images=order)
+    assert cli.main(["index", str(tmp_path / "shuffled"), "--out", idx, "--quiet"]) == 0
+    index = build_lib.load(idx)
+    assert sorted(index.meta.take(index.deleted.tolist()).column("key").to_pylist()) == sorted(gone_keys)
+    assert not found_keys(idx, vectors[gone]) & gone_keys
+    # an add whose new part holds taken-down images again (embedded once more) keeps them out
+    fake_parts(tmp_path / "shuffled", vectors[gone[:5]], 1_000, start_part=3, images=gone[:5])
+    capsys.readouterr()
+    assert cli.main(["index", "--add", str(tmp_path / "shuffled"), idx, "--quiet"]) == 0
+    assert "5 of the added rows are images taken down before" in capsys.readouterr().out
+    assert build_lib.load(idx).index.ntotal == 3_005
+    assert not found_keys(idx, vectors[gone]) & gone_keys
+    # a rebuild killed after it removed index.json, then run again: still down
+    from openalign.index import build as owner
+    from conftest import run_killed
+
+    run_killed(monkeypatch, owner, "write_json", ["index", str(tmp_path / "emb"), "--out", idx, "--quiet"])
+    assert not (Path(idx) / "index.json").exists()
+    assert cli.main(["index", str(tmp_path / "emb"), "--out", idx, "--quiet"]) == 0
+    assert not found_keys(idx, vectors[gone]) & gone_keys
+    # only an explicit --forget-deletions brings them back
+    capsys.readouterr()
+    assert cli.main(["index", str(tmp_path / "emb"), "--out", idx, "--quiet", "--forget-deletions"]) == 0
+    assert "dropped the 40 take-downs" in capsys.readouterr().out
+    assert found_keys(idx, vectors[gone]) >= gone_keys
+    assert "deleted" not in build_lib.load(idx).info
+
+
+def test_delete_ids_are_ids_a_file_is_at_file_and_a_repeat_changes_nothing(tmp_path, capsys, monkeypatch):
+    vectors = clustered(1_000, 8, np.random.default_rng(0).normal(size=(5, 8)), 1)
+    fake_parts(tmp_path / "emb", vectors, 1_000)
+    idx = str(tmp_path / "idx")
+    assert cli.main(["index", str(tmp_path / "emb"), "--out", idx, "--quiet"]) == 0
+    monkeypatch.chdir(tmp_path)
+    Path("7").write_text("8\n9\n")  # before: `--delete 7` read this file and deleted 8 and 9
+    assert cli.main(["index", "--delete", "7", idx]) == 0
+    assert build_lib.load(idx).deleted.tolist() == [7]
+    assert cli.main(["index", "--delete", "@7", idx]) == 0
+    assert build_lib.load(idx).deleted.tolist() == [7, 8, 9]
+    generation = build_lib.read_info(Path(idx))["generation"]
+    capsys.readouterr()
+    assert cli.main(["index", "--delete", "8,9", idx]) == 0  # deleted already: no new generation
+    assert "nothing changed" in capsys.readouterr().out
+    assert build_lib.read_info(Path(idx))["generation"] == generation
+    for spec, says in (("99999999999999999999999", "no id 99999999999999999999999"), ("@missing", "no file"),
+                       ("x,y", "takes ids")):
+        assert cli.main(["index", "--delete", spec, idx]) == 2
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1, err

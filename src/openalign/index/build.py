@@ -36,6 +36,7 @@ from openalign.config import FRACTION_OPEN_CLOSED, NON_NEGATIVE, POSITIVE_INT, C
 from openalign.outputs import unfinish, write_json
 from openalign.index import exact
 from openalign.index.cells import CellScan
+from openalign.index import takedown
 from openalign.index.parts import Parts, add_shard, part_files, read_manifest
 
 FILE, META, INFO, EXACT16 = "index.faiss", "meta.parquet", "index.json", "vectors-f16.npy"
@@ -66,6 +67,7 @@ class IndexOptions:
     block_rows: Annotated[int, NON_NEGATIVE] = 0  # ivf shards: rows per shard, one add task each (0: what half the memory holds per worker)
     chunk_rows: Annotated[int, POSITIVE_INT] = 65_536  # rows converted to float32 at a time
     refine: Annotated[int, non_negative("0 (off) or a shortlist factor of 1 or more")] = 0  # ivf/hnsw: re-score refine x k candidates with float16 copies of the vectors (0: off)
+    forget_deletions: bool = False  # a rebuild drops the take-downs (`index --delete`) of the index it replaces (default: they stay deleted, found by image)
 
 
 def recall_at_10(found: np.ndarray, exact: np.ndarray) -> float:
@@ -346,12 +348,16 @@ def build(emb: Path, out: Path, options: IndexOptions = IndexOptions(), engine=N
     if n == 0:
         raise ConfigError(f"{emb} holds no embeddings")
     staging = out / BUILDING
+    taken = takedown.empty() if options.forget_deletions else _previous_takedowns(out)
     staging.mkdir(parents=True, exist_ok=True)
     try:
         index, built = build_streaming(parts, staging, options, engine, progress)
         if index is not None:
             faiss.write_index(_faiss(index), str(staging / FILE))
         write_meta(emb, staging / META)
+        if len(taken):  # the same images in the new rows stay deleted
+            taken = takedown.moved(taken, staging / META)
+            takedown.write(staging / takedown.file_name(0), taken)
     except BaseException:  # the working index in `out` is untouched; finished shard tasks are kept for a rerun
         for leftover in staging.iterdir():
             if leftover.is_file() and not leftover.name.startswith("shard-"):
@@ -365,9 +371,11 @@ def build(emb: Path, out: Path, options: IndexOptions = IndexOptions(), engine=N
             "generation": 0, "files": {role: FILES[role] for role in ("index", "meta", "exact16")},
             "trained": TRAINED if trained else None, "parts": part_records(emb, options.vectors),
             "options": {"chunk_rows": options.chunk_rows, "tune_queries": options.tune_queries, "seed": options.seed}}
+    if len(taken):
+        info["deleted"] = takedown.entry(takedown.file_name(0), taken)
     info["warnings"] = recall_warnings(info)
     new = [FILE] * (index is not None) + built.get("shards", []) + [EXACT16] * bool(built["params"].get("refine")) \
-        + [TRAINED] * trained
+        + [TRAINED] * trained + [takedown.file_name(0)] * bool(len(taken))
     unfinish(out / INFO)  # from here until index.json is written, `out` is not an index: load says so
     for stale in [*generation_files(out), *out.glob("shard-*.faiss")]:
         if stale.name not in new:
@@ -379,9 +387,38 @@ def build(emb: Path, out: Path, options: IndexOptions = IndexOptions(), engine=N
     return info
 
 
+def _previous_takedowns(out: Path) -> pa.Table:
+    """The images taken down from the index a build will replace in `out` (none when there is none): those its
+    index.json names, and those of a rebuild killed after it removed index.json (its take-down file, in `out` or
+    still in `out/_build`), so that no rebuild brings one back."""
+    leftovers = [f for d in (out / BUILDING, out) for f in sorted(d.glob("deleted-g*.parquet"))] \
+        if out.is_dir() else []
+    tables = []
+    if (out / INFO).is_file():
+        info = read_info(out)
+        try:
+            tables.append(takedown.read(out, info, out / file_of(info, "meta")))
+        except (OSError, ValueError, pa.ArrowException) as err:
+            raise ConfigError(f"{out} has {(info.get('deleted') or {}).get('count', 0):,} deleted ids (index "
+                              f"--delete), but its files no longer tell which images they are ({str(err)[:120]}); "
+                              "rebuild with --forget-deletions to drop them, or restore the index") from None
+        leftovers = [f for f in leftovers if f.parent != out]  # an index.json names its own
+    elif any(out.glob("deleted-g*.npy")):
+        raise ConfigError(f"{out} holds deleted ids (index --delete) but no {INFO} to tell which images they are; "
+                          "rebuild with --forget-deletions to drop them, or restore the index")
+    for leftover in leftovers:
+        try:
+            tables.append(pq.read_table(leftover))
+        except (OSError, pa.ArrowException):
+            raise ConfigError(f"{leftover} (an interrupted rebuild's take-downs) is damaged; rebuild with "
+                              "--forget-deletions to drop them") from None
+    return takedown.merged(*tables) if tables else takedown.empty()
+
+
 def generation_files(out: Path) -> list[Path]:
     """Every file of any generation of an index in `out` (a build's names, and `index --add` / `--delete`'s)."""
-    names = [FILE, META, EXACT16, TRAINED, "index-g*.faiss", "meta-g*.parquet", "vectors-f16-g*.npy", "deleted-g*.npy"]
+    names = [FILE, META, EXACT16, TRAINED, "index-g*.faiss", "meta-g*.parquet", "vectors-f16-g*.npy",
+             *takedown.PATTERNS]
     return [f for name in names for f in (out.glob(name) if "*" in name else [out / name])]
 
 
@@ -689,10 +726,8 @@ def load(path: Path, mmap: bool = True, info: dict | None = None) -> Loaded:
         raise ConfigError(f"{meta_file} is missing or damaged; {again}") from None
     if len(meta) != count:
         raise ConfigError(f"{meta_file} has {len(meta):,} rows for {count:,} vectors; {again}")
-    deleted = np.zeros(0, np.int64)
-    if info.get("deleted"):
-        try:
-            deleted = np.load(path / info["deleted"]["file"])
-        except (OSError, ValueError, KeyError, TypeError):
-            raise ConfigError(f"{path}'s list of deleted ids is missing or damaged; {again}") from None
+    try:
+        deleted = takedown.ids(path, info)
+    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException):
+        raise ConfigError(f"{path}'s list of deleted ids is missing or damaged; {again}") from None
     return Loaded(index, meta, info, members, deleted)

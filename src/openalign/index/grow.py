@@ -13,7 +13,7 @@ of more than `DRIFT` means the new data sits where the quantizer's training samp
 so and what to do (rebuild, which trains the cells again).
 
 Atomic, with no half state: a change writes the files of a new generation under new names (index-g2.faiss,
-meta-g2.parquet, vectors-f16-g2.npy, new shard files, deleted-g2.npy), then replaces index.json, which names them;
+meta-g2.parquet, vectors-f16-g2.npy, new shard files, deleted-g2.parquet), then replaces index.json, which names them;
 only then are the previous generation's files removed. A kill -9 at any point leaves index.json naming a complete
 generation: the old one, or the new. A rerun writes the same names again, byte for byte. A running `serve` loads the
 new generation at its next request (serve/catalog.py).
@@ -27,10 +27,11 @@ from pathlib import Path
 import faiss
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from openalign.config import ConfigError
-from openalign.index import build
+from openalign.index import build, takedown
 from openalign.index.parts import Parts, part_files, read_manifest
 from openalign.outputs import write_json
 
@@ -135,6 +136,13 @@ def add(emb: Path, index_dir: Path, options: build.IndexOptions = build.IndexOpt
     files_now["meta"] = names["meta"]
     grown = info | {"count": old_n + new.n, "generation": gen, "files": files_now, "shards": shards,
                     "parts": info["parts"] + new_parts}
+    taken = takedown.read(index_dir, info, index_dir / build.file_of(info, "meta"))
+    again = takedown.moved(taken, index_dir / names["meta"], first=old_n)
+    again = again.filter(pc.greater_equal(again.column("id"), 0))
+    if len(again):  # a taken-down image embedded again: its new rows are deleted too
+        table = takedown.merged(taken, again)
+        takedown.write(index_dir / takedown.file_name(gen), table)
+        grown["deleted"] = takedown.entry(takedown.file_name(gen), table)
     if grown["params"].get("shards"):
         grown["params"] = grown["params"] | {"shards": len(shards)}
     recall = _drift_recall(index_dir, grown, emb, old_n, new.n, options, shards[len(info.get("shards") or []):])
@@ -147,7 +155,7 @@ def add(emb: Path, index_dir: Path, options: build.IndexOptions = build.IndexOpt
                         f"{_rebuild(index_dir, emb)} to train its cells again")
     grown["warnings"] = warnings
     _commit(index_dir, info, grown)
-    return grown | {"added": new.n}
+    return grown | {"added": new.n, "kept_down": len(again)}
 
 
 def _save(path: Path, array: np.ndarray) -> None:
@@ -219,32 +227,55 @@ def _drift_recall(index_dir: Path, grown: dict, emb: Path, old_n: int, added: in
 
 
 def delete(index_dir: Path, ids: list[int]) -> dict:
-    """Take `ids` out of every search of the index (their rows stay: ids never move); the new index.json."""
+    """Take `ids` out of every search of the index (their rows stay: ids never move), and remember their images, so
+    that a rebuild or an add never brings them back (takedown.py); the new index.json. Ids deleted already change
+    nothing (no new generation)."""
     index_dir = Path(index_dir)
     info = build.read_info(index_dir)
     count = int(info["count"])
+    bad = [i for i in ids if not 0 <= i < count]
+    if bad:
+        raise ConfigError(f"no id {bad[0]} in {index_dir} (ids are 0 to {count - 1:,}); nothing was deleted")
     wanted = np.unique(np.asarray(ids, dtype=np.int64))
-    bad = wanted[(wanted < 0) | (wanted >= count)]
-    if len(bad):
-        raise ConfigError(f"no id {int(bad[0])} in {index_dir} (ids are 0 to {count - 1:,}); nothing was deleted")
+    meta_file = index_dir / build.file_of(info, "meta")
+    try:
+        before = takedown.read(index_dir, info, meta_file)
+        rows = pq.read_table(meta_file, columns=["path", "key"]).take(pa.array(wanted))
+    except (OSError, ValueError, pa.ArrowException):
+        raise ConfigError(f"{index_dir}'s metadata or list of deleted ids is missing or damaged; rebuild it with "
+                          f"`openalign index EMB --out {index_dir}`") from None
+    fresh = np.setdiff1d(wanted, takedown.ids(index_dir, info))
+    if not len(fresh):
+        return info | {"newly_deleted": 0}
     _clear_leftovers(index_dir, info)
-    before = (info.get("deleted") or {}).get("file")
-    old = np.load(index_dir / before) if before else np.zeros(0, np.int64)
-    merged = np.union1d(old, wanted).astype(np.int64)
+    added = pa.table({"id": pa.array(wanted, pa.int64()), "path": rows.column("path").cast(pa.string()),
+                      "key": rows.column("key").cast(pa.string())})
+    table = takedown.merged(before, added)
     gen = int(info.get("generation", 0)) + 1
-    name = f"deleted-g{gen}.npy"
-    _write_atomic(index_dir / name, lambda tmp: _save(tmp, merged))
-    new = info | {"generation": gen, "deleted": {"file": name, "count": int(len(merged))}}
+    name = takedown.file_name(gen)
+    takedown.write(index_dir / name, table)
+    new = info | {"generation": gen, "deleted": takedown.entry(name, table)}
     _commit(index_dir, info, new)
-    return new | {"newly_deleted": int(len(merged) - len(old))}
+    return new | {"newly_deleted": int(len(fresh))}
 
 
 def parse_ids(spec: str) -> list[int]:
-    """`--delete`'s ids: a comma-separated list, or a file of ids (one per line, or comma-separated)."""
-    text = Path(spec).read_text() if Path(spec).is_file() else spec
-    tokens = [t.strip() for t in text.replace("\n", ",").split(",") if t.strip()]
-    try:
-        return [int(t) for t in tokens]
-    except ValueError:
-        raise ConfigError(f"--delete takes ids (3,17,42) or a file of ids, one per line; {spec[:80]!r} is neither"
-                          ) from None
+    """`--delete`'s ids: a comma-separated list (`3,17,42`), or `@FILE`, a file of ids (one per line, or
+    comma-separated). A bare name that is no list of ids but an existing file is read too, as before `@` existed; a
+    list of ids is always ids, even where a file of that name exists."""
+    def tokens(text: str) -> list[str]:
+        return [t.strip() for t in text.replace("\n", ",").split(",") if t.strip()]
+
+    def numbers(items: list[str]) -> list[int] | None:
+        return [int(t) for t in items] if items and all(t.lstrip("-").isdigit() for t in items) else None
+
+    if not spec.startswith("@") and numbers(tokens(spec)) is not None:
+        return numbers(tokens(spec))
+    path = Path(spec[1:] if spec.startswith("@") else spec)
+    if not path.is_file():
+        raise ConfigError(f"--delete takes ids (3,17,42) or @FILE, a file of ids one per line; {spec[:80]!r} is "
+                          "neither" + (f" (no file {path})" if spec.startswith("@") else ""))
+    found = numbers(tokens(path.read_text(encoding="utf-8-sig", errors="replace")))
+    if found is None:
+        raise ConfigError(f"{path} must hold ids (whole numbers), one per line or comma-separated")
+    return found
