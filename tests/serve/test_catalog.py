@@ -93,3 +93,55 @@ def test_a_running_service_picks_up_a_rebuilt_index_at_the_next_request(built, t
     assert cli.main(["index", str(tmp_path / "e2"), "--out", str(tmp_path / "idx")]) == 0
     grown = client.post("/search", json={"text": "red", "k": 24}).json()
     assert grown["count"] == 15 and len(grown["results"]) == 15  # no restart
+
+
+@pytest.mark.parametrize("images_from", ["another embed output", "the same embed output"])
+@pytest.mark.parametrize("deleted_in", ["image", "text"])
+def test_a_take_down_applies_to_every_modality_of_a_name(built, tmp_path, images_from, deleted_in):
+    """Before: the same name's text index kept serving an image deleted from its image index (/search
+    modality=text found it, /image/ID?modality=text gave 200 while the image index gave 404)."""
+    from openalign.index import build as build_lib
+    from openalign.serve.app import create_app
+
+    root, images, texts = built
+    texts = shutil.copytree(texts, tmp_path / "captions")
+    if images_from == "another embed output":
+        images = shutil.copytree(images, tmp_path / "images-idx")
+    else:  # row ids shared with the text index
+        images = tmp_path / "images-idx"
+        assert cli.main(["index", str(root / "emb-t"), "--out", str(images), "--quiet"]) == 0
+    client = TestClient(create_app([f"shapes={images}", f"shapes={texts}"]))
+    path = client.post("/search", json={"text": "a green square", "k": 1, "modality": "text"}).json()["results"][0]
+    assert path["caption"] == "a green square"
+    found = {m: next(r for r in build_lib.load(where).meta.to_pylist() if r["path"] == path["path"])
+             for m, where in (("image", images), ("text", texts))}
+    gone = found[deleted_in]["id"]
+    assert cli.main(["index", "--delete", str(gone), str(images if deleted_in == "image" else texts)]) == 0
+    for modality in ("image", "text"):
+        hits = client.post("/search", json={"text": "a green square", "k": 12, "modality": modality}).json()
+        assert found[modality]["path"] not in [h["path"] for h in hits["results"]], modality
+        assert len(hits["results"]) == 11
+        assert client.get(f"/image/{found[modality]['id']}?modality={modality}").status_code == 404
+        knn = client.post("/knn-service", json={"text": "a green square", "modality": modality, "num_images": 12})
+        assert found[modality]["path"] not in [r.get("image_path") for r in knn.json()]
+        meta = client.post("/metadata", json={"ids": [found[modality]["id"]], "modality": modality})
+        assert meta.status_code == 400
+    assert build_lib.load(texts if deleted_in == "image" else images).deleted.size == 0  # its own files untouched
+
+
+@pytest.mark.parametrize("damage", [{"files": {"index": 5}}, {"params": {"nprobe": "x"}}, {"count": "12"},
+                                    {"files": {"meta": "/etc/passwd"}}, {"deleted": {"file": 3, "count": 1}}])
+def test_a_live_reload_of_a_damaged_index_json_keeps_the_previous_generation_serving(built, tmp_path, damage):
+    """Before: a reload of an index.json with a wrong type answered 500 to every request."""
+    from openalign.serve.app import create_app
+
+    root, images, _ = built
+    index = shutil.copytree(images, tmp_path / "idx")
+    client = TestClient(create_app(index))
+    want = client.post("/search", json={"text": "a red circle", "k": 3}).json()
+    info = json.loads((index / "index.json").read_text())
+    (index / "index.json").write_text(json.dumps(info | damage))
+    for _ in range(3):
+        answer = client.post("/search", json={"text": "a red circle", "k": 3})
+        assert answer.status_code == 200 and answer.json() == want
+    assert client.get("/health").status_code == 200

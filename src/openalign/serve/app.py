@@ -115,6 +115,14 @@ def live_index(collection: Collection, modality: str | None):
         raise HTTPException(400, str(err)) from None
 
 
+def current_index(collection: Collection, modality: str | None):
+    """The index a request searches, as it is at this request's start, with the name's take-downs applied."""
+    try:
+        return collection.current(modality)
+    except ConfigError as err:
+        raise HTTPException(400, str(err)) from None
+
+
 def create_app(indexes: Path | str | list[str] | Catalog, model_dir: str | None = None, limits: Limits = Limits(),
                min_score: str | float | None = None, hosts: list[str] | None = None) -> FastAPI:
     """The app over one index directory, a list of `catalog.parse_specs` items, or a Catalog; `min_score` is the
@@ -138,7 +146,7 @@ def create_app(indexes: Path | str | list[str] | Catalog, model_dir: str | None 
     @app.get("/health")
     def health() -> dict:
         first = catalog.get(None)
-        live = first.live(None).current()
+        live = first.current(None)
         return {"status": "ok", "count": live.index.ntotal, "kind": live.info["kind"], "dim": live.info["dim"],
                 "indices": {name: c.summary() for name, c in catalog.collections.items()}}
 
@@ -152,7 +160,7 @@ def create_app(indexes: Path | str | list[str] | Catalog, model_dir: str | None 
             raise HTTPException(400, f"rerank shortlists at most {limits.max_rerank} results")
         collection = collection_of(catalog, request.index)
         live = live_index(collection, request.modality)
-        index = live.current()
+        index = current_index(collection, request.modality)
         image = decode_upload(request.image, limits) if request.image else None
         query = search.Query(text=request.text.strip(), image=image, image_id=request.image_id,
                              plus=tuple(t.strip() for t in request.plus if t.strip()),
@@ -185,7 +193,7 @@ def create_app(indexes: Path | str | list[str] | Catalog, model_dir: str | None 
     @app.get("/image/{image_id}", responses={200: {"content": {"image/jpeg": {}}}})
     def thumbnail(image_id: int, size: int = 256, index: str | None = None,
                   modality: Literal["image", "text"] | None = None) -> Response:
-        loaded = live_index(collection_of(catalog, index), modality).current()
+        loaded = current_index(collection_of(catalog, index), modality)
         return Response(thumbnail_jpeg(loaded, image_id, size, limits), media_type="image/jpeg",
                         headers={"Cache-Control": "max-age=3600"})
 

@@ -14,6 +14,7 @@ searches the index as it was when the request started, and the next one sees the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import sys
@@ -21,8 +22,10 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from openalign.config import ConfigError
-from openalign.index import build, search
+from openalign.index import build, search, takedown
 
 MODALITIES = ("image", "text")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -136,9 +139,10 @@ class Live:
             if stamp is not None and stamp != self.stamp:
                 try:
                     fresh = build.load(self.path)
-                except ConfigError as err:  # caught between two files of a change: the next request tries again
-                    print(f"warning: {self.path} changed and does not load yet ({err}); serving the previous one",
-                          file=sys.stderr)
+                except Exception as err:  # noqa: BLE001 - caught between two files of a change, or damaged: any
+                    # failure keeps the previous generation serving, and the next request tries again
+                    print(f"warning: {self.path} changed and does not load yet ({str(err)[:300]}); serving the "
+                          "previous one", file=sys.stderr)
                     return self.loaded
                 old = self.loaded.info.get("weights")
                 if old and fresh.info.get("weights") not in ("", old):
@@ -161,6 +165,8 @@ class Collection:
     floor: float | None
     state_lock: threading.Lock = field(default_factory=threading.Lock)
 
+    merged: dict = field(default_factory=dict)  # modality -> (the generations it was made of, the index)
+
     def live(self, modality: str | None) -> Live:
         modality = modality or ("image" if "image" in self.indexes else "text")
         if modality not in self.indexes:
@@ -168,8 +174,37 @@ class Collection:
                               f"--vectors {modality}` under the name {self.name}")
         return self.indexes[modality]
 
+    def current(self, modality: str | None) -> build.Loaded:
+        """The index a request searches, as it is at the request's start, with every take-down of the name applied:
+        an image deleted from the image index (`index --delete`) is gone from the text index too, and the other way
+        round. Indexes of one embed output share row ids; others are matched by image (path and key)."""
+        live = self.live(modality)
+        loaded = live.current()
+        others = [(other, other.current()) for other in self.indexes.values() if other is not live]
+        if not any(len(o.deleted) for _, o in others):
+            return loaded
+        made_of = (loaded, *(o for _, o in others))
+        with self.state_lock:
+            cached = self.merged.get(live.path)
+            if cached and len(cached[0]) == len(made_of) and all(a is b for a, b in zip(cached[0], made_of)):
+                return cached[1]
+        deleted = [loaded.deleted]
+        for other_live, other in others:
+            if not len(other.deleted):
+                continue
+            if other.info.get("parts") and other.info.get("parts") == loaded.info.get("parts"):
+                deleted.append(other.deleted)  # one embed output: the same rows
+                continue
+            taken = takedown.read(other_live.path, other.info, other_live.path / build.file_of(other.info, "meta"))
+            found = takedown.moved(taken, live.path / build.file_of(loaded.info, "meta")).column("id").to_numpy()
+            deleted.append(found[found >= 0])
+        merged = dataclasses.replace(loaded, deleted=np.unique(np.concatenate(deleted)).astype(np.int64))
+        with self.state_lock:
+            self.merged[live.path] = (made_of, merged)
+        return merged
+
     def summary(self) -> dict:
-        current = {m: live.current() for m, live in self.indexes.items()}
+        current = {m: self.current(m) for m in self.indexes}
         return {m: {"count": c.index.ntotal, "kind": c.info["kind"], "dim": c.info["dim"]} for m, c in current.items()}
 
 

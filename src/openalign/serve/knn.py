@@ -143,7 +143,7 @@ def knn(catalog: Catalog, request: KnnRequest, limits: Limits) -> list[dict]:
                                  "num_images, or fetch each from /image/ID")
     try:
         collection = catalog.get(request.indice_name)
-        index = collection.live(request.modality).current()
+        index = collection.current(request.modality)
     except ConfigError as err:
         raise HTTPException(400, str(err)) from None
     vector = query_vector(collection, index, request, limits)
@@ -215,7 +215,7 @@ def _metadata(catalog: Catalog, request: MetadataRequest, limits: Limits) -> lis
     if len(request.ids) > (limits.max_inline_images if request.with_image else limits.max_k):
         raise HTTPException(400, f"at most {limits.max_k:,} ids ({limits.max_inline_images} with with_image)")
     try:
-        index = catalog.get(request.indice_name).live(request.modality).current()
+        index = catalog.get(request.indice_name).current(request.modality)
     except ConfigError as err:
         raise HTTPException(400, str(err)) from None
     bad = [i for i in request.ids if not 0 <= i < len(index.meta) or index.is_deleted(i)]
