@@ -762,7 +762,7 @@ def _serve_flags(p) -> None:
     p.add_argument("--min-score", metavar="SCORE|METRICS_JSON",
                    help="requests without min_score leave out results scoring below this cosine; or `openalign eval`'s metrics JSON for this "
                         "model: its calibrated threshold (t2i_threshold_median)")
-    add_options(p, Limits, convert={"max_upload_bytes": _size})
+    add_options(p, Limits, convert={"max_upload_bytes": _size, "max_image_bytes": _size, "max_answer_bytes": _size})
 
 
 def _tokenizer_flags(p) -> None:

@@ -176,6 +176,7 @@ def test_near_duplicates_oracle():
     ({"embedding_input": [0.1, 0.2]}, 400, "80-dimensional"),
     ({"embedding_input": [0.0] * 80}, 400, "non-zero"),
     ({"embedding_input": [0.1] * 80, "text": "x"}, 400, "alone"),
+    ({"embedding_input": [3e38] * 80}, 400, "too long a vector"),  # before: infinite scores, then a 500
     ({"text": "x", "num_images": 20_000}, 400, "at most 10,000"),
     ({"text": "x", "indice_name": "laion5B"}, 400, "no index named 'laion5B'"),
     ({"text": "x", "modality": "text"}, 400, "has no text index"),
@@ -196,6 +197,44 @@ def test_non_finite_numbers_and_non_json_bodies(server):
     assert nan.status_code == 422 and "finite" in str(nan.json()["detail"])
     assert httpx.post(f"{url}/knn-service", content="{not json").json()["detail"] == "the request body is not JSON"
     assert httpx.post(f"{url}/metadata", json={"ids": [999], "indice_name": "shapes"}).status_code == 400
+    deep = "[" * 100_000 + "]" * 100_000  # before: RecursionError, a 500 (/search answered 400)
+    for route in ("/knn-service", "/metadata", "/search"):
+        answer = httpx.post(f"{url}{route}", content='{"ids": ' + deep + "}", headers={"Content-Type": "application/json"})
+        assert 400 <= answer.status_code < 500, (route, answer.status_code)
+    assert "nested too deeply" in httpx.post(f"{url}/knn-service", content=deep).json()["detail"]
+
+
+def test_long_captions_are_cut_repeated_ids_answered_once_and_the_answer_is_capped(tmp_path):
+    """Before: 30 rows of 4 MB captions gave a 126 MB answer; `ids` of one id x10,000 ran 12 s, took RSS from 0.9 to
+    2.4 GB, then answered 500."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from fastapi.testclient import TestClient
+
+    from openalign.serve.app import Limits, create_app
+
+    index = shape_index(tmp_path)
+    meta = pq.read_table(tmp_path / "emb" / "meta-000000.parquet")
+    long = ["a caption " * 400_000] * len(meta)  # 4 MB each
+    pq.write_table(meta.set_column(meta.schema.get_field_index("caption"), "caption", pa.array(long)),
+                   tmp_path / "emb" / "meta-000000.parquet")
+    assert cli.main(["index", str(tmp_path / "emb"), "--out", str(index), "--quiet"]) == 0
+    client = TestClient(create_app(index))
+    answer = client.post("/metadata", json={"ids": list(range(12))})
+    assert answer.status_code == 200 and len(answer.content) < 100_000
+    caption = answer.json()[0]["metadata"]["caption"]
+    assert len(caption) == Limits().max_caption_chars and caption.endswith("…")
+    repeated = client.post("/metadata", json={"ids": [3] * 10_000 + [4]})
+    assert [r["id"] for r in repeated.json()] == [3, 4]
+    found = client.post("/search", json={"text": "a red circle", "k": 12}).json()["results"]
+    assert max(len(r["caption"]) for r in found) == Limits().max_caption_chars
+    knn = client.post("/knn-service", json={"text": "a red circle", "num_images": 12}).json()
+    assert max(len(r["caption"]) for r in knn) == Limits().max_caption_chars
+    small = TestClient(create_app(index, limits=Limits(max_caption_chars=10**7, max_answer_bytes=2**20)))
+    refused = small.post("/metadata", json={"ids": list(range(12))})
+    assert refused.status_code == 413 and "ask for fewer ids" in refused.json()["detail"]
+    refused = small.post("/knn-service", json={"text": "a red circle", "num_images": 12})
+    assert refused.status_code == 413 and "ask for fewer num_images" in refused.json()["detail"]
 
 
 def test_a_refused_chunked_body_is_no_server_error(server):

@@ -34,7 +34,7 @@ from openalign.index import search
 from openalign.serve import knn
 from openalign.serve.catalog import Catalog, Collection, parse_specs
 from openalign.serve.common import (MAX_TERMS, MAX_TEXT_CHARS, BodyLimit, Limits, Term, decode_upload,
-                                    thumbnail_jpeg, validation_error)
+                                    shown_caption, thumbnail_jpeg, validation_error)
 
 STATIC = Path(__file__).parent / "static"
 __all__ = ["Limits", "LOOPBACK", "allowed_hosts", "create_app"]
@@ -186,7 +186,8 @@ def create_app(indexes: Path | str | list[str] | Catalog, model_dir: str | None 
         return SearchResponse(
             count=index.index.ntotal, index=collection.name, modality=index.info.get("vectors", "image"),
             min_score=floor, rerank=request.rerank, results=[
-                Result(rank=h.rank, score=h.score, id=h.id, path=h.meta.get("path"), caption=h.meta.get("caption"),
+                Result(rank=h.rank, score=h.score, id=h.id, path=h.meta.get("path"),
+                       caption=shown_caption(h.meta.get("caption"), limits),
                        width=h.meta.get("width"), height=h.meta.get("height"), thumbnail=f"/image/{h.id}{where}")
                 for h in hits])
 

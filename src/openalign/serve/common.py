@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import json
 import os
 from dataclasses import dataclass
 from typing import Annotated
@@ -33,6 +34,8 @@ class Limits:
     max_rerank: int = 200  # largest shortlist re-ordered by late interaction
     max_inline_images: int = 100  # /knn-service and /metadata with_image: images sent inline at most
     max_image_bytes: int = 64 * 2**20  # largest indexed image file read for a thumbnail, e.g. 64M
+    max_caption_chars: int = 4_096  # a longer caption is cut to this many characters in an answer (ending in …)
+    max_answer_bytes: int = 16 * 2**20  # largest JSON answer of /knn-service and /metadata, e.g. 16M
     max_terms: int = MAX_TERMS  # most plus/minus texts in one query
 
     @property
@@ -137,3 +140,20 @@ def thumbnail_jpeg(index: Loaded, image_id: int, size: int = 256, limits: Limits
     buf = io.BytesIO()
     image.save(buf, format="JPEG", quality=85)
     return buf.getvalue()
+
+
+def shown_caption(caption: str | None, limits: Limits) -> str | None:
+    """A caption as an answer carries it: at most `limits.max_caption_chars` characters, a cut one ending in "…"."""
+    if caption is None or len(caption) <= limits.max_caption_chars:
+        return caption
+    return caption[:limits.max_caption_chars - 1] + "…"
+
+
+def capped(results: list[dict], limits: Limits, fewer: str) -> list[dict]:
+    """`results` when their JSON is within `limits.max_answer_bytes` (thumbnails and cut captions counted), else a
+    413 that says what to ask for fewer of."""
+    size = sum(len(json.dumps(r, ensure_ascii=False)) for r in results)
+    if size > limits.max_answer_bytes:
+        raise HTTPException(413, f"the answer would be {size / 2**20:,.1f} MiB, over this server's "
+                                 f"{limits.max_answer_bytes / 2**20:,.0f} MiB: ask for fewer {fewer}")
+    return results

@@ -38,7 +38,8 @@ from openalign.config import ConfigError
 from openalign.index import search
 from openalign.index.build import Loaded
 from openalign.serve.catalog import Catalog
-from openalign.serve.common import MAX_TEXT_CHARS, Limits, decode_upload, thumbnail_jpeg
+from openalign.serve.common import (MAX_TEXT_CHARS, Limits, capped, decode_upload, shown_caption,
+                                    thumbnail_jpeg)
 
 DEDUP_THRESHOLD = 0.94  # clip-retrieval's near-duplicate cosine
 MAX_DIM = 8_192  # longest embedding_input accepted before it is compared with the index's width
@@ -103,6 +104,9 @@ def query_vector(collection, index: Loaded, request: KnnRequest, limits: Limits)
                                      f"{index.info['dim']}-dimensional vectors")
         if not np.isfinite(vector).all() or not vector.any():
             raise HTTPException(400, "embedding_input must be a finite, non-zero vector")
+        if np.linalg.norm(vector.astype(np.float64)) >= np.finfo(np.float32).max:  # its scores would be infinite
+            raise HTTPException(400, "embedding_input is too long a vector: its length must be a finite float32 (the "
+                                     "index holds unit vectors; normalize it)")
         return vector
     if not text and not request.image:
         raise HTTPException(400, "a query needs text, image or embedding_input")
@@ -115,9 +119,10 @@ def query_vector(collection, index: Loaded, request: KnnRequest, limits: Limits)
 
 
 def metadata(index: Loaded, image_id: int, row: dict, with_image: bool, limits: Limits) -> dict:
-    """One result's metadata as clip-retrieval's columns: caption, and image_path (a file) or tar + member (a shard's
-    image; its bytes are at /image/ID); width and height; with_image: `image`, a base64 JPEG thumbnail."""
-    path, out = row.get("path") or "", {"caption": row.get("caption")}
+    """One result's metadata as clip-retrieval's columns: caption (cut at `limits.max_caption_chars`), and image_path
+    (a file) or tar + member (a shard's image; its bytes are at /image/ID); width and height; with_image: `image`, a
+    base64 JPEG thumbnail."""
+    path, out = row.get("path") or "", {"caption": shown_caption(row.get("caption"), limits)}
     if row.get("url"):
         out["url"] = row["url"]
     if path.endswith(".tar"):
@@ -157,7 +162,7 @@ def knn(catalog: Catalog, request: KnnRequest, limits: Limits) -> list[dict]:
     for i, hit in enumerate(hits):
         result = metadata(index, hit.id, rows[i], request.with_image, limits) if i < len(rows) else {}
         results.append(result | {"id": hit.id, "similarity": hit.score})
-    return results
+    return capped(results, limits, "num_images")
 
 
 def _parsed(model, body: bytes):
@@ -167,6 +172,8 @@ def _parsed(model, body: bytes):
         data = json.loads(body or b"null")
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise HTTPException(400, "the request body is not JSON") from None
+    except RecursionError:
+        raise HTTPException(400, "the request body is JSON nested too deeply") from None
     if not isinstance(data, dict):
         raise HTTPException(400, "the request body must be a JSON object")
     try:
@@ -212,6 +219,7 @@ def add_routes(app: FastAPI, catalog: Catalog, limits: Limits) -> None:
 
 
 def _metadata(catalog: Catalog, request: MetadataRequest, limits: Limits) -> list[dict]:
+    request.ids = list(dict.fromkeys(request.ids))  # each id answered once, in the order first asked
     if len(request.ids) > (limits.max_inline_images if request.with_image else limits.max_k):
         raise HTTPException(400, f"at most {limits.max_k:,} ids ({limits.max_inline_images} with with_image)")
     try:
@@ -222,5 +230,5 @@ def _metadata(catalog: Catalog, request: MetadataRequest, limits: Limits) -> lis
     if bad:
         raise HTTPException(400, f"no image with id {bad[0]} in this index")
     rows = index.meta.take(request.ids).to_pylist()
-    return [{"id": i, "metadata": metadata(index, i, row, request.with_image, limits)}
-            for i, row in zip(request.ids, rows)]
+    return capped([{"id": i, "metadata": metadata(index, i, row, request.with_image, limits)}
+                   for i, row in zip(request.ids, rows)], limits, "ids")
