@@ -38,8 +38,13 @@ def test_the_api_gives_what_embed_stores_and_says_what_is_wrong(tmp_path):
     probs = m.classify([folder / "0.png", folder / "1.png"], ["red", "blue"], templates=["a {} circle", "{}"])
     assert m.head == "softmax" and probs.shape == (2, 2)
     torch.testing.assert_close(probs.sum(dim=1), torch.ones(2))
-    with pytest.raises(ConfigError, match="templates that each hold {}"):
-        m.classify([folder / "0.png"], ["red"], templates=["a circle"])
+    for templates in (["a circle"], ["{} {}"], ["{name}"], ["a { circle"]):  # before: "{} {}" raised IndexError
+        with pytest.raises(ConfigError, match="must hold {} once"):
+            m.classify([folder / "0.png"], ["red"], templates=templates)
+    with pytest.raises(TypeError, match=r"encode_texts\(\['hello'\]\)"):  # before: five one-letter texts
+        m.encode_texts("hello")
+    with pytest.raises(TypeError, match="wrap it in a list"):
+        m.encode_images(str(folder / "0.png"))
     with pytest.raises(ConfigError, match="is not a readable image"):
         (tmp_path / "bad.png").write_bytes(b"not a png")
         m.encode_images([tmp_path / "bad.png"])

@@ -25,6 +25,7 @@ from openalign.config import Config, ConfigError
 from openalign.data import images as image_lib
 from openalign.data import transforms
 from openalign.eval import metrics
+from openalign.eval.datasets import check_templates
 from openalign.model.encode import encode_images, encode_texts, load_for_inference
 
 
@@ -56,6 +57,8 @@ class Model:
 
     def encode_images(self, images: Iterable[Image.Image | str | Path], batch_size: int = 64) -> torch.Tensor:
         """[n, D] L2-normalized image embeddings, in input order."""
+        if isinstance(images, (str, Path, Image.Image)):  # list("a.jpg") would be five "images"
+            raise TypeError("encode_images takes a list of images (PIL images or paths); for one, wrap it in a list")
         images = list(images)
         out = [encode_images(self.model, torch.stack([self.preprocess(i) for i in images[start:start + batch_size]]))
                for start in range(0, len(images), batch_size)]
@@ -63,6 +66,8 @@ class Model:
 
     def encode_texts(self, texts: Iterable[str], batch_size: int = 256) -> torch.Tensor:
         """[n, D] L2-normalized text embeddings, in input order."""
+        if isinstance(texts, str):  # list("hello") would embed five one-letter texts
+            raise TypeError(f"encode_texts takes a list of texts; for one text, write encode_texts([{texts[:40]!r}])")
         if self.tokenizer is None:
             raise ConfigError("this model directory has no tokenizer; save one beside it (tokenizer.json, vocab.txt, "
                               "spiece.model, ...) to encode texts")
@@ -71,9 +76,9 @@ class Model:
     def classifier(self, labels: list[str], templates: Iterable[str] = ("{}",)) -> torch.Tensor:
         """[C, D] zero-shot class embeddings: each label in every template (`{}` for the label), the templates'
         embeddings normalized, averaged and normalized again (`openalign eval --task zeroshot`'s)."""
-        templates = list(templates)
-        if not labels or not templates or any("{}" not in t for t in templates):
-            raise ConfigError("give at least one label and templates that each hold {} for the label")
+        templates = list(check_templates([templates] if isinstance(templates, str) else templates))
+        if not labels or not templates or isinstance(labels, str):
+            raise ConfigError("give a list of at least one label, and templates that each hold {} for the label")
         return metrics.class_weights(self.encode_texts([t.format(label) for label in labels for t in templates]),
                                      len(labels))
 

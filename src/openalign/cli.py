@@ -481,6 +481,9 @@ def _grow_index(args) -> int:
     return 0
 
 
+SHOWN_CAPTION = 200  # characters of a caption `search` prints
+
+
 def cmd_search(args) -> int:
     from openalign.index import build, search
 
@@ -503,7 +506,9 @@ def cmd_search(args) -> int:
         note = f"re-ranked the top {args.rerank} by late interaction in {1000 * (time.perf_counter() - start):.1f} ms"
     print(f"{'rank':>4}  {'score':>6}  {'id':>7}  path / caption")
     for hit in hits:
-        caption = f"  \"{hit.meta.get('caption')}\"" if hit.meta.get("caption") else ""
+        text = hit.meta.get("caption") or ""
+        text = text if len(text) <= SHOWN_CAPTION else text[:SHOWN_CAPTION - 1] + "…"  # a 4 MB caption: one line
+        caption = f"  \"{text}\"" if text else ""
         print(f"{hit.rank:>4}  {hit.score:6.3f}  {hit.id:>7}  {hit.meta.get('path') or hit.meta.get('key')}{caption}")
     if floor is not None and len(hits) < args.k:
         print(f"{len(hits)} result{'s' * (len(hits) != 1)} score at least --min-score {floor:.4f}")

@@ -195,3 +195,30 @@ def test_a_tar_written_again_is_read_afresh_and_the_offsets_end_with_the_command
         assert sources.SOURCES.read(tar, "b") == b"4" * 70
         assert tar in sources.SOURCES.tars
     assert sources.SOURCES.tars == {}
+
+
+def test_a_karpathy_json_of_the_wrong_shape_is_one_sentence_and_bad_entries_are_skipped(tmp_path, image_dir, capsys):
+    # Before: {"images": 5} raised TypeError from the loop over its entries.
+    for body in ({"images": 5}, {"images": {"a": 1}}, {"images": "x"}):
+        (tmp_path / "k.json").write_text(json.dumps(body))
+        with pytest.raises(ConfigError, match="is not a Karpathy-split JSON"):
+            sources.listing(str(tmp_path / "k.json"), str(image_dir))
+    good = {"filepath": "val2014", "filename": "0.jpg", "split": "test", "sentences": [{"raw": "red"}]}
+    (tmp_path / "k.json").write_bytes(b"\xef\xbb\xbf" + json.dumps({"images": [5, "x", {"split": "test"}, good,
+                                                                               {**good, "sentences": 3}]}).encode())
+    listed = sources.listing(str(tmp_path / "k.json"), str(image_dir))  # a BOM before the object, too
+    assert [item.texts for item in listed] == [["red"]]
+    assert "skipped 4 entries" in capsys.readouterr().err
+
+
+def test_a_fifo_named_like_an_image_is_skipped_and_counted_never_read(tmp_path):
+    # Before: a folder's FIFO was dropped from the listing without a count (embed said nothing of it).
+    import os
+
+    folder = tmp_path / "pics"
+    folder.mkdir()
+    Image.new("RGB", (30, 30), "red").save(folder / "a.png")
+    os.mkfifo(folder / "b.png")
+    got, counter = decode_all(sources.items(str(folder)))
+    assert [item.key for item, _ in got] == ["a.png"]
+    assert counter == {"skipped": 1, "reasons": {"not_a_file": 1}}

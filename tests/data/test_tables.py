@@ -98,3 +98,22 @@ def test_a_list_of_captions_in_a_cell_is_several_captions(tmp_path, pictures):
     ingest([str(tmp_path / "t.jsonl")], tmp_path / "p.parquet", IngestOptions(workers=1), progress=False)
     assert sorted(p["text"] for p in pq.read_table(tmp_path / "p.parquet").to_pylist()) == ["a red one", "red"]
     assert listing(str(tmp_path / "t.jsonl"))[0].texts == ["red", "a red one"]
+
+
+def test_a_deeply_nested_jsonl_line_is_one_bad_row_and_a_bom_or_utf16_table_is_handled(tmp_path, pictures):
+    # Before: one line nested 100k deep aborted the whole ingest (RecursionError); a BOM made the first row bad; a
+    # UTF-16 table gave 0 pairs and exit 0.
+    deep = '{"image": ' + "[" * 100_000 + "]" * 100_000 + ', "caption": "x"}'
+    lines = [json.dumps({"image": str(pictures / "red.png"), "caption": "a red square"}), deep,
+             json.dumps({"image": str(pictures / "blue.png"), "caption": "a blue square"})]
+    (tmp_path / "t.jsonl").write_bytes(b"\xef\xbb\xbf" + "\n".join(lines).encode() + b"\n")
+    got = list(tables.rows(tmp_path / "t.jsonl"))
+    assert [r.texts for r in got if not r.bad] == [["a red square"], ["a blue square"]]
+    assert [r.bad for r in got if r.bad] == ["line 2: not JSON (nested too deeply)"]
+    (tmp_path / "d.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        list(tables.rows(tmp_path / "d.json"))
+    (tmp_path / "u.csv").write_text(f"image,caption\n{pictures / 'red.png'},a red square\n", encoding="utf-16")
+    for read in (lambda: list(tables.rows(tmp_path / "u.csv")), lambda: listing(str(tmp_path / "u.csv"))):
+        with pytest.raises(ConfigError, match="is UTF-16 text; openalign reads tables in UTF-8"):
+            read()

@@ -13,6 +13,12 @@ def test_class_names_and_templates(tmp_path):
     assert len(load_templates("imagenet80")) == 80 and load_templates("generic")[0] == "{}"
     with pytest.raises(ConfigError, match="2 names for 3 classes"):
         load_classnames(str(tmp_path / "names.txt"), ["a", "b", "c"])
+    for bad in ("a {} and a {}", "a {name}", "a { photo", "no slot"):  # before: "{} {}" raised IndexError when filled
+        (tmp_path / "t.txt").write_text(f"a photo of a {{}}\n{bad}\n")
+        with pytest.raises(ConfigError, match="must hold {} once"):
+            load_templates(str(tmp_path / "t.txt"))
+    (tmp_path / "t.txt").write_text("{{literal}} braces around a {}\n")
+    assert load_templates(str(tmp_path / "t.txt"))[0].format("cat") == "{literal} braces around a cat"
 
 
 @pytest.mark.parametrize("name,content", [

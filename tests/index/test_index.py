@@ -545,3 +545,53 @@ def test_models_saved_as_pytorch_bin_differ_in_fingerprint_and_search_refuses_th
     assert cli.main(["search", str(tmp_path / "idx"), "--model", str(second), "--text", "red"]) == 2
     assert "not the model this index was embedded with" in capsys.readouterr().err
     assert cli.main(["search", str(tmp_path / "idx"), "--model", str(first), "--text", "red"]) == 0
+
+
+def test_a_truncated_tokenizer_json_is_one_sentence_in_embed_search_and_load(model_dir, tmp_path, capsys):
+    # Before: json's JSONDecodeError traceback from transformers, in each of the three.
+    import shutil
+
+    import openalign
+
+    images = tmp_path / "images"
+    images.mkdir()
+    shape_image("red", "circle").save(images / "red.png")
+    assert cli.main(["embed", str(model_dir), "--images", str(images), "--out", str(tmp_path / "emb"), "--quiet"]) == 0
+    assert cli.main(["index", str(tmp_path / "emb"), "--out", str(tmp_path / "idx"), "--quiet"]) == 0
+    cut = shutil.copytree(model_dir, tmp_path / "cut")
+    (cut / "tokenizer.json").write_bytes((cut / "tokenizer.json").read_bytes()[:300])
+    capsys.readouterr()
+    for argv in (["embed", str(cut), "--images", str(images), "--out", str(tmp_path / "emb2"), "--quiet"],
+                 ["search", str(tmp_path / "idx"), "--model", str(cut), "--text", "red"]):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert "tokenizer files are damaged" in err and err.count("\n") == 1, err
+    with pytest.raises(ConfigError, match="tokenizer files are damaged"):
+        openalign.load(cut)
+
+
+def test_a_unit_querys_scores_are_cosines_even_from_8_bit_codes(tmp_path):
+    # Before: an image's own score in an IVF index of 8-bit codes read 1.0005.
+    from openalign.index.search import search
+
+    x = clustered(3_000, 24, 20)
+    build_lib.build(fake_embeddings(tmp_path / "emb", x), tmp_path / "idx", build_lib.IndexOptions(kind="ivf"))
+    index = build_lib.load(tmp_path / "idx")
+    raw = index.search(x[:300], 1)[0]
+    assert raw.max() > 1.0  # the codes overshoot, so this test can tell
+    scores = [search(index, x[i], 5)[0].score for i in range(300)]
+    assert max(scores) == 1.0 and min(scores) > 0.9
+    assert search(index, 2 * x[0], 1)[0].score > 1.5  # a vector that is not unit is searched as given
+
+
+def test_search_prints_a_long_caption_on_one_short_line(model_dir, tmp_path, capsys):
+    images = tmp_path / "images"
+    images.mkdir()
+    shape_image("red", "circle").save(images / "red.png")
+    (images / "red.txt").write_text("a red circle " * 100_000)  # 1.3 MB
+    assert cli.main(["embed", str(model_dir), "--images", str(images), "--out", str(tmp_path / "emb"), "--quiet"]) == 0
+    assert cli.main(["index", str(tmp_path / "emb"), "--out", str(tmp_path / "idx"), "--quiet"]) == 0
+    capsys.readouterr()
+    assert cli.main(["search", str(tmp_path / "idx"), "--text", "red"]) == 0
+    line = capsys.readouterr().out.splitlines()[1]
+    assert len(line.partition("  \"")[2]) == 201 and line.endswith("…\"")  # 200 characters and the closing quote

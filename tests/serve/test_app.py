@@ -112,6 +112,9 @@ def test_thumbnails_of_an_index_built_from_shards(tmp_path, shapes):
     ({"text": "x", "plus": ["a"] * 20}, 422, "at most 8 items"),
     ({"image_id": 3, "text_weight": float("nan")}, 422, "finite number"),
     ({"image_id": 3, "image_weight": float("inf")}, 422, "finite number"),
+    ({"text": "x", "min_score": True}, 422, "valid number"),  # before: read as a floor of 1.0
+    ({"text": "x", "k": True}, 422, "valid integer"),
+    ({"image_id": True}, 422, "valid integer"),
 ])
 def test_terms_and_weights_are_bounded_and_finite(client, body, status, message):
     import json
@@ -212,3 +215,12 @@ def test_large_k_is_bounded_and_only_the_first_results_carry_metadata(client):
     refused = small.post("/search", json={"text": "a red circle", "k": 13})
     assert refused.status_code == 400 and refused.json()["detail"] == "k is at most 12 on this server"
     assert small.post("/search", json={"text": "x", "rerank": 201}).status_code == 400
+
+
+def test_search_reads_a_json_body_whatever_its_content_type_as_knn_service_does(client):
+    # Before: /search answered 422 to a JSON body sent as text/plain or with no content type; /knn-service took it.
+    want = client.post("/search", json={"text": "a red circle", "k": 3}).json()
+    for headers in ({}, {"content-type": "text/plain"}):
+        answer = client.post("/search", content=b'{"text": "a red circle", "k": 3}', headers=headers)
+        assert answer.status_code == 200 and answer.json() == want
+    assert client.post("/search", content=b"{nope").json()["detail"] == "the request body is not JSON"

@@ -145,3 +145,26 @@ def test_a_live_reload_of_a_damaged_index_json_keeps_the_previous_generation_ser
         answer = client.post("/search", json={"text": "a red circle", "k": 3})
         assert answer.status_code == 200 and answer.json() == want
     assert client.get("/health").status_code == 200
+
+
+@pytest.mark.parametrize("content,message", [
+    ('{"a": ' + "[" * 5_000 + "]" * 5_000 + "}", "is not a JSON file of index names"),  # before: RecursionError
+    (json.dumps({"a": {"image": 5}}), "a's image must be a directory"),  # before: TypeError
+    (json.dumps({"a": {"image": "idx", "model": ["m"]}}), "a's model must be a directory"),
+    (json.dumps({"a": {"image": "idx", "min_score": True}}), "min_score must be a cosine"),  # before: read as 1.0
+])
+def test_an_indices_paths_json_of_wrong_types_is_one_sentence(built, content, message):
+    from openalign.serve.catalog import parse_specs
+
+    root, _, _ = built
+    (root / "bad.json").write_text(content)
+    with pytest.raises(ConfigError, match=message):
+        parse_specs([str(root / "bad.json")])
+
+
+def test_an_indices_paths_json_with_a_bom_is_read(built):
+    from openalign.serve.catalog import parse_specs
+
+    root, images, _ = built
+    (root / "bom.json").write_bytes(b"\xef\xbb\xbf" + json.dumps({"a": "idx"}).encode())
+    assert [(s.name, s.paths) for s in parse_specs([str(root / "bom.json")])] == [("a", {"image": root / "idx"})]

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import sys
 import tarfile
 import threading
 from dataclasses import dataclass, field
@@ -124,8 +125,9 @@ def listing(spec: str, images_root: str = "", split: str = "test", image_column:
         return None
     if path.is_dir():
         root = path.resolve()
+        # a FIFO or device named x.jpg is listed, and skipped and counted when read (not_a_file): never read
         items = [Item(str(f.relative_to(root)), str(f), _sidecar_texts(f), label=_first_dir(f, root))
-                 for f in folder_files(root) if f.is_file()]  # a FIFO named x.jpg would block a reader
+                 for f in folder_files(root) if not f.is_dir()]
         if not items:
             raise ConfigError(f"no images under {spec} (looked for {', '.join(sorted(IMAGE_SUFFIXES))})")
         return items
@@ -167,13 +169,16 @@ def shard_list(spec: str | list[str], split: str = "test") -> list[str]:
 
 def decoded(collection, counter: dict | None = None, alpha: str = "white") -> Iterator[tuple[Item, "images.Image.Image"]]:
     """(item, upright RGB image) of every item whose bytes decode; the others are skipped and counted by
-    reason (a missing file or member: `missing_file`; see images.REJECT_REASONS). `alpha`: the model's rule for
+    reason (a missing file or member: `missing_file`; a FIFO or device: `not_a_file`; see images.REJECT_REASONS). `alpha`: the model's rule for
     transparency (VisionConfig.alpha)."""
     for item in collection:
         try:
             image = images.load_rgb(item.read(), alpha=alpha)
         except images.BadImage as err:
             tars.skip(counter, err.reason)
+            continue
+        except NotAFile:
+            tars.skip(counter, "not_a_file")
             continue
         except OSError:
             tars.skip(counter, "missing_file")
@@ -240,24 +245,33 @@ def _file(root: Path, name: str, texts: list[str] | None = None, label: str = ""
 def karpathy_items(path: Path, root: Path, split: str) -> list[Item]:
     """The images of one split, several (`train,restval`) or `all`, with their captions and sentids."""
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8-sig", errors="replace"))
         entries = data["images"]
-    except (ValueError, KeyError, TypeError):
+        if not isinstance(entries, list):
+            raise TypeError("images")
+    except (ValueError, KeyError, TypeError, RecursionError):
         raise ConfigError(f"{path} is not a Karpathy-split JSON (expected {{'images': [...]}})") from None
     wanted = set(split.split(","))
-    out = []
+    out, bad = [], 0
     for entry in entries:
-        if split != "all" and entry.get("split") not in wanted:
+        try:
+            if split != "all" and entry.get("split") not in wanted:
+                continue
+            name = str(Path(str(entry.get("filepath", ""))) / entry["filename"])
+            sentences = [(str(s["raw"]).strip() if "raw" in s else " ".join(map(str, s["tokens"])),
+                          str(s.get("sentid", ""))) for s in entry.get("sentences", [])]
+        except (AttributeError, KeyError, TypeError):  # not an object with a filename and sentences
+            bad += 1
             continue
-        name = str(Path(entry.get("filepath", "")) / entry["filename"])
-        sentences = [(s["raw"].strip() if "raw" in s else " ".join(s["tokens"]), str(s.get("sentid", "")))
-                     for s in entry.get("sentences", [])]
         sentences = [(text, sentid or f"{entry['filename']}#{i}") for i, (text, sentid) in enumerate(sentences) if text]
         texts = [t for t, _ in sentences]
         out.append(_file(root, name, texts, texts[0] if texts else Path(name).stem, [i for _, i in sentences]))
+    if bad:
+        print(f"warning: skipped {bad:,} entries of {path} that are not images with a filename and sentences",
+              file=sys.stderr)
     if not out:
-        splits = sorted({e.get("split", "?") for e in entries})
-        raise ConfigError(f"no images with split {split!r} in {path}; its splits are {', '.join(splits)}")
+        splits = sorted({str(e.get("split", "?")) for e in entries if isinstance(e, dict)})
+        raise ConfigError(f"no images with split {split!r} in {path}; its splits are {', '.join(splits) or 'none'}")
     return out
 
 

@@ -62,9 +62,11 @@ def kind(path: Path) -> Kind:
     (a Parquet schema), else rows of images and texts."""
     path = Path(path)
     suffix = path.suffix.lower()
+    if suffix != ".parquet":
+        refuse_utf16(path)
     if suffix == ".json":
         with open(path, "rb") as f:
-            return "karpathy" if f.read(4096).lstrip().startswith(b"{") else "rows"
+            return "karpathy" if f.read(4096).removeprefix(UTF8_BOM).lstrip().startswith(b"{") else "rows"
     if suffix == ".parquet":
         names = set(parquet_columns(path))
         if PAIR_TABLE_COLUMNS <= names:
@@ -134,9 +136,28 @@ def rows(path: Path, image_column: str = "", text_column: str = "", notes: Count
     path = Path(path)
     notes = Counter() if notes is None else notes
     suffix = path.suffix.lower()
+    if suffix != ".parquet":
+        refuse_utf16(path)
     if suffix in (".json", ".jsonl"):
         return _json_rows(path, image_column, text_column, notes, need_text)
     return _duckdb_rows(path, image_column, text_column, notes, need_text)
+
+
+UTF8_BOM = b"\xef\xbb\xbf"
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+
+
+def refuse_utf16(path: Path) -> None:
+    """A text table written in UTF-16 (as some spreadsheet programs save "Unicode text") is one sentence, not a
+    table of mojibake with no usable row."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+    except OSError:
+        return  # the reader says what is wrong with it
+    if head in UTF16_BOMS:
+        raise ConfigError(f"{path} is UTF-16 text; openalign reads tables in UTF-8: convert it, e.g. `iconv -f UTF-16 "
+                          f"-t UTF-8 {path} > {path.stem}-utf8{path.suffix}`")
 
 
 def _texts(value) -> list[str]:
@@ -159,16 +180,23 @@ def _json_rows(path: Path, image_column: str, text_column: str, notes: Counter, 
     Python so that one bad line is one bad row."""
     if path.suffix.lower() == ".json":
         try:
-            items = json.loads(_decoded(path.read_bytes(), notes))
+            items = json.loads(_decoded(path.read_bytes(), notes).removeprefix("\ufeff"))
         except ValueError as err:
             raise ConfigError(f"cannot read {path} as JSON ({err}); give a JSON array of objects, or JSONL") from None
+        except RecursionError:
+            raise ConfigError(f"cannot read {path} as JSON (nested too deeply); give a JSON array of objects, or "
+                              "JSONL") from None
         if not isinstance(items, list):
             raise ConfigError(f"{path} is not a JSON array of objects (one per row), nor a Karpathy split")
         lines = enumerate(items, 1)
     else:
         def numbered():
             with open(path, "rb") as f:
-                yield from ((n, _decoded(raw, notes)) for n, raw in enumerate(f, 1) if raw.strip())
+                for n, raw in enumerate(f, 1):
+                    if n == 1:
+                        raw = raw.removeprefix(UTF8_BOM)  # a BOM opens the file, not its first row
+                    if raw.strip():
+                        yield n, _decoded(raw, notes)
 
         lines = numbered()
     chosen = None
@@ -177,6 +205,9 @@ def _json_rows(path: Path, image_column: str, text_column: str, notes: Counter, 
             row = json.loads(item) if isinstance(item, str) else item
         except ValueError as err:
             yield Row(number, bad=f"line {number}: not JSON ({err})")
+            continue
+        except RecursionError:  # one line nested past the parser's depth is one bad row, not the end of the table
+            yield Row(number, bad=f"line {number}: not JSON (nested too deeply)")
             continue
         if not isinstance(row, dict):
             yield Row(number, bad=f"line {number}: not a JSON object")

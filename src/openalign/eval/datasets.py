@@ -22,9 +22,25 @@ def load_templates(spec: str) -> tuple[str, ...]:
     path = Path(__file__).parent / "templates" / f"{spec}.txt" if spec in TEMPLATE_SETS else Path(spec)
     if not path.is_file():
         raise ConfigError(f"no templates file {spec}; give a file or one of {', '.join(TEMPLATE_SETS)}")
-    templates = tuple(t.strip().replace("{c}", "{}") for t in path.read_text(encoding="utf-8").splitlines() if t.strip())
-    if not templates or not all("{}" in t for t in templates):
-        raise ConfigError(f"every line of {spec} must contain {{}} (or CLIP_benchmark's {{c}}) where the class name goes")
+    templates = tuple(t.strip().replace("{c}", "{}") for t in path.read_text(encoding="utf-8-sig").splitlines()
+                      if t.strip())
+    if not templates:
+        raise ConfigError(f"{spec} holds no templates: one per line, with {{}} where the class name goes")
+    return check_templates(templates, f"line of {spec}")
+
+
+def check_templates(templates, where: str = "template") -> tuple[str, ...]:
+    """Templates that each take the class name once, as `{}` (`{0}` too); any other brace ("{} {}", "{name}", a
+    lone "{") is one sentence that names the template, not an IndexError when it is filled in."""
+    templates = tuple(templates)
+    for template in templates:
+        try:
+            ok = isinstance(template, str) and "\0" in template.format("\0")
+        except (IndexError, KeyError, ValueError):
+            ok = False
+        if not ok:
+            raise ConfigError(f"the {where} {str(template)[:80]!r} must hold {{}} once where the class name goes (a "
+                              "literal brace is written {{ or }})")
     return templates
 
 

@@ -134,6 +134,8 @@ def search(index: Loaded, vector: np.ndarray, k: int = 10, min_score: float | No
     """The top k by cosine; with `min_score`, only those scoring at least that (possibly fewer than k). The first
     `metadata` hits (default: all) carry their metadata; the rest, an empty `meta`."""
     scores, ids = index.search(vector[None].astype(np.float32), k)
+    if abs(float(np.linalg.norm(vector)) - 1) < 1e-3:  # a unit query's scores are cosines: 8-bit or PQ codes
+        scores = np.clip(scores, -1.0, 1.0)  # overshoot (an image's own score read 1.0005), a cosine never does
     found = [(float(s), int(i)) for s, i in zip(scores[0].tolist(), ids[0].tolist())
              if i >= 0 and (min_score is None or s >= min_score)]  # id -1: fewer than k in the index
     rows = index.meta.take([i for _, i in found[:metadata]]).to_pylist()  # ids are row numbers of the metadata

@@ -42,7 +42,7 @@ from openalign.config import Config, ConfigError, ModelConfig, TextConfig, Visio
 from openalign.model import families, openclip
 from openalign.model.dual_encoder import DualEncoder
 from openalign.model.families import FAMILIES
-from openalign.tokenizer import TOKENIZER_FILES
+from openalign.tokenizer import TOKENIZER_FILES, load_tokenizer
 
 CONFIG_FILE = "openalign.json"
 EXTRA_FILE = "openalign_extra.safetensors"
@@ -352,7 +352,7 @@ def load_pretrained(path: Path) -> tuple[DualEncoder, object, Config]:
             model.load_state_dict(load_file(path / EXTRA_FILE), strict=False)
     tokenizer = None
     if has_tokenizer(path):
-        tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+        tokenizer = load_tokenizer(path)
     return model.eval(), tokenizer, cfg
 
 

@@ -24,17 +24,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
 
 from openalign.config import ConfigError
 from openalign.index import search
 from openalign.serve import knn
 from openalign.serve.catalog import Catalog, Collection, parse_specs
-from openalign.serve.common import (MAX_TERMS, MAX_TEXT_CHARS, BodyLimit, Limits, Term, decode_upload,
-                                    shown_caption, thumbnail_jpeg, validation_error)
+from openalign.serve.common import (MAX_TERMS, MAX_TEXT_CHARS, BodyLimit, Limits, Term, body_schema, decode_upload,
+                                    parsed_body, read_body, shown_caption, thumbnail_jpeg, validation_error)
 
 STATIC = Path(__file__).parent / "static"
 __all__ = ["Limits", "LOOPBACK", "allowed_hosts", "create_app"]
@@ -45,16 +46,20 @@ class SearchRequest(BaseModel):
 
     text: str = Field("", max_length=MAX_TEXT_CHARS, description="a text query (with an image: added like a plus term)")
     image: str | None = Field(None, description="an image file's bytes, base64-encoded")
-    image_id: int | None = Field(None, description="an indexed image as the query, by id")
+    image_id: int | None = Field(None, strict=True, description="an indexed image as the query, by id")
     plus: list[Term] = Field(default_factory=list, max_length=MAX_TERMS, description="texts added to the query")
     minus: list[Term] = Field(default_factory=list, max_length=MAX_TERMS, description="texts subtracted from the query")
-    text_weight: float = Field(search.TEXT_WEIGHT, ge=0, le=100, description="weight of texts next to an image (paper: 2)")
-    image_weight: float = Field(search.IMAGE_WEIGHT, ge=0, le=100, description="weight of the image (paper: 1)")
-    k: int = Field(24, ge=1, description="results (at most the server's max_k; the first max_metadata carry metadata)")
-    min_score: float | None = Field(None, ge=-1, le=1, description="leave out results scoring below this cosine "
-                                    "(default: the server's --min-score, if any)")
-    rerank: int = Field(0, ge=0, description="re-order the top K by late interaction (a text query alone; the "
-                                             "index's embeddings need patch vectors: `openalign embed --patches`)")
+    # numbers are numbers: strict, so that `true` is no weight of 1.0, nor a k of 1
+    text_weight: float = Field(search.TEXT_WEIGHT, strict=True, ge=0, le=100,
+                               description="weight of texts next to an image (paper: 2)")
+    image_weight: float = Field(search.IMAGE_WEIGHT, strict=True, ge=0, le=100,
+                                description="weight of the image (paper: 1)")
+    k: int = Field(24, strict=True, ge=1,
+                   description="results (at most the server's max_k; the first max_metadata carry metadata)")
+    min_score: float | None = Field(None, strict=True, ge=-1, le=1, description="leave out results scoring below this "
+                                    "cosine (default: the server's --min-score, if any)")
+    rerank: int = Field(0, strict=True, ge=0, description="re-order the top K by late interaction (a text query alone; "
+                        "the index's embeddings need patch vectors: `openalign embed --patches`)")
     index: str | None = Field(None, max_length=64, description="which index, by name (default: the first served)")
     modality: Literal["image", "text"] | None = Field(
         None, description="search the name's image vectors or its text vectors (default: image, when it has them)")
@@ -150,7 +155,14 @@ def create_app(indexes: Path | str | list[str] | Catalog, model_dir: str | None 
         return {"status": "ok", "count": live.index.ntotal, "kind": live.info["kind"], "dim": live.info["dim"],
                 "indices": {name: c.summary() for name, c in catalog.collections.items()}}
 
-    @app.post("/search", response_model=SearchResponse)
+    @app.post("/search", response_model=SearchResponse, openapi_extra=body_schema(SearchRequest))
+    async def search_service(http: Request) -> Response:
+        body = await read_body(http)
+        if body is None:
+            return Response(status_code=400)  # nobody reads it
+        request = parsed_body(SearchRequest, body)  # JSON with any content type, as /knn-service reads it
+        return await run_in_threadpool(run_search, request)
+
     def run_search(request: SearchRequest) -> SearchResponse:
         if len(request.plus) + len(request.minus) > limits.max_terms:
             raise HTTPException(400, f"at most {limits.max_terms} plus/minus terms")

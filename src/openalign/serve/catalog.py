@@ -94,8 +94,8 @@ def _read_json(path: Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"no file {path}")
     try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        data = json.loads(path.read_text(encoding="utf-8-sig"))  # a BOM (as Windows editors write) is no content
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         raise ConfigError(f"{path} is not a JSON file of index names (like clip-retrieval's indices_paths.json)"
                           ) from None
     if not isinstance(data, dict) or not data:
@@ -108,6 +108,14 @@ def _read_json(path: Path) -> dict:
                 raise ConfigError(f"{path}: {name} must be a directory or an object of {', '.join(sorted(ENTRY_KEYS))}"
                                   f" with an image or a text index" + (f" (unknown: {', '.join(sorted(unknown))})"
                                                                        if unknown else ""))
+            wrong = [key for key in ("image", "text", "model") if key in entry and not isinstance(entry[key], str)]
+            if wrong:
+                raise ConfigError(f"{path}: {name}'s {wrong[0]} must be a directory (a string), not "
+                                  f"{json.dumps(entry[wrong[0]])[:40]}")
+            floor = entry.get("min_score")
+            if floor is not None and (isinstance(floor, bool) or not isinstance(floor, (int, float, str))):
+                raise ConfigError(f"{path}: {name}'s min_score must be a cosine (a number) or a metrics JSON's path, "
+                                  f"not {json.dumps(floor)[:40]}")
         elif not isinstance(entry, str):
             raise ConfigError(f"{path}: {name} must be an index directory or an object with image / text")
     return data

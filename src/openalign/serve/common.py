@@ -14,7 +14,8 @@ from typing import Annotated
 from fastapi import HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import Field
+from pydantic import Field, ValidationError
+from starlette.requests import ClientDisconnect
 
 from openalign.data import images as image_lib
 from openalign.data.sources import SOURCES, NotAFile, TooLarge
@@ -157,3 +158,32 @@ def capped(results: list[dict], limits: Limits, fewer: str) -> list[dict]:
         raise HTTPException(413, f"the answer would be {size / 2**20:,.1f} MiB, over this server's "
                                  f"{limits.max_answer_bytes / 2**20:,.0f} MiB: ask for fewer {fewer}")
     return results
+
+
+def parsed_body(model, body: bytes):
+    """A JSON body whatever its content type (ClipClient sends none, as Flask's `get_json(force=True)` reads it; every
+    JSON route reads its body so), validated: a bad one is a 400 or 422 that says what is wrong."""
+    try:
+        data = json.loads(body or b"null")
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise HTTPException(400, "the request body is not JSON") from None
+    except RecursionError:
+        raise HTTPException(400, "the request body is JSON nested too deeply") from None
+    if not isinstance(data, dict):
+        raise HTTPException(400, "the request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:  # located in the body, as FastAPI locates its own
+        raise RequestValidationError([e | {"loc": ("body", *e.get("loc", ()))} for e in err.errors()]) from None
+
+
+def body_schema(model) -> dict:
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
+
+
+async def read_body(http: Request) -> bytes | None:
+    """The request's body; None when the client went away (or BodyLimit refused it: its 413 is already sent)."""
+    try:
+        return await http.body()
+    except ClientDisconnect:
+        return None

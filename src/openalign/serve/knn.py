@@ -23,23 +23,20 @@ The field-by-field mapping is in docs/search.md.
 from __future__ import annotations
 
 import base64
-import json
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 from fastapi import FastAPI, HTTPException, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import ClientDisconnect
 
 from openalign.config import ConfigError
 from openalign.index import search
 from openalign.index.build import Loaded
 from openalign.serve.catalog import Catalog
-from openalign.serve.common import (MAX_TEXT_CHARS, Limits, capped, decode_upload, shown_caption,
-                                    thumbnail_jpeg)
+from openalign.serve.common import (MAX_TEXT_CHARS, Limits, body_schema, capped, decode_upload, parsed_body,
+                                    read_body, shown_caption, thumbnail_jpeg)
 
 DEDUP_THRESHOLD = 0.94  # clip-retrieval's near-duplicate cosine
 MAX_DIM = 8_192  # longest embedding_input accepted before it is compared with the index's width
@@ -54,8 +51,8 @@ class KnnRequest(BaseModel):
     embedding_input: list[float] | None = Field(None, max_length=MAX_DIM, description="a query vector, searched as "
                                                 "given (clip-retrieval does not normalize it)")
     modality: Literal["image", "text"] = Field("image", description="search the index's image or text vectors")
-    num_images: int = Field(40, ge=1, description="results that carry metadata (the first ones)")
-    num_result_ids: int | None = Field(None, ge=1, description="results searched (default: num_images)")
+    num_images: int = Field(40, strict=True, ge=1, description="results that carry metadata (the first ones)")
+    num_result_ids: int | None = Field(None, strict=True, ge=1, description="results searched (default: num_images)")
     indice_name: str | None = Field(None, max_length=64, description="which index (default: the first served)")
     deduplicate: bool = Field(False, description="drop near-duplicate results (cosine above 0.94), keeping the best")
     use_safety_model: bool = Field(False, description="not applied here (named in X-Openalign-Not-Applied)")
@@ -63,9 +60,10 @@ class KnnRequest(BaseModel):
     use_mclip: bool = Field(False, description="not applied here: the index's own model encodes every text")
     aesthetic_score: int | str | None = Field(None, description="not applied here (named in X-Openalign-Not-Applied)")
     aesthetic_weight: float | str | None = Field(None, description="not applied here")
-    text_weight: float = Field(search.TEXT_WEIGHT, ge=0, le=100, description="openalign: the text's weight when "
-                               "text and image come together (paper: 2)")
-    image_weight: float = Field(search.IMAGE_WEIGHT, ge=0, le=100, description="openalign: the image's weight (paper: 1)")
+    text_weight: float = Field(search.TEXT_WEIGHT, strict=True, ge=0, le=100, description="openalign: the text's "
+                               "weight when text and image come together (paper: 2)")
+    image_weight: float = Field(search.IMAGE_WEIGHT, strict=True, ge=0, le=100,
+                                description="openalign: the image's weight (paper: 1)")
     with_image: bool = Field(False, description="openalign: each result with metadata also carries `image`, a "
                              "base64 JPEG thumbnail")
 
@@ -73,7 +71,7 @@ class KnnRequest(BaseModel):
 class MetadataRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    ids: list[int] = Field(description="row ids from /knn-service")
+    ids: list[Annotated[int, Field(strict=True)]] = Field(description="row ids from /knn-service")
     indice_name: str | None = Field(None, max_length=64)
     modality: Literal["image", "text"] | None = Field(None, description="openalign: the image or text index's rows")
     with_image: bool = Field(False, description="openalign: also `image`, a base64 JPEG thumbnail")
@@ -165,42 +163,13 @@ def knn(catalog: Catalog, request: KnnRequest, limits: Limits) -> list[dict]:
     return capped(results, limits, "num_images")
 
 
-def _parsed(model, body: bytes):
-    """A JSON body whatever its content type (ClipClient sends none, as Flask's `get_json(force=True)` reads it),
-    validated; a bad one gets the same 4xx as /search."""
-    try:
-        data = json.loads(body or b"null")
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise HTTPException(400, "the request body is not JSON") from None
-    except RecursionError:
-        raise HTTPException(400, "the request body is JSON nested too deeply") from None
-    if not isinstance(data, dict):
-        raise HTTPException(400, "the request body must be a JSON object")
-    try:
-        return model.model_validate(data)
-    except ValidationError as err:
-        raise RequestValidationError(err.errors()) from None
-
-
-def _schema(model) -> dict:
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
-
-
-async def _body(http: Request) -> bytes | None:
-    """The request's body; None when the client went away (or BodyLimit refused it: its 413 is already sent)."""
-    try:
-        return await http.body()
-    except ClientDisconnect:
-        return None
-
-
 def add_routes(app: FastAPI, catalog: Catalog, limits: Limits) -> None:
-    @app.post("/knn-service", openapi_extra=_schema(KnnRequest), tags=["clip-retrieval"])
+    @app.post("/knn-service", openapi_extra=body_schema(KnnRequest), tags=["clip-retrieval"])
     async def knn_service(http: Request) -> Response:
-        body = await _body(http)
+        body = await read_body(http)
         if body is None:
             return Response(status_code=400)  # nobody reads it
-        request = _parsed(KnnRequest, body)
+        request = parsed_body(KnnRequest, body)
         results = await run_in_threadpool(knn, catalog, request, limits)
         skipped = not_applied(request)
         return JSONResponse(results, headers={NOT_APPLIED: ", ".join(skipped)} if skipped else None)
@@ -209,12 +178,12 @@ def add_routes(app: FastAPI, catalog: Catalog, limits: Limits) -> None:
     def indices_list() -> list[str]:
         return catalog.names
 
-    @app.post("/metadata", openapi_extra=_schema(MetadataRequest), tags=["clip-retrieval"])
+    @app.post("/metadata", openapi_extra=body_schema(MetadataRequest), tags=["clip-retrieval"])
     async def metadata_service(http: Request) -> Response:
-        body = await _body(http)
+        body = await read_body(http)
         if body is None:
             return Response(status_code=400)
-        request = _parsed(MetadataRequest, body)
+        request = parsed_body(MetadataRequest, body)
         return JSONResponse(await run_in_threadpool(_metadata, catalog, request, limits))
 
 

@@ -78,4 +78,12 @@ def check_tokenizer_dir(path) -> Path:
 
 
 def load_tokenizer(path: Path) -> transformers.PreTrainedTokenizerFast:
-    return transformers.AutoTokenizer.from_pretrained(check_tokenizer_dir(path), local_files_only=True)
+    """The tokenizer in a local directory; damaged files (a tokenizer.json cut short, a vocabulary that is not text)
+    are one sentence, not transformers' or the tokenizers library's traceback."""
+    path = check_tokenizer_dir(path)
+    try:
+        return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as err:  # noqa: BLE001 - json, tokenizers (a bare Exception), sentencepiece, OSError, ValueError
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+        raise ConfigError(f"{path}'s tokenizer files are damaged ({reason}); copy them again from the model's "
+                          "directory, or save the tokenizer again") from None
