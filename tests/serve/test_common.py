@@ -6,7 +6,6 @@ MemoryError, and a 2 GB file took 2.7 GB of memory."""
 import json
 import os
 import signal
-import subprocess
 import threading
 import time
 import urllib.request
