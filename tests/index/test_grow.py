@@ -398,3 +398,16 @@ def test_delete_ids_are_ids_a_file_is_at_file_and_a_repeat_changes_nothing(tmp_p
         assert cli.main(["index", "--delete", spec, idx]) == 2
         err = capsys.readouterr().err
         assert says in err and err.count("\n") == 1, err
+
+
+def test_add_with_its_arguments_swapped_or_an_ignored_out_is_one_sentence(tmp_path, capsys):
+    # Before: swapped arguments said the embed output "is not an `openalign index` output"; --out was ignored.
+    vectors = clustered(1_000, 8, np.random.default_rng(0).normal(size=(5, 8)), 1)
+    fake_parts(tmp_path / "emb", vectors, 1_000)
+    idx = str(tmp_path / "idx")
+    assert cli.main(["index", str(tmp_path / "emb"), "--out", idx, "--quiet"]) == 0
+    capsys.readouterr()
+    assert cli.main(["index", "--add", idx, str(tmp_path / "emb")]) == 2
+    assert "the order is `openalign index --add EMB INDEX`" in capsys.readouterr().err
+    assert cli.main(["index", "--add", str(tmp_path / "emb"), idx, "--out", str(tmp_path / "other")]) == 2
+    assert "--out" in capsys.readouterr().err and not (tmp_path / "other").exists()
