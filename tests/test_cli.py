@@ -200,6 +200,21 @@ def test_the_whole_config_is_validated_before_any_work(shapes, tmp_path, capsys)
     assert not (tmp_path / "run").exists()  # nothing was written
 
 
+def test_a_loss_kind_takes_its_own_default_for_an_option_it_does_not_read_unless_the_user_set_it(shapes, tmp_path,
+                                                                                                   capsys):
+    # Before: `train loss.kind=sigmoid` stopped with "loss.label_smoothing=0.1 smooths the softmax's targets ... set
+    # loss.label_smoothing=0.0": a value the user never gave (LossConfig's default).
+    argv = ["train", "--preset", "tiny", "--data", str(shapes["train"]), "--out", str(tmp_path / "run"), "--quiet"]
+    assert cli.main(argv + ["loss.kind=sigmoid", "--show-config"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["loss"]["label_smoothing"] == 0.0
+    assert captured.err.count("\n") == 1 and "loss.kind=sigmoid does not read loss.label_smoothing" in captured.err
+    assert cli.main(argv + ["loss.kind=sigmoid", "loss.label_smoothing=0.1"]) == 2  # given by the user: refused
+    assert "loss.label_smoothing=0.1 smooths the softmax's targets" in capsys.readouterr().err
+    assert cli.main(argv + ["--show-config"]) == 0  # the softmax keeps its default
+    assert json.loads(capsys.readouterr().out)["loss"]["label_smoothing"] == 0.1
+
+
 def test_resume_and_tokenizer_mistakes_are_caught_before_any_work(shapes, tmp_path, capsys):
     # --resume into a new directory: before, it built the corpus and trained a tokenizer, then gave up
     assert cli.main(["train", "--preset", "tiny", "--out", str(tmp_path / "new"), "--resume"]) == 2

@@ -17,8 +17,8 @@ from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # we fork data workers after tokenizing
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # offline by default: a local path never falls through to a hub
-# transformers' load reports (the text pooler openalign drops is "missing") and per-file progress bars, set once
-# at process start (read when transformers is imported); set these variables to see them
+# transformers' load reports and per-file progress bars, set once at process start (read when transformers is
+# imported); set these variables to see them
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
@@ -41,7 +41,19 @@ def _train_config(args) -> config_lib.Config:
         cfg = _from_model(cfg, Path(args.init))
     elif cfg.preset in presets.NEEDS_INIT and not cfg.model.init_from:
         raise ConfigError(f"preset {cfg.preset} fine-tunes a trained model: pass --init MODEL_DIR (e.g. runs/demo/model)")
-    return config_lib.override(cfg, args.overrides)
+    return _fitted(config_lib.override(cfg, args.overrides), args.overrides)
+
+
+def _fitted(cfg: config_lib.Config, overrides: list[str]) -> config_lib.Config:
+    """The loss options the chosen kind does not read, at its own values unless the user set them (one line each)."""
+    import openalign.loss  # noqa: F401 - fills the registry of loss kinds
+    from openalign import distributed
+
+    cfg, notes = config_lib.fit_loss_options(cfg, list(overrides))
+    if distributed.from_env().main:
+        for note in notes:
+            print(f"note: {note}", file=sys.stderr)
+    return cfg
 
 
 def _with_data(cfg: config_lib.Config, args) -> config_lib.Config:
@@ -111,6 +123,7 @@ def cmd_study(args) -> int:
         cfg = config_lib.override(cfg, ["data.corpus=" + "+".join(SOURCES)])
     tasks = [f"eval.tasks={','.join(dict.fromkeys([*cfg.eval.tasks, *study.tasks]))}"] if study.tasks else []
     cfg = config_lib.override(cfg, tasks + ([*QUICK, *study.quick] if args.quick else []) + list(args.overrides))
+    cfg = _fitted(cfg, args.overrides)
     variants = study.variants(cfg)
     if args.only:
         variants = [v for v in variants if v.baseline or v.group in args.only or v.name in args.only]

@@ -623,6 +623,16 @@ def _loss_rules(cfg: Config, world: int) -> list[str]:
     return kind.rules(cfg, world)
 
 
+def fit_loss_options(cfg: Config, overrides: list[str]) -> tuple[Config, list[str]]:
+    """`cfg` with the loss options its kind does not read at that kind's own values, except those the user set in
+    `overrides` (dotted `key=value`), and a line for each change (loss/base.py `Loss.fitted`)."""
+    kind = LOSS_KINDS.get(cfg.loss.kind)
+    if kind is None:
+        return cfg, []  # check() names the kinds
+    given = {moved_key(item.partition("=")[0].strip()) for item in overrides}
+    return kind.fitted(cfg, given)
+
+
 def check(cfg, world: int = 1, spell: Callable[[str], str] | None = None) -> None:
     """Raise one ConfigError listing every violation (each field's Rule, the Literal kinds and the rules across
     fields and processes), or return: run once, when a config or options are made, never in a hot path."""

@@ -221,3 +221,51 @@ def test_transformers_zero_shot_pipeline_on_a_saved_model_gives_openalign_eval_s
     ours = openalign.load(model_dir, device="cpu").classify(list(images), labels, templates=["This is a photo of {}."])
     for row, scores in zip(ours, theirs):
         assert row.tolist() == pytest.approx([scores[label] for label in labels], abs=1e-5)
+
+
+LOAD_BOTH = """
+import sys, torch
+from transformers import AlignModel
+import openalign
+ours = openalign.load(sys.argv[1], device="cpu")
+print("@@PLAIN@@", file=sys.stderr, flush=True)
+plain = AlignModel.from_pretrained(sys.argv[1])
+ids = torch.tensor([[2, 5, 6, 3]])
+with torch.no_grad():
+    a = plain.get_text_features(input_ids=ids, attention_mask=torch.ones_like(ids))
+    a = getattr(a, "pooler_output", a)
+    b = ours.model.encode_text(ids, torch.ones_like(ids)).embeds
+print(float((torch.nn.functional.normalize(a, dim=-1) - b).abs().max()))
+"""
+
+
+def test_a_saved_model_loads_with_no_report_of_missing_weights_in_transformers_and_openalign(tmp_path):
+    """Before: every load printed transformers' report, "text_model.pooler.dense.weight | MISSING ... newly
+    initialized ... Consider training on your downstream task". A subprocess: the command line quiets
+    transformers at import, so the test runs as a library user would, with transformers' own verbosity."""
+    import os
+
+    from safetensors.torch import load_file, save_file
+
+    from conftest import save_tiny_model
+
+    saved = save_tiny_model(tmp_path / "m", ["a red circle", "a blue square"])
+    older = tmp_path / "older"  # saved before the pooler was kept: the keys are not in the file
+    import shutil
+
+    shutil.copytree(saved, older)
+    weights = load_file(older / "model.safetensors")
+    assert "text_model.pooler.dense.weight" in weights and not weights["text_model.pooler.dense.weight"].any()
+    save_file({k: v for k, v in weights.items() if ".pooler." not in k}, older / "model.safetensors",
+              metadata={"format": "pt"})
+    env = {k: v for k, v in os.environ.items() if k != "TRANSFORMERS_VERBOSITY"} | {"PYTHONPATH": "src"}
+    for model in (saved, older):
+        done = subprocess.run([sys.executable, "-c", LOAD_BOTH, str(model)], capture_output=True, text=True, env=env)
+        assert done.returncode == 0, done.stderr[-2000:]
+        ours, plain = done.stderr.split("@@PLAIN@@")
+        assert "MISSING" not in ours and "newly initialized" not in ours, ours[-2000:]  # openalign.load: both
+        if model == saved:  # plain transformers on a model saved now
+            assert "MISSING" not in plain and "newly initialized" not in plain, plain[-2000:]
+        else:  # an older directory lacks the keys: transformers reports them, as this test would catch
+            assert "MISSING" in plain
+        assert float(done.stdout.split()[-1]) < 1e-5  # transformers' text embedding is openalign's

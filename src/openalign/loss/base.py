@@ -62,6 +62,26 @@ class Loss:
         return cls.parameterization if chosen == "auto" else chosen
 
     @classmethod
+    def fitted(cls, cfg: Config, given: set[str]) -> tuple[Config, list[str]]:
+        """`cfg` with each option this kind does not read set to its neutral value where the user did not give it
+        (`given`: the dotted keys the user set; a default or a preset's value is not given), and a line for each:
+        `loss.kind=sigmoid` alone must not trip over the softmax's default label smoothing. An option the user gave
+        is left for `rules` to refuse."""
+        import dataclasses
+
+        changes, notes = {}, []
+        for option, (neutral, what) in OPTIONS.items():
+            value = getattr(cfg.loss, option)
+            if option in cls.options or value == neutral or f"loss.{option}" in given:
+                continue
+            changes[option] = neutral
+            notes.append(f"loss.kind={cls.name} does not read loss.{option} ({what}): using {neutral}, not the "
+                         f"default {value}")
+        if not changes:
+            return cfg, []
+        return dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, **changes)), notes
+
+    @classmethod
     def rules(cls, cfg: Config, world: int) -> list[str]:
         """What this kind refuses in a config, as `key=value ...` phrases (config.check joins them)."""
         problems = []

@@ -25,14 +25,17 @@ learned temperature in logit_scale = log(1/T), the checkpoint's tokenizer and CL
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import math
 import os
 import shutil
+import threading
 from pathlib import Path
 
+import torch
 import transformers
 from safetensors.torch import load_file, save_file
 from transformers import AlignModel, VisionTextDualEncoderModel
@@ -73,7 +76,8 @@ def save_pretrained(model: DualEncoder, tokenizer, out: Path, cfg: Config) -> Pa
 
 def _save_into(model: DualEncoder, tokenizer, out: Path, cfg: Config) -> None:
     model.store_scale()
-    model.hf.save_pretrained(out)  # (transformers' own bars and reports: cli.py quiets them when a command starts)
+    with _placeholder_pooler(model.hf):
+        model.hf.save_pretrained(out)  # (transformers' own bars: cli.py quiets them when a command starts)
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
     (out / PROCESSOR_FILE).write_text(json.dumps(processor_settings(cfg.model), indent=2) + "\n")
@@ -82,6 +86,48 @@ def _save_into(model: DualEncoder, tokenizer, out: Path, cfg: Config) -> None:
     extra = {name: p.detach().cpu().contiguous() for name, p in model.named_parameters() if id(p) not in saved}
     if extra:
         save_file(extra, out / EXTRA_FILE)
+
+
+@contextlib.contextmanager
+def _placeholder_pooler(hf):
+    """An AlignModel saved with its text pooler's weights, as zeros. openalign's ALIGN pools BERT's [CLS] itself and
+    drops the pooler (a parameter without gradient breaks DDP); AlignModel's own text embedding does not read it
+    either. Without its weights in the file, every `AlignModel.from_pretrained` prints transformers' report of
+    "MISSING ... newly initialized" weights and advises training, which reads as a broken model."""
+    text = getattr(hf, "text_model", None)
+    if not isinstance(hf, AlignModel) or text is None or text.pooler is not None:
+        yield
+        return
+    from transformers.models.align.modeling_align import AlignTextPooler
+
+    pooler = AlignTextPooler(hf.config.text_config)
+    torch.nn.init.zeros_(pooler.dense.weight)
+    torch.nn.init.zeros_(pooler.dense.bias)
+    text.pooler = pooler.to(next(hf.parameters()).device)
+    try:
+        yield
+    finally:
+        text.pooler = None
+
+
+_LOADING = threading.Lock()
+
+
+@contextlib.contextmanager
+def _pooler_not_missing(kind):
+    """An AlignModel directory saved by openalign before its pooler was kept as zeros loads without transformers'
+    report of the pooler "MISSING" (openalign drops it on load anyway): the pattern is in the class's ignore list
+    for this one load."""
+    if kind is not AlignModel:
+        yield
+        return
+    with _LOADING:
+        before = AlignModel._keys_to_ignore_on_load_missing
+        AlignModel._keys_to_ignore_on_load_missing = [*(before or []), r"^text_model\.pooler\."]
+        try:
+            yield
+        finally:
+            AlignModel._keys_to_ignore_on_load_missing = before
 
 
 def processor_settings(model: ModelConfig) -> dict:
@@ -339,15 +385,17 @@ def load_pretrained(path: Path) -> tuple[DualEncoder, object, Config]:
     """Load (model in eval mode, tokenizer or None, config) from a model directory of one of MODEL_TYPES."""
     path = Path(path)
     cfg = load_config(path)
-    # transformers reports the text pooler missing: openalign drops it (it pools [CLS] itself). The command line
-    # quiets such reports at process start (cli.py); a library user's logging settings are left as they are.
+    # openalign drops BERT's pooler (it pools [CLS] itself) and saves it as zeros (_placeholder_pooler); a directory
+    # saved before that loads with the pooler ignored (_pooler_not_missing): no load report either way.
     if cfg.model.family != "openalign":
         hf = openclip.load(path) if openclip.is_native(path) else \
             getattr(transformers, FAMILIES[cfg.model.family]).from_pretrained(path, local_files_only=True)
         model = families.PublicDualEncoder(cfg.model, hf)
     else:
         kind = VisionTextDualEncoderModel if cfg.model.vision.kind == "vit" else AlignModel
-        model = DualEncoder(cfg.model, cfg.loss, hf=kind.from_pretrained(path, local_files_only=True))
+        with _pooler_not_missing(kind):
+            hf = kind.from_pretrained(path, local_files_only=True)
+        model = DualEncoder(cfg.model, cfg.loss, hf=hf)
         if (path / EXTRA_FILE).is_file():
             model.load_state_dict(load_file(path / EXTRA_FILE), strict=False)
     tokenizer = None
