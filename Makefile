@@ -6,14 +6,18 @@ EMOJI_FONT := /usr/share/fonts/truetype/noto/NotoColorEmoji.ttf
 CLDR := /usr/share/unicode/cldr/common/annotations/en.xml
 OPENCLIPART := /usr/share/openclipart/png
 
-.PHONY: demo clipart test setup sysdeps clipart-deps browser bench clean
+.PHONY: demo clipart test setup sysdeps clipart-deps browser bench lock clean
 
-# The venv is rebuilt when pyproject.toml changes. torch==2.13.0 resolves to the CPU wheel here.
-$(BIN)/.installed: pyproject.toml
+# The venv is rebuilt when pyproject.toml or the lock changes: the package with every extra ([dev] holds them all),
+# at the exact versions of requirements.lock. torch==2.13.0 resolves to the CPU wheel here.
+$(BIN)/.installed: pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -c requirements.lock -e '.[dev]'
+	# the core's wheels, for tests/test_install.py: the built wheel installs from them with no network
+	$(BIN)/python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > $(VENV)/core.txt
+	$(BIN)/pip download --quiet -c requirements.lock -d $(VENV)/wheelhouse -r $(VENV)/core.txt
 	# clip-retrieval's own ClipClient for the API test: its package imports its whole back end (torch, faiss, CLIP),
 	# so it goes without dependencies into a folder of its own and the test loads clip_client.py alone
 	$(BIN)/pip install --quiet --no-deps --target $(VENV)/clip-retrieval clip-retrieval==2.45.0
@@ -76,6 +80,15 @@ test: setup browser
 
 bench: setup
 	$(BIN)/python bench/train_step.py
+
+# requirements.lock anew from a venv of the package with every extra at the newest versions its ranges allow
+lock:
+	rm -rf /tmp/openalign-lock && $(PYTHON) -m venv /tmp/openalign-lock
+	/tmp/openalign-lock/bin/pip install --quiet torch==2.13.0 && /tmp/openalign-lock/bin/pip install --quiet '.[dev]'
+	{ echo "# The exact versions \`make\` installs and the suite was run with (pip install -c requirements.lock -e '.[dev]')."; \
+	  echo "# Regenerate after changing pyproject.toml's dependencies: make lock"; \
+	  /tmp/openalign-lock/bin/pip freeze --exclude-editable | grep -v -i -E '^(openalign|pip|setuptools|wheel)[= ]' | \
+	  sed 's/+cpu$$//'; } > requirements.lock
 
 clean:
 	rm -rf runs data .pytest_cache

@@ -351,3 +351,23 @@ def test_activation_checkpointing_trains_the_same_steps_without_deprecated_calls
         return [x for row in loss_rows(run) for x in row]
 
     assert len(loss_rows(plain)) == 3 and flat(checkpointed) == pytest.approx(flat(plain), rel=1e-5)
+
+
+def test_a_command_whose_extra_is_missing_says_so_with_the_pip_command(tmp_path, monkeypatch, capsys):
+    """`openalign serve` needs [serve], `--engine spark` needs [spark]: one sentence before any work (the whole
+    install without them: tests/test_install.py)."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    missing = {"fastapi", "pyspark"}
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in missing else real(name, *a))
+    for argv, says in ((["serve", str(tmp_path)], "openalign serve needs fastapi, which is not installed: "
+                                                   "pip install 'openalign[serve]'"),
+                       (["filter", str(tmp_path / "p.parquet"), "--out", str(tmp_path / "k"), "--engine", "spark"],
+                        "--engine spark needs pyspark, which is not installed: pip install 'openalign[spark]'"),
+                       (["ingest", str(tmp_path), "--out", str(tmp_path / "d.parquet"), "--engine", "spark"],
+                        "pip install 'openalign[spark]'")):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1, err
+    assert not (tmp_path / "k").exists() and not (tmp_path / "d.parquet").exists()

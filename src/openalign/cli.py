@@ -766,6 +766,7 @@ def _search_flags(p) -> None:
 
 
 def _serve_flags(p) -> None:
+    host.require_extra("serve", "openalign serve")  # (its flags and app import FastAPI)
     from openalign.serve.app import Limits
 
     p.add_argument("indexes", nargs="+", metavar="INDEX",
@@ -862,6 +863,16 @@ def _quiet_transformers() -> None:
         hf_logging.set_verbosity_error()
 
 
+def _extras(args) -> None:
+    """The optional parts (pyproject.toml's extras) a command asks for are installed, or one sentence with the pip
+    command: --engine spark ([spark]); serve's is checked before its flags are built (they import FastAPI), and
+    train.report_to's with the resolved config."""
+    # filter's own --engine, or the Engine options' `name` (its --engine; `master` comes with it)
+    engine = getattr(args, "engine", None) or (args.name if hasattr(args, "master") else None)
+    if engine == "spark":
+        host.require_extra("spark", "--engine spark")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
@@ -877,6 +888,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     _quiet_transformers()
     try:
+        _extras(args)  # an optional part that is not installed: one sentence, before any work
         with _owner(args), host.command_scope():  # the command's caches (tar offsets, models) end with it
             code = args.func(args)
     except ConfigError as err:

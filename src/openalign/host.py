@@ -90,3 +90,20 @@ def reuse_freed_memory() -> bool:
 def reuses_freed_memory() -> bool:
     """Whether `reuse_freed_memory()` is in effect in this process."""
     return _applied
+
+
+EXTRAS = {"spark": ("pyspark",), "serve": ("fastapi", "uvicorn"), "dashboards": ("tensorboard", "wandb")}
+
+
+def require_extra(extra: str, what: str, modules: tuple[str, ...] | None = None) -> None:
+    """One sentence with the pip command when `what` needs openalign's optional `extra` (pyproject.toml) and its
+    packages (`modules`, default: all of the extra's) are not installed; asked before any work."""
+    import importlib.util
+
+    missing = [m for m in (modules or EXTRAS[extra]) if importlib.util.find_spec(m) is None]
+    if missing:
+        from openalign.config import ConfigError
+
+        raise ConfigError(f"{what} needs {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} not "
+                          f"installed: pip install 'openalign[{extra}]'")
+

@@ -76,7 +76,7 @@ def test_a_missing_dashboard_package_is_one_sentence_before_any_work(shapes, tmp
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
     assert cli.main(train_args(shapes, tmp_path / "run", "train.report_to=tensorboard,wandb", "--quiet")) == 2
     err = capsys.readouterr().err
-    assert "needs wandb, which is not installed: pip install wandb==0.31.0" in err and "Traceback" not in err
+    assert "needs wandb, which is not installed: pip install 'openalign[dashboards]'" in err and "Traceback" not in err
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
     assert cli.main(train_args(shapes, tmp_path / "other", "train.report_to=mlflow", "--quiet")) == 2
     assert "train.report_to=mlflow must be tensorboard, wandb or both" in capsys.readouterr().err

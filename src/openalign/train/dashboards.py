@@ -14,24 +14,19 @@ any work (`check`).
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import netrc
 import os
 from pathlib import Path
 
-from openalign.config import Config, ConfigError, to_dict
-
-TARGETS = {"tensorboard": "tensorboard==2.21.0", "wandb": "wandb==0.31.0"}  # what each needs, as pyproject pins it
-
+from openalign.config import Config, to_dict
 
 def check(targets: tuple[str, ...]) -> None:
-    """Each asked-for dashboard's package is installed (else one sentence with the pip command)."""
-    missing = [t for t in targets if importlib.util.find_spec(t) is None]
-    if missing:
-        pins = " ".join(TARGETS[t] for t in missing)
-        raise ConfigError(f"train.report_to={','.join(targets)} needs {' and '.join(missing)}, which is not installed: "
-                          f"pip install {pins} (or pip install 'openalign[dashboards]')")
+    """Each asked-for dashboard's package is installed (else one sentence with the pip command of the extra)."""
+    from openalign.host import require_extra
+
+    if targets:
+        require_extra("dashboards", f"train.report_to={','.join(targets)}", tuple(targets))
 
 
 def scalars(row: dict, prefix: str = "") -> dict[str, float]:
