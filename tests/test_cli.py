@@ -334,6 +334,23 @@ def test_sizes_on_the_command_line():
         _bytes("four", "--memory")
 
 
+def test_activation_checkpointing_on_a_transformers_without_it_is_one_sentence(shapes, tmp_path, monkeypatch,
+                                                                              capsys):
+    """transformers 5.18 (inside the supported range) has no activation_checkpointing_enable, and its
+    gradient_checkpointing_enable recomputes the CLS-only last layer with other shapes (CheckpointError): the
+    option is refused there, before any work, with what to do."""
+    import transformers
+
+    monkeypatch.delattr(transformers.PreTrainedModel, "activation_checkpointing_enable", raising=False)
+    argv = ["train", "--preset", "tiny", "--data", str(shapes["train"]), "--out", str(tmp_path / "run"), "--quiet"]
+    assert cli.main(argv + ["train.grad_checkpointing=true"]) == 2
+    err = capsys.readouterr().err
+    assert "train.grad_checkpointing=true needs a newer transformers" in err and err.count("\n") == 1
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(not hasattr(__import__("transformers").PreTrainedModel, "activation_checkpointing_enable"),
+                    reason="an older transformers: the option is refused there (the test above)")
 def test_activation_checkpointing_trains_the_same_steps_without_deprecated_calls(shapes, tmp_path):
     """train.grad_checkpointing recomputes the text tower's activations in backward: the same losses as without,
     through transformers' current call (its old name warns it will be removed in v6)."""

@@ -564,6 +564,13 @@ def _field_problems(node, spell: Callable[[str], str]) -> list[str]:
 def _cross_field(cfg: Config, world: int) -> list[str]:
     problems = []
     v, t = cfg.model.vision, cfg.model.text
+    if cfg.train.grad_checkpointing:
+        from transformers import PreTrainedModel, __version__
+
+        if not hasattr(PreTrainedModel, "activation_checkpointing_enable"):  # transformers 5.18 checkpoints the text
+            # tower's CLS-only last layer with other shapes on recompute (torch's CheckpointError)
+            problems.append(f"train.grad_checkpointing=true needs a newer transformers than {__version__} (tested: "
+                            "5.24): pip install -U 'transformers>=5.24', or set train.grad_checkpointing=false")
     stages = {len(getattr(v, f)) for f in ("in_channels", "out_channels", "num_block_repeats", "kernel_sizes",
                                            "strides", "expand_ratios")}
     if len(stages) > 1:
