@@ -424,14 +424,14 @@ class _Sources:
         reader forever, /dev/zero fill its memory)."""
         if not member:
             return read_regular(path, max_bytes)
-        regular(os.stat(path), path)
+        stat = os.stat(path)
+        regular(stat, path)
         if path.endswith(".parquet"):
             with self._lock:  # one ParquetFile and row-group cache per table, shared by every thread
                 data = self._table_image(path, member)
             if max_bytes is not None and len(data) > max_bytes:
                 raise TooLarge(f"{member} of {path} is over {max_bytes:,} bytes")
             return data
-        stat = os.stat(path)
         stamp = (stat.st_size, stat.st_mtime_ns)  # a tar written again at the same path is indexed again
         stamped = self.tars.get(path)
         if stamped is None or stamped[0] != stamp:

@@ -158,11 +158,6 @@ def add(emb: Path, index_dir: Path, options: build.IndexOptions = build.IndexOpt
     return grown | {"added": new.n, "kept_down": len(again)}
 
 
-def _save(path: Path, array: np.ndarray) -> None:
-    with open(path, "wb") as f:  # np.save on a name would add ".npy" to the temporary one
-        np.save(f, array)
-
-
 def _write_atomic(path: Path, write) -> None:
     tmp = path.with_name(path.name + ".tmp")
     write(tmp)
@@ -240,16 +235,14 @@ def delete(index_dir: Path, ids: list[int]) -> dict:
     meta_file = index_dir / build.file_of(info, "meta")
     try:
         before = takedown.read(index_dir, info, meta_file)
-        rows = pq.read_table(meta_file, columns=["path", "key"]).take(pa.array(wanted))
+        added = takedown.of_rows(wanted, meta_file)
     except (OSError, ValueError, pa.ArrowException):
         raise ConfigError(f"{index_dir}'s metadata or list of deleted ids is missing or damaged; rebuild it with "
                           f"`openalign index EMB --out {index_dir}`") from None
-    fresh = np.setdiff1d(wanted, takedown.ids(index_dir, info))
+    fresh = np.setdiff1d(wanted, before.column("id").to_numpy())
     if not len(fresh):
         return info | {"newly_deleted": 0}
     _clear_leftovers(index_dir, info)
-    added = pa.table({"id": pa.array(wanted, pa.int64()), "path": rows.column("path").cast(pa.string()),
-                      "key": rows.column("key").cast(pa.string())})
     table = takedown.merged(before, added)
     gen = int(info.get("generation", 0)) + 1
     name = takedown.file_name(gen)

@@ -52,11 +52,15 @@ def read(index_dir: Path, info: dict, meta_file: Path) -> pa.Table:
         return empty()
     path = Path(index_dir) / name
     if name.endswith(".npy"):
-        ids = np.unique(np.load(path)).astype(np.int64)
-        rows = pq.read_table(meta_file, columns=["path", "key"]).take(pa.array(ids))
-        return pa.table({"id": pa.array(ids, pa.int64()), "path": rows.column("path").cast(pa.string()),
-                         "key": rows.column("key").cast(pa.string())}, schema=SCHEMA)
+        return of_rows(np.unique(np.load(path)).astype(np.int64), meta_file)
     return pq.read_table(path).select(SCHEMA.names).cast(SCHEMA)
+
+
+def of_rows(ids: np.ndarray, meta_file: Path) -> pa.Table:
+    """The take-down table of rows `ids` of an index's metadata file (their images' path and key)."""
+    rows = pq.read_table(meta_file, columns=["path", "key"]).take(pa.array(ids, pa.int64()))
+    return pa.table({"id": pa.array(ids, pa.int64()), "path": rows.column("path").cast(pa.string()),
+                     "key": rows.column("key").cast(pa.string())}, schema=SCHEMA)
 
 
 def ids(index_dir: Path, info: dict) -> np.ndarray:
