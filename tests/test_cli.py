@@ -107,6 +107,8 @@ def test_knn_and_linear_probe_against_a_labeled_training_split(tmp_path):
     assert len(set(nearest)) > 1 and expected > 1 / 3  # the oracle is not decided by ties
     assert transfer["knn_n_train"] == 6 and transfer["knn_top1"] == pytest.approx(expected)
     assert "linear_probe_top5" in transfer and transfer["linear_probe_chance_top1"] == 1 / 3
+    # the default solver is CLIP's L-BFGS with its C search (docs/evaluation.md, "Choosing the probe's solver")
+    assert transfer["linear_probe_solver"] == "lbfgs" and transfer["linear_probe_searched"] == 15
     # task options as dotted overrides
     three = eval_json(model_dir, tmp_path, "--data", str(test), "--task", "knn", "--train-data", str(train), "knn.k=3")
     assert three["knn_k"] == 3 and three["knn_n_train"] == 6

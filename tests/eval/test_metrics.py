@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 
@@ -137,7 +139,42 @@ def test_linear_probe_separates_separable_features():
     y = torch.arange(4).repeat(30)
     x = centers[y] + 0.3 * torch.randn(len(y), 16, generator=g, dtype=torch.float64)
     out = M.linear_probe(x[:80], y[:80], x[80:], y[80:])
-    assert out["top1"] == 1.0 and out["l2"] in (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
+    assert out["top1"] == 1.0 and 1e-6 <= out["C"] and out["searched"] == 15  # 7 starts + 2 in each of 4 rounds
+
+
+def test_logistic_fit_is_scikit_learns_objective_at_its_minimum():
+    # Oracle: the minimum of C x sum(cross-entropy) + |W|^2 / 2 (bias unpenalized) has W = C X^T (Y - P) and
+    # sum(Y - P) = 0 over the rows (its gradient is zero); a penalty off by any factor of C or of n breaks it.
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 5, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 3, (40,), generator=g)
+    for c in (0.05, 0.5, 3.0):
+        w, b = M.fit_logistic(x, y, 3, c, max_iter=500, tolerance=1e-9)
+        residual = torch.nn.functional.one_hot(y, 3).double() - torch.softmax(x @ w + b, dim=1)
+        assert (w - c * x.T @ residual).abs().max() < 1e-2 * w.abs().max()  # L-BFGS stops at its tolerance
+        assert residual.sum(dim=0).abs().max() < 1e-3
+        assert w.abs().max() > 0.1  # not the trivial zero solution
+
+
+def test_clip_c_search_halves_its_step_around_the_peak_to_an_eighth_of_a_decade():
+    calls = []
+
+    def peaked(c):  # best at C = 10^1.3
+        calls.append(c)
+        return -abs(math.log10(c) - 1.3)
+
+    c, score = M.clip_c_search(peaked)
+    # starts 1e-6 .. 1e6 (best 1e2), then 10^1 (best), 10^1.5 (best), 10^1.25 (best), 10^1.125 and 10^1.375
+    assert c == pytest.approx(10 ** 1.25, rel=1e-5) and score == pytest.approx(-0.05, abs=1e-5)
+    assert len(calls) == len(set(calls)) == 15 and calls[:7] == list(M.CLIP_START_C)
+
+
+def test_clip_c_search_ties_go_to_the_stronger_penalty_and_a_diverged_fit_is_never_chosen():
+    assert M.clip_c_search(lambda c: 1.0 if 1e2 <= c <= 1e4 else 0.0)[0] == 100.0
+    # larger C scores higher, but every C above 1e3 diverged (None)
+    c, score = M.clip_c_search(lambda c: None if c > 1e3 else math.log10(c))
+    assert c == pytest.approx(1e3) and score == pytest.approx(3.0)
+    assert M.clip_c_search(lambda c: None) == (None, None)
 
 
 def test_sgd_probe_lr_steps_down_by_a_fifth_every_30_epochs():
