@@ -23,7 +23,7 @@ $(BIN)/.installed: pyproject.toml requirements.lock
 	$(BIN)/pip install --quiet --no-deps --target $(VENV)/clip-retrieval clip-retrieval==2.45.0
 	touch $@
 
-# System packages the built-in emoji corpus and the Spark engine need (Debian/Ubuntu); skipped when
+# System packages the built-in emoji corpus, the Spark engine and extract's crawler test (wget) need (Debian/Ubuntu); skipped when
 # present or not root. The openclipart corpus's package is clipart-deps's (`make clipart`).
 sysdeps:
 	@if ! command -v java >/dev/null; then \
@@ -32,6 +32,14 @@ sysdeps:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless >/dev/null; \
 	  else \
 	    echo "missing Java for the Spark engine: run 'sudo apt-get install default-jre-headless'"; \
+	  fi; \
+	fi
+	@if ! command -v wget >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing wget (a real crawler's WARC files for extract's tests)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wget >/dev/null; \
+	  else \
+	    echo "missing wget for extract's crawler test: run 'sudo apt-get install wget'"; \
 	  fi; \
 	fi
 	@if [ ! -f $(EMOJI_FONT) ] || [ ! -f $(CLDR) ]; then \

@@ -295,6 +295,21 @@ def _filter_config(overrides: list[str]) -> config_lib.FilterConfig:
     return cfg
 
 
+def cmd_extract(args) -> int:
+    from openalign.pipeline.extract import ExtractOptions, extract
+
+    manifest = extract(args.sources, Path(args.out), options_from(args, ExtractOptions), engine=_engine(args),
+                       progress=not args.quiet)
+    counts = manifest["counts"]
+    dropped = ", ".join(f"{k} {v:,}" for k, v in counts.items()
+                        if k not in ("records", "pages", "images", "candidates", "duplicate")) or "none"
+    print(f"{manifest['candidates']:,} candidate pairs from {counts.get('pages', 0):,} pages of {manifest['files']} "
+          f"file(s) -> {manifest['out']} in {manifest['seconds']:.1f} s")
+    print(f"of {counts.get('images', 0):,} images: dropped {dropped}; duplicates {counts.get('duplicate', 0):,} "
+          f"within files, {manifest['duplicates_across_files']:,} across")
+    return 0
+
+
 def cmd_ingest(args) -> int:
     from openalign.pipeline.ingest import IngestOptions, ingest
 
@@ -670,6 +685,17 @@ def _engine_flags(p) -> None:
     add_options(p, Engine, rename={"name": "--engine", "memory": "--spark-memory"}, skip=("workers",))
 
 
+def _extract_flags(p) -> None:
+    from openalign.pipeline.extract import ExtractOptions
+
+    host.require_extra("web", "openalign extract", ("fastwarc", "selectolax"))
+    p.add_argument("sources", nargs="+", metavar="SRC", help="Common Crawl WAT files or a crawl's WARC files, folders "
+                                                             "of them or globs")
+    p.add_argument("--out", required=True, help="a folder: candidates.parquet, its manifest and parts/")
+    add_options(p, ExtractOptions)
+    _engine_flags(p)
+
+
 def _ingest_flags(p) -> None:
     from openalign.pipeline.ingest import IngestOptions
 
@@ -795,6 +821,8 @@ COMMANDS = {  # name: (help, flags, command, has --quiet)
     "study": ("rerun one of the paper's arguments in miniature (report, plots, JSON)", _study_flags, cmd_study, True),
     "eval": ("evaluate a saved model: retrieval, zero-shot, transfer, similarity", _eval_flags, cmd_eval, False),
     "corpus": ("build a built-in corpus as webdataset shards", _corpus_flags, cmd_corpus, True),
+    "extract": ("web archives (Common Crawl WAT, WARC) -> candidate (image URL, alt-text) pairs", _extract_flags,
+                cmd_extract, True),
     "ingest": ("folders, tables (csv/tsv/jsonl/parquet) and webdataset tars -> a pair table", _ingest_flags,
                cmd_ingest, True),
     "filter": ("ALIGN's frequency filters -> keep-list + filter_report.json/.png", _filter_flags, cmd_filter, True),

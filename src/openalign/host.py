@@ -92,7 +92,8 @@ def reuses_freed_memory() -> bool:
     return _applied
 
 
-EXTRAS = {"spark": ("pyspark",), "serve": ("fastapi", "uvicorn"), "dashboards": ("tensorboard", "wandb")}
+EXTRAS = {"spark": ("pyspark",), "serve": ("fastapi", "uvicorn"), "dashboards": ("tensorboard", "wandb"),
+          "web": ("fastwarc", "selectolax", "warcio")}
 
 
 def require_extra(extra: str, what: str, modules: tuple[str, ...] | None = None) -> None:

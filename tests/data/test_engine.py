@@ -223,6 +223,20 @@ def test_ingest_on_spark_equals_local_and_resumes(tmp_path, sources, spark):
 
 
 @needs_java
+def test_extract_on_spark_equals_local(tmp_path, spark):
+    from openalign.pipeline.extract import extract
+
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "web"
+    wats = [str(fixtures / "crawl-00000.warc.wat.gz"), str(fixtures / "truncated.warc.wat.gz")]
+    local = extract(wats, tmp_path / "local", engine=LOCAL, progress=False)
+    distributed = extract(wats, tmp_path / "spark", engine=SPARK, progress=False)
+    assert distributed["counts"] == local["counts"] and distributed["per_file"] == local["per_file"]
+    a = pq.read_table(tmp_path / "local" / "candidates.parquet").to_pylist()
+    b = pq.read_table(tmp_path / "spark" / "candidates.parquet").to_pylist()
+    assert a == b and len(a) == local["candidates"] == 30  # the truncated copy's pairs are all in the first
+
+
+@needs_java
 def test_shard_on_spark_writes_the_same_bytes_and_resumes(tmp_path, sources, spark):
     pairs = tmp_path / "pairs.parquet"
     ingest(sources, pairs, IngestOptions(workers=1), progress=False)

@@ -1,0 +1,371 @@
+"""Extract: web pages -> candidate (image URL, alt-text) pairs, before any download (the paper's Section 3 starts here).
+
+    openalign extract SRC... --out DIR
+
+Sources, told by their content (not their names): Common Crawl **WAT** files (`*.warc.wat.gz`: WARC `metadata`
+records whose JSON describes each page; see corpora/webpages.py for the layout) and **WARC** files of a crawl (its
+HTML `response` records, parsed by selectolax's lexbor back end, chosen by measurement: docs/pipeline.md; see
+`warc_candidates` for `data-src`, `srcset` and `<picture>`). Each file is read record by record by FastWARC,
+never whole.
+
+The rules are cc2dataset's (`extract_documents_from_wat`, its `image` document type), with these differences:
+- **alt-texts**: runs of whitespace become one space and the ends are stripped (cc2dataset keeps the alt as it is);
+  an alt that is then empty is dropped (`empty_alt`: cc2dataset keeps an alt of spaces only);
+- **empty sources**: an `<img>` without a source is dropped (`empty_src`); cc2dataset resolves "" against the
+  page and so pairs the alt with the page's own URL;
+- **schemes**: http and https in any case (`HTTP://` too); every other scheme is dropped and counted by name
+  (`scheme_data`, `scheme_javascript`, ...);
+- **a damaged file**: a record whose JSON does not parse is skipped and counted (`bad_record`); a file whose last
+  gzip member is cut short keeps the pairs of its complete records and counts `truncated_record` (cc2dataset's
+  stream reader hands on the cut record, which fails to parse);
+- **uniqueness**: one row per (url, alt) across the whole output, the first seen kept, in input order; cc2dataset's
+  uid is md5(alt + url), so ("ab", "c") and ("a", "bc") collide there; here `uid` is the pair uid of
+  (image_key, text) and `image_key` a hash of the url, as a pair table's.
+
+Output under DIR: `candidates.parquet` (CANDIDATE_SCHEMA) and `candidates.manifest.json` (stage `extract`, written
+last: the table is finished), and `parts/` (a part and a status per input file: a rerun skips the files that are
+unchanged and redoes the others; both engines run one task per file).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import time
+import zlib
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Annotated, Iterator
+from urllib.parse import urljoin, urlsplit
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from openalign.config import POSITIVE_INT, ConfigError, check
+from openalign.data.engine import Engine, Task, run_tasks, sources_key, task_id
+from openalign.data.pairs import blake, manifest_path, normalize_text, pair_uid
+from openalign.outputs import staged, unfinish, write_json
+
+CANDIDATE_SCHEMA = pa.schema([
+    ("uid", pa.string()),  # the pair uid of (image_key, text), as a pair table's: keep-lists work on it
+    ("image_key", pa.string()),  # 128-bit hash of the url
+    ("url", pa.string()),  # absolute http(s) URL of the image
+    ("text", pa.string()),  # the alt-text, whitespace runs collapsed
+    ("page_url", pa.string()),  # the page the image was on
+    ("host", pa.string()),  # the image URL's host, lower case
+    ("source", pa.string()),  # the input file
+    ("offset", pa.int64()),  # the byte offset in it of the record the pair came from
+    ("width", pa.int32()),  # as the page declares it, where it does (else null)
+    ("height", pa.int32()),
+])
+PART_SCHEMA = CANDIDATE_SCHEMA.append(pa.field("seq", pa.int64()))  # order within the file, for the merge
+DROPPED = ("empty_alt", "no_alt", "empty_src", "bad_url")  # plus scheme_<name>, bad_record, truncated_record
+IMG_SRC = b'"IMG@/src"'
+
+
+@dataclass(frozen=True)
+class ExtractOptions:
+    batch_rows: Annotated[int, POSITIVE_INT] = 65_536  # rows a part buffers before it writes a row group
+
+    def __post_init__(self):
+        check(self, spell=lambda name: f"extract.{name}")
+
+
+# ---------------------------------------------------------------------------------------------------- reading
+
+
+def kind_of(path: Path) -> str:
+    """`wat` for a WARC file of metadata records (Common Crawl's WAT), `warc` for one of HTTP records (a crawl's
+    WARC: request, response, revisit, resource); one sentence for anything else."""
+    from fastwarc.warc import ArchiveIterator, WarcRecordType
+
+    try:
+        with open(path, "rb") as stream:
+            for record in ArchiveIterator(stream, parse_http=False):
+                if record.record_type == WarcRecordType.warcinfo:
+                    continue
+                if record.record_type == WarcRecordType.metadata:
+                    return "wat"
+                if record.record_type in (WarcRecordType.request, WarcRecordType.response, WarcRecordType.revisit,
+                                          WarcRecordType.resource):
+                    return "warc"
+                raise ConfigError(f"{path} is a WARC of {record.headers.get('WARC-Type')} records; give Common "
+                                  "Crawl WAT files (*.warc.wat.gz) or a crawl's WARC files (*.warc.gz)")
+    except OSError as err:
+        if err.errno is not None:
+            raise ConfigError(f"cannot read {path}: {err.strerror or err}") from None
+        raise ConfigError(f"{path} holds no WARC records ({err}); give Common Crawl WAT files (*.warc.wat.gz) or a "
+                          "crawl's WARC files (*.warc.gz)") from None
+    raise ConfigError(f"{path} holds no WARC records; give Common Crawl WAT files (*.warc.wat.gz) or a crawl's "
+                      "WARC files (*.warc.gz)")
+
+
+def target_uri(value) -> str:
+    """A record's WARC-Target-URI: GNU wget writes it in angle brackets (`<http://...>`, as WARC 1.1's grammar has
+    it), Common Crawl without."""
+    text = value.strip() if isinstance(value, str) else ""
+    return text[1:-1].strip() if text.startswith("<") and text.endswith(">") else text
+
+
+def absolute(url: str, base: str) -> tuple[str | None, str]:
+    """(the absolute http(s) URL of `url` on a page whose base is `base`, or None; the reason when None)."""
+    url = url.strip()
+    if not url:
+        return None, "empty_src"
+    head = url[:8].lower()
+    if not (head.startswith("http://") or head.startswith("https://")):
+        try:
+            url = urljoin(base, url)
+        except ValueError:
+            return None, "bad_url"
+    scheme = url.split(":", 1)[0].lower() if ":" in url else ""
+    if scheme not in ("http", "https"):
+        name = scheme if scheme.isalnum() and len(scheme) <= 16 else "other"
+        return None, f"scheme_{name or 'none'}"
+    try:
+        if not urlsplit(url).hostname:
+            return None, "bad_url"
+    except ValueError:
+        return None, "bad_url"
+    return url, ""
+
+
+def wat_candidates(path: Path, counts: Counter) -> Iterator[dict]:
+    """The candidate rows of one WAT file, in record order (not yet unique), counting what is dropped and why."""
+    from fastwarc.warc import ArchiveIterator, WarcRecordType
+
+    with open(path, "rb") as stream:
+        try:
+            for record in ArchiveIterator(stream, record_types=WarcRecordType.metadata, parse_http=False):
+                data = record.reader.read()
+                if len(data) < record.content_length:  # the file ends inside this record
+                    counts["truncated_record"] += 1
+                    break
+                counts["records"] += 1
+                if IMG_SRC not in data:  # request records, pages without images: no JSON to parse
+                    continue
+                try:
+                    envelope = json.loads(data)["Envelope"]
+                    page_url = target_uri(envelope["WARC-Header-Metadata"]["WARC-Target-URI"])
+                    html = envelope["Payload-Metadata"]["HTTP-Response-Metadata"]["HTML-Metadata"]
+                    links = html["Links"]
+                except (ValueError, KeyError, TypeError):
+                    counts["bad_record"] += 1
+                    continue
+                counts["pages"] += 1
+                base = page_url
+                head = html.get("Head")
+                if isinstance(head, dict) and isinstance(head.get("Base"), str):
+                    try:
+                        base = urljoin(page_url, head["Base"])
+                    except ValueError:
+                        pass
+                for link in links if isinstance(links, list) else ():
+                    if not isinstance(link, dict) or link.get("path") != "IMG@/src":
+                        continue
+                    counts["images"] += 1
+                    alt = link.get("alt")
+                    if not isinstance(alt, str):
+                        counts["no_alt"] += 1
+                        continue
+                    text = normalize_text(alt)
+                    if not text:
+                        counts["empty_alt"] += 1
+                        continue
+                    url, why = absolute(str(link.get("url") or ""), base)
+                    if url is None:
+                        counts[why] += 1
+                        continue
+                    yield {"url": url, "text": text, "page_url": page_url, "offset": record.stream_pos}
+        except (OSError, EOFError, zlib.error, gzip.BadGzipFile):  # a gzip member that cannot be inflated
+            counts["truncated_record"] += 1
+
+
+HTML_TYPES = ("text/html", "application/xhtml+xml")
+
+
+def warc_candidates(path: Path, counts: Counter) -> Iterator[dict]:
+    """The candidate rows of one WARC file's HTML responses, in record order: each `<img>`'s source and alt, parsed
+    by selectolax (lexbor); the source is `data-src` where the tag has one (lazy loading: `src` holds a placeholder
+    until a script swaps them), else `src`, else the first `srcset` candidate; width and height where the tag
+    declares them as whole numbers. `<picture>`'s `<source>`s are not pairs: its `<img>` (the fallback) carries
+    the alt."""
+    from fastwarc.warc import ArchiveIterator, WarcRecordType
+    from selectolax.lexbor import LexborHTMLParser
+
+    with open(path, "rb") as stream:
+        try:
+            for record in ArchiveIterator(stream, record_types=WarcRecordType.response, parse_http=True):
+                counts["records"] += 1
+                if (record.http_content_type or "").lower() not in HTML_TYPES:
+                    continue
+                status = record.http_headers.status_code if record.http_headers is not None else None
+                if status is not None and status != 200:
+                    continue
+                body = record.reader.read()
+                page_url = target_uri(record.headers.get("WARC-Target-URI"))
+                try:
+                    tree = LexborHTMLParser(body.decode(record.http_charset or "utf-8", "replace"))
+                except (LookupError, ValueError):  # an unknown charset name
+                    tree = LexborHTMLParser(body.decode("utf-8", "replace"))
+                counts["pages"] += 1
+                base = page_url
+                tag = tree.css_first("base[href]")
+                if tag is not None:
+                    try:
+                        base = urljoin(page_url, (tag.attributes.get("href") or "").strip())
+                    except ValueError:
+                        pass
+                for img in tree.css("img"):
+                    counts["images"] += 1
+                    attrs = img.attributes
+                    if "alt" not in attrs:
+                        counts["no_alt"] += 1
+                        continue
+                    text = normalize_text(attrs.get("alt") or "")
+                    if not text:
+                        counts["empty_alt"] += 1
+                        continue
+                    url, why = absolute(_img_source(attrs), base)
+                    if url is None:
+                        counts[why] += 1
+                        continue
+                    yield {"url": url, "text": text, "page_url": page_url, "offset": record.stream_pos,
+                           "width": _dimension(attrs.get("width")), "height": _dimension(attrs.get("height"))}
+        except (OSError, EOFError, zlib.error, gzip.BadGzipFile):
+            counts["truncated_record"] += 1
+
+
+def _img_source(attrs: dict) -> str:
+    src = (attrs.get("src") or "").strip()
+    lazy = (attrs.get("data-src") or "").strip()
+    if lazy:  # lazy loading: `src` is a placeholder until a script sets it to data-src
+        return lazy
+    if not src and attrs.get("srcset"):
+        return attrs["srcset"].strip().split(",")[0].strip().split(" ")[0]
+    return src
+
+
+def _dimension(value) -> int | None:
+    value = (value or "").strip().removesuffix("px")
+    return int(value) if value.isdigit() and 0 < int(value) < 2**31 else None
+
+
+def candidate_row(found: dict, source: str) -> dict:
+    image_key = blake(found["url"].encode("utf-8", "surrogatepass"))
+    host = (urlsplit(found["url"]).hostname or "").lower()
+    return {"uid": pair_uid(image_key, found["text"]), "image_key": image_key, "url": found["url"],
+            "text": found["text"], "page_url": found["page_url"], "host": host, "source": source,
+            "offset": found["offset"], "width": found.get("width"), "height": found.get("height")}
+
+
+# ---------------------------------------------------------------------------------------------------- the stage
+
+
+def extract_file(path: str, part: str, options: ExtractOptions, kind: str = "wat") -> dict:
+    """One task: the unique candidates of one input file -> PART (with their order); returns the counts."""
+    counts: Counter = Counter()
+    seen: set[str] = set()
+    rows: list[dict] = []
+    with staged(Path(part)) as tmp, pq.ParquetWriter(tmp, PART_SCHEMA) as writer:
+        read = wat_candidates if kind == "wat" else warc_candidates
+        for found in read(Path(path), counts):
+            row = candidate_row(found, path)
+            if row["uid"] in seen:
+                counts["duplicate"] += 1
+                continue
+            seen.add(row["uid"])
+            rows.append(row | {"seq": len(seen)})
+            if len(rows) >= options.batch_rows:
+                writer.write_table(pa.Table.from_pylist(rows, PART_SCHEMA))
+                rows = []
+        writer.write_table(pa.Table.from_pylist(rows, PART_SCHEMA))
+    counts["candidates"] = len(seen)
+    return dict(counts)
+
+
+def inputs(sources: list[str]) -> list[Path]:
+    """The input files: each source a file, a directory (its files, sorted) or a glob; one sentence for a missing
+    one."""
+    import glob
+
+    files: list[Path] = []
+    for source in sources:
+        path = Path(source)
+        if path.is_dir():
+            files += sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+        elif path.is_file():
+            files.append(path)
+        elif any(ch in source for ch in "*?["):
+            matched = sorted(Path(p) for p in glob.glob(source, recursive=True) if Path(p).is_file())
+            if not matched:
+                raise ConfigError(f"{source} matches no file")
+            files += matched
+        else:
+            raise ConfigError(f"{source} does not exist; give WAT files, a directory of them or a glob")
+    if not files:
+        raise ConfigError(f"found no files in {', '.join(sources)}")
+    return list(dict.fromkeys(files))
+
+
+def extract(sources: list[str], out: Path, options: ExtractOptions = ExtractOptions(), engine: Engine = Engine(),
+            progress: bool = True) -> dict:
+    """Write OUT/candidates.parquet and its manifest from web archives; returns the manifest (see the module)."""
+    out = Path(out)
+    files = inputs(sources)
+    kinds = {str(f): kind_of(f) for f in files}  # every input is readable and of a known kind, before any work
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ConfigError(f"cannot write {out}: it, or a folder above it, is a file; choose another --out") from None
+    table = out / "candidates.parquet"
+    manifest = manifest_path(table)
+    unfinish(manifest)
+    start = time.perf_counter()
+    parts = out / "parts"
+    parts.mkdir(exist_ok=True)
+    tasks = [Task(task_id(i), extract_file, (str(f), str(parts / f"{task_id(i)}.parquet"), options, kinds[str(f)]),
+                  key=sources_key(str(f), asdict(options)), outputs=(str(parts / f"{task_id(i)}.parquet"),))
+             for i, f in enumerate(files)]
+    for stale in parts.glob("*.parquet"):  # parts of files no longer given
+        if stale.stem not in {t.id for t in tasks}:
+            stale.unlink()
+    results, resumed = run_tasks(tasks, parts / "_status", engine, "extract", progress)
+    counts: Counter = Counter()
+    per_file = {}
+    for task, f in zip(tasks, files):
+        summary = {k: v for k, v in results[task.id].items() if isinstance(v, int)}
+        per_file[str(f)] = summary
+        counts.update(summary)
+    rows = _merge(tasks, table)
+    written = {
+        "stage": "extract", "sources": [str(s) for s in sources], "files": len(files), "kinds": dict(Counter(
+            kinds.values())), "options": asdict(options), "engine": engine.name, "resumed_tasks": resumed,
+        "out": str(table), "candidates": rows, "duplicates_across_files": counts["candidates"] - rows,
+        "counts": dict(sorted(counts.items())), "per_file": per_file,
+        "text_normalization": "runs of whitespace collapsed to one space, ends stripped; case and characters kept",
+        "seconds": round(time.perf_counter() - start, 2),
+    }
+    write_json(manifest, written)  # last: the table is finished
+    return written
+
+
+def _merge(tasks: list[Task], table: Path) -> int:
+    """The parts concatenated in task order, the first row of each uid kept (DuckDB, out of core)."""
+    import duckdb
+
+    paths = [task.outputs[0] for task in tasks]
+    columns = ", ".join(f'"{name}"' for name in CANDIDATE_SCHEMA.names)
+    with staged(table) as tmp, duckdb.connect() as con:
+        con.execute("SET preserve_insertion_order = true")
+        con.execute(f"""
+            COPY (
+                SELECT {columns} FROM (
+                    SELECT *, row_number() OVER (PARTITION BY uid ORDER BY task, seq) AS nth
+                    FROM (SELECT *, list_position(?, filename) AS task FROM read_parquet(?, filename = true))
+                ) WHERE nth = 1 ORDER BY task, seq
+            ) TO '{tmp}' (FORMAT parquet)""", [paths, paths])
+        written = con.execute("SELECT count(*) FROM read_parquet(?)", [str(tmp)]).fetchone()[0]
+    return int(written)
