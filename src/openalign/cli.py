@@ -301,12 +301,13 @@ def cmd_extract(args) -> int:
     manifest = extract(args.sources, Path(args.out), options_from(args, ExtractOptions), engine=_engine(args),
                        progress=not args.quiet)
     counts = manifest["counts"]
-    dropped = ", ".join(f"{k} {v:,}" for k, v in counts.items()
-                        if k not in ("records", "pages", "images", "candidates", "duplicate")) or "none"
-    print(f"{manifest['candidates']:,} candidate pairs from {counts.get('pages', 0):,} pages of {manifest['files']} "
-          f"file(s) -> {manifest['out']} in {manifest['seconds']:.1f} s")
-    print(f"of {counts.get('images', 0):,} images: dropped {dropped}; duplicates {counts.get('duplicate', 0):,} "
-          f"within files, {manifest['duplicates_across_files']:,} across")
+    read = {"records", "pages", "images", "rows", "candidates", "duplicate"}
+    dropped = ", ".join(f"{k} {v:,}" for k, v in counts.items() if k not in read) or "none"
+    found = [f"{counts[k]:,} {name}" for k, name in (("pages", "pages"), ("rows", "table rows")) if counts.get(k)]
+    print(f"{manifest['candidates']:,} candidate pairs from {' and '.join(found) or 'nothing'} in "
+          f"{manifest['files']} file(s) -> {manifest['out']} in {manifest['seconds']:.1f} s")
+    print(f"dropped: {dropped}; duplicates {counts.get('duplicate', 0):,} within files, "
+          f"{manifest['duplicates_across_files']:,} across")
     return 0
 
 

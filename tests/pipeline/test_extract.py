@@ -58,7 +58,7 @@ def test_wat_pairs_are_cc2dataset_s_apart_from_the_named_differences(tmp_path, c
     assert all(r["source"] == str(WAT) and r["offset"] > 0 and r["host"] for r in got)
     assert len({r["uid"] for r in got}) == len(got) and all(len(r["image_key"]) == 32 for r in got)
     out = capsys.readouterr().out
-    assert "30 candidate pairs from 11 pages" in out and "bad_record 1" in out
+    assert "30 candidate pairs from 11 pages in 1 file(s)" in out and "bad_record 1" in out
 
 
 def test_a_wat_cut_short_keeps_the_pairs_of_its_complete_records(tmp_path):
@@ -208,3 +208,46 @@ def test_a_warc_written_by_wget_gives_the_served_pages_img_tags(tmp_path):
     served = [(f"{origin}/{p.url.split('://', 1)[1]}", p.html()) for p in pages]
     got = [(r["url"], r["text"]) for r in rows(tmp_path / "out")]
     assert sorted(got) == sorted(pages_parsed_independently(served)) and len(got) > 20
+
+
+def test_url_tables_made_elsewhere_become_candidate_tables_with_their_sizes(tmp_path, capsys):
+    import pyarrow as pa
+
+    coyo = tmp_path / "coyo.parquet"  # COYO-700M's columns (its dataset card), a few of them
+    pq.write_table(pa.table({
+        "id": pa.array([7, 8, 9, 10, 11, 12], pa.int64()),
+        "url": ["https://a.example/1.jpg", "http://b.example/2.png", "data:image/png;base64,AA",
+                "https://a.example/1.jpg", "//c.example/3.jpg", "https://d.example/4.jpg"],
+        "text": ["a red bicycle", "  two   cats ", "inline", "a red bicycle", "scheme-relative", None],
+        "width": pa.array([640, 800, 1, 640, 10, 5], pa.int32()), "height": pa.array([480, 600, 1, 480, 10, 5], pa.int32()),
+        "image_phash": ["f0"] * 6, "clip_similarity_vitb32": [0.31] * 6}), coyo)
+    laion = tmp_path / "laion.parquet"  # LAION's upper-case columns, floats for sizes
+    pq.write_table(pa.table({"URL": ["https://e.example/5.jpg"], "TEXT": ["a lighthouse"], "WIDTH": [1024.0],
+                             "HEIGHT": [768.0], "similarity": [0.33]}), laion)
+    csv = tmp_path / "urls.csv"
+    csv.write_text('url,caption\nhttps://x.example/a.jpg,"a caption, with a comma"\nhttps://x.example/b.jpg,\n'
+                   'ftp://x.example/c.jpg,ftp\n', encoding="utf-8")
+    assert cli.main(["extract", str(coyo), str(laion), str(csv), "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    got = [(r["url"], r["text"], r["width"], r["height"], r["offset"]) for r in rows(tmp_path / "out")]
+    assert got == [("https://a.example/1.jpg", "a red bicycle", 640, 480, 1),
+                   ("http://b.example/2.png", "two cats", 800, 600, 2),
+                   ("https://e.example/5.jpg", "a lighthouse", 1024, 768, 1),
+                   ("https://x.example/a.jpg", "a caption, with a comma", None, None, 1)]
+    counts = json.loads((tmp_path / "out" / "candidates.manifest.json").read_text())["counts"]
+    assert (counts["rows"], counts["scheme_data"], counts["relative_url"], counts["empty_alt"], counts["scheme_ftp"],
+            counts["duplicate"]) == (10, 1, 1, 2, 1, 1)
+    no_text = tmp_path / "no_text.csv"
+    no_text.write_text("url,id\nhttps://x.example/a.jpg,1\n")
+    assert cli.main(["extract", str(no_text), "--out", str(tmp_path / "o2")]) == 2
+    assert "has no text column: none of text, caption" in capsys.readouterr().err
+
+
+def test_stages_that_read_images_refuse_a_candidate_table_in_one_sentence(tmp_path, capsys):
+    extract([str(WAT)], tmp_path / "web", progress=False)
+    table = tmp_path / "web" / "candidates.parquet"
+    for argv in (["shard", str(table), "--out", str(tmp_path / "s")],
+                 ["dedup", str(table), "--against", str(tmp_path), "--out", str(tmp_path / "d")]):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert "is a candidate table from `openalign extract`: image URLs, not yet images" in err
+        assert "--url_col url --caption_col text" in err and err.count("\n") == 1

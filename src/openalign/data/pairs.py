@@ -76,6 +76,8 @@ def check_pair_table(spec, columns: tuple[str, ...] = ()) -> str:
         raise ConfigError(f"pair table {text} does not exist; build it with `openalign ingest SRC --out {text}`")
     else:
         matches = [text]
+    if "path" in columns:  # a stage that reads the images (dedup, screen, shard)
+        refuse_candidates(Path(matches[0]))
     try:
         names = pq.read_schema(matches[0]).names
     except (OSError, pa.ArrowException):
@@ -88,6 +90,19 @@ def check_pair_table(spec, columns: tuple[str, ...] = ()) -> str:
     for match in matches:
         check_finished(Path(match))
     return text
+
+
+def refuse_candidates(table: Path) -> None:
+    """`openalign extract`'s candidate table holds image URLs, not images: a stage that reads image bytes refuses it
+    in one sentence that says how to download them."""
+    try:
+        written = json.loads(manifest_path(table).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if isinstance(written, dict) and written.get("stage") == "extract":
+        raise ConfigError(f"{table} is a candidate table from `openalign extract`: image URLs, not yet images; download "
+                          f"them first (img2dataset --url_list {table} --input_format parquet --url_col url "
+                          "--caption_col text --output_folder DIR) and give `openalign ingest DIR`'s pair table")
 
 
 def manifest_path(table: Path) -> Path:

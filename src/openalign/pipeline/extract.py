@@ -5,8 +5,9 @@
 Sources, told by their content (not their names): Common Crawl **WAT** files (`*.warc.wat.gz`: WARC `metadata`
 records whose JSON describes each page; see corpora/webpages.py for the layout) and **WARC** files of a crawl (its
 HTML `response` records, parsed by selectolax's lexbor back end, chosen by measurement: docs/pipeline.md; see
-`warc_candidates` for `data-src`, `srcset` and `<picture>`). Each file is read record by record by FastWARC,
-never whole.
+`warc_candidates` for `data-src`, `srcset` and `<picture>`), each read record by record by FastWARC, never whole;
+and **URL tables** made elsewhere (COYO-700M's, LAION's or DataComp's Parquet, a CSV, TSV or JSONL of url and
+caption: `table_candidates`), streamed in batches.
 
 The rules are cc2dataset's (`extract_documents_from_wat`, its `image` document type), with these differences:
 - **alt-texts**: runs of whitespace become one space and the ends are stripped (cc2dataset keeps the alt as it is);
@@ -76,7 +77,30 @@ class ExtractOptions:
 # ---------------------------------------------------------------------------------------------------- reading
 
 
+TABLE_SUFFIXES = (".parquet", ".csv", ".tsv", ".jsonl")
+URL_COLUMNS = ("url", "image_url", "img_url")  # a URL table's columns, matched without regard to case
+TEXT_COLUMNS = ("text", "caption", "alt", "alt_text", "title")
+WIDTH_COLUMNS = ("width", "original_width")  # the image's size where the table knows it (COYO, LAION: width;
+HEIGHT_COLUMNS = ("height", "original_height")  # DataComp: original_width)
+PAGE_COLUMNS = ("page_url",)
+
+
 def kind_of(path: Path) -> str:
+    """What an input is, by its content: `table` for a URL table (Parquet by its magic bytes; CSV, TSV or JSONL
+    by its name), else `wat` or `warc` (see `archive_kind`)."""
+    try:
+        with open(path, "rb") as stream:
+            head = stream.read(4)
+    except OSError as err:
+        raise ConfigError(f"cannot read {path}: {err.strerror or err}") from None
+    if head == b"PAR1" or (not head.startswith(b"\x1f\x8b") and not head.startswith(b"WARC")
+                            and path.suffix.lower() in TABLE_SUFFIXES):
+        table_columns(path)  # a table with a URL and a text column, or one sentence
+        return "table"
+    return archive_kind(path)
+
+
+def archive_kind(path: Path) -> str:
     """`wat` for a WARC file of metadata records (Common Crawl's WAT), `warc` for one of HTTP records (a crawl's
     WARC: request, response, revisit, resource); one sentence for anything else."""
     from fastwarc.warc import ArchiveIterator, WarcRecordType
@@ -96,10 +120,10 @@ def kind_of(path: Path) -> str:
     except OSError as err:
         if err.errno is not None:
             raise ConfigError(f"cannot read {path}: {err.strerror or err}") from None
-        raise ConfigError(f"{path} holds no WARC records ({err}); give Common Crawl WAT files (*.warc.wat.gz) or a "
-                          "crawl's WARC files (*.warc.gz)") from None
-    raise ConfigError(f"{path} holds no WARC records; give Common Crawl WAT files (*.warc.wat.gz) or a crawl's "
-                      "WARC files (*.warc.gz)")
+        raise ConfigError(f"{path} holds no WARC records ({err}); give Common Crawl WAT files (*.warc.wat.gz), a "
+                          "crawl's WARC files (*.warc.gz) or URL tables (.parquet, .csv, .tsv, .jsonl)") from None
+    raise ConfigError(f"{path} holds no WARC records; give Common Crawl WAT files (*.warc.wat.gz), a crawl's WARC "
+                      "files (*.warc.gz) or URL tables (.parquet, .csv, .tsv, .jsonl)")
 
 
 def target_uri(value) -> str:
@@ -121,9 +145,10 @@ def absolute(url: str, base: str) -> tuple[str | None, str]:
         except ValueError:
             return None, "bad_url"
     scheme = url.split(":", 1)[0].lower() if ":" in url else ""
+    if not scheme or "/" in scheme:
+        return None, "relative_url"  # a table's URL with no page to resolve it against
     if scheme not in ("http", "https"):
-        name = scheme if scheme.isalnum() and len(scheme) <= 16 else "other"
-        return None, f"scheme_{name or 'none'}"
+        return None, f"scheme_{scheme if scheme.isalnum() and len(scheme) <= 16 else 'other'}"
     try:
         if not urlsplit(url).hostname:
             return None, "bad_url"
@@ -249,8 +274,109 @@ def _img_source(attrs: dict) -> str:
 
 
 def _dimension(value) -> int | None:
-    value = (value or "").strip().removesuffix("px")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    value = str(value if value is not None else "").strip().removesuffix("px")
     return int(value) if value.isdigit() and 0 < int(value) < 2**31 else None
+
+
+def table_columns(path: Path) -> dict[str, str | None]:
+    """{role: column} of a URL table (url, text, width, height, page_url; the last three where present), matched
+    without regard to case; one sentence when it has no URL or no text column."""
+    names = _table_names(path)
+    lower = {n.lower(): n for n in names}
+    found = {role: next((lower[c] for c in known if c in lower), None) for role, known in
+             (("url", URL_COLUMNS), ("text", TEXT_COLUMNS), ("width", WIDTH_COLUMNS), ("height", HEIGHT_COLUMNS),
+              ("page_url", PAGE_COLUMNS))}
+    for role, known in (("url", URL_COLUMNS), ("text", TEXT_COLUMNS)):
+        if found[role] is None:
+            raise ConfigError(f"{path} has no {role} column: none of {', '.join(known)} (columns: "
+                              f"{', '.join(names[:20])}); a URL table needs an image URL and a text per row")
+    return found
+
+
+def _table_names(path: Path) -> list[str]:
+    import pyarrow as pa
+
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".jsonl":
+            with open(path, encoding="utf-8", errors="replace") as f:
+                first = json.loads(f.readline() or "{}")
+            return list(first) if isinstance(first, dict) else []
+        if suffix in (".csv", ".tsv"):
+            with _csv_reader(path) as reader:
+                return reader.schema.names
+        return pq.read_schema(path).names
+    except (OSError, ValueError, pa.ArrowException) as err:
+        raise ConfigError(f"cannot read {path} as a {suffix[1:] or 'parquet'} table: {str(err).splitlines()[0]}") \
+            from None
+
+
+def _csv_reader(path: Path, names: list[str] | None = None):
+    """A streaming CSV/TSV reader (pyarrow), every column read as text when `names` are given."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    from openalign.data.tables import sniff_delimiter
+
+    types = {name: pa.string() for name in names or ()}
+    return pacsv.open_csv(path, parse_options=pacsv.ParseOptions(delimiter=sniff_delimiter(path),
+                                                                 newlines_in_values=True),
+                          convert_options=pacsv.ConvertOptions(column_types=types, strings_can_be_null=True),
+                          read_options=pacsv.ReadOptions(block_size=1 << 22))
+
+
+def _batches(path: Path, wanted: list[str]) -> Iterator[list[dict]]:
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        with open(path, encoding="utf-8", errors="replace") as f:
+            batch = []
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    row = None
+                batch.append({k: row.get(k) for k in wanted} if isinstance(row, dict) else None)
+                if len(batch) >= 65_536:
+                    yield batch
+                    batch = []
+            yield batch
+    elif suffix in (".csv", ".tsv"):
+        with _csv_reader(path, _table_names(path)) as reader:
+            for batch in reader:
+                yield batch.select(wanted).to_pylist()
+    else:
+        for batch in pq.ParquetFile(path).iter_batches(columns=wanted, batch_size=65_536):
+            yield batch.to_pylist()
+
+
+def table_candidates(path: Path, counts: Counter) -> Iterator[dict]:
+    """The candidate rows of a URL table made elsewhere (COYO-700M's, LAION's or DataComp's Parquet, a CSV of url
+    and caption), streamed in batches: the same URL and text rules as pages (an absolute http(s) URL, a text after
+    whitespace collapsing), with the table's width and height where it has them; `offset` is the row number."""
+    columns = table_columns(path)
+    wanted = list(dict.fromkeys(c for c in columns.values() if c))
+    number = 0
+    for batch in _batches(path, wanted):
+        for row in batch:
+            number += 1
+            counts["rows"] += 1
+            if row is None:
+                counts["bad_record"] += 1
+                continue
+            text = normalize_text(str(row[columns["text"]] or ""))
+            if not text:
+                counts["empty_alt"] += 1
+                continue
+            url, why = absolute(str(row[columns["url"]] or ""), "")
+            if url is None:
+                counts[why] += 1
+                continue
+            page = row.get(columns["page_url"]) if columns["page_url"] else None
+            yield {"url": url, "text": text, "page_url": str(page) if page else None, "offset": number,
+                   "width": _dimension(row.get(columns["width"])) if columns["width"] else None,
+                   "height": _dimension(row.get(columns["height"])) if columns["height"] else None}
 
 
 def candidate_row(found: dict, source: str) -> dict:
@@ -270,7 +396,7 @@ def extract_file(path: str, part: str, options: ExtractOptions, kind: str = "wat
     seen: set[str] = set()
     rows: list[dict] = []
     with staged(Path(part)) as tmp, pq.ParquetWriter(tmp, PART_SCHEMA) as writer:
-        read = wat_candidates if kind == "wat" else warc_candidates
+        read = {"wat": wat_candidates, "warc": warc_candidates, "table": table_candidates}[kind]
         for found in read(Path(path), counts):
             row = candidate_row(found, path)
             if row["uid"] in seen:
