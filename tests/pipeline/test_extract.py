@@ -251,3 +251,13 @@ def test_stages_that_read_images_refuse_a_candidate_table_in_one_sentence(tmp_pa
         err = capsys.readouterr().err
         assert "is a candidate table from `openalign extract`: image URLs, not yet images" in err
         assert "--url_col url --caption_col text" in err and err.count("\n") == 1
+
+
+def test_img2dataset_s_own_reader_reads_the_candidate_table(tmp_path):
+    # img2dataset-reader.json: what img2dataset 1.47.0's Reader read of candidates-wat.parquet (make_fixtures.py);
+    # the table extract writes today is that one, so img2dataset downloads these (url, text) pairs
+    extract([str(WAT)], tmp_path / "web", progress=False)
+    today = pq.read_table(tmp_path / "web" / "candidates.parquet", columns=["url", "text", "uid"])
+    assert today.equals(pq.read_table(FIXTURES / "candidates-wat.parquet", columns=["url", "text", "uid"]))
+    read = json.loads((FIXTURES / "img2dataset-reader.json").read_text(encoding="utf-8"))
+    assert [(s["url"], s["caption"]) for s in read] == [(r["url"], r["text"]) for r in today.to_pylist()]
