@@ -296,18 +296,17 @@ def _filter_config(overrides: list[str]) -> config_lib.FilterConfig:
 
 
 def cmd_extract(args) -> int:
-    from openalign.pipeline.extract import ExtractOptions, extract
+    from openalign.pipeline.extract import READ_COUNTS, ExtractOptions, extract
 
-    manifest = extract(args.sources, Path(args.out), options_from(args, ExtractOptions), engine=_engine(args),
-                       progress=not args.quiet)
-    counts = manifest["counts"]
-    read = {"records", "pages", "images", "rows", "candidates", "duplicate"}
-    dropped = ", ".join(f"{k} {v:,}" for k, v in counts.items() if k not in read) or "none"
+    result = extract(args.sources, Path(args.out), options_from(args, ExtractOptions), engine=_engine(args),
+                     progress=not args.quiet)
+    counts = result.counts
+    dropped = ", ".join(f"{k} {v:,}" for k, v in counts.items() if k not in READ_COUNTS) or "none"
     found = [f"{counts[k]:,} {name}" for k, name in (("pages", "pages"), ("rows", "table rows")) if counts.get(k)]
-    print(f"{manifest['candidates']:,} candidate pairs from {' and '.join(found) or 'nothing'} in "
-          f"{manifest['files']} file(s) -> {manifest['out']} in {manifest['seconds']:.1f} s")
+    print(f"{result.candidates:,} candidate pairs from {' and '.join(found) or 'nothing'} in {result.files} file(s) "
+          f"-> {result.table} in {result.seconds:.1f} s")
     print(f"dropped: {dropped}; duplicates {counts.get('duplicate', 0):,} within files, "
-          f"{manifest['duplicates_across_files']:,} across")
+          f"{result.duplicates_across_files:,} across; {result.hosts:,} image hosts (report: {result.report})")
     return 0
 
 

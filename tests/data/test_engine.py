@@ -230,10 +230,10 @@ def test_extract_on_spark_equals_local(tmp_path, spark):
     wats = [str(fixtures / "crawl-00000.warc.wat.gz"), str(fixtures / "truncated.warc.wat.gz")]
     local = extract(wats, tmp_path / "local", engine=LOCAL, progress=False)
     distributed = extract(wats, tmp_path / "spark", engine=SPARK, progress=False)
-    assert distributed["counts"] == local["counts"] and distributed["per_file"] == local["per_file"]
+    assert distributed.counts == local.counts and distributed.per_file == local.per_file
     a = pq.read_table(tmp_path / "local" / "candidates.parquet").to_pylist()
     b = pq.read_table(tmp_path / "spark" / "candidates.parquet").to_pylist()
-    assert a == b and len(a) == local["candidates"] == 30  # the truncated copy's pairs are all in the first
+    assert a == b and len(a) == local.candidates == 30  # the truncated copy's pairs are all in the first
 
 
 @needs_java

@@ -59,6 +59,8 @@ def test_wat_pairs_are_cc2dataset_s_apart_from_the_named_differences(tmp_path, c
     assert len({r["uid"] for r in got}) == len(got) and all(len(r["image_key"]) == 32 for r in got)
     out = capsys.readouterr().out
     assert "30 candidate pairs from 11 pages in 1 file(s)" in out and "bad_record 1" in out
+    assert manifest["hosts"] == len({r["host"] for r in got}) and manifest["top_hosts"][0][1] >= 2
+    assert (tmp_path / "out" / "extract_report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_wat_cut_short_keeps_the_pairs_of_its_complete_records(tmp_path):
@@ -84,16 +86,16 @@ def test_duplicates_across_files_go_and_a_rerun_redoes_only_changed_files(tmp_pa
     shutil.copy(WAT, crawl / "a.warc.wat.gz")
     shutil.copy(WAT, crawl / "b.warc.wat.gz")  # the same pages again: every pair a duplicate
     first = extract([str(crawl)], tmp_path / "out", progress=False)
-    assert first["candidates"] == 30 and first["duplicates_across_files"] == 30 and first["resumed_tasks"] == 0
+    assert first.candidates == 30 and first.duplicates_across_files == 30 and first.resumed_tasks == 0
     assert {r["source"] for r in rows(tmp_path / "out")} == {str(crawl / "a.warc.wat.gz")}  # the first kept
     table = rows(tmp_path / "out")
     again = extract([str(crawl)], tmp_path / "out", progress=False)
-    assert again["resumed_tasks"] == 2 and rows(tmp_path / "out") == table
+    assert again.resumed_tasks == 2 and rows(tmp_path / "out") == table
     shutil.copy(TRUNCATED, crawl / "a.warc.wat.gz")  # a changed input is read again, the other is not
     os.utime(crawl / "a.warc.wat.gz", ns=(1, 1))
     changed = extract([str(crawl)], tmp_path / "out", progress=False)
-    assert changed["resumed_tasks"] == 1 and changed["per_file"][str(crawl / "a.warc.wat.gz")]["candidates"] == 26
-    assert changed["candidates"] == 30  # b still holds them all
+    assert changed.resumed_tasks == 1 and changed.per_file[str(crawl / "a.warc.wat.gz")]["candidates"] == 26
+    assert changed.candidates == 30  # b still holds them all
 
 
 def test_bad_sources_are_one_sentence(tmp_path, capsys):

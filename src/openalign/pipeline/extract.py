@@ -49,6 +49,8 @@ from openalign.data.engine import Engine, Task, run_tasks, sources_key, task_id
 from openalign.data.pairs import blake, manifest_path, normalize_text, pair_uid
 from openalign.outputs import staged, unfinish, write_json
 
+__all__ = ["CANDIDATE_SCHEMA", "ExtractOptions", "ExtractResult", "extract"]
+
 CANDIDATE_SCHEMA = pa.schema([
     ("uid", pa.string()),  # the pair uid of (image_key, text), as a pair table's: keep-lists work on it
     ("image_key", pa.string()),  # 128-bit hash of the url
@@ -436,9 +438,28 @@ def inputs(sources: list[str]) -> list[Path]:
     return list(dict.fromkeys(files))
 
 
+@dataclass(frozen=True)
+class ExtractResult:
+    """What `extract` wrote and counted (its manifest, `candidates.manifest.json`, holds the same and more)."""
+
+    table: Path  # OUT/candidates.parquet
+    candidates: int  # its rows: unique (url, text) pairs
+    files: int  # input files read
+    counts: dict[str, int]  # over all files: records, pages, images, rows read; each reason a link was dropped
+    per_file: dict[str, dict[str, int]]  # the same, per input file
+    duplicates_across_files: int  # pairs unique within their file that an earlier file already had
+    hosts: int  # distinct image hosts
+    top_hosts: list[tuple[str, int]]  # the hosts with the most candidates
+    resumed_tasks: int  # files a rerun did not read again (unchanged since the run that read them)
+    seconds: float
+    report: Path  # OUT/extract_report.png: what was dropped and why, and the top hosts
+    manifest: dict  # the manifest as written
+
+
 def extract(sources: list[str], out: Path, options: ExtractOptions = ExtractOptions(), engine: Engine = Engine(),
-            progress: bool = True) -> dict:
-    """Write OUT/candidates.parquet and its manifest from web archives; returns the manifest (see the module)."""
+            progress: bool = True) -> ExtractResult:
+    """Write OUT/candidates.parquet, OUT/extract_report.png and, last, OUT/candidates.manifest.json from web
+    archives and URL tables (see the module); returns what was written and counted."""
     out = Path(out)
     files = inputs(sources)
     kinds = {str(f): kind_of(f) for f in files}  # every input is readable and of a known kind, before any work
@@ -466,16 +487,63 @@ def extract(sources: list[str], out: Path, options: ExtractOptions = ExtractOpti
         per_file[str(f)] = summary
         counts.update(summary)
     rows = _merge(tasks, table)
+    distinct, top = _hosts(table)
     written = {
         "stage": "extract", "sources": [str(s) for s in sources], "files": len(files), "kinds": dict(Counter(
             kinds.values())), "options": asdict(options), "engine": engine.name, "resumed_tasks": resumed,
         "out": str(table), "candidates": rows, "duplicates_across_files": counts["candidates"] - rows,
-        "counts": dict(sorted(counts.items())), "per_file": per_file,
+        "counts": dict(sorted(counts.items())), "per_file": per_file, "hosts": distinct, "top_hosts": top,
         "text_normalization": "runs of whitespace collapsed to one space, ends stripped; case and characters kept",
         "seconds": round(time.perf_counter() - start, 2),
     }
+    report = out / "extract_report.png"
+    with staged(report) as tmp:
+        plot_report(written, Path(tmp))
     write_json(manifest, written)  # last: the table is finished
-    return written
+    return ExtractResult(table, rows, len(files), written["counts"], per_file, written["duplicates_across_files"],
+                         distinct, [tuple(t) for t in top], resumed, written["seconds"], report, written)
+
+
+READ_COUNTS = ("records", "pages", "images", "rows", "candidates", "duplicate")  # the rest are reasons for dropping
+
+
+def plot_report(manifest: dict, path: Path, top: int = 15) -> None:
+    """Two panels: why links were dropped (and how many became candidates), and the hosts with the most candidates."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    counts = manifest["counts"]
+    reasons = sorted(((k, v) for k, v in counts.items() if k not in READ_COUNTS), key=lambda kv: -kv[1])
+    bars = [("candidates", manifest["candidates"]), ("duplicate (within or across files)",
+                                                     counts.get("duplicate", 0) + manifest["duplicates_across_files"])]
+    bars += reasons
+    hosts = manifest["top_hosts"][:top]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, max(3.5, 0.35 * max(len(bars), len(hosts)) + 1.5)))
+    left.barh([b[0] for b in bars], [b[1] for b in bars], color=["tab:green", "tab:gray"] + ["tab:red"] * len(reasons))
+    left.invert_yaxis()
+    left.set_xlabel("links or rows")
+    read = ", ".join(f"{counts[k]:,} {k}" for k in ("pages", "images", "rows") if counts.get(k))
+    left.set_title(f"{manifest['files']} file(s): {read}", fontsize=10)
+    right.barh([h for h, _ in hosts], [n for _, n in hosts], color="tab:blue")
+    right.invert_yaxis()
+    right.set_xlabel("candidate pairs")
+    right.set_title(f"top {len(hosts)} of {manifest['hosts']:,} image hosts", fontsize=10)
+    fig.suptitle(f"extract: {manifest['candidates']:,} candidate pairs")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, format="png")
+    plt.close(fig)
+
+
+def _hosts(table: Path, top: int = 50) -> tuple[int, list[list]]:
+    import duckdb
+
+    with duckdb.connect() as con:
+        distinct = con.execute("SELECT count(DISTINCT host) FROM read_parquet(?)", [str(table)]).fetchone()[0]
+        most = con.execute("SELECT host, count(*) AS n FROM read_parquet(?) GROUP BY host ORDER BY n DESC, host "
+                           "LIMIT ?", [str(table), top]).fetchall()
+    return int(distinct), [[host, int(n)] for host, n in most]
 
 
 def _merge(tasks: list[Task], table: Path) -> int:
@@ -492,6 +560,6 @@ def _merge(tasks: list[Task], table: Path) -> int:
                     SELECT *, row_number() OVER (PARTITION BY uid ORDER BY task, seq) AS nth
                     FROM (SELECT *, list_position(?, filename) AS task FROM read_parquet(?, filename = true))
                 ) WHERE nth = 1 ORDER BY task, seq
-            ) TO '{tmp}' (FORMAT parquet)""", [paths, paths])
+            ) TO '{str(tmp).replace("'", "''")}' (FORMAT parquet)""", [paths, paths])
         written = con.execute("SELECT count(*) FROM read_parquet(?)", [str(tmp)]).fetchone()[0]
     return int(written)
