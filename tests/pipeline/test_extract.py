@@ -263,3 +263,14 @@ def test_img2dataset_s_own_reader_reads_the_candidate_table(tmp_path):
     assert today.equals(pq.read_table(FIXTURES / "candidates-wat.parquet", columns=["url", "text", "uid"]))
     read = json.loads((FIXTURES / "img2dataset-reader.json").read_text(encoding="utf-8"))
     assert [(s["url"], s["caption"]) for s in read] == [(r["url"], r["text"]) for r in today.to_pylist()]
+
+
+@pytest.mark.parametrize("url", ["https://a.example/x.jpg", "http://User:pw@Img.Example.COM:8080/p?q=1#f",
+                                 "https://[2001:DB8::1]:443/x", "http://host?x=/y", "http://h#frag", "https://a.b/",
+                                 "http://xn--bcher-kva.example/b", "https://a.example", "http://@host/x"])
+def test_url_host_is_urlsplit_s_hostname(url):
+    from urllib.parse import urlsplit as split
+
+    from openalign.pipeline.extract import url_host
+
+    assert url_host(url) == (split(url).hostname or "")

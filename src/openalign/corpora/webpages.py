@@ -63,6 +63,7 @@ class Page:
     base: str = ""  # <base href>, as written
     tags: list[Image] = field(default_factory=list)  # the <img> tags as generated
     extra_html: str = ""  # <picture>, lazy images etc., inside the body
+    links: int = 0  # navigation links (<a href>) besides "About": real pages hold dozens to hundreds
 
     def html(self) -> str:
         head = f"<title>{escape(self.title)}</title>"
@@ -75,8 +76,10 @@ class Page:
                 attrs += f' alt="{tag.alt}"'  # written as given: entity-escaped alts stay escaped
             attrs += "".join(f' {k}="{v}"' for k, v in tag.attrs)
             body.append(f"<p>Photo</p><img{attrs}>")
+        nav = "".join(f'<li><a href="/topic/{k}.html">Topic {k} of the site</a></li>' for k in range(self.links))
+        nav = f"<ul>{nav}</ul>" if nav else ""
         return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\">{head}</head><body>"
-                f"<h1>{escape(self.title)}</h1>{''.join(body)}{self.extra_html}"
+                f"{nav}<h1>{escape(self.title)}</h1>{''.join(body)}{self.extra_html}"
                 f'<a href="/about">About</a></body></html>')
 
     @property
@@ -116,19 +119,20 @@ def parse_base(html: str) -> str:
     return parser.base
 
 
-def site(seed: int = 0, pages: int = 12) -> list[Page]:
+def site(seed: int = 0, pages: int = 12, images: tuple[int, int] = (2, 5), links: int = 0) -> list[Page]:
     """`pages` generated pages over a few hosts, each kind of image source and alt-text among them (see the module's
-    docstring); the same seed gives the same pages."""
+    docstring), `images` = (fewest, most) `<img>` a page and `links` navigation links each; the same arguments give
+    the same pages."""
     rng = random.Random(seed)
     out = []
     for i in range(pages):
         host = HOSTS[i % len(HOSTS)]
         scheme = "https" if i % 3 else "http"
         path = f"/section{i % 3}/page{i}.html"
-        page = Page(f"{scheme}://{host}{path}", f"Page {i} of {host}")
+        page = Page(f"{scheme}://{host}{path}", f"Page {i} of {host}", links=links)
         if i % 4 == 1:
             page.base = f"https://static.{host}/assets/" if i % 8 == 1 else "/mirror/"
-        n = 1 + rng.randrange(1, 5)
+        n = rng.randrange(images[0], images[1] + 1)
         for j in range(n):
             subject = rng.choice(SUBJECTS)
             name = f"{hashlib.md5(f'{seed}-{i}-{j}'.encode()).hexdigest()[:8]}.jpg"
@@ -279,6 +283,8 @@ def _wat_json(filename: str, offset: int, record, kind: str, page: Page | None, 
                     if attrs.get("alt") is not None:
                         link["alt"] = attrs["alt"]
                     links.append(link)
+            links += [{"path": "A@/href", "url": f"/topic/{k}.html", "text": f"Topic {k} of the site"}
+                      for k in range(page.links)]
             links.append({"path": "A@/href", "url": "/about", "text": "About"})
             response["HTML-Metadata"] = {"Head": head, "Links": links}
         envelope["Payload-Metadata"] = {"Actual-Content-Type": "application/http; msgtype=response",

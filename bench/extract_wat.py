@@ -1,0 +1,169 @@
+"""P14: `extract` on Common Crawl WAT files: candidates/s per core against cc2dataset's own function, scaling over
+cores on the local engine and on Spark, and peak memory on a file 10x larger.
+
+The WAT files are generated (corpora/webpages.py, Common Crawl's layout) with pages like real ones: 5-25 `<img>`
+and 80 navigation links each. cc2dataset's `process_wat(path, "image")` runs in its own venv (cc2dataset 1.5.0 with
+the fastwarc of its time: tests/fixtures/web/make_fixtures.py says how to make it), on the same file, in the same
+run; both sides run in a fresh single-threaded process, and their pairs are checked to be the same (apart from the
+differences docs/pipeline.md names).
+
+    .venv/bin/python bench/extract_wat.py --cc2dataset-python /tmp/cc2venv/bin/python [--pages 3000]
+
+Writes its table into docs/benchmarks.md and ends with PERFORMANCE.md's verdict lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import ROOT, verdict, write_section
+
+OURS = """
+import json, resource, sys, time
+from collections import Counter
+from pathlib import Path
+from openalign.pipeline.extract import ExtractOptions, extract_file
+import fastwarc.warc, pyarrow.parquet  # imported before the clock starts, as cc2dataset's are
+start = time.perf_counter()
+counts = extract_file(sys.argv[1], sys.argv[2], ExtractOptions(), "wat")
+seconds = time.perf_counter() - start
+print(json.dumps({"seconds": seconds, "candidates": counts["candidates"],
+                  "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+CC2DATASET = """
+import json, resource, sys, time
+sys.path.insert(0, sys.argv[3])
+from make_fixtures import cc2dataset_functions
+process_wat = cc2dataset_functions()["process_wat"]
+import loguru
+loguru.logger.remove()
+start = time.perf_counter()
+rows = list(process_wat(sys.argv[1], "image"))
+seconds = time.perf_counter() - start
+seen, unique = set(), []
+for uid, url, alt, _, page_url in rows:
+    if uid not in seen:
+        seen.add(uid)
+        unique.append([url, alt, page_url])
+json.dump(unique, open(sys.argv[2], "w"))
+print(json.dumps({"seconds": seconds, "candidates": len(unique),
+                  "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def child(python: str, code: str, *argv: str) -> dict:
+    done = subprocess.run([python, "-c", code, *argv], capture_output=True, text=True, env=ENV, check=False)
+    if done.returncode:
+        raise SystemExit(f"{python} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def crawl(out: Path, pages: int, seed: int) -> Path:
+    from openalign.corpora import webpages
+
+    start = time.perf_counter()
+    _, wat = webpages.write_crawl(webpages.site(seed=seed, pages=pages, images=(5, 25), links=80), out,
+                                  name=f"crawl-{seed:05d}")
+    print(f"{wat.name}: {pages:,} pages, {wat.stat().st_size / 2**20:.1f} MiB in {time.perf_counter() - start:.0f} s",
+          flush=True)
+    return wat
+
+
+def same_pairs(ours: Path, theirs: Path) -> bool:
+    import pyarrow.parquet as pq
+
+    from openalign.data.pairs import normalize_text
+
+    mine = [(r["url"], r["text"]) for r in pq.read_table(ours, columns=["url", "text"]).to_pylist()]
+    expected = []
+    for url, alt, page_url in json.loads(theirs.read_text()):
+        text = normalize_text(alt)
+        if text and url != page_url:
+            expected.append((url, text))
+    return mine == list(dict.fromkeys(expected))
+
+
+def scaling(wats: list[Path], work: Path) -> dict[str, float]:
+    """Seconds of the whole stage on the local engine (1 and 2 workers) and Spark (local[1], local[2])."""
+    from openalign.data.engine import Engine
+    from openalign.pipeline.extract import extract
+
+    seconds = {}
+    for name, engine in (("local 1", Engine("local", workers=1)), ("local 2", Engine("local", workers=2)),
+                         ("spark 1", Engine("spark", "local[1]")), ("spark 2", Engine("spark", "local[2]"))):
+        if name.startswith("spark"):
+            from openalign.data.engine import spark_session
+
+            spark_session(engine.master).stop()  # a session of this many cores; its start is not timed
+            spark_session(engine.master)
+        start = time.perf_counter()
+        extract([str(w) for w in wats], work / name.replace(" ", "-"), engine=engine, progress=False)
+        seconds[name] = time.perf_counter() - start
+        print(f"{name}: {seconds[name]:.1f} s", flush=True)
+    return seconds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cc2dataset-python", required=True, help="the python of cc2dataset's own venv")
+    parser.add_argument("--pages", type=int, default=3000, help="pages of the 1x WAT file")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        one = crawl(work / "one", args.pages, 0)
+        ours = child(sys.executable, OURS, str(one), str(work / "ours.parquet"))
+        theirs = child(args.cc2dataset_python, CC2DATASET, str(one), str(work / "theirs.json"),
+                       str(ROOT / "tests" / "fixtures" / "web"))
+        same = same_pairs(work / "ours.parquet", work / "theirs.json")
+        print(f"ours {ours}\ncc2dataset {theirs}\nsame pairs: {same}", flush=True)
+        ten = crawl(work / "ten", args.pages * 10, 1)
+        ours_ten = child(sys.executable, OURS, str(ten), str(work / "ours10.parquet"))
+        print(f"ours 10x {ours_ten}", flush=True)
+        more = [one] + [crawl(work / f"more{i}", args.pages, 2 + i) for i in range(3)]
+        seconds = scaling(more, work)
+    rate, rate_cc = ours["candidates"] / ours["seconds"], theirs["candidates"] / theirs["seconds"]
+    speedup = rate / rate_cc
+    local_scale = seconds["local 1"] / seconds["local 2"]
+    spark_scale = seconds["spark 1"] / seconds["spark 2"]
+    rss_ratio = ours_ten["rss_mib"] / ours["rss_mib"]
+    rows = [
+        f"### P14 extract on WAT files ({args.pages:,} generated pages a file, 5-25 images and 80 links a page; "
+        "one process, one thread)", "",
+        "| | candidates | seconds | candidates/s per core | peak RSS (MiB) |", "|---|---|---|---|---|",
+        f"| openalign `extract` (FastWARC, IMG@/src pre-check, stdlib json, Parquet part) | {ours['candidates']:,} | "
+        f"{ours['seconds']:.2f} | {rate:,.0f} | {ours['rss_mib']:.0f} |",
+        f"| cc2dataset 1.5.0 `process_wat` (fastwarc 0.14.5, simdjson; whole file read into memory) | "
+        f"{theirs['candidates']:,} | {theirs['seconds']:.2f} | {rate_cc:,.0f} | {theirs['rss_mib']:.0f} |",
+        f"| openalign on a file 10x larger | {ours_ten['candidates']:,} | {ours_ten['seconds']:.2f} | "
+        f"{ours_ten['candidates'] / ours_ten['seconds']:,.0f} | {ours_ten['rss_mib']:.0f} |", "",
+        f"- same pairs as cc2dataset (after the named differences): **{same}**",
+        f"- speed-up per core: **{speedup:.2f}x** (target >= 2.0)",
+        f"- 4 files, whole stage: local 1 worker {seconds['local 1']:.1f} s, 2 workers {seconds['local 2']:.1f} s "
+        f"(**{local_scale:.2f}x**); Spark local[1] {seconds['spark 1']:.1f} s, local[2] {seconds['spark 2']:.1f} s "
+        f"(**{spark_scale:.2f}x**) (target >= 1.8x)",
+        f"- peak RSS on the 10x file / the 1x file: **{rss_ratio:.2f}** (target <= 1.10)",
+        f"- command: `.venv/bin/python bench/extract_wat.py --cc2dataset-python /tmp/cc2venv/bin/python --pages "
+        f"{args.pages}`", "",
+    ]
+    print("\n".join(rows))
+    write_section("P14", "\n".join(rows))
+    print(verdict("P14", "extract_speedup_per_core", speedup, 2.0, at_least=True))
+    print(verdict("P14", "extract_scaling_local_2_cores", local_scale, 1.8, at_least=True))
+    print(verdict("P14", "extract_scaling_spark_2_cores", spark_scale, 1.8, at_least=True))
+    print(verdict("P14", "extract_rss_10x_over_1x", rss_ratio, 1.10, at_least=False))
+    print(f"P14 extract_same_pairs={same} {'PASS' if same else 'FAIL'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
