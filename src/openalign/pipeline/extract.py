@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import time
 import zlib
 from collections import Counter
