@@ -144,8 +144,9 @@ def pages_parsed_independently(pages: list[tuple[str, str]]) -> list[tuple[str, 
     data-src, else src, else srcset's first; resolved against the page's <base>; http(s) only; unique, in order."""
     found = []
     for page_url, html in pages:
-        base = urljoin(page_url, webpages.parse_base(html).strip())
-        for attrs in webpages.parse_images(html):
+        href, images = webpages.parse_page(html)
+        base = urljoin(page_url, href.strip())
+        for attrs in images:
             text = " ".join((attrs.get("alt") or "").split()) if "alt" in attrs else ""
             src = ((attrs.get("data-src") or "").strip() or (attrs.get("src") or "").strip()
                    or (attrs.get("srcset") or "").strip().split(",")[0].strip().split(" ")[0])

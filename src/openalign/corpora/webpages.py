@@ -5,7 +5,8 @@ The pages hold what real pages hold and what extraction must get right: image so
 scheme-relative (`//cdn...`), host-relative (`/img/...`) and page-relative (`../a.png`); pages with a `<base href>`;
 empty, missing, whitespace-only, entity-escaped and non-ASCII alt-texts; `data:` and `javascript:` sources; lazy
 images (`data-src`), `srcset` and `<picture>`; the same image and alt on several pages. `site(seed, pages)` makes
-them deterministically; `Page.images` is what each page's `<img>` tags say, parsed independently (html.parser).
+them deterministically; `parse_page` reads a page's `<base>` and `<img>` tags independently of extract
+(Python's html.parser).
 
 The WAT follows Common Crawl's published layout (https://commoncrawl.org/get-started, "WAT Format"; the Internet
 Archive's Web Archive Transformation format it comes from): a gzip member per record; a `warcinfo` record, then
@@ -82,11 +83,6 @@ class Page:
                 f"{nav}<h1>{escape(self.title)}</h1>{''.join(body)}{self.extra_html}"
                 f'<a href="/about">About</a></body></html>')
 
-    @property
-    def images(self) -> list[dict]:
-        """Each `<img>` of the page's HTML as an HTML parser reads it: {"src", "alt" (None when absent), attrs}."""
-        return parse_images(self.html())
-
 
 class _Images(HTMLParser):
     def __init__(self):
@@ -104,19 +100,13 @@ class _Images(HTMLParser):
     handle_startendtag = handle_starttag
 
 
-def parse_images(html: str) -> list[dict]:
-    """The attributes of every `<img>` in `html` (entities decoded), in document order (Python's html.parser)."""
+def parse_page(html: str) -> tuple[str, list[dict]]:
+    """(the first `<base href>` as written, or ""; the attributes of every `<img>`, entities decoded, in document
+    order; an attribute without a value is None) of `html`, read by Python's html.parser."""
     parser = _Images()
     parser.feed(html)
     parser.close()
-    return parser.found
-
-
-def parse_base(html: str) -> str:
-    parser = _Images()
-    parser.feed(html)
-    parser.close()
-    return parser.base
+    return parser.base, parser.found
 
 
 def site(seed: int = 0, pages: int = 12, images: tuple[int, int] = (2, 5), links: int = 0) -> list[Page]:
@@ -273,11 +263,11 @@ def _wat_json(filename: str, offset: int, record, kind: str, page: Page | None, 
         if page is not None:  # an HTML page: its head and links
             html = page.html()
             head: dict = {"Title": page.title}
-            base = parse_base(html)
+            base, images = parse_page(html)
             if base:
                 head["Base"] = base
             links = []
-            for attrs in parse_images(html):
+            for attrs in images:
                 if "src" in attrs:
                     link = {"path": "IMG@/src", "url": attrs["src"]}
                     if attrs.get("alt") is not None:

@@ -63,7 +63,6 @@ CANDIDATE_SCHEMA = pa.schema([
     ("height", pa.int32()),
 ])
 PART_SCHEMA = CANDIDATE_SCHEMA.append(pa.field("seq", pa.int64()))  # order within the file, for the merge
-DROPPED = ("empty_alt", "no_alt", "empty_src", "bad_url")  # plus scheme_<name>, bad_record, truncated_record
 IMG_SRC = b'"IMG@/src"'
 
 
@@ -166,6 +165,33 @@ def url_host(url: str) -> str:
     return rest.partition(":")[0].lower()
 
 
+def resolve_base(page_url: str, href) -> str:
+    """The URL a page's relative links resolve against: its `<base href>` resolved against the page, else the page."""
+    if not isinstance(href, str):
+        return page_url
+    try:
+        return urljoin(page_url, href)
+    except ValueError:
+        return page_url
+
+
+def pair(alt, src: str, base: str, counts: Counter) -> tuple[str, str] | None:
+    """(absolute image URL, text) of one image's alt (None: the tag has none) and source, or None with the reason
+    counted: the rules every kind of input shares."""
+    if not isinstance(alt, str):
+        counts["no_alt"] += 1
+        return None
+    text = normalize_text(alt)
+    if not text:
+        counts["empty_alt"] += 1
+        return None
+    url, why = absolute(src, base)
+    if url is None:
+        counts[why] += 1
+        return None
+    return url, text
+
+
 def wat_candidates(path: Path, counts: Counter) -> Iterator[dict]:
     """The candidate rows of one WAT file, in record order (not yet unique), counting what is dropped and why."""
     from fastwarc.warc import ArchiveIterator, WarcRecordType
@@ -189,30 +215,15 @@ def wat_candidates(path: Path, counts: Counter) -> Iterator[dict]:
                     counts["bad_record"] += 1
                     continue
                 counts["pages"] += 1
-                base = page_url
                 head = html.get("Head")
-                if isinstance(head, dict) and isinstance(head.get("Base"), str):
-                    try:
-                        base = urljoin(page_url, head["Base"])
-                    except ValueError:
-                        pass
+                base = resolve_base(page_url, head.get("Base") if isinstance(head, dict) else None)
                 for link in links if isinstance(links, list) else ():
                     if not isinstance(link, dict) or link.get("path") != "IMG@/src":
                         continue
                     counts["images"] += 1
-                    alt = link.get("alt")
-                    if not isinstance(alt, str):
-                        counts["no_alt"] += 1
-                        continue
-                    text = normalize_text(alt)
-                    if not text:
-                        counts["empty_alt"] += 1
-                        continue
-                    url, why = absolute(str(link.get("url") or ""), base)
-                    if url is None:
-                        counts[why] += 1
-                        continue
-                    yield {"url": url, "text": text, "page_url": page_url, "offset": record.stream_pos}
+                    found = pair(link.get("alt"), str(link.get("url") or ""), base, counts)
+                    if found:
+                        yield {"url": found[0], "text": found[1], "page_url": page_url, "offset": record.stream_pos}
         except (OSError, EOFError, zlib.error, gzip.BadGzipFile):  # a gzip member that cannot be inflated
             counts["truncated_record"] += 1
 
@@ -245,29 +256,15 @@ def warc_candidates(path: Path, counts: Counter) -> Iterator[dict]:
                 except (LookupError, ValueError):  # an unknown charset name
                     tree = LexborHTMLParser(body.decode("utf-8", "replace"))
                 counts["pages"] += 1
-                base = page_url
                 tag = tree.css_first("base[href]")
-                if tag is not None:
-                    try:
-                        base = urljoin(page_url, (tag.attributes.get("href") or "").strip())
-                    except ValueError:
-                        pass
+                base = resolve_base(page_url, (tag.attributes.get("href") or "").strip() if tag is not None else None)
                 for img in tree.css("img"):
                     counts["images"] += 1
                     attrs = img.attributes
-                    if "alt" not in attrs:
-                        counts["no_alt"] += 1
-                        continue
-                    text = normalize_text(attrs.get("alt") or "")
-                    if not text:
-                        counts["empty_alt"] += 1
-                        continue
-                    url, why = absolute(_img_source(attrs), base)
-                    if url is None:
-                        counts[why] += 1
-                        continue
-                    yield {"url": url, "text": text, "page_url": page_url, "offset": record.stream_pos,
-                           "width": _dimension(attrs.get("width")), "height": _dimension(attrs.get("height"))}
+                    found = pair(attrs.get("alt") or "" if "alt" in attrs else None, _img_source(attrs), base, counts)
+                    if found:
+                        yield {"url": found[0], "text": found[1], "page_url": page_url, "offset": record.stream_pos,
+                               "width": _dimension(attrs.get("width")), "height": _dimension(attrs.get("height"))}
         except (OSError, EOFError, zlib.error, gzip.BadGzipFile):
             counts["truncated_record"] += 1
 
@@ -322,18 +319,18 @@ def _table_names(path: Path) -> list[str]:
             from None
 
 
-def _csv_reader(path: Path, names: list[str] | None = None):
-    """A streaming CSV/TSV reader (pyarrow), every column read as text when `names` are given."""
+def _csv_reader(path: Path, columns: list[str] | None = None):
+    """A streaming CSV/TSV reader (pyarrow); with `columns`, only those, read as text."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
     from openalign.data.tables import sniff_delimiter
 
-    types = {name: pa.string() for name in names or ()}
+    convert = pacsv.ConvertOptions(column_types={name: pa.string() for name in columns or ()},
+                                   include_columns=columns or [], strings_can_be_null=True)
     return pacsv.open_csv(path, parse_options=pacsv.ParseOptions(delimiter=sniff_delimiter(path),
                                                                  newlines_in_values=True),
-                          convert_options=pacsv.ConvertOptions(column_types=types, strings_can_be_null=True),
-                          read_options=pacsv.ReadOptions(block_size=1 << 22))
+                          convert_options=convert, read_options=pacsv.ReadOptions(block_size=1 << 22))
 
 
 def _batches(path: Path, wanted: list[str]) -> Iterator[list[dict]]:
@@ -352,9 +349,9 @@ def _batches(path: Path, wanted: list[str]) -> Iterator[list[dict]]:
                     batch = []
             yield batch
     elif suffix in (".csv", ".tsv"):
-        with _csv_reader(path, _table_names(path)) as reader:
+        with _csv_reader(path, wanted) as reader:
             for batch in reader:
-                yield batch.select(wanted).to_pylist()
+                yield batch.to_pylist()
     else:
         for batch in pq.ParquetFile(path).iter_batches(columns=wanted, batch_size=65_536):
             yield batch.to_pylist()
@@ -374,16 +371,11 @@ def table_candidates(path: Path, counts: Counter) -> Iterator[dict]:
             if row is None:
                 counts["bad_record"] += 1
                 continue
-            text = normalize_text(str(row[columns["text"]] or ""))
-            if not text:
-                counts["empty_alt"] += 1
-                continue
-            url, why = absolute(str(row[columns["url"]] or ""), "")
-            if url is None:
-                counts[why] += 1
+            found = pair(str(row[columns["text"]] or ""), str(row[columns["url"]] or ""), "", counts)
+            if not found:
                 continue
             page = row.get(columns["page_url"]) if columns["page_url"] else None
-            yield {"url": url, "text": text, "page_url": str(page) if page else None, "offset": number,
+            yield {"url": found[0], "text": found[1], "page_url": str(page) if page else None, "offset": number,
                    "width": _dimension(row.get(columns["width"])) if columns["width"] else None,
                    "height": _dimension(row.get(columns["height"])) if columns["height"] else None}
 
@@ -412,7 +404,8 @@ def extract_file(path: str, part: str, options: ExtractOptions, kind: str = "wat
                 counts["duplicate"] += 1
                 continue
             seen.add(row["uid"])
-            rows.append(row | {"seq": len(seen)})
+            row["seq"] = len(seen)
+            rows.append(row)
             if len(rows) >= options.batch_rows:
                 writer.write_table(pa.Table.from_pylist(rows, PART_SCHEMA))
                 rows = []
@@ -439,7 +432,8 @@ def inputs(sources: list[str]) -> list[Path]:
                 raise ConfigError(f"{source} matches no file")
             files += matched
         else:
-            raise ConfigError(f"{source} does not exist; give WAT files, a directory of them or a glob")
+            raise ConfigError(f"{source} does not exist; give web archives or URL tables, a directory of them or a "
+                              "glob")
     if not files:
         raise ConfigError(f"found no files in {', '.join(sources)}")
     return list(dict.fromkeys(files))
