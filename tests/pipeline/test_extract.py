@@ -8,6 +8,7 @@ import functools
 import http.server
 import json
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -283,3 +284,85 @@ def test_url_host_is_urlsplit_s_hostname(url):
     from openalign.pipeline.extract import url_host
 
     assert url_host(url) == (split(url).hostname or "")
+
+
+def _wat_of(records: list[bytes], path: Path) -> Path:
+    """A WAT file of metadata records with these JSON payloads (warcio)."""
+    from io import BytesIO
+
+    from warcio.warcwriter import WARCWriter
+
+    with open(path, "wb") as stream:
+        writer = WARCWriter(stream, gzip=True)
+        for n, payload in enumerate(records):
+            writer.write_record(writer.create_warc_record(f"http://p.example/{n}", "metadata", payload=BytesIO(
+                payload), warc_content_type="application/json"))
+    return path
+
+
+def _page_json(alt_json: str, n: int = 0) -> bytes:
+    return ('{"Envelope": {"WARC-Header-Metadata": {"WARC-Target-URI": "http://p.example/%d"}, "Payload-Metadata": '
+            '{"HTTP-Response-Metadata": {"HTML-Metadata": {"Links": [{"path": "IMG@/src", "url": "/a%d.jpg", '
+            '"alt": %s}]}}}}}' % (n, n, alt_json)).encode()
+
+
+def test_a_record_with_a_lone_surrogate_is_skipped_and_counted(tmp_path):
+    """JSON may escape half a UTF-16 pair ("\\ud800"): such a text cannot be hashed or written as UTF-8, so its
+    record is a bad record (cc2dataset's simdjson refuses it too), and the file's other records still count."""
+    wat = _wat_of([_page_json('"caf\\u00e9 \\ud800 x"', 0), _page_json('"a dog"', 1)], tmp_path / "s.warc.wat.gz")
+    result = extract([str(wat)], tmp_path / "out", progress=False)
+    assert [(r["url"], r["text"]) for r in rows(tmp_path / "out")] == [("http://p.example/a1.jpg", "a dog")]
+    assert result.counts["bad_record"] == 1
+
+
+def test_links_resolve_as_urljoin_resolves_them():
+    """Base.resolve writes out urljoin for the common shapes of link: an oracle test over generated bases and links
+    with every piece that sends urljoin down another branch (dot segments, empty segments, queries, fragments,
+    params, IPv6 literals, ports, user info, schemes, upper case, non-ASCII, spaces, tabs)."""
+    import random
+
+    import pyarrow as pa
+
+    from openalign.pipeline.extract import Base, hosts
+
+    rng = random.Random(0)
+    netlocs = ["p.example", "P.Example:8080", "u:pw@p.example", "[::1]", "[::1]:80", "bücher.example", "",
+             "p.example?x", "[bad"]
+    paths = ["", "/", "/a", "/a/", "/a/b.html", "/a/b/c/d.html", "/a//b/", "/a/./b", "/a/../b/", "/a;p/b", "/a/b;p", "/.x/y",
+             "/a b/c", "/é/", "/a/b?q=1", "/a/b#f", "/a/b?", "/a:b/c"]
+    schemes = ["http", "https", "HTTPS", "ftp", "file", ""]
+    pieces = ["img", "x.jpg", "..", ".", "", "a b", "é", "%20", "?q", "?", "#f", ";p", ":", "@", "//", "/", "a:b",
+              "\t", "[", "]", "\\", "~u", "x.jpg?w=1&h=2", "cdn.example", "..x", ".x", "=", "!", "$", "'"]
+    bases = [f"{scheme}://{host}{path}" if scheme else f"//{host}{path}" for scheme in schemes for host in netlocs
+             for path in paths] + ["", "relative/page.html", "http:/oops", "http://"]
+    checked, urls = 0, []
+    for base in bases:
+        resolver = Base(base)
+        for _ in range(40):
+            lead = rng.choice(["", "/", "//", "./", "../", "../../", "./../", "?", "#", "http:", "HTTP://h.example/"])
+            src = lead + "/".join(rng.choice(pieces) for _ in range(rng.randint(1, 4)))
+            if not src.strip() or src.strip()[:8].lower().startswith(("http://", "https://")):
+                continue  # no source, and absolute http(s) URLs, are the named differences (docs/pipeline.md)
+            try:
+                expected = urljoin(base, src.strip())
+            except ValueError:
+                expected = None
+            if expected is not None and expected.split(":", 1)[0].lower() not in ("http", "https"):
+                expected = None
+            found, _ = resolver.resolve(src)
+            assert found == expected, (base, src)
+            urls += [found] if found else []
+            checked += 1
+    # and their hosts, a column at a time, are urlsplit's (none where it has none or refuses the URL)
+    urls += ["http://[::1]:80/x", "http://[v1.x]/", "http://[127.0.0.1]/", "http://u@[::1/", "http://a]b/",
+             "HTTP://USER:pw@Host.Example:8080/p", "http://bücher.example/", "http://h\u00e9.example/", "http:x/y",
+             "http://a\tb.example/", "http://ab.example/\n", "http://ab.example/ok", "http://\u0130.example/",
+             "http://a@b@c.example/", "https://a:b@c:d@e.example:1/"]
+    got = hosts(pa.array(urls)).to_pylist()
+    for url, host in zip(urls, got):
+        try:  # a URL with a control character has none (urlsplit would drop a tab and keep a NUL)
+            expected = "" if re.search(r"[\x00-\x1f\x7f]", url) else urlsplit(url).hostname or ""
+        except ValueError:
+            expected = ""
+        assert host == expected, url
+    assert checked > 10_000

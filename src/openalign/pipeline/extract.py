@@ -31,14 +31,16 @@ unchanged and redoes the others; both engines run one task per file).
 from __future__ import annotations
 
 import gzip
+import ipaddress
 import json
+import re
 import time
 import zlib
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, Iterator
-from urllib.parse import urljoin
+from urllib.parse import urljoin, urlparse
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -68,7 +70,7 @@ IMG_SRC = b'"IMG@/src"'
 
 @dataclass(frozen=True)
 class ExtractOptions:
-    batch_rows: Annotated[int, POSITIVE_INT] = 65_536  # rows a part buffers before it writes a row group
+    batch_rows: Annotated[int, POSITIVE_INT] = 8_192  # rows a task buffers before it writes a row group
 
     def __post_init__(self):
         check(self, spell=lambda name: f"extract.{name}")
@@ -135,49 +137,144 @@ def target_uri(value) -> str:
 
 def absolute(url: str, base: str) -> tuple[str | None, str]:
     """(the absolute http(s) URL of `url` on a page whose base is `base`, or None; the reason when None)."""
-    url = url.strip()
-    if not url:
-        return None, "empty_src"
-    head = url[:8].lower()
-    if not (head.startswith("http://") or head.startswith("https://")):
+    url, why = Base(base).resolve(url)
+    return (url, "") if url is not None and url_host(url) else (None, why or "bad_url")
+
+
+# urljoin's shortcut below applies to printable ASCII without ' ', '#', ';', '[', ']' or '\\' (fragments, params,
+# IPv6 literals: urljoin's rarer branches; such links take urljoin itself)
+PLAIN = re.compile(r'[!"$-:<-Z^-~]+')
+
+
+class Base:
+    """A page's base URL, parsed once, resolving its links to absolute http(s) URLs.
+
+    `resolve` gives urljoin's result (tests/pipeline/test_extract.py checks it on tens of thousands of generated
+    links), written out for the shapes nearly every link has, where urljoin's result is a concatenation:
+    scheme-relative (`//cdn/x.jpg`), host-relative (`/img/x.jpg`) and a relative path (`img/x.jpg`, `../img/x.jpg`)
+    on a base whose path has no dot or empty segments; anything else goes to urljoin. urljoin was the stage's largest
+    cost, as it is cc2dataset's."""
+
+    __slots__ = ("url", "scheme", "origin", "folder")
+
+    def __init__(self, url: str):
+        self.url, self.scheme, self.origin, self.folder = url, "", None, None
         try:
-            url = urljoin(base, url)
+            scheme, netloc, path, _, _, _ = urlparse(url)
         except ValueError:
+            return
+        if scheme in ("http", "https") and netloc and PLAIN.fullmatch(netloc):
+            self.scheme, self.origin = scheme, f"{scheme}://{netloc}"
+            if "//" not in path and "/." not in path and ";" not in path and (not path or path[0] == "/"):
+                self.folder = path[:path.rfind("/") + 1] or "/"
+
+    def resolve(self, src: str) -> tuple[str | None, str]:
+        """(the absolute http(s) URL of a link's source, or None; the reason when None). The URL's host is checked
+        a column at a time (`hosts`): one without a host is dropped there as `bad_url`."""
+        src = src.strip()
+        if src.startswith(HTTP):
+            return src, ""
+        if not src:
+            return None, "empty_src"
+        if src[:8].lower().startswith(HTTP):
+            return src, ""
+        url = self._join(src)
+        if url is None:
             return None, "bad_url"
-    scheme = url.split(":", 1)[0].lower() if ":" in url else ""
-    if not scheme or "/" in scheme:
-        return None, "relative_url"  # a table's URL with no page to resolve it against
-    if scheme not in ("http", "https"):
-        return None, f"scheme_{scheme if scheme.isalnum() and len(scheme) <= 16 else 'other'}"
-    return (url, "") if url_host(url) else (None, "bad_url")
+        scheme = url.split(":", 1)[0].lower() if ":" in url else ""
+        if not scheme or "/" in scheme:
+            return None, "relative_url"  # a table's URL with no page to resolve it against
+        if scheme not in HTTP_SCHEMES:
+            return None, f"scheme_{scheme if scheme.isalnum() and len(scheme) <= 16 else 'other'}"
+        return url, ""
+
+    def _join(self, src: str) -> str | None:
+        """urljoin(base, src), or None where it raises."""
+        if self.origin is not None and src[-1] != "?" and PLAIN.fullmatch(src):
+            if src[0] == "/":
+                if "/." in src:
+                    pass
+                elif src[1:2] != "/":
+                    return self.origin + src  # host-relative
+                elif src[2:3] not in ("/", "?", ""):
+                    return f"{self.scheme}:{src}"  # scheme-relative, with a host
+            elif self.folder is not None and src[0] != "?" and ":" not in src and "//" not in src:
+                rest, up = src, 0
+                while rest[:2] == "./" or rest[:3] == "../":  # leading dot segments: urljoin's parent folders
+                    up, rest = (up + 1, rest[3:]) if rest[1] == "." else (up, rest[2:])
+                if rest and rest[0] not in ".?" and "/." not in rest:
+                    folder = self.folder
+                    if up:
+                        names = folder.split("/")[1:-1]
+                        folder = "/" + "".join(name + "/" for name in names[:max(0, len(names) - up)])
+                    return self.origin + folder + rest  # a relative path
+        try:
+            return urljoin(self.url, src)
+        except ValueError:
+            return None
+
+
+HTTP = ("http://", "https://")
+HTTP_SCHEMES = ("http", "https")
+NETLOC = re.compile(r"[^:]*://([^/?#]*)")  # the authority after the scheme's "://"
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def url_host(url: str) -> str:
-    """The lower-case host of an absolute URL ("" when it has none or its brackets are unbalanced): urlsplit's
-    `hostname`, without building the whole split (it ran twice per pair, the stage's largest cost)."""
-    rest = url.partition("://")[2]
-    for stop in "/?#":
-        rest = rest.partition(stop)[0]
-    rest = rest.rpartition("@")[2]
-    if rest.startswith("["):
-        inside, bracket, _ = rest[1:].partition("]")
-        return inside.lower() if bracket else ""
-    return rest.partition(":")[0].lower()
+    """The lower-case host of an absolute URL, "" where it has none: urlsplit's `hostname` ("" too where urlsplit
+    raises: unbalanced brackets, a bracketed host that is not an IPv6 address; and where the URL holds a control
+    character, which urlsplit would drop or keep), without building the whole split."""
+    if CONTROL.search(url):
+        return ""
+    match = NETLOC.match(url)
+    if match is None:  # no authority after the scheme ("http:x/y"): no host
+        return ""
+    netloc = match.group(1)
+    if "[" not in netloc and "]" not in netloc:
+        return netloc.rpartition("@")[2].partition(":")[0].lower()
+    if "[" not in netloc or "]" not in netloc:
+        return ""
+    host = netloc.rpartition("@")[2]
+    inside = netloc.partition("[")[2].partition("]")[0]
+    if not (inside.startswith("v") and re.fullmatch(r"v[a-fA-F0-9]+\..+", inside)):
+        try:
+            ipaddress.IPv6Address(inside)
+        except ValueError:
+            return ""
+    return (host.partition("[")[2].partition("]")[0] if "[" in host else host.partition(":")[0]).lower()
 
 
-def resolve_base(page_url: str, href) -> str:
-    """The URL a page's relative links resolve against: its `<base href>` resolved against the page, else the page."""
+def hosts(urls: pa.Array) -> pa.Array:
+    """`url_host` of each URL, a column at a time: one regular expression (RE2, in Arrow) for the authorities of
+    printable ASCII without brackets, nearly all of them; the others one at a time."""
+    import pyarrow.compute as pc
+
+    found = pc.utf8_lower(pc.struct_field(pc.extract_regex(urls, PLAIN_HOST), 0).fill_null(""))
+    odd = pc.or_(pc.match_substring_regex(urls, ODD_NETLOC), pc.match_substring_regex(urls, CONTROL.pattern))
+    if pc.any(odd).as_py():
+        slow = pa.array([url_host(url) for url in pc.filter(urls, odd).to_pylist()], pa.string())
+        found = pc.replace_with_mask(found, odd, slow)
+    return found
+
+
+PLAIN_HOST = r"^[^:]*://(?:[^/?#]*@)?(?P<host>[^/?#:]*)"  # url_host where the authority is ODD_NETLOC's opposite
+ODD_NETLOC = r"^[^:]*://[^/?#]*[^!-~]|^[^:]*://[^/?#]*[\[\]]"  # an authority with brackets, or not printable ASCII
+NO_BASE = Base("")  # a URL table's: its URLs must be absolute
+
+
+def resolve_base(page_url: str, href) -> Base:
+    """The base a page's relative links resolve against: its `<base href>` resolved against the page, else the page."""
     if not isinstance(href, str):
-        return page_url
+        return Base(page_url)
     try:
-        return urljoin(page_url, href)
+        return Base(urljoin(page_url, href))
     except ValueError:
-        return page_url
+        return Base(page_url)
 
 
-def pair(alt, src: str, base: str, counts: Counter) -> tuple[str, str] | None:
-    """(absolute image URL, text) of one image's alt (None: the tag has none) and source, or None with the reason
-    counted: the rules every kind of input shares."""
+def pair(alt, src: str, base: Base, counts: Counter) -> tuple[str, str] | None:
+    """(absolute image URL, text) of one image's alt (None: the tag has none) and source, or None with the
+    reason counted: the rules every kind of input shares."""
     if not isinstance(alt, str):
         counts["no_alt"] += 1
         return None
@@ -185,15 +282,22 @@ def pair(alt, src: str, base: str, counts: Counter) -> tuple[str, str] | None:
     if not text:
         counts["empty_alt"] += 1
         return None
-    url, why = absolute(src, base)
+    url, why = base.resolve(src)
     if url is None:
         counts[why] += 1
         return None
     return url, text
 
 
-def wat_candidates(path: Path, counts: Counter) -> Iterator[dict]:
-    """The candidate rows of one WAT file, in record order (not yet unique), counting what is dropped and why."""
+# A candidate as a reader yields it: (url, text, page_url, offset, width, height)
+Found = tuple[str, str, "str | None", int, "int | None", "int | None"]
+
+
+def wat_candidates(path: Path, counts: Counter) -> Iterator[Found]:
+    """The candidates of one WAT file, in record order (not yet unique), counting what is dropped and why. Each
+    record's JSON is parsed by orjson (3x the standard library's json here; like cc2dataset's simdjson it refuses
+    what is not UTF-8, such as an escaped lone surrogate, and such a record is a `bad_record`)."""
+    import orjson
     from fastwarc.warc import ArchiveIterator, WarcRecordType
 
     with open(path, "rb") as stream:
@@ -207,7 +311,7 @@ def wat_candidates(path: Path, counts: Counter) -> Iterator[dict]:
                 if IMG_SRC not in data:  # request records, pages without images: no JSON to parse
                     continue
                 try:
-                    envelope = json.loads(data)["Envelope"]
+                    envelope = orjson.loads(data)["Envelope"]
                     page_url = target_uri(envelope["WARC-Header-Metadata"]["WARC-Target-URI"])
                     html = envelope["Payload-Metadata"]["HTTP-Response-Metadata"]["HTML-Metadata"]
                     links = html["Links"]
@@ -217,13 +321,16 @@ def wat_candidates(path: Path, counts: Counter) -> Iterator[dict]:
                 counts["pages"] += 1
                 head = html.get("Head")
                 base = resolve_base(page_url, head.get("Base") if isinstance(head, dict) else None)
+                offset, images = record.stream_pos, 0
                 for link in links if isinstance(links, list) else ():
-                    if not isinstance(link, dict) or link.get("path") != "IMG@/src":
+                    if link.__class__ is not dict or link.get("path") != "IMG@/src":
                         continue
-                    counts["images"] += 1
-                    found = pair(link.get("alt"), str(link.get("url") or ""), base, counts)
+                    images += 1
+                    src = link.get("url")
+                    found = pair(link.get("alt"), src if src.__class__ is str else str(src or ""), base, counts)
                     if found:
-                        yield {"url": found[0], "text": found[1], "page_url": page_url, "offset": record.stream_pos}
+                        yield found[0], found[1], page_url, offset, None, None
+                counts["images"] += images
         except (OSError, EOFError, zlib.error, gzip.BadGzipFile):  # a gzip member that cannot be inflated
             counts["truncated_record"] += 1
 
@@ -231,8 +338,8 @@ def wat_candidates(path: Path, counts: Counter) -> Iterator[dict]:
 HTML_TYPES = ("text/html", "application/xhtml+xml")
 
 
-def warc_candidates(path: Path, counts: Counter) -> Iterator[dict]:
-    """The candidate rows of one WARC file's HTML responses, in record order: each `<img>`'s source and alt, parsed
+def warc_candidates(path: Path, counts: Counter) -> Iterator[Found]:
+    """The candidates of one WARC file's HTML responses, in record order: each `<img>`'s source and alt, parsed
     by selectolax (lexbor); the source is `data-src` where the tag has one (lazy loading: `src` holds a placeholder
     until a script swaps them), else `src`, else the first `srcset` candidate; width and height where the tag
     declares them as whole numbers. `<picture>`'s `<source>`s are not pairs: its `<img>` (the fallback) carries
@@ -263,8 +370,8 @@ def warc_candidates(path: Path, counts: Counter) -> Iterator[dict]:
                     attrs = img.attributes
                     found = pair(attrs.get("alt") or "" if "alt" in attrs else None, _img_source(attrs), base, counts)
                     if found:
-                        yield {"url": found[0], "text": found[1], "page_url": page_url, "offset": record.stream_pos,
-                               "width": _dimension(attrs.get("width")), "height": _dimension(attrs.get("height"))}
+                        yield (*found, page_url, record.stream_pos, _dimension(attrs.get("width")),
+                               _dimension(attrs.get("height")))
         except (OSError, EOFError, zlib.error, gzip.BadGzipFile):
             counts["truncated_record"] += 1
 
@@ -334,13 +441,15 @@ def _csv_reader(path: Path, columns: list[str] | None = None):
 
 
 def _batches(path: Path, wanted: list[str]) -> Iterator[list[dict]]:
+    import orjson
+
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
         with open(path, encoding="utf-8", errors="replace") as f:
             batch = []
             for line in f:
                 try:
-                    row = json.loads(line)
+                    row = orjson.loads(line)  # like a WAT record's (a lone surrogate is a bad row)
                 except ValueError:
                     row = None
                 batch.append({k: row.get(k) for k in wanted} if isinstance(row, dict) else None)
@@ -357,8 +466,8 @@ def _batches(path: Path, wanted: list[str]) -> Iterator[list[dict]]:
             yield batch.to_pylist()
 
 
-def table_candidates(path: Path, counts: Counter) -> Iterator[dict]:
-    """The candidate rows of a URL table made elsewhere (COYO-700M's, LAION's or DataComp's Parquet, a CSV of url
+def table_candidates(path: Path, counts: Counter) -> Iterator[Found]:
+    """The candidates of a URL table made elsewhere (COYO-700M's, LAION's or DataComp's Parquet, a CSV of url
     and caption), streamed in batches: the same URL and text rules as pages (an absolute http(s) URL, a text after
     whitespace collapsing), with the table's width and height where it has them; `offset` is the row number."""
     columns = table_columns(path)
@@ -371,46 +480,57 @@ def table_candidates(path: Path, counts: Counter) -> Iterator[dict]:
             if row is None:
                 counts["bad_record"] += 1
                 continue
-            found = pair(str(row[columns["text"]] or ""), str(row[columns["url"]] or ""), "", counts)
+            found = pair(str(row[columns["text"]] or ""), str(row[columns["url"]] or ""), NO_BASE, counts)
             if not found:
                 continue
             page = row.get(columns["page_url"]) if columns["page_url"] else None
-            yield {"url": found[0], "text": found[1], "page_url": str(page) if page else None, "offset": number,
-                   "width": _dimension(row.get(columns["width"])) if columns["width"] else None,
-                   "height": _dimension(row.get(columns["height"])) if columns["height"] else None}
+            yield (*found, str(page) if page else None, number,
+                   _dimension(row.get(columns["width"])) if columns["width"] else None,
+                   _dimension(row.get(columns["height"])) if columns["height"] else None)
 
 
-def candidate_row(found: dict, source: str) -> dict:
-    image_key = blake(found["url"].encode("utf-8", "surrogatepass"))
-    host = url_host(found["url"])
-    return {"uid": pair_uid(image_key, found["text"]), "image_key": image_key, "url": found["url"],
-            "text": found["text"], "page_url": found["page_url"], "host": host, "source": source,
-            "offset": found["offset"], "width": found.get("width"), "height": found.get("height")}
+def part_table(found: list[Found], source: str, start: int, counts: Counter) -> pa.Table:
+    """Candidates as a part's rows (PART_SCHEMA), numbered from `start` in their file's order, with their hosts (a
+    URL without one is dropped and counted, `bad_url`) and keys, as a pair table's: image_key = a hash of the url,
+    uid = the pair uid of (image_key, text)."""
+    import pyarrow.compute as pc
 
-
-# ---------------------------------------------------------------------------------------------------- the stage
+    urls, texts, pages, offsets, widths, heights = zip(*found) if found else ((),) * 6
+    table = pa.table({"url": pa.array(urls, pa.string()), "text": pa.array(texts, pa.string()),
+                      "page_url": pa.array(pages, pa.string()), "offset": pa.array(offsets, pa.int64()),
+                      "width": pa.array(widths, pa.int32()), "height": pa.array(heights, pa.int32()),
+                      "seq": pa.array(range(start, start + len(found)), pa.int64())})
+    host = hosts(table["url"].combine_chunks())
+    known = pc.not_equal(host, "")
+    if not pc.all(known).as_py():
+        counts["bad_url"] += len(found) - pc.sum(known).as_py()
+        table, host = table.filter(known), host.filter(known)
+    keys = [blake(url.encode("utf-8", "surrogatepass")) for url in table["url"].to_pylist()]
+    uids = [pair_uid(key, text) for key, text in zip(keys, table["text"].to_pylist())]
+    columns = {**{name: table[name] for name in table.column_names}, "uid": pa.array(uids, pa.string()),
+               "image_key": pa.array(keys, pa.string()), "host": host,
+               "source": pa.array([source] * table.num_rows, pa.string())}
+    counts["pairs"] += table.num_rows
+    return pa.table([columns[f.name] for f in PART_SCHEMA], schema=PART_SCHEMA)
 
 
 def extract_file(path: str, part: str, options: ExtractOptions, kind: str = "wat") -> dict:
-    """One task: the unique candidates of one input file -> PART (with their order); returns the counts."""
+    """One task: the candidates of one input file -> PART, in the file's order, a row group per `batch_rows` (the
+    task's memory does not grow with the file: pairs repeated within it are removed by the merge, out of core);
+    returns the counts."""
     counts: Counter = Counter()
-    seen: set[str] = set()
-    rows: list[dict] = []
+    read = {"wat": wat_candidates, "warc": warc_candidates, "table": table_candidates}[kind]
+    batch: list[Found] = []
+    written = 0
     with staged(Path(part)) as tmp, pq.ParquetWriter(tmp, PART_SCHEMA) as writer:
-        read = {"wat": wat_candidates, "warc": warc_candidates, "table": table_candidates}[kind]
         for found in read(Path(path), counts):
-            row = candidate_row(found, path)
-            if row["uid"] in seen:
-                counts["duplicate"] += 1
-                continue
-            seen.add(row["uid"])
-            row["seq"] = len(seen)
-            rows.append(row)
-            if len(rows) >= options.batch_rows:
-                writer.write_table(pa.Table.from_pylist(rows, PART_SCHEMA))
-                rows = []
-        writer.write_table(pa.Table.from_pylist(rows, PART_SCHEMA))
-    counts["candidates"] = len(seen)
+            batch.append(found)
+            if len(batch) >= options.batch_rows:
+                writer.write_table(part_table(batch, path, written, counts))
+                written += len(batch)
+                batch = []
+        writer.write_table(part_table(batch, path, written, counts))
+    counts["pairs"] += 0  # present when a file has none
     return dict(counts)
 
 
@@ -483,11 +603,13 @@ def extract(sources: list[str], out: Path, options: ExtractOptions = ExtractOpti
     results, resumed = run_tasks(tasks, parts / "_status", engine, "extract", progress)
     counts: Counter = Counter()
     per_file = {}
-    for task, f in zip(tasks, files):
+    rows, unique = _merge(tasks, table)
+    for task, f, distinct in zip(tasks, files, unique):
         summary = {k: v for k, v in results[task.id].items() if isinstance(v, int)}
+        summary["duplicate"] = summary.pop("pairs") - distinct  # a pair its own file already had
+        summary["candidates"] = distinct
         per_file[str(f)] = summary
         counts.update(summary)
-    rows = _merge(tasks, table)
     distinct, top = _hosts(table)
     written = {
         "stage": "extract", "sources": [str(s) for s in sources], "files": len(files), "kinds": dict(Counter(
@@ -547,20 +669,24 @@ def _hosts(table: Path, top: int = 50) -> tuple[int, list[list]]:
     return int(distinct), [[host, int(n)] for host, n in most]
 
 
-def _merge(tasks: list[Task], table: Path) -> int:
-    """The parts concatenated in task order, the first row of each uid kept (DuckDB, out of core)."""
+def _merge(tasks: list[Task], table: Path) -> tuple[int, list[int]]:
+    """The parts concatenated in task order, the first row of each uid kept (DuckDB, out of core); returns the rows
+    written and each part's distinct uids."""
     import duckdb
 
     paths = [task.outputs[0] for task in tasks]
     columns = ", ".join(f'"{name}"' for name in CANDIDATE_SCHEMA.names)
     with staged(table) as tmp, duckdb.connect() as con:
         con.execute("SET preserve_insertion_order = true")
+        listed = "[" + ", ".join("'" + path.replace("'", "''") + "'" for path in paths) + "]"
+        con.execute(f"CREATE TEMP VIEW parts AS SELECT *, list_position({listed}, filename) AS task "
+                    f"FROM read_parquet({listed}, filename = true)")
         con.execute(f"""
             COPY (
-                SELECT {columns} FROM (
-                    SELECT *, row_number() OVER (PARTITION BY uid ORDER BY task, seq) AS nth
-                    FROM (SELECT *, list_position(?, filename) AS task FROM read_parquet(?, filename = true))
-                ) WHERE nth = 1 ORDER BY task, seq
-            ) TO '{str(tmp).replace("'", "''")}' (FORMAT parquet)""", [paths, paths])
+                SELECT {columns} FROM (SELECT *, row_number() OVER (PARTITION BY uid ORDER BY task, seq) AS nth
+                                       FROM parts)
+                WHERE nth = 1 ORDER BY task, seq
+            ) TO '{str(tmp).replace("'", "''")}' (FORMAT parquet)""")
         written = con.execute("SELECT count(*) FROM read_parquet(?)", [str(tmp)]).fetchone()[0]
-    return int(written)
+        distinct = dict(con.execute("SELECT task, count(DISTINCT uid) FROM parts GROUP BY task").fetchall())
+    return int(written), [int(distinct.get(n + 1, 0)) for n in range(len(tasks))]
