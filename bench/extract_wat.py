@@ -37,9 +37,9 @@ pyarrow.array([""])  # pyarrow imports pandas at its first array (0.4 s, once a 
 start = time.perf_counter()
 counts = extract_file(sys.argv[1], sys.argv[2], ExtractOptions(), "wat")
 seconds = time.perf_counter() - start
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the task's peak, before the count below
 unique = len(set(pyarrow.parquet.read_table(sys.argv[2], columns=["uid"])["uid"].to_pylist()))
-print(json.dumps({"seconds": seconds, "candidates": unique, "pairs": counts["pairs"],
-                  "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+print(json.dumps({"seconds": seconds, "candidates": unique, "pairs": counts["pairs"], "rss_mib": rss}))
 """
 
 CC2DATASET = """

@@ -688,7 +688,7 @@ def _engine_flags(p) -> None:
 def _extract_flags(p) -> None:
     from openalign.pipeline.extract import ExtractOptions
 
-    host.require_extra("web", "openalign extract", ("fastwarc", "selectolax"))
+    host.require_extra("web", "openalign extract", ("fastwarc", "selectolax", "orjson", "fsspec"))
     p.add_argument("sources", nargs="+", metavar="SRC", help="Common Crawl WAT files or a crawl's WARC files, folders "
                                                              "of them or globs")
     p.add_argument("--out", required=True, help="a folder: candidates.parquet, its manifest and parts/")

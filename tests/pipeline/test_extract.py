@@ -6,6 +6,7 @@ The fixtures (tests/fixtures/web/) are a generated crawl (openalign.corpora.webp
 
 import functools
 import http.server
+import io
 import json
 import os
 import re
@@ -366,3 +367,79 @@ def test_links_resolve_as_urljoin_resolves_them():
             expected = ""
         assert host == expected, url
     assert checked > 10_000
+
+
+class RangeHandler(http.server.SimpleHTTPRequestHandler):
+    """Python's file server, quiet, answering `Range: bytes=a-b` with 206 as object stores and CDNs do (Parquet over
+    HTTP reads its footer first); it notes each request's path and range."""
+
+    requests: list = []
+
+    def log_message(self, *args):
+        pass
+
+    def send_head(self):
+        self.requests.append((self.path, self.headers.get("Range")))
+        wanted = self.headers.get("Range", "")
+        path = Path(self.translate_path(self.path))
+        if not wanted.startswith("bytes=") or not path.is_file():
+            return super().send_head()
+        size = path.stat().st_size
+        first, _, last = wanted[len("bytes="):].partition("-")
+        start, end = (size - int(last), size - 1) if not first else (int(first), min(int(last or size - 1), size - 1))
+        stream = open(path, "rb")
+        stream.seek(start)
+        self.send_response(206)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+        self.send_header("Content-Length", str(end - start + 1))
+        self.send_header("Last-Modified", self.date_time_string(int(path.stat().st_mtime)))
+        self.end_headers()
+        return io.BytesIO(stream.read(end - start + 1))
+
+
+def test_inputs_given_as_urls_are_read_as_local_files_are(tmp_path, capsys):
+    """fsspec URLs, here HTTP from a server on 127.0.0.1: a directory (its index page), an archive streamed with one
+    GET, Parquet with range requests, a CSV; the same candidates as the same files read locally, with the URLs as
+    their sources, and a rerun redoes only what the server now serves changed."""
+    import pyarrow as pa
+
+    root = tmp_path / "served"
+    (root / "crawl").mkdir(parents=True)
+    shutil.copy(WAT, root / "crawl" / "a.warc.wat.gz")
+    shutil.copy(WARC, root / "crawl" / "b.warc.gz")
+    pq.write_table(pa.table({"url": ["https://a.example/1.jpg", "https://b.example/2.jpg"],
+                             "caption": ["a red bicycle", "two cats"]}), root / "coyo.parquet")
+    (root / "urls.csv").write_text("url,text\nhttps://x.example/a.jpg,a lighthouse\n", encoding="utf-8")
+    RangeHandler.requests = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(RangeHandler, directory=str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    origin = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        remote = extract([f"{origin}/crawl/", f"{origin}/coyo.parquet", f"{origin}/urls.csv"], tmp_path / "remote",
+                         progress=False)
+        local = extract([str(root / "crawl"), str(root / "coyo.parquet"), str(root / "urls.csv")],
+                        tmp_path / "local", progress=False)
+        assert remote.files == local.files == 4 and remote.candidates == local.candidates > 30
+        mine = [{**r, "source": None} for r in rows(tmp_path / "remote")]
+        assert mine == [{**r, "source": None} for r in rows(tmp_path / "local")]
+        assert {r["source"] for r in rows(tmp_path / "remote")} == {
+            f"{origin}/crawl/a.warc.wat.gz", f"{origin}/crawl/b.warc.gz", f"{origin}/coyo.parquet",
+            f"{origin}/urls.csv"}
+        archive_reads = [rng for path, rng in RangeHandler.requests if path.endswith(".warc.wat.gz")]
+        assert archive_reads and all(rng is None for rng in archive_reads)  # streamed: whole GETs, no ranges
+        assert any(rng for path, rng in RangeHandler.requests if path.endswith(".parquet"))
+        first = rows(tmp_path / "remote")
+        again = extract([f"{origin}/crawl/", f"{origin}/coyo.parquet", f"{origin}/urls.csv"], tmp_path / "remote",
+                        progress=False)
+        assert again.resumed_tasks == 4 and rows(tmp_path / "remote") == first
+        (root / "urls.csv").write_text("url,text\nhttps://x.example/a.jpg,a lighthouse\nhttps://x.example/b.jpg,a "
+                                       "harbour\n", encoding="utf-8")
+        changed = extract([f"{origin}/crawl/", f"{origin}/coyo.parquet", f"{origin}/urls.csv"], tmp_path / "remote",
+                          progress=False)
+        assert changed.resumed_tasks == 3 and changed.candidates == remote.candidates + 1
+        assert cli.main(["extract", f"{origin}/missing.warc.wat.gz", "--out", str(tmp_path / "o")]) == 2
+        assert "cannot read" in capsys.readouterr().err
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -50,7 +50,13 @@ def sniff_delimiter(path: Path) -> str:
     if Path(path).suffix.lower() == ".tsv":
         return "\t"
     with open(path, newline="", encoding="utf-8", errors="replace") as f:
-        header = f.readline()
+        return header_delimiter(f.readline(), Path(path).suffix.lower())
+
+
+def header_delimiter(header: str, suffix: str = ".csv") -> str:
+    """`sniff_delimiter` of a header line already read (a file read as a stream, an fsspec URL's)."""
+    if suffix == ".tsv":
+        return "\t"
     try:
         return csv.Sniffer().sniff(header, delimiters="\t,;|").delimiter
     except csv.Error:  # one column, or nothing to tell by

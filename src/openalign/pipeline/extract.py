@@ -30,7 +30,9 @@ unchanged and redoes the others; both engines run one task per file).
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import io
 import ipaddress
 import json
 import re
@@ -38,9 +40,9 @@ import time
 import zlib
 from collections import Counter
 from dataclasses import asdict, dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Iterator
-from urllib.parse import urljoin, urlparse
+from urllib.parse import urljoin, urlparse, urlsplit
 
 import numpy as np
 import pyarrow as pa
@@ -88,28 +90,112 @@ HEIGHT_COLUMNS = ("height", "original_height")  # DataComp: original_width)
 PAGE_COLUMNS = ("page_url",)
 
 
-def kind_of(path: Path) -> str:
+SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")  # an fsspec URL's start: s3://, gs://, https://, file://
+
+
+def is_url(name: str) -> bool:
+    return SCHEME.match(name) is not None
+
+
+def suffix_of(name: str) -> str:
+    """A local path's or a URL's suffix, in lower case (a URL's query is not part of it)."""
+    return PurePosixPath(urlsplit(name).path if is_url(name) else name).suffix.lower()
+
+
+def filesystem(url: str):
+    """(fsspec's filesystem for a URL, the path within it); one sentence where fsspec cannot read such URLs (a
+    protocol it does not know, or one whose package is missing: s3fs for s3://, gcsfs for gs://)."""
+    import fsspec
+
+    try:
+        return fsspec.core.url_to_fs(url)
+    except ImportError as err:
+        raise ConfigError(f"cannot read {url}: {str(err).splitlines()[0]}") from None
+    except ValueError as err:
+        raise ConfigError(f"cannot read {url}: {err}") from None
+
+
+def open_source(name: str, random_access: bool = False):
+    """A binary stream of an input file: a local file, or an fsspec URL. Over HTTP(S) it is one GET read as it
+    arrives (no range requests: any server will do), unless `random_access` (Parquet's footer) asks for range
+    requests; object stores (s3://, gs://) are read in blocks with read-ahead."""
+    if not is_url(name):
+        return open(name, "rb")
+    fs, path = filesystem(name)
+    if random_access or name.split(":", 1)[0].lower() not in ("http", "https"):
+        return fs.open(path, "rb")
+    return fs.open(path, "rb", block_size=0)  # FastWARC asks where it is (tell), which this file answers
+
+
+def open_lines(name: str) -> io.BufferedReader:
+    """An input read front to back, line by line (a CSV's header, JSONL), never seeking."""
+    return io.BufferedReader(Stream(open_source(name)), buffer_size=1 << 20)
+
+
+class Stream(io.RawIOBase):
+    """A file read front to back that says so (`seekable()` is False), so that Arrow's CSV reader does not try to
+    seek it: fsspec's streamed HTTP file says it can, then refuses."""
+
+    def __init__(self, file):
+        super().__init__()
+        self.file = file
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def readinto(self, buffer) -> int:
+        data = self.file.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.file.close()
+        super().close()
+
+
+def fingerprint(name: str) -> list:
+    """What tells whether an input changed: a local file's size and mtime (sources_key), a URL's size and whatever
+    version its store reports (ETag, Last-Modified, mtime, ...)."""
+    if not is_url(name):
+        return [name]
+    fs, path = filesystem(name)
+    try:
+        info = fs.info(path)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"cannot read {name}: {err}") from None
+    return [name] + [[key, str(info[key])] for key in sorted(info, key=str) if str(key).lower() in VERSION_KEYS]
+
+
+VERSION_KEYS = ("size", "etag", "last-modified", "lastmodified", "last_modified", "mtime", "md5", "content-md5",
+                "generation", "version_id")
+
+
+def kind_of(path: str) -> str:
     """What an input is, by its content: `table` for a URL table (Parquet by its magic bytes; CSV, TSV or JSONL
     by its name), else `wat` or `warc` (see `archive_kind`)."""
     try:
-        with open(path, "rb") as stream:
+        with open_source(path) as stream:
             head = stream.read(4)
     except OSError as err:
         raise ConfigError(f"cannot read {path}: {err.strerror or err}") from None
     if head == b"PAR1" or (not head.startswith(b"\x1f\x8b") and not head.startswith(b"WARC")
-                            and path.suffix.lower() in TABLE_SUFFIXES):
+                            and suffix_of(path) in TABLE_SUFFIXES):
         table_columns(path)  # a table with a URL and a text column, or one sentence
         return "table"
     return archive_kind(path)
 
 
-def archive_kind(path: Path) -> str:
+def archive_kind(path: str) -> str:
     """`wat` for a WARC file of metadata records (Common Crawl's WAT), `warc` for one of HTTP records (a crawl's
     WARC: request, response, revisit, resource); one sentence for anything else."""
     from fastwarc.warc import ArchiveIterator, WarcRecordType
 
     try:
-        with open(path, "rb") as stream:
+        with open_source(path) as stream:
             for record in ArchiveIterator(stream, parse_http=False):
                 if record.record_type == WarcRecordType.warcinfo:
                     continue
@@ -293,14 +379,14 @@ def pair(alt, src: str, base: Base, counts: Counter) -> tuple[str, str] | None:
 Found = tuple[str, str, "str | None", int, "int | None", "int | None"]
 
 
-def wat_candidates(path: Path, counts: Counter) -> Iterator[Found]:
+def wat_candidates(path: str, counts: Counter) -> Iterator[Found]:
     """The candidates of one WAT file, in record order (not yet unique), counting what is dropped and why. Each
     record's JSON is parsed by orjson (3x the standard library's json here; like cc2dataset's simdjson it refuses
     what is not UTF-8, such as an escaped lone surrogate, and such a record is a `bad_record`)."""
     import orjson
     from fastwarc.warc import ArchiveIterator, WarcRecordType
 
-    with open(path, "rb") as stream:
+    with open_source(path) as stream:
         try:
             for record in ArchiveIterator(stream, record_types=WarcRecordType.metadata, parse_http=False):
                 data = record.reader.read()
@@ -338,7 +424,7 @@ def wat_candidates(path: Path, counts: Counter) -> Iterator[Found]:
 HTML_TYPES = ("text/html", "application/xhtml+xml")
 
 
-def warc_candidates(path: Path, counts: Counter) -> Iterator[Found]:
+def warc_candidates(path: str, counts: Counter) -> Iterator[Found]:
     """The candidates of one WARC file's HTML responses, in record order: each `<img>`'s source and alt, parsed
     by selectolax (lexbor); the source is `data-src` where the tag has one (lazy loading: `src` holds a placeholder
     until a script swaps them), else `src`, else the first `srcset` candidate; width and height where the tag
@@ -347,7 +433,7 @@ def warc_candidates(path: Path, counts: Counter) -> Iterator[Found]:
     from fastwarc.warc import ArchiveIterator, WarcRecordType
     from selectolax.lexbor import LexborHTMLParser
 
-    with open(path, "rb") as stream:
+    with open_source(path) as stream:
         try:
             for record in ArchiveIterator(stream, record_types=WarcRecordType.response, parse_http=True):
                 counts["records"] += 1
@@ -393,7 +479,7 @@ def _dimension(value) -> int | None:
     return int(value) if value.isdigit() and 0 < int(value) < 2**31 else None
 
 
-def table_columns(path: Path) -> dict[str, str | None]:
+def table_columns(path: str) -> dict[str, str | None]:
     """{role: column} of a URL table (url, text, width, height, page_url; the last three where present), matched
     without regard to case; one sentence when it has no URL or no text column."""
     names = _table_names(path)
@@ -408,44 +494,49 @@ def table_columns(path: Path) -> dict[str, str | None]:
     return found
 
 
-def _table_names(path: Path) -> list[str]:
+def _table_names(path: str) -> list[str]:
     import pyarrow as pa
 
-    suffix = path.suffix.lower()
+    suffix = suffix_of(path)
     try:
         if suffix == ".jsonl":
-            with open(path, encoding="utf-8", errors="replace") as f:
-                first = json.loads(f.readline() or "{}")
+            with open_lines(path) as f:
+                first = json.loads(f.readline().decode("utf-8", "replace") or "{}")
             return list(first) if isinstance(first, dict) else []
         if suffix in (".csv", ".tsv"):
             with _csv_reader(path) as reader:
                 return reader.schema.names
-        return pq.read_schema(path).names
+        with open_source(path, random_access=True) as f:
+            return pq.read_schema(f).names
     except (OSError, ValueError, pa.ArrowException) as err:
         raise ConfigError(f"cannot read {path} as a {suffix[1:] or 'parquet'} table: {str(err).splitlines()[0]}") \
             from None
 
 
-def _csv_reader(path: Path, columns: list[str] | None = None):
+@contextlib.contextmanager
+def _csv_reader(path: str, columns: list[str] | None = None):
     """A streaming CSV/TSV reader (pyarrow); with `columns`, only those, read as text."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
-    from openalign.data.tables import sniff_delimiter
+    from openalign.data.tables import header_delimiter
 
+    with open_lines(path) as f:
+        delimiter = header_delimiter(f.readline().decode("utf-8", "replace"), suffix_of(path))
     convert = pacsv.ConvertOptions(column_types={name: pa.string() for name in columns or ()},
                                    include_columns=columns or [], strings_can_be_null=True)
-    return pacsv.open_csv(path, parse_options=pacsv.ParseOptions(delimiter=sniff_delimiter(path),
-                                                                 newlines_in_values=True),
-                          convert_options=convert, read_options=pacsv.ReadOptions(block_size=1 << 22))
+    with open_source(path) as f, pacsv.open_csv(
+            Stream(f), parse_options=pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True),
+            convert_options=convert, read_options=pacsv.ReadOptions(block_size=1 << 22)) as reader:
+        yield reader
 
 
-def _batches(path: Path, wanted: list[str]) -> Iterator[list[dict]]:
+def _batches(path: str, wanted: list[str]) -> Iterator[list[dict]]:
     import orjson
 
-    suffix = path.suffix.lower()
+    suffix = suffix_of(path)
     if suffix == ".jsonl":
-        with open(path, encoding="utf-8", errors="replace") as f:
+        with io.TextIOWrapper(open_lines(path), encoding="utf-8", errors="replace") as f:
             batch = []
             for line in f:
                 try:
@@ -462,11 +553,12 @@ def _batches(path: Path, wanted: list[str]) -> Iterator[list[dict]]:
             for batch in reader:
                 yield batch.to_pylist()
     else:
-        for batch in pq.ParquetFile(path).iter_batches(columns=wanted, batch_size=65_536):
-            yield batch.to_pylist()
+        with open_source(path, random_access=True) as f:
+            for batch in pq.ParquetFile(f).iter_batches(columns=wanted, batch_size=65_536):
+                yield batch.to_pylist()
 
 
-def table_candidates(path: Path, counts: Counter) -> Iterator[Found]:
+def table_candidates(path: str, counts: Counter) -> Iterator[Found]:
     """The candidates of a URL table made elsewhere (COYO-700M's, LAION's or DataComp's Parquet, a CSV of url
     and caption), streamed in batches: the same URL and text rules as pages (an absolute http(s) URL, a text after
     whitespace collapsing), with the table's width and height where it has them; `offset` is the row number."""
@@ -522,7 +614,7 @@ def extract_file(path: str, part: str, options: ExtractOptions, kind: str = "wat
     batch: list[Found] = []
     written = 0
     with staged(Path(part)) as tmp, pq.ParquetWriter(tmp, PART_SCHEMA, compression="lz4") as writer:
-        for found in read(Path(path), counts):
+        for found in read(path, counts):
             batch.append(found)
             if len(batch) >= options.batch_rows:
                 writer.write_table(part_table(batch, path, written, counts))
@@ -533,20 +625,23 @@ def extract_file(path: str, part: str, options: ExtractOptions, kind: str = "wat
     return dict(counts)
 
 
-def inputs(sources: list[str]) -> list[Path]:
-    """The input files: each source a file, a directory (its files, sorted) or a glob; one sentence for a missing
-    one."""
+def inputs(sources: list[str]) -> list[str]:
+    """The input files: each source a file, a directory (its files, sorted) or a glob, local or an fsspec URL (an
+    HTTP(S) URL ending in `/` is a directory: its index page's links); one sentence for a missing one."""
     import glob
 
-    files: list[Path] = []
+    files: list[str] = []
     for source in sources:
+        if is_url(source):
+            files += _remote_files(source)
+            continue
         path = Path(source)
         if path.is_dir():
-            files += sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+            files += sorted(str(p) for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
         elif path.is_file():
-            files.append(path)
+            files.append(source)
         elif any(ch in source for ch in "*?["):
-            matched = sorted(Path(p) for p in glob.glob(source, recursive=True) if Path(p).is_file())
+            matched = sorted(p for p in glob.glob(source, recursive=True) if Path(p).is_file())
             if not matched:
                 raise ConfigError(f"{source} matches no file")
             files += matched
@@ -556,6 +651,25 @@ def inputs(sources: list[str]) -> list[Path]:
     if not files:
         raise ConfigError(f"found no files in {', '.join(sources)}")
     return list(dict.fromkeys(files))
+
+
+def _remote_files(source: str) -> list[str]:
+    fs, path = filesystem(source)
+    http = source.split(":", 1)[0].lower() in ("http", "https")
+    try:
+        if any(ch in path for ch in "*?["):
+            found = fs.glob(path)
+        elif (http and path.endswith("/")) or (not http and fs.isdir(path)):  # an HTTP file is never probed
+            found = fs.find(path)
+        else:
+            return [source]
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"cannot list {source}: {err}") from None
+    files = sorted(fs.unstrip_protocol(p) if not http else p for p in found
+                   if not PurePosixPath(urlsplit(p).path if http else p).name.startswith("."))
+    if not files:
+        raise ConfigError(f"{source} matches no file")
+    return files
 
 
 @dataclass(frozen=True)
@@ -582,7 +696,7 @@ def extract(sources: list[str], out: Path, options: ExtractOptions = ExtractOpti
     archives and URL tables (see the module); returns what was written and counted."""
     out = Path(out)
     files = inputs(sources)
-    kinds = {str(f): kind_of(f) for f in files}  # every input is readable and of a known kind, before any work
+    kinds = {f: kind_of(f) for f in files}  # every input is readable and of a known kind, before any work
     try:
         out.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
@@ -593,8 +707,8 @@ def extract(sources: list[str], out: Path, options: ExtractOptions = ExtractOpti
     start = time.perf_counter()
     parts = out / "parts"
     parts.mkdir(exist_ok=True)
-    tasks = [Task(task_id(i), extract_file, (str(f), str(parts / f"{task_id(i)}.parquet"), options, kinds[str(f)]),
-                  key=sources_key(str(f), asdict(options)), outputs=(str(parts / f"{task_id(i)}.parquet"),))
+    tasks = [Task(task_id(i), extract_file, (f, str(parts / f"{task_id(i)}.parquet"), options, kinds[f]),
+                  key=sources_key(fingerprint(f), asdict(options)), outputs=(str(parts / f"{task_id(i)}.parquet"),))
              for i, f in enumerate(files)]
     for stale in parts.glob("*.parquet"):  # parts of files no longer given
         if stale.stem not in {t.id for t in tasks}:
