@@ -689,11 +689,13 @@ def _extract_flags(p) -> None:
     from openalign.pipeline.extract import ExtractOptions
 
     host.require_extra("web", "openalign extract", ("fastwarc", "selectolax", "orjson", "fsspec"))
-    p.add_argument("sources", nargs="+", metavar="SRC", help="Common Crawl WAT files or a crawl's WARC files, folders "
-                                                             "of them or globs")
+    p.add_argument("sources", nargs="+", metavar="SRC", help="Common Crawl WAT files, a crawl's WARC files or URL "
+                                                             "tables; folders of them, globs or fsspec URLs")
     p.add_argument("--out", required=True, help="a folder: candidates.parquet, its manifest and parts/")
     add_options(p, ExtractOptions)
     _engine_flags(p)
+    p.add_argument("--workers", type=int, default=None, help="local engine: processes reading files, one file each "
+                                                             "at a time (default 0: all cores)")
 
 
 def _ingest_flags(p) -> None:

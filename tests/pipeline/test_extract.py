@@ -21,6 +21,7 @@ import pytest
 
 from openalign import cli
 from openalign.corpora import webpages
+from openalign.data.engine import Engine
 from openalign.data.pairs import normalize_text
 from openalign.pipeline.extract import absolute, extract
 
@@ -443,3 +444,57 @@ def test_inputs_given_as_urls_are_read_as_local_files_are(tmp_path, capsys):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_killed_mid_extract_a_rerun_gives_the_same_output(tmp_path):
+    """kill -9 while the third of four files streams in (the server holds it back): no table or manifest is left,
+    the finished files' parts and statuses are; the rerun reads only the files that did not finish and writes what
+    an uninterrupted run writes."""
+    import signal
+    import sys
+    import time
+
+    root = tmp_path / "served"
+    root.mkdir()
+    for name, seed in (("a", 0), ("b", 1), ("c", 2), ("d", 3)):
+        webpages.write_crawl(webpages.site(seed=seed, pages=6), tmp_path / "made", name=name)
+        shutil.copy(tmp_path / "made" / f"{name}.warc.wat.gz", root / f"{name}.warc.wat.gz")
+    release, gets = threading.Event(), []
+
+    class HoldingC(RangeHandler):
+        def do_GET(self):
+            if self.path.endswith("/c.warc.wat.gz"):
+                gets.append(self.path)
+                if len(gets) >= 3:
+                    release.wait(120)  # the task's read waits (`kind_of` looked at its first bytes and records)
+            super().do_GET()
+
+    HoldingC.requests = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(HoldingC, directory=str(root)))
+    server.handle_error = lambda *args: None  # the killed client's broken pipes
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    origin = f"http://127.0.0.1:{server.server_address[1]}"
+    sources = [f"{origin}/{name}.warc.wat.gz" for name in "abcd"]
+    out = tmp_path / "out"
+    code = f"from openalign import cli; raise SystemExit(cli.main({['extract', *sources, '--out', str(out), '--workers', '1', '--quiet']!r}))"
+    try:
+        child = subprocess.Popen([sys.executable, "-c", code], start_new_session=True, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 120
+        while len(gets) < 3:
+            assert child.poll() is None, child.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "extract never asked for c's records"
+            time.sleep(0.02)
+        os.killpg(child.pid, signal.SIGKILL)  # the stage and its workers
+        child.wait(30)
+        assert not (out / "candidates.parquet").exists() and not (out / "candidates.manifest.json").exists()
+        release.set()
+        rerun = extract(sources, out, engine=Engine("local", workers=1), progress=False)
+        whole = extract(sources, tmp_path / "whole", engine=Engine("local", workers=1), progress=False)
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+    assert rerun.resumed_tasks == 2 and whole.resumed_tasks == 0  # a and b were finished before the kill
+    assert rows(out) == rows(tmp_path / "whole") and rerun.candidates == whole.candidates > 0
+    assert rerun.counts == whole.counts
