@@ -298,7 +298,10 @@ def _filter_config(overrides: list[str]) -> config_lib.FilterConfig:
 def cmd_extract(args) -> int:
     from openalign.pipeline.extract import READ_COUNTS, ExtractOptions, extract
 
-    result = extract(args.sources, Path(args.out), options_from(args, ExtractOptions), engine=_engine(args),
+    sources = list(args.sources) + (_lines(args.sources_from) if args.sources_from else [])
+    if not sources:
+        raise ConfigError("give the files to read: SRC... or --sources-from FILE")
+    result = extract(sources, Path(args.out), options_from(args, ExtractOptions), engine=_engine(args),
                      progress=not args.quiet)
     counts = result.counts
     dropped = ", ".join(f"{k} {v:,}" for k, v in counts.items() if k not in READ_COUNTS) or "none"
@@ -308,6 +311,17 @@ def cmd_extract(args) -> int:
     print(f"dropped: {dropped}; duplicates {counts.get('duplicate', 0):,} within files, "
           f"{result.duplicates_across_files:,} across; {result.hosts:,} image hosts (report: {result.report})")
     return 0
+
+
+def _lines(path: str) -> list[str]:
+    """The non-empty lines of a text file (gzip-compressed where its name ends in .gz), or one sentence."""
+    import gzip
+
+    try:
+        with (gzip.open if path.endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
+            return [line.strip() for line in f if line.strip() and not line.lstrip().startswith("#")]
+    except (OSError, UnicodeDecodeError, EOFError) as err:
+        raise ConfigError(f"cannot read the list of sources {path}: {getattr(err, 'strerror', None) or err}") from None
 
 
 def cmd_ingest(args) -> int:
@@ -689,8 +703,10 @@ def _extract_flags(p) -> None:
     from openalign.pipeline.extract import ExtractOptions
 
     host.require_extra("web", "openalign extract", ("fastwarc", "selectolax", "orjson", "fsspec"))
-    p.add_argument("sources", nargs="+", metavar="SRC", help="Common Crawl WAT files, a crawl's WARC files or URL "
+    p.add_argument("sources", nargs="*", metavar="SRC", help="Common Crawl WAT files, a crawl's WARC files or URL "
                                                              "tables; folders of them, globs or fsspec URLs")
+    p.add_argument("--sources-from", metavar="FILE", help="more sources, one a line (a text file, or .gz: Common "
+                                                          "Crawl's wat.paths.gz with each line made a URL)")
     p.add_argument("--out", required=True, help="a folder: candidates.parquet, its manifest and parts/")
     add_options(p, ExtractOptions)
     _engine_flags(p)

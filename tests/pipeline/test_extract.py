@@ -498,3 +498,20 @@ def test_killed_mid_extract_a_rerun_gives_the_same_output(tmp_path):
     assert rerun.resumed_tasks == 2 and whole.resumed_tasks == 0  # a and b were finished before the kill
     assert rows(out) == rows(tmp_path / "whole") and rerun.candidates == whole.candidates > 0
     assert rerun.counts == whole.counts
+
+
+def test_sources_can_come_from_a_list_file(tmp_path, capsys):
+    """`--sources-from` reads one source a line (a .gz too, as Common Crawl ships wat.paths.gz), beside SRC...; an
+    empty command line is one sentence."""
+    import gzip
+
+    listed = tmp_path / "wat.paths.gz"
+    with gzip.open(listed, "wt", encoding="utf-8") as f:
+        f.write(f"# the crawl\n{WAT}\n\n{TRUNCATED}\n")
+    assert cli.main(["extract", "--sources-from", str(listed), "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    manifest = json.loads((tmp_path / "out" / "candidates.manifest.json").read_text())
+    assert manifest["files"] == 2 and list(manifest["per_file"]) == [str(WAT), str(TRUNCATED)]
+    assert cli.main(["extract", "--out", str(tmp_path / "o2")]) == 2
+    assert "give the files to read" in capsys.readouterr().err
+    assert cli.main(["extract", "--sources-from", str(tmp_path / "none.txt"), "--out", str(tmp_path / "o3")]) == 2
+    assert "cannot read the list of sources" in capsys.readouterr().err
