@@ -330,8 +330,8 @@ def test_links_resolve_as_urljoin_resolves_them():
     rng = random.Random(0)
     netlocs = ["p.example", "P.Example:8080", "u:pw@p.example", "[::1]", "[::1]:80", "bücher.example", "",
              "p.example?x", "[bad"]
-    paths = ["", "/", "/a", "/a/", "/a/b.html", "/a/b/c/d.html", "/a//b/", "/a/./b", "/a/../b/", "/a;p/b", "/a/b;p", "/.x/y",
-             "/a b/c", "/é/", "/a/b?q=1", "/a/b#f", "/a/b?", "/a:b/c"]
+    paths = ["", "/", "/a", "/a/", "/a/b.html", "/a/b/c/d.html", "/a//b/", "/a/./b", "/a/../b/", "/a;p/b", "/a/b;p",
+             "/.x/y", "/a b/c", "/é/", "/a/b?q=1", "/a/b#f", "/a/b?", "/a:b/c"]
     schemes = ["http", "https", "HTTPS", "ftp", "file", ""]
     pieces = ["img", "x.jpg", "..", ".", "", "a b", "é", "%20", "?q", "?", "#f", ";p", ":", "@", "//", "/", "a:b",
               "\t", "[", "]", "\\", "~u", "x.jpg?w=1&h=2", "cdn.example", "..x", ".x", "=", "!", "$", "'"]
@@ -476,7 +476,8 @@ def test_killed_mid_extract_a_rerun_gives_the_same_output(tmp_path):
     origin = f"http://127.0.0.1:{server.server_address[1]}"
     sources = [f"{origin}/{name}.warc.wat.gz" for name in "abcd"]
     out = tmp_path / "out"
-    code = f"from openalign import cli; raise SystemExit(cli.main({['extract', *sources, '--out', str(out), '--workers', '1', '--quiet']!r}))"
+    argv = ["extract", *sources, "--out", str(out), "--workers", "1", "--quiet"]
+    code = f"from openalign import cli; raise SystemExit(cli.main({argv!r}))"
     try:
         child = subprocess.Popen([sys.executable, "-c", code], start_new_session=True, stdout=subprocess.DEVNULL,
                                  stderr=subprocess.PIPE)
