@@ -17,7 +17,7 @@ from PIL import Image
 
 from openalign.config import ConfigError
 from openalign.data.engine import local_with_retries, spark_session
-from openalign.data.engine import Engine, Task, run_tasks
+from openalign.data.engine import Engine, Task, cores, run_tasks
 from openalign.pipeline.ingest import IngestOptions, ingest
 from openalign.pipeline.shard import ShardOptions, shard
 
@@ -146,6 +146,14 @@ def test_local_masters_get_task_retries():
     assert local_with_retries("spark://host:7077", 5) == "spark://host:7077"
     with pytest.raises(ConfigError, match="--engine=ray must be local or spark"):
         Engine("ray")
+
+
+def test_a_stage_s_own_work_uses_the_cores_its_engine_was_given():
+    machine = os.cpu_count() or 1
+    assert cores(Engine("local", workers=1)) == 1 and cores(Engine("local", workers=3)) == 3
+    assert cores(Engine("local")) == machine
+    assert cores(Engine("spark", "local[2]")) == 2 and cores(Engine("spark", " local[4,3] ")) == 4
+    assert cores(Engine("spark", "local[*]")) == machine and cores(Engine("spark", "yarn")) == machine
 
 
 # ---------------------------------------------------------------------------------------------- stages
@@ -428,7 +436,7 @@ def test_local_ingest_of_many_tars_runs_a_task_per_tar_with_the_same_rows(tmp_pa
 
 DRIVER = """
 import time
-from openalign.data.engine import Engine, Task, run_tasks
+from openalign.data.engine import Engine, Task, cores, run_tasks
 run_tasks([Task(f"{{i:06d}}", time.sleep, (300,)) for i in range(2)], {status!r}, Engine("local", workers=2), "sleep",
           progress=False)
 """

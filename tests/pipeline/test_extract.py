@@ -22,7 +22,7 @@ import pytest
 from openalign import cli
 from openalign.corpora import webpages
 from openalign.data.engine import Engine
-from openalign.data.pairs import normalize_text
+from openalign.data.pairs import blake, normalize_text, pair_uid
 from openalign.pipeline.extract import absolute, extract
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "web"
@@ -60,7 +60,10 @@ def test_wat_pairs_are_cc2dataset_s_apart_from_the_named_differences(tmp_path, c
     assert dropped == (1, 1, 1, 1)
     assert counts["bad_record"] == 1 and counts["no_alt"] >= 1 and counts["empty_alt"] >= 1
     assert all(r["source"] == str(WAT) and r["offset"] > 0 and r["host"] for r in got)
-    assert len({r["uid"] for r in got}) == len(got) and all(len(r["image_key"]) == 32 for r in got)
+    assert len({r["uid"] for r in got}) == len(got)
+    # keys as a pair table's: image_key a hash of the url, uid the pair uid of (image_key, text)
+    assert all(r["image_key"] == blake(r["url"].encode()) for r in got)
+    assert all(r["uid"] == pair_uid(r["image_key"], r["text"]) for r in got)
     out = capsys.readouterr().out
     assert "30 candidate pairs from 11 pages in 1 file(s)" in out and "bad_record 1" in out
     assert manifest["hosts"] == len({r["host"] for r in got}) and manifest["top_hosts"][0][1] >= 2

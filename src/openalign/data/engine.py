@@ -208,6 +208,16 @@ def run_tasks(tasks: list[Task], status_dir: Path, engine: Engine = Engine(), de
     return {t.id: results[t.id] for t in tasks}, skipped
 
 
+def cores(engine: Engine) -> int:
+    """The cores a stage may use on this machine for its own work beside the tasks (a merge, a count): the local
+    engine's workers, a local Spark master's N (`local[N]`), else all of this machine's."""
+    count = os.cpu_count() or 1
+    if engine.name == "local":
+        return engine.workers or count
+    match = re.fullmatch(r"local\[(\d+)(?:,\d+)?\]", engine.master.strip())
+    return int(match.group(1)) if match else count
+
+
 def _run_local(tasks: list[Task], status_dir: str, engine: Engine, desc: str, progress: bool) -> dict:
     workers = min(engine.workers or os.cpu_count() or 1, len(tasks))
     attempts = {t.id: 0 for t in tasks}

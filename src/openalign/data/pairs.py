@@ -143,6 +143,19 @@ def pair_uid(image_key: str, text: str) -> str:
     return blake(f"{image_key}\t{text}".encode())
 
 
+def url_keys(urls) -> list[str]:
+    """`blake` of each URL's UTF-8 (a lone surrogate kept as its bytes): the image_key of a pair that is not yet
+    downloaded; a list at a time, as `pair_uids`, for the stages that hash millions (a call a row costs a third)."""
+    hashed = hashlib.blake2b
+    return [hashed(url.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest() for url in urls]
+
+
+def pair_uids(image_keys, texts) -> list[str]:
+    """`pair_uid` of each (image_key, text)."""
+    hashed = hashlib.blake2b
+    return [hashed(f"{key}\t{text}".encode(), digest_size=16).hexdigest() for key, text in zip(image_keys, texts)]
+
+
 # ---------------------------------------------------------------------------------------------- keep-lists
 
 KEEP_REPORTS = ("filter_report.json", "dedup_report.json", "screen_report.json")  # written last, beside keep.parquet

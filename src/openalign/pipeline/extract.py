@@ -49,8 +49,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from openalign.config import POSITIVE_INT, ConfigError, check
-from openalign.data.engine import Engine, Task, run_tasks, sources_key, task_id
-from openalign.data.pairs import blake, manifest_path, normalize_text, pair_uid
+from openalign.data.engine import Engine, Task, cores, run_tasks, sources_key, task_id
+from openalign.data.pairs import manifest_path, normalize_text, pair_uids, url_keys
 from openalign.outputs import staged, unfinish, write_json
 
 __all__ = ["CANDIDATE_SCHEMA", "ExtractOptions", "ExtractResult", "extract"]
@@ -379,8 +379,9 @@ def pair(alt, src: str, base: Base, counts: Counter) -> tuple[str, str] | None:
 Found = tuple[str, str, "str | None", int, "int | None", "int | None"]
 
 
-def wat_candidates(path: str, counts: Counter) -> Iterator[Found]:
-    """The candidates of one WAT file, in record order (not yet unique), counting what is dropped and why. Each
+def wat_candidates(path: str, counts: Counter) -> Iterator[list[Found]]:
+    """The candidates of one WAT file, a page's at a time, in record order (not yet unique), counting what is
+    dropped and why. Each
     record's JSON is parsed by orjson (3x the standard library's json here; like cc2dataset's simdjson it refuses
     what is not UTF-8, such as an escaped lone surrogate, and such a record is a `bad_record`)."""
     import orjson
@@ -407,7 +408,7 @@ def wat_candidates(path: str, counts: Counter) -> Iterator[Found]:
                 counts["pages"] += 1
                 head = html.get("Head")
                 base = resolve_base(page_url, head.get("Base") if isinstance(head, dict) else None)
-                offset, images = record.stream_pos, 0
+                offset, images, page = record.stream_pos, 0, []
                 for link in links if isinstance(links, list) else ():
                     if link.__class__ is not dict or link.get("path") != "IMG@/src":
                         continue
@@ -415,8 +416,9 @@ def wat_candidates(path: str, counts: Counter) -> Iterator[Found]:
                     src = link.get("url")
                     found = pair(link.get("alt"), src if src.__class__ is str else str(src or ""), base, counts)
                     if found:
-                        yield found[0], found[1], page_url, offset, None, None
+                        page.append((found[0], found[1], page_url, offset, None, None))
                 counts["images"] += images
+                yield page
         except (OSError, EOFError, zlib.error, gzip.BadGzipFile):  # a gzip member that cannot be inflated
             counts["truncated_record"] += 1
 
@@ -424,11 +426,11 @@ def wat_candidates(path: str, counts: Counter) -> Iterator[Found]:
 HTML_TYPES = ("text/html", "application/xhtml+xml")
 
 
-def warc_candidates(path: str, counts: Counter) -> Iterator[Found]:
-    """The candidates of one WARC file's HTML responses, in record order: each `<img>`'s source and alt, parsed
-    by selectolax (lexbor); the source is `data-src` where the tag has one (lazy loading: `src` holds a placeholder
-    until a script swaps them), else `src`, else the first `srcset` candidate; width and height where the tag
-    declares them as whole numbers. `<picture>`'s `<source>`s are not pairs: its `<img>` (the fallback) carries
+def warc_candidates(path: str, counts: Counter) -> Iterator[list[Found]]:
+    """The candidates of one WARC file's HTML responses, a page's at a time, in record order: each `<img>`'s source
+    and alt, parsed by selectolax (lexbor); the source is `data-src` where the tag has one (lazy loading: `src` holds
+    a placeholder until a script swaps them), else `src`, else the first `srcset` candidate; width and height where
+    the tag declares them as whole numbers. `<picture>`'s `<source>`s are not pairs: its `<img>` (the fallback) carries
     the alt."""
     from fastwarc.warc import ArchiveIterator, WarcRecordType
     from selectolax.lexbor import LexborHTMLParser
@@ -451,13 +453,15 @@ def warc_candidates(path: str, counts: Counter) -> Iterator[Found]:
                 counts["pages"] += 1
                 tag = tree.css_first("base[href]")
                 base = resolve_base(page_url, (tag.attributes.get("href") or "").strip() if tag is not None else None)
+                page = []
                 for img in tree.css("img"):
                     counts["images"] += 1
                     attrs = img.attributes
                     found = pair(attrs.get("alt") or "" if "alt" in attrs else None, _img_source(attrs), base, counts)
                     if found:
-                        yield (*found, page_url, record.stream_pos, _dimension(attrs.get("width")),
-                               _dimension(attrs.get("height")))
+                        page.append((*found, page_url, record.stream_pos, _dimension(attrs.get("width")),
+                                     _dimension(attrs.get("height"))))
+                yield page
         except (OSError, EOFError, zlib.error, gzip.BadGzipFile):
             counts["truncated_record"] += 1
 
@@ -558,14 +562,15 @@ def _batches(path: str, wanted: list[str]) -> Iterator[list[dict]]:
                 yield batch.to_pylist()
 
 
-def table_candidates(path: str, counts: Counter) -> Iterator[Found]:
+def table_candidates(path: str, counts: Counter) -> Iterator[list[Found]]:
     """The candidates of a URL table made elsewhere (COYO-700M's, LAION's or DataComp's Parquet, a CSV of url
-    and caption), streamed in batches: the same URL and text rules as pages (an absolute http(s) URL, a text after
-    whitespace collapsing), with the table's width and height where it has them; `offset` is the row number."""
+    and caption), streamed a batch at a time: the same URL and text rules as pages (an absolute http(s) URL, a text
+    after whitespace collapsing), with the table's width and height where it has them; `offset` is the row number."""
     columns = table_columns(path)
     wanted = list(dict.fromkeys(c for c in columns.values() if c))
     number = 0
     for batch in _batches(path, wanted):
+        found_rows = []
         for row in batch:
             number += 1
             counts["rows"] += 1
@@ -576,9 +581,10 @@ def table_candidates(path: str, counts: Counter) -> Iterator[Found]:
             if not found:
                 continue
             page = row.get(columns["page_url"]) if columns["page_url"] else None
-            yield (*found, str(page) if page else None, number,
-                   _dimension(row.get(columns["width"])) if columns["width"] else None,
-                   _dimension(row.get(columns["height"])) if columns["height"] else None)
+            found_rows.append((*found, str(page) if page else None, number,
+                               _dimension(row.get(columns["width"])) if columns["width"] else None,
+                               _dimension(row.get(columns["height"])) if columns["height"] else None))
+        yield found_rows
 
 
 def part_table(found: list[Found], source: str, start: int, counts: Counter) -> pa.Table:
@@ -588,9 +594,9 @@ def part_table(found: list[Found], source: str, start: int, counts: Counter) -> 
     import pyarrow.compute as pc
 
     urls, texts, pages, offsets, widths, heights = zip(*found) if found else ((),) * 6
-    keys = [blake(url.encode("utf-8", "surrogatepass")) for url in urls]
+    keys = url_keys(urls)
     url = pa.array(urls, pa.string())
-    columns = {"uid": pa.array([pair_uid(key, text) for key, text in zip(keys, texts)], pa.string()),
+    columns = {"uid": pa.array(pair_uids(keys, texts), pa.string()),
                "image_key": pa.array(keys, pa.string()), "url": url, "text": pa.array(texts, pa.string()),
                "page_url": pa.array(pages, pa.string()), "host": hosts(url),
                "source": pa.array([source] * len(found), pa.string()),
@@ -613,9 +619,12 @@ def extract_file(path: str, part: str, options: ExtractOptions, kind: str = "wat
     read = {"wat": wat_candidates, "warc": warc_candidates, "table": table_candidates}[kind]
     batch: list[Found] = []
     written = 0
-    with staged(Path(part)) as tmp, pq.ParquetWriter(tmp, PART_SCHEMA, compression="lz4") as writer:
+    # dictionaries for the columns that repeat (a page's, a file's, a host's rows): trying them on the unique ones
+    # (url, text, hashes) was half the write's time
+    with staged(Path(part)) as tmp, pq.ParquetWriter(tmp, PART_SCHEMA, compression="lz4",
+                                                     use_dictionary=["page_url", "source", "host"]) as writer:
         for found in read(path, counts):
-            batch.append(found)
+            batch += found
             if len(batch) >= options.batch_rows:
                 writer.write_table(part_table(batch, path, written, counts))
                 written += len(batch)
@@ -732,14 +741,14 @@ def extract(sources: list[str], out: Path, options: ExtractOptions = ExtractOpti
     results, resumed = run_tasks(tasks, parts / "_status", engine, "extract", progress)
     counts: Counter = Counter()
     per_file = {}
-    rows, unique = _merge(tasks, table)
+    rows, unique = _merge(tasks, table, cores(engine))  # --workers 1: one core, the merge's too
     for task, f, distinct in zip(tasks, files, unique):
         summary = {k: v for k, v in results[task.id].items() if isinstance(v, int)}
         summary["duplicate"] = summary.pop("pairs") - distinct  # a pair its own file already had
         summary["candidates"] = distinct
         per_file[str(f)] = summary
         counts.update(summary)
-    distinct, top = _hosts(table)
+    distinct, top = _hosts(table, cores(engine))
     written = {
         "stage": "extract", "sources": [str(s) for s in sources], "files": len(files), "kinds": dict(Counter(
             kinds.values())), "options": asdict(options), "engine": engine.name, "resumed_tasks": resumed,
@@ -788,24 +797,24 @@ def plot_report(manifest: dict, path: Path, top: int = 15) -> None:
     plt.close(fig)
 
 
-def _hosts(table: Path, top: int = 50) -> tuple[int, list[list]]:
+def _hosts(table: Path, threads: int, top: int = 50) -> tuple[int, list[list]]:
     import duckdb
 
-    with duckdb.connect() as con:
+    with duckdb.connect(config={"threads": threads}) as con:
         distinct = con.execute("SELECT count(DISTINCT host) FROM read_parquet(?)", [str(table)]).fetchone()[0]
         most = con.execute("SELECT host, count(*) AS n FROM read_parquet(?) GROUP BY host ORDER BY n DESC, host "
                            "LIMIT ?", [str(table), top]).fetchall()
     return int(distinct), [[host, int(n)] for host, n in most]
 
 
-def _merge(tasks: list[Task], table: Path) -> tuple[int, list[int]]:
+def _merge(tasks: list[Task], table: Path, threads: int) -> tuple[int, list[int]]:
     """The parts concatenated in task order, the first row of each uid kept (DuckDB, out of core); returns the rows
     written and each part's distinct uids."""
     import duckdb
 
     paths = [task.outputs[0] for task in tasks]
     columns = ", ".join(f'"{name}"' for name in CANDIDATE_SCHEMA.names)
-    with staged(table) as tmp, duckdb.connect() as con:
+    with staged(table) as tmp, duckdb.connect(config={"threads": threads}) as con:
         con.execute("SET preserve_insertion_order = true")
         listed = "[" + ", ".join("'" + path.replace("'", "''") + "'" for path in paths) + "]"
         con.execute(f"CREATE TEMP VIEW parts AS SELECT *, list_position({listed}, filename) AS task "
