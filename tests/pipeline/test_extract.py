@@ -449,6 +449,51 @@ def test_inputs_given_as_urls_are_read_as_local_files_are(tmp_path, capsys):
         server.server_close()
 
 
+def test_inputs_on_s3_are_read_as_local_files_are(tmp_path, monkeypatch):
+    """s3:// URLs (s3fs), against an S3 served by moto on 127.0.0.1: a prefix (its objects), a glob, an archive and
+    a Parquet table; the same candidates as the same files read locally, an object's ETag in its task's key (a
+    rerun redoes only the object that changed)."""
+    boto3 = pytest.importorskip("boto3")
+    pytest.importorskip("s3fs")
+    from moto.server import ThreadedMotoServer
+    import pyarrow as pa
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    for name, value in (("AWS_ENDPOINT_URL", endpoint), ("AWS_ACCESS_KEY_ID", "testing"),
+                        ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_DEFAULT_REGION", "us-east-1")):
+        monkeypatch.setenv(name, value)
+    try:
+        s3 = boto3.client("s3", endpoint_url=endpoint)
+        s3.create_bucket(Bucket="crawl")
+        s3.upload_file(str(WAT), "crawl", "segments/a.warc.wat.gz")
+        s3.upload_file(str(WARC), "crawl", "segments/b.warc.gz")
+        table = tmp_path / "coyo.parquet"
+        pq.write_table(pa.table({"url": ["https://a.example/1.jpg", "https://b.example/2.jpg"],
+                                 "caption": ["a red bicycle", "two cats"]}), table)
+        s3.upload_file(str(table), "crawl", "tables/coyo.parquet")
+        one_core = Engine("local", workers=1)  # the tasks in this process, which holds the endpoint's variables
+        remote = extract(["s3://crawl/segments", "s3://crawl/tables/*.parquet"], tmp_path / "remote",
+                         engine=one_core, progress=False)
+        local = extract([str(WAT), str(WARC), str(table)], tmp_path / "local", engine=one_core, progress=False)
+        assert remote.files == local.files == 3 and remote.candidates == local.candidates > 30
+        assert [{**r, "source": None} for r in rows(tmp_path / "remote")] == [
+            {**r, "source": None} for r in rows(tmp_path / "local")]
+        assert {r["source"] for r in rows(tmp_path / "remote")} == {
+            "s3://crawl/segments/a.warc.wat.gz", "s3://crawl/segments/b.warc.gz", "s3://crawl/tables/coyo.parquet"}
+        grown = {"url": ["https://a.example/1.jpg", "https://b.example/2.jpg", "https://c.example/3.jpg"],
+                 "caption": ["a red bicycle", "two cats", "a lighthouse"]}
+        pq.write_table(pa.table(grown), table)
+        s3.upload_file(str(table), "crawl", "tables/coyo.parquet")
+        changed = extract(["s3://crawl/segments", "s3://crawl/tables/*.parquet"], tmp_path / "remote",
+                          engine=one_core, progress=False)
+        assert changed.resumed_tasks == 2 and changed.candidates == remote.candidates + 1
+    finally:
+        server.stop()
+
+
 def test_killed_mid_extract_a_rerun_gives_the_same_output(tmp_path):
     """kill -9 while the third of four files streams in (the server holds it back): no table or manifest is left,
     the finished files' parts and statuses are; the rerun reads only the files that did not finish and writes what

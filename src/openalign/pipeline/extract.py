@@ -110,7 +110,8 @@ def filesystem(url: str):
     try:
         return fsspec.core.url_to_fs(url)
     except ImportError as err:
-        raise ConfigError(f"cannot read {url}: {str(err).splitlines()[0]}") from None
+        extra = " (pip install 'openalign[s3]')" if url.lower().startswith(("s3://", "s3a://")) else ""
+        raise ConfigError(f"cannot read {url}: {str(err).splitlines()[0]}{extra}") from None
     except ValueError as err:
         raise ConfigError(f"cannot read {url}: {err}") from None
 
@@ -664,6 +665,9 @@ def inputs(sources: list[str]) -> list[str]:
 
 def _remote_files(source: str) -> list[str]:
     fs, path = filesystem(source)
+    # what this process listed or asked before (fsspec keeps filesystems and their listings for the process's life)
+    # is not what the store holds now: a stale ETag would be sent with the read and refused (412)
+    fs.invalidate_cache()
     http = source.split(":", 1)[0].lower() in ("http", "https")
     try:
         if any(ch in path for ch in "*?["):
