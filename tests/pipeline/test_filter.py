@@ -281,3 +281,98 @@ def test_one_engine_vocabulary_and_the_former_name_still_works_with_a_line(tmp_p
     local = json.loads((tmp_path / "local" / "filter_report.json").read_text())
     old = json.loads((tmp_path / "old" / "filter_report.json").read_text())
     assert local["engine"] == old["engine"] == "local"
+
+
+# (url, text, width, height, the rules that fire on it): the text rules by URL, the size rules where the table has
+# sizes; Chinese and Japanese texts count their segmented words
+CANDIDATES = [
+    ("https://a.example/1.jpg", "a shared caption here", 400, 400, {"text_shared"}),
+    ("https://a.example/2.jpg", "a shared caption here", 400, 400, {"text_shared"}),
+    ("https://a.example/3.jpg", "a shared caption here", None, None, {"text_shared"}),
+    ("https://a.example/4.jpg", "twice shared caption", 400, 400, set()),  # on exactly 2 images: kept
+    ("https://a.example/5.jpg", "twice shared caption", 400, 400, set()),
+    ("https://b.example/1.jpg", "two words", 400, 400, {"text_length"}),
+    ("https://b.example/2.jpg", "exactly three words", 400, 400, set()),
+    ("https://b.example/3.jpg", "one two three four five six seven eight", 400, 400, set()),  # 8: the maximum
+    ("https://b.example/4.jpg", "one two three four five six seven eight nine", 400, 400, {"text_length"}),
+    ("https://c.example/1.jpg", "红色的自行车", 400, 400, set()),  # 红色 的 自行车: 3 words, not 1
+    ("https://c.example/2.jpg", "自行车", 400, 400, {"text_length"}),  # one word
+    ("https://c.example/3.jpg", "東京タワーの夜景", 400, 400, set()),  # 東京 タワー の 夜景
+    ("https://d.example/1.jpg", "first text of crowded image", 400, 400, {"image_many_texts"}),
+    ("https://d.example/1.jpg", "second text of crowded image", 400, 400, {"image_many_texts"}),
+    ("https://d.example/1.jpg", "third text of crowded image", 400, 400, {"image_many_texts"}),
+    ("https://d.example/2.jpg", "first text of busy image", 400, 400, set()),  # 2 texts: kept
+    ("https://d.example/2.jpg", "second text of busy image", 400, 400, set()),
+    ("https://e.example/1.jpg", "a small picture here", 200, 300, {"image_small"}),
+    ("https://e.example/2.jpg", "a bigger picture here", 201, 300, set()),
+    ("https://e.example/3.jpg", "a long thin banner", 300, 900, {"image_aspect"}),
+    ("https://e.example/4.jpg", "a less thin banner", 301, 900, set()),
+    ("https://e.example/5.jpg", "a picture of unknown size", None, None, set()),  # not judged by the size rules
+]
+CANDIDATE_RULES = {"max_images_per_text": 2, "min_words": 3, "max_words": 8, "max_texts_per_image": 2,
+                   "min_short_side": 200, "max_aspect": 3.0}
+
+
+def candidate_table(tmp_path):
+    from openalign.pipeline.extract import extract
+
+    lines = ["url,caption,width,height"] + [f"{u},{t},{w or ''},{h or ''}" for u, t, w, h, _ in CANDIDATES]
+    (tmp_path / "urls.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    extract([str(tmp_path / "urls.csv")], tmp_path / "web", progress=False)
+    return tmp_path / "web" / "candidates.parquet"
+
+
+def test_the_rules_run_on_a_candidate_table_before_any_download(tmp_path):
+    pytest.importorskip("jieba")
+    table = candidate_table(tmp_path)
+    report = filters.run_filters(table, tmp_path / "f", FilterConfig(**CANDIDATE_RULES), progress=False)
+    rows = pq.read_table(table, columns=["uid", "url", "text"]).to_pylist()
+    rules = {(u, t): fired for u, t, _, _, fired in CANDIDATES}
+    expected = {r["uid"] for r in rows if not rules[(r["url"], r["text"])]}
+    assert set(read_keep(tmp_path / "f")) == expected and len(expected) == 11
+    alone = {r["rule"]: r["removed_alone"] for r in report["rules"]}
+    for rule in alone:
+        assert alone[rule] == sum(rule in fired for *_, fired in CANDIDATES), rule
+    assert report["pairs"] == len(CANDIDATES) and report["kept_pairs"] == 11
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("java") is None, reason="the Spark engine needs Java (apt-get install default-jre-headless)")
+def test_a_candidate_table_filters_the_same_on_spark(tmp_path):
+    pytest.importorskip("jieba")
+    table = candidate_table(tmp_path)
+    local = filters.run_filters(table, tmp_path / "local", FilterConfig(**CANDIDATE_RULES), progress=False)
+    spark = filters.run_filters(table, tmp_path / "spark", FilterConfig(**CANDIDATE_RULES), engine="spark",
+                                master="local[1]", progress=False)
+    assert read_keep(tmp_path / "local") == read_keep(tmp_path / "spark")
+    assert [r["removed_alone"] for r in local["rules"]] == [r["removed_alone"] for r in spark["rules"]]
+
+
+def test_the_size_rules_say_when_no_size_is_known(tmp_path):
+    from openalign.pipeline.extract import extract
+
+    (tmp_path / "urls.csv").write_text("url,caption\nhttps://a.example/1.jpg,a red bicycle here\n"
+                                       "https://a.example/2.jpg,two cats asleep here\n", encoding="utf-8")
+    extract([str(tmp_path / "urls.csv")], tmp_path / "web", progress=False)
+    report = filters.run_filters(tmp_path / "web" / "candidates.parquet", tmp_path / "f", progress=False)
+    assert report["not_applied"] == ["image_small", "image_aspect"] and report["kept_pairs"] == 2
+    assert report["sizes"] == {"original": 0, "as_stored": 0, "unknown": 2}
+    assert any("image_small and image_aspect not applied" in line for line in filters.summary_lines(report))
+
+
+def test_a_candidate_table_s_report_counts_each_language_and_host(tmp_path):
+    pytest.importorskip("jieba")
+    table = candidate_table(tmp_path)
+    report = filters.run_filters(table, tmp_path / "f", FilterConfig(**CANDIDATE_RULES), progress=False)
+    rows = pq.read_table(table, columns=["url", "text", "language", "host"]).to_pylist()
+    fired = {(u, t): f for u, t, _, _, f in CANDIDATES}
+    for column, groups in (("language", report["by_language"]), ("host", report["by_host"])):
+        assert sum(g["pairs"] for g in groups) == len(CANDIDATES)
+        for g in groups:
+            mine = [r for r in rows if r[column] == g["value"]]
+            assert g["pairs"] == len(mine) and g["kept"] == sum(not fired[(r["url"], r["text"])] for r in mine)
+            for rule, n in g["removed_alone"].items():
+                assert n == sum(rule in fired[(r["url"], r["text"])] for r in mine), (column, g["value"], rule)
+    languages = {g["value"] for g in report["by_language"]}
+    assert {"en", "zh", "ja"} <= languages and report["by_host"][0]["value"] == "a.example"
+    assert (tmp_path / "f" / "filter_report.png").stat().st_size > 10_000

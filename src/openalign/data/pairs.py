@@ -110,23 +110,27 @@ def manifest_path(table: Path) -> Path:
 
 
 def check_finished(table: Path) -> None:
-    """A pair table is finished when the manifest its ingest writes last is beside it and counts its rows; a table
-    an interrupted ingest left (no manifest, or another run's) is refused in one sentence."""
+    """A pair table is finished when the manifest its ingest writes last is beside it and counts its rows (a
+    candidate table: its extract's manifest); a table an interrupted run left (no manifest, or another run's) is
+    refused in one sentence."""
     manifest = manifest_path(table)
-    again = f"run `openalign ingest SRC --out {table}` again"
     try:
         written = json.loads(manifest.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{table} has no {manifest.name} beside it, so the ingest that wrote it did not finish (or "
-                          f"it was not written by `openalign ingest`); {again}") from None
+                          f"it was not written by `openalign ingest`); run `openalign ingest SRC --out {table}` "
+                          "again") from None
     except (OSError, ValueError):
-        raise ConfigError(f"{manifest} is damaged (not JSON); {again}") from None
+        raise ConfigError(f"{manifest} is damaged (not JSON); run the stage that wrote {table} again") from None
+    stage = written.get("stage") if isinstance(written, dict) else None
+    again = (f"run `openalign extract SRC --out {table.parent}` again" if stage == "extract"
+             else f"run `openalign ingest SRC --out {table}` again")
     try:
         rows = pq.read_metadata(table).num_rows
     except (OSError, pa.ArrowException):
         raise ConfigError(f"{table} is not a readable Parquet file (cut short?); {again}") from None
-    if not isinstance(written, dict) or written.get("stage") != "ingest" or written.get("pairs") != rows:
-        said = written.get("pairs") if isinstance(written, dict) else None
+    said = written.get({"extract": "candidates"}.get(stage, "pairs")) if isinstance(written, dict) else None
+    if stage not in ("ingest", "extract") or said != rows:
         raise ConfigError(f"{table} holds {rows:,} pairs but {manifest.name} says {said}: the table is not the one "
                           f"that manifest describes (changed, or a rerun was interrupted); {again}")
 

@@ -22,13 +22,15 @@ from openalign.data.pairs import FILTER_COLUMNS, check_pair_table, write_keep_re
 from openalign.outputs import unfinish
 from openalign.data.engine import engine_name
 from openalign.pipeline.filter_engines import SpillWatch, make_engine
-from openalign.pipeline.filter_rules import (PARTED, DONE_AFTER, RULE_OPTIONS, RULES, count_statements,
-                                             examples_query, exact_cut, flag_statements, hash_query, keep_query,
-                                             occurrence_count_query, summary_query)
+from openalign.pipeline.filter_rules import (GROUPS, PARTED, DONE_AFTER, RULE_OPTIONS, RULES, count_statements,
+                                             examples_query, exact_cut, flag_statements, group_query, hash_query,
+                                             keep_query, occurrence_count_query, summary_query)
 
 REPORT = "filter_report.json"
 
 
+SIZE_RULES = ("image_small", "image_aspect")  # the rules that need an image's size
+TOP_GROUPS = 50  # languages and hosts in the report
 DOMINANT_SHARE = 0.5  # a rule that removes at least this share of the corpus on its own is called out first
 
 
@@ -83,6 +85,11 @@ def run_filters(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), engi
                               "removed_alone": int(counts[2 * i] or 0), "removed_in_sequence": int(counts[2 * i + 1] or 0),
                               "examples": examples})
             originals = runner.rows("SELECT count(*) FROM pairs WHERE has_original")[0][0]
+            unsized = runner.rows("SELECT count(*) FROM pairs WHERE width IS NULL OR height IS NULL")[0][0]
+            groups = {column: [{"value": value, "pairs": int(n), "kept": int(k or 0),
+                                "removed_alone": {rule: int(c or 0) for rule, c in zip(RULES, removed)}}
+                               for value, n, k, *removed in runner.rows(group_query(column, TOP_GROUPS))]
+                      for column in GROUPS if column in runner.columns}
             keep_path = out / "keep.parquet"
             runner.write_keep(keep_path)
         finally:
@@ -90,10 +97,15 @@ def run_filters(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), engi
     report = {
         "stage": "filter", "input": str(pairs), "engine": engine, "config": asdict(cfg),
         # image_small and image_aspect judge the size before a downloader's resizing, where the table has it
-        "sizes": {"original": int(originals), "as_stored": int(total) - int(originals)},
+        "sizes": {"original": int(originals), "as_stored": int(total) - int(originals) - int(unsized),
+                  "unknown": int(unsized)},
+        # the rules that judged no pair: a candidate table from WAT files knows no image's size
+        "not_applied": [rule for rule in SIZE_RULES if unsized == total],
         "pairs": int(total), "kept_pairs": int(kept or 0), "kept_uids": int(kept_uids),
         "removed_pairs": int(total) - int(kept or 0), "distinct_terms": int(distinct_terms),
         "exactly_counted_terms": int(candidates), "rules": rules,
+        # a candidate table's pairs per language of their text and per image host (the most first)
+        "by_language": groups.get("language", []), "by_host": groups.get("host", []),
         "keep": str(keep_path), "seconds": round(time.perf_counter() - start, 2),
         "memory_limit": memory_limit, "spilled_bytes": spill.peak,  # bytes (0: no limit)
     }
@@ -109,7 +121,9 @@ def _progress(progress: bool, total: int):
     return tqdm(total=total, desc="filter", unit="stage", disable=not progress, leave=False)
 
 
-def plot_report(report: dict, path: Path) -> None:
+def plot_report(report: dict, path: Path, top: int = 12) -> None:
+    """Each rule's removals alone and in sequence; for a candidate table, beside them the pairs kept and removed per
+    language of their text."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -119,7 +133,9 @@ def plot_report(report: dict, path: Path) -> None:
     names = [r["rule"] for r in rules]
     alone = [r["removed_alone"] for r in rules]
     sequence = [r["removed_in_sequence"] for r in rules]
-    fig, ax = plt.subplots(figsize=(8, 4))
+    languages = report.get("by_language", [])[:top]
+    fig, axes = plt.subplots(1, 2 if languages else 1, figsize=(15 if languages else 8, 4.5), squeeze=False)
+    ax = axes[0][0]
     y = range(len(names))
     ax.barh([i + 0.2 for i in y], alone, height=0.4, label="removed on its own")
     ax.barh([i - 0.2 for i in y], sequence, height=0.4, label="removed in sequence (after the rules above)")
@@ -129,6 +145,16 @@ def plot_report(report: dict, path: Path) -> None:
     ax.set_title(f"ALIGN filters: {report['kept_pairs']:,} of {report['pairs']:,} pairs kept "
                  f"({report['kept_pairs'] / max(report['pairs'], 1):.1%})")
     ax.legend(loc="lower right", fontsize=8)
+    if languages:
+        by = axes[0][1]
+        labels = [str(g["value"]) for g in languages]
+        kept = [g["kept"] for g in languages]
+        by.barh(labels, kept, color="tab:green", label="kept")
+        by.barh(labels, [g["pairs"] - g["kept"] for g in languages], left=kept, color="tab:red", label="removed")
+        by.invert_yaxis()
+        by.set_xlabel("pairs")
+        by.set_title(f"per language of the text (top {len(languages)})")
+        by.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -155,6 +181,12 @@ def summary_lines(report: dict) -> list[str]:
         lines.append(f"note: DuckDB spilled up to {report['spilled_bytes'] / 2**30:.2f} GiB to disk "
                      f"({Path(report['keep']).parent / 'tmp'}): the work did not fit {limit}, so it ran out-of-core "
                      "(slower; raise --memory-limit to avoid it)")
+    if report.get("not_applied"):
+        lines.append(f"note: {' and '.join(report['not_applied'])} not applied: no pair's image size is known (a "
+                     "candidate table from web pages; they run on the pair table after the download)")
+    elif report.get("sizes", {}).get("unknown"):
+        lines.append(f"note: {report['sizes']['unknown']:,} pairs of unknown image size were not judged by "
+                     f"{' and '.join(SIZE_RULES)}")
     if report.get("sizes", {}).get("original"):
         lines.append(f"note: image sizes judged before resizing for {report['sizes']['original']:,} pairs (their "
                      "original_width/height from img2dataset), as stored for the other "

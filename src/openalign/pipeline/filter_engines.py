@@ -16,7 +16,8 @@ from pathlib import Path
 from openalign.config import ConfigError, duckdb_size, format_size, parse_size
 from openalign.data.engine import engine_name, spark_session
 from openalign.data.pairs import sql_path
-from openalign.pipeline.filter_rules import DUCKDB, HASH_HISTOGRAM, SPARK, hash_counts, keep_query, size_columns
+from openalign.pipeline.filter_rules import (DUCKDB, HASH_HISTOGRAM, SPARK, group_columns, hash_counts, keep_query,
+                                             size_columns, words_columns)
 
 GROUP_ROW_BYTES = 48  # DuckDB's memory per group of an integer key and a sum (measured: ~30 spilled per input row)
 
@@ -51,8 +52,9 @@ class DuckDBEngine:
 
     def register(self, pairs: str) -> None:
         names = [r[0] for r in self.con.execute(f"DESCRIBE SELECT * FROM read_parquet('{sql_path(pairs)}')").fetchall()]
-        self.con.execute(f"CREATE OR REPLACE VIEW pairs AS SELECT uid, image_key, text, {size_columns(names)} "
-                         f"FROM read_parquet('{sql_path(pairs)}')")
+        self.columns = names
+        self.con.execute(f"CREATE OR REPLACE VIEW pairs AS SELECT uid, image_key, text, {words_columns(names)}, "
+                         f"{size_columns(names)}{group_columns(names)} FROM read_parquet('{sql_path(pairs)}')")
 
     def materialize(self, name: str, query: str) -> None:
         self._execute(name, self.dialect.materialize.format(name=name, query=query))
@@ -142,8 +144,9 @@ class SparkEngine:
     def register(self, pairs: str) -> None:
         table = self.spark.read.parquet(pairs)
         table.createOrReplaceTempView("raw_pairs")
-        self.spark.sql(f"SELECT uid, image_key, text, {size_columns(table.columns)} FROM raw_pairs") \
-            .createOrReplaceTempView("pairs")
+        self.columns = list(table.columns)
+        self.spark.sql(f"SELECT uid, image_key, text, {words_columns(table.columns)}, {size_columns(table.columns)}"
+                       f"{group_columns(table.columns)} FROM raw_pairs").createOrReplaceTempView("pairs")
 
     def materialize(self, name: str, query: str) -> None:
         self.spark.sql(self.dialect.materialize.format(name=name, query=query))

@@ -13,8 +13,9 @@ Rules (thresholds are `FilterConfig` fields; every statistic is counted on the r
     text_length       fewer than min_words or more than max_words unigrams (paper: 3..20)
     text_rare         a unigram or bigram outside the vocab_size most frequent ones (paper: 100M)
 
-Words are the alt-text split on whitespace (optionally lowercased): nothing language-specific, so the
-multilingual corpus uses the same rules. Term frequencies count every pair; terms are ranked by count,
+Words are the alt-text split on whitespace (optionally lowercased), or a candidate table's `words` where its
+language is written without spaces (zh, ja, th: segmented by extract); otherwise nothing language-specific, so the
+multilingual corpus uses the same rules. A pair of unknown image size (a candidate table's) passes the size rules. Term frequencies count every pair; terms are ranked by count,
 then by their UTF-8 bytes, so the top-K cut is deterministic. Terms are counted by a 64-bit hash first
 (fixed-size keys that spill to disk), then exactly, by their strings, only those that can reach the top K:
 the result is exact whatever the hash collides (`exact_cut`). Lowercasing follows each engine's
@@ -92,8 +93,10 @@ def _terms(cfg: FilterConfig, d: Dialect) -> tuple[str, str]:
     """SQL expressions for a text's words and its terms (words, plus bigrams when vocab_ngrams is 2).
 
     Words: the text's other whitespace turned into spaces by plain replaces, split on single spaces, empty
-    pieces dropped (= split on runs of whitespace; 3x faster here than one regular-expression replace)."""
-    norm = "text"
+    pieces dropped (= split on runs of whitespace; 3x faster here than one regular-expression replace). The text
+    split is `words_text`: a candidate table's `words` where its language has a segmenter (zh, ja, th: the words
+    joined by spaces), else the text itself (`words_columns`)."""
+    norm = "words_text"
     for code in WHITESPACE:
         norm = f"replace({norm}, chr({code}), ' ')"
     if cfg.lowercase:
@@ -145,7 +148,7 @@ def count_statements(cfg: FilterConfig, d: Dialect) -> list[tuple[str, str]]:
     limit = cfg.max_images_per_text
     return [
         ("texts", f"SELECT {d.row_id} AS tid, text, n_pairs, {words} AS words FROM "
-                  "(SELECT text, count(*) AS n_pairs FROM pairs GROUP BY text) g"),
+                  "(SELECT text, min(words_text) AS words_text, count(*) AS n_pairs FROM pairs GROUP BY text) g"),
         ("shared_texts", f"SELECT p.text FROM pairs p {d.semi_join} (SELECT text FROM texts WHERE n_pairs > {limit}) c "
                          f"ON p.text = c.text GROUP BY p.text HAVING count(DISTINCT p.image_key) > {limit}"),
     ]
@@ -246,8 +249,9 @@ def flag_statements(cfg: FilterConfig, d: Dialect, cut: tuple[int, int] | None) 
                            f"WHERE n_pairs > {cfg.max_texts_per_image}) c ON p.image_key = c.image_key "
                            "GROUP BY p.image_key "
                            f"HAVING count(DISTINCT p.text) > {cfg.max_texts_per_image}"),
-        ("image_flags", f"SELECT i.image_key, i.short <= {cfg.min_short_side} AS image_small, "
-                        f"i.long >= {float(cfg.max_aspect)} * i.short AS image_aspect, "
+        # an image of unknown size (a candidate table's WAT links) is not judged by the size rules
+        ("image_flags", f"SELECT i.image_key, coalesce(i.short <= {cfg.min_short_side}, false) AS image_small, "
+                        f"coalesce(i.long >= {float(cfg.max_aspect)} * i.short, false) AS image_aspect, "
                         "c.image_key IS NOT NULL AS image_many_texts FROM images i "
                         "LEFT JOIN crowded_images c ON i.image_key = c.image_key"),
         # one join per step: DuckDB can take a join out of core alone, not two chained in one pipeline (10M
@@ -283,6 +287,28 @@ def keep_query() -> str:
 
 def examples_query(rule: str, n: int) -> str:
     return f"SELECT text FROM flags WHERE {rule} ORDER BY uid LIMIT {n}"
+
+
+GROUPS = ("language", "host")  # a candidate table's columns the report counts each rule by
+
+
+def group_columns(names: list[str]) -> str:
+    """`, language, host` where the table has them (a candidate table), for the report's counts per group."""
+    return "".join(f", {name}" for name in GROUPS if name in names)
+
+
+def group_query(column: str, top: int) -> str:
+    """Per value of `column` (the `top` with the most pairs): pairs, kept pairs, and each rule's removals alone."""
+    rules = ", ".join(f"sum(CASE WHEN f.{rule} THEN 1 ELSE 0 END)" for rule in RULES)
+    kept = " AND ".join(f"NOT f.{rule}" for rule in RULES)
+    return (f"SELECT p.{column}, count(*) AS n, sum(CASE WHEN {kept} THEN 1 ELSE 0 END), {rules} "
+            f"FROM flags f JOIN pairs p ON f.uid = p.uid GROUP BY p.{column} ORDER BY n DESC, p.{column} LIMIT {top}")
+
+
+def words_columns(names: list[str]) -> str:
+    """The text the rules split into words: a candidate table's segmented `words` where it has them (a function of
+    the text and its language: one per text, `min` where a table were to hold two), else the text."""
+    return "coalesce(words, text) AS words_text" if "words" in names else "text AS words_text"
 
 
 def size_columns(names: list[str]) -> str:
