@@ -300,7 +300,7 @@ CANDIDATES = [
     ("https://c.example/3.jpg", "東京タワーの夜景", 400, 400, set()),  # 東京 タワー の 夜景
     ("https://d.example/1.jpg", "first text of crowded image", 400, 400, {"image_many_texts"}),
     ("https://d.example/1.jpg", "second text of crowded image", 400, 400, {"image_many_texts"}),
-    ("https://d.example/1.jpg", "third text of crowded image", 400, 400, {"image_many_texts"}),
+    ("https://d.example/1.jpg", "third crowded", 400, 400, {"image_many_texts", "text_length"}),  # two rules
     ("https://d.example/2.jpg", "first text of busy image", 400, 400, set()),  # 2 texts: kept
     ("https://d.example/2.jpg", "second text of busy image", 400, 400, set()),
     ("https://e.example/1.jpg", "a small picture here", 200, 300, {"image_small"}),
@@ -309,16 +309,22 @@ CANDIDATES = [
     ("https://e.example/4.jpg", "a less thin banner", 301, 900, set()),
     ("https://e.example/5.jpg", "a picture of unknown size", None, None, set()),  # not judged by the size rules
 ]
+RULE_ORDER = ("image_small", "image_aspect", "image_many_texts", "text_shared", "text_length", "text_rare")
 CANDIDATE_RULES = {"max_images_per_text": 2, "min_words": 3, "max_words": 8, "max_texts_per_image": 2,
                    "min_short_side": 200, "max_aspect": 3.0}
 
 
 def candidate_table(tmp_path):
+    """CANDIDATES as COYO-700M's layout (id, url, text, width, height, and scores the rules ignore), through extract."""
     from openalign.pipeline.extract import extract
 
-    lines = ["url,caption,width,height"] + [f"{u},{t},{w or ''},{h or ''}" for u, t, w, h, _ in CANDIDATES]
-    (tmp_path / "urls.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    extract([str(tmp_path / "urls.csv")], tmp_path / "web", progress=False)
+    coyo = {"id": list(range(len(CANDIDATES))), "url": [c[0] for c in CANDIDATES],
+            "text": [c[1] for c in CANDIDATES],
+            "width": pa.array([c[2] for c in CANDIDATES], pa.int64()),
+            "height": pa.array([c[3] for c in CANDIDATES], pa.int64()),
+            "clip_similarity_vitb32": [0.3] * len(CANDIDATES)}
+    pq.write_table(pa.table(coyo), tmp_path / "coyo.parquet")
+    extract([str(tmp_path / "coyo.parquet")], tmp_path / "web", progress=False)
     return tmp_path / "web" / "candidates.parquet"
 
 
@@ -330,9 +336,12 @@ def test_the_rules_run_on_a_candidate_table_before_any_download(tmp_path):
     rules = {(u, t): fired for u, t, _, _, fired in CANDIDATES}
     expected = {r["uid"] for r in rows if not rules[(r["url"], r["text"])]}
     assert set(read_keep(tmp_path / "f")) == expected and len(expected) == 11
-    alone = {r["rule"]: r["removed_alone"] for r in report["rules"]}
-    for rule in alone:
-        assert alone[rule] == sum(rule in fired for *_, fired in CANDIDATES), rule
+    assert [r["rule"] for r in report["rules"]] == list(RULE_ORDER)
+    for r in report["rules"]:  # alone: every pair the rule fires on; in sequence: those no earlier rule took
+        assert r["removed_alone"] == sum(r["rule"] in fired for *_, fired in CANDIDATES), r["rule"]
+        first = [next((rule for rule in RULE_ORDER if rule in fired), None) for *_, fired in CANDIDATES]
+        assert r["removed_in_sequence"] == first.count(r["rule"]), r["rule"]
+    assert [r["removed_in_sequence"] for r in report["rules"]] != [r["removed_alone"] for r in report["rules"]]
     assert report["pairs"] == len(CANDIDATES) and report["kept_pairs"] == 11
 
 

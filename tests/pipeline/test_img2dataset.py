@@ -50,7 +50,7 @@ def test_img2dataset_output_folder_is_ingested_with_original_sizes(tmp_path, fmt
     report = json.loads((tmp_path / fmt / "f" / "filter_report.json").read_text())
     removed = {r["rule"]: r["removed_alone"] for r in report["rules"]}
     assert (removed["image_small"], removed["image_aspect"]) == expected_removals(cfg) == (3, 3)
-    assert report["sizes"] == {"original": len(ORIGINALS), "as_stored": 0}
+    assert report["sizes"] == {"original": len(ORIGINALS), "as_stored": 0, "unknown": 0}
 
 
 def test_the_three_formats_give_the_same_pairs_and_the_parquet_one_shards(tmp_path):
