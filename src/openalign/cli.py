@@ -365,7 +365,7 @@ def _engine(args):
 def cmd_filter(args) -> int:
     from openalign.pipeline import filter as filters
 
-    cfg = _filter_config(args.overrides)
+    cfg = _filter_config(args.overrides + ([f"rules={args.rules}"] if args.rules else []))
     report = filters.run_filters(Path(args.pairs), Path(args.out), cfg, engine=args.engine, master=args.master,
                                  memory_limit=args.memory_limit, threads=args.threads, progress=not args.quiet)
     print("\n".join(filters.summary_lines(report)))
@@ -734,7 +734,8 @@ def _ingest_flags(p) -> None:
 
 
 def _filter_flags(p) -> None:
-    p.add_argument("pairs", help="the pair table from `openalign ingest`")
+    p.add_argument("pairs", help="the pair table from `openalign ingest`, or the candidate table from `openalign "
+                                 "extract` (DIR/candidates.parquet)")
     p.add_argument("--out", required=True)
     p.add_argument("--engine", default="local", choices=["local", "spark", "duckdb"],
                    help="local: DuckDB, embedded (the default); spark: Apache Spark (duckdb: local's former name)")
@@ -743,6 +744,9 @@ def _filter_flags(p) -> None:
     p.add_argument("--memory-limit", default=0, type=_size,
                    help="e.g. 4G (the local engine, DuckDB, spills to disk beyond it; spark: the driver's memory)")
     p.add_argument("--threads", type=int, default=0, help="0: all cores")
+    p.add_argument("--rules", choices=["all", "text", "image"], default=None,
+                   help="which rules run: text (a candidate table from `openalign extract`, before the download), "
+                        "image (the pair table after it), all (the default)")
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="thresholds, e.g. min_short_side=200 max_images_per_text=10 vocab_size=100000000")
 

@@ -368,6 +368,9 @@ class FilterConfig:
     vocab_ngrams: Annotated[int, Rule(lambda x: x in (1, 2), "1 or 2")] = 2  # 2: unigrams and bigrams are both checked (paper); 1: unigrams only
     lowercase: bool = True  # count words case-insensitively
     examples: Annotated[int, NON_NEGATIVE] = 3  # example texts per rule in the report
+    # which rules run: text (a candidate table, before the download), image (the pair table after it, where the text
+    # rules already ran on its candidates), or all
+    rules: Literal["all", "text", "image"] = "all"
 
 
 def to_dict(cfg) -> dict:

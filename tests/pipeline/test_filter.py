@@ -364,9 +364,11 @@ def test_the_size_rules_say_when_no_size_is_known(tmp_path):
                                        "https://a.example/2.jpg,two cats asleep here\n", encoding="utf-8")
     extract([str(tmp_path / "urls.csv")], tmp_path / "web", progress=False)
     report = filters.run_filters(tmp_path / "web" / "candidates.parquet", tmp_path / "f", progress=False)
-    assert report["not_applied"] == ["image_small", "image_aspect"] and report["kept_pairs"] == 2
+    assert report["not_applied"] == {"image_small": "no image's size is known",
+                                     "image_aspect": "no image's size is known"} and report["kept_pairs"] == 2
     assert report["sizes"] == {"original": 0, "as_stored": 0, "unknown": 2}
-    assert any("image_small and image_aspect not applied" in line for line in filters.summary_lines(report))
+    assert "note: image_small, image_aspect not applied (no image's size is known; they run on the pair table after " \
+           "the download)" in filters.summary_lines(report)
 
 
 def test_a_candidate_table_s_report_counts_each_language_and_host(tmp_path):
@@ -385,3 +387,21 @@ def test_a_candidate_table_s_report_counts_each_language_and_host(tmp_path):
     languages = {g["value"] for g in report["by_language"]}
     assert {"en", "zh", "ja"} <= languages and report["by_host"][0]["value"] == "a.example"
     assert (tmp_path / "f" / "filter_report.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("rules", ["text", "image"])
+def test_rules_selects_the_text_or_the_image_rules(tmp_path, rules, capsys):
+    pytest.importorskip("jieba")
+    from openalign import cli
+
+    table = candidate_table(tmp_path)
+    overrides = [f"{k}={v}" for k, v in CANDIDATE_RULES.items()]
+    assert cli.main(["filter", str(table), "--out", str(tmp_path / "f"), "--rules", rules, *overrides]) == 0
+    report = json.loads((tmp_path / "f" / "filter_report.json").read_text())
+    selected = [rule for rule in RULE_ORDER if rule.startswith(rules)]
+    rows = pq.read_table(table, columns=["uid", "url", "text"]).to_pylist()
+    fired = {(u, t): f & set(selected) for u, t, _, _, f in CANDIDATES}
+    assert set(read_keep(tmp_path / "f")) == {r["uid"] for r in rows if not fired[(r["url"], r["text"])]}
+    assert {r["rule"] for r in report["rules"] if r["removed_alone"]} == set().union(*fired.values())
+    assert set(report["not_applied"]) == set(RULE_ORDER) - set(selected)
+    assert f"(--rules {rules})" in capsys.readouterr().out

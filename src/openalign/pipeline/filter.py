@@ -22,7 +22,7 @@ from openalign.data.pairs import FILTER_COLUMNS, check_pair_table, write_keep_re
 from openalign.outputs import unfinish
 from openalign.data.engine import engine_name
 from openalign.pipeline.filter_engines import SpillWatch, make_engine
-from openalign.pipeline.filter_rules import (GROUPS, PARTED, DONE_AFTER, RULE_OPTIONS, RULES, count_statements,
+from openalign.pipeline.filter_rules import (GROUPS, PARTED, DONE_AFTER, RULE_OPTIONS, RULES, applies, count_statements,
                                              examples_query, exact_cut, flag_statements, group_query, hash_query,
                                              keep_query, occurrence_count_query, summary_query)
 
@@ -99,8 +99,9 @@ def run_filters(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), engi
         # image_small and image_aspect judge the size before a downloader's resizing, where the table has it
         "sizes": {"original": int(originals), "as_stored": int(total) - int(originals) - int(unsized),
                   "unknown": int(unsized)},
-        # the rules that judged no pair: a candidate table from WAT files knows no image's size
-        "not_applied": [rule for rule in SIZE_RULES if unsized == total],
+        # the rules that judged no pair, and why: left out by --rules, or no image's size known (WAT links)
+        "not_applied": {rule: (f"--rules {cfg.rules}" if not applies(rule, cfg) else "no image's size is known")
+                        for rule in RULES if not applies(rule, cfg) or (rule in SIZE_RULES and unsized == total)},
         "pairs": int(total), "kept_pairs": int(kept or 0), "kept_uids": int(kept_uids),
         "removed_pairs": int(total) - int(kept or 0), "distinct_terms": int(distinct_terms),
         "exactly_counted_terms": int(candidates), "rules": rules,
@@ -181,10 +182,15 @@ def summary_lines(report: dict) -> list[str]:
         lines.append(f"note: DuckDB spilled up to {report['spilled_bytes'] / 2**30:.2f} GiB to disk "
                      f"({Path(report['keep']).parent / 'tmp'}): the work did not fit {limit}, so it ran out-of-core "
                      "(slower; raise --memory-limit to avoid it)")
-    if report.get("not_applied"):
-        lines.append(f"note: {' and '.join(report['not_applied'])} not applied: no pair's image size is known (a "
-                     "candidate table from web pages; they run on the pair table after the download)")
-    elif report.get("sizes", {}).get("unknown"):
+    skipped = report.get("not_applied", {})
+    if skipped:
+        by_why: dict[str, list[str]] = {}
+        for rule, why in skipped.items():
+            by_why.setdefault(why, []).append(rule)
+        for why, rules in by_why.items():
+            after = "; they run on the pair table after the download" if why.startswith("no image") else ""
+            lines.append(f"note: {', '.join(rules)} not applied ({why}{after})")
+    if report.get("sizes", {}).get("unknown") and not set(SIZE_RULES) <= set(skipped):
         lines.append(f"note: {report['sizes']['unknown']:,} pairs of unknown image size were not judged by "
                      f"{' and '.join(SIZE_RULES)}")
     if report.get("sizes", {}).get("original"):

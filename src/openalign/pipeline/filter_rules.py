@@ -15,8 +15,9 @@ Rules (thresholds are `FilterConfig` fields; every statistic is counted on the r
 
 Words are the alt-text split on whitespace (optionally lowercased), or a candidate table's `words` where its
 language is written without spaces (zh, ja, th: segmented by extract); otherwise nothing language-specific, so the
-multilingual corpus uses the same rules. A pair of unknown image size (a candidate table's) passes the size rules. Term frequencies count every pair; terms are ranked by count,
-then by their UTF-8 bytes, so the top-K cut is deterministic. Terms are counted by a 64-bit hash first
+multilingual corpus uses the same rules. A pair of unknown image size (a candidate table's) passes the size rules;
+`rules` (text, image, all) leaves the others out. Term frequencies count every pair; terms are ranked by count, then
+by their UTF-8 bytes, so the top-K cut is deterministic. Terms are counted by a 64-bit hash first
 (fixed-size keys that spill to disk), then exactly, by their strings, only those that can reach the top K:
 the result is exact whatever the hash collides (`exact_cut`). Lowercasing follows each engine's
 Unicode tables; they agree except for a few special cases (e.g. Turkish dotted I).
@@ -236,11 +237,15 @@ def flag_statements(cfg: FilterConfig, d: Dialect, cut: tuple[int, int] | None) 
         steps.append(("rare_texts", f"SELECT DISTINCT e.tid FROM ({_occurrences(cfg, d, 'tid', '{part}')}) e "
                                     f"{d.anti_join} vocab v ON e.term = v.term"))
     size = d.size.format(x="t.words")
+
+    def on(flag: str, rule: str) -> str:  # a rule --rules leaves out flags nothing
+        return f"{flag if applies(rule, cfg) else 'false'} AS {rule}"
+
     steps += [
-        ("text_flags", "SELECT t.text, s.text IS NOT NULL AS text_shared, "
-                       f"({size} < {cfg.min_words} OR {size} > {cfg.max_words}) AS text_length, "
-                       "r.tid IS NOT NULL AS text_rare FROM texts t LEFT JOIN rare_texts r ON t.tid = r.tid "
-                       "LEFT JOIN shared_texts s ON t.text = s.text"),
+        ("text_flags", f"SELECT t.text, {on('s.text IS NOT NULL', 'text_shared')}, "
+                       f"{on(f'({size} < {cfg.min_words} OR {size} > {cfg.max_words})', 'text_length')}, "
+                       f"{on('r.tid IS NOT NULL', 'text_rare')} FROM texts t LEFT JOIN rare_texts r "
+                       "ON t.tid = r.tid LEFT JOIN shared_texts s ON t.text = s.text"),
         # distinct texts are counted only on images in more pairs than the limit, as for shared texts (grouping
         # every (image, text) first ran out of memory at 100M pairs under 3GB)
         ("images", "SELECT image_key, least(min(width), min(height)) AS short, greatest(max(width), max(height)) "
@@ -250,9 +255,9 @@ def flag_statements(cfg: FilterConfig, d: Dialect, cut: tuple[int, int] | None) 
                            "GROUP BY p.image_key "
                            f"HAVING count(DISTINCT p.text) > {cfg.max_texts_per_image}"),
         # an image of unknown size (a candidate table's WAT links) is not judged by the size rules
-        ("image_flags", f"SELECT i.image_key, coalesce(i.short <= {cfg.min_short_side}, false) AS image_small, "
-                        f"coalesce(i.long >= {float(cfg.max_aspect)} * i.short, false) AS image_aspect, "
-                        "c.image_key IS NOT NULL AS image_many_texts FROM images i "
+        ("image_flags", f"SELECT i.image_key, {on(f'coalesce(i.short <= {cfg.min_short_side}, false)', 'image_small')}"
+                        f", {on(f'coalesce(i.long >= {float(cfg.max_aspect)} * i.short, false)', 'image_aspect')}, "
+                        f"{on('c.image_key IS NOT NULL', 'image_many_texts')} FROM images i "
                         "LEFT JOIN crowded_images c ON i.image_key = c.image_key"),
         # one join per step: DuckDB can take a join out of core alone, not two chained in one pipeline (10M
         # pairs under 300MB ran out of memory joining both flag tables at once)
@@ -263,6 +268,11 @@ def flag_statements(cfg: FilterConfig, d: Dialect, cut: tuple[int, int] | None) 
                   " FROM pair_text_flags p JOIN image_flags i ON p.image_key = i.image_key"),
     ]
     return steps
+
+
+def applies(rule: str, cfg: FilterConfig) -> bool:
+    """Whether `rule` runs under `cfg.rules` (text, image or all)."""
+    return cfg.rules == "all" or rule.startswith(cfg.rules)
 
 
 def _rule_tables() -> list[tuple[str, str]]:
