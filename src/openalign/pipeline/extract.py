@@ -23,6 +23,10 @@ The rules are cc2dataset's (`extract_documents_from_wat`, its `image` document t
   uid is md5(alt + url), so ("ab", "c") and ("a", "bc") collide there; here `uid` is the pair uid of
   (image_key, text) and `image_key` a hash of the url, as a pair table's.
 
+Beyond cc2dataset: each text's language (`language`, `language_score`: data/language.py; `--languages en` keeps
+English alone) and, where the language is written without spaces (zh, ja, th), its words (`words`: data/words.py),
+which the filter's rules split; `openalign filter DIR/candidates.parquet` runs the text rules before any download.
+
 Output under DIR: `candidates.parquet` (CANDIDATE_SCHEMA) and `candidates.manifest.json` (stage `extract`, written
 last: the table is finished), and `parts/` (a part and a status per input file: a rerun skips the files that are
 unchanged and redoes the others; both engines run one task per file).
@@ -395,9 +399,9 @@ Found = tuple[str, str, "str | None", int, "int | None", "int | None"]
 
 def wat_candidates(path: str, counts: Counter) -> Iterator[list[Found]]:
     """The candidates of one WAT file, a page's at a time, in record order (not yet unique), counting what is
-    dropped and why. Each
-    record's JSON is parsed by orjson (3x the standard library's json here; like cc2dataset's simdjson it refuses
-    what is not UTF-8, such as an escaped lone surrogate, and such a record is a `bad_record`)."""
+    dropped and why. Each record's JSON is parsed by orjson (3x the standard library's json here; like cc2dataset's
+    simdjson it refuses what is not UTF-8, such as an escaped lone surrogate, and such a record is a
+    `bad_record`)."""
     import orjson
     from fastwarc.warc import ArchiveIterator, WarcRecordType
 
