@@ -52,7 +52,9 @@ options = ExtractOptions(**json.loads(sys.argv[3]))
 if options.language:  # a worker's one-off loads (the identifier's model, the segmenters' dictionaries), as imports
     from openalign.data.language import identify
     from openalign.data.words import segmenter
-    identify(["warm up"]), [segmenter(lang)("warm up") for lang in ("zh", "ja", "th")]
+    identify(["warm up"])
+    for lang in ("zh", "ja", "th"):
+        segmenter(lang)("warm up")
 start = time.perf_counter()
 counts = extract_file(sys.argv[1], sys.argv[2], options, "wat")
 seconds = time.perf_counter() - start

@@ -144,7 +144,7 @@ def blake(data: bytes) -> str:
 
 
 def pair_uid(image_key: str, text: str) -> str:
-    return blake(f"{image_key}\t{text}".encode())
+    return pair_uids([image_key], [text])[0]
 
 
 def url_keys(urls) -> list[str]:

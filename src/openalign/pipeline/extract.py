@@ -92,8 +92,11 @@ class ExtractOptions:
         if self.languages and not self.language:
             raise ConfigError("--languages keeps texts by their language, which --no-language leaves unknown; "
                               "drop one of them")
-        if self.words and not self.language:
-            object.__setattr__(self, "words", False)  # which texts to segment follows from their language
+
+    @property
+    def segments(self) -> bool:
+        """Whether texts are segmented into words: which ones follows from their language, so not without it."""
+        return self.words and self.language
 
 
 # ---------------------------------------------------------------------------------------------------- reading
@@ -622,7 +625,7 @@ def part_table(found: list[Found], source: str, start: int, counts: Counter,
     else:
         found_languages = [None] * len(found)
         language, score = pa.nulls(len(found), pa.string()), pa.nulls(len(found), pa.float32())
-    split = (pa.array(segment(list(texts), found_languages), pa.string()) if options.words
+    split = (pa.array(segment(list(texts), found_languages), pa.string()) if options.segments
              else pa.nulls(len(found), pa.string()))
     columns = {"uid": pa.array(pair_uids(keys, texts), pa.string()),
                "image_key": pa.array(keys, pa.string()), "url": url, "text": pa.array(texts, pa.string()),
@@ -762,7 +765,7 @@ def extract(sources: list[str], out: Path, options: ExtractOptions = ExtractOpti
     if unknown:
         raise ConfigError(f"--languages {','.join(unknown)}: not a language the identifier knows (ISO 639-1 codes "
                           f"such as en, de, zh, ja; 'und' for texts with none)")
-    if options.words:
+    if options.segments:
         check_segmenters()
     files = inputs(sources)
     kinds, versions = probe(files)  # every input is readable and of a known kind, before any work
@@ -792,8 +795,7 @@ def extract(sources: list[str], out: Path, options: ExtractOptions = ExtractOpti
         summary["candidates"] = distinct
         per_file[str(f)] = summary
         counts.update(summary)
-    distinct, top = _hosts(table, cores(engine))
-    languages = _languages(table, cores(engine)) if options.language else {}
+    distinct, top, languages = _tallies(table, cores(engine), options.language)
     written = {
         "stage": "extract", "sources": [str(s) for s in sources], "files": len(files), "kinds": dict(Counter(
             kinds.values())), "options": asdict(options), "engine": engine.name, "resumed_tasks": resumed,
@@ -855,24 +857,20 @@ def plot_report(manifest: dict, path: Path, top: int = 15) -> None:
     plt.close(fig)
 
 
-def _hosts(table: Path, threads: int, top: int = 50) -> tuple[int, list[list]]:
+def _tallies(table: Path, threads: int, languages: bool, top: int = 50) -> tuple[int, list[list], dict[str, int]]:
+    """(distinct image hosts, the `top` hosts with the most candidates, {language: candidates} the most first, or {}
+    where languages were not identified): one DuckDB connection over the finished table."""
     import duckdb
+
+    def most(column: str, limit: str = "") -> list[tuple]:
+        return con.execute(f"SELECT {column}, count(*) AS n FROM read_parquet(?) GROUP BY {column} "
+                           f"ORDER BY n DESC, {column} {limit}", [str(table)]).fetchall()
 
     with duckdb.connect(config={"threads": threads}) as con:
         distinct = con.execute("SELECT count(DISTINCT host) FROM read_parquet(?)", [str(table)]).fetchone()[0]
-        most = con.execute("SELECT host, count(*) AS n FROM read_parquet(?) GROUP BY host ORDER BY n DESC, host "
-                           "LIMIT ?", [str(table), top]).fetchall()
-    return int(distinct), [[host, int(n)] for host, n in most]
-
-
-def _languages(table: Path, threads: int) -> dict[str, int]:
-    """{language: candidates}, the most first."""
-    import duckdb
-
-    with duckdb.connect(config={"threads": threads}) as con:
-        rows = con.execute("SELECT language, count(*) AS n FROM read_parquet(?) GROUP BY language "
-                           "ORDER BY n DESC, language", [str(table)]).fetchall()
-    return {language: int(n) for language, n in rows}
+        hosts = [[host, int(n)] for host, n in most("host", f"LIMIT {int(top)}")]
+        found = {language: int(n) for language, n in most("language")} if languages else {}
+    return int(distinct), hosts, found
 
 
 def _merge(tasks: list[Task], table: Path, threads: int) -> tuple[int, list[int]]:
