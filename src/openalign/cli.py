@@ -406,6 +406,19 @@ def cmd_shard(args) -> int:
     return 0
 
 
+def cmd_fetch(args) -> int:
+    from openalign.pipeline.fetch import FetchOptions, fetch
+
+    result = fetch(Path(args.candidates), Path(args.out), options_from(args, FetchOptions),
+                   keep=tuple(Path(k) for k in args.keep), engine=_engine(args), progress=not args.quiet)
+    errors = ", ".join(f"{k} {v:,}" for k, v in result.kinds.items() if k != "success") or "none"
+    rate = result.successes / result.urls if result.urls else 0.0
+    print(f"{result.successes:,} of {result.urls:,} URLs fetched ({rate:.1%}) from {result.hosts:,} hosts into "
+          f"{result.shards} shards -> {result.out} in {result.seconds:.1f} s ({result.skipped} shards already done)")
+    print(f"not fetched: {errors} (report: {result.report}, {result.figure})")
+    return 0
+
+
 def cmd_tokenizer(args) -> int:
     from openalign.data import tars
     from openalign.tokenizer import train_tokenizer
@@ -782,6 +795,23 @@ def _shard_flags(p) -> None:
     _engine_flags(p)
 
 
+def _fetch_flags(p) -> None:
+    from openalign.pipeline.fetch import FetchOptions
+
+    host.require_extra("web", "openalign fetch", ("aiohttp", "protego"))
+    p.add_argument("candidates", help="extract's candidates.parquet (or its folder), or a URL table (.parquet, .csv, "
+                                      ".tsv, .jsonl) with a url and a caption column")
+    p.add_argument("--keep", action="append", default=[],
+                   help="a keep-list of the candidates (`openalign filter CANDIDATES --rules text`); repeat to "
+                        "intersect")
+    p.add_argument("--out", required=True, help="a folder: img2dataset's webdataset layout (NNNNN.tar, .parquet, "
+                                                "_stats.json) and fetch_report.json/.png, written last")
+    add_options(p, FetchOptions)
+    _engine_flags(p)
+    p.add_argument("--workers", type=int, default=None, help="local engine: processes, one shard each at a time "
+                                                             "(default 0: all cores)")
+
+
 def _embed_flags(p) -> None:
     from openalign.index.embed import EmbedOptions
 
@@ -855,6 +885,8 @@ COMMANDS = {  # name: (help, flags, command, has --quiet)
     "corpus": ("build a built-in corpus as webdataset shards", _corpus_flags, cmd_corpus, True),
     "extract": ("web archives (Common Crawl WAT, WARC) -> candidate (image URL, alt-text) pairs", _extract_flags,
                 cmd_extract, True),
+    "fetch": ("candidate URLs -> images, politely and safely, in img2dataset's webdataset layout", _fetch_flags,
+              cmd_fetch, True),
     "ingest": ("folders, tables (csv/tsv/jsonl/parquet) and webdataset tars -> a pair table", _ingest_flags,
                cmd_ingest, True),
     "filter": ("ALIGN's frequency filters -> keep-list + filter_report.json/.png", _filter_flags, cmd_filter, True),

@@ -163,6 +163,8 @@ def pair_uids(image_keys, texts) -> list[str]:
 # ---------------------------------------------------------------------------------------------- keep-lists
 
 KEEP_REPORTS = ("filter_report.json", "dedup_report.json", "screen_report.json")  # written last, beside keep.parquet
+FETCH_REPORT = "fetch_report.json"  # written last into a fetch's output folder (img2dataset's layout + its report)
+FETCH_WORK = "_fetch"  # the fetch's plan and task statuses, beside its shards
 PAIR_TABLE = "pair_table"  # the field of every keep-list report naming the pair table it was made from
 FORMER_PAIR_TABLE = ("input", "pairs")  # where reports written before named it (filter: input; dedup, screen: pairs)
 

@@ -29,6 +29,8 @@ from openalign.config import ConfigError
 TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".json", ".parquet")
 IMAGE_COLUMNS = ("image", "filepath", "file", "path", "image_path", "url")  # the first present is the image column
 TEXT_COLUMNS = ("text", "caption", "captions", "title")  # the first present is the text column
+URL_COLUMNS = ("url", "image_url", "img_url")  # a URL table's (extract, fetch): matched without regard to case
+ALT_COLUMNS = ("text", "caption", "alt", "alt_text", "title")  # and its alt-text's: COYO, LAION, DataComp, img2dataset
 IMG2DATASET_COLUMNS = {"key", "status", "error_message", "caption", "url"}
 PAIR_TABLE_COLUMNS = {"uid", "image_key", "text", "path", "member"}
 

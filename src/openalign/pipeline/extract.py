@@ -53,6 +53,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from openalign.config import POSITIVE_INT, ConfigError, check
+from openalign.data import tables
 from openalign.data.engine import Engine, Task, cores, run_tasks, sources_key, task_id
 from openalign.data.language import identify, known_languages
 from openalign.data.words import check_segmenters, segment
@@ -103,8 +104,7 @@ class ExtractOptions:
 
 
 TABLE_SUFFIXES = (".parquet", ".csv", ".tsv", ".jsonl")
-URL_COLUMNS = ("url", "image_url", "img_url")  # a URL table's columns, matched without regard to case
-TEXT_COLUMNS = ("text", "caption", "alt", "alt_text", "title")
+URL_COLUMNS, TEXT_COLUMNS = tables.URL_COLUMNS, tables.ALT_COLUMNS  # a URL table's, matched without regard to case
 WIDTH_COLUMNS = ("width", "original_width")  # the image's size where the table knows it (COYO, LAION: width;
 HEIGHT_COLUMNS = ("height", "original_height")  # DataComp: original_width)
 PAGE_COLUMNS = ("page_url",)

@@ -48,7 +48,7 @@ from openalign.data.sources import (IMAGE_SUFFIXES, SOURCES, folder_files, karpa
                                     sidecar_meta)
 from openalign.data.tables import TABLE_SUFFIXES
 from openalign.data.engine import Engine, Task, run_tasks, sources_key, task_id
-from openalign.data.pairs import PAIR_SCHEMA, blake, manifest_path, normalize_text, pair_uid
+from openalign.data.pairs import FETCH_REPORT, FETCH_WORK, PAIR_SCHEMA, blake, manifest_path, normalize_text, pair_uid
 from openalign.data.workers import process_pool
 from openalign.outputs import staged, unfinish, write_json
 
@@ -172,6 +172,10 @@ def units(sources: list[str], files_per_unit: int = 0) -> Iterator[tuple]:
     for spec in sources:
         path = Path(spec)
         if path.is_dir():
+            fetched = (path / FETCH_WORK).is_dir()  # `openalign fetch`'s output: its images are in its tars
+            if fetched and not (path / FETCH_REPORT).is_file():
+                raise ConfigError(f"{spec} is the output of an `openalign fetch` that did not finish (no "
+                                  f"{FETCH_REPORT}); run the same fetch again (it keeps the finished shards)")
             # webdataset tars at its top (img2dataset's webdataset output, or any shard folder), img2dataset's
             # parquet output (images in a column) and its status sidecars (the failed downloads), then images
             yield from (("tar", str(t.resolve())) for t in sorted(path.glob("*.tar")))
@@ -179,6 +183,8 @@ def units(sources: list[str], files_per_unit: int = 0) -> Iterator[tuple]:
                 kind = img2dataset_table(table)
                 if kind:
                     yield (kind, str(table.resolve()))
+            if fetched:  # not its report's plot
+                continue
             files = folder_files(path)
             if not files_per_unit:
                 yield ("folder", str(path.resolve()))

@@ -1,0 +1,448 @@
+"""Fetch: candidate (image URL, alt-text) pairs -> their images, politely and safely, in img2dataset's layout.
+
+    openalign fetch CANDIDATES [--keep DIR ...] --out DIR [--contact you@example.org]
+
+CANDIDATES is `extract`'s candidates.parquet (or its folder) or any URL table (Parquet, CSV, TSV, JSONL) with a url
+column (`url`, `image_url`, `img_url`) and an alt-text column (`text`, `caption`, `alt`, `alt_text`, `title`); each
+`--keep` a keep-list of it (`openalign filter CANDIDATES --rules text`): only the pairs in every one are fetched.
+
+The output is img2dataset's `webdataset` output, so `openalign ingest DIR` (and anything that reads img2dataset's
+output) reads it: per shard `NNNNN.tar` (`KEY.<ext>` as fetched, `KEY.txt`, `KEY.json`), `NNNNN.parquet` (a row per
+URL: key, url, caption, status, error_message, width, height, original_width, original_height, sha256, and the
+candidate's uid, language and host) and `NNNNN_stats.json`. `status` is `success` or the one error kind the URL
+ended with (`timeout`, `http_404`, `robots_disallowed`, `opted_out`, `too_large`, `not_an_image`,
+`private_address`, `dns`, `tls`, `connection`, ...: ERROR_KINDS), `error_message` the detail; every URL gets a row.
+`fetch_report.json` and `fetch_report.png` (success per host and per error kind) are written last: the output is
+finished when they appear.
+
+How the HTTP side behaves (robots.txt, X-Robots-Tag, per-host limits, Retry-After, private addresses, redirects,
+size limits) is pipeline/fetch_http.py's docstring. Images are kept as fetched unless `--max-side` asks for a
+smaller longest side (then resized and re-encoded in their own format); their original size is always recorded;
+`data/images.probe` decides what is an image (its pixel limit stops decompression bombs).
+
+Plan and resume: the driver (DuckDB) reads the candidates once and puts each origin (scheme, host, port) whole into
+one shard, `md5(origin) % shards` with shards = rows / `--shard-size`, so robots.txt is asked once per origin and a
+host's limits hold across the run. A shard is one task of the engine (local processes or Spark); its key is a digest
+of its rows and the options, so a rerun after kill -9 keeps the finished shards and redoes the rest, and a changed
+candidate part or keep-list redoes only the shards whose rows changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+import time
+from collections import Counter, deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Annotated
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from openalign.config import NON_NEGATIVE, POSITIVE, POSITIVE_INT, SIZE, ConfigError, check, parse_size
+from openalign.data import images, tables
+from openalign.data.engine import Engine, Task, read_plan, run_tasks
+from openalign.data.pairs import FETCH_REPORT, FETCH_WORK, check_finished, keep_table, manifest_path, sql_path
+from openalign.data.tars import TarWriter
+from openalign.outputs import staged, unfinish, write_json
+
+__all__ = ["ERROR_KINDS", "FETCH_REPORT", "FetchOptions", "FetchResult", "fetch"]
+
+WORK = FETCH_WORK
+ERROR_KINDS = ("timeout", "connection", "dns", "tls", "private_address", "bad_url", "too_many_redirects",
+               "robots_disallowed", "robots_unreachable", "crawl_delay_too_long", "opted_out", "too_large",
+               "not_an_image", "truncated", "too_many_pixels")  # and http_<code> for each status code
+DECODE_KINDS = ("not_an_image", "truncated", "too_many_pixels")  # img2dataset's failed_to_resize
+EXTENSIONS = {"JPEG": "jpg", "MPO": "jpg", "PNG": "png", "WEBP": "webp", "GIF": "gif", "BMP": "bmp", "TIFF": "tif"}
+SCHEMA = pa.schema([
+    ("key", pa.string()), ("url", pa.string()), ("caption", pa.string()), ("status", pa.string()),
+    ("error_message", pa.string()), ("width", pa.int32()), ("height", pa.int32()), ("original_width", pa.int32()),
+    ("original_height", pa.int32()), ("sha256", pa.string()), ("uid", pa.string()), ("language", pa.string()),
+    ("host", pa.string()),
+])
+ORIGIN_SQL = (r"lower(regexp_replace(regexp_extract(url, '^([A-Za-z][A-Za-z0-9+.-]*://[^/?#]*)', 1), "
+              r"'://[^@/]*@', '://'))")
+
+
+@dataclass(frozen=True)
+class FetchOptions:
+    contact: str = ""  # how a site owner reaches you (an e-mail or URL); put in the User-Agent
+    connections: Annotated[int, POSITIVE_INT] = 64  # requests in flight per process (img2dataset's --thread_count)
+    per_host: Annotated[int, POSITIVE_INT] = 4  # connections to one host (scheme, name, port) at a time
+    min_interval: Annotated[float, NON_NEGATIVE] = 0.0  # seconds between request starts on one host (a
+        # robots.txt Crawl-delay raises it)
+    max_crawl_delay: Annotated[float, NON_NEGATIVE] = 30.0  # a host whose robots.txt asks more is not fetched
+    robots: bool = True  # honour robots.txt (--no-robots: only for your own hosts)
+    opt_out: tuple[str, ...] = ("noai", "noimageai", "noindex", "noimageindex")  # X-Robots-Tag directives that
+        # forbid the use, repeatable (img2dataset's default set); --opt-out none: read no X-Robots-Tag
+    allow_private_addresses: bool = False  # fetch from loopback, private and link-local addresses (tests, intranets)
+    allow_network: tuple[str, ...] = ()  # a network fetched from although private, e.g. 10.1.0.0/16 (repeatable)
+    http_retries: Annotated[int, NON_NEGATIVE] = 2  # times a transient failure (timeout, 5xx, 429) is asked again
+    max_retry_after: Annotated[float, NON_NEGATIVE] = 60.0  # longest Retry-After waited for, in seconds
+    max_redirects: Annotated[int, NON_NEGATIVE] = 5  # redirects followed, each hop checked as the first request
+    connect_timeout: Annotated[float, POSITIVE] = 10.0  # seconds to connect (TLS included)
+    read_timeout: Annotated[float, POSITIVE] = 20.0  # seconds without a byte
+    timeout: Annotated[float, POSITIVE] = 60.0  # seconds for a whole request, body included
+    max_bytes: Annotated[str, SIZE] = "20M"  # a larger image is too_large (counted while reading)
+    max_pixels: Annotated[int, POSITIVE_INT] = images.DEFAULT_MAX_PIXELS  # a larger image is too_many_pixels
+    max_side: Annotated[int, NON_NEGATIVE] = 0  # resize (and re-encode) images whose longest side is larger; 0: as
+        # fetched
+    shard_size: Annotated[int, POSITIVE_INT] = 10_000  # URLs per shard, on average (a host is never split)
+
+    def __post_init__(self):
+        from openalign.pipeline.fetch_http import check_network
+
+        check(self, spell=lambda name: "--" + name.replace("_", "-"))
+        try:
+            for network in self.allow_network:
+                check_network(network)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+
+    def policy(self):
+        from importlib.metadata import PackageNotFoundError, version as installed
+
+        from openalign.pipeline.fetch_http import Policy
+
+        try:
+            version = installed("openalign")
+        except PackageNotFoundError:
+            version = "dev"
+
+        contact = f"; {self.contact}" if self.contact else ""
+        agent = f"openalign/{version} (+https://github.com/openalign/openalign; image-text research{contact})"
+        directives = tuple(d for d in self.opt_out if d.strip().lower() not in ("", "none"))
+        return Policy(user_agent=agent, per_host=self.per_host, min_interval=self.min_interval,
+                      max_crawl_delay=self.max_crawl_delay, connections=self.connections, retries=self.http_retries,
+                      max_retry_after=self.max_retry_after, robots=self.robots, opt_out=directives,
+                      allow_private_addresses=self.allow_private_addresses, allow_networks=self.allow_network,
+                      max_redirects=self.max_redirects, max_bytes=parse_size(self.max_bytes),
+                      connect_timeout=self.connect_timeout, read_timeout=self.read_timeout,
+                      total_timeout=self.timeout)
+
+
+@dataclass
+class FetchResult:
+    out: Path
+    urls: int
+    successes: int
+    shards: int
+    skipped: int  # shards finished by an earlier run
+    kinds: dict[str, int]  # status -> URLs
+    hosts: int
+    seconds: float
+    report: Path
+    figure: Path | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------------------- planning
+
+def candidate_table(spec: Path) -> Path:
+    path = Path(spec)
+    if path.is_dir() and (path / "candidates.parquet").is_file():
+        path = path / "candidates.parquet"
+    if not path.exists():
+        raise ConfigError(f"{spec} does not exist; give extract's candidates.parquet (or its folder) or a URL table")
+    if path.is_dir() or path.suffix.lower() not in (".parquet", ".csv", ".tsv", ".jsonl"):
+        raise ConfigError(f"{spec} is not a URL table; give extract's candidates.parquet (or its folder), or a "
+                          ".parquet, .csv, .tsv or .jsonl file with a url and a caption column")
+    if manifest_path(path).exists():
+        check_finished(path)  # extract's output, finished
+    return path
+
+
+def reader(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        return "read_parquet(?)"
+    if suffix == ".jsonl":
+        return "read_json(?, format='newline_delimited')"
+    delimiter = tables.sniff_delimiter(path).replace("'", "''")
+    return f"read_csv(?, header=true, all_varchar=true, delim='{delimiter}', quote='\"')"
+
+
+def find_column(names: list[str], known: tuple[str, ...]) -> str | None:
+    lower = {n.lower(): n for n in reversed(names)}
+    return next((lower[k] for k in known if k in lower), None)
+
+
+def quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def plan(con, table: Path, keep: list[Path], options: FetchOptions, plan_path: Path) -> tuple[list[dict], Counter, int]:
+    """Writes the plan (a row per URL to fetch, with its shard and index) and returns each non-empty shard's
+    {shard, rows, digest} and what was left out."""
+    from openalign.data.pairs import pair_uids, url_keys
+
+    source = reader(table)
+    try:
+        names = [r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {source}", [str(table)]).fetchall()]
+    except Exception as err:  # noqa: BLE001 - DuckDB's errors for a damaged file
+        raise ConfigError(f"{table} cannot be read as a table ({str(err).splitlines()[0][:200]}); give a Parquet, "
+                          "CSV, TSV or JSONL file") from None
+    url, text = find_column(names, tables.URL_COLUMNS), find_column(names, tables.ALT_COLUMNS)
+    if url is None:
+        raise ConfigError(f"{table} has no url column (one of {', '.join(tables.URL_COLUMNS)}); its columns are "
+                          f"{', '.join(names[:20])}")
+    extra = {c: find_column(names, (c,)) for c in ("uid", "language", "host")}
+    if keep and extra["uid"] is None:
+        raise ConfigError(f"--keep selects pairs by uid, and {table} has no uid column; filter extract's "
+                          "candidates.parquet and fetch that")
+    columns = ", ".join([f"CAST({quoted(url)} AS VARCHAR) AS url",
+                         f"CAST({quoted(text)} AS VARCHAR) AS text" if text else "NULL::VARCHAR AS text",
+                         *(f"CAST({quoted(c)} AS VARCHAR) AS {n}" if c else f"NULL::VARCHAR AS {n}"
+                           for n, c in extra.items())])
+    con.execute(f"CREATE TEMP TABLE src AS SELECT {columns} FROM {source}", [str(table)])
+    if keep:
+        keep_table(con, table, keep)
+    left_out = Counter()
+    total = con.execute("SELECT count(*) FROM src").fetchone()[0]
+    where = "url IS NOT NULL AND trim(url) <> ''" + (" AND uid IN (SELECT uid FROM keep)" if keep else "")
+    con.execute(f"CREATE TEMP TABLE cand AS SELECT *, {ORIGIN_SQL} AS origin, rowid AS seq FROM src WHERE {where}")
+    rows = con.execute("SELECT count(*) FROM cand").fetchone()[0]
+    missing = con.execute("SELECT count(*) FROM src WHERE url IS NULL OR trim(url) = ''").fetchone()[0]
+    left_out.update({"no_url": missing, "not_kept": total - rows - missing})
+    if extra["uid"] is None:  # a URL table made elsewhere: the uid of a pair table's (image_key, text)
+        found = con.execute("SELECT seq, url, coalesce(text, '') FROM cand ORDER BY seq").fetchall()
+        from openalign.data.pairs import normalize_text
+
+        uids = pair_uids(url_keys([r[1] for r in found]), [normalize_text(r[2]) for r in found])
+        con.execute("CREATE TEMP TABLE uids (seq BIGINT, uid VARCHAR)")
+        con.executemany("INSERT INTO uids VALUES (?, ?)", [(r[0], u) for r, u in zip(found, uids)])
+        con.execute("UPDATE cand SET uid = uids.uid FROM uids WHERE cand.seq = uids.seq")
+    if extra["host"] is None:  # the image URL's host, lower case, as extract's host column
+        con.execute("UPDATE cand SET host = regexp_extract(origin, '://(\\[[^]]*\\]|[^:/]*)', 1)")
+    shards = max(1, math.ceil(rows / options.shard_size))
+    con.execute(f"""COPY (SELECT url, text, uid, language, host, shard, idx, idx AS pos FROM (
+                        SELECT *, row_number() OVER (PARTITION BY shard ORDER BY seq) - 1 AS idx
+                        FROM (SELECT *, CAST(md5_number(origin) % {shards} AS BIGINT) AS shard FROM cand))
+                        ORDER BY shard, idx)
+                    TO '{sql_path(plan_path)}' (FORMAT parquet, ROW_GROUP_SIZE {max(options.shard_size, 2048)})""")
+    digests = con.execute(f"""SELECT shard, count(*), md5(string_agg(concat_ws(chr(31), url, coalesce(text, ''),
+                                     coalesce(uid, ''), coalesce(language, ''), coalesce(host, '')), chr(30)
+                                     ORDER BY idx))
+                              FROM read_parquet('{sql_path(plan_path)}') GROUP BY shard ORDER BY shard""").fetchall()
+    return [{"shard": s, "rows": n, "digest": d} for s, n, d in digests], left_out, shards
+
+
+def shard_names(shards: int, largest: int, shard_size: int) -> tuple[int, int]:
+    """(digits of a shard's number, digits of a sample's index in it): img2dataset's key is their concatenation."""
+    return max(5, len(str(shards - 1))), max(math.ceil(math.log10(max(shard_size, 2))), len(str(max(largest - 1, 0))))
+
+
+# ---------------------------------------------------------------------------------------------- a shard
+
+def store(body: bytes, options: FetchOptions) -> dict:
+    """The image to keep from fetched bytes: as fetched unless it is larger than --max-side (then resized and
+    re-encoded in its own format), or in a format ingest does not read (then PNG); or BadImage."""
+    info = images.probe(body, options.max_pixels)
+    ext = EXTENSIONS.get(info.format)
+    original = (info.width, info.height)
+    if ext and not (options.max_side and max(original) > options.max_side):
+        return {"data": body, "ext": ext, "size": original, "original": original}
+    import io
+    import warnings
+
+    from PIL import Image, ImageOps
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        image = ImageOps.exif_transpose(Image.open(io.BytesIO(body)))
+        if options.max_side and max(original) > options.max_side:
+            image.thumbnail((options.max_side, options.max_side), Image.Resampling.LANCZOS)
+    fmt = info.format if ext else "PNG"
+    if fmt in ("JPEG", "MPO") and image.mode not in ("RGB", "L"):
+        image = image.convert("RGB")
+    buffer = io.BytesIO()
+    image.save(buffer, "JPEG" if fmt == "MPO" else fmt, **({"quality": 95} if fmt in ("JPEG", "MPO", "WEBP") else {}))
+    return {"data": buffer.getvalue(), "ext": ext or "png", "size": image.size, "original": original}
+
+
+def fetch_shard(plan_path: str, shard: int, out: str, digits: tuple[int, int], options: FetchOptions) -> dict:
+    """One shard's URLs fetched and written as img2dataset writes a webdataset shard; returns its counts."""
+    start = time.time()
+    rows = read_plan(plan_path, shard, column="shard")
+    name = f"{shard:0{digits[0]}d}"
+    out = Path(out)
+    records, kinds, hosts, sizes = [], Counter(), {}, Counter()
+    with staged(out / f"{name}.tar") as tar_path:
+        with TarWriter(tar_path) as tar:
+            def emit(url: str, fetched) -> None:
+                kind, detail, kept = fetched.kind, fetched.detail, None
+                if kind == "success":
+                    try:
+                        kept = store(fetched.body, options)
+                    except images.BadImage as err:
+                        kind = "not_an_image" if err.reason in ("empty", "unreadable") else err.reason
+                        detail = str(err)[:300]
+                for row in by_url[url]:
+                    key = f"{shard:0{digits[0]}d}{row['idx']:0{digits[1]}d}"
+                    record = {"key": key, "url": url, "caption": row["text"], "status": kind,
+                              "error_message": detail or None if kind != "success" else None,
+                              "width": None, "height": None, "original_width": None, "original_height": None,
+                              "sha256": None, "uid": row["uid"], "language": row["language"], "host": row["host"]}
+                    if kept is not None:
+                        record.update(width=kept["size"][0], height=kept["size"][1], original_width=kept["original"][0],
+                                      original_height=kept["original"][1],
+                                      sha256=hashlib.sha256(fetched.body).hexdigest())
+                        tar.write({"__key__": key, kept["ext"]: kept["data"], "txt": row["text"] or "",
+                                   "json": json.dumps(record, indent=4).encode()})
+                        sizes["bytes"] += len(kept["data"])
+                    records.append(record)
+                    kinds[kind] += 1
+                    host = hosts.setdefault(origin_key(url), [0, 0])
+                    host[0] += kind == "success"
+                    host[1] += 1
+
+            by_url: dict[str, list[dict]] = {}
+            for row in rows:
+                by_url.setdefault(row["url"], []).append(row)
+            robots, requests = asyncio.run(fetch_all(list(by_url), options, emit))
+        records.sort(key=lambda r: r["key"])
+        with staged(out / f"{name}.parquet") as parquet_path:
+            pq.write_table(pa.Table.from_pylist(records, SCHEMA), parquet_path)
+    failed_decode = sum(kinds[k] for k in DECODE_KINDS)
+    stats = {"count": len(records), "successes": kinds["success"],
+             "failed_to_download": len(records) - kinds["success"] - failed_decode, "failed_to_resize": failed_decode,
+             "duration": time.time() - start, "start_time": start, "end_time": time.time(),
+             "status_dict": dict(kinds.most_common())}
+    write_json(out / f"{name}_stats.json", stats)
+    return {"count": len(records), "kinds": dict(kinds), "hosts": hosts, "bytes": sizes["bytes"],
+            "distinct_urls": len(by_url), "requests": requests, "robots": robots, "seconds": time.time() - start}
+
+
+def origin_key(url: str) -> str:
+    from openalign.pipeline.fetch_http import origin_of
+
+    try:
+        return origin_of(url)
+    except ValueError:
+        return ""
+
+
+async def fetch_all(urls: list[str], options: FetchOptions, emit) -> tuple[dict, int]:
+    """Fetches distinct URLs, each origin's by `per_host` workers of its own; `emit(url, Fetched)` as each ends.
+    Returns how each origin's robots.txt answered (counts) and the requests made."""
+    from openalign.pipeline.fetch_http import Client
+
+    client = Client(options.policy())
+    queues: dict[str, deque] = {}
+    for url in urls:
+        queues.setdefault(origin_key(url), deque()).append(url)
+
+    async def worker(queue: deque) -> None:
+        while queue:
+            url = queue.popleft()
+            emit(url, await client.fetch(url))
+
+    try:
+        await asyncio.gather(*(worker(q) for q in queues.values() for _ in range(min(options.per_host, len(q)))))
+    finally:
+        await client.close()
+    return dict(Counter(client.robots_status.values())), sum(o.requests for o in client.origins.values())
+
+
+# ---------------------------------------------------------------------------------------------- the stage
+
+def our_files(out: Path) -> list[Path]:
+    """The shard files an earlier run of fetch left in `out` (NNNNN.tar, .parquet, _stats.json)."""
+    return [p for p in out.iterdir() if p.is_file() and p.name.split(".")[0].removesuffix("_stats").isdigit()
+            and p.name.endswith((".tar", ".parquet", "_stats.json"))]
+
+
+def fetch(candidates: Path, out: Path, options: FetchOptions = FetchOptions(), keep: tuple[Path, ...] = (),
+          engine: Engine = Engine(), progress: bool = True) -> FetchResult:
+    """Fetches the images of a candidate table into `out` (img2dataset's webdataset layout); see the module's
+    docstring."""
+    import duckdb
+
+    begin = time.perf_counter()
+    table = candidate_table(Path(candidates))
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    unfinish(out / FETCH_REPORT)
+    work = out / WORK
+    work.mkdir(exist_ok=True)
+    for leftover in out.glob(".*.tmp"):  # what a killed run was writing
+        leftover.unlink(missing_ok=True)
+    plan_path = work / "plan.parquet"
+    with duckdb.connect() as con:
+        with staged(plan_path) as tmp:
+            planned, left_out, count = plan(con, table, [Path(k) for k in keep], options, tmp)
+    largest = max((p["rows"] for p in planned), default=0)
+    digits = shard_names(count, largest, options.shard_size)
+    names = {f"{p['shard']:0{digits[0]}d}" for p in planned}
+    for stale in our_files(out):  # shards of an earlier plan that this one does not have
+        if stale.name.split(".")[0].removesuffix("_stats") not in names:
+            stale.unlink()
+    settings = json.dumps([asdict(options) | {"shard_size": None}, digits], sort_keys=True, default=str)
+    tasks = []
+    for p in planned:
+        name = f"{p['shard']:0{digits[0]}d}"
+        key = hashlib.blake2b(f"{p['digest']}|{settings}".encode(), digest_size=16).hexdigest()
+        tasks.append(Task(name, fetch_shard, (str(plan_path), p["shard"], str(out), digits, options), key=key,
+                          outputs=tuple(str(out / f"{name}{s}") for s in (".tar", ".parquet", "_stats.json"))))
+    results, skipped = run_tasks(tasks, work / "status", engine, desc="fetch", progress=progress)
+    return finish(out, table, list(results.values()), left_out, len(tasks), skipped, options, begin)
+
+
+def finish(out: Path, table: Path, results: list[dict], left_out: Counter, shards: int, skipped: int,
+           options: FetchOptions, begin: float) -> FetchResult:
+    kinds, hosts, robots = Counter(), {}, Counter()
+    for result in results:
+        kinds.update(result["kinds"])
+        robots.update(result.get("robots", {}))
+        for host, (ok, total) in result["hosts"].items():
+            seen = hosts.setdefault(host, [0, 0])
+            seen[0] += ok
+            seen[1] += total
+    urls = sum(kinds.values())
+    seconds = time.perf_counter() - begin
+    by_host = sorted(hosts.items(), key=lambda kv: (-kv[1][1], kv[0]))
+    report = {
+        "stage": "fetch", "candidates": str(table), "urls": urls, "successes": kinds["success"],
+        "success_rate": round(kinds["success"] / urls, 4) if urls else 0.0,
+        "statuses": dict(kinds.most_common()), "left_out": dict(left_out), "shards": shards,
+        "shards_reused": skipped, "distinct_urls": sum(r.get("distinct_urls", 0) for r in results),
+        "requests": sum(r.get("requests", 0) for r in results), "bytes": sum(r.get("bytes", 0) for r in results),
+        "robots_txt": dict(robots), "hosts": len(hosts),
+        "by_host": {h: {"urls": t, "successes": ok, "success_rate": round(ok / t, 4)} for h, (ok, t) in by_host[:200]},
+        "task_seconds": round(sum(r.get("seconds", 0.0) for r in results), 2), "seconds": round(seconds, 2),
+        "options": asdict(options),
+    }
+    figure = plot_report(report, hosts, out / "fetch_report.png")
+    write_json(out / FETCH_REPORT, report)
+    return FetchResult(out, urls, kinds["success"], shards, skipped, dict(kinds.most_common()), len(hosts),
+                       seconds, out / FETCH_REPORT, figure)
+
+
+def plot_report(report: dict, hosts: dict, path: Path) -> Path | None:
+    """Two panels: URLs per status, and the hosts' success rates (a histogram, weighted by their URLs)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    statuses = report["statuses"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    names = list(statuses)
+    left.barh(names[::-1], [statuses[n] for n in names[::-1]],
+              color=["tab:green" if n == "success" else "tab:red" for n in names[::-1]])
+    left.set_xlabel("URLs")
+    left.set_title(f"{report['urls']:,} URLs, {report['success_rate']:.1%} fetched")
+    rates = [ok / total for ok, total in hosts.values() if total]
+    weights = [total for ok, total in hosts.values() if total]
+    right.hist(rates, bins=20, range=(0, 1), weights=weights, color="tab:blue")
+    right.set_xlabel("a host's success rate")
+    right.set_ylabel("URLs on hosts with that rate")
+    right.set_title(f"{len(hosts):,} hosts")
+    fig.tight_layout()
+    with staged(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=90)
+    plt.close(fig)
+    return path

@@ -1,0 +1,422 @@
+"""The fetcher's HTTP side: one asyncio loop per task over aiohttp, polite to every host and safe against what a
+crawl's URLs point at. `pipeline/fetch.py` plans the tasks and writes what this module brings back.
+
+Polite:
+- **robots.txt** (RFC 9309, parsed by Protego, Scrapy's parser) is fetched once per origin (scheme, host, port) per
+  run, before that origin's first image, and shared by every request to it: a host's URLs are planned into one task.
+  Redirects are followed (up to five, each hop checked as below); 2xx is parsed (the first 500 KiB, RFC 9309
+  2.5); 4xx means no rules ("unavailable", 2.3.1.3: the crawler may access any resource); 5xx, a timeout or a
+  broken connection ("unreachable", 2.3.1.4: assume complete disallow) is asked again after `robots_retry_delay`,
+  then twice that, and if it never answers, every URL of that origin is `robots_unreachable`, never fetched.
+  `Disallow`/`Allow` are matched for the user-agent token `openalign`; `Crawl-delay` becomes the origin's interval
+  (an origin asking more than `max_crawl_delay` seconds is skipped: `crawl_delay_too_long`).
+- **X-Robots-Tag** opt-outs are read from the response headers before the body is: img2dataset's rule (a value
+  `noai, noimageai` applies to every agent, `openalign: noai` to this one) and its default directives
+  (`noai`, `noimageai`, `noindex`, `noimageindex`; `none`, which means `noindex, nofollow`, counts as `noindex`).
+- **Per origin**: at most `per_host` connections at a time and `min_interval` seconds between request starts; a
+  429 or 503 with `Retry-After` (seconds or an HTTP date) pauses the whole origin that long, then the URL is asked
+  again; transient failures (timeouts, broken connections, 5xx, 429) are retried with backoff, `retries` times;
+  nothing else is.
+- A User-Agent that names openalign, with the user's contact (`--contact`).
+
+Safe:
+- A destination that resolves only to loopback, private, link-local (169.254.169.254: cloud metadata), multicast,
+  shared (100.64/10) or reserved addresses is refused (`private_address`) unless `allow_private_addresses`, or
+  the address is in one of `allow_networks`. The check runs in aiohttp's resolver, so the connection goes to the
+  address that was checked (no DNS rebinding between check and connect); an IP literal in a URL is checked here.
+- Redirects are followed by hand, at most `max_redirects`, each hop's URL checked again (scheme, address, the
+  robots.txt of its origin); environment proxies are ignored.
+- Connect, read and total timeouts; the body is read in chunks and abandoned past `max_bytes` (after
+  decompression: a gzip bomb stops at the limit); a body that is not an image is an error, not a sample
+  (`pipeline/fetch.py` probes it with `data/images.probe` and its pixel limit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import ipaddress
+import socket
+import time
+from dataclasses import dataclass, field
+from urllib.parse import urljoin, urlsplit
+
+ROBOTS_TOKEN = "openalign"  # the user-agent token robots.txt groups and X-Robots-Tag values are matched against
+ROBOTS_MAX_BYTES = 500 * 1024  # RFC 9309 2.5: parse at least 500 KiB
+ROBOTS_MAX_REDIRECTS = 5  # RFC 9309 2.3.1.2: follow at least five consecutive redirects
+REDIRECTS = (301, 302, 303, 307, 308)
+RETRIED = (429, 500, 502, 503, 504)  # transient: asked again with backoff
+CHUNK = 64 * 1024
+NOT_IMAGE_TYPES = ("text/", "application/json", "application/xhtml", "application/xml")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What a fetch may do: the knobs of FetchOptions that the HTTP side reads."""
+    user_agent: str
+    per_host: int = 4
+    min_interval: float = 0.0
+    max_crawl_delay: float = 30.0
+    connections: int = 64
+    retries: int = 2
+    backoff: float = 1.0
+    max_retry_after: float = 60.0
+    robots: bool = True
+    robots_retry_delay: float = 2.0
+    opt_out: tuple[str, ...] = ("noai", "noimageai", "noindex", "noimageindex")
+    allow_private_addresses: bool = False
+    allow_networks: tuple[str, ...] = ()
+    max_redirects: int = 5
+    max_bytes: int = 20 * 1024 * 1024
+    connect_timeout: float = 10.0
+    read_timeout: float = 20.0
+    total_timeout: float = 60.0
+
+
+@dataclass
+class Fetched:
+    """What became of one URL: `kind` "success" (with `body`) or an error kind; `detail` a short explanation."""
+    kind: str
+    detail: str = ""
+    body: bytes = b""
+    final_url: str = ""
+    attempts: int = 0
+
+
+class PrivateAddress(OSError):
+    """Raised by the resolver when every address a name resolves to is refused (aiohttp wraps it)."""
+
+
+class Refusal(Exception):
+    def __init__(self, kind: str, detail: str = ""):
+        super().__init__(f"{kind}: {detail}" if detail else kind)
+        self.kind, self.detail = kind, detail
+
+
+# ---------------------------------------------------------------------------------------------- addresses
+
+class Addresses:
+    """Which IP addresses may be connected to."""
+
+    def __init__(self, allow_private: bool, networks: tuple[str, ...] = ()):
+        self.allow_private = allow_private
+        self.networks = tuple(ipaddress.ip_network(n, strict=False) for n in networks)
+
+    def allows(self, address: str) -> bool:
+        try:
+            ip = ipaddress.ip_address(address.split("%", 1)[0])
+        except ValueError:
+            return False
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped  # ::ffff:127.0.0.1 is 127.0.0.1
+        if self.allow_private or any(ip in net for net in self.networks if net.version == ip.version):
+            return True
+        return ip.is_global and not ip.is_multicast
+
+
+def is_ip_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return True
+    except ValueError:
+        return False
+
+
+def check_network(text: str) -> str:
+    """A `--allow-network` value, or one sentence."""
+    try:
+        ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        raise ValueError(f"--allow-network {text!r} is not an address or network (write e.g. 10.0.0.0/8)") from None
+    return text
+
+
+def safe_resolver(addresses: Addresses):
+    """An aiohttp resolver that hands the connector only the addresses `addresses` allows."""
+    from aiohttp.abc import AbstractResolver
+    from aiohttp.resolver import ThreadedResolver
+
+    class SafeResolver(AbstractResolver):
+        def __init__(self):
+            self.inner = ThreadedResolver()
+
+        async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET):
+            found = await self.inner.resolve(host, port, family)
+            allowed = [r for r in found if addresses.allows(r["host"])]
+            if not allowed:
+                raise PrivateAddress(f"{host} resolves to {', '.join(sorted({r['host'] for r in found}))}, "
+                                     "a private, loopback or link-local address")
+            return allowed
+
+        async def close(self) -> None:
+            await self.inner.close()
+
+    return SafeResolver()
+
+
+# ---------------------------------------------------------------------------------------------- opt-outs
+
+def opted_out(values: list[str], directives: tuple[str, ...], token: str = ROBOTS_TOKEN) -> bool:
+    """Whether X-Robots-Tag header values forbid the use: `noai, noimageai` applies to every agent,
+    `openalign: noai` to this one only (img2dataset's reading of the header)."""
+    wanted = {d.strip().lower() for d in directives}
+    if "noindex" in wanted:
+        wanted.add("none")  # none = noindex, nofollow
+    for value in values:
+        agent, colon, rest = value.partition(":")
+        if not colon:
+            agent, rest = "", agent
+        elif agent.strip().lower() != token:
+            continue
+        if any(d.strip().lower() in wanted for d in rest.split(",")):
+            return True
+    return False
+
+
+def retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds a Retry-After header asks to wait (a number of seconds or an HTTP date), or None."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def origin_of(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme.lower()}://{parts.netloc.lower().rpartition('@')[2]}"
+
+
+# ---------------------------------------------------------------------------------------------- origins
+
+@dataclass
+class Origin:
+    """One origin's shared state in a task: its robots.txt, its connection slots and its pace."""
+    slots: asyncio.Semaphore
+    interval: float
+    next_start: float = 0.0
+    paused_until: float = 0.0
+    pace: asyncio.Lock = field(default_factory=asyncio.Lock)
+    rules: asyncio.Task | None = None
+    requests: int = 0
+
+    async def turn(self) -> None:
+        """Waits until this origin may be asked again (its interval, a Retry-After pause)."""
+        loop = asyncio.get_running_loop()
+        async with self.pace:
+            while True:
+                wait = max(self.next_start, self.paused_until) - loop.time()
+                if wait <= 0:
+                    break
+                await asyncio.sleep(wait)
+            self.next_start = loop.time() + self.interval
+            self.requests += 1
+
+
+class AllowAll:
+    def can_fetch(self, url: str, agent: str) -> bool:
+        return True
+
+    def crawl_delay(self, agent: str) -> None:
+        return None
+
+
+class Client:
+    """Fetches URLs politely and safely within one asyncio loop (one per task)."""
+
+    def __init__(self, policy: Policy):
+        import aiohttp
+
+        self.policy = policy
+        self.addresses = Addresses(policy.allow_private_addresses, policy.allow_networks)
+        self.origins: dict[str, Origin] = {}
+        self.global_slots = asyncio.Semaphore(policy.connections)
+        self.robots_status: dict[str, str] = {}  # origin: how its robots.txt answered (the report's)
+        connector = aiohttp.TCPConnector(limit=policy.connections, limit_per_host=policy.per_host,
+                                         resolver=safe_resolver(self.addresses), ttl_dns_cache=300)
+        self.timeout = aiohttp.ClientTimeout(total=policy.total_timeout, connect=policy.connect_timeout,
+                                             sock_read=policy.read_timeout)
+        self.session = aiohttp.ClientSession(connector=connector, timeout=self.timeout, trust_env=False,
+                                             headers={"User-Agent": policy.user_agent}, cookie_jar=aiohttp.DummyCookieJar())
+
+    async def close(self) -> None:
+        await self.session.close()
+
+    def origin(self, url: str) -> Origin:
+        key = origin_of(url)
+        if key not in self.origins:
+            self.origins[key] = Origin(asyncio.Semaphore(self.policy.per_host), self.policy.min_interval)
+        return self.origins[key]
+
+    # ------------------------------------------------------------------------------------------ one request
+
+    def check_url(self, url: str) -> None:
+        try:
+            parts = urlsplit(url)
+            host = parts.hostname
+            parts.port  # noqa: B018 - raises on a bad port
+        except ValueError as err:
+            raise Refusal("bad_url", str(err)) from None
+        if parts.scheme.lower() not in ("http", "https") or not host:
+            raise Refusal("bad_url", f"not an http(s) URL with a host: {url[:200]}")
+        if is_ip_literal(host) and not self.addresses.allows(host):
+            raise Refusal("private_address", f"{host} is a private, loopback or link-local address")
+
+    async def _get(self, url: str, origin: Origin, accept: str):
+        """One request under the origin's and the task's limits: (status, headers, body or None, error)."""
+        import aiohttp
+
+        async with origin.slots:
+            await origin.turn()
+            async with self.global_slots:
+                try:
+                    async with self.session.get(url, allow_redirects=False, headers={"Accept": accept}) as resp:
+                        headers = resp.headers
+                        if resp.status in REDIRECTS or resp.status >= 300:
+                            return resp.status, headers, None, None
+                        if self.policy.opt_out and accept.startswith("image") and opted_out(
+                                headers.getall("X-Robots-Tag", []), self.policy.opt_out):
+                            return resp.status, headers, None, Refusal("opted_out", "X-Robots-Tag: " + ", ".join(
+                                headers.getall("X-Robots-Tag", [])))
+                        kind = (headers.get("Content-Type") or "").lower()
+                        if accept.startswith("image") and kind.startswith(NOT_IMAGE_TYPES):
+                            return resp.status, headers, None, Refusal("not_an_image", f"Content-Type {kind[:80]}")
+                        limit = self.policy.max_bytes if accept.startswith("image") else ROBOTS_MAX_BYTES
+                        if accept.startswith("image") and (resp.content_length or 0) > limit:
+                            return resp.status, headers, None, Refusal(
+                                "too_large", f"Content-Length {resp.content_length:,} > {limit:,} bytes")
+                        chunks, size = [], 0
+                        async for chunk in resp.content.iter_chunked(CHUNK):
+                            chunks.append(chunk)
+                            size += len(chunk)
+                            if size > limit:
+                                if not accept.startswith("image"):  # robots.txt: its first 500 KiB
+                                    break
+                                return resp.status, headers, None, Refusal("too_large", f"more than {limit:,} bytes")
+                        return resp.status, headers, b"".join(chunks)[:limit], None
+                except aiohttp.ClientConnectorDNSError as err:
+                    if isinstance(err.os_error, PrivateAddress):
+                        return 0, None, None, Refusal("private_address", str(err.os_error))
+                    return 0, None, None, Refusal("dns", str(err.os_error)[:200])
+                except (aiohttp.ClientConnectorCertificateError, aiohttp.ClientSSLError) as err:
+                    return 0, None, None, Refusal("tls", str(err)[:200])
+                except (TimeoutError, asyncio.TimeoutError):
+                    return 0, None, None, Refusal("timeout", "no answer in time")
+                except aiohttp.InvalidURL as err:
+                    return 0, None, None, Refusal("bad_url", str(err)[:200])
+                except (aiohttp.ClientError, OSError) as err:
+                    return 0, None, None, Refusal("connection", f"{type(err).__name__}: {str(err)[:200]}")
+
+    # ------------------------------------------------------------------------------------------ robots.txt
+
+    async def rules(self, url: str):
+        """The robots.txt rules of `url`'s origin (fetched once per origin), or a Refusal for all its URLs."""
+        origin = self.origin(url)
+        if origin.rules is None:
+            origin.rules = asyncio.ensure_future(self._robots(origin_of(url), origin))
+        result = await asyncio.shield(origin.rules)
+        if isinstance(result, Refusal):
+            raise result
+        return result
+
+    async def _robots(self, key: str, origin: Origin):
+        from protego import Protego
+
+        if not self.policy.robots:
+            return AllowAll()
+        delay = self.policy.robots_retry_delay
+        for attempt in range(3):
+            outcome = await self._robots_once(key + "/robots.txt")
+            if not (isinstance(outcome, Refusal) and outcome.kind == "robots_unreachable") or attempt == 2:
+                break
+            await asyncio.sleep(delay * 2 ** attempt)  # RFC 9309: unreachable is asked again later
+        if isinstance(outcome, Refusal):
+            self.robots_status[key] = outcome.kind
+            return outcome
+        if isinstance(outcome, AllowAll):
+            self.robots_status[key] = "unavailable"
+            return outcome
+        self.robots_status[key] = "rules"
+        rules = Protego.parse(outcome.decode("utf-8", errors="replace"))
+        crawl_delay = rules.crawl_delay(ROBOTS_TOKEN)
+        if crawl_delay:
+            if crawl_delay > self.policy.max_crawl_delay:
+                return Refusal("crawl_delay_too_long", f"robots.txt asks {crawl_delay:g} s between requests "
+                                                       f"(--max-crawl-delay {self.policy.max_crawl_delay:g})")
+            origin.interval = max(origin.interval, float(crawl_delay))
+        return rules
+
+    async def _robots_once(self, url: str):
+        for _ in range(ROBOTS_MAX_REDIRECTS + 1):
+            try:
+                self.check_url(url)
+            except Refusal as refusal:
+                return refusal
+            status, headers, body, error = await self._get(url, self.origin(url), "text/plain")
+            if error is not None:
+                if error.kind in ("private_address", "dns", "bad_url"):
+                    return error  # the images of this origin would fail the same way
+                return Refusal("robots_unreachable", f"robots.txt: {error.kind}: {error.detail}")
+            if status in REDIRECTS and headers.get("Location"):
+                url = urljoin(url, headers["Location"])
+                continue
+            if 200 <= status < 300:
+                return body or b""
+            if 400 <= status < 500:
+                return AllowAll()
+            return Refusal("robots_unreachable", f"robots.txt answered {status}")
+        return AllowAll()  # RFC 9309 2.3.1.2: past five redirects, MAY assume unavailable
+
+    # ------------------------------------------------------------------------------------------ images
+
+    async def fetch(self, url: str, accept: str = "image/*,*/*;q=0.5") -> Fetched:
+        """One image URL, redirects followed by hand, each hop checked; retried where that may help."""
+        attempts, hops, current = 0, 0, url
+        while True:
+            try:
+                self.check_url(current)
+                rules = await self.rules(current)
+            except Refusal as refusal:
+                return Fetched(refusal.kind, refusal.detail, final_url=current, attempts=attempts)
+            if not rules.can_fetch(current, ROBOTS_TOKEN):
+                return Fetched("robots_disallowed", "robots.txt disallows it", final_url=current, attempts=attempts)
+            origin = self.origin(current)
+            attempts += 1
+            status, headers, body, error = await self._get(current, origin, accept)
+            if error is None and status in REDIRECTS:
+                location = headers.get("Location")
+                if not location:
+                    return Fetched(f"http_{status}", "a redirect without a Location", final_url=current,
+                                   attempts=attempts)
+                hops += 1
+                if hops > self.policy.max_redirects:
+                    return Fetched("too_many_redirects", f"more than {self.policy.max_redirects} redirects",
+                                   final_url=current, attempts=attempts)
+                current = urljoin(current, location)
+                continue
+            if error is None and 200 <= status < 300:
+                return Fetched("success", body=body, final_url=current, attempts=attempts)
+            kind = error.kind if error is not None else f"http_{status}"
+            detail = error.detail if error is not None else f"the server answered {status}"
+            transient = (error is not None and error.kind in ("timeout", "connection")) or (error is None
+                                                                                           and status in RETRIED)
+            if not transient or attempts > self.policy.retries:
+                return Fetched(kind, detail, final_url=current, attempts=attempts)
+            wait = self.policy.backoff * 2 ** (attempts - 1)
+            if error is None and status in (429, 503):
+                asked = retry_after(headers.get("Retry-After"))
+                if asked is not None:
+                    if asked > self.policy.max_retry_after:
+                        return Fetched(kind, f"Retry-After {asked:g} s > --max-retry-after "
+                                             f"{self.policy.max_retry_after:g}", final_url=current, attempts=attempts)
+                    loop = asyncio.get_running_loop()
+                    origin.paused_until = max(origin.paused_until, loop.time() + asked)  # the whole origin waits
+                    wait = 0.0
+            await asyncio.sleep(wait)

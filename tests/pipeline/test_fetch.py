@@ -1,0 +1,369 @@
+"""openalign fetch: polite (robots.txt, X-Robots-Tag, per-host limits, Retry-After), safe (private addresses,
+redirects, size limits), every URL a status, img2dataset's layout read back by ingest, resumable."""
+
+import gzip
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+from openalign import cli
+from openalign.config import ConfigError
+from openalign.corpora.hosts import Hosts, Page, Site
+from openalign.data.engine import Engine
+from openalign.pipeline.fetch import FetchOptions, fetch
+from openalign.pipeline.fetch_http import Addresses, opted_out, retry_after
+
+ONE = Engine("local", workers=1)
+QUICK = dict(allow_private_addresses=True, timeout=1.5, read_timeout=1.5, connect_timeout=1.5, max_retry_after=5)
+
+
+def image(color, size=(32, 24), fmt="JPEG") -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", size, color).save(out, fmt)
+    return out.getvalue()
+
+
+def write_urls(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def statuses(out) -> dict:
+    """{url: status} over every shard's parquet."""
+    found = {}
+    for part in sorted(out.glob("*.parquet")):
+        for row in pq.read_table(part).to_pylist():
+            found[row["url"]] = row["status"]
+    return found
+
+
+def samples(out) -> dict:
+    """{key: {field: bytes}} over every shard's tar."""
+    found = {}
+    for tar in sorted(out.glob("*.tar")):
+        with tarfile.open(tar) as t:
+            for member in t.getmembers():
+                key, _, field = member.name.partition(".")
+                found.setdefault(key, {})[field] = t.extractfile(member).read()
+    return found
+
+
+def rows(out) -> list[dict]:
+    found = [r for part in sorted(out.glob("*.parquet")) for r in pq.read_table(part).to_pylist()]
+    return sorted(found, key=lambda r: r["key"])
+
+
+# ---------------------------------------------------------------------------------------------- pure parts
+
+def test_private_loopback_link_local_and_multicast_addresses_are_refused_unless_allowed():
+    strict = Addresses(False)
+    for refused in ("127.0.0.1", "10.1.2.3", "192.168.0.9", "172.16.5.4", "169.254.169.254", "100.64.0.1", "0.0.0.0",
+                    "224.0.0.1", "::1", "fe80::1", "fc00::1", "::ffff:127.0.0.1", "not an address"):
+        assert not strict.allows(refused), refused
+    for public in ("8.8.8.8", "1.1.1.1", "2606:4700:4700::1111", "::ffff:8.8.8.8"):
+        assert strict.allows(public), public
+    assert Addresses(True).allows("127.0.0.1") and Addresses(True).allows("169.254.169.254")
+    intranet = Addresses(False, ("10.1.0.0/16",))
+    assert intranet.allows("10.1.200.3") and not intranet.allows("10.2.0.1") and not intranet.allows("127.0.0.1")
+
+
+def test_x_robots_tag_is_read_as_img2dataset_reads_it():
+    default = ("noai", "noimageai", "noindex", "noimageindex")
+    assert opted_out(["noai"], default) and opted_out(["noindex, nofollow"], default)
+    assert opted_out(["openalign: noimageai"], default)
+    assert not opted_out(["otherbot: noai"], default)  # another agent's directive
+    assert not opted_out(["nofollow", "noarchive"], default)
+    assert opted_out(["none"], default)  # none = noindex, nofollow
+    assert not opted_out(["noai"], ()) and not opted_out([], default)
+
+
+def test_retry_after_takes_seconds_or_an_http_date():
+    assert retry_after("7") == 7.0
+    assert retry_after("Wed, 21 Oct 2015 07:28:30 GMT", now=1445412500.0) == pytest.approx(10.0)
+    assert retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412500.0) == 0.0
+    assert retry_after("soon") is None and retry_after(None) is None and retry_after("") is None
+
+
+def test_bad_options_are_one_sentence():
+    with pytest.raises(ConfigError, match="--per-host"):
+        FetchOptions(per_host=0)
+    with pytest.raises(ConfigError, match="10.0.0.0/8"):
+        FetchOptions(allow_network=("intranet",))
+
+
+# ---------------------------------------------------------------------------------------------- the web
+
+def web_sites() -> dict:
+    gzip_bomb = gzip.compress(b"\0" * (8 << 20))
+    return {
+        "a": Site(files={**{f"/red{i}.jpg": image((40 * i, 0, 0)) for i in range(5)},
+                         "/green.png": image((0, 200, 0), fmt="PNG"), "/private/secret.jpg": image((1, 2, 3)),
+                         "/big.jpg": image((9, 9, 200), size=(400, 100))},
+                  robots="User-agent: *\nDisallow: /private/\n",
+                  pages={"/page.jpg": Page(body=b"<html>not an image</html>",
+                                           headers=(("Content-Type", "application/octet-stream"),)),
+                         "/html.jpg": Page(body=b"<html></html>", headers=(("Content-Type", "text/html"),)),
+                         "/hang.jpg": Page(delay=4.0, body=image((5, 5, 5))),
+                         "/moved.jpg": Page(status=301, redirect="a:/red1.jpg"),
+                         "/loop.jpg": Page(status=302, redirect="a:/loop.jpg"),
+                         "/gone.jpg": Page(status=410),
+                         "/bomb.jpg": Page(body=gzip_bomb, headers=(("Content-Encoding", "gzip"),
+                                                                     ("Content-Type", "image/jpeg")))},
+                  latency=(0.0, 0.02)),
+        "busy": Site(files={f"/b{i}.jpg": image((0, 20 * i, 0)) for i in range(10)}, throttle=3, retry_after=1),
+        "optout": Site(files={"/o.jpg": image((0, 0, 250))}, opt_out="noai, noimageai"),
+        "down": Site(files={"/d.jpg": image((3, 3, 3))}, robots=503),
+        "slowrobots": Site(files={f"/s{i}.jpg": image((7, 7, 7 * i)) for i in range(6)}, latency=(0.05, 0.1)),
+    }
+
+
+@pytest.fixture(scope="module")
+def web():
+    with Hosts(web_sites()) as hosts:
+        yield hosts
+
+
+def candidate_rows(web) -> list[dict]:
+    a = [("/red0.jpg", "a red square"), ("/red1.jpg", "red one"), ("/red2.jpg", "red two"), ("/red3.jpg", "red 3"),
+         ("/red4.jpg", "red 4"), ("/green.png", "a green square"), ("/private/secret.jpg", "kept out by robots.txt"),
+         ("/big.jpg", "a wide blue band"), ("/page.jpg", "a page"), ("/html.jpg", "html"), ("/hang.jpg", "hangs"),
+         ("/moved.jpg", "moved"), ("/loop.jpg", "loops"), ("/gone.jpg", "gone"), ("/missing.jpg", "missing"),
+         ("/bomb.jpg", "a bomb"), ("/red0.jpg", "the same image, another alt")]
+    found = [{"url": web.url("a", p), "caption": c} for p, c in a]
+    found += [{"url": web.url("busy", f"/b{i}.jpg"), "caption": f"busy {i}"} for i in range(10)]
+    found += [{"url": web.url("optout", "/o.jpg"), "caption": "opted out"},
+              {"url": web.url("down", "/d.jpg"), "caption": "robots.txt fails"},
+              {"url": "ftp://example.org/x.jpg", "caption": "not http"}, {"url": None, "caption": "no url"}]
+    found += [{"url": web.url("slowrobots", f"/s{i}.jpg"), "caption": f"slow {i}"} for i in range(6)]
+    return found
+
+
+EXPECTED = {"/red0.jpg": "success", "/red1.jpg": "success", "/green.png": "success", "/big.jpg": "success",
+            "/private/secret.jpg": "robots_disallowed", "/page.jpg": "not_an_image", "/html.jpg": "not_an_image",
+            "/hang.jpg": "timeout", "/moved.jpg": "success", "/loop.jpg": "too_many_redirects",
+            "/gone.jpg": "http_410", "/missing.jpg": "http_404", "/bomb.jpg": "too_large", "/o.jpg": "opted_out",
+            "/d.jpg": "robots_unreachable", "/b3.jpg": "success", "/s2.jpg": "success"}
+
+
+@pytest.fixture(scope="module")
+def fetched(web, tmp_path_factory):
+    """One fetch of the whole web through the command line, the servers' log kept from its start."""
+    tmp = tmp_path_factory.mktemp("fetch")
+    table = write_urls(tmp / "urls.jsonl", candidate_rows(web))
+    start = len(web.log)
+    argv = ["fetch", str(table), "--out", str(tmp / "out"), "--workers", "2", "--shard-size", "8", "--per-host", "2",
+            "--allow-private-addresses", "--timeout", "1.5", "--read-timeout", "1.5", "--max-bytes", "1M",
+            "--http-retries", "1", "--max-redirects", "3", "--contact", "crawl@example.org", "--quiet"]
+    assert cli.main(argv) == 0
+    return tmp / "out", web.log[start:], table
+
+
+def test_every_url_gets_one_status_of_its_kind(fetched, web):
+    out, _, _ = fetched
+    found = statuses(out)
+    for path, status in EXPECTED.items():
+        url = next(u for u in found if u and u.endswith(path))
+        assert found[url] == status, (path, found[url])
+    assert found["ftp://example.org/x.jpg"] == "bad_url"
+    report = json.loads((out / "fetch_report.json").read_text())
+    assert report["urls"] == sum(1 for r in candidate_rows(web) if r["url"]) == len(rows(out))
+    assert report["left_out"]["no_url"] == 1
+    assert report["statuses"]["success"] == report["successes"] == sum(1 for r in rows(out) if r["status"] == "success")
+    assert (out / "fetch_report.png").stat().st_size > 0
+    stats = [json.loads(p.read_text()) for p in out.glob("*_stats.json")]
+    assert sum(s["count"] for s in stats) == report["urls"]
+    assert sum(s["successes"] for s in stats) == report["successes"]
+
+
+def test_the_servers_saw_only_polite_requests(fetched, web):
+    out, log, _ = fetched
+    a = [r for r in log if r["host"] == "a"]
+    assert not [r for r in a if r["path"].startswith("/private/")]  # disallowed: never asked
+    assert sum(r["path"] == "/robots.txt" for r in a) == 1  # once per origin per run
+    assert not [r for r in log if r["host"] == "down" and r["path"] != "/robots.txt"]
+    assert 2 <= sum(r["host"] == "down" for r in log) <= 3  # robots.txt asked again later, then given up
+    assert not [r for r in log if r.get("early")]  # no request during a Retry-After it had read
+    busy = [r for r in log if r["host"] == "busy"]
+    assert any(r.get("status") == 429 for r in busy) and statuses(out)[web.url("busy", "/b9.jpg")] == "success"
+    assert all(web.peak_connections(name) <= 2 for name in web.sites)  # --per-host 2
+    assert all("openalign/" in r["agent"] and "crawl@example.org" in r["agent"] for r in log)
+    assert sum(r["path"] == "/red0.jpg" for r in a) == 1  # one URL under two alts: fetched once
+
+
+def test_ingest_reads_the_output_as_img2dataset_output(fetched, tmp_path):
+    out, _, _ = fetched
+    assert cli.main(["ingest", str(out), "--out", str(tmp_path / "pairs.parquet"), "--quiet"]) == 0
+    pairs = pq.read_table(tmp_path / "pairs.parquet").to_pylist()
+    successes = [r for r in rows(out) if r["status"] == "success"]
+    assert sorted(p["text"] for p in pairs) == sorted(r["caption"] for r in successes)
+    rejects = pq.read_table(tmp_path / "pairs.rejects.parquet").to_pylist()
+    assert {r["reason"] for r in rejects} == {"not_downloaded"}  # not the report's plot
+    assert len(rejects) == len(rows(out)) - len(successes)
+    big = next(p for p in pairs if p["text"] == "a wide blue band")
+    assert (big["width"], big["height"]) == (400, 100) and (big["original_width"], big["original_height"]) == (400, 100)
+
+
+def test_samples_are_stored_as_fetched_with_their_metadata(fetched, web):
+    out, _, _ = fetched
+    found = samples(out)
+    by_caption = {s["txt"].decode(): s for s in found.values()}
+    assert by_caption["a red square"]["jpg"] == web.sites["a"].files["/red0.jpg"]  # the bytes the server sent
+    assert by_caption["a green square"]["png"] == web.sites["a"].files["/green.png"]
+    meta = json.loads(by_caption["red one"]["json"])
+    assert meta["status"] == "success" and meta["host"] == "127.0.0.1" and len(meta["uid"]) == 32
+    assert meta["sha256"] == __import__("hashlib").sha256(web.sites["a"].files["/red1.jpg"]).hexdigest()
+    keys = [r["key"] for r in rows(out)]
+    assert len(set(keys)) == len(keys) and all(len(k) == len(keys[0]) for k in keys)
+
+
+def test_max_side_resizes_and_records_the_original_size(web, tmp_path):
+    table = write_urls(tmp_path / "urls.jsonl", [{"url": web.url("a", "/big.jpg"), "caption": "wide"},
+                                                 {"url": web.url("a", "/red2.jpg"), "caption": "small"}])
+    fetch(table, tmp_path / "out", FetchOptions(**QUICK, max_side=100), engine=ONE, progress=False)
+    by_caption = {r["caption"]: r for r in rows(tmp_path / "out")}
+    assert (by_caption["wide"]["width"], by_caption["wide"]["height"]) == (100, 25)
+    assert (by_caption["wide"]["original_width"], by_caption["wide"]["original_height"]) == (400, 100)
+    small = next(s for s in samples(tmp_path / "out").values() if s["txt"] == b"small")
+    assert small["jpg"] == web.sites["a"].files["/red2.jpg"]  # not resized: not re-encoded
+
+
+# ---------------------------------------------------------------------------------------------- safety
+
+def test_a_url_resolving_to_loopback_is_refused_without_the_flag(web, tmp_path):
+    port = web.ports["a"]
+    table = write_urls(tmp_path / "urls.jsonl", [{"url": f"http://127.0.0.1:{port}/red3.jpg", "caption": "literal"},
+                                                 {"url": f"http://localhost:{port}/red4.jpg", "caption": "by name"}])
+    start = len(web.log)
+    strict = dict(QUICK, allow_private_addresses=False)
+    fetch(table, tmp_path / "strict", FetchOptions(**strict), engine=ONE, progress=False)
+    assert set(statuses(tmp_path / "strict").values()) == {"private_address"}
+    assert len(web.log) == start  # not even robots.txt
+    fetch(table, tmp_path / "allowed", FetchOptions(**QUICK), engine=ONE, progress=False)
+    assert set(statuses(tmp_path / "allowed").values()) == {"success"}
+
+
+def test_a_redirect_from_an_allowed_host_to_loopback_is_refused(web, tmp_path):
+    """The first host is allowed (its network given with --allow-network), its redirect goes to 127.0.0.1: the hop
+    is checked as a first request is, and refused."""
+    target = web.url("a", "/red3.jpg")
+    sites = {"door": Site(pages={"/in.jpg": Page(status=302, redirect=target)},
+                          files={"/ok.jpg": image((1, 100, 1))})}
+    try:
+        hosts = Hosts(sites, address="127.0.0.2").start()
+    except OSError:
+        pytest.skip("127.0.0.2 cannot be bound here")
+    try:
+        table = write_urls(tmp_path / "urls.jsonl", [{"url": hosts.url("door", "/in.jpg"), "caption": "redirected"},
+                                                     {"url": hosts.url("door", "/ok.jpg"), "caption": "direct"}])
+        start = len(web.log)
+        options = FetchOptions(**dict(QUICK, allow_private_addresses=False), allow_network=("127.0.0.2/32",))
+        fetch(table, tmp_path / "out", options, engine=ONE, progress=False)
+    finally:
+        hosts.stop()
+    found = {r["caption"]: r for r in rows(tmp_path / "out")}
+    assert found["direct"]["status"] == "success"
+    assert found["redirected"]["status"] == "private_address"
+    assert len(web.log) == start  # 127.0.0.1 was never asked
+
+
+# ---------------------------------------------------------------------------------------------- inputs
+
+def test_bad_inputs_are_one_sentence(tmp_path, capsys):
+    assert cli.main(["fetch", str(tmp_path / "nothing.parquet"), "--out", str(tmp_path / "o")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    no_url = write_urls(tmp_path / "t.jsonl", [{"link": "http://x/y.jpg", "caption": "c"}])
+    assert cli.main(["fetch", str(no_url), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "has no url column" in err and "Traceback" not in err
+    assert cli.main(["fetch", str(write_urls(tmp_path / "u.jsonl", [{"url": "http://x/y.jpg"}])), "--keep",
+                     str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+    assert "no uid column" in capsys.readouterr().err
+
+
+def test_a_filtered_candidate_table_fetches_only_its_kept_pairs(web, tmp_path):
+    """extract (a URL table) -> filter --rules text -> fetch --keep: only the kept uids are fetched, each sample's
+    JSON carries its candidate's uid, language and host."""
+    urls = [{"url": web.url("a", f"/red{i}.jpg"), "caption": f"a bright red square number {i} on a page"}
+            for i in range(5)]
+    urls += [{"url": web.url("a", "/green.png"), "caption": "image"}] * 1  # boilerplate, removed by a text rule
+    table = write_urls(tmp_path / "urls.jsonl", urls)
+    assert cli.main(["extract", str(table), "--out", str(tmp_path / "cand"), "--quiet"]) == 0
+    candidates = tmp_path / "cand" / "candidates.parquet"
+    assert cli.main(["filter", str(candidates), "--out", str(tmp_path / "keep"), "--rules", "text", "--quiet",
+                     "min_words=3"]) == 0
+    kept = {r["uid"] for r in pq.read_table(tmp_path / "keep" / "keep.parquet").to_pylist()}
+    assert 0 < len(kept) < len(urls)
+    result = fetch(tmp_path / "cand", tmp_path / "out", FetchOptions(**QUICK), keep=(tmp_path / "keep",), engine=ONE,
+                   progress=False)
+    assert {r["uid"] for r in rows(tmp_path / "out")} == kept and result.urls == len(kept)
+    meta = [json.loads(s["json"]) for s in samples(tmp_path / "out").values()]
+    assert {m["uid"] for m in meta} == kept and {m["language"] for m in meta} == {"en"}
+
+
+# ---------------------------------------------------------------------------------------------- resuming
+
+def slow_web() -> dict:
+    return {f"h{i}": Site(files={f"/{j}.jpg": image((i * 30, j * 20, 0)) for j in range(6)}, latency=(0.15, 0.2))
+            for i in range(6)}
+
+
+def test_killed_mid_fetch_a_rerun_gives_the_same_output(tmp_path, capsys):
+    with Hosts(slow_web()) as hosts:
+        table = write_urls(tmp_path / "urls.jsonl", [{"url": hosts.url(h, f"/{j}.jpg"), "caption": f"{h} {j}"}
+                                                     for h in hosts.sites for j in range(6)])
+        out = tmp_path / "out"
+        argv = ["fetch", str(table), "--out", str(out), "--workers", "1", "--shard-size", "6", "--per-host", "1",
+                "--allow-private-addresses", "--quiet"]
+        code = f"from openalign import cli; raise SystemExit(cli.main({argv!r}))"
+        child = subprocess.Popen([sys.executable, "-c", code], start_new_session=True, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE)
+        status = out / "_fetch" / "status"
+        deadline = time.monotonic() + 120
+        while not (status.is_dir() and len(list(status.glob("*.json"))) >= 1):
+            assert child.poll() is None, child.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "no shard finished"
+            time.sleep(0.02)
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait(30)
+        done = len(list(status.glob("*.json")))
+        assert not (out / "fetch_report.json").exists()
+        assert cli.main(["ingest", str(out), "--out", str(tmp_path / "p.parquet")]) == 2
+        assert "did not finish" in capsys.readouterr().err
+        rerun = fetch(table, out, FetchOptions(allow_private_addresses=True, shard_size=6, per_host=1), engine=ONE,
+                      progress=False)
+        whole = fetch(table, tmp_path / "whole", FetchOptions(allow_private_addresses=True, shard_size=6, per_host=1),
+                      engine=ONE, progress=False)
+        assert 1 <= rerun.skipped == done < rerun.shards and whole.skipped == 0
+        assert not list(out.glob(".*.tmp"))
+        strip = lambda found: [{k: v for k, v in r.items()} for r in found]  # noqa: E731
+        assert strip(rows(out)) == strip(rows(tmp_path / "whole"))
+        assert samples(out) == samples(tmp_path / "whole")
+
+        # a changed candidate row redoes only its own shard
+        changed = [json.loads(line) for line in table.read_text().splitlines()]
+        changed[0]["caption"] = "a new alt-text"
+        write_urls(table, changed)
+        again = fetch(table, out, FetchOptions(allow_private_addresses=True, shard_size=6, per_host=1), engine=ONE,
+                      progress=False)
+        assert again.skipped == again.shards - 1
+        assert any(r["caption"] == "a new alt-text" for r in rows(out))
+
+
+def test_local_and_spark_engines_write_the_same_shards(web, tmp_path):
+    pytest.importorskip("pyspark")
+    table = write_urls(tmp_path / "urls.jsonl", [r for r in candidate_rows(web) if r["url"] and "hang" not in r["url"]
+                                                 and "/b" not in r["url"]])
+    options = FetchOptions(**QUICK, shard_size=8)
+    fetch(table, tmp_path / "local", options, engine=ONE, progress=False)
+    fetch(table, tmp_path / "spark", options, engine=Engine("spark", master="local[2]"), progress=False)
+    assert rows(tmp_path / "local") == rows(tmp_path / "spark")
+    assert samples(tmp_path / "local") == samples(tmp_path / "spark")
