@@ -928,14 +928,14 @@ def _sentence(err: ConfigError) -> str:
 
 def _owner(args):
     """The output's lock for the run (outputs.owned), taken by the driver: rank 0 under torchrun. `train` takes
-    its own (its run directory may come from the config)."""
-    from openalign import distributed
+    its own (its run directory may come from the config). The rank is read as `distributed.from_env` reads it,
+    without importing torch (a second of every data command's start)."""
     from openalign.outputs import owned
 
     out = getattr(args, "out", None)
     if args.command == "index" and (args.add or args.delete):  # the index being grown
         out = out or (args.index if args.add else args.embeddings)
-    if not out or args.command == "train" or distributed.from_env().rank != 0:
+    if not out or args.command == "train" or int(os.environ.get("RANK", 0)) != 0:
         return contextlib.nullcontext()
     return owned(Path(out))
 

@@ -22,6 +22,7 @@ from openalign.data.engine import Engine
 from openalign.pipeline.fetch import FetchOptions, fetch
 from openalign.pipeline.fetch_http import Addresses, opted_out, retry_after
 
+FIXTURES = __import__("pathlib").Path(__file__).resolve().parents[1] / "fixtures"
 ONE = Engine("local", workers=1)
 QUICK = dict(allow_private_addresses=True, timeout=1.5, read_timeout=1.5, connect_timeout=1.5, max_retry_after=5)
 
@@ -367,3 +368,50 @@ def test_local_and_spark_engines_write_the_same_shards(web, tmp_path):
     fetch(table, tmp_path / "spark", options, engine=Engine("spark", master="local[2]"), progress=False)
     assert rows(tmp_path / "local") == rows(tmp_path / "spark")
     assert samples(tmp_path / "local") == samples(tmp_path / "spark")
+
+
+# ---------------------------------------------------------------------------------------------- img2dataset
+
+I2D_KINDS = {"HTTP Error 404: Not Found": "http_404", "Image decoding error": "not_an_image", "timed out": "timeout",
+             "Use of image disallowed by X-Robots-Tag directive": "opted_out",
+             "HTTP Error 429: Too Many Requests": "http_429"}
+
+
+def test_side_by_side_with_img2dataset_on_the_same_web(tmp_path):
+    """The real img2dataset 1.47.0's record (tests/fixtures/img2dataset_fetch, made by its make_fixture.py) on the same
+    sample web: the same pictures (decoded pixels equal) except those robots.txt disallows (img2dataset fetches
+    them) and those a throttling host refused img2dataset with 429 (openalign waits its Retry-After and gets them);
+    the same error kind wherever both fail."""
+    import hashlib
+
+    from openalign.corpora.hosts import sample_web
+
+    record = json.loads((FIXTURES / "img2dataset_fetch" / "results.json").read_text())
+    theirs = {(r["host"], r["path"]): r for r in record["urls"]}
+    sites, urls = sample_web(seed=0, hang=6.0)
+    with Hosts(sites) as hosts:
+        table = write_urls(tmp_path / "urls.jsonl", [{"url": hosts.url(h, p), "caption": c} for h, p, c in urls])
+        fetch(table, tmp_path / "out", FetchOptions(allow_private_addresses=True, timeout=2, http_retries=1),
+              engine=ONE, progress=False)
+        where = {hosts.url(h, p): (h, p) for h, p, _ in urls}
+        log = list(hosts.log)
+    ours = {where[r["url"]]: r for r in rows(tmp_path / "out")}
+    assert set(ours) == set(theirs)
+    both_ok = {k for k in ours if ours[k]["status"] == "success" and theirs[k]["status"] == "success"}
+    only_theirs = {k for k in ours if theirs[k]["status"] == "success" and ours[k]["status"] != "success"}
+    only_ours = {k for k in ours if ours[k]["status"] == "success" and theirs[k]["status"] != "success"}
+    assert only_theirs == {k for k in ours if k[1].startswith("/private/")}
+    assert {ours[k]["status"] for k in only_theirs} == {"robots_disallowed"}
+    assert only_ours == {k for k in ours if theirs[k]["error_message"] == "HTTP Error 429: Too Many Requests"}
+    assert only_ours and all(k[0] == "busy" for k in only_ours)
+    for key in ours.keys() - both_ok - only_theirs - only_ours:  # both failed: the same kind
+        assert ours[key]["status"] == I2D_KINDS[theirs[key]["error_message"]], key
+    pictures = {s["txt"].decode(): s for s in samples(tmp_path / "out").values()}
+    captions = {(h, p): c for h, p, c in urls}
+    for key in both_ok:
+        sample = pictures[captions[key]]
+        data = next(v for f, v in sample.items() if f in ("jpg", "png"))
+        image = Image.open(io.BytesIO(data)).convert("RGB")
+        assert hashlib.sha256(f"{image.size}".encode() + image.tobytes()).hexdigest() == theirs[key]["pixels"], key
+    assert not [r for r in log if r["path"].startswith("/private/")]
+    assert any(r["path"].startswith("/private/") for r in record["requests"])  # img2dataset asked for them

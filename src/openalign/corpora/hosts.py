@@ -184,3 +184,61 @@ class Hosts:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+# ---------------------------------------------------------------------------------------------- a sample web
+
+def _picture(rng: random.Random, fmt: str) -> bytes:
+    import io
+
+    from PIL import Image, ImageDraw
+
+    width, height = rng.randrange(48, 160), rng.randrange(48, 160)
+    picture = Image.new("RGB", (width, height), tuple(rng.randrange(256) for _ in range(3)))
+    box = sorted(rng.sample(range(width), 2)) + sorted(rng.sample(range(height), 2))
+    ImageDraw.Draw(picture).ellipse((box[0], box[2], box[1], box[3]), fill=tuple(rng.randrange(256) for _ in range(3)))
+    out = io.BytesIO()
+    picture.save(out, fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+    return out.getvalue()
+
+
+def sample_web(hosts: int = 6, images: int = 20, latency: tuple[float, float] = (0.02, 0.1), seed: int = 0,
+               hang: float = 30.0) -> tuple[dict[str, Site], list[tuple[str, str, str]]]:
+    """A small web with what a crawl meets, and its URL list as (host, path, caption), in a fixed order:
+    `hosts` ordinary hosts of `images` pictures each (JPEG, and every fifth PNG), answering after `latency`, with
+    404s (a missing picture per host), pages that are not images, a picture that hangs for `hang` seconds; host
+    `h0`'s robots.txt disallows `/private/` (pictures there), `optout` sends `X-Robots-Tag: noai`, and
+    `busy` answers 429 with `Retry-After: 1` beyond 5 requests a second. The same seed gives the same bytes."""
+    rng = random.Random(seed)
+    sites: dict[str, Site] = {}
+    urls: list[tuple[str, str, str]] = []
+    for h in range(hosts):
+        name = f"h{h}"
+        site = Site(latency=latency)
+        for i in range(images):
+            fmt = "PNG" if i % 5 == 4 else "JPEG"
+            path = f"/img/{i}.{'png' if fmt == 'PNG' else 'jpg'}"
+            site.files[path] = _picture(rng, fmt)
+            urls.append((name, path, f"picture {i} of host {h}"))
+        urls.append((name, "/img/missing.jpg", f"a missing picture on host {h}"))
+        site.pages["/page.jpg"] = Page(body=b"<!doctype html><html><body>not a picture</body></html>",
+                                       headers=(("Content-Type", "application/octet-stream"),))
+        urls.append((name, "/page.jpg", f"a page named like a picture on host {h}"))
+        if h == 1:
+            site.pages["/slow.jpg"] = Page(delay=hang, body=_picture(rng, "JPEG"))
+            urls.append((name, "/slow.jpg", "a picture that never comes"))
+        if h == 0:
+            site.robots = "User-agent: *\nDisallow: /private/\n"
+            for i in range(3):
+                site.files[f"/private/{i}.jpg"] = _picture(rng, "JPEG")
+                urls.append((name, f"/private/{i}.jpg", f"a private picture {i}"))
+        sites[name] = site
+    sites["optout"] = Site(files={f"/o{i}.jpg": _picture(rng, "JPEG") for i in range(3)}, opt_out="noai",
+                           latency=latency)
+    urls += [("optout", f"/o{i}.jpg", f"an opted-out picture {i}") for i in range(3)]
+    sites["busy"] = Site(files={f"/b{i}.jpg": _picture(rng, "JPEG") for i in range(images)}, throttle=5,
+                         retry_after=1, latency=latency)
+    urls += [("busy", f"/b{i}.jpg", f"a picture on a busy host {i}") for i in range(images)]
+    order = random.Random(seed + 1)
+    order.shuffle(urls)
+    return sites, urls

@@ -177,7 +177,7 @@ def quoted(name: str) -> str:
 def plan(con, table: Path, keep: list[Path], options: FetchOptions, plan_path: Path) -> tuple[list[dict], Counter, int]:
     """Writes the plan (a row per URL to fetch, with its shard and index) and returns each non-empty shard's
     {shard, rows, digest} and what was left out."""
-    from openalign.data.pairs import pair_uids, url_keys
+    from openalign.data.pairs import normalize_text, pair_uids, url_keys
 
     source = reader(table)
     try:
@@ -201,19 +201,18 @@ def plan(con, table: Path, keep: list[Path], options: FetchOptions, plan_path: P
     if keep:
         keep_table(con, table, keep)
     left_out = Counter()
-    total = con.execute("SELECT count(*) FROM src").fetchone()[0]
+    total = con.execute("SELECT count(*) FROM src").fetchall()[0][0]
     where = "url IS NOT NULL AND trim(url) <> ''" + (" AND uid IN (SELECT uid FROM keep)" if keep else "")
     con.execute(f"CREATE TEMP TABLE cand AS SELECT *, {ORIGIN_SQL} AS origin, rowid AS seq FROM src WHERE {where}")
-    rows = con.execute("SELECT count(*) FROM cand").fetchone()[0]
-    missing = con.execute("SELECT count(*) FROM src WHERE url IS NULL OR trim(url) = ''").fetchone()[0]
+    rows = con.execute("SELECT count(*) FROM cand").fetchall()[0][0]
+    missing = con.execute("SELECT count(*) FROM src WHERE url IS NULL OR trim(url) = ''").fetchall()[0][0]
     left_out.update({"no_url": missing, "not_kept": total - rows - missing})
     if extra["uid"] is None:  # a URL table made elsewhere: the uid of a pair table's (image_key, text)
-        found = con.execute("SELECT seq, url, coalesce(text, '') FROM cand ORDER BY seq").fetchall()
-        from openalign.data.pairs import normalize_text
-
-        uids = pair_uids(url_keys([r[1] for r in found]), [normalize_text(r[2]) for r in found])
-        con.execute("CREATE TEMP TABLE uids (seq BIGINT, uid VARCHAR)")
-        con.executemany("INSERT INTO uids VALUES (?, ?)", [(r[0], u) for r, u in zip(found, uids)])
+        found = con.sql("SELECT seq, url, coalesce(text, '') AS text FROM cand ORDER BY seq").to_arrow_table()
+        texts = [normalize_text(t) for t in found.column("text").to_pylist()]
+        uids = pa.table({"seq": found.column("seq"),
+                         "uid": pair_uids(url_keys(found.column("url").to_pylist()), texts)})
+        con.register("uids", uids)
         con.execute("UPDATE cand SET uid = uids.uid FROM uids WHERE cand.seq = uids.seq")
     if extra["host"] is None:  # the image URL's host, lower case, as extract's host column
         con.execute("UPDATE cand SET host = regexp_extract(origin, '://(\\[[^]]*\\]|[^:/]*)', 1)")
@@ -382,7 +381,7 @@ def fetch(candidates: Path, out: Path, options: FetchOptions = FetchOptions(), k
             stale.unlink()
     settings = json.dumps([asdict(options) | {"shard_size": None}, digits], sort_keys=True, default=str)
     tasks = []
-    for p in planned:
+    for p in sorted(planned, key=lambda p: (-p["rows"], p["shard"])):  # the largest first: a shorter tail
         name = f"{p['shard']:0{digits[0]}d}"
         key = hashlib.blake2b(f"{p['digest']}|{settings}".encode(), digest_size=16).hexdigest()
         tasks.append(Task(name, fetch_shard, (str(plan_path), p["shard"], str(out), digits, options), key=key,

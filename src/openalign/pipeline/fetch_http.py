@@ -14,9 +14,10 @@ Polite:
   `noai, noimageai` applies to every agent, `openalign: noai` to this one) and its default directives
   (`noai`, `noimageai`, `noindex`, `noimageindex`; `none`, which means `noindex, nofollow`, counts as `noindex`).
 - **Per origin**: at most `per_host` connections at a time and `min_interval` seconds between request starts; a
-  429 or 503 with `Retry-After` (seconds or an HTTP date) pauses the whole origin that long, then the URL is asked
-  again; transient failures (timeouts, broken connections, 5xx, 429) are retried with backoff, `retries` times;
-  nothing else is.
+  429 or 503 with `Retry-After` (seconds or an HTTP date) pauses the whole origin that long and doubles its interval
+  (from 0.1 s, up to 10 s; each success then takes a tenth off, down to its own), then the URL is asked again (up to 8 such waits, which are not failures; a Retry-After
+  beyond `max_retry_after` gives the URL up); transient failures (timeouts, broken connections, 5xx, a 429 without
+  Retry-After) are retried with exponential backoff, `retries` times; nothing else is.
 - A User-Agent that names openalign, with the user's contact (`--contact`).
 
 Safe:
@@ -46,6 +47,9 @@ ROBOTS_MAX_BYTES = 500 * 1024  # RFC 9309 2.5: parse at least 500 KiB
 ROBOTS_MAX_REDIRECTS = 5  # RFC 9309 2.3.1.2: follow at least five consecutive redirects
 REDIRECTS = (301, 302, 303, 307, 308)
 RETRIED = (429, 500, 502, 503, 504)  # transient: asked again with backoff
+THROTTLED_TRIES = 8  # 429/503 with a Retry-After: waits (not retries) before the URL is given up
+SLOWED, MAX_SLOWED = 0.1, 10.0  # each such answer doubles the origin's interval, from SLOWED up to MAX_SLOWED,
+SPEED_UP = 0.9  # and each success takes a tenth off again, down to its own (--min-interval, Crawl-delay)
 CHUNK = 64 * 1024
 NOT_IMAGE_TYPES = ("text/", "application/json", "application/xhtml", "application/xml")
 
@@ -201,6 +205,7 @@ class Origin:
     """One origin's shared state in a task: its robots.txt, its connection slots and its pace."""
     slots: asyncio.Semaphore
     interval: float
+    base: float = 0.0  # the interval it returns to: --min-interval, or its robots.txt's Crawl-delay
     next_start: float = 0.0
     paused_until: float = 0.0
     pace: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -252,7 +257,8 @@ class Client:
     def origin(self, url: str) -> Origin:
         key = origin_of(url)
         if key not in self.origins:
-            self.origins[key] = Origin(asyncio.Semaphore(self.policy.per_host), self.policy.min_interval)
+            self.origins[key] = Origin(asyncio.Semaphore(self.policy.per_host), self.policy.min_interval,
+                                       self.policy.min_interval)
         return self.origins[key]
 
     # ------------------------------------------------------------------------------------------ one request
@@ -350,7 +356,8 @@ class Client:
             if crawl_delay > self.policy.max_crawl_delay:
                 return Refusal("crawl_delay_too_long", f"robots.txt asks {crawl_delay:g} s between requests "
                                                        f"(--max-crawl-delay {self.policy.max_crawl_delay:g})")
-            origin.interval = max(origin.interval, float(crawl_delay))
+            origin.base = max(origin.base, float(crawl_delay))
+            origin.interval = max(origin.interval, origin.base)
         return rules
 
     async def _robots_once(self, url: str):
@@ -378,7 +385,7 @@ class Client:
 
     async def fetch(self, url: str, accept: str = "image/*,*/*;q=0.5") -> Fetched:
         """One image URL, redirects followed by hand, each hop checked; retried where that may help."""
-        attempts, hops, current = 0, 0, url
+        attempts, throttled, hops, current = 0, 0, 0, url
         while True:
             try:
                 self.check_url(current)
@@ -402,21 +409,23 @@ class Client:
                 current = urljoin(current, location)
                 continue
             if error is None and 200 <= status < 300:
+                origin.interval = max(origin.base, origin.interval * SPEED_UP)  # a slowed origin speeds up again
                 return Fetched("success", body=body, final_url=current, attempts=attempts)
             kind = error.kind if error is not None else f"http_{status}"
             detail = error.detail if error is not None else f"the server answered {status}"
+            asked = retry_after(headers.get("Retry-After")) if error is None and status in (429, 503) else None
+            if asked is not None:  # the server said when: that is no failure, and the origin slows down
+                throttled += 1
+                if asked > self.policy.max_retry_after or throttled > THROTTLED_TRIES:
+                    why = (f"Retry-After {asked:g} s > --max-retry-after {self.policy.max_retry_after:g}"
+                           if asked > self.policy.max_retry_after else f"still throttled after {THROTTLED_TRIES} waits")
+                    return Fetched(kind, why, final_url=current, attempts=attempts)
+                loop = asyncio.get_running_loop()
+                origin.paused_until = max(origin.paused_until, loop.time() + asked)  # the whole origin waits
+                origin.interval = min(max(origin.interval * 2, SLOWED), MAX_SLOWED)
+                continue
             transient = (error is not None and error.kind in ("timeout", "connection")) or (error is None
                                                                                            and status in RETRIED)
-            if not transient or attempts > self.policy.retries:
+            if not transient or attempts - throttled > self.policy.retries:
                 return Fetched(kind, detail, final_url=current, attempts=attempts)
-            wait = self.policy.backoff * 2 ** (attempts - 1)
-            if error is None and status in (429, 503):
-                asked = retry_after(headers.get("Retry-After"))
-                if asked is not None:
-                    if asked > self.policy.max_retry_after:
-                        return Fetched(kind, f"Retry-After {asked:g} s > --max-retry-after "
-                                             f"{self.policy.max_retry_after:g}", final_url=current, attempts=attempts)
-                    loop = asyncio.get_running_loop()
-                    origin.paused_until = max(origin.paused_until, loop.time() + asked)  # the whole origin waits
-                    wait = 0.0
-            await asyncio.sleep(wait)
+            await asyncio.sleep(self.policy.backoff * 2 ** (attempts - throttled - 1))
