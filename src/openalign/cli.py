@@ -757,9 +757,10 @@ def _filter_flags(p) -> None:
     p.add_argument("--memory-limit", default=0, type=_size,
                    help="e.g. 4G (the local engine, DuckDB, spills to disk beyond it; spark: the driver's memory)")
     p.add_argument("--threads", type=int, default=0, help="0: all cores")
-    p.add_argument("--rules", choices=["all", "text", "image"], default=None,
+    p.add_argument("--rules", choices=["auto", "all", "text", "image"], default=None,
                    help="which rules run: text (a candidate table from `openalign extract`, before the download), "
-                        "image (the pair table after it), all (the default)")
+                        "image (the pair table after it), all; auto (the default): image for the pairs of a fetch "
+                        "whose candidates the text rules filtered (they do not run twice), else all")
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="thresholds, e.g. min_short_side=200 max_images_per_text=10 vocab_size=100000000")
 

@@ -369,8 +369,9 @@ class FilterConfig:
     lowercase: bool = True  # count words case-insensitively
     examples: Annotated[int, NON_NEGATIVE] = 3  # example texts per rule in the report
     # which rules run: text (a candidate table, before the download), image (the pair table after it, where the text
-    # rules already ran on its candidates), or all
-    rules: Literal["all", "text", "image"] = "all"
+    # rules already ran on its candidates), all; auto: image for a pair table whose manifest says its candidates
+    # were filtered by the text rules before the download (fetch --keep), else all
+    rules: Literal["auto", "all", "text", "image"] = "auto"
 
 
 def to_dict(cfg) -> dict:

@@ -309,6 +309,31 @@ def test_a_filtered_candidate_table_fetches_only_its_kept_pairs(web, tmp_path):
     meta = [json.loads(s["json"]) for s in samples(tmp_path / "out").values()]
     assert {m["uid"] for m in meta} == kept and {m["language"] for m in meta} == {"en"}
 
+    # the downloaded pairs are not filtered twice by the text rules: ingest carries the filter's report, and the
+    # filter (--rules auto, its default) runs the image rules alone; --rules all runs every rule again
+    assert cli.main(["ingest", str(tmp_path / "out"), "--out", str(tmp_path / "pairs.parquet"), "--quiet"]) == 0
+    manifest = json.loads((tmp_path / "pairs.manifest.json").read_text())
+    assert manifest["text_rules"] == [str((tmp_path / "keep" / "filter_report.json").resolve())]
+    assert cli.main(["filter", str(tmp_path / "pairs.parquet"), "--out", str(tmp_path / "f"), "--quiet",
+                     "min_words=12", "min_short_side=1"]) == 0
+    report = json.loads((tmp_path / "f" / "filter_report.json").read_text())
+    assert report["config"]["rules"] == "image" and report["rules_chosen"].startswith("image")
+    assert {"text_shared", "text_length", "text_rare"} <= set(report["not_applied"])
+    assert report["kept_pairs"] == len(kept)  # min_words=12 would have removed them all
+    assert cli.main(["filter", str(tmp_path / "pairs.parquet"), "--out", str(tmp_path / "again"), "--rules", "all",
+                     "--quiet", "min_words=12", "min_short_side=1"]) == 0
+    assert json.loads((tmp_path / "again" / "filter_report.json").read_text())["kept_pairs"] == 0
+
+
+def test_pairs_of_an_unfiltered_fetch_get_every_rule(fetched, tmp_path):
+    out, _, _ = fetched
+    assert json.loads((out / "fetch_report.json").read_text())["text_rules"] == []
+    assert cli.main(["ingest", str(out), "--out", str(tmp_path / "pairs.parquet"), "--quiet"]) == 0
+    assert json.loads((tmp_path / "pairs.manifest.json").read_text())["text_rules"] == []
+    assert cli.main(["filter", str(tmp_path / "pairs.parquet"), "--out", str(tmp_path / "f"), "--quiet"]) == 0
+    report = json.loads((tmp_path / "f" / "filter_report.json").read_text())
+    assert report["config"]["rules"] == "all" and report["rules_chosen"] == "all"
+
 
 # ---------------------------------------------------------------------------------------------- resuming
 

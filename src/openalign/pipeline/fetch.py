@@ -387,11 +387,29 @@ def fetch(candidates: Path, out: Path, options: FetchOptions = FetchOptions(), k
         tasks.append(Task(name, fetch_shard, (str(plan_path), p["shard"], str(out), digits, options), key=key,
                           outputs=tuple(str(out / f"{name}{s}") for s in (".tar", ".parquet", "_stats.json"))))
     results, skipped = run_tasks(tasks, work / "status", engine, desc="fetch", progress=progress)
-    return finish(out, table, list(results.values()), left_out, len(tasks), skipped, options, begin)
+    report = {"keep": [str(k) for k in keep], "text_rules": text_rule_reports(keep)}
+    return finish(out, table, list(results.values()), left_out, len(tasks), skipped, options, begin, report)
+
+
+def text_rule_reports(keep) -> list[str]:
+    """The filter reports among the keep-lists whose text rules ran (--rules text, all or auto on the candidates):
+    ingest carries them into the pair table's manifest, and the filter does not run those rules again."""
+    from openalign.data.pairs import KEEP_REPORTS
+
+    found = []
+    for directory in keep:
+        report = Path(directory) / KEEP_REPORTS[0]  # filter_report.json
+        try:
+            rules = json.loads(report.read_text(encoding="utf-8"))["config"]["rules"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if rules in ("text", "all", "auto"):
+            found.append(str(report.resolve()))
+    return found
 
 
 def finish(out: Path, table: Path, results: list[dict], left_out: Counter, shards: int, skipped: int,
-           options: FetchOptions, begin: float) -> FetchResult:
+           options: FetchOptions, begin: float, extra: dict) -> FetchResult:
     kinds, hosts, robots = Counter(), {}, Counter()
     for result in results:
         kinds.update(result["kinds"])
@@ -412,7 +430,7 @@ def finish(out: Path, table: Path, results: list[dict], left_out: Counter, shard
         "robots_txt": dict(robots), "hosts": len(hosts),
         "by_host": {h: {"urls": t, "successes": ok, "success_rate": round(ok / t, 4)} for h, (ok, t) in by_host[:200]},
         "task_seconds": round(sum(r.get("seconds", 0.0) for r in results), 2), "seconds": round(seconds, 2),
-        "options": asdict(options),
+        "options": asdict(options), **extra,
     }
     figure = plot_report(report, hosts, out / "fetch_report.png")
     write_json(out / FETCH_REPORT, report)

@@ -13,12 +13,13 @@ sequence, example texts; `distinct_terms` as counted by hash, which a collision 
 from __future__ import annotations
 
 import contextlib
+import json
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from openalign.config import ConfigError, FilterConfig, check, format_size, parse_size
-from openalign.data.pairs import FILTER_COLUMNS, check_pair_table, write_keep_report
+from openalign.data.pairs import FILTER_COLUMNS, check_pair_table, manifest_path, write_keep_report
 from openalign.outputs import unfinish
 from openalign.data.engine import engine_name
 from openalign.pipeline.filter_engines import SpillWatch, make_engine
@@ -37,12 +38,30 @@ DOMINANT_SHARE = 0.5  # a rule that removes at least this share of the corpus on
 ENGINE_NAMES = {"local": "DuckDB (local)", "spark": "Spark"}
 
 
+def resolve_rules(pairs: str, cfg: FilterConfig) -> tuple[FilterConfig, str | None]:
+    """`rules=auto` made concrete: `image` for a pair table whose ingest manifest says every pair came from candidates
+    the text rules had filtered before the download (`text_rules`: their filter reports), so those rules do not run
+    twice (on fewer texts, their frequencies would remove more); else `all`. Returns (cfg, why) or (cfg, None)."""
+    if cfg.rules != "auto":
+        return cfg, None
+    try:
+        manifest = json.loads(manifest_path(Path(pairs)).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        manifest = {}
+    filtered = manifest.get("text_rules") if isinstance(manifest, dict) else None
+    if filtered:
+        return replace(cfg, rules="image"), (f"image: the text rules ran on the candidates before the download "
+                                             f"({', '.join(filtered)}); --rules all runs them again")
+    return replace(cfg, rules="all"), "all"
+
+
 def run_filters(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), engine: str = "local",
                 master: str = "", memory_limit: str | int = "", threads: int = 0, progress: bool = True) -> dict:
     """Filter the pair table `pairs` into a keep-list and report in `out`; returns the report."""
     pairs, out = str(pairs), Path(out)  # pairs may be a glob, or a URL the Spark cluster reads
     check_pair_table(pairs, FILTER_COLUMNS)
     check(cfg)
+    cfg, chosen = resolve_rules(pairs, cfg)
     engine = engine_name(engine)  # "duckdb", its former name, says so once
     memory_limit = parse_size(memory_limit, "--memory-limit")  # bytes, 0: none; each engine gets its own spelling
     out.mkdir(parents=True, exist_ok=True)
@@ -96,11 +115,13 @@ def run_filters(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), engi
             runner.close()
     report = {
         "stage": "filter", "input": str(pairs), "engine": engine, "config": asdict(cfg),
+        "rules_chosen": chosen,  # why --rules auto chose what it did (None: --rules was given)
         # image_small and image_aspect judge the size before a downloader's resizing, where the table has it
         "sizes": {"original": int(originals), "as_stored": int(total) - int(originals) - int(unsized),
                   "unknown": int(unsized)},
         # the rules that judged no pair, and why: left out by --rules, or no image's size known (WAT links)
-        "not_applied": {rule: (f"--rules {cfg.rules}" if not applies(rule, cfg) else "no image's size is known")
+        "not_applied": {rule: ((chosen if chosen not in (None, "all") else f"--rules {cfg.rules}")
+                               if not applies(rule, cfg) else "no image's size is known")
                         for rule in RULES if not applies(rule, cfg) or (rule in SIZE_RULES and unsized == total)},
         "pairs": int(total), "kept_pairs": int(kept or 0), "kept_uids": int(kept_uids),
         "removed_pairs": int(total) - int(kept or 0), "distinct_terms": int(distinct_terms),

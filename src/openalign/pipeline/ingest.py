@@ -28,6 +28,7 @@ rejects (`remote_not_fetched`): download with img2dataset first and ingest its o
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -210,6 +211,21 @@ def units(sources: list[str], files_per_unit: int = 0) -> Iterator[tuple]:
         else:
             raise ConfigError(f"source {spec} is neither a directory, a .tar nor a table "
                               f"({', '.join(sorted(TABLE_SUFFIXES))})")
+
+
+def text_rules_before_download(sources: list[str]) -> list[str]:
+    """The text rules' filter reports a fetch's keep-lists name, when every source is the output of such a fetch
+    (its `fetch_report.json` says `text_rules`); [] otherwise: a source not filtered so needs the text rules."""
+    reports: list[str] = []
+    for spec in sources:
+        try:
+            found = json.loads((Path(spec) / FETCH_REPORT).read_text(encoding="utf-8")).get("text_rules")
+        except (OSError, ValueError, AttributeError):
+            return []
+        if not found or not isinstance(found, list):
+            return []
+        reports += [str(r) for r in found if str(r) not in reports]
+    return reports
 
 
 def unit_inputs(unit: tuple, options: IngestOptions) -> list[str]:
@@ -441,6 +457,9 @@ def ingest(sources: list[str], out: Path, options: IngestOptions = IngestOptions
         "text_normalization": "runs of whitespace collapsed to one space; case and characters kept; bytes that "
                               "are not UTF-8 become U+FFFD",
         "repaired": dict(notes),
+        # the filter reports of the text rules that ran on every source's candidates before the download (fetch
+        # --keep): `filter --rules auto` then runs the image rules alone
+        "text_rules": text_rules_before_download(sources),
         "seconds": round(time.perf_counter() - start, 2),
     }
     write_json(manifest, written)  # last: the table is finished
