@@ -48,3 +48,12 @@ def test_the_api_gives_what_embed_stores_and_says_what_is_wrong(tmp_path):
     with pytest.raises(ConfigError, match="is not a readable image"):
         (tmp_path / "bad.png").write_bytes(b"not a png")
         m.encode_images([tmp_path / "bad.png"])
+
+
+def test_the_front_of_the_pipeline_is_public_and_does_not_import_torch():
+    code = ("import sys, openalign; f = openalign.fetch; e = openalign.extract; o = openalign.FetchOptions(per_host=2); "
+            "import openalign.pipeline.fetch as m; print(f is m.fetch, o.per_host, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["True", "2", "False"]
+    with pytest.raises(AttributeError):
+        openalign.nothing_here  # noqa: B018
