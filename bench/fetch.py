@@ -89,8 +89,8 @@ def cpu_seconds(pid: int) -> float:
 def successes(out: Path) -> set[str]:
     import pyarrow.parquet as pq
 
-    return {r["url"] for part in out.glob("*.parquet") for r in pq.read_table(part, columns=["url", "status"]).to_pylist()
-            if r["status"] == "success"}
+    return {r["url"] for part in out.glob("*.parquet")
+            for r in pq.read_table(part, columns=["url", "status"]).to_pylist() if r["status"] == "success"}
 
 
 I2D_KINDS = {"HTTP Error 404: Not Found": "http_404", "Image decoding error": "not_an_image", "timed out": "timeout",
@@ -220,8 +220,8 @@ def main() -> int:
     rows += ["", f"- same successful URLs on both sides: **{same}**",
              f"- images/s openalign / img2dataset: **{ratio:.2f}x** (target >= 1.0); CPU per image "
              f"{cpu['openalign'] / cpu['img2dataset']:.2f}x img2dataset's",
-             f"- the web's server (one process) was busy {busy['openalign']:.0%} of a core during openalign's best run, "
-             f"{busy['img2dataset']:.0%} during img2dataset's",
+             f"- the web's server (one process) was busy {busy['openalign']:.0%} of a core during openalign's best "
+             f"run, {busy['img2dataset']:.0%} during img2dataset's",
              f"- command: `.venv/bin/python bench/fetch.py --img2dataset /tmp/i2d-venv/bin/img2dataset --hosts "
              f"{args.hosts} --images {args.images} --processes {args.processes} --threads {args.threads} "
              f"--repeats {args.repeats}`", ""]

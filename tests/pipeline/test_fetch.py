@@ -161,11 +161,12 @@ def fetched(web, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fetch")
     table = write_urls(tmp / "urls.jsonl", candidate_rows(web))
     start = len(web.log)
+    web.peaks = dict.fromkeys(web.peaks, 0)  # this run's own
     argv = ["fetch", str(table), "--out", str(tmp / "out"), "--workers", "2", "--shard-size", "8", "--per-host", "2",
             "--allow-private-addresses", "--timeout", "1.5", "--read-timeout", "1.5", "--max-bytes", "1M",
             "--http-retries", "1", "--max-redirects", "3", "--contact", "crawl@example.org", "--quiet"]
     assert cli.main(argv) == 0
-    return tmp / "out", web.log[start:], table
+    return tmp / "out", web.log[start:], dict(web.peaks)
 
 
 def test_every_url_gets_one_status_of_its_kind(fetched, web):
@@ -186,7 +187,7 @@ def test_every_url_gets_one_status_of_its_kind(fetched, web):
 
 
 def test_the_servers_saw_only_polite_requests(fetched, web):
-    out, log, _ = fetched
+    out, log, peaks = fetched
     a = [r for r in log if r["host"] == "a"]
     assert not [r for r in a if r["path"].startswith("/private/")]  # disallowed: never asked
     assert sum(r["path"] == "/robots.txt" for r in a) == 1  # once per origin per run
@@ -195,7 +196,7 @@ def test_the_servers_saw_only_polite_requests(fetched, web):
     assert not [r for r in log if r.get("early")]  # no request during a Retry-After it had read
     busy = [r for r in log if r["host"] == "busy"]
     assert any(r.get("status") == 429 for r in busy) and statuses(out)[web.url("busy", "/b9.jpg")] == "success"
-    assert all(web.peak_connections(name) <= 2 for name in web.sites)  # --per-host 2
+    assert max(peaks.values()) == 2  # --per-host 2, reached
     assert all("openalign/" in r["agent"] and "crawl@example.org" in r["agent"] for r in log)
     assert sum(r["path"] == "/red0.jpg" for r in a) == 1  # one URL under two alts: fetched once
 

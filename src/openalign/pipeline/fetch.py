@@ -35,7 +35,7 @@ import json
 import math
 import time
 from collections import Counter, deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -136,7 +136,6 @@ class FetchResult:
     seconds: float
     report: Path
     figure: Path | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------------------------- planning

@@ -15,9 +15,10 @@ Polite:
   (`noai`, `noimageai`, `noindex`, `noimageindex`; `none`, which means `noindex, nofollow`, counts as `noindex`).
 - **Per origin**: at most `per_host` connections at a time and `min_interval` seconds between request starts; a
   429 or 503 with `Retry-After` (seconds or an HTTP date) pauses the whole origin that long and doubles its interval
-  (from 0.1 s, up to 10 s; each success then takes a tenth off, down to its own), then the URL is asked again (up to 8 such waits, which are not failures; a Retry-After
-  beyond `max_retry_after` gives the URL up); transient failures (timeouts, broken connections, 5xx, a 429 without
-  Retry-After) are retried with exponential backoff, `retries` times; nothing else is.
+  (from 0.1 s, up to 10 s; each success then takes a tenth off, down to its own), then the URL is asked again (up
+  to 8 such waits, which are not failures; a Retry-After beyond `max_retry_after` gives the URL up); transient
+  failures (timeouts, broken connections, 5xx, a 429 without Retry-After) are retried with exponential backoff,
+  `retries` times; nothing else is.
 - A User-Agent that names openalign, with the user's contact (`--contact`).
 
 Safe:
@@ -56,25 +57,26 @@ NOT_IMAGE_TYPES = ("text/", "application/json", "application/xhtml", "applicatio
 
 @dataclass(frozen=True)
 class Policy:
-    """What a fetch may do: the knobs of FetchOptions that the HTTP side reads."""
+    """What a fetch may do: the knobs of FetchOptions that the HTTP side reads (their defaults are FetchOptions';
+    `FetchOptions.policy()` makes one), and the two pauses that are not options."""
     user_agent: str
-    per_host: int = 4
-    min_interval: float = 0.0
-    max_crawl_delay: float = 30.0
-    connections: int = 64
-    retries: int = 2
-    backoff: float = 1.0
-    max_retry_after: float = 60.0
-    robots: bool = True
-    robots_retry_delay: float = 2.0
-    opt_out: tuple[str, ...] = ("noai", "noimageai", "noindex", "noimageindex")
-    allow_private_addresses: bool = False
-    allow_networks: tuple[str, ...] = ()
-    max_redirects: int = 5
-    max_bytes: int = 20 * 1024 * 1024
-    connect_timeout: float = 10.0
-    read_timeout: float = 20.0
-    total_timeout: float = 60.0
+    per_host: int
+    min_interval: float
+    max_crawl_delay: float
+    connections: int
+    retries: int
+    max_retry_after: float
+    robots: bool
+    opt_out: tuple[str, ...]
+    allow_private_addresses: bool
+    allow_networks: tuple[str, ...]
+    max_redirects: int
+    max_bytes: int
+    connect_timeout: float
+    read_timeout: float
+    total_timeout: float
+    backoff: float = 1.0  # seconds before the first retry of a transient failure, doubled each time
+    robots_retry_delay: float = 2.0  # seconds before an unreachable robots.txt is asked again, doubled once
 
 
 @dataclass
@@ -249,7 +251,8 @@ class Client:
         self.timeout = aiohttp.ClientTimeout(total=policy.total_timeout, connect=policy.connect_timeout,
                                              sock_read=policy.read_timeout)
         self.session = aiohttp.ClientSession(connector=connector, timeout=self.timeout, trust_env=False,
-                                             headers={"User-Agent": policy.user_agent}, cookie_jar=aiohttp.DummyCookieJar())
+                                             headers={"User-Agent": policy.user_agent},
+                                             cookie_jar=aiohttp.DummyCookieJar())
 
     async def close(self) -> None:
         await self.session.close()
