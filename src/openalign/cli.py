@@ -409,6 +409,9 @@ def cmd_shard(args) -> int:
 def cmd_fetch(args) -> int:
     from openalign.pipeline.fetch import FetchOptions, fetch
 
+    if not args.contact:
+        print("openalign: note: no --contact: the User-Agent names openalign but not you, so a site's owner cannot "
+              "reach you about this crawl; add --contact you@example.org (or a URL)", file=sys.stderr)
     result = fetch(Path(args.candidates), Path(args.out), options_from(args, FetchOptions),
                    keep=tuple(Path(k) for k in args.keep), engine=_engine(args), progress=not args.quiet)
     errors = ", ".join(f"{k} {v:,}" for k, v in result.kinds.items() if k != "success") or "none"

@@ -289,6 +289,10 @@ def test_bad_inputs_are_one_sentence(tmp_path, capsys):
     assert cli.main(["fetch", str(write_urls(tmp_path / "u.jsonl", [{"url": "http://x/y.jpg"}])), "--keep",
                      str(tmp_path), "--out", str(tmp_path / "o")]) == 2
     assert "no uid column" in capsys.readouterr().err
+    ftp = write_urls(tmp_path / "ftp.jsonl", [{"url": "ftp://example.org/a.jpg", "caption": "not http"}])
+    assert cli.main(["fetch", str(ftp), "--out", str(tmp_path / "ftp"), "--quiet"]) == 0
+    assert "no --contact" in capsys.readouterr().err and statuses(tmp_path / "ftp") == {
+        "ftp://example.org/a.jpg": "bad_url"}
 
 
 def test_a_filtered_candidate_table_fetches_only_its_kept_pairs(web, tmp_path):
