@@ -422,6 +422,36 @@ def cmd_fetch(args) -> int:
     return 0
 
 
+def cmd_web(args) -> int:
+    import signal
+    import threading
+
+    from openalign.corpora import web
+
+    if args.action == "build":
+        if not args.out:
+            raise ConfigError("give the web's folder: openalign web build --out DIR [--from SHARDS ...]")
+        planted = web.build(args.sources or ["data/emoji/train"], Path(args.out), options_from(args, web.WebOptions))
+        counts = ", ".join(f"{k} {v:,}" for k, v in planted["counts"].items())
+        print(f"{planted['images']:,} training images on {planted['pages']:,} pages of {planted['hosts']} hosts -> "
+              f"{args.out} (crawl: {Path(args.out) / 'crawl'}; planted: {counts})")
+        return 0
+    if not args.dir:
+        raise ConfigError("give the web's folder: openalign web serve DIR")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with web.serve(Path(args.dir)) as hosts:
+        ports = sorted(hosts.ports.values())
+        print(f"serving {len(ports)} hosts of {args.dir} on 127.0.0.1:{ports[0]}-{ports[-1]} (Ctrl-C stops)",
+              flush=True)
+        try:
+            stop.wait()
+        except KeyboardInterrupt:
+            pass
+    print(f"stopped after {len(hosts.log):,} requests")
+    return 0
+
+
 def cmd_tokenizer(args) -> int:
     from openalign.data import tars
     from openalign.tokenizer import train_tokenizer
@@ -816,6 +846,19 @@ def _fetch_flags(p) -> None:
                                                              "(default 0: all cores)")
 
 
+def _web_flags(p) -> None:
+    from openalign.corpora.web import WebOptions
+
+    p.add_argument("action", choices=["build", "serve"], help="build: pages, their crawl (WARC, WAT) and the images "
+                                                              "of several hosts; serve: those hosts on 127.0.0.1")
+    p.add_argument("dir", nargs="?", help="serve: the web's folder")
+    p.add_argument("--out", help="build: the web's folder")
+    p.add_argument("--from", dest="sources", action="append", default=[],
+                   help="build: a corpus's training shards (repeatable; default data/emoji/train: never its held-out "
+                        "split)")
+    add_options(p, WebOptions)
+
+
 def _embed_flags(p) -> None:
     from openalign.index.embed import EmbedOptions
 
@@ -891,6 +934,8 @@ COMMANDS = {  # name: (help, flags, command, has --quiet)
                 cmd_extract, True),
     "fetch": ("candidate URLs -> images, politely and safely, in img2dataset's webdataset layout", _fetch_flags,
               cmd_fetch, True),
+    "web": ("the built-in web: build pages of several hosts from a corpus, or serve them on 127.0.0.1", _web_flags,
+            cmd_web, False),
     "ingest": ("folders, tables (csv/tsv/jsonl/parquet) and webdataset tars -> a pair table", _ingest_flags,
                cmd_ingest, True),
     "filter": ("ALIGN's frequency filters -> keep-list + filter_report.json/.png", _filter_flags, cmd_filter, True),

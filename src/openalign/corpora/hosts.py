@@ -51,8 +51,9 @@ TYPES = {".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".png": "image/png", ".web
 
 
 class Hosts:
-    def __init__(self, sites: dict[str, Site], seed: int = 0, address: str = "127.0.0.1"):
-        self.sites, self.address = sites, address
+    def __init__(self, sites: dict[str, Site], seed: int = 0, address: str = "127.0.0.1",
+                 ports: dict[str, int] | None = None):
+        self.sites, self.address, self.fixed = sites, address, dict(ports or {})  # fixed: a port per host, else any
         self.random = random.Random(seed)
         self.ports: dict[str, int] = {}
         self.log: list[dict] = []
@@ -139,7 +140,7 @@ class Hosts:
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
             self._count_connections(runner, name)
-            site = web.TCPSite(runner, self.address, 0)
+            site = web.TCPSite(runner, self.address, self.fixed.get(name, 0))
             await site.start()
             self.ports[name] = site._server.sockets[0].getsockname()[1]
             self.runners.append(runner)
@@ -167,7 +168,11 @@ class Hosts:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="hosts")
         self.thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(timeout=30)
+        try:
+            asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(timeout=30)
+        except BaseException:  # a port in use: what started stops, and the caller hears why
+            self.stop()
+            raise
         return self
 
     def stop(self) -> None:

@@ -176,11 +176,12 @@ def _record_id(*parts) -> str:
     return f"<urn:uuid:{uuid.UUID(hashlib.md5('/'.join(map(str, parts)).encode()).hexdigest())}>"
 
 
-def write_crawl(pages: list[Page], out: Path, name: str = "crawl-00000") -> tuple[Path, Path]:
+def write_crawl(pages: list[Page], out: Path, name: str = "crawl-00000",
+                damaged: bool = True) -> tuple[Path, Path]:
     """(WARC, WAT) of a crawl of `pages`, written under `out` as NAME.warc.gz and NAME.warc.wat.gz: per page a
-    request and a response record (and the WAT's metadata record for each), plus one image response among them and
-    one malformed WAT record (its JSON cut short), as a real crawl's files hold. The last record describes a page
-    with images, so a copy cut short in its last gzip member loses pairs."""
+    request and a response record (and the WAT's metadata record for each), plus (`damaged`) one image response
+    among them and one malformed WAT record (its JSON cut short), as a real crawl's files hold. The last record
+    describes a page with images, so a copy cut short in its last gzip member loses pairs."""
     from warcio.statusandheaders import StatusAndHeaders
     from warcio.warcwriter import WARCWriter
 
@@ -204,7 +205,7 @@ def write_crawl(pages: list[Page], out: Path, name: str = "crawl-00000") -> tupl
                 offset = stream.tell()
                 writer.write_record(record)
                 described.append((offset, record, kind, page, http))
-            if i == len(pages) // 2:  # an image among the pages: a response that is not HTML
+            if damaged and i == len(pages) // 2:  # an image among the pages: a response that is not HTML
                 image = b"\xff\xd8\xff\xe0" + bytes(60)
                 http = StatusAndHeaders("200 OK", [("Content-Type", "image/jpeg"),
                                                    ("Content-Length", str(len(image)))],
@@ -221,7 +222,7 @@ def write_crawl(pages: list[Page], out: Path, name: str = "crawl-00000") -> tupl
         writer.write_record(_warcinfo(writer, wat_path.name))
         for n, (offset, record, kind, page, http) in enumerate(described):
             payload = json.dumps(_wat_json(warc_path.name, offset, record, kind, page, http), ensure_ascii=False)
-            if n == 3:  # one page's record a broken writer cut short (its links are there, its JSON is not)
+            if damaged and n == 3:  # one page's record a broken writer cut short (its links are there, its JSON is not)
                 payload = payload[:-40]
             uri = record.rec_headers.get_header("WARC-Target-URI")
             meta = writer.create_warc_record(uri, "metadata", payload=io.BytesIO(payload.encode("utf-8")),
