@@ -6,7 +6,7 @@ EMOJI_FONT := /usr/share/fonts/truetype/noto/NotoColorEmoji.ttf
 CLDR := /usr/share/unicode/cldr/common/annotations/en.xml
 OPENCLIPART := /usr/share/openclipart/png
 
-.PHONY: demo clipart test setup sysdeps clipart-deps browser bench lock clean
+.PHONY: demo clipart web-demo test setup sysdeps clipart-deps browser bench lock clean
 
 # The venv is rebuilt when pyproject.toml or the lock changes: the package with every extra ([dev] holds them all),
 # at the exact versions of requirements.lock. torch==2.13.0 resolves to the CPU wheel here.
@@ -82,6 +82,11 @@ demo: setup
 # The next step after the demo: about an hour on 2 cores, a model that works on real clipart (docs/demo.md)
 clipart: setup clipart-deps
 	$(BIN)/openalign train --preset clipart --overwrite
+
+# The whole chain offline, from a crawl of the built-in web to a trained model (docs/pipeline.md): serve, extract,
+# the text rules, fetch, ingest, the image rules, dedup against the held-out split, shard, train
+web-demo: setup
+	$(BIN)/openalign web demo --out runs/web-demo
 
 test: setup browser
 	$(BIN)/python -m pytest

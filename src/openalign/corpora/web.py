@@ -13,7 +13,7 @@ corpus's noisy titles), and the web adds, each listed in planted.json:
 - `icons` (24 x 24) and `banners` (728 x 90): removed by `image_small` and `image_aspect` after the download;
 - `missing_alt`: images without an alt attribute (extract drops them: no pair);
 - `mirrored`: images served again under a second host's URL (the same bytes: one image to ingest);
-(one training image in 20 of each kind but busy, two in 20 of busy, the rest ordinary)
+(one training image in 20 of each kind, the rest ordinary)
 - `private`: images under `/private/` on `h0`, whose robots.txt disallows that folder (never requested);
 - `opted_out`: images on host `optout`, which answers with `X-Robots-Tag: noai`;
 - `broken`: image links whose file is not there (404);
@@ -106,7 +106,7 @@ def build(shards: list[str], out: Path, options: WebOptions = WebOptions()) -> d
             kind, host = "opted_out", "optout"
         elif slot == 3:
             kind, host = "slow", "slow"
-        elif slot in (5, 15):
+        elif slot == 5:
             kind, host = "busy", "busy"
         elif slot == 7:
             kind = "broken"
