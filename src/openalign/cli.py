@@ -429,7 +429,8 @@ def cmd_web(args) -> int:
     from openalign.corpora import web
 
     if args.action == "demo":
-        return web_demo(Path(args.out or "runs/web-demo"), options_from(args, web.WebOptions), quiet=args.quiet)
+        return web_demo(Path(args.out or "runs/web-demo"), options_from(args, web.WebOptions), quiet=args.quiet,
+                        preset=args.preset, overrides=tuple(args.overrides))
     if args.action == "build":
         if not args.out:
             raise ConfigError("give the web's folder: openalign web build --out DIR [--from SHARDS ...]")
@@ -461,10 +462,11 @@ WEB_DEMO_TEXT = ("min_words=1",)
 WEB_DEMO_IMAGE = ("min_short_side=100",)
 
 
-def web_demo(out: Path, options, quiet: bool = False) -> int:
+def web_demo(out: Path, options, quiet: bool = False, preset: str = "demo", overrides: tuple[str, ...] = ()) -> int:
     """`make web-demo`: the whole chain offline, from a crawl of the built-in web to a trained model's held-out
     recall: build and serve the web, extract, the text rules, fetch, ingest, the image rules, dedup against the
-    held-out split, shard, train (the demo preset), each stage's counts and the time."""
+    held-out split, shard, train (the demo preset), each stage's counts and the time. `preset` and `overrides`
+    (key=value) make the model and say where the corpus is (data.data_dir), as for `openalign train`."""
     from openalign import presets
     from openalign.corpora import resolve_data, web
     from openalign.train.trainer import METRICS
@@ -477,7 +479,8 @@ def web_demo(out: Path, options, quiet: bool = False) -> int:
         if main([str(a) for a in argv] + quiet_flag) != 0:
             raise ConfigError(f"the web demo stopped at `openalign {argv[0]}` (above); fix that and run it again")
 
-    train, held_out = resolve_data(presets.demo().data, progress=not quiet)
+    cfg = config_lib.override(presets.get(preset), list(overrides))
+    train, held_out = resolve_data(cfg.data, progress=not quiet)
     train_dir, eval_dir = Path(train[0]).parent, Path(held_out[0]).parent
     planted = web.build([str(train_dir)], out / "web", options)
     print(f"the web: {planted['images']:,} training images of {train_dir} on {planted['pages']:,} pages of "
@@ -493,7 +496,8 @@ def web_demo(out: Path, options, quiet: bool = False) -> int:
     stage("dedup", out / "pairs.parquet", "--against", eval_dir, "--out", out / "dedup")
     stage("shard", out / "pairs.parquet", "--keep", out / "image-rules", "--keep", out / "dedup", "--out",
           out / "shards", "--image-size", "72")
-    stage("train", "--data", out / "shards", "--eval-data", eval_dir, "--out", out / "run", "--overwrite")
+    stage("train", "--preset", preset, "--data", out / "shards", "--eval-data", eval_dir, "--out", out / "run",
+          "--overwrite", *overrides)
     rows = [json.loads(line) for line in (out / "run" / METRICS).read_text().splitlines() if line.strip()]
     final = next((r["eval"] for r in reversed(rows) if r.get("final")), {})
     minutes = (time.perf_counter() - start) / 60
@@ -909,6 +913,9 @@ def _web_flags(p) -> None:
                    help="build: a corpus's training shards (repeatable; default data/emoji/train: never its held-out "
                         "split)")
     add_options(p, WebOptions)
+    p.add_argument("--preset", default="demo", help="demo: the model `openalign train --preset` makes (default demo)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="demo: the training config's, as for train "
+                                                                      "(data.data_dir: where the emoji corpus is)")
 
 
 def _embed_flags(p) -> None:

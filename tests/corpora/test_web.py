@@ -140,3 +140,26 @@ def test_the_command_line_builds_serves_and_stops_on_sigterm(tmp_path, capsys):
     finally:
         child.kill()
     assert child.returncode == 0 and "stopped after 1 requests" in out, err
+
+
+def test_the_web_demo_runs_the_whole_chain_at_a_small_size(tmp_path, capsys):
+    """`make web-demo` at a small size: 300 emoji on the web, the tiny preset's few training steps; every stage runs
+    and the run ends with its held-out evaluation."""
+    pytest.importorskip("PIL.ImageFont")
+    from openalign.corpora.emoji import DEFAULT_CLDR, DEFAULT_FONT
+
+    if not (__import__("os").path.exists(DEFAULT_FONT) and __import__("os").path.exists(DEFAULT_CLDR)):
+        pytest.skip("the emoji corpus's system packages are not installed")
+    port = free_ports(3 + len(web.SPECIAL_HOSTS))
+    argv = ["web", "demo", "--out", str(tmp_path / "demo"), "--hosts", "3", "--limit", "300", "--port", str(port),
+            "--preset", "tiny", f"data.data_dir={tmp_path / 'data'}", "train.steps=2", "--quiet"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    for command in ("extract", "filter", "fetch", "ingest", "dedup", "shard", "train"):
+        assert f"$ openalign {command}" in out, command
+    assert "the web demo:" in out and "held-out i2t_r10" in out
+    planted = json.loads((tmp_path / "demo" / "web" / "planted.json").read_text())
+    fetched = json.loads((tmp_path / "demo" / "fetched" / "fetch_report.json").read_text())
+    assert fetched["statuses"]["robots_disallowed"] <= planted["counts"]["private"]
+    assert json.loads((tmp_path / "demo" / "image-rules" / "filter_report.json").read_text())["config"]["rules"] \
+        == "image"
