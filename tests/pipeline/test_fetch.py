@@ -289,6 +289,9 @@ def test_bad_inputs_are_one_sentence(tmp_path, capsys):
     assert cli.main(["fetch", str(write_urls(tmp_path / "u.jsonl", [{"url": "http://x/y.jpg"}])), "--keep",
                      str(tmp_path), "--out", str(tmp_path / "o")]) == 2
     assert "no uid column" in capsys.readouterr().err
+    empty = write_urls(tmp_path / "e.jsonl", [{"url": "", "caption": "no url"}])
+    assert cli.main(["fetch", str(empty), "--out", str(tmp_path / "e"), "--contact", "x"]) == 2
+    assert "holds no URL to fetch (1 row without one)" in capsys.readouterr().err
     ftp = write_urls(tmp_path / "ftp.jsonl", [{"url": "ftp://example.org/a.jpg", "caption": "not http"}])
     assert cli.main(["fetch", str(ftp), "--out", str(tmp_path / "ftp"), "--quiet"]) == 0
     assert "no --contact" in capsys.readouterr().err and statuses(tmp_path / "ftp") == {
@@ -308,6 +311,10 @@ def test_a_filtered_candidate_table_fetches_only_its_kept_pairs(web, tmp_path):
                      "min_words=3"]) == 0
     kept = {r["uid"] for r in pq.read_table(tmp_path / "keep" / "keep.parquet").to_pylist()}
     assert 0 < len(kept) < len(urls)
+    other = write_urls(tmp_path / "other.jsonl", [{"url": web.url("a", "/red0.jpg"), "caption": "another table"}])
+    assert cli.main(["extract", str(other), "--out", str(tmp_path / "other"), "--quiet"]) == 0
+    with pytest.raises(ConfigError, match="none of the 1 candidates"):
+        fetch(tmp_path / "other", tmp_path / "o", FetchOptions(**QUICK), keep=(tmp_path / "keep",), engine=ONE)
     result = fetch(tmp_path / "cand", tmp_path / "out", FetchOptions(**QUICK), keep=(tmp_path / "keep",), engine=ONE,
                    progress=False)
     assert {r["uid"] for r in rows(tmp_path / "out")} == kept and result.urls == len(kept)

@@ -372,6 +372,13 @@ def fetch(candidates: Path, out: Path, options: FetchOptions = FetchOptions(), k
     with duckdb.connect() as con:
         with staged(plan_path) as tmp:
             planned, left_out, count = plan(con, table, [Path(k) for k in keep], options, tmp)
+    if not planned:
+        if left_out["not_kept"]:
+            raise ConfigError(f"none of the {left_out['not_kept']:,} candidates of {table} is in every --keep list; "
+                              "were the keep-lists made from this table (`openalign filter "
+                              f"{table} --rules text`)?")
+        rows = left_out["no_url"]
+        raise ConfigError(f"{table} holds no URL to fetch ({rows:,} row{'s' * (rows != 1)} without one)")
     largest = max((p["rows"] for p in planned), default=0)
     digits = shard_names(count, largest, options.shard_size)
     names = {f"{p['shard']:0{digits[0]}d}" for p in planned}
