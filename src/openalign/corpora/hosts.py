@@ -71,12 +71,6 @@ class Hosts:
     def url(self, name: str, path: str) -> str:
         return f"http://{self.address}:{self.ports[name]}{path}"
 
-    def name_of(self, port: int) -> str:
-        return next(n for n, p in self.ports.items() if p == port)
-
-    def requests(self, name: str) -> list[dict]:
-        return [r for r in self.log if r["host"] == name]
-
     def peak_connections(self, name: str) -> int:
         return self.peaks[name]
 

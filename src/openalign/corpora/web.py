@@ -35,7 +35,7 @@ from typing import Annotated, Iterator
 from openalign.config import POSITIVE_INT, ConfigError, check
 from openalign.corpora.hosts import Hosts, Site
 from openalign.corpora.webpages import Image, Page, write_crawl
-from openalign.data import tars
+from openalign.data import images, tars
 from openalign.outputs import write_json
 
 BOILERPLATE = ("image", "click here", "logo", "photo", "banner")
@@ -62,11 +62,6 @@ def _png(size: tuple[int, int], color: tuple[int, int, int]) -> bytes:
     return out.getvalue()
 
 
-def _extension(data: bytes) -> str:
-    return "png" if data[:8] == b"\x89PNG\r\n\x1a\n" else "gif" if data[:4] == b"GIF8" else \
-        "webp" if data[8:12] == b"WEBP" else "jpg"
-
-
 def build(shards: list[str], out: Path, options: WebOptions = WebOptions()) -> dict:
     """Writes the web under `out` from the training samples of `shards` (dirs or tar paths); returns planted.json."""
     rng = random.Random(options.seed)
@@ -80,8 +75,12 @@ def build(shards: list[str], out: Path, options: WebOptions = WebOptions()) -> d
             data, texts = tars.image_bytes(sample), tars.sample_texts(sample)
         except tars.BadSample:
             continue
-        if texts:
-            samples.append((data, texts[0]))
+        try:
+            suffix = images.EXTENSIONS.get(images.probe(data).format)
+        except images.BadImage:
+            continue
+        if texts and suffix:
+            samples.append((data, texts[0], suffix))
         if options.limit and len(samples) >= options.limit:
             break
     if not samples:
@@ -96,12 +95,12 @@ def build(shards: list[str], out: Path, options: WebOptions = WebOptions()) -> d
         return f"http://127.0.0.1:{ports[host]}{path}"
 
     tags_by_host: dict[str, list[Image]] = {f"h{k}": [] for k in range(options.hosts)}
-    for i, (data, caption) in enumerate(samples):
+    for i, (data, caption, suffix) in enumerate(samples):
         page_host = f"h{i % options.hosts}"
-        kind, host, path = "ordinary", page_host, f"/img/{i}.{_extension(data)}"
+        kind, host, path = "ordinary", page_host, f"/img/{i}.{suffix}"
         slot = i % 20  # one image in 20 of each kind, the rest ordinary
         if slot == 11:
-            kind, host, path = "private", "h0", f"/private/{i}.{_extension(data)}"
+            kind, host, path = "private", "h0", f"/private/{i}.{suffix}"
         elif slot == 1:
             kind, host = "opted_out", "optout"
         elif slot == 3:
@@ -115,7 +114,7 @@ def build(shards: list[str], out: Path, options: WebOptions = WebOptions()) -> d
         if kind != "broken":
             files[host][path] = data
         if kind == "ordinary" and slot == 13:  # the same bytes under a mirror's URL, on another page
-            mirror_path = f"/m/{i}.{_extension(data)}"
+            mirror_path = f"/m/{i}.{suffix}"
             files["mirror"][mirror_path] = data
             planted["mirrored"].append([url(host, path), url("mirror", mirror_path)])
             tags_by_host[f"h{(i + 1) % options.hosts}"].append(Image(url("mirror", mirror_path), caption))

@@ -22,6 +22,8 @@ import numpy as np
 from PIL import Image, ImageOps
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff")  # files and shard members
+EXTENSIONS = {"JPEG": "jpg", "MPO": "jpg", "PNG": "png", "WEBP": "webp", "GIF": "gif", "BMP": "bmp",
+              "TIFF": "tif"}  # a format's file suffix (one of IMAGE_SUFFIXES: the readers take it)
 REJECT_REASONS = ("empty", "unreadable", "truncated", "too_many_pixels")
 CONVERSIONS = ("cmyk", "palette", "high_bit_depth", "alpha", "exif_rotated")
 DEFAULT_MAX_PIXELS = 89_478_485  # Pillow's own decompression-bomb threshold

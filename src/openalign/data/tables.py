@@ -37,6 +37,12 @@ PAIR_TABLE_COLUMNS = {"uid", "image_key", "text", "path", "member"}
 Kind = Literal["rows", "karpathy", "pairs", "img2dataset"]
 
 
+def first_column(names: list[str], known: tuple[str, ...]) -> str | None:
+    """The column among `names` that is the first of `known`, matched without regard to case (None: none is)."""
+    lower = {n.lower(): n for n in reversed(names)}
+    return next((lower[k] for k in known if k in lower), None)
+
+
 @dataclass
 class Row:
     number: int  # the line (CSV, JSONL) or row (JSON, Parquet) it came from, from 1

@@ -508,8 +508,7 @@ def table_columns(path: str) -> dict[str, str | None]:
     """{role: column} of a URL table (url, text, width, height, page_url; the last three where present), matched
     without regard to case; one sentence when it has no URL or no text column."""
     names = _table_names(path)
-    lower = {n.lower(): n for n in names}
-    found = {role: next((lower[c] for c in known if c in lower), None) for role, known in
+    found = {role: tables.first_column(names, known) for role, known in
              (("url", URL_COLUMNS), ("text", TEXT_COLUMNS), ("width", WIDTH_COLUMNS), ("height", HEIGHT_COLUMNS),
               ("page_url", PAGE_COLUMNS))}
     for role, known in (("url", URL_COLUMNS), ("text", TEXT_COLUMNS)):

@@ -56,7 +56,6 @@ ERROR_KINDS = ("timeout", "connection", "dns", "tls", "private_address", "bad_ur
                "robots_disallowed", "robots_unreachable", "crawl_delay_too_long", "opted_out", "too_large",
                "not_an_image", "truncated", "too_many_pixels")  # and http_<code> for each status code
 DECODE_KINDS = ("not_an_image", "truncated", "too_many_pixels")  # img2dataset's failed_to_resize
-EXTENSIONS = {"JPEG": "jpg", "MPO": "jpg", "PNG": "png", "WEBP": "webp", "GIF": "gif", "BMP": "bmp", "TIFF": "tif"}
 SCHEMA = pa.schema([
     ("key", pa.string()), ("url", pa.string()), ("caption", pa.string()), ("status", pa.string()),
     ("error_message", pa.string()), ("width", pa.int32()), ("height", pa.int32()), ("original_width", pa.int32()),
@@ -164,11 +163,6 @@ def reader(path: Path) -> str:
     return f"read_csv(?, header=true, all_varchar=true, delim='{delimiter}', quote='\"')"
 
 
-def find_column(names: list[str], known: tuple[str, ...]) -> str | None:
-    lower = {n.lower(): n for n in reversed(names)}
-    return next((lower[k] for k in known if k in lower), None)
-
-
 def quoted(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
@@ -184,11 +178,11 @@ def plan(con, table: Path, keep: list[Path], options: FetchOptions, plan_path: P
     except Exception as err:  # noqa: BLE001 - DuckDB's errors for a damaged file
         raise ConfigError(f"{table} cannot be read as a table ({str(err).splitlines()[0][:200]}); give a Parquet, "
                           "CSV, TSV or JSONL file") from None
-    url, text = find_column(names, tables.URL_COLUMNS), find_column(names, tables.ALT_COLUMNS)
+    url, text = tables.first_column(names, tables.URL_COLUMNS), tables.first_column(names, tables.ALT_COLUMNS)
     if url is None:
         raise ConfigError(f"{table} has no url column (one of {', '.join(tables.URL_COLUMNS)}); its columns are "
                           f"{', '.join(names[:20])}")
-    extra = {c: find_column(names, (c,)) for c in ("uid", "language", "host")}
+    extra = {c: tables.first_column(names, (c,)) for c in ("uid", "language", "host")}
     if keep and extra["uid"] is None:
         raise ConfigError(f"--keep selects pairs by uid, and {table} has no uid column; filter extract's "
                           "candidates.parquet and fetch that")
@@ -239,7 +233,7 @@ def store(body: bytes, options: FetchOptions) -> dict:
     """The image to keep from fetched bytes: as fetched unless it is larger than --max-side (then resized and
     re-encoded in its own format), or in a format ingest does not read (then PNG); or BadImage."""
     info = images.probe(body, options.max_pixels)
-    ext = EXTENSIONS.get(info.format)
+    ext = images.EXTENSIONS.get(info.format)
     original = (info.width, info.height)
     if ext and not (options.max_side and max(original) > options.max_side):
         return {"data": body, "ext": ext, "size": original, "original": original}

@@ -86,8 +86,6 @@ class Fetched:
     kind: str
     detail: str = ""
     body: bytes = b""
-    final_url: str = ""
-    attempts: int = 0
 
 
 class PrivateAddress(OSError):
@@ -289,7 +287,7 @@ class Client:
                 try:
                     async with self.session.get(url, allow_redirects=False, headers={"Accept": accept}) as resp:
                         headers = resp.headers
-                        if resp.status in REDIRECTS or resp.status >= 300:
+                        if resp.status >= 300:  # a redirect (followed by the caller) or an error
                             return resp.status, headers, None, None
                         if self.policy.opt_out and accept.startswith("image") and opted_out(
                                 headers.getall("X-Robots-Tag", []), self.policy.opt_out):
@@ -395,26 +393,24 @@ class Client:
                 self.check_url(current)
                 rules = await self.rules(current)
             except Refusal as refusal:
-                return Fetched(refusal.kind, refusal.detail, final_url=current, attempts=attempts)
+                return Fetched(refusal.kind, refusal.detail)
             if not rules.can_fetch(current, ROBOTS_TOKEN):
-                return Fetched("robots_disallowed", "robots.txt disallows it", final_url=current, attempts=attempts)
+                return Fetched("robots_disallowed", "robots.txt disallows it")
             origin = self.origin(current)
             attempts += 1
             status, headers, body, error = await self._get(current, origin, accept)
             if error is None and status in REDIRECTS:
                 location = headers.get("Location")
                 if not location:
-                    return Fetched(f"http_{status}", "a redirect without a Location", final_url=current,
-                                   attempts=attempts)
+                    return Fetched(f"http_{status}", "a redirect without a Location")
                 hops += 1
                 if hops > self.policy.max_redirects:
-                    return Fetched("too_many_redirects", f"more than {self.policy.max_redirects} redirects",
-                                   final_url=current, attempts=attempts)
+                    return Fetched("too_many_redirects", f"more than {self.policy.max_redirects} redirects")
                 current = urljoin(current, location)
                 continue
             if error is None and 200 <= status < 300:
                 origin.interval = max(origin.base, origin.interval * SPEED_UP)  # a slowed origin speeds up again
-                return Fetched("success", body=body, final_url=current, attempts=attempts)
+                return Fetched("success", body=body)
             kind = error.kind if error is not None else f"http_{status}"
             detail = error.detail if error is not None else f"the server answered {status}"
             asked = retry_after(headers.get("Retry-After")) if error is None and status in (429, 503) else None
@@ -423,7 +419,7 @@ class Client:
                 if asked > self.policy.max_retry_after or throttled > THROTTLED_TRIES:
                     why = (f"Retry-After {asked:g} s > --max-retry-after {self.policy.max_retry_after:g}"
                            if asked > self.policy.max_retry_after else f"still throttled after {THROTTLED_TRIES} waits")
-                    return Fetched(kind, why, final_url=current, attempts=attempts)
+                    return Fetched(kind, why)
                 loop = asyncio.get_running_loop()
                 origin.paused_until = max(origin.paused_until, loop.time() + asked)  # the whole origin waits
                 origin.interval = min(max(origin.interval * 2, SLOWED), MAX_SLOWED)
@@ -431,5 +427,5 @@ class Client:
             transient = (error is not None and error.kind in ("timeout", "connection")) or (error is None
                                                                                            and status in RETRIED)
             if not transient or attempts - throttled > self.policy.retries:
-                return Fetched(kind, detail, final_url=current, attempts=attempts)
+                return Fetched(kind, detail)
             await asyncio.sleep(self.policy.backoff * 2 ** (attempts - throttled - 1))
