@@ -89,7 +89,8 @@ def test_zeroshot_on_class_folders_with_80_templates_and_a_class_subset(trained,
 
 
 def test_knn_and_linear_probe_against_a_labeled_training_split(tmp_path):
-    from openalign.eval.features import EvalOptions, embed_split
+    from openalign.eval.features import embed_split
+    from openalign.eval.options import EvalOptions
 
     # a model whose image embeddings differ by colour (six steps of training embed these images alike)
     model_dir = save_tiny_model(tmp_path / "model", [f"a {c} {s}" for c in ("red", "blue", "green")

@@ -6,7 +6,8 @@ import torch
 
 from openalign.eval import arithmetic as A
 from openalign.eval import features
-from openalign.eval.features import Context, EvalData, EvalOptions
+from openalign.eval.features import Context, EvalData
+from openalign.eval.options import EvalOptions
 from openalign.index.search import combine
 
 NAMES = ["waving hand", "waving hand: medium skin tone", "waving hand: dark skin tone", "man", "man: red hair",

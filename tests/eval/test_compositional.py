@@ -8,7 +8,8 @@ import torch
 from openalign.config import ConfigError
 from openalign.eval import compositional
 from openalign.eval import features
-from openalign.eval.features import Context, EvalData, EvalOptions
+from openalign.eval.features import Context, EvalData
+from openalign.eval.options import EvalOptions
 
 COLOURS, SHAPES = ("red", "green", "blue"), ("circle", "star", "square")
 DIM = 12

@@ -5,7 +5,8 @@ from openalign.config import ConfigError
 from openalign.eval import cxc as cxc_lib
 from openalign.eval import metrics as M
 from openalign.eval import features
-from openalign.eval.features import Context, EvalData, EvalOptions
+from openalign.eval.features import Context, EvalData
+from openalign.eval.options import EvalOptions
 
 
 def brute_ranks(queries, gallery, positives, exclude_self):

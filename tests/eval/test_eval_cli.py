@@ -113,7 +113,7 @@ def test_finetune_with_a_head_and_frozen_batchnorm(model_dir, tmp_path):
     assert (m["finetune_n_train"], m["finetune_n_test"], m["finetune_n_classes"]) == (12, 5, 3)
     assert m["finetune_freeze_bn"] is True and m["finetune_top5"] == 1.0
     # oracle: the same fit (a pure function of model, data, recipe and seed), scored on the test split
-    from openalign.eval.features import EvalOptions
+    from openalign.eval.options import EvalOptions
     from openalign.model.hub import load_pretrained
 
     model, _, cfg = load_pretrained(model_dir)
@@ -494,7 +494,8 @@ def test_options_of_tasks_not_selected_and_bad_values_are_refused_before_embeddi
 
 
 def test_rerank_over_the_whole_gallery_ranks_by_late_interaction(model_dir, shapes, tmp_path):
-    from openalign.eval.features import EvalOptions, embed_split
+    from openalign.eval.features import embed_split
+    from openalign.eval.options import EvalOptions
     from openalign.loss import late_interaction
     from openalign.model.encode import encode_text_tokens
     from openalign.model.hub import load_pretrained

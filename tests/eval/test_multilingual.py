@@ -5,7 +5,8 @@ import torch
 
 from openalign.eval import multilingual as ml
 from openalign.eval import features
-from openalign.eval.features import Context, EvalData, EvalOptions
+from openalign.eval.features import Context, EvalData
+from openalign.eval.options import EvalOptions
 
 WORDS = ("cat", "dog", "sun", "moon")
 GERMAN = {"Katze": "cat", "Hund": "dog", "Sonne": "sun", "Mond": "moon"}

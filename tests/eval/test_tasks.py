@@ -5,7 +5,8 @@ import torch
 
 from openalign.config import ConfigError
 from openalign.eval import features, tasks
-from openalign.eval.features import Context, EvalOptions
+from openalign.eval.features import Context
+from openalign.eval.options import EvalOptions
 
 
 def test_text_pair_spearman_against_an_exact_model(tmp_path, monkeypatch):

@@ -304,7 +304,7 @@ def test_finetune_trains_a_copy_of_a_public_image_tower(family, tmp_path):
     """`--task finetune` (and vtab, through the same classifier) fine-tunes the image tower of a CLIP or SigLIP
     checkpoint with a linear head on its image embedding; the directory's model is left as it was."""
     from openalign.eval import finetune as finetune_lib
-    from openalign.eval.features import EvalOptions
+    from openalign.eval.options import EvalOptions
 
     name, (root, *_), _, _ = family
     rng = np.random.default_rng(2)

@@ -115,7 +115,7 @@ def test_eval_runs_on_a_naflex_checkpoint_and_finetuning_it_is_refused(siglip2, 
     metrics = json.loads((tmp_path / "m.json").read_text())
     assert metrics["n_images"] == 4 and metrics["zeroshot_sigmoid_head"] == 1
     from openalign.eval import finetune as finetune_lib
-    from openalign.eval.features import EvalOptions
+    from openalign.eval.options import EvalOptions
 
     model, _, cfg = load_pretrained(root)
     data = finetune_lib.load_labeled(str(folder), EvalOptions(), cfg.model.vision.resize_size)

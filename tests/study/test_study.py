@@ -184,7 +184,7 @@ def test_compositional_pipeline(tmp_path):
     # oracle: each run's saved model, evaluated afresh on its own corpus's held-out split (one seed: mean = run)
     from openalign import config as config_lib
     from openalign.corpora import resolve_data
-    from openalign.eval.features import EvalOptions
+    from openalign.eval.options import EvalOptions
     from openalign.eval.tasks import configure, run_tasks
     from openalign.model.hub import load_pretrained
 

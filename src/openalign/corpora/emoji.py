@@ -21,7 +21,7 @@ from PIL import Image, ImageDraw, ImageFont
 from tqdm import tqdm
 
 from openalign.config import ConfigError
-from openalign.data.loader import stable_seed
+from openalign.data.seeds import stable_seed
 from openalign.data.tars import ShardWriter, encode_image
 
 DEFAULT_FONT = "/usr/share/fonts/truetype/noto/NotoColorEmoji.ttf"

@@ -23,7 +23,7 @@ from pathlib import Path
 from openalign.config import ConfigError, FilterConfig
 from openalign.pipeline import filter as filters
 from openalign.pipeline.ingest import IngestOptions, ingest
-from openalign.data.loader import stable_seed
+from openalign.data.seeds import stable_seed
 from openalign.pipeline.shard import ShardOptions, kept_images, write_samples
 
 DEFAULT_ROOT = "/usr/share/openclipart/png"

@@ -48,7 +48,7 @@ class WebOptions:
     per_page: Annotated[int, POSITIVE_INT] = 8  # images on a page
     port: Annotated[int, POSITIVE_INT] = 18_480  # the first host's port on 127.0.0.1; the others follow it
     limit: int = 0  # at most this many training images (0: all)
-    seed: int = 0
+    seed: int = 0  # the seed of every random choice: which pages, hosts and planted faults
 
     def __post_init__(self):
         check(self, spell=lambda name: "--" + name.replace("_", "-"))

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import itertools
 import random
 from dataclasses import dataclass, field
@@ -29,11 +28,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from openalign.config import Config, ConfigError
 from openalign.data import tars
 from openalign.data import transforms
-
-
-def stable_seed(*parts) -> int:
-    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little")
+from openalign.data.seeds import stable_seed
 
 
 @dataclass(frozen=True)

@@ -14,15 +14,14 @@ split), two measurements:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
 from openalign.config import ConfigError
 from openalign.eval import metrics as M
 from openalign.eval.arithmetic import KS, PAPER_WEIGHT, WEIGHTS
-from openalign.eval.features import DEFAULT_TEMPLATES, Context, EvalData
+from openalign.eval.features import Context, EvalData
+from openalign.eval.options import CompositionalOptions
 
 
 META = "attributes"  # the per-image metadata this task reads: {colour, shape, seen in training} (shapes corpus)
@@ -35,11 +34,6 @@ def _pairs(data: EvalData) -> tuple[list[str], list[str], list[tuple[str, str, b
                           "split of the built-in shapes corpus (openalign corpus shapes --out DIR)")
     rows = [(a["colour"], a["shape"], bool(a["seen"])) for a in attributes]
     return sorted({c for c, _, _ in rows}), sorted({s for _, s, _ in rows}), rows
-
-
-@dataclass(frozen=True)
-class CompositionalOptions:
-    templates: tuple[str, ...] = DEFAULT_TEMPLATES  # prompts of the pair classifier ({} = "colour shape")
 
 
 def classification(ctx: Context, templates: tuple[str, ...], colours, shapes, rows) -> dict:

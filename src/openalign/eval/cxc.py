@@ -24,15 +24,14 @@ from __future__ import annotations
 
 import csv
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
 
 import torch
 
-from openalign.config import ConfigError, check, non_negative
+from openalign.config import ConfigError
 from openalign.eval import metrics as M
 from openalign.eval.features import Context, EvalData
+from openalign.eval.options import CxcOptions
 
 KINDS = {"sts": ("caption1", "caption2"), "sis": ("image1", "image2"), "sits": ("caption", "image")}
 SCORE_COLUMNS = ("agg_score", "score", "similarity")
@@ -94,18 +93,6 @@ def cross_modal(img: torch.Tensor, txt: torch.Tensor, data: EvalData, pairs: lis
     out = _recalls("i2t", M.positive_ranks(img[queries], txt, positives), positives, len(txt))
     queries, positives = M.pair_positives(links, len(txt))
     return out | _recalls("t2i", M.positive_ranks(txt[queries], img, positives), positives, len(img))
-
-
-@dataclass(frozen=True)
-class CxcOptions:
-    dir: str = ""  # the directory of Crisscrossed Captions' sts_/sis_/sits_<split>.csv
-    positive_score: float = 3.0  # human score (0-5) at or above which a pair counts as a positive
-    bootstrap: Annotated[int, non_negative("0 (off) or a number of resamples")] = 1000  # resamples of each kind's
-        # pairs: Spearman's mean and std over them (`*_spearman_boot_mean` / `_boot_std`), as the paper's Table 3
-    seed: int = 0  # the bootstrap's resampling seed
-
-    def __post_init__(self):
-        check(self, spell=lambda name: f"cxc.{name}")
 
 
 def cxc(ctx: Context, options: CxcOptions = CxcOptions()) -> tuple[dict, dict]:

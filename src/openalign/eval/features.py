@@ -13,31 +13,13 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from openalign.config import ConfigError, EvalConfig
+from openalign.config import ConfigError
 from openalign.data import sources, transforms
+from openalign.eval.options import EvalOptions
 from openalign.model.dual_encoder import DualEncoder
 from openalign.model.encode import (encode_image_stream, encode_image_tokens, encode_images, encode_text_tokens,
                                     encode_texts)
 
-# A short generic prompt set for icons and emoji (one definition: the config's default).
-DEFAULT_TEMPLATES = EvalConfig().templates
-
-
-@dataclass(frozen=True)
-class EvalOptions:
-    """What every task shares; each task's own settings are its options class (eval/tasks.py)."""
-
-    encode_batch: int = 256  # images or texts encoded at once
-    max_length: int = 64  # text tokens (set from the model)
-    images: str = ""  # image root for a Karpathy JSON, a table or a list (default: beside the file)
-    split: str = "test"  # Karpathy split to evaluate (test: the 1K Flickr30K / 5K COCO protocol; all: every image)
-    image_column: str = ""  # a table's image column (default: the first of image, filepath, file, path, image_path, url)
-    text_column: str = ""  # a table's caption column (default: the first of text, caption, captions, title)
-    resize: int = 0  # evaluate at these image sizes (resize, then center crop) instead of the model's; a ViT's
-    crop: int = 0  # position embeddings are then interpolated (bicubic) to the new grid of patches
-    cache: str = ""  # a directory where image embeddings are kept and reused by later runs on the same model,
-        # data and image size (e.g. several probes of one large set)
-    model_id: str = ""  # identifies the model's weights in cache keys (eval: a fingerprint of its files)
 
 
 @dataclass

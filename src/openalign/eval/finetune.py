@@ -27,15 +27,15 @@ import random
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
 
 import torch
 from tqdm import tqdm
 
-from openalign.config import NON_NEGATIVE, POSITIVE_INT, ConfigError, FinetuneConfig, check, leaf_keys, override
+from openalign.config import ConfigError, FinetuneConfig, check, leaf_keys, override
 from openalign.data import sources, transforms
 from openalign.eval import metrics as M
-from openalign.eval.features import Context, EvalOptions
+from openalign.eval.features import Context
+from openalign.eval.options import EvalOptions, FinetuneOptions, VtabOptions
 from openalign.model.dual_encoder import DualEncoder
 from openalign.model.encode import device_of, evaluating
 from openalign.schedule import lr_at
@@ -227,33 +227,6 @@ def score(classifier: Classifier, data: Labeled, classes: dict[str, int], crop: 
     subset = Labeled([data.images[i] for i in known], [data.labels[i] for i in known])
     labels = torch.tensor([classes[c] for c in subset.labels], dtype=torch.long)
     return M.topk_accuracy(predict(classifier, subset, crop), labels)
-
-
-@dataclass(frozen=True)
-class FinetuneOptions:
-    train_data: str = ""  # the labeled training split (class folders, a label table or shards)
-    seed: int = 0  # the first run's seed
-    recipe: FinetuneConfig = FinetuneConfig()  # the training recipe (--ft key=value)
-    runs: Annotated[int, POSITIVE_INT] = 1  # runs (seeds seed, seed+1, ...): the mean and std of their scores
-    train_crop: Annotated[int, NON_NEGATIVE] = 0  # training resolution (0: the evaluation's crop; the paper trains
-        # at 475 and evaluates at 600 on ImageNet, 289/360 on the fine-grained sets: FixRes)
-
-    def __post_init__(self):
-        check(self, spell=lambda name: f"finetune.{name}")
-
-
-@dataclass(frozen=True)
-class VtabOptions:
-    seed: int = 0  # the first seed
-    recipe: FinetuneConfig = FinetuneConfig()  # the recipe the sweep varies (--ft key=value)
-    sweep: tuple[str, ...] = ()  # grid as `key=v1,v2` items (default: VTAB's lightweight sweep)
-    runs: int = 3  # retrain runs (seeds) whose mean and std are reported
-    trials: Annotated[int, NON_NEGATIVE] = 0  # > 0: a random search, this many points drawn (seeded, without
-        # replacement) from the sweep's grid instead of all of it; the paper's 50 trials drew from Zhai et al.
-        # 2019's Appendix I space, which is not available here (docs/evaluation.md)
-
-    def __post_init__(self):
-        check(self, spell=lambda name: f"vtab.{name}")
 
 
 def finetune(ctx: Context, options: FinetuneOptions = FinetuneOptions()) -> tuple[dict, dict]:

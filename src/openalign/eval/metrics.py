@@ -12,12 +12,12 @@ high as the target. Without this, `logits >= true` is all False for NaN logits a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Annotated, Callable
+from typing import Callable
 
 import torch
 
-from openalign.config import FRACTION_CLOSED_OPEN, NON_NEGATIVE, POSITIVE, POSITIVE_INT, ConfigError
+from openalign.config import ConfigError
+from openalign.eval.options import SgdProbe
 
 KS = (1, 5, 10)
 def chance_key(key: str, metrics: dict) -> str | None:
@@ -582,20 +582,6 @@ def bootstrap_spearman(model: list[float], human: list[float], resamples: int = 
     if len(rho) < 2:
         return float("nan"), float("nan")
     return float(rho.mean()), float(rho.std(ddof=1))
-
-
-@dataclass(frozen=True)
-class SgdProbe:
-    """The paper's frozen-feature probe recipe (Section 5.3): SGD with momentum on a linear head, the lr decayed by
-    `decay` every `decay_every` epochs."""
-
-    lr: Annotated[float, POSITIVE] = 0.1
-    momentum: Annotated[float, FRACTION_CLOSED_OPEN] = 0.9
-    batch_size: Annotated[int, POSITIVE_INT] = 1024  # the global batch
-    epochs: Annotated[int, POSITIVE_INT] = 100
-    decay_every: Annotated[int, POSITIVE_INT] = 30  # epochs between decays
-    decay: Annotated[float, POSITIVE] = 0.2  # the lr's factor at each decay
-    weight_decay: Annotated[float, NON_NEGATIVE] = 0.0
 
 
 def probe_lr(epoch: int, recipe: SgdProbe = SgdProbe()) -> float:

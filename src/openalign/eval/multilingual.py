@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import gzip
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -31,6 +30,7 @@ import torch
 from openalign.config import ConfigError
 from openalign.eval import metrics as M
 from openalign.eval.features import Context, EvalData
+from openalign.eval.options import MultilingualOptions
 
 
 def _lines(path: Path) -> list[str]:
@@ -96,11 +96,6 @@ def _metadata(data: EvalData) -> tuple[list[int], dict[str, tuple[list[str], lis
         pairs = [(text, j) for j, i in enumerate(rows) for text in by_language[i][lang]]
         out[lang] = ([t for t, _ in pairs], [j for _, j in pairs])
     return rows, out
-
-
-@dataclass(frozen=True)
-class MultilingualOptions:
-    captions: str = ""  # the directory of Multi30k caption files (default: found beside the image list)
 
 
 def multilingual(ctx: Context, options: MultilingualOptions = MultilingualOptions()) -> tuple[dict, dict]:

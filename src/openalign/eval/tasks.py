@@ -20,31 +20,29 @@ from dataclasses import dataclass
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Callable, Literal
+from typing import Callable, Literal
 
 import torch
 
-from openalign.config import ConfigError, check, leaf_keys, non_negative, override
+from openalign.config import ConfigError, leaf_keys, override
 from openalign.data import sources
 from openalign.eval import metrics as M
 from openalign.eval import panels
 from openalign.eval.arithmetic import arithmetic
 from openalign.eval import compositional as compositional_lib
 from openalign.eval import multilingual as multilingual_lib
-from openalign.eval.compositional import CompositionalOptions, compositional
-from openalign.eval.cxc import CxcOptions, cxc
+from openalign.eval.compositional import compositional
+from openalign.eval.cxc import cxc
 from openalign.eval.datasets import label_order, load_classnames, load_templates, word_pair_table
-from openalign.eval.features import DEFAULT_TEMPLATES, Context, EvalOptions, embed_split
-from openalign.eval.finetune import FinetuneOptions, VtabOptions, finetune, vtab
-from openalign.eval.multilingual import MultilingualOptions, multilingual
+from openalign.eval.features import Context, embed_split
+from openalign.eval.finetune import finetune, vtab
+from openalign.eval.multilingual import multilingual
+from openalign.eval.options import (DEFAULT_TEMPLATES, CompositionalOptions, CxcOptions, EvalOptions, FinetuneOptions,
+                                     KnnOptions, MultilingualOptions, NoOptions, ProbeOptions, RetrievalOptions,
+                                     VtabOptions, ZeroshotOptions)
 from openalign.loss import late_interaction_pairs
 from openalign.model.dual_encoder import DualEncoder
 from openalign.model.encode import device_of
-
-
-@dataclass(frozen=True)
-class NoOptions:
-    pass
 
 
 @dataclass(frozen=True)
@@ -62,16 +60,6 @@ class Task:
     def prefix(self) -> str:
         """Its metrics' prefix: retrieval's keys are bare, the others' are `zeroshot_top1`, `cxc_t2t_r1`, ..."""
         return "" if self.name == "retrieval" else self.name.replace("-", "_") + "_"
-
-
-@dataclass(frozen=True)
-class RetrievalOptions:
-    rerank: Annotated[int, non_negative("0 (off) or a shortlist size K >= 1")] = 0  # > 0: re-rank each query's
-        # top K by late interaction (FILIP scores of patch and token vectors) and report R@K after it (`*_rerank`)
-        # beside the dual encoder's, with the time per query of each
-
-    def __post_init__(self):  # checked when the options are made: before any image is embedded
-        check(self, spell=lambda name: f"retrieval.{name}")
 
 
 def retrieval(ctx: Context, options: RetrievalOptions = RetrievalOptions()) -> tuple[dict, dict]:
@@ -121,15 +109,6 @@ def _reranked(ctx: Context, txt: torch.Tensor, i2t: torch.Tensor, t2i: torch.Ten
     return reranked | {"rerank_k": k, "ms_per_query": 1000 * pooled_s / queries,
                        "rerank_ms_per_query": 1000 * (pooled_s + late_s) / queries,
                        "patches_per_image": patches.shape[1]}
-
-
-@dataclass(frozen=True)
-class ZeroshotOptions:
-    templates: tuple[str, ...] = DEFAULT_TEMPLATES  # prompts, {} for the class name: imagenet80 (CLIP's 80), generic,
-        # or a file with one per line
-    classnames: str = ""  # a class-names file: `label,name` lines, or one name per sorted label
-    class_subset: str = ""  # a file of labels: only these classes compete (ImageNet-R/A style)
-    calibrate: str = ""  # a labeled split: fit one temperature on it (NLL), report ECE and NLL before and after
 
 
 SINGLE_PROMPT = "a photo of a {}."  # CLIP's default prompt: the one the paper's +2.9% of ensembling is measured against
@@ -225,32 +204,6 @@ def _calibration(ctx: Context, options: ZeroshotOptions, logits, labels, weights
                 "nll_calibrated": M.nll(logits / fitted + fitted_bias, labels, head)}
         figure["after"] = after
     return out, figure
-
-
-@dataclass(frozen=True)
-class KnnOptions:
-    train_data: str = ""  # the labeled training split (class folders, a label table or shards); without it the
-        # evaluated split is its own pair: each class's images dealt alternately to train and test (`group`)
-    k: int = 1  # neighbours (1: the paper's ImageNet KNN R@1)
-    group: str = ""  # without train_data: the images' metadata key whose values are the classes (default: `family`
-        # where every image has one, as the emoji corpus' held-out split; else the labels)
-
-
-@dataclass(frozen=True)
-class ProbeOptions:
-    train_data: str = ""  # the labeled training split (class folders, a label table or shards)
-    solver: Literal["sgd", "lbfgs"] = "lbfgs"  # lbfgs: CLIP's (full-batch logistic regression, its L2 strength
-        # found by CLIP's search on a fifth of the training split); sgd: the paper's recipe for 1.28M ImageNet images
-        # (below; --protocol imagenet-probe). lbfgs scored higher on 146 and on 19,200 training images
-        # (docs/evaluation.md, "Choosing the probe's solver")
-    sgd: M.SgdProbe = M.SgdProbe()  # the sgd solver's recipe (`linear-probe.sgd.lr=0.05`, ...)
-    train_crop: Annotated[int, non_negative("0 (the evaluation's crop) or a size in pixels")] = 0  # the training
-        # split's features at this resolution (the paper: 289 for training, 360 for evaluation; --protocol
-        # imagenet-probe sets both from the model's image size)
-    seed: int = 0  # lbfgs: which fifth of the training split validates; sgd: the order of the training rows
-
-    def __post_init__(self):
-        check(self, spell=lambda name: f"linear-probe.{name}")
 
 
 def _train_split(ctx: Context, train_data: str, task: str, crop: int = 0):

@@ -24,7 +24,6 @@ import math
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Annotated, Literal
 from pathlib import Path
 
 import faiss
@@ -32,11 +31,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from openalign.config import FRACTION_OPEN_CLOSED, NON_NEGATIVE, POSITIVE_INT, ConfigError, as_flags, at_least, check, non_negative
+from openalign.config import ConfigError, as_flags, check
 from openalign.outputs import unfinish, write_json
 from openalign.index import exact
 from openalign.index.cells import CellScan
 from openalign.index import takedown
+from openalign.index.options import IndexOptions
 from openalign.index.parts import Parts, add_shard, part_files, read_manifest
 
 FILE, META, INFO, EXACT16 = "index.faiss", "meta.parquet", "index.json", "vectors-f16.npy"
@@ -48,26 +48,6 @@ def file_of(info: dict, role: str) -> str:
     """The file of `role` (index, meta, exact16) of the generation index.json describes: `index --add` writes a new
     generation's files under new names and index.json names them, so a reader never sees half of a change."""
     return (info.get("files") or {}).get(role, FILES[role])
-
-
-@dataclass(frozen=True)
-class IndexOptions:
-    kind: Literal["auto", "flat", "ivf", "hnsw"] = "auto"  # auto: exact up to exact_up_to vectors, IVF beyond
-    recall: Annotated[float, FRACTION_OPEN_CLOSED] = 0.95  # recall@10 target of approximate indexes, against exact search
-    exact_up_to: Annotated[int, NON_NEGATIVE] = 200_000  # auto: exact search up to this many vectors
-    codes: Literal["auto", "flat", "sq8", "pq"] = "auto"  # ivf: flat (float32), sq8 (8-bit per dimension), pq;
-        # auto: sq8, product quantization beyond max_bytes
-    max_bytes: Annotated[int, NON_NEGATIVE] = 8 * 2**30  # ivf auto: 8-bit codes up to this size, product quantization beyond
-    nlist: Annotated[int, non_negative("0 (automatic) or more")] = 0  # ivf: k-means cells; 0: 4 sqrt(n) (FAISS's rule of thumb)
-    train_per_cell: Annotated[int, at_least(39, "at least 39 (FAISS's floor)")] = 64  # ivf: k-means training points per cell (FAISS warns below 39, caps at 256)
-    tune_queries: Annotated[int, POSITIVE_INT] = 1_000  # queries the recall is measured on while tuning
-    seed: int = 0  # of the k-means sample and the tuning queries
-    vectors: Literal["image", "text"] = "image"  # image, or text (captions embedded by `openalign embed --texts`)
-    memory: Annotated[int, NON_NEGATIVE] = 0  # bytes the build may hold (0: no limit); ivf codes beyond half of it: shards on disk
-    block_rows: Annotated[int, NON_NEGATIVE] = 0  # ivf shards: rows per shard, one add task each (0: what half the memory holds per worker)
-    chunk_rows: Annotated[int, POSITIVE_INT] = 65_536  # rows converted to float32 at a time
-    refine: Annotated[int, non_negative("0 (off) or a shortlist factor of 1 or more")] = 0  # ivf/hnsw: re-score refine x k candidates with float16 copies of the vectors (0: off)
-    forget_deletions: bool = False  # a rebuild drops the take-downs (`index --delete`) of the index it replaces (default: they stay deleted, found by image)
 
 
 def recall_at_10(found: np.ndarray, exact: np.ndarray) -> float:

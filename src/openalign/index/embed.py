@@ -43,6 +43,7 @@ from openalign import distributed
 from openalign.data import sources as source_lib
 from openalign.data import transforms
 from openalign.data.engine import sources_key
+from openalign.index.options import EmbedOptions
 from openalign.index.parts import MANIFEST, PATCHES, part_files, read_manifest
 from openalign.model.encode import (encode_image_stream, encode_image_tokens, encode_images, encode_texts,
                                     load_for_inference)
@@ -51,20 +52,6 @@ from openalign.outputs import unfinish, write_json, writing
 
 META_SCHEMA = pa.schema([("key", pa.string()), ("path", pa.string()), ("caption", pa.string()),
                          ("width", pa.int32()), ("height", pa.int32())])
-
-
-@dataclass(frozen=True)
-class EmbedOptions:
-    encode_batch: int = 128  # images (and captions) encoded at once
-    part_size: int = 8_192  # images per part of a directory or table (a shard is one part): the unit of resuming
-    float16: bool = False  # store float16 embeddings (half the size)
-    images: str = ""  # image root for a Karpathy JSON or caption table (default: beside it)
-    image_column: str = ""  # a table's image column (default: the first of image, filepath, file, path, image_path, url)
-    text_column: str = ""  # a table's caption column (default: the first of text, caption, captions, title)
-    texts: bool = False  # also embed each row's caption (text-*.npy): text->text search, text indexes
-    patches: bool = False  # also store each image's patch vectors (patch-*.npy, float16): search/serve --rerank
-    top_patches: int = 0  # > 0: keep only this many patch vectors per image, those of largest norm (less disk)
-    device: str = "auto"  # auto: this rank's GPU when there is one, else the CPU
 
 
 @dataclass(frozen=True)

@@ -19,22 +19,11 @@ from openalign.config import ConfigError
 from openalign.data import images as image_lib
 from openalign.data import transforms
 from openalign.index.build import Loaded
+from openalign.index.options import IMAGE_WEIGHT, TEXT_WEIGHT, Query  # noqa: F401 - a search's names
 from openalign.index.parts import PATCHES, Parts, read_manifest
 from openalign.loss import late_interaction_pairs
 from openalign.model.encode import encode_images, encode_text_tokens, encode_texts
 
-IMAGE_WEIGHT, TEXT_WEIGHT = 1.0, 2.0  # the paper's image+text query weights
-
-
-@dataclass(frozen=True)
-class Query:
-    text: str = ""
-    image: bytes | None = None  # encoded image file
-    image_id: int | None = None  # an image of the index, by id
-    plus: tuple[str, ...] = ()
-    minus: tuple[str, ...] = ()
-    image_weight: float = IMAGE_WEIGHT  # weight of the image in image+text queries (paper: 1)
-    text_weight: float = TEXT_WEIGHT  # weight of the texts in image+text queries (paper: 2)
 
 
 @dataclass

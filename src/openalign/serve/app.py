@@ -34,8 +34,9 @@ from openalign.config import ConfigError
 from openalign.index import search
 from openalign.serve import knn
 from openalign.serve.catalog import Catalog, Collection, parse_specs
-from openalign.serve.common import (MAX_TERMS, MAX_TEXT_CHARS, BodyLimit, Limits, Term, body_schema, decode_upload,
-                                    parsed_body, read_body, shown_caption, thumbnail_jpeg, validation_error)
+from openalign.serve.common import (BodyLimit, Term, body_schema, decode_upload, parsed_body, read_body, shown_caption,
+                                    thumbnail_jpeg, validation_error)
+from openalign.serve.options import MAX_TERMS, MAX_TEXT_CHARS, Limits
 
 STATIC = Path(__file__).parent / "static"
 __all__ = ["Limits", "LOOPBACK", "allowed_hosts", "create_app"]

@@ -35,8 +35,9 @@ from openalign.config import ConfigError
 from openalign.index import search
 from openalign.index.build import Loaded
 from openalign.serve.catalog import Catalog
-from openalign.serve.common import (MAX_TEXT_CHARS, Limits, body_schema, capped, decode_upload, parsed_body,
-                                    read_body, shown_caption, thumbnail_jpeg)
+from openalign.serve.common import (body_schema, capped, decode_upload, parsed_body, read_body, shown_caption,
+                                    thumbnail_jpeg)
+from openalign.serve.options import MAX_TEXT_CHARS, Limits
 
 DEDUP_THRESHOLD = 0.94  # clip-retrieval's near-duplicate cosine
 MAX_DIM = 8_192  # longest embedding_input accepted before it is compared with the index's width

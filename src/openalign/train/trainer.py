@@ -30,7 +30,7 @@ from openalign.data import tars
 from openalign.corpora import heldout_keep, resolve_data, source_eval_shards
 from openalign.data.loader import Position, StreamSpec, epoch_plan, train_loader
 from openalign.data.pairs import build_keep_index
-from openalign.eval.features import EvalOptions
+from openalign.eval.options import EvalOptions
 from openalign.eval.tasks import HELD_OUT_TASKS, configure, run_tasks
 from openalign.model import hub
 from openalign.outputs import owned, writing

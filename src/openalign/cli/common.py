@@ -1,0 +1,85 @@
+"""What several commands share: the run flags of train and study, the data stages' engine, sizes, lists."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+from openalign import config as config_lib
+from openalign import host, presets
+from openalign.config import ConfigError
+from openalign.flags import add_options, options_from
+
+
+def run_flags(p, what: str) -> None:
+    """train and study: the base config, its data, and dotted overrides."""
+    p.add_argument("--preset", default="demo", help=f"the base config: one of {', '.join(presets.PRESETS)}")
+    p.add_argument("--data", help="the training shards: a directory of .tar, a brace pattern, a list file, or a "
+                                  "Karpathy JSON")
+    p.add_argument("--eval-data", help="the held-out shards for evaluation, or a Karpathy-split JSON")
+    p.add_argument("--images", help="the image root when --data or --eval-data is a Karpathy-split JSON")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help=f"dotted overrides of {what}, e.g. "
+                                                                      "optim.lr=5e-4")
+
+
+def with_data(cfg: config_lib.Config, args) -> config_lib.Config:
+    """--data / --eval-data (and --images, their image root), where given, as the config's training and
+    held-out data."""
+    if args.data:
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, train=args.data))
+    if args.eval_data:
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, eval=args.eval_data))
+    if args.images:
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, images=args.images))
+    return cfg
+
+
+def fitted(cfg: config_lib.Config, overrides: list[str]) -> config_lib.Config:
+    """The loss options the chosen kind does not read, at its own values unless the user set them (one line each)."""
+    import openalign.loss  # noqa: F401 - fills the registry of loss kinds
+    from openalign import distributed
+
+    cfg, notes = config_lib.fit_loss_options(cfg, list(overrides))
+    if distributed.from_env().main:
+        for note in notes:
+            print(f"note: {note}", file=sys.stderr)
+    return cfg
+
+
+def engine_flags(p) -> None:
+    """--engine local|spark and its settings, for the per-image data stages (data/engine.py)."""
+    from openalign.data.engine import Engine
+
+    add_options(p, Engine, rename={"name": "--engine", "memory": "--spark-memory"}, skip=("workers",))
+
+
+def engine(args):
+    """The per-image stages' engine from the flags; its image buffers reuse freed memory, as the workers' do."""
+    from openalign.data.engine import Engine
+
+    host.reuse_freed_memory()
+    return options_from(args, Engine)
+
+
+def size(text: str) -> int:
+    """An argparse type for a size flag (argparse names the flag in its one-line error)."""
+    try:
+        return config_lib.parse_size(text)
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix("a size ")) from None
+
+
+def filter_config(overrides: list[str]) -> config_lib.FilterConfig:
+    """The filter thresholds with `key=value` overrides, checked."""
+    cfg = config_lib.override(config_lib.FilterConfig(), overrides,
+                              help_hint="the filter keys are " + ", ".join(config_lib.leaf_keys(config_lib.FilterConfig)))
+    config_lib.check(cfg)
+    return cfg
+
+
+def searches() -> None:
+    """FAISS's process-wide settings, once, as a command that searches starts (before any request thread)."""
+    from openalign.index import exact
+
+    exact.configure_faiss()

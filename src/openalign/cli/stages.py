@@ -1,0 +1,126 @@
+"""The corpus stages after the download: `ingest` (files -> a pair table), the keep-list stages `filter`, `dedup`
+and `screen`, and `shard` (kept pairs -> training shards)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from openalign.cli.common import engine, engine_flags, filter_config, size
+from openalign.flags import add_options, options_from
+
+
+def ingest_flags(p) -> None:
+    from openalign.pipeline.ingest import IngestOptions
+
+    p.add_argument("sources", nargs="+", metavar="SRC", help="image folders, tables (csv, tsv, jsonl, parquet), "
+                   "webdataset tars, Karpathy JSONs or fetch folders (img2dataset's or `openalign fetch`'s)")
+    p.add_argument("--out", required=True, help="pairs.parquet (a .rejects.parquet and .manifest.json go beside it)")
+    add_options(p, IngestOptions)
+    engine_flags(p)
+
+
+def run_ingest(args) -> int:
+    from openalign.pipeline.ingest import IngestOptions, ingest
+
+    manifest = ingest(args.sources, Path(args.out), options_from(args, IngestOptions), progress=not args.quiet,
+                      engine=engine(args))
+    rejected = ", ".join(f"{k} {v:,}" for k, v in manifest["rejected"].items()) or "none"
+    converted = ", ".join(f"{k} {v:,}" for k, v in manifest["conversions"].items()) or "none"
+    print(f"{manifest['pairs']:,} pairs ({manifest['images']:,} images) -> {args.out} in {manifest['seconds']:.1f} s")
+    print(f"rejected: {rejected} (listed in {manifest['rejects']})")
+    print(f"kept with conversion: {converted}")
+    return 0
+
+
+def filter_flags(p) -> None:
+    p.add_argument("pairs", help="the pair table from `openalign ingest`, or the candidate table from `openalign "
+                                 "extract` (DIR/candidates.parquet)")
+    p.add_argument("--out", required=True, help="a folder: the keep-list (keep.parquet) and filter_report.json/.png")
+    p.add_argument("--engine", default="local", choices=["local", "spark", "duckdb"],
+                   help="local: DuckDB, embedded (the default); spark: Apache Spark (duckdb: local's former name)")
+    p.add_argument("--master", default="", help="spark: local[N], spark://HOST:7077, yarn, ... (default: "
+                                                "spark-submit's master, else local[*])")
+    p.add_argument("--memory-limit", default=0, type=size,
+                   help="e.g. 4G (the local engine, DuckDB, spills to disk beyond it; spark: the driver's memory)")
+    p.add_argument("--threads", type=int, default=0, help="0: all cores")
+    p.add_argument("--rules", choices=["auto", "all", "text", "image"], default=None,
+                   help="which rules run: text (a candidate table from `openalign extract`, before the download), "
+                        "image (the pair table after it), all; auto (the default): image for the pairs of a fetch "
+                        "whose candidates the text rules filtered (they do not run twice), else all")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="thresholds, e.g. min_short_side=200 max_images_per_text=10 vocab_size=100000000")
+
+
+def run_filter(args) -> int:
+    from openalign.pipeline import filter as filters
+
+    cfg = filter_config(args.overrides + ([f"rules={args.rules}"] if args.rules else []))
+    report = filters.run_filters(Path(args.pairs), Path(args.out), cfg, engine=args.engine, master=args.master,
+                                 memory_limit=args.memory_limit, threads=args.threads, progress=not args.quiet)
+    print("\n".join(filters.summary_lines(report)))
+    print(f"keep-list: {report['keep']}, report: {Path(args.out) / 'filter_report.json'} (+ .png)")
+    return 0
+
+
+def dedup_flags(p) -> None:
+    from openalign.pipeline.dedup import DedupOptions
+
+    p.add_argument("pairs", help="the pair table from `openalign ingest` (pairs.parquet)")
+    p.add_argument("--against", required=True, help="the evaluation images: shards, an image folder, a Karpathy JSON, "
+                                                    "a caption table or a pair table")
+    p.add_argument("--out", required=True, help="a folder: the keep-list (keep.parquet) and dedup_report.json")
+    add_options(p, DedupOptions)
+    engine_flags(p)
+
+
+def run_dedup(args) -> int:
+    from openalign.pipeline.dedup import DedupOptions, dedup
+
+    report = dedup(args.pairs, args.against, Path(args.out), options_from(args, DedupOptions), progress=not args.quiet,
+                   engine=engine(args))
+    print(f"{report['removed_images']:,} of {report['train_images']:,} training images ({report['removed_pairs']:,} "
+          f"pairs) are near-duplicates of the {report['eval_images']:,} evaluation images ({report['rule']})")
+    print(f"keep-list: {report['keep']}, report: {Path(args.out) / 'dedup_report.json'}")
+    return 0
+
+
+def screen_flags(p) -> None:
+    from openalign.pipeline.screen import ScreenOptions
+
+    p.add_argument("pairs", help="the pair table from `openalign ingest` (pairs.parquet)")
+    p.add_argument("--out", required=True, help="a folder: the keep-list (keep.parquet) and screen_report.json")
+    add_options(p, ScreenOptions)
+    engine_flags(p)
+
+
+def run_screen(args) -> int:
+    from openalign.pipeline.screen import ScreenOptions, screen
+
+    options = options_from(args, ScreenOptions)
+    report = screen(args.pairs, Path(args.out), options, progress=not args.quiet, engine=engine(args))
+    print(f"{report['removed_images']:,} of {report['images']:,} images ({report['removed_pairs']:,} pairs) scored "
+          f">= {options.threshold} by {options.classifier}; {report['unreadable_images']:,} unreadable")
+    print(f"keep-list: {report['keep']}, report: {Path(args.out) / 'screen_report.json'}")
+    return 0
+
+
+def shard_flags(p) -> None:
+    from openalign.pipeline.shard import ShardOptions
+
+    p.add_argument("pairs", help="the pair table from `openalign ingest` (pairs.parquet)")
+    p.add_argument("--keep", action="append", default=[],
+                   help="a keep-list directory; repeat to intersect (none: every pair, for a clean collection)")
+    p.add_argument("--out", required=True, help="the shards' folder: resized webdataset .tar files and their manifest")
+    add_options(p, ShardOptions)
+    engine_flags(p)
+
+
+def run_shard(args) -> int:
+    from openalign.pipeline.shard import ShardOptions, shard
+
+    manifest = shard(args.pairs, [Path(k) for k in args.keep], Path(args.out), options_from(args, ShardOptions),
+                     progress=not args.quiet, engine=engine(args))
+    skipped = ", ".join(f"{k} {v:,}" for k, v in manifest["skipped"].items()) or "none"
+    print(f"{manifest['n_samples']:,} images in {len(manifest['shards'])} shards -> {args.out} "
+          f"({manifest['resumed_shards']} already done; skipped: {skipped})")
+    return 0
