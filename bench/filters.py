@@ -118,7 +118,7 @@ def child(args) -> None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "keep.json").write_text(json.dumps(keep))
     else:
-        filters.run_filters(Path(args.pairs), out, cfg, engine=args.child, master="local[2]",
+        filters.filter_pairs(Path(args.pairs), out, cfg, engine=args.child, master="local[2]",
                             memory_limit=args.memory_limit if args.child == "local" else "", threads=2,
                             progress=False)
     seconds = time.perf_counter() - start

@@ -1,21 +1,42 @@
-"""openalign: ALIGN's image/text dual encoders, from a web crawl to a served model.
+"""openalign: ALIGN's image/text dual encoders, from a web crawl to a served model (docs/api.md).
 
-The public API (docs/api.md), each name imported on first use so that `import openalign` stays cheap and
-`import openalign.data` (a pool worker, a Spark executor) does not import torch through it:
+Every job a command does is a function with typed options and a result dataclass, re-exported here and imported
+on first use, so that `import openalign` stays cheap and `import openalign.data` (a pool worker, a Spark executor)
+does not import torch through it:
 
-    openalign.load(dir) -> Model            encode images and texts, classify (api.py)
-    openalign.train(config) -> TrainResult  a run from a preset or config (train/trainer.py)
-    openalign.evaluate(model, data) -> EvalResult                            (eval/evaluate.py)
-    openalign.extract / fetch               web archives -> candidate pairs -> images (pipeline/)
+    load(dir) -> Model                              encode images and texts, classify       api.py
+    configure(preset, overrides) -> Config          a run's config, as `train` resolves it  presets.py
+    train_model(config) -> TrainResult              train (`openalign train`)               train/trainer.py
+    evaluate(model, data, ...) -> EvalResult        `openalign eval`                        eval/evaluate.py
+    extract, fetch, ingest, filter_pairs, dedup, screen, shard                              pipeline/
+    embed -> EmbedResult; build_index, add_to_index, delete_from_index -> IndexResult;
+    open_index(dir); search(index, query) -> SearchResult                                   index/
 
-The modules each job lives in list their public names in `__all__`.
+The modules they live in list their public names in `__all__`.
 """
 
-LAZY = {"load": "openalign.api", "Model": "openalign.api",
-        "evaluate": "openalign.eval.evaluate", "EvalResult": "openalign.eval.evaluate",
-        "EvalOptions": "openalign.eval.options",
-        "extract": "openalign.pipeline.extract", "ExtractOptions": "openalign.pipeline.extract",
-        "fetch": "openalign.pipeline.fetch", "FetchOptions": "openalign.pipeline.fetch"}
+LAZY = {  # name here: (module, its name there)
+    "load": ("openalign.api", "load"), "Model": ("openalign.api", "Model"),
+    "ConfigError": ("openalign.config", "ConfigError"), "Config": ("openalign.config", "Config"),
+    "FilterConfig": ("openalign.config", "FilterConfig"),
+    "configure": ("openalign.presets", "configure"),
+    "train_model": ("openalign.train.trainer", "train"), "TrainResult": ("openalign.train.trainer", "TrainResult"),
+    "evaluate": ("openalign.eval.evaluate", "evaluate"), "EvalResult": ("openalign.eval.evaluate", "EvalResult"),
+    "EvalOptions": ("openalign.eval.options", "EvalOptions"),
+    **{name: (f"openalign.pipeline.{module}", name) for module, names in (
+        ("extract", ("extract", "ExtractOptions", "ExtractResult")),
+        ("fetch", ("fetch", "FetchOptions", "FetchResult")),
+        ("ingest", ("ingest", "IngestOptions", "IngestResult")), ("filter", ("filter_pairs", "FilterResult")),
+        ("dedup", ("dedup", "DedupOptions", "DedupResult")), ("screen", ("screen", "ScreenOptions", "ScreenResult")),
+        ("shard", ("shard", "ShardOptions", "ShardResult"))) for name in names},
+    "embed": ("openalign.index.embed", "embed"), "EmbedOptions": ("openalign.index.embed", "EmbedOptions"),
+    "EmbedResult": ("openalign.index.embed", "EmbedResult"),
+    "build_index": ("openalign.index.build", "build"), "IndexOptions": ("openalign.index.build", "IndexOptions"),
+    "IndexResult": ("openalign.index.build", "IndexResult"), "open_index": ("openalign.index.build", "load"),
+    "add_to_index": ("openalign.index.grow", "add"), "delete_from_index": ("openalign.index.grow", "delete"),
+    "search": ("openalign.index.search", "search"), "Query": ("openalign.index.search", "Query"),
+    "Hit": ("openalign.index.search", "Hit"), "SearchResult": ("openalign.index.search", "SearchResult"),
+}
 __all__ = list(LAZY)
 
 
@@ -23,7 +44,8 @@ def __getattr__(name: str):
     if name in LAZY:
         import importlib
 
-        return getattr(importlib.import_module(LAZY[name]), name)
+        module, attribute = LAZY[name]
+        return getattr(importlib.import_module(module), attribute)
     raise AttributeError(f"module 'openalign' has no attribute {name!r}")
 
 

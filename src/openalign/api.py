@@ -28,6 +28,8 @@ from openalign.eval import metrics
 from openalign.eval.datasets import check_templates
 from openalign.model.encode import encode_images, encode_texts, load_for_inference
 
+__all__ = ["Model", "load"]
+
 
 @dataclass
 class Model:

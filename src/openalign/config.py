@@ -16,6 +16,10 @@ from dataclasses import dataclass, field
 from typing import Annotated, Callable, Literal
 from pathlib import Path
 
+__all__ = ["Config", "ConfigError", "DataConfig", "EvalConfig", "FilterConfig", "FinetuneConfig", "LossConfig",
+           "ModelConfig", "OptimConfig", "TemperatureConfig", "TextConfig", "TrainConfig", "VisionConfig", "check",
+           "leaf_keys", "load", "override", "to_dict"]
+
 
 class ConfigError(ValueError):
     """A user-facing configuration mistake (bad key, bad value); the CLI prints it as one line."""

@@ -7,10 +7,12 @@ Mini/Medium/Base/Large text towers, e.g. `align-b7-base`, `align-l2-large` (the 
 from __future__ import annotations
 
 import difflib
-from typing import Callable
+from typing import Callable, Sequence
 
 from openalign.config import Config, ConfigError, DataConfig, ModelConfig, OptimConfig, TextConfig, TrainConfig
-from openalign.config import VisionConfig, override
+from openalign.config import VisionConfig, fit_loss_options, override
+
+__all__ = ["PRESETS", "configure", "get"]
 
 # (width_coefficient, depth_coefficient), as in EfficientNet / Noisy Student.
 EFFICIENTNETS = {"b1": (1.0, 1.1), "b3": (1.2, 1.4), "b5": (1.6, 2.2), "b7": (2.0, 3.1), "l2": (4.3, 5.3)}
@@ -178,3 +180,17 @@ def get(name: str) -> Config:
         hint = f"; did you mean {close[0]}?" if close else f"; choose one of {', '.join(PRESETS)}"
         raise ConfigError(f"unknown preset {name!r}{hint}")
     return PRESETS[name]()
+
+
+def configure(preset: str = "demo", overrides: Sequence[str] = ()) -> Config:
+    """A run's config as `openalign train --preset PRESET key=value ...` resolves it: the preset, the dotted overrides
+    (`optim.lr=5e-4`, `out=runs/x`, `data.train=SHARDS`), then the loss options the chosen loss kind does not read at
+    that kind's own values unless an override set them (warned, one line each)."""
+    import warnings
+
+    import openalign.loss  # noqa: F401 - fills the registry of loss kinds
+
+    cfg, notes = fit_loss_options(override(get(preset), list(overrides)), list(overrides))
+    for note in notes:
+        warnings.warn(note, stacklevel=2)
+    return cfg

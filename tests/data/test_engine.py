@@ -203,7 +203,9 @@ def sources(tmp_path_factory):
     return make_sources(tmp_path_factory.mktemp("sources"))
 
 
-def without_engine(manifest: dict) -> dict:
+def without_engine(result) -> dict:
+    """A stage's record (its result's manifest) without what differs between engines and runs."""
+    manifest = getattr(result, "manifest", None) or getattr(result, "report", result)
     return {k: v for k, v in manifest.items() if k not in ("engine", "out", "rejects", "keep", "seconds", "resumed_tasks",
                                                            "resumed_shards", "options")}
 
@@ -212,7 +214,7 @@ def without_engine(manifest: dict) -> dict:
 def test_ingest_on_spark_equals_local_and_resumes(tmp_path, sources, spark):
     options = IngestOptions(files_per_task=5, workers=2)
     local = ingest(sources, tmp_path / "local.parquet", options, progress=False)
-    assert local["rejected"]["truncated_tar"] == 1 and local["rejected"]["missing_file"] == 1
+    assert local.rejected["truncated_tar"] == 1 and local.rejected["missing_file"] == 1
     # a table that cannot be read stops the Spark run in one sentence; the other tasks are already done
     table = Path(sources[3])
     good = table.read_text()
@@ -221,7 +223,7 @@ def test_ingest_on_spark_equals_local_and_resumes(tmp_path, sources, spark):
         ingest(sources, tmp_path / "spark.parquet", options, progress=False, engine=SPARK)
     table.write_text(good)
     distributed = ingest(sources, tmp_path / "spark.parquet", options, progress=False, engine=SPARK)
-    assert distributed["resumed_tasks"] == 7  # 5 folder tasks and 2 tars were kept; only the table ran again
+    assert distributed.resumed_tasks == 7  # 5 folder tasks and 2 tars were kept; only the table ran again
     assert without_engine(distributed) == without_engine(local)  # counts per reason, examples, conversions
     for suffix in (".parquet", ".rejects.parquet"):
         a = pq.read_table(tmp_path / f"local{suffix}").to_pylist()
@@ -255,9 +257,9 @@ def test_shard_on_spark_writes_the_same_bytes_and_resumes(tmp_path, sources, spa
         distributed = shard(pairs, [], tmp_path / "spark", options, progress=False, engine=SPARK)
     finally:
         Path(sources[2]).with_suffix(".gone").rename(sources[2])
-    assert local["skipped"] == distributed["skipped"] == {"missing_file": 6}  # the 6 whole samples of the cut tar
+    assert local.skipped == distributed.skipped == {"missing_file": 6}  # the 6 whole samples of the cut tar
     assert without_engine(local) == without_engine(distributed)
-    names = sorted(local["shards"])
+    names = sorted(local.shards)
     assert len(names) == 8 and names == sorted(p.name for p in (tmp_path / "spark").glob("*.tar"))
     for name in names:
         assert (tmp_path / "local" / name).read_bytes() == (tmp_path / "spark" / name).read_bytes()
@@ -270,7 +272,7 @@ def test_shard_on_spark_writes_the_same_bytes_and_resumes(tmp_path, sources, spa
         again = shard(pairs, [], tmp_path / "spark", options, progress=False, engine=SPARK)
     finally:
         Path(sources[2]).with_suffix(".gone").rename(sources[2])
-    assert again["resumed_shards"] == 7 and again["shards"] == local["shards"]
+    assert again.resumed_shards == 7 and again.shards == local.shards
     assert (tmp_path / "spark" / names[3]).read_bytes() == (tmp_path / "local" / names[3]).read_bytes()
 
 
@@ -308,8 +310,8 @@ def test_an_image_in_two_places_is_read_from_the_same_one_on_spark(tmp_path, spa
     options = ShardOptions(samples_per_shard=2, workers=2)
     local = shard(pairs, [], tmp_path / "local", options, progress=False)
     distributed = shard(pairs, [], tmp_path / "spark", options, progress=False, engine=SPARK)
-    assert local["n_samples"] == distributed["n_samples"] == 4 and not local["skipped"] and not distributed["skipped"]
-    for name in local["shards"]:
+    assert local.samples == distributed.samples == 4 and not local.skipped and not distributed.skipped
+    for name in local.shards:
         assert (tmp_path / "local" / name).read_bytes() == (tmp_path / "spark" / name).read_bytes()
 
 
@@ -352,10 +354,10 @@ def test_dedup_and_screen_on_spark_give_the_local_keep_lists(tmp_path, sources, 
         spark_screen = screen(pairs, tmp_path / "ss", screening, progress=False, engine=SPARK)
     finally:
         lost.with_suffix(".gone").rename(lost)
-    assert local["removed_images"] >= 3 and local["unreadable_train_images"] == 1
+    assert local.removed_images >= 3 and local.unreadable_images == 1
     assert without_engine(local) == without_engine(distributed)
     assert read_keep(tmp_path / "dl") == read_keep(tmp_path / "ds") and len(read_keep(tmp_path / "dl")) > 0
-    assert 0 < local_screen["removed_images"] < local_screen["images"] and local_screen["unreadable_images"] == 1
+    assert 0 < local_screen.removed_images < local_screen.images and local_screen.unreadable_images == 1
     assert without_engine(local_screen) == without_engine(spark_screen)
     assert read_keep(tmp_path / "sl") == read_keep(tmp_path / "ss")
 
@@ -388,14 +390,15 @@ def test_bucket_dedup_on_spark_gives_the_local_keep_list(tmp_path, sources, spar
                            top_clusters=3, choose=2, images_per_task=9, workers=1)
     local = dedup(pairs, str(held), tmp_path / "dl", options, progress=False)
     distributed = dedup(pairs, str(held), tmp_path / "ds", options, progress=False, engine=SPARK)
-    assert local["removed_images"] >= 4 and local["clusters"] == 4
+    assert local.removed_images >= 4 and local.report["clusters"] == 4
     # the same decisions; the scores agree to float rounding (the model runs on 2 threads here, 1 on an executor)
     scored = ("closest_score_percentiles", "examples")
     assert {k: v for k, v in without_engine(local).items() if k not in scored} == {
         k: v for k, v in without_engine(distributed).items() if k not in scored}
-    assert {(e["train"], e["eval"]) for e in local["examples"]} == {(e["train"], e["eval"]) for e in
-                                                                    distributed["examples"]}  # copies: all ~1.0
-    assert local["closest_score_percentiles"] == pytest.approx(distributed["closest_score_percentiles"], abs=1e-5)
+    assert {(e["train"], e["eval"]) for e in local.report["examples"]} == {
+        (e["train"], e["eval"]) for e in distributed.report["examples"]}  # copies: all ~1.0
+    assert local.report["closest_score_percentiles"] == pytest.approx(
+        distributed.report["closest_score_percentiles"], abs=1e-5)
     assert read_keep(tmp_path / "dl") == read_keep(tmp_path / "ds")
 
 
@@ -418,10 +421,10 @@ def test_index_shards_added_by_spark_tasks_equal_local_ones(tmp_path, spark):
     options = build_lib.IndexOptions(kind="ivf", nlist=32, train_per_cell=39, memory=100_000, block_rows=1_500)
     local = build_lib.build(emb, tmp_path / "local", options, engine=LOCAL)
     distributed = build_lib.build(emb, tmp_path / "spark", options, engine=SPARK)
-    assert local["storage"] == distributed["storage"] == "shards" and len(local["shards"]) == 4
-    for name in local["shards"]:
+    assert local.info["storage"] == distributed.info["storage"] == "shards" and len(local.info["shards"]) == 4
+    for name in local.info["shards"]:
         assert (tmp_path / "local" / name).read_bytes() == (tmp_path / "spark" / name).read_bytes()
-    assert local["params"] == distributed["params"]
+    assert local.params == distributed.params
 
 
 def test_local_ingest_of_many_tars_runs_a_task_per_tar_with_the_same_rows(tmp_path, sources):
@@ -431,7 +434,7 @@ def test_local_ingest_of_many_tars_runs_a_task_per_tar_with_the_same_rows(tmp_pa
     one = ingest(tars, tmp_path / "one.parquet", IngestOptions(workers=1), progress=False)
     two = ingest(tars, tmp_path / "two.parquet", IngestOptions(workers=2), progress=False)
     assert pq.read_table(tmp_path / "one.parquet").equals(pq.read_table(tmp_path / "two.parquet"))
-    assert without_engine(one) == without_engine(two) and one["rejected"] == {"truncated_tar": 2}
+    assert without_engine(one) == without_engine(two) and one.rejected == {"truncated_tar": 2}
 
 
 DRIVER = """

@@ -31,8 +31,8 @@ def test_two_ranks_equal_one_process_and_reruns_resume_with_another_world_size(t
     cut = (shards / "shapes-000004.tar").read_bytes()
     (shards / "shapes-000004.tar").write_bytes(cut[:len(cut) // 2])  # a truncated download
     single = embed(model, [str(shards)], tmp_path / "one", EmbedOptions(texts=True, encode_batch=4), progress=False)
-    assert single["complete"] and len(single["parts"]) == 5 and single["count"] < 48
-    assert single["skipped"] == 3 and single["unusable_samples"] == {"truncated_tar": 1}
+    assert single.complete and single.parts == 5 and single.count < 48
+    assert single.skipped == 3 and single.manifest["unusable_samples"] == {"truncated_tar": 1}
 
     argv = TORCHRUN + ["--master_port", str(free_port()), "-m", "openalign.cli", "embed", str(model), "--images",
                        str(shards), "--out", str(tmp_path / "two"), "--texts", "--encode-batch", "4", "--quiet"]
@@ -42,7 +42,8 @@ def test_two_ranks_equal_one_process_and_reruns_resume_with_another_world_size(t
     ranks = {json.loads((tmp_path / "two" / f"part-{i:06d}.json").read_text())["rank"] for i in range(5)}
     assert ranks == {0, 1}  # the parts were shared out
     strip = ("resumed_parts",)
-    assert {k: v for k, v in two.items() if k not in strip} == {k: v for k, v in single.items() if k not in strip}
+    one = single.manifest
+    assert {k: v for k, v in two.items() if k not in strip} == {k: v for k, v in one.items() if k not in strip}
     a, b = outputs(tmp_path / "one"), outputs(tmp_path / "two")
     assert a.keys() == b.keys() and any(k.startswith("text-") for k in a)
     for name in a:
@@ -56,7 +57,7 @@ def test_two_ranks_equal_one_process_and_reruns_resume_with_another_world_size(t
     (tmp_path / "two" / "text-000001.npy").unlink()
     kept = (tmp_path / "two" / "part-000000.npy").stat().st_mtime_ns
     again = embed(model, [str(shards)], tmp_path / "two", EmbedOptions(texts=True, encode_batch=4), progress=False)
-    assert again["resumed_parts"] == 3 and again["complete"] and again["count"] == single["count"]
+    assert again.resumed_parts == 3 and again.complete and again.count == single.count
     assert (tmp_path / "two" / "part-000000.npy").stat().st_mtime_ns == kept
     for name, values in outputs(tmp_path / "two").items():
         np.testing.assert_allclose(values, a[name], rtol=0, atol=1e-6)

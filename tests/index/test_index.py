@@ -39,7 +39,7 @@ def test_flat_index_equals_numpy_brute_force(tmp_path):
     x = clustered(3_000, 24, 20)
     info = build_lib.build(fake_embeddings(tmp_path / "emb", x, part=1_000), tmp_path / "idx",
                            build_lib.IndexOptions(kind="flat"))
-    assert (info["kind"], info["count"], info["recall_at_10"]) == ("flat", 3_000, 1.0)
+    assert (info.kind, info.count, info.recall_at_10) == ("flat", 3_000, 1.0)
     loaded = build_lib.load(tmp_path / "idx")
     queries = clustered(25, 24, 20, seed=1)
     scores, ids = loaded.search(queries, 10)  # exact.search over the memory-mapped FAISS vectors
@@ -60,9 +60,9 @@ def test_approximate_indexes_reach_the_recall_target_on_100k(tmp_path, kind):
     loaded = build_lib.load(tmp_path / "idx")
     exact = np.argsort(-(queries @ x.T), axis=1)[:, :10]
     recall = build_lib.recall_at_10(loaded.search(queries, 10)[1], exact)
-    assert info["recall_at_10"] >= 0.95 and recall >= 0.95
-    assert set(info["params"]) & {"nprobe", "efSearch"}
-    assert info["params"].get("codes", "sq8") == "sq8"  # IVF: 8-bit codes by default
+    assert info.recall_at_10 >= 0.95 and recall >= 0.95
+    assert set(info.params) & {"nprobe", "efSearch"}
+    assert info.params.get("codes", "sq8") == "sq8"  # IVF: 8-bit codes by default
     # an indexed vector comes back for queries by image id (8-bit codes: to within their step)
     np.testing.assert_allclose(loaded.index.reconstruct(1234), x[1234], atol=0.02)
 
@@ -572,16 +572,16 @@ def test_a_truncated_tokenizer_json_is_one_sentence_in_embed_search_and_load(mod
 
 def test_a_unit_querys_scores_are_cosines_even_from_8_bit_codes(tmp_path):
     # Before: an image's own score in an IVF index of 8-bit codes read 1.0005.
-    from openalign.index.search import search
+    from openalign.index.search import nearest
 
     x = clustered(3_000, 24, 20)
     build_lib.build(fake_embeddings(tmp_path / "emb", x), tmp_path / "idx", build_lib.IndexOptions(kind="ivf"))
     index = build_lib.load(tmp_path / "idx")
     raw = index.search(x[:300], 1)[0]
     assert raw.max() > 1.0  # the codes overshoot, so this test can tell
-    scores = [search(index, x[i], 5)[0].score for i in range(300)]
+    scores = [nearest(index, x[i], 5)[0].score for i in range(300)]
     assert max(scores) == 1.0 and min(scores) > 0.9
-    assert search(index, 2 * x[0], 1)[0].score > 1.5  # a vector that is not unit is searched as given
+    assert nearest(index, 2 * x[0], 1)[0].score > 1.5  # a vector that is not unit is searched as given
 
 
 def test_search_prints_a_long_caption_on_one_short_line(model_dir, tmp_path, capsys):

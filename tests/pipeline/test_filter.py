@@ -38,9 +38,9 @@ class Table:
 
 def kept(tmp_path, table: Table, engine="local", **cfg) -> tuple[set, dict]:
     pairs = table.write(tmp_path / "pairs.parquet")
-    report = filters.run_filters(pairs, tmp_path / engine, FilterConfig(**cfg), engine=engine, master="local[1]",
-                                 progress=False)
-    return set(read_keep(tmp_path / engine)), report
+    report = filters.filter_pairs(pairs, tmp_path / engine, FilterConfig(**cfg), engine=engine, master="local[1]",
+                                  progress=False)
+    return set(read_keep(tmp_path / engine)), report.report  # the report as written
 
 
 def test_boundaries_of_every_rule(tmp_path):
@@ -206,9 +206,9 @@ def test_a_glob_of_pair_tables_equals_one_table(tmp_path):
     for i in range(2):
         pq.write_table(pa.Table.from_pylist(t.rows[i * 200:(i + 1) * 200], PAIR_SCHEMA), parts / f"part-{i}.parquet")
         mark_ingested(parts / f"part-{i}.parquet")
-    report = filters.run_filters(str(parts / "*.parquet"), tmp_path / "glob", FilterConfig(vocab_size=150),
+    report = filters.filter_pairs(str(parts / "*.parquet"), tmp_path / "glob", FilterConfig(vocab_size=150),
                                  progress=False)
-    assert set(read_keep(tmp_path / "glob")) == whole and report["pairs"] == 400
+    assert set(read_keep(tmp_path / "glob")) == whole and report.pairs == 400
 
 
 def test_a_rule_that_removes_most_of_a_corpus_is_said_first(tmp_path):
@@ -235,14 +235,14 @@ def test_duckdb_spills_under_a_memory_limit_says_so_and_keeps_the_same_pairs(tmp
         t.add(f"img{i}", " ".join(f"{rng.getrandbits(40):x}" for _ in range(rng.randint(3, 12))))
     pairs = t.write(tmp_path / "pairs.parquet")
     cfg = FilterConfig(vocab_size=50_000)
-    free = filters.run_filters(pairs, tmp_path / "free", cfg, progress=False)
-    tight = filters.run_filters(pairs, tmp_path / "tight", cfg, memory_limit="40MB", threads=1, progress=False)
-    assert free["spilled_bytes"] == 0 and not any("spilled" in line for line in filters.summary_lines(free))
-    assert tight["spilled_bytes"] > 0 and tight["memory_limit"] == 40 * 2**20  # bytes: one size parser
-    note = next(line for line in filters.summary_lines(tight) if "spilled" in line)
+    free = filters.filter_pairs(pairs, tmp_path / "free", cfg, progress=False)
+    tight = filters.filter_pairs(pairs, tmp_path / "tight", cfg, memory_limit="40MB", threads=1, progress=False)
+    assert free.report["spilled_bytes"] == 0 and not any("spilled" in line for line in free.lines())
+    assert tight.report["spilled_bytes"] > 0 and tight.report["memory_limit"] == 40 * 2**20  # bytes: one size parser
+    note = next(line for line in tight.lines() if "spilled" in line)
     assert "out-of-core" in note and "its memory limit (40M)" in note
     assert read_keep(tmp_path / "tight") == read_keep(tmp_path / "free")
-    assert tight["rules"] == free["rules"]
+    assert tight.rules == free.rules
 
 
 def test_words_split_on_every_whitespace_character_and_only_those(tmp_path):
@@ -331,18 +331,18 @@ def candidate_table(tmp_path):
 def test_the_rules_run_on_a_candidate_table_before_any_download(tmp_path):
     pytest.importorskip("jieba")
     table = candidate_table(tmp_path)
-    report = filters.run_filters(table, tmp_path / "f", FilterConfig(**CANDIDATE_RULES), progress=False)
+    report = filters.filter_pairs(table, tmp_path / "f", FilterConfig(**CANDIDATE_RULES), progress=False)
     rows = pq.read_table(table, columns=["uid", "url", "text"]).to_pylist()
     rules = {(u, t): fired for u, t, _, _, fired in CANDIDATES}
     expected = {r["uid"] for r in rows if not rules[(r["url"], r["text"])]}
     assert set(read_keep(tmp_path / "f")) == expected and len(expected) == 11
-    assert [r["rule"] for r in report["rules"]] == list(RULE_ORDER)
-    for r in report["rules"]:  # alone: every pair the rule fires on; in sequence: those no earlier rule took
-        assert r["removed_alone"] == sum(r["rule"] in fired for *_, fired in CANDIDATES), r["rule"]
+    assert [r.rule for r in report.rules] == list(RULE_ORDER)
+    for r in report.rules:  # alone: every pair the rule fires on; in sequence: those no earlier rule took
+        assert r.removed_alone == sum(r.rule in fired for *_, fired in CANDIDATES), r.rule
         first = [next((rule for rule in RULE_ORDER if rule in fired), None) for *_, fired in CANDIDATES]
-        assert r["removed_in_sequence"] == first.count(r["rule"]), r["rule"]
-    assert [r["removed_in_sequence"] for r in report["rules"]] != [r["removed_alone"] for r in report["rules"]]
-    assert report["pairs"] == len(CANDIDATES) and report["kept_pairs"] == 11
+        assert r.removed_in_sequence == first.count(r.rule), r.rule
+    assert [r.removed_in_sequence for r in report.rules] != [r.removed_alone for r in report.rules]
+    assert report.pairs == len(CANDIDATES) and report.kept_pairs == 11
 
 
 @pytest.mark.slow
@@ -350,11 +350,11 @@ def test_the_rules_run_on_a_candidate_table_before_any_download(tmp_path):
 def test_a_candidate_table_filters_the_same_on_spark(tmp_path):
     pytest.importorskip("jieba")
     table = candidate_table(tmp_path)
-    local = filters.run_filters(table, tmp_path / "local", FilterConfig(**CANDIDATE_RULES), progress=False)
-    spark = filters.run_filters(table, tmp_path / "spark", FilterConfig(**CANDIDATE_RULES), engine="spark",
+    local = filters.filter_pairs(table, tmp_path / "local", FilterConfig(**CANDIDATE_RULES), progress=False)
+    spark = filters.filter_pairs(table, tmp_path / "spark", FilterConfig(**CANDIDATE_RULES), engine="spark",
                                 master="local[1]", progress=False)
     assert read_keep(tmp_path / "local") == read_keep(tmp_path / "spark")
-    assert [r["removed_alone"] for r in local["rules"]] == [r["removed_alone"] for r in spark["rules"]]
+    assert [r.removed_alone for r in local.rules] == [r.removed_alone for r in spark.rules]
 
 
 def test_the_size_rules_say_when_no_size_is_known(tmp_path):
@@ -363,29 +363,29 @@ def test_the_size_rules_say_when_no_size_is_known(tmp_path):
     (tmp_path / "urls.csv").write_text("url,caption\nhttps://a.example/1.jpg,a red bicycle here\n"
                                        "https://a.example/2.jpg,two cats asleep here\n", encoding="utf-8")
     extract([str(tmp_path / "urls.csv")], tmp_path / "web", progress=False)
-    report = filters.run_filters(tmp_path / "web" / "candidates.parquet", tmp_path / "f", progress=False)
-    assert report["not_applied"] == {"image_small": "no image's size is known",
-                                     "image_aspect": "no image's size is known"} and report["kept_pairs"] == 2
-    assert report["sizes"] == {"original": 0, "as_stored": 0, "unknown": 2}
+    report = filters.filter_pairs(tmp_path / "web" / "candidates.parquet", tmp_path / "f", progress=False)
+    assert report.not_applied == {"image_small": "no image's size is known",
+                                     "image_aspect": "no image's size is known"} and report.kept_pairs == 2
+    assert report.report["sizes"] == {"original": 0, "as_stored": 0, "unknown": 2}
     assert "note: image_small, image_aspect not applied (no image's size is known; they run on the pair table after " \
-           "the download)" in filters.summary_lines(report)
+           "the download)" in report.lines()
 
 
 def test_a_candidate_table_s_report_counts_each_language_and_host(tmp_path):
     pytest.importorskip("jieba")
     table = candidate_table(tmp_path)
-    report = filters.run_filters(table, tmp_path / "f", FilterConfig(**CANDIDATE_RULES), progress=False)
+    report = filters.filter_pairs(table, tmp_path / "f", FilterConfig(**CANDIDATE_RULES), progress=False)
     rows = pq.read_table(table, columns=["url", "text", "language", "host"]).to_pylist()
     fired = {(u, t): f for u, t, _, _, f in CANDIDATES}
-    for column, groups in (("language", report["by_language"]), ("host", report["by_host"])):
+    for column, groups in (("language", report.report["by_language"]), ("host", report.report["by_host"])):
         assert sum(g["pairs"] for g in groups) == len(CANDIDATES)
         for g in groups:
             mine = [r for r in rows if r[column] == g["value"]]
             assert g["pairs"] == len(mine) and g["kept"] == sum(not fired[(r["url"], r["text"])] for r in mine)
             for rule, n in g["removed_alone"].items():
                 assert n == sum(rule in fired[(r["url"], r["text"])] for r in mine), (column, g["value"], rule)
-    languages = {g["value"] for g in report["by_language"]}
-    assert {"en", "zh", "ja"} <= languages and report["by_host"][0]["value"] == "a.example"
+    languages = {g["value"] for g in report.report["by_language"]}
+    assert {"en", "zh", "ja"} <= languages and report.report["by_host"][0]["value"] == "a.example"
     assert (tmp_path / "f" / "filter_report.png").stat().st_size > 10_000
 
 

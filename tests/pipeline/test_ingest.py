@@ -73,8 +73,8 @@ def test_every_malformed_kind_is_counted_and_no_good_pair_is_lost(tmp_path):
             if outcome != "pair":
                 assert outcome in by_name[name]["conversions"].split(","), name
     assert len(pairs) + len(rejects) == len(expected)
-    assert manifest["rejected"] == {"empty": 1, "unreadable": 1, "truncated": 2, "too_many_pixels": 1, "no_text": 1}
-    assert manifest["conversions"]["exif_rotated"] == 1 and manifest["conversions"]["alpha"] == 1
+    assert manifest.rejected == {"empty": 1, "unreadable": 1, "truncated": 2, "too_many_pixels": 1, "no_text": 1}
+    assert manifest.conversions["exif_rotated"] == 1 and manifest.conversions["alpha"] == 1
     # sizes are as displayed; whitespace runs become one space; keys are content hashes
     assert (by_name["rotated.jpg"]["width"], by_name["rotated.jpg"]["height"]) == (200, 300)
     assert by_name["good.jpg"]["text"] == "caption of good.jpg second part"
@@ -112,8 +112,8 @@ def test_tables_and_webdataset_sources(tmp_path):
     assert [p["text"] for p in pairs] == ["a red thing", "same image, other text", "from a shard"]
     assert pairs[0]["image_key"] == pairs[1]["image_key"] and pairs[0]["uid"] != pairs[1]["uid"]
     assert pairs[2]["member"] == "000.jpg" and pairs[2]["url"] == "http://x/0.jpg"
-    assert manifest["rejected"] == {"unreadable": 1, "remote_not_fetched": 1, "missing_file": 1}
-    assert manifest["images"] == 2
+    assert manifest.rejected == {"unreadable": 1, "remote_not_fetched": 1, "missing_file": 1}
+    assert manifest.images == 2
 
 
 def test_bad_sources_fail_in_one_sentence(tmp_path):
@@ -140,7 +140,7 @@ def test_tables_are_read_row_by_row_never_all_or_nothing(tmp_path):
                       IngestOptions(workers=1), progress=False)
     texts = sorted(pq.read_table(tmp_path / "p.parquet").column("text").to_pylist())
     assert texts == ["a good caption", "caf\ufffd", "caf\ufffd latin-1 caption", "json one", "the last good row"]
-    assert manifest["rejected"] == {"bad_row": 2} and manifest["repaired"] == {"rows_with_invalid_utf8": 2}
+    assert manifest.rejected == {"bad_row": 2} and manifest.repaired == {"rows_with_invalid_utf8": 2}
     details = pq.read_table(tmp_path / "p.rejects.parquet").column("detail").to_pylist()
     assert any(d.startswith("line 4:") for d in details) and any(d.startswith("line 2: not JSON") for d in details)
 
@@ -156,7 +156,7 @@ def test_only_regular_files_are_inputs_and_paths_are_absolute(tmp_path, monkeypa
     (folder / "x.txt").write_text("a fifo")
     monkeypatch.chdir(tmp_path)
     manifest = ingest(["imgs"], tmp_path / "p.parquet", IngestOptions(workers=1), progress=False)
-    assert manifest["pairs"] == 1 and manifest["rejected"] == {"not_a_file": 1}
+    assert manifest.pairs == 1 and manifest.rejected == {"not_a_file": 1}
     path = pq.read_table(tmp_path / "p.parquet").column("path")[0].as_py()
     assert path == str(folder / "good.jpg")  # absolute: `shard` run from anywhere finds it
     with pytest.raises(ConfigError, match="is a file, not a directory"):
@@ -252,7 +252,7 @@ def test_symlink_loops_and_repeated_links_list_each_directory_once(tmp_path):
     files = list(folder_files(root))
     assert len(files) == 3 and len({os.path.realpath(f) for f in files}) == 3
     manifest = ingest([str(root)], tmp_path / "pairs.parquet", IngestOptions(workers=1), progress=False)
-    assert manifest["pairs"] == 3
+    assert manifest.pairs == 3
 
 
 @pytest.mark.parametrize("layout", ["files", "table"])

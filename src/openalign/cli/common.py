@@ -72,8 +72,8 @@ def size(text: str) -> int:
 
 def filter_config(overrides: list[str]) -> config_lib.FilterConfig:
     """The filter thresholds with `key=value` overrides, checked."""
-    cfg = config_lib.override(config_lib.FilterConfig(), overrides,
-                              help_hint="the filter keys are " + ", ".join(config_lib.leaf_keys(config_lib.FilterConfig)))
+    keys = ", ".join(config_lib.leaf_keys(config_lib.FilterConfig))
+    cfg = config_lib.override(config_lib.FilterConfig(), overrides, help_hint=f"the filter keys are {keys}")
     config_lib.check(cfg)
     return cfg
 

@@ -28,8 +28,8 @@ def corpus_flags(p) -> None:
 
     p.add_argument("name", choices=[*CORPORA, "emoji-eval"],
                    help="the corpus to build: emoji (CLDR names of Noto emoji), openclipart (Debian's clip art and "
-                        "its titles), shapes (coloured shapes, some colour-shape pairs never in training: compositional "
-                        "zero-shot), or "
+                        "its titles), shapes (coloured shapes, some colour-shape pairs never in training: "
+                        "compositional zero-shot), or "
                         "emoji-eval: the emoji corpus in every evaluation layout (Karpathy JSON, class folders, "
                         "Multi30k, CxC-style), for trying each `openalign eval` task offline")
     p.add_argument("--out", required=True, help="the corpus's folder (its train/ and eval/ shards)")
@@ -38,7 +38,8 @@ def corpus_flags(p) -> None:
         flag = {"font_path": "--font", "cldr_path": "--cldr"}.get(param, "--" + param.replace("_", "-"))
         p.add_argument(flag, dest=param, help=f"{users}: the builder's {param} (lists: comma-separated; default: the "
                                                 "builder's)")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="openclipart: the filter's thresholds (see `openalign filter`)")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="openclipart: the filter's thresholds (see `openalign filter`)")
 
 
 def run_corpus(args) -> int:
@@ -61,6 +62,7 @@ def run_corpus(args) -> int:
         options["filter_cfg"] = filter_config(args.overrides)
     elif args.overrides:
         raise ConfigError(f"the {args.name} corpus takes no filter overrides ({' '.join(args.overrides)})")
-    summary = CORPORA[args.name](Path(args.out), **options, **({"progress": not args.quiet} if "progress" in builder else {}))
+    progress = {"progress": not args.quiet} if "progress" in builder else {}
+    summary = CORPORA[args.name](Path(args.out), **options, **progress)
     print(json.dumps(summary, indent=2))
     return 0

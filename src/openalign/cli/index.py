@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 from openalign import host
@@ -31,21 +30,21 @@ def run_embed(args) -> int:
     from openalign.index.embed import EmbedOptions, embed
 
     host.reuse_freed_memory()
-    manifest = embed(Path(args.model), args.sources, Path(args.out), options_from(args, EmbedOptions),
-                     progress=not args.quiet)
+    result = embed(Path(args.model), args.sources, Path(args.out), options_from(args, EmbedOptions),
+                   progress=not args.quiet)
     if distributed.from_env().main:
-        texts = " and caption" if manifest["texts"] else ""
-        print(f"{manifest['count']:,} image{texts} embeddings ({manifest['dim']}-d {manifest['dtype']}) -> {args.out}; "
-              f"{manifest['skipped']:,} unreadable images skipped; {manifest['resumed_parts']} of "
-              f"{len(manifest['parts'])} parts were already done")
-        redone = {r: n for r, n in manifest.get("redone", {}).items() if r != "new"}
+        texts = " and caption" if result.texts else ""
+        print(f"{result.count:,} image{texts} embeddings ({result.dim}-d {result.dtype}) -> {args.out}; "
+              f"{result.skipped:,} unreadable images skipped; {result.resumed_parts} of {result.parts} parts were "
+              "already done")
+        redone = {r: n for r, n in result.redone.items() if r != "new"}
         if redone:
             print("embedded again: " + ", ".join(f"{n} part{'s' * (n > 1)} ({reason})" for reason, n in redone.items()))
-        if manifest.get("patch_bytes_per_image"):
-            per = manifest["patch_bytes_per_image"]
-            print(f"patch vectors for re-ranking: {manifest['patches_per_image']} per image, float16, {per:,} bytes per "
-                  f"image ({per * manifest['count'] / 2**20:,.1f} MiB in all; the pooled embedding is "
-                  f"{manifest['dim'] * np.dtype(manifest['dtype']).itemsize:,} bytes)")
+        if result.patch_bytes_per_image:
+            per = result.patch_bytes_per_image
+            print(f"patch vectors for re-ranking: {result.patches_per_image} per image, float16, {per:,} bytes per "
+                  f"image ({per * result.count / 2**20:,.1f} MiB in all; the pooled embedding is "
+                  f"{result.dim * np.dtype(result.dtype).itemsize:,} bytes)")
     return 0
 
 
@@ -76,19 +75,19 @@ def run_index(args) -> int:
                           "--add EMB INDEX` or `openalign index --delete IDS INDEX`")
     options = options_from(args, IndexOptions)
     before = _takedowns_in(Path(args.out))
-    info = build(Path(args.embeddings), Path(args.out), options, engine=engine(args), progress=not args.quiet)
-    params = ", ".join(f"{k} {v}" for k, v in info["params"].items()) or "exact"
-    where = (f"; {len(info['shards'])} IVF shards on disk, searched together, tuned on the first"
-             if info["storage"] == "shards" else "")
-    print(f"{info['kind']} index of {info['count']:,} {info['vectors']} vectors ({params}; recall@10 "
-          f"{info['recall_at_10']:.3f} against exact search{where}) -> {args.out}")
-    kept = info.get("deleted")
+    result = build(Path(args.embeddings), Path(args.out), options, engine=engine(args), progress=not args.quiet)
+    params = ", ".join(f"{k} {v}" for k, v in result.params.items()) or "exact"
+    where = (f"; {len(result.info['shards'])} IVF shards on disk, searched together, tuned on the first"
+             if result.info["storage"] == "shards" else "")
+    print(f"{result.kind} index of {result.count:,} {result.vectors} vectors ({params}; recall@10 "
+          f"{result.recall_at_10:.3f} against exact search{where}) -> {args.out}")
+    kept = result.info.get("deleted")
     if kept:
         print(f"kept the {kept['images']:,} images taken down from the index it replaced (index --delete): "
               f"{kept['count']:,} of them are in it and stay out of every search; --forget-deletions drops them")
     elif options.forget_deletions and before:
         print(f"dropped the {before:,} take-downs of the index it replaced, as --forget-deletions asked")
-    for warning in info.get("warnings", []):
+    for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     return 0
 
@@ -112,12 +111,12 @@ def _grow_index(args) -> int:
         if args.index or not (args.out or args.embeddings) or (args.out and args.embeddings):
             raise ConfigError("delete ids with `openalign index --delete IDS INDEX`")
         index = Path(args.out or args.embeddings)
-        info = grow.delete(index, grow.parse_ids(args.delete))
-        if not info["newly_deleted"]:
+        result = grow.delete(index, grow.parse_ids(args.delete))
+        if not result.newly_deleted:
             print(f"every one of those ids was deleted from {index} already: nothing changed")
             return 0
-        print(f"deleted {info['newly_deleted']:,} ids from {index} ({info['deleted']['count']:,} deleted in all, of "
-              f"{info['count']:,}); searches no longer return them, and a rebuild or an add keeps their images out")
+        print(f"deleted {result.newly_deleted:,} ids from {index} ({result.deleted:,} deleted in all, of "
+              f"{result.count:,}); searches no longer return them, and a rebuild or an add keeps their images out")
         return 0
     if args.index and args.out and Path(args.index).resolve() != Path(args.out).resolve():
         raise ConfigError(f"--add grows the index INDEX in place, so --out {args.out} would be ignored: give the "
@@ -128,20 +127,20 @@ def _grow_index(args) -> int:
     if (Path(args.embeddings) / "index.json").is_file() and not (Path(index) / "index.json").is_file():
         raise ConfigError(f"{args.embeddings} is an index and {index} is not: the order is `openalign index --add EMB "
                           "INDEX`, the embed output first")
-    info = grow.add(Path(args.embeddings), Path(index), options_from(args, IndexOptions), engine=engine(args),
-                    progress=not args.quiet)
-    if info.get("kept_down"):
-        print(f"{info['kept_down']:,} of the added rows are images taken down before (index --delete): they stay "
+    result = grow.add(Path(args.embeddings), Path(index), options_from(args, IndexOptions), engine=engine(args),
+                      progress=not args.quiet)
+    if result.kept_down:
+        print(f"{result.kept_down:,} of the added rows are images taken down before (index --delete): they stay "
               "deleted")
-    if not info["added"]:
-        print(f"{index} already holds every part of {args.embeddings} ({info['count']:,} vectors): nothing to add")
+    if not result.added:
+        print(f"{index} already holds every part of {args.embeddings} ({result.count:,} vectors): nothing to add")
         return 0
-    recall = info["adds"][-1]["recall_at_10"]
-    measured = f"; recall@10 on the added rows {recall:.3f} (built: {info['recall_at_10']:.3f})" if recall is not None \
-        else ""
-    print(f"added {info['added']:,} vectors to {index}: {info['count']:,} in all, ids {info['count'] - info['added']:,}"
-          f" to {info['count'] - 1:,}{measured}")
-    for warning in info.get("warnings", []):
+    recall = result.info["adds"][-1]["recall_at_10"]
+    measured = f"; recall@10 on the added rows {recall:.3f} (built: {result.recall_at_10:.3f})" \
+        if recall is not None else ""
+    print(f"added {result.added:,} vectors to {index}: {result.count:,} in all, ids {result.count - result.added:,} "
+          f"to {result.count - 1:,}{measured}")
+    for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     return 0
 
@@ -169,21 +168,11 @@ def run_search(args) -> int:
 
     searches()
     index = build.load(Path(args.index))
-    model, tokenizer = search.load_model_for(index, args.model)
     if args.image and not Path(args.image).is_file():
         raise ConfigError(f"no image file {args.image}")
     query = options_from(args, search.Query, image=Path(args.image).read_bytes() if args.image else None)
-    floor = search.min_score(args.min_score, index.info.get("weights"))
-    if args.rerank < 0:
-        raise ConfigError(f"--rerank {args.rerank} must be 0 (off) or a shortlist size K >= 1")
-    if args.k < 1:
-        raise ConfigError(f"-k {args.k} must be at least 1 (the number of results to show)")
-    patches = search.patch_store(index) if args.rerank else None
-    hits = search.search(index, search.query_vector(model, tokenizer, query, index), max(args.k, args.rerank), floor)
-    if args.rerank:
-        start = time.perf_counter()
-        hits = search.rerank(model, tokenizer, query, hits, patches, args.k)
-        note = f"re-ranked the top {args.rerank} by late interaction in {1000 * (time.perf_counter() - start):.1f} ms"
+    result = search.search(index, query, args.k, model=args.model, min_score=args.min_score, rerank=args.rerank)
+    hits, floor = result.hits, result.min_score
     print(f"{'rank':>4}  {'score':>6}  {'id':>7}  path / caption")
     for hit in hits:
         text = hit.meta.get("caption") or ""
@@ -193,5 +182,6 @@ def run_search(args) -> int:
     if floor is not None and len(hits) < args.k:
         print(f"{len(hits)} result{'s' * (len(hits) != 1)} score at least --min-score {floor:.4f}")
     if args.rerank:
-        print(note + " (scores: late interaction's)")
+        print(f"re-ranked the top {args.rerank} by late interaction in {result.rerank_ms:.1f} ms (scores: late "
+              "interaction's)")
     return 0

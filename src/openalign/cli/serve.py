@@ -23,7 +23,8 @@ def serve_flags(p) -> None:
     p.add_argument("--allowed-hosts", metavar="NAME,...", help="more Host header names to answer (by default the "
                    "loopback names, and this machine's own names when --host is not loopback): what a proxy sends")
     p.add_argument("--min-score", metavar="SCORE|METRICS_JSON",
-                   help="requests without min_score leave out results scoring below this cosine; or `openalign eval`'s metrics JSON for this "
+                   help="requests without min_score leave out results scoring below this cosine; or `openalign "
+                        "eval`'s metrics JSON for this "
                         "model: its calibrated threshold (t2i_threshold_median)")
     add_options(p, Limits, convert={"max_upload_bytes": size, "max_image_bytes": size, "max_answer_bytes": size})
 

@@ -22,12 +22,12 @@ def ingest_flags(p) -> None:
 def run_ingest(args) -> int:
     from openalign.pipeline.ingest import IngestOptions, ingest
 
-    manifest = ingest(args.sources, Path(args.out), options_from(args, IngestOptions), progress=not args.quiet,
-                      engine=engine(args))
-    rejected = ", ".join(f"{k} {v:,}" for k, v in manifest["rejected"].items()) or "none"
-    converted = ", ".join(f"{k} {v:,}" for k, v in manifest["conversions"].items()) or "none"
-    print(f"{manifest['pairs']:,} pairs ({manifest['images']:,} images) -> {args.out} in {manifest['seconds']:.1f} s")
-    print(f"rejected: {rejected} (listed in {manifest['rejects']})")
+    result = ingest(args.sources, Path(args.out), options_from(args, IngestOptions), progress=not args.quiet,
+                    engine=engine(args))
+    rejected = ", ".join(f"{k} {v:,}" for k, v in result.rejected.items()) or "none"
+    converted = ", ".join(f"{k} {v:,}" for k, v in result.conversions.items()) or "none"
+    print(f"{result.pairs:,} pairs ({result.images:,} images) -> {args.out} in {result.seconds:.1f} s")
+    print(f"rejected: {rejected} (listed in {result.rejects})")
     print(f"kept with conversion: {converted}")
     return 0
 
@@ -55,10 +55,10 @@ def run_filter(args) -> int:
     from openalign.pipeline import filter as filters
 
     cfg = filter_config(args.overrides + ([f"rules={args.rules}"] if args.rules else []))
-    report = filters.run_filters(Path(args.pairs), Path(args.out), cfg, engine=args.engine, master=args.master,
-                                 memory_limit=args.memory_limit, threads=args.threads, progress=not args.quiet)
-    print("\n".join(filters.summary_lines(report)))
-    print(f"keep-list: {report['keep']}, report: {Path(args.out) / 'filter_report.json'} (+ .png)")
+    result = filters.filter_pairs(Path(args.pairs), Path(args.out), cfg, engine=args.engine, master=args.master,
+                                  memory_limit=args.memory_limit, threads=args.threads, progress=not args.quiet)
+    print("\n".join(result.lines()))
+    print(f"keep-list: {result.keep}, report: {Path(args.out) / filters.REPORT} (+ .png)")
     return 0
 
 
@@ -76,11 +76,11 @@ def dedup_flags(p) -> None:
 def run_dedup(args) -> int:
     from openalign.pipeline.dedup import DedupOptions, dedup
 
-    report = dedup(args.pairs, args.against, Path(args.out), options_from(args, DedupOptions), progress=not args.quiet,
+    result = dedup(args.pairs, args.against, Path(args.out), options_from(args, DedupOptions), progress=not args.quiet,
                    engine=engine(args))
-    print(f"{report['removed_images']:,} of {report['train_images']:,} training images ({report['removed_pairs']:,} "
-          f"pairs) are near-duplicates of the {report['eval_images']:,} evaluation images ({report['rule']})")
-    print(f"keep-list: {report['keep']}, report: {Path(args.out) / 'dedup_report.json'}")
+    print(f"{result.removed_images:,} of {result.train_images:,} training images ({result.removed_pairs:,} pairs) are "
+          f"near-duplicates of the {result.eval_images:,} evaluation images ({result.rule})")
+    print(f"keep-list: {result.keep}, report: {Path(args.out) / 'dedup_report.json'}")
     return 0
 
 
@@ -97,10 +97,10 @@ def run_screen(args) -> int:
     from openalign.pipeline.screen import ScreenOptions, screen
 
     options = options_from(args, ScreenOptions)
-    report = screen(args.pairs, Path(args.out), options, progress=not args.quiet, engine=engine(args))
-    print(f"{report['removed_images']:,} of {report['images']:,} images ({report['removed_pairs']:,} pairs) scored "
-          f">= {options.threshold} by {options.classifier}; {report['unreadable_images']:,} unreadable")
-    print(f"keep-list: {report['keep']}, report: {Path(args.out) / 'screen_report.json'}")
+    result = screen(args.pairs, Path(args.out), options, progress=not args.quiet, engine=engine(args))
+    print(f"{result.removed_images:,} of {result.images:,} images ({result.removed_pairs:,} pairs) scored >= "
+          f"{options.threshold} by {options.classifier}; {result.unreadable_images:,} unreadable")
+    print(f"keep-list: {result.keep}, report: {Path(args.out) / 'screen_report.json'}")
     return 0
 
 
@@ -118,9 +118,9 @@ def shard_flags(p) -> None:
 def run_shard(args) -> int:
     from openalign.pipeline.shard import ShardOptions, shard
 
-    manifest = shard(args.pairs, [Path(k) for k in args.keep], Path(args.out), options_from(args, ShardOptions),
-                     progress=not args.quiet, engine=engine(args))
-    skipped = ", ".join(f"{k} {v:,}" for k, v in manifest["skipped"].items()) or "none"
-    print(f"{manifest['n_samples']:,} images in {len(manifest['shards'])} shards -> {args.out} "
-          f"({manifest['resumed_shards']} already done; skipped: {skipped})")
+    result = shard(args.pairs, [Path(k) for k in args.keep], Path(args.out), options_from(args, ShardOptions),
+                   progress=not args.quiet, engine=engine(args))
+    skipped = ", ".join(f"{k} {v:,}" for k, v in result.skipped.items()) or "none"
+    print(f"{result.samples:,} images in {len(result.shards)} shards -> {args.out} ({result.resumed_shards} already "
+          f"done; skipped: {skipped})")
     return 0

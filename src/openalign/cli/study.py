@@ -103,7 +103,8 @@ def _standalone_study(args, module, defaults, quick: tuple, refused: tuple, refu
 
 
 def _study_failure_modes(args) -> int:
-    """`study failure-modes`: the teaching's failure modes of contrastive training, part by part (study/failure_modes.py)."""
+    """`study failure-modes`: the teaching's failure modes of contrastive training, part by part
+    (study/failure_modes.py)."""
     from openalign.study import failure_modes
 
     extra = ["parts=" + ",".join(args.only)] if args.only else []

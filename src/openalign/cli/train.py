@@ -39,7 +39,8 @@ def train_config(args) -> config_lib.Config:
     if args.init:
         cfg = from_model(cfg, Path(args.init))
     elif cfg.preset in presets.NEEDS_INIT and not cfg.model.init_from:
-        raise ConfigError(f"preset {cfg.preset} fine-tunes a trained model: pass --init MODEL_DIR (e.g. runs/demo/model)")
+        raise ConfigError(f"preset {cfg.preset} fine-tunes a trained model: pass --init MODEL_DIR (e.g. "
+                          "runs/demo/model)")
     return fitted(config_lib.override(cfg, args.overrides), args.overrides)
 
 

@@ -27,7 +27,7 @@ def _shards(spec: str, data: DataConfig, split: str, progress: bool) -> list[str
     if path.suffix == ".json" and path.is_file():
         out = Path(data.data_dir) / "karpathy" / path.stem / split.replace(",", "-")
         manifest = karpathy_shards(path, Path(data.images) if data.images else path.parent, split, out, progress)
-        if not manifest["n_samples"]:
+        if not manifest.samples:
             raise ConfigError(f"no readable images of split {split} of {path} under {data.images or path.parent}; "
                               "pass --images DIR (the image root)")
         return list_shards(str(out))

@@ -67,7 +67,7 @@ def build(out: Path, root: str = DEFAULT_ROOT, heldout: float = 0.1, seed: int =
     if not files:
         raise ConfigError(f"no .png files under {root}")
     ingested = ingest([str(out / "raw.jsonl")], out / "pairs.parquet", IngestOptions(), progress=progress)
-    report = filters.run_filters(out / "pairs.parquet", out / "filter", filter_cfg, engine=engine, progress=progress)
+    report = filters.filter_pairs(out / "pairs.parquet", out / "filter", filter_cfg, engine=engine, progress=progress)
     samples = kept_images(out / "pairs.parquet", [out / "filter"])
     is_eval = [stable_seed(seed, "heldout", s["image_key"]) % 10_000 < heldout * 10_000 for s in samples]
     options = ShardOptions(image_size=image_size, samples_per_shard=samples_per_shard, prefix="openclipart")
@@ -77,9 +77,9 @@ def build(out: Path, root: str = DEFAULT_ROOT, heldout: float = 0.1, seed: int =
     evaluation = write_samples([s for s, e in zip(samples, is_eval) if e], out / "eval", options, progress,
                                info | {"split": "eval"}) if heldout else None
     return {
-        "out": str(out), "files": files, "pairs": ingested["pairs"], "images": ingested["images"],
-        "rejected": ingested["rejected"], "kept_pairs": report["kept_pairs"],
+        "out": str(out), "files": files, "pairs": ingested.pairs, "images": ingested.images,
+        "rejected": ingested.rejected, "kept_pairs": report.kept_pairs,
         "filter_report": str(out / "filter" / "filter_report.json"),
-        "train_images": train["n_samples"], "eval_images": evaluation["n_samples"] if evaluation else 0,
-        "removed_by_rule": {r["rule"]: r["removed_in_sequence"] for r in report["rules"]},
+        "train_images": train.samples, "eval_images": evaluation.samples if evaluation else 0,
+        "removed_by_rule": {r.rule: r.removed_in_sequence for r in report.rules},
     }

@@ -14,6 +14,10 @@ from typing import Annotated, Literal
 from openalign.config import (FRACTION_CLOSED_OPEN, NON_NEGATIVE, POSITIVE, POSITIVE_INT, EvalConfig, FinetuneConfig,
                               check, non_negative)
 
+__all__ = ["DEFAULT_TEMPLATES", "TASK_OPTIONS", "CompositionalOptions", "CxcOptions", "EvalOptions",
+           "FinetuneOptions", "KnnOptions", "MultilingualOptions", "ProbeOptions", "RetrievalOptions", "SgdProbe",
+           "VtabOptions", "ZeroshotOptions"]
+
 # A short generic prompt set for icons and emoji (one definition: the config's default).
 DEFAULT_TEMPLATES = EvalConfig().templates
 
@@ -26,7 +30,8 @@ class EvalOptions:
     max_length: int = 64  # text tokens (set from the model)
     images: str = ""  # image root for a Karpathy JSON, a table or a list (default: beside the file)
     split: str = "test"  # Karpathy split to evaluate (test: the 1K Flickr30K / 5K COCO protocol; all: every image)
-    image_column: str = ""  # a table's image column (default: the first of image, filepath, file, path, image_path, url)
+    image_column: str = ""  # a table's image column (default: the first of image, filepath, file, path, image_path,
+        # url)
     text_column: str = ""  # a table's caption column (default: the first of text, caption, captions, title)
     resize: int = 0  # the side images are resized to before the center crop (default: the model's resize-to-crop
         # ratio applied to the crop)

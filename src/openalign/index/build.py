@@ -39,6 +39,8 @@ from openalign.index import takedown
 from openalign.index.options import IndexOptions
 from openalign.index.parts import Parts, add_shard, part_files, read_manifest
 
+__all__ = ["IndexOptions", "IndexResult", "Loaded", "build", "load"]
+
 FILE, META, INFO, EXACT16 = "index.faiss", "meta.parquet", "index.json", "vectors-f16.npy"
 TRAINED = "trained.faiss"  # IVF: the trained, empty index (its quantizer), for `index --add` to new shards
 FILES = {"index": FILE, "meta": META, "exact16": EXACT16}  # index.json "files": a generation's names (grow.py)
@@ -313,7 +315,34 @@ def _add_shards(trained: faiss.Index | Path, parts: Parts, out: Path | None, opt
 BUILDING = "_build"  # OUT/_build: a build's files until it has succeeded (and its resumable shard tasks)
 
 
-def build(emb: Path, out: Path, options: IndexOptions = IndexOptions(), engine=None, progress: bool = False) -> dict:
+@dataclass(frozen=True)
+class IndexResult:
+    """An index as `build`, `grow.add` or `grow.delete` left it: its index.json (`info`), in the fields a caller
+    reads."""
+
+    out: Path  # the index directory
+    kind: str  # flat (exact), ivf or hnsw
+    count: int  # vectors: ids 0 .. count-1
+    vectors: str  # image, or text (captions)
+    params: dict  # what was tuned to the recall target (nlist, nprobe, codes, ...); {} for exact search
+    recall_at_10: float  # against exact search, measured on held-out queries when the index was built
+    deleted: int  # ids taken down (`index --delete`): never returned by a search
+    warnings: list[str]
+    info: dict  # index.json as written
+    added: int = 0  # `grow.add`: vectors this call added
+    kept_down: int = 0  # `grow.add`: added rows whose image was taken down before (they stay deleted)
+    newly_deleted: int = 0  # `grow.delete`: ids this call took down
+
+    @classmethod
+    def of(cls, out: Path, info: dict, **changes) -> "IndexResult":
+        """The result for the index.json `info` of the index in `out`."""
+        return cls(Path(out), info["kind"], int(info["count"]), info.get("vectors", "image"), info["params"],
+                   info["recall_at_10"], int((info.get("deleted") or {}).get("count", 0)),
+                   list(info.get("warnings") or []), info, **changes)
+
+
+def build(emb: Path, out: Path, options: IndexOptions = IndexOptions(), engine=None,
+          progress: bool = False) -> IndexResult:
     """Index the `vectors` of an embed output into `out` (see build_streaming); metadata is copied part by
     part into meta.parquet with the row ids.
 
@@ -322,6 +351,7 @@ def build(emb: Path, out: Path, options: IndexOptions = IndexOptions(), engine=N
     Ctrl-C) leaves the working index as it was."""
     import shutil
 
+    emb, out = Path(emb), Path(out)
     manifest = read_manifest(emb, options.vectors)
     parts = Parts(part_files(emb, options.vectors))
     n, d = parts.n, parts.d
@@ -364,7 +394,7 @@ def build(emb: Path, out: Path, options: IndexOptions = IndexOptions(), engine=N
         os.replace(staging / name, out / name)
     write_json(out / INFO, info)
     shutil.rmtree(staging, ignore_errors=True)
-    return info
+    return IndexResult.of(out, info)
 
 
 def _previous_takedowns(out: Path) -> pa.Table:

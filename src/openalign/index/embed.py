@@ -50,6 +50,8 @@ from openalign.model.encode import (encode_image_stream, encode_image_tokens, en
 from openalign.model.hub import model_fingerprint, weights_fingerprint
 from openalign.outputs import unfinish, write_json, writing
 
+__all__ = ["EmbedOptions", "EmbedResult", "embed"]
+
 META_SCHEMA = pa.schema([("key", pa.string()), ("path", pa.string()), ("caption", pa.string()),
                          ("width", pa.int32()), ("height", pa.int32())])
 
@@ -232,10 +234,30 @@ def embed_part(encoder: Encoder, items, options: EmbedOptions, bar) -> tuple:
     return matrix, texts, rows, counter, patches
 
 
+@dataclass(frozen=True)
+class EmbedResult:
+    """What `embed` wrote (its manifest, OUT/manifest.json, holds the same and more)."""
+
+    out: Path  # the embeddings' folder: part-*.npy, meta-*.parquet (text-*.npy, patch-*.npy)
+    count: int  # images embedded (ids 0 .. count-1 in part order)
+    dim: int
+    dtype: str  # float32, or float16 (--float16)
+    texts: bool  # the captions were embedded too
+    skipped: int  # images that could not be read
+    parts: int  # parts planned
+    resumed_parts: int  # parts a rerun did not embed again (their inputs, model and options unchanged)
+    redone: dict[str, int]  # parts embedded, by why (new, changed inputs, another model, ...)
+    complete: bool  # every part is done (a torchrun rank other than 0 returns before rank 0 writes the manifest)
+    patches_per_image: int  # patch vectors stored per image for re-ranking (0: none, without `patches`)
+    patch_bytes_per_image: int  # their bytes per image (float16)
+    manifest: dict  # the manifest as written
+
+
 def embed(model_dir: Path, sources: list[str], out: Path, options: EmbedOptions = EmbedOptions(),
-          progress: bool = True) -> dict:
+          progress: bool = True) -> EmbedResult:
     """Embed every image of `sources` (in order; see the module docstring) into `out`: this rank's parts,
     then (rank 0, after every rank is done) the manifest."""
+    out = Path(out)
     layout = distributed.from_env()
     if layout.active and not torch.distributed.is_initialized():
         torch.distributed.init_process_group("gloo")  # only for the barrier; the work itself never talks
@@ -285,7 +307,10 @@ def embed(model_dir: Path, sources: list[str], out: Path, options: EmbedOptions 
         write_json(out / MANIFEST, manifest)  # last: every part is finished
     if layout.active:
         torch.distributed.barrier()
-    return manifest
+    return EmbedResult(out, manifest["count"], manifest["dim"], manifest["dtype"], bool(manifest["texts"]),
+                       manifest["skipped"], len(manifest["parts"]), manifest["resumed_parts"], manifest["redone"],
+                       manifest["complete"], manifest.get("patches_per_image", 0),
+                       manifest.get("patch_bytes_per_image", 0), manifest)
 
 
 def _manifest(out: Path, parts: list[Part], plan: dict, key: str, inputs: dict[int, str], options: EmbedOptions,

@@ -35,6 +35,8 @@ from openalign.index import build, takedown
 from openalign.index.parts import Parts, part_files, read_manifest
 from openalign.outputs import write_json
 
+__all__ = ["add", "delete"]
+
 DRIFT = 0.02  # recall@10 below the recorded figure by more than this: the new data has drifted
 WORK = "_work"  # INDEX/_work: an add's resumable shard tasks (build._add_shards)
 
@@ -95,15 +97,15 @@ def _commit(index_dir: Path, old: dict, new: dict) -> None:
 
 
 def add(emb: Path, index_dir: Path, options: build.IndexOptions = build.IndexOptions(), engine=None,
-        progress: bool = False) -> dict:
-    """Append the embed output's new parts to the index in `index_dir`; the new index.json (with `added`: rows
-    added, and `warnings`)."""
+        progress: bool = False) -> build.IndexResult:
+    """Append the embed output's new parts to the index in `index_dir` (`added`: how many rows; `warnings`: what
+    a drift of the added vectors from the quantizer's sample cost)."""
     emb, index_dir = Path(emb), Path(index_dir)
     info = build.read_info(index_dir)
     new_parts = _new_parts(emb, index_dir, info)
     _clear_leftovers(index_dir, info)  # an interrupted add's: before the new index.json, its files; after, the old
     if not new_parts:
-        return info | {"added": 0, "warnings": []}
+        return build.IndexResult.of(index_dir, info | {"warnings": []})
     vectors = info.get("vectors", "image")
     files = part_files(emb, vectors)
     old_n, gen = int(info["count"]), int(info.get("generation", 0)) + 1
@@ -155,7 +157,7 @@ def add(emb: Path, index_dir: Path, options: build.IndexOptions = build.IndexOpt
                         f"{_rebuild(index_dir, emb)} to train its cells again")
     grown["warnings"] = warnings
     _commit(index_dir, info, grown)
-    return grown | {"added": new.n, "kept_down": len(again)}
+    return build.IndexResult.of(index_dir, grown, added=new.n, kept_down=len(again))
 
 
 def _write_atomic(path: Path, write) -> None:
@@ -221,7 +223,7 @@ def _drift_recall(index_dir: Path, grown: dict, emb: Path, old_n: int, added: in
     return build.recall_at_10(build._without_self(found, sample), truth)
 
 
-def delete(index_dir: Path, ids: list[int]) -> dict:
+def delete(index_dir: Path, ids: list[int]) -> build.IndexResult:
     """Take `ids` out of every search of the index (their rows stay: ids never move), and remember their images, so
     that a rebuild or an add never brings them back (takedown.py); the new index.json. Ids deleted already change
     nothing (no new generation)."""
@@ -241,7 +243,7 @@ def delete(index_dir: Path, ids: list[int]) -> dict:
                           f"`openalign index EMB --out {index_dir}`") from None
     fresh = np.setdiff1d(wanted, before.column("id").to_numpy())
     if not len(fresh):
-        return info | {"newly_deleted": 0}
+        return build.IndexResult.of(index_dir, info)
     _clear_leftovers(index_dir, info)
     table = takedown.merged(before, added)
     gen = int(info.get("generation", 0)) + 1
@@ -249,7 +251,7 @@ def delete(index_dir: Path, ids: list[int]) -> dict:
     takedown.write(index_dir / name, table)
     new = info | {"generation": gen, "deleted": takedown.entry(name, table)}
     _commit(index_dir, info, new)
-    return new | {"newly_deleted": int(len(fresh))}
+    return build.IndexResult.of(index_dir, new, newly_deleted=int(len(fresh)))
 
 
 def parse_ids(spec: str) -> list[int]:

@@ -24,6 +24,8 @@ from openalign.index.parts import PATCHES, Parts, read_manifest
 from openalign.loss import late_interaction_pairs
 from openalign.model.encode import encode_images, encode_text_tokens, encode_texts
 
+__all__ = ["Hit", "Query", "SearchResult", "search"]
+
 
 
 @dataclass
@@ -100,7 +102,7 @@ def patch_store(index: Loaded) -> Parts:
     return Parts([emb / f"{PATCHES}-{int(i):06d}.npy" for i in sorted(manifest["parts"], key=int)])
 
 
-def rerank(model, tokenizer, query: Query, hits: list[Hit], patches: Parts, k: int) -> list[Hit]:
+def rerank_hits(model, tokenizer, query: Query, hits: list[Hit], patches: Parts, k: int) -> list[Hit]:
     """The pooled shortlist `hits` re-ordered by late interaction with the query text's tokens (FILIP's
     text-to-image score: the mean over its tokens of the best patch), the top k of it; each hit's score is its
     late-interaction score, its pooled one is kept in meta["pooled_score"]."""
@@ -118,8 +120,8 @@ def rerank(model, tokenizer, query: Query, hits: list[Hit], patches: Parts, k: i
             for rank, i in enumerate(order)]
 
 
-def search(index: Loaded, vector: np.ndarray, k: int = 10, min_score: float | None = None,
-           metadata: int | None = None) -> list[Hit]:
+def nearest(index: Loaded, vector: np.ndarray, k: int = 10, min_score: float | None = None,
+            metadata: int | None = None) -> list[Hit]:
     """The top k by cosine; with `min_score`, only those scoring at least that (possibly fewer than k). The first
     `metadata` hits (default: all) carry their metadata; the rest, an empty `meta`."""
     scores, ids = index.search(vector[None].astype(np.float32), k)
@@ -136,7 +138,7 @@ def search(index: Loaded, vector: np.ndarray, k: int = 10, min_score: float | No
 THRESHOLD_KEY = "t2i_threshold_median"  # eval's retrieval: the shared threshold of text queries over images
 
 
-def min_score(spec: str | float | None, weights: str | None = None) -> float | None:
+def score_floor(spec: str | float | None, weights: str | None = None) -> float | None:
     """A score floor from `--min-score`: a number, or the metrics JSON `openalign eval` wrote for this model
     (its retrieval's THRESHOLD_KEY: the median of each text query's best threshold between its matching and
     other images). `weights` (the index's model fingerprint) must match the JSON's `model_weights`."""
@@ -186,6 +188,60 @@ def check_model_for(index: Loaded, path: str | Path, model) -> None:
                           "`openalign embed` and `openalign index`, or pass --model with the original model")
     if model.cfg.embed_dim != index.info["dim"]:
         raise ConfigError(f"{path} embeds to {model.cfg.embed_dim} dimensions, the index holds {index.info['dim']}")
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """A search's hits, best first, and how they were chosen; iterates (and indexes) as its hits."""
+
+    hits: list[Hit]
+    min_score: float | None = None  # the floor applied: as given, or a calibrated threshold from a metrics JSON
+    rerank_ms: float | None = None  # the late-interaction re-ranking's time (rerank > 0)
+
+    def __iter__(self):
+        return iter(self.hits)
+
+    def __len__(self) -> int:
+        return len(self.hits)
+
+    def __getitem__(self, i):
+        return self.hits[i]
+
+
+def search(index: Loaded | str | Path, query: Query | str, k: int = 10, *, model=None,
+           min_score: str | float | None = None, rerank: int = 0) -> SearchResult:
+    """The top `k` of `index` (an index directory, or one `open_index` opened) for `query`: a text, or a `Query`
+    (a text, image bytes or an indexed image's id, plus and minus texts with the paper's weights).
+
+    model: the model the index was embedded with (default: the one it records; a directory, or an `openalign.Model`
+    of the same width). min_score: leave out hits below this cosine, or `openalign eval`'s metrics JSON for this
+    model (its calibrated threshold). rerank: re-order the top `rerank` by late interaction (a text query of an
+    index whose embeddings kept their patch vectors, `embed --patches`)."""
+    import time
+
+    if rerank < 0:
+        raise ConfigError(f"--rerank {rerank} must be 0 (off) or a shortlist size K >= 1")
+    if k < 1:
+        raise ConfigError(f"-k {k} must be at least 1 (the number of results to show)")
+    from openalign.index.build import load
+
+    index = index if isinstance(index, Loaded) else load(Path(index))
+    query = Query(text=query) if isinstance(query, str) else query
+    if model is None or isinstance(model, (str, Path)):
+        encoder, tokenizer = load_model_for(index, None if model is None else str(model))
+    else:  # an openalign.Model
+        encoder, tokenizer = model.model, model.tokenizer
+        if model.cfg.embed_dim != index.info["dim"]:
+            raise ConfigError(f"the model embeds to {model.cfg.embed_dim} dimensions, the index holds "
+                              f"{index.info['dim']}")
+    floor = score_floor(min_score, index.info.get("weights"))
+    patches = patch_store(index) if rerank else None
+    hits = nearest(index, query_vector(encoder, tokenizer, query, index), max(k, rerank), floor)
+    if not rerank:
+        return SearchResult(hits, floor)
+    start = time.perf_counter()
+    hits = rerank_hits(encoder, tokenizer, query, hits, patches, k)
+    return SearchResult(hits, floor, 1000 * (time.perf_counter() - start))
 
 
 def stored_vectors(index: Loaded, ids: list[int]) -> np.ndarray:

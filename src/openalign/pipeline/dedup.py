@@ -45,6 +45,8 @@ from openalign.data.engine import Engine, read_plan
 from openalign.data.pairs import IMAGE_COLUMNS, check_pair_table, write_keep_report, write_keep_without_images
 from openalign.pipeline.scoring import FINITE, WORK, image_tasks, score_summary, write_scores
 
+__all__ = ["DedupOptions", "DedupResult", "dedup"]
+
 REPORT = "dedup_report.json"
 
 
@@ -258,8 +260,24 @@ def bucket_task(plan: str, index: int, scores_path: str, eval_path: str, model_p
 # ---------------------------------------------------------------------------------------------- stage
 
 
+@dataclass(frozen=True)
+class DedupResult:
+    """What `dedup` removed (its report, OUT/dedup_report.json, holds the same and more: examples, percentiles)."""
+
+    keep: Path  # OUT/keep.parquet: the uids of the pairs whose image is no near-duplicate
+    rule: str  # what counts as a near-duplicate, with its threshold
+    train_images: int  # distinct training images compared
+    eval_images: int
+    removed_images: int  # training images that are near-duplicates of an evaluation image
+    removed_pairs: int  # their pairs
+    unreadable_images: int  # training images that could not be read (kept: nothing decided them)
+    resumed_tasks: int  # tasks a rerun did not redo
+    seconds: float
+    report: dict  # the report as written
+
+
 def dedup(pairs: Path, against: str, out: Path, options: DedupOptions = DedupOptions(), progress: bool = True,
-          engine: Engine = Engine()) -> dict:
+          engine: Engine = Engine()) -> DedupResult:
     """Score every training image against the evaluation images in tasks of `images_per_task` (local
     processes or Spark), then write the keep-list of the pairs whose image is not a near-duplicate."""
     pairs, out = str(pairs), Path(out)
@@ -338,4 +356,5 @@ def dedup(pairs: Path, against: str, out: Path, options: DedupOptions = DedupOpt
     }
     report = write_keep_report(out, REPORT, report, pairs)  # last: the keep-list is finished
     shutil.rmtree(out / WORK)
-    return report
+    return DedupResult(out / "keep.parquet", report["rule"], count, len(names), removed_images, int(removed_pairs),
+                       report["unreadable_train_images"], resumed, report["seconds"], report)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from openalign.config import ConfigError, FilterConfig, check, format_size, parse_size
@@ -26,6 +26,8 @@ from openalign.pipeline.filter_engines import SpillWatch, make_engine
 from openalign.pipeline.filter_rules import (GROUPS, PARTED, DONE_AFTER, RULE_OPTIONS, RULES, applies, count_statements,
                                              examples_query, exact_cut, flag_statements, group_query, hash_query,
                                              keep_query, occurrence_count_query, summary_query)
+
+__all__ = ["FilterResult", "RuleCount", "filter_pairs"]
 
 REPORT = "filter_report.json"
 
@@ -55,9 +57,43 @@ def resolve_rules(pairs: str, cfg: FilterConfig) -> tuple[FilterConfig, str | No
     return replace(cfg, rules="all"), "all"
 
 
-def run_filters(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), engine: str = "local",
-                master: str = "", memory_limit: str | int = "", threads: int = 0, progress: bool = True) -> dict:
-    """Filter the pair table `pairs` into a keep-list and report in `out`; returns the report."""
+@dataclass(frozen=True)
+class RuleCount:
+    """What one rule removed: alone (every pair it fires on) and in sequence (those no earlier rule took)."""
+
+    rule: str
+    description: str  # the rule with its thresholds
+    removed_alone: int
+    removed_in_sequence: int
+    examples: list[str]  # texts of pairs it removed
+
+
+@dataclass(frozen=True)
+class FilterResult:
+    """What `filter_pairs` kept and why (its report, OUT/filter_report.json, holds the same and more)."""
+
+    keep: Path  # OUT/keep.parquet: the kept pairs' uids
+    pairs: int  # pairs read
+    kept_pairs: int
+    removed_pairs: int
+    rules: list[RuleCount]  # in the order they run
+    rules_chosen: str | None  # what `rules="auto"` chose (None: the rules were given)
+    not_applied: dict[str, str]  # rules that judged no pair, and why
+    warnings: list[str]  # a rule that removed most of the corpus, and what to check
+    seconds: float
+    report: dict  # the report as written
+    figure: Path  # OUT/filter_report.png
+
+    def lines(self) -> list[str]:
+        """The terminal's summary: notes, the counts, each rule's removals."""
+        return summary_lines(self.report)
+
+
+def filter_pairs(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), engine: str = "local",
+                 master: str = "", memory_limit: str | int = "", threads: int = 0,
+                 progress: bool = True) -> FilterResult:
+    """Filter the pair table (or extract's candidate table) `pairs` by ALIGN's rules into a keep-list and its
+    report in `out`."""
     pairs, out = str(pairs), Path(out)  # pairs may be a glob, or a URL the Spark cluster reads
     check_pair_table(pairs, FILTER_COLUMNS)
     check(cfg)
@@ -134,7 +170,9 @@ def run_filters(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), engi
     report["warnings"] = dominant_rules(report)
     plot_report(report, out / "filter_report.png")
     report = write_keep_report(out, REPORT, report, pairs)  # last: the keep-list is finished
-    return report
+    return FilterResult(keep_path, report["pairs"], report["kept_pairs"], report["removed_pairs"],
+                        [RuleCount(**r) for r in report["rules"]], chosen, report["not_applied"], report["warnings"],
+                        report["seconds"], report, out / "filter_report.png")
 
 
 def _progress(progress: bool, total: int):

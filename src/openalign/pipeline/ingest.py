@@ -53,6 +53,8 @@ from openalign.data.pairs import FETCH_REPORT, FETCH_WORK, PAIR_SCHEMA, blake, m
 from openalign.data.workers import process_pool
 from openalign.outputs import staged, unfinish, write_json
 
+__all__ = ["IngestOptions", "IngestResult", "ingest"]
+
 TEXT_REJECTS = ("no_text", "remote_not_fetched", "missing_file", "bad_row", "truncated_tar", "unreadable_tar",
                 "not_a_file", "not_downloaded")
 REJECT_SCHEMA = pa.schema([("source", pa.string()), ("path", pa.string()), ("member", pa.string()),
@@ -407,9 +409,25 @@ def ingest_unit(unit: tuple, parts: str, part_id: str, options: IngestOptions) -
     return tally.summary() | {"notes": dict(notes)}
 
 
+@dataclass(frozen=True)
+class IngestResult:
+    """What `ingest` wrote and counted (its manifest, OUT.manifest.json, holds the same and more)."""
+
+    table: Path  # the pair table
+    pairs: int  # its rows: (image, text) pairs
+    images: int  # distinct images among them
+    rejected: dict[str, int]  # samples not ingested, by reason; each one is listed in `rejects`
+    conversions: dict[str, int]  # images kept after a conversion, by kind (e.g. a CMYK JPEG made RGB)
+    repaired: dict[str, int]  # rows read with a repair, by kind (e.g. bytes that are not UTF-8)
+    rejects: Path  # OUT.rejects.parquet
+    resumed_tasks: int  # tasks a rerun did not redo (their inputs unchanged)
+    seconds: float
+    manifest: dict  # the manifest as written
+
+
 def ingest(sources: list[str], out: Path, options: IngestOptions = IngestOptions(), progress: bool = True,
-           engine: Engine = Engine()) -> dict:
-    """Write OUT (pairs), OUT.rejects.parquet and OUT.manifest.json; returns the manifest.
+           engine: Engine = Engine()) -> IngestResult:
+    """Write OUT (pairs), OUT.rejects.parquet and OUT.manifest.json; returns what was written and counted.
 
     The local engine reads every source in order, the images in `workers` processes. The Spark engine runs one
     task per tar, table file or `files_per_task` images of a directory; each writes its own part files and
@@ -463,7 +481,8 @@ def ingest(sources: list[str], out: Path, options: IngestOptions = IngestOptions
         "seconds": round(time.perf_counter() - start, 2),
     }
     write_json(manifest, written)  # last: the table is finished
-    return written
+    return IngestResult(out, written["pairs"], written["images"], written["rejected"], written["conversions"],
+                        written["repaired"], rejects_path, resumed, written["seconds"], written)
 
 
 def _enough_units(sources: list[str], options: IngestOptions, workers: int) -> bool:

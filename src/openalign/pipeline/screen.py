@@ -31,6 +31,8 @@ from openalign.data.pairs import IMAGE_COLUMNS, check_pair_table, write_keep_rep
 from openalign.pipeline.scoring import FINITE, WORK, image_tasks, score_summary, write_scores
 from openalign.outputs import unfinish
 
+__all__ = ["ScreenOptions", "ScreenResult", "screen"]
+
 REPORT = "screen_report.json"
 
 
@@ -103,7 +105,22 @@ def screen_task(plan: str, index: int, scores_path: str, classifier: str, batch_
     return {"images": len(rows), "unreadable": sum(s is None for s in scores)}
 
 
-def screen(pairs: Path, out: Path, options: ScreenOptions, progress: bool = True, engine: Engine = Engine()) -> dict:
+@dataclass(frozen=True)
+class ScreenResult:
+    """What `screen` removed (its report, OUT/screen_report.json, holds the same and more: examples)."""
+
+    keep: Path  # OUT/keep.parquet: the uids of the pairs whose image scored under the threshold
+    images: int  # distinct images
+    removed_images: int  # scored at or above the threshold
+    removed_pairs: int  # their pairs
+    unreadable_images: int  # could not be read (kept: nothing decided them)
+    resumed_tasks: int  # tasks a rerun did not redo
+    seconds: float
+    report: dict  # the report as written
+
+
+def screen(pairs: Path, out: Path, options: ScreenOptions, progress: bool = True,
+           engine: Engine = Engine()) -> ScreenResult:
     """Score every image in tasks of `images_per_task` (local processes or Spark); drop those at or above the
     threshold. A classifier given as a file is named by its absolute path, so executors find it."""
     pairs, out = str(pairs), Path(out)
@@ -135,4 +152,5 @@ def screen(pairs: Path, out: Path, options: ScreenOptions, progress: bool = True
     }
     report = write_keep_report(out, REPORT, report, pairs)  # last: the keep-list is finished
     shutil.rmtree(out / WORK)
-    return report
+    return ScreenResult(out / "keep.parquet", count, removed_images, int(removed_pairs), unreadable, resumed,
+                        report["seconds"], report)

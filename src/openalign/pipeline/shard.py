@@ -37,6 +37,8 @@ from openalign.outputs import unfinish
 from openalign.data.tars import MANIFEST, encode_image
 from openalign.data.sources import SOURCES, karpathy_items
 
+__all__ = ["ShardOptions", "ShardResult", "shard"]
+
 STATUS = "_status"  # per-shard task status (data/engine.py)
 
 
@@ -56,6 +58,19 @@ SAMPLE_QUERY = f"""
         FROM (SELECT DISTINCT p.uid, p.image_key, p.text, p.path, p.member, p.url
               FROM read_parquet(?) p JOIN keep k ON p.uid = k.uid)
         GROUP BY image_key)"""
+
+
+@dataclass(frozen=True)
+class ShardResult:
+    """What `shard` wrote (its manifest, OUT/manifest.json, holds the same and the options)."""
+
+    out: Path  # the shards' folder
+    samples: int  # images written, each with all of its texts
+    shards: dict[str, int]  # {shard file: its samples}
+    skipped: dict[str, int]  # images not written, by reason (e.g. unreadable)
+    resumed_shards: int  # shards a rerun did not write again (their plan unchanged)
+    seconds: float
+    manifest: dict  # the manifest as written
 
 
 def kept_images(pairs: Path, keep_dirs: list[Path]) -> list[dict]:
@@ -157,7 +172,7 @@ def _file_stat(path: Path) -> list[int]:
 
 
 def shard(pairs: Path, keep_dirs: list[Path], out: Path, options: ShardOptions = ShardOptions(),
-          progress: bool = True, split_name: str = "", engine: Engine = Engine()) -> dict:
+          progress: bool = True, split_name: str = "", engine: Engine = Engine()) -> ShardResult:
     """Write the kept pairs of `pairs` as shards in `out`; finished shards of an earlier run are kept.
 
     The plan (which image goes to which shard) is computed by SQL, DuckDB's on the local engine and Spark's
@@ -198,7 +213,7 @@ def check_sources_exist(plan: Path, pairs, probe: int = 100) -> None:
 
 
 def write_samples(samples: list[dict], out: Path, options: ShardOptions, progress: bool, info: dict,
-                  start: float | None = None) -> dict:
+                  start: float | None = None) -> ShardResult:
     """Shard samples already in memory, in their order (built-in corpora, evaluation sets)."""
     start = time.perf_counter() if start is None else start
     plan = Path(out) / "_plan"
@@ -209,7 +224,7 @@ def write_samples(samples: list[dict], out: Path, options: ShardOptions, progres
 
 
 def run_plan(plan: Path, count: int, out: Path, options: ShardOptions, progress: bool, info: dict, start: float,
-             engine: Engine) -> dict:
+             engine: Engine) -> ShardResult:
     n_shards = -(-count // options.samples_per_shard)
     tasks = [Task(task_id(i), shard_task, (str(plan / "plan.parquet"), i, str(out), options)) for i in range(n_shards)]
     names = {f"{options.prefix}-{i:06d}.tar" for i in range(n_shards)}
@@ -240,10 +255,10 @@ def run_plan(plan: Path, count: int, out: Path, options: ShardOptions, progress:
         reasons = ", ".join(f"{k} {v:,}" for k, v in skipped.items())
         raise ConfigError(f"no image of the {count:,} to shard could be read ({reasons}); the shards in {out} "
                           "are empty")
-    return manifest
+    return ShardResult(out, manifest["n_samples"], manifest["shards"], skipped, resumed, manifest["seconds"], manifest)
 
 
-def karpathy_shards(path: Path, images_root: Path, split: str, out: Path, progress: bool = True) -> dict:
+def karpathy_shards(path: Path, images_root: Path, split: str, out: Path, progress: bool = True) -> ShardResult:
     """Shard a Karpathy split for training or evaluation (every caption of an image kept, the shorter side at
     most 346, unreadable images skipped and counted); reruns reuse finished shards."""
     keys: dict[str, int] = {}

@@ -184,13 +184,13 @@ def create_app(indexes: Path | str | list[str] | Catalog, model_dir: str | None 
         except ConfigError as err:
             raise HTTPException(400, str(err)) from None
         floor = collection.floor if request.min_score is None else request.min_score
-        hits = search.search(index, vector, max(request.k, request.rerank), floor, metadata=limits.max_metadata)
+        hits = search.nearest(index, vector, max(request.k, request.rerank), floor, metadata=limits.max_metadata)
         if request.rerank:
             try:
                 with collection.state_lock:
                     if "patches" not in live.extras:
                         live.extras["patches"] = search.patch_store(index)
-                hits = search.rerank(collection.model, collection.tokenizer, query, hits, live.extras["patches"],
+                hits = search.rerank_hits(collection.model, collection.tokenizer, query, hits, live.extras["patches"],
                                      request.k)
             except ConfigError as err:
                 raise HTTPException(400, str(err)) from None

@@ -237,7 +237,7 @@ class Catalog:
             else:
                 search.check_model_for(first, chosen, models[str(chosen)][0])
             model, tokenizer = models[str(chosen)]
-            floor = search.min_score(spec.min_score if spec.min_score is not None else min_score,
+            floor = search.score_floor(spec.min_score if spec.min_score is not None else min_score,
                                      first.info.get("weights"))
             self.collections[spec.name] = Collection(spec.name, indexes, model, tokenizer, floor)
 

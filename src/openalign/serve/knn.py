@@ -151,7 +151,7 @@ def knn(catalog: Catalog, request: KnnRequest, limits: Limits) -> list[dict]:
     except ConfigError as err:
         raise HTTPException(400, str(err)) from None
     vector = query_vector(collection, index, request, limits)
-    hits = search.search(index, vector, count, metadata=0)
+    hits = search.nearest(index, vector, count, metadata=0)
     if request.deduplicate and hits:
         drop = set(search.near_duplicates(search.stored_vectors(index, [h.id for h in hits]), DEDUP_THRESHOLD))
         hits = [h for i, h in enumerate(hits) if i not in drop]

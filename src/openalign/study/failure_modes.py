@@ -374,7 +374,7 @@ def rerank_cost(options: FailureOptions, out: Path, progress: bool) -> dict:
     start = time.perf_counter()
     manifest = embed(model_dir, [options.rerank_images], emb, EmbedOptions(patches=True), progress=progress)
     embed_seconds = time.perf_counter() - start
-    fresh = manifest.get("resumed_parts", 0) == 0
+    fresh = manifest.resumed_parts == 0
     build.build(emb, index_dir)
     index = build.load(index_dir)
     model, tokenizer = search.load_model_for(index, str(model_dir))
@@ -388,18 +388,18 @@ def rerank_cost(options: FailureOptions, out: Path, progress: bool) -> dict:
     for text in queries:
         query = search.Query(text=text)
         t0 = time.perf_counter()
-        hits = search.search(index, search.query_vector(model, tokenizer, query, index), deepest)
+        hits = search.nearest(index, search.query_vector(model, tokenizer, query, index), deepest)
         pooled.append(time.perf_counter() - t0)
         for k in options.rerank_shortlists:
             t0 = time.perf_counter()
-            search.rerank(model, tokenizer, query, hits[:k], patches, k)
+            search.rerank_hits(model, tokenizer, query, hits[:k], patches, k)
             reranks[k].append(time.perf_counter() - t0)
     count = index.index.ntotal
-    per_image = embed_seconds / max(1, manifest["count"]) if fresh else None
+    per_image = embed_seconds / max(1, manifest.count) if fresh else None
     median = statistics.median
     result = {"images": count, "embed_seconds_per_image": per_image, "pooled_seconds": median(pooled),
               "rerank_seconds": {str(k): median(v) for k, v in reranks.items()},
-              "patches_per_image": manifest.get("patches_per_image"), "queries": len(queries), "threads": threads}
+              "patches_per_image": manifest.patches_per_image or None, "queries": len(queries), "threads": threads}
     if per_image:
         result["break_even_queries"] = {str(k): count * per_image / median(v) for k, v in reranks.items()}
     return result

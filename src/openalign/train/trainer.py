@@ -42,17 +42,23 @@ from openalign.schedule import lr_at
 from openalign.train.optim import build_optimizer, full_state_dict, set_lr
 from openalign.train.step import forward_backward
 
+__all__ = ["TrainResult", "train"]
+
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
 
 
 @dataclass
 class TrainResult:
-    out: Path
-    step: int
-    metrics: dict  # final evaluation (empty without eval data)
-    model_dir: Path
+    """What a run left: its directory, the saved model, its last log row and its held-out evaluation."""
+
+    out: Path  # the run directory: config.json, metrics.jsonl, report.md, training.png, checkpoints
+    step: int  # the steps trained
+    metrics: dict  # the final held-out evaluation, as `openalign eval` names the metrics (empty without eval data)
+    model_dir: Path  # the saved model (a Hugging Face AlignModel or VisionTextDualEncoderModel directory)
     last: dict = dataclasses.field(default_factory=dict)  # the last training log row: step, loss, temperature, lr, ...
+    train_data: list[str] = dataclasses.field(default_factory=list)  # the shards it trained on
+    eval_data: list[str] = dataclasses.field(default_factory=list)  # the held-out shards it was evaluated on
 
 
 @dataclass
@@ -463,7 +469,8 @@ def finish(run: Run, model: DualEncoder, step: int, log: Log) -> TrainResult:
         log.figure("training", run.out / "training.png", step)
     log.close()
     distributed.barrier(run.layout)
-    return TrainResult(out=run.out, step=step, metrics=metrics, model_dir=model_dir, last=log.last or last_row(run.out))
+    return TrainResult(out=run.out, step=step, metrics=metrics, model_dir=model_dir, last=log.last or last_row(run.out),
+                       train_data=list(run.train_shards), eval_data=list(run.eval_shards))
 
 
 def last_row(out: Path) -> dict:
