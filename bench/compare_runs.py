@@ -66,7 +66,7 @@ def eval_series(run: Path, evals: list[tuple[int, dict]], metric: str, per_chanc
 def curves(specs: list[str], metrics: list[str], out: str, per_chance: bool, title: str) -> str:
     """One panel per metric over the steps, and the markdown table of mean ± std over each label's seeds
     at the steps all of them evaluated."""
-    from openalign.study.dynamics import read_curves
+    from openalign.train.report import read_log
 
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.8), squeeze=False)
     colors = itertools.cycle(plt.rcParams["axes.prop_cycle"].by_key()["color"])
@@ -75,7 +75,7 @@ def curves(specs: list[str], metrics: list[str], out: str, per_chance: bool, tit
     lines = []
     for spec, color in zip(specs, colors):
         label, runs = parse(spec)
-        evals = [read_curves(run)[1] for run in runs]  # each run's metrics.jsonl read once, for every metric
+        evals = [[(e["step"], e["eval"]) for e in read_log(run / "metrics.jsonl")[1]] for run in runs]  # read once
         seeds = f"{len(runs)} seed{'s' if len(runs) > 1 else ''}"
         by_metric = []  # per metric: step -> its value in every seed, at the steps every seed evaluated
         for ax, metric in zip(axes[0], metrics):

@@ -51,22 +51,26 @@ def write_shapes(out: Path, n: int, per_shard: int, seed: int = 0, corrupt: int 
     return writer.close()
 
 
-@pytest.fixture(scope="session")
-def shapes(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("shapes")
+def shape_shards(root: Path) -> dict[str, Path]:
+    """Training shards (96 pairs, two undecodable) and held-out shards (24) of coloured shapes under `root`."""
     write_shapes(root / "train", 96, 24, seed=0, corrupt=2)
     write_shapes(root / "eval", 24, 24, seed=1)
     return {"train": root / "train", "eval": root / "eval"}
+
+
+@pytest.fixture(scope="session")
+def shapes(tmp_path_factory) -> dict[str, Path]:
+    return shape_shards(tmp_path_factory.mktemp("shapes"))
 
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line]
 
 
-def save_tiny_model(out: Path, texts: list[str]) -> Path:
-    """A tiny untrained model with its tokenizer, saved as a model directory. Its BatchNorm statistics are
-    measured on coloured shapes (as training would leave them): at their initial values an untrained
-    image tower embeds every image alike."""
+def save_tiny_model(out: Path, texts: list[str], embed_dim: int | None = None) -> Path:
+    """A tiny untrained model with its tokenizer (and the tiny preset's embedding width, or `embed_dim`), saved as a
+    model directory. Its BatchNorm statistics are measured on coloured shapes (as training would leave them): at
+    their initial values an untrained image tower embeds every image alike."""
     import dataclasses
 
     import torch
@@ -81,7 +85,8 @@ def save_tiny_model(out: Path, texts: list[str]) -> Path:
     tokenizer = train_tokenizer(texts * 4, 200, 16)
     cfg = presets.get("tiny")
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(
-        cfg.model, text=dataclasses.replace(cfg.model.text, vocab_size=len(tokenizer))))
+        cfg.model, embed_dim=embed_dim or cfg.model.embed_dim,
+        text=dataclasses.replace(cfg.model.text, vocab_size=len(tokenizer))))
     model = DualEncoder(cfg.model).train()
     batch = torch.stack([transforms.eval_transform(shape_image(c, s), 36, 32) for c in COLORS for s in SHAPES])
     with torch.no_grad():

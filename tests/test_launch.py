@@ -104,29 +104,6 @@ def test_sigkill_then_resume_continues_exactly(shapes, tmp_path, launcher, shard
         torch.testing.assert_close(p, state["model"][name], msg=name)
 
 
-def test_a_study_under_torchrun_trains_each_run_on_both_processes_and_reports_once(shapes, tmp_path):
-    out = tmp_path / "study"
-    argv = ["study", "ablation", "--out", str(out), "--preset", "tiny", "--data", str(shapes["train"]),
-            "--eval-data", str(shapes["eval"]), "--only", "label smoothing", "--quiet", "train.steps=3",
-            "train.eval_every=0", "train.checkpoint_every=0"]
-    for launch in range(2):  # the second launch finds every run done and trains nothing
-        done = subprocess.run(TORCHRUN + ["--master_port", str(free_port()), "-m", "openalign.cli", *argv], env=env(),
-                              capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-3000:]
-        assert done.stdout.count("2 variants x 1 seed(s)") == 1  # rank 0 alone reports
-        results = json.loads((out / "results.json").read_text())
-        assert list(results["variants"]) == ["baseline", "no_smoothing"]
-        for name, row in results["variants"].items():
-            run = out / "runs" / name / "seed0"
-            assert len(torch.load(run / "checkpoint.pt", weights_only=False)["ranks"]) == 2  # both processes trained
-            assert json.loads((run / "result.json").read_text()) == row["runs"][0]
-        assert (out / "report.md").is_file() and (out / "study.png").stat().st_size > 0
-        stamps = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/seed0/checkpoint.pt")}
-        if launch == 0:
-            first, first_stamps = results["variants"], stamps
-    assert results["variants"] == first and stamps == first_stamps
-
-
 def test_the_sigmoid_loss_under_torchrun_equals_one_process_on_the_whole_batch(shapes, tmp_path, monkeypatch):
     # Before: `loss.kind=sigmoid` was refused under torchrun ("runs in one process"). Now each rank scores its
     # images against every rank's texts, passed around a ring (loss/sigmoid.py; the loss's own equality with one

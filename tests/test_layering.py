@@ -1,7 +1,7 @@
 """The package's layers (docs/architecture.md), read from every import in src/, function-level ones included:
 
     config, schedule, loss, distributed, host, outputs, tokenizer, presets  <  model  <  data  <  pipeline, index
-      <  corpora, eval, serve  <  train  <  study  <  cli, flags
+      <  corpora, eval, serve  <  train  <  cli, flags
 
 A module imports only from its own layer or below, and no two modules import each other, directly or
 through others (a function-level import does not hide a cycle). The corpus pipeline's stages are siblings: none
@@ -15,7 +15,7 @@ import openalign
 
 PACKAGE = Path(openalign.__file__).parent
 LAYERS = [("config", "schedule", "loss", "distributed", "host", "outputs", "tokenizer", "presets"), ("model",), ("data",),
-          ("pipeline", "index"), ("corpora", "eval", "serve", "api"), ("train",), ("study",), ("cli", "flags", "__main__")]
+          ("pipeline", "index"), ("corpora", "eval", "serve", "api"), ("train",), ("cli", "flags", "__main__")]
 RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}
 
 

@@ -88,7 +88,7 @@ class Model:
                  templates: Iterable[str] = ("{}",)) -> torch.Tensor:
         """[n, C] probabilities of each label for each image under the model's own head (`head`): cosine
         similarity / T (+ the bias), then softmax over the labels or each pair's sigmoid."""
-        temperature, bias = self.model.scale()
+        temperature, bias = self.model.temperature_and_bias()
         logits = self.encode_images(images) @ self.classifier(labels, templates).T
         return metrics.probabilities(logits / temperature + bias, self.head).float()
 

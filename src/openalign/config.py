@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from typing import Annotated, Callable, Literal
 from pathlib import Path
 
-__all__ = ["Config", "ConfigError", "DataConfig", "EvalConfig", "FilterConfig", "FinetuneConfig", "LossConfig",
-           "ModelConfig", "OptimConfig", "TemperatureConfig", "TextConfig", "TrainConfig", "VisionConfig", "check",
-           "leaf_keys", "load", "override", "to_dict"]
+__all__ = ["at_least", "check", "Config", "ConfigError", "DataConfig", "EvalConfig", "FilterConfig", "FinetuneConfig",
+           "leaf_keys", "load", "LossConfig", "ModelConfig", "NON_NEGATIVE", "OptimConfig", "override", "POSITIVE",
+           "POSITIVE_INT", "POSITIVE_INTS", "Rule", "TemperatureConfig", "TextConfig", "to_dict", "TrainConfig",
+           "VisionConfig"]
 
 
 class ConfigError(ValueError):
@@ -197,7 +198,7 @@ class ModelConfig:
 @dataclass(frozen=True)
 class TemperatureConfig:
     """The learned scale of the logits, in one place: the loss kind says how it starts and how it is learned, the
-    model creates it, the loss floors it, the optimizer gives it its own learning rate (DualEncoder.scale_parameters)."""
+    model creates it, the loss floors it, the optimizer gives it its own learning rate (DualEncoder.learned_scalars)."""
 
     # the starting temperature T (logits = cosine / T); 0: the loss kind's own (softmax and filip: 1.0, the
     # paper's; sigmoid: 0.1, SigLIP's logit scale 10)

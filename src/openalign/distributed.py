@@ -16,6 +16,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+__all__ = ["Dist", "all_objects", "average_batchnorm_statistics", "barrier", "exchange", "from_env", "gather", "init",
+           "main_first", "mean_over_ranks", "resolve_device", "shutdown"]
+
 
 @dataclass(frozen=True)
 class Dist:

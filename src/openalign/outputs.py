@@ -7,6 +7,8 @@ last, so a file that looks finished is finished.
     unfinish(manifest)              before new work into an existing output: its old manifest goes first, so an
                                     interrupted rerun never leaves the old manifest beside new, partial files
     disk_full(err)                  the one sentence for a full disk: the path, the free space, what to do
+    owned(out)                      the output's lock while a command writes it
+    files_fingerprint(*paths)       a hash of the files' names, sizes and times: has an input changed?
 
 Readers refuse an output without its manifest (each stage's reader says so in one sentence).
 """
@@ -14,12 +16,15 @@ Readers refuse an output without its manifest (each stage's reader says so in on
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
+
+__all__ = ["disk_full", "files_fingerprint", "is_disk_full", "owned", "staged", "unfinish", "write_json"]
 
 
 def temp_name(path: Path) -> Path:
@@ -156,3 +161,14 @@ def _nearly_full(directory: Path) -> bool:
     except OSError:
         return False
     return usage.free < max(64 * 2**20, usage.total // 1000)  # under 64 MiB or 0.1% left
+
+
+def files_fingerprint(*paths: str) -> str:
+    """A hash of the names, sizes and modification times of every file at or under `paths`."""
+    entries = []
+    for root in (Path(p) for p in paths if p):
+        files = [root] if root.is_file() else sorted(f for f in root.rglob("*") if f.is_file()) if root.is_dir() else []
+        for f in files:
+            stat = f.stat()
+            entries.append((str(f.resolve()), stat.st_size, stat.st_mtime_ns))
+    return hashlib.blake2b(json.dumps(entries).encode(), digest_size=16).hexdigest()

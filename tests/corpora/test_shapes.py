@@ -37,3 +37,17 @@ def test_bad_options_are_one_line_errors(tmp_path):
         shapes.build(tmp_path, noise=2.0)
     with pytest.raises(ConfigError, match="at least 1"):
         shapes.build(tmp_path, per_combo=0)
+
+
+def test_shapes_scenes_name_their_objects_and_the_swapped_caption(tmp_path):
+    shapes.build(tmp_path / "rel", per_combo=1, eval_seen=1, scene="relation")
+    meta = [sample_meta(s) for s in read_samples(list_shards(str(tmp_path / "rel" / "eval")))]
+    a, b = meta[0]["objects"]
+    assert meta[0]["texts"][0] == f"a {a} {meta[0]['relation']} a {b}"
+    assert meta[0]["swapped"] == f"a {b} {meta[0]['relation']} a {a}"
+    assert all(m["objects"][0].split()[0] != m["objects"][1].split()[0] for m in meta)  # colours differ
+    shapes.build(tmp_path / "obj", per_combo=1, eval_seen=1, scene="objects")
+    meta = [sample_meta(s) for s in read_samples(list_shards(str(tmp_path / "obj" / "eval")))]
+    assert {len(m["objects"]) for m in meta} == {2, 3} and all(m["texts"][0] == f"a {m['objects'][0]}" for m in meta)
+    with pytest.raises(ConfigError, match="scene must be one of"):
+        shapes.build(tmp_path / "x", scene="crowd")

@@ -19,15 +19,6 @@ def test_the_data_file_holds_each_table_once_with_its_model():
         paper.cell(9, "ALIGN full data", "MSCOCO I2T R@1")  # two models have that row: say which
 
 
-def test_the_studies_read_their_rows_from_the_data_file():
-    from openalign.study import ablation, model_data, noise_scale
-
-    assert ablation._paper("fixed_t32") == {"MSCOCO I2T R@1": 39.6, "MSCOCO T2I R@1": 26.9, "ImageNet KNN R@1": 61.2}
-    assert model_data.TABLE_9["large", "clean"] == (18.9, 15.5, 48.7)
-    assert paper.row_values(10, noise_scale.TABLE_10["noisy_x4"]) == {
-        "MSCOCO I2T R@1": 23.8, "MSCOCO T2I R@1": 17.5, "ImageNet KNN R@1": 51.4}
-
-
 @pytest.mark.parametrize("path,name", [
     ("data/flickr30k/dataset_flickr30k.json", "Flickr30K"), ("coco/dataset_coco.json", "MSCOCO"),
     ("/data/imagenet/val", "ImageNet"), ("/data/imagenet-r", "ImageNet-R"), ("imagenet_a/", "ImageNet-A"),

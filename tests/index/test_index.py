@@ -595,3 +595,20 @@ def test_search_prints_a_long_caption_on_one_short_line(model_dir, tmp_path, cap
     assert cli.main(["search", str(tmp_path / "idx"), "--text", "red"]) == 0
     line = capsys.readouterr().out.splitlines()[1]
     assert len(line.partition("  \"")[2]) == 201 and line.endswith("…\"")  # 200 characters and the closing quote
+
+
+def test_search_takes_a_loaded_model_as_it_takes_its_directory(model_dir, tmp_path):
+    """`openalign.search(..., model=openalign.load(dir))`: the same hits as the directory; before, it read the width
+    from the wrong config and failed with an AttributeError."""
+    import openalign
+
+    emb, idx = tmp_path / "emb", tmp_path / "idx"
+    openalign.embed(model_dir, [str(shape_images(tmp_path / "images"))], emb, progress=False)
+    openalign.build_index(emb, idx)
+    by_directory = openalign.search(idx, "a red circle", 3, model=model_dir)
+    loaded = openalign.load(model_dir, device="cpu")
+    by_model = openalign.search(openalign.open_index(idx), "a red circle", 3, model=loaded)
+    assert [(h.id, round(h.score, 5)) for h in by_model] == [(h.id, round(h.score, 5)) for h in by_directory]
+    other = save_tiny_model(tmp_path / "wide", ["a red circle"], embed_dim=loaded.cfg.model.embed_dim * 2)
+    with pytest.raises(ConfigError, match="embeds to .* dimensions, the index holds"):
+        openalign.search(idx, "a red circle", 3, model=openalign.load(other, device="cpu"))

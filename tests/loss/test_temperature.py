@@ -57,15 +57,15 @@ def test_siglip_starts_with_log_scale_log_10_and_bias_minus_10_and_learns_the_lo
     assert learned["logit_scale"].item() == pytest.approx(math.log(10.0)) and learned["logit_scale"].requires_grad
     assert model.logit_bias.item() == -10.0 and model.temperature.item() == pytest.approx(0.1)
     assert not model.align.temperature.requires_grad  # where T is saved for transformers, not where it is learned
-    assert set(model.scale_parameters()) == {"temperature", "bias"}
-    assert model.scale_parameters()["temperature"] is learned["logit_scale"]
+    assert set(model.learned_scalars()) == {"temperature", "bias"}
+    assert model.learned_scalars()["temperature"] is learned["logit_scale"]
     paper = DualEncoder(presets.get("tiny").model, loss_cfg())
     assert paper.learned_as == "raw" and paper.temperature.item() == 1.0
-    assert paper.scale_parameters()["temperature"] is paper.align.temperature
+    assert paper.learned_scalars()["temperature"] is paper.align.temperature
     clip = DualEncoder(presets.get("tiny").model, loss_cfg(parameterization="log", init=0.07, max_scale=100))
     assert clip.logit_scale.item() == pytest.approx(math.log(1 / 0.07), rel=1e-6)
     fixed = DualEncoder(presets.get("tiny").model, loss_cfg("sigmoid", fixed=0.05))
-    assert fixed.temperature.item() == pytest.approx(0.05) and "temperature" not in fixed.scale_parameters()
+    assert fixed.temperature.item() == pytest.approx(0.05) and "temperature" not in fixed.learned_scalars()
 
 
 @pytest.mark.parametrize("preset", ["tiny", "tiny-vit"])
@@ -88,7 +88,7 @@ def test_a_saved_model_holds_t_where_transformers_reads_it_and_loads_exactly(tmp
     loaded, _, loaded_cfg = load_pretrained(tmp_path / "m")
     assert loaded.learned_as == "log" and loaded_cfg.loss.temperature.parameterization == "auto"
     assert loaded.logit_scale.item() == model.logit_scale.item() and loaded.logit_bias.item() == -7.5
-    assert loaded.scale() == pytest.approx((1 / 23.0, -7.5), rel=1e-6)
+    assert loaded.temperature_and_bias() == pytest.approx((1 / 23.0, -7.5), rel=1e-6)
 
 
 def test_a_model_saved_before_the_option_loads_as_it_was_learned(tmp_path):

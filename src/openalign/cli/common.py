@@ -1,4 +1,4 @@
-"""What several commands share: the run flags of train and study, the data stages' engine, sizes, lists."""
+"""What several commands share: the run flags of train, the data stages' engine, sizes, lists."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from openalign.flags import add_options, options_from
 
 
 def run_flags(p, what: str) -> None:
-    """train and study: the base config, its data, and dotted overrides."""
+    """train: the base config, its data, and dotted overrides."""
     p.add_argument("--preset", default="demo", help=f"the base config: one of {', '.join(presets.PRESETS)}")
     p.add_argument("--data", help="the training shards: a directory of .tar, a brace pattern, a list file, or a "
                                   "Karpathy JSON")

@@ -25,7 +25,6 @@ class Command:
 
 COMMANDS = {
     "train": Command("train a dual encoder (no arguments: the CPU demo on built-in emoji)", "train"),
-    "study": Command("rerun one of the paper's arguments in miniature (report, plots, JSON)", "study"),
     "eval": Command("evaluate a saved model: retrieval, zero-shot, transfer, similarity", "evaluate", quiet=False),
     "corpus": Command("build a built-in corpus as webdataset shards", "corpus"),
     "extract": Command("web archives (Common Crawl WAT, WARC) -> candidate (image URL, alt-text) pairs", "crawl"),

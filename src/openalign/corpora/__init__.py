@@ -17,6 +17,9 @@ from openalign.corpora import shapes
 from openalign.pipeline.shard import karpathy_shards
 from openalign.data.tars import MANIFEST, list_shards
 
+__all__ = ["CORPORA", "corpus_dir", "corpus_options", "heldout_keep", "resolve_data", "source_eval_shards",
+           "source_options", "sources"]
+
 CORPORA: dict[str, Callable[..., dict]] = {"emoji": emoji.build, "openclipart": openclipart.build,
                                            "shapes": shapes.build}
 

@@ -32,6 +32,8 @@ from openalign.config import ConfigError
 from openalign.corpora.emoji import BOILERPLATE
 from openalign.data.tars import ShardWriter, encode_image
 
+__all__ = ["COLOURS", "RELATIONS", "SCENES", "SHAPES", "build", "draw", "draw_scene", "heldout_combos"]
+
 COLOURS = {"red": (215, 40, 40), "orange": (245, 140, 20), "yellow": (235, 205, 30), "green": (40, 160, 60),
            "blue": (40, 80, 220), "purple": (140, 60, 180), "pink": (240, 120, 180), "brown": (125, 80, 40)}
 SHAPES = ("circle", "square", "triangle", "star", "heart", "hexagon", "diamond", "cross")

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image, ImageOps
 
+__all__ = ["EXTENSIONS", "IMAGE_SUFFIXES", "BadImage", "ImageInfo", "load_rgb", "probe", "to_rgb"]
+
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff")  # files and shard members
 EXTENSIONS = {"JPEG": "jpg", "MPO": "jpg", "PNG": "png", "WEBP": "webp", "GIF": "gif", "BMP": "bmp",
               "TIFF": "tif"}  # a format's file suffix (one of IMAGE_SUFFIXES: the readers take it)

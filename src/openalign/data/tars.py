@@ -29,6 +29,9 @@ from openalign.config import ConfigError
 from openalign.data.images import IMAGE_SUFFIXES
 from openalign.data.pairs import keep_index
 
+__all__ = ["MANIFEST", "BadSample", "ShardWriter", "TarWriter", "all_texts", "captions", "count_samples",
+           "encode_image", "image_bytes", "list_shards", "read_samples", "sample_class", "sample_meta", "sample_texts"]
+
 MANIFEST = "manifest.json"
 SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 SKIP_REASONS = ("truncated_tar", "unreadable_tar", "no_image", "no_text", "bad_json")

@@ -92,7 +92,7 @@ def evaluate(model, data: str | list[str], tasks: Sequence[str] = (), *, protoco
     from openalign import host
     from openalign.eval import paper
     from openalign.eval.datasets import load_templates
-    from openalign.eval.features import files_fingerprint
+    from openalign.outputs import files_fingerprint
     from openalign.eval.finetune import parse_options
     from openalign.eval.tasks import configure, run_tasks
 

@@ -19,7 +19,7 @@ from openalign.eval.options import EvalOptions
 from openalign.model.dual_encoder import DualEncoder
 from openalign.model.encode import (encode_image_stream, encode_image_tokens, encode_images, encode_text_tokens,
                                     encode_texts)
-
+from openalign.outputs import files_fingerprint
 
 
 @dataclass
@@ -56,17 +56,6 @@ class Context:
         """([N, L, D] normalized token vectors, [N, L] mask of real tokens), in order (late interaction)."""
         return encode_text_tokens(self.model, self.tokenizer, list(texts), self.options.encode_batch,
                                   self.options.max_length)
-
-
-def files_fingerprint(*paths: str) -> str:
-    """A hash of the names, sizes and modification times of every file at or under `paths`."""
-    entries = []
-    for root in (Path(p) for p in paths if p):
-        files = [root] if root.is_file() else sorted(f for f in root.rglob("*") if f.is_file()) if root.is_dir() else []
-        for f in files:
-            stat = f.stat()
-            entries.append((str(f.resolve()), stat.st_size, stat.st_mtime_ns))
-    return hashlib.blake2b(json.dumps(entries).encode(), digest_size=16).hexdigest()
 
 
 def cache_path(shards: str | list[str], options: EvalOptions, patches: bool = False, meta: tuple[str, ...] = ()

@@ -17,6 +17,8 @@ from pathlib import Path
 
 from openalign.eval.metrics import KS
 
+__all__ = ["CITATION", "Cell", "beside", "cell", "cells", "dataset", "lines", "row_values"]
+
 CITATION = "Jia et al. 2021 (ALIGN)"
 
 

@@ -27,7 +27,7 @@ import torch
 from openalign.config import ConfigError, leaf_keys, override
 from openalign.data import sources
 from openalign.eval import metrics as M
-from openalign.eval import panels
+from openalign.eval import panels, probes
 from openalign.eval.arithmetic import arithmetic
 from openalign.eval import compositional as compositional_lib
 from openalign.eval import multilingual as multilingual_lib
@@ -175,7 +175,7 @@ def _calibration(ctx: Context, options: ZeroshotOptions, logits, labels, weights
     class) pair on its own (`sigmoid_head` 1; its NLL sums every pair's, M.nll). With `calibrate`, also after
     temperature scaling fitted on that labeled split's images (the same classifier; the sigmoid head fits its
     bias too)."""
-    (temperature, bias), head = ctx.model.scale(), ctx.model.head
+    (temperature, bias), head = ctx.model.temperature_and_bias(), ctx.model.head
     before = M.reliability(logits / temperature + bias, labels, head=head)
     out = {"temperature": temperature, "ece": before["ece"], "nll": M.nll(logits / temperature + bias, labels, head)}
     if head == "sigmoid":
@@ -267,7 +267,7 @@ def knn(ctx: Context, options: KnnOptions = KnnOptions()) -> tuple[dict, dict]:
 
 def linear_probe(ctx: Context, options: ProbeOptions = ProbeOptions()) -> tuple[dict, dict]:
     """A linear classifier on the frozen image embeddings of the training split, scored on the evaluation split's:
-    CLIP's L-BFGS (eval/metrics.linear_probe, the default) or the paper's SGD recipe (eval/metrics.sgd_probe). The
+    CLIP's L-BFGS (eval/probes.linear_probe, the default) or the paper's SGD recipe (eval/probes.sgd_probe). The
     training features are computed at `train_crop` when given (and cached under --cache like the evaluation's)."""
     train_x, train_y, test_y, n_classes = _train_split(ctx, options.train_data, "linear-probe", options.train_crop)
     device = device_of(ctx.model)  # on the model's accelerator: a full-batch fit of ImageNet's 1.28M rows is GEMMs
@@ -275,10 +275,10 @@ def linear_probe(ctx: Context, options: ProbeOptions = ProbeOptions()) -> tuple[
     test_x, test_y = ctx.data.image_embeds.to(device, torch.float32), test_y.to(device)
     if options.solver == "sgd":
         recipe = options.sgd
-        metrics = M.sgd_probe(train_x, train_y, test_x, test_y, recipe, options.seed)
+        metrics = probes.sgd_probe(train_x, train_y, test_x, test_y, recipe, options.seed)
         metrics |= {"lr": recipe.lr, "epochs": recipe.epochs, "batch_size": recipe.batch_size}
     else:
-        metrics = M.linear_probe(train_x, train_y, test_x, test_y, seed=options.seed)
+        metrics = probes.linear_probe(train_x, train_y, test_x, test_y, seed=options.seed)
     return metrics | {"solver": options.solver, "train_resolution": options.train_crop or ctx.options.crop,
                       "eval_resolution": ctx.options.crop, "n_train": len(train_x), "n_classes": n_classes,
                       "chance_top1": 1 / n_classes, "chance_top5": min(1.0, 5 / n_classes)}, {}

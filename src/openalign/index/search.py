@@ -231,8 +231,8 @@ def search(index: Loaded | str | Path, query: Query | str, k: int = 10, *, model
         encoder, tokenizer = load_model_for(index, None if model is None else str(model))
     else:  # an openalign.Model
         encoder, tokenizer = model.model, model.tokenizer
-        if model.cfg.embed_dim != index.info["dim"]:
-            raise ConfigError(f"the model embeds to {model.cfg.embed_dim} dimensions, the index holds "
+        if model.cfg.model.embed_dim != index.info["dim"]:
+            raise ConfigError(f"the model embeds to {model.cfg.model.embed_dim} dimensions, the index holds "
                               f"{index.info['dim']}")
     floor = score_floor(min_score, index.info.get("weights"))
     patches = patch_store(index) if rerank else None

@@ -122,7 +122,7 @@ class TwoTowers(nn.Module):
         (image, text) pair on its own (SigLIP, sigmoid-trained models: those with a logit bias)."""
         return "softmax" if self.logit_bias is None else "sigmoid"
 
-    def scale(self) -> tuple[float, float]:
+    def temperature_and_bias(self) -> tuple[float, float]:
         """(temperature, bias) of the head's logits, cosine / temperature + bias (bias 0 for a softmax head)."""
         bias = 0.0 if self.logit_bias is None else float(self.logit_bias.detach())
         return float(self.temperature.detach().clamp(min=1e-6)), bias
@@ -221,7 +221,7 @@ class DualEncoder(TwoTowers):
         """The tower's own raw T parameter (learned when loss.temperature.parameterization is raw)."""
         raise NotImplementedError
 
-    def store_hf_scale(self) -> None:
+    def store_hf_temperature(self) -> None:
         """Write `raw_temperature` where the transformers model keeps it, if elsewhere (before saving)."""
 
     # ------------------------------------------------------------------ shared
@@ -245,24 +245,24 @@ class DualEncoder(TwoTowers):
         with torch.no_grad():
             self.temperature_parameter.fill_(loss_lib.parameter_of(float(value), self.learned_as))
 
-    def store_scale(self) -> None:
+    def store_temperature(self) -> None:
         """Write the learned T where the transformers model keeps it, before saving (hub.py): AlignModel's
         `temperature`, VisionTextDualEncoderModel's logit_scale = log(1/T)."""
         if self.learned_as == "log":
             with torch.no_grad():
                 self.raw_temperature.copy_(self.temperature.detach())
-        self.store_hf_scale()
+        self.store_hf_temperature()
 
-    def scales(self) -> dict[str, torch.Tensor]:
+    def logit_scalars(self) -> dict[str, torch.Tensor]:
         """The scalars of the logits the loss reads, by name (its `scalars`): the temperature, and the logit bias
         when the loss kind learns one."""
         found = {"temperature": self.temperature_parameter, "bias": self.logit_bias}
         return {name: p for name, p in found.items() if p is not None}
 
-    def scale_parameters(self) -> dict[str, nn.Parameter]:
-        """Those of `scales()` that are learned (not loss.temperature.fixed). The optimizer gives them their own
+    def learned_scalars(self) -> dict[str, nn.Parameter]:
+        """Those of `logit_scalars()` that are learned (not loss.temperature.fixed). The optimizer gives them their own
         group."""
-        return {name: p for name, p in self.scales().items() if p.requires_grad}
+        return {name: p for name, p in self.logit_scalars().items() if p.requires_grad}
 
     def encode_image(self, pixel_values: torch.Tensor, tokens: bool = False) -> Encoding:
         """pixel_values [B, 3, H, W] in [-1, 1] (data/transforms.py), mapped to what the tower was trained on;
@@ -413,7 +413,7 @@ class ViTDualEncoder(DualEncoder):
     def pooled_text(self, out):
         return out.pooler_output
 
-    def store_hf_scale(self) -> None:  # the transformers model's own scale: its logits_per_image are openalign's too
+    def store_hf_temperature(self) -> None:  # its logits_per_image are openalign's too
         with torch.no_grad():
             self.dual.logit_scale.copy_(-torch.log(self.vit_temperature.detach().to(self.dual.logit_scale.dtype)))
 

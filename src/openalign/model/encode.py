@@ -23,6 +23,9 @@ import torch.nn.functional as F
 
 from openalign.model.dual_encoder import DualEncoder
 
+__all__ = ["encode_image_stream", "encode_image_tokens", "encode_images", "encode_text_tokens", "encode_texts",
+           "evaluating", "load_for_inference", "token_ids"]
+
 T = TypeVar("T")
 
 

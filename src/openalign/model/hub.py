@@ -75,7 +75,7 @@ def save_pretrained(model: DualEncoder, tokenizer, out: Path, cfg: Config) -> Pa
 
 
 def _save_into(model: DualEncoder, tokenizer, out: Path, cfg: Config) -> None:
-    model.store_scale()
+    model.store_temperature()
     with _placeholder_pooler(model.hf):
         model.hf.save_pretrained(out)  # (transformers' own bars: cli.py quiets them when a command starts)
     if tokenizer is not None:

@@ -18,10 +18,10 @@ from openalign.train import fsdp
 
 
 def param_groups(model: DualEncoder, cfg: OptimConfig, scale_lr: float = 1.0) -> list[dict]:
-    """Decayed weight matrices, undecayed biases and norms, and the logit scales (`model.scale_parameters()`,
+    """Decayed weight matrices, undecayed biases and norms, and the logit scales (`model.learned_scalars()`,
     no decay, their learning rate times `scale_lr`: loss.temperature.lr_scale)."""
     decay, no_decay = [], []
-    temperature = list(model.scale_parameters().values())
+    temperature = list(model.learned_scalars().values())
     scales = {id(p) for p in temperature}
     for _, p in model.named_parameters():
         if not p.requires_grad or id(p) in scales:

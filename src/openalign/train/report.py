@@ -19,7 +19,12 @@ HEADLINE = ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "mean_
             "zeroshot_top5")
 
 
+__all__ = ["plot_curves", "read_log", "write"]
+
+
 def read_log(path: Path) -> tuple[list[dict], list[dict]]:
+    """A run's metrics.jsonl: its training rows (step, loss, temperature, ...), and its held-out evaluations (step and
+    the metrics under "eval"), in order."""
     steps, evals = [], []
     for line in Path(path).read_text().splitlines():
         row = json.loads(line)

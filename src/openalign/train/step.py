@@ -35,7 +35,7 @@ def batch_loss(core: DualEncoder, img: Encoding, txt: Encoding, cfg: LossConfig,
     """The configured loss (loss_lib.create) of one batch's encodings; `scales` replaces the model's learned scalars
     (gradient caching differentiates with respect to detached copies)."""
     loss = loss_lib.create(cfg, layout.world)
-    return loss(img, txt, {**core.scales(), **(scales or {})}, generator)
+    return loss(img, txt, {**core.logit_scalars(), **(scales or {})}, generator)
 
 
 def _rng_state(device: torch.device):
@@ -93,7 +93,7 @@ def _forward_backward(model, core, batch, loss_cfg, micro_batch, layout, device,
     after = _rng_state(device)
     img = torch.cat(img_parts).requires_grad_()
     txt = torch.cat(txt_parts).requires_grad_()
-    params = core.scale_parameters()
+    params = core.learned_scalars()
     scales = {k: p.detach().requires_grad_() for k, p in params.items()}
     loss = batch_loss(core, Encoding(img, None), Encoding(txt, None), loss_cfg, layout, generator, scales)
     loss.backward()  # d loss / d embeddings (and temperature), for the whole batch

@@ -42,7 +42,7 @@ from openalign.schedule import lr_at
 from openalign.train.optim import build_optimizer, full_state_dict, set_lr
 from openalign.train.step import forward_backward
 
-__all__ = ["TrainResult", "train"]
+__all__ = ["CHECKPOINT", "METRICS", "TrainResult", "train"]
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"

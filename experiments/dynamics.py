@@ -1,4 +1,4 @@
-"""`openalign study dynamics`: the temperature and the shape of the shared space over training.
+"""`python -m experiments.dynamics`: the temperature and the shape of the shared space over training.
 
 The paper (Section 6.1): the learned temperature "quickly decreases to only around 1.2x of the converged
 values in the first 100k steps" (of 1.2M), then slowly converges (near 1/64). Runs from the paper's
@@ -9,13 +9,16 @@ modality gap (the distance between the image and text embeddings' centroids) and
 
 from __future__ import annotations
 
-import json
 import statistics
+import sys
 from pathlib import Path
 
 from openalign.config import Config
-from openalign.study.report import mean_std, save_figure
-from openalign.study.runner import Study, Variant
+from openalign.train.report import read_log
+from openalign.train.trainer import METRICS
+from experiments.lab import command
+from experiments.lab.report import mean_std, save_figure
+from experiments.lab.runner import Study, Variant
 
 INITS = (1.0, 0.07)  # the paper's and CLIP's
 NEAR = 1.2  # the paper's "around 1.2x of the converged value"
@@ -31,14 +34,8 @@ def variants(base: Config) -> list[Variant]:
 
 def read_curves(run: Path) -> tuple[list[tuple[int, float]], list[tuple[int, dict]]]:
     """(step, temperature) of every logged step, and (step, metrics) of every evaluation, of one run."""
-    temps, evals = [], []
-    for line in (run / "metrics.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        if "eval" in row and row["eval"]:
-            evals.append((row["step"], row["eval"]))
-        elif "temperature" in row:
-            temps.append((row["step"], row["temperature"]))
-    return temps, evals
+    steps, evals = read_log(run / METRICS)
+    return [(r["step"], r["temperature"]) for r in steps if "temperature" in r], [(e["step"], e["eval"]) for e in evals]
 
 
 def settle_step(temps: list[tuple[int, float]], near: float = NEAR) -> int:
@@ -111,4 +108,12 @@ def extra_report(results: dict, out) -> list[str]:
 
 
 # --quick: 300 steps evaluated every 25 (the 100-step runs of the other studies are too short to converge)
-STUDY = Study(variants, INTRO, extra_report=extra_report, quick=("train.steps=300", "train.eval_every=25"))
+STUDY = Study("dynamics", variants, INTRO, extra_report=extra_report, quick=("train.steps=300", "train.eval_every=25"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return command.main(STUDY, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

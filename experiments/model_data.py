@@ -1,4 +1,4 @@
-"""`openalign study model-vs-data`: does a bigger model need more data? (the paper's Table 9)
+"""`python -m experiments.model_data`: does a bigger model need more data? (the paper's Table 9)
 
 Two model sizes, the base config's towers and a smaller pair (half the text tower's width and depth,
 half the image tower's width and depth coefficients, the same embedding dimension, as the paper keeps
@@ -6,15 +6,18 @@ half the image tower's width and depth coefficients, the same embedding dimensio
 noise: the paper's small curated CC-3M), all for the same number of steps. The held-out split is the same.
 
 On your own shards (`--data`), the 10% is `data.fraction=0.1` of them and there is no clean row (a
-curated set is a dataset of its own: train on it with `openalign study model-vs-data --data CLEAN`).
+curated set is a dataset of its own: train on it with `python -m experiments.model_data --data CLEAN`).
 """
 
 from __future__ import annotations
 
+import sys
+
 from openalign.config import Config, ConfigError
 from openalign.eval import paper as paper_lib
-from openalign.study.report import save_figure
-from openalign.study.runner import Study, Variant, corpus_override
+from experiments.lab import command
+from experiments.lab.report import save_figure
+from experiments.lab.runner import Study, Variant, corpus_override
 
 FRACTION = 0.1  # the paper's "10% of ALIGN data"
 INTRO = ("Two model sizes, each on the whole noisy corpus, a 10% sample of it and a clean 10% (the paper's small "
@@ -97,4 +100,12 @@ def extra_report(results: dict, out) -> list[str]:
             "![model size against data size](model_vs_data.png)", ""]
 
 
-STUDY = Study(variants, INTRO, PAPER, PAPER_COLUMNS, extra_report, tasks=("knn",))
+STUDY = Study("model_data", variants, INTRO, PAPER, PAPER_COLUMNS, extra_report, tasks=("knn",))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return command.main(STUDY, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

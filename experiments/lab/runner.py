@@ -16,8 +16,8 @@ from tqdm import tqdm
 from openalign import config as config_lib
 from openalign import distributed
 from openalign.config import Config, ConfigError
-from openalign.eval import metrics as M
-from openalign.outputs import write_json
+from openalign.eval.metrics import chance_key, is_chance
+from openalign.outputs import files_fingerprint, write_json
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,7 @@ class Variant:
 
 @dataclass(frozen=True)
 class Study:
+    name: str  # the study's name: its report's title and its command (python -m experiments.NAME, - as _)
     variants: Callable[[Config], list[Variant]]  # the plan, from the study's base config
     intro: str  # the report's first paragraph: what is compared and why
     paper: str = ""  # where the paper's numbers shown next to ours come from (table, model, metric)
@@ -56,14 +57,13 @@ def corpus_override(base: Config, **options) -> str:
 def _summary_keys(runs: list[dict]) -> list[str]:
     """Numeric metrics every run has (chance levels are reported apart)."""
     return [k for k, v in runs[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-            and not M.is_chance(k) and all(isinstance(r.get(k), (int, float)) for r in runs)]
+            and not is_chance(k) and all(isinstance(r.get(k), (int, float)) for r in runs)]
 
 
 def run_one(cfg: Config, out: Path, layout: distributed.Dist = distributed.Dist()) -> dict:
     """Train one run (or read its earlier result); its final held-out metrics and temperature. A run that
     was interrupted resumes from its last checkpoint, or starts again when it has none. Under torchrun
     every rank trains its share and returns rank 0's row; rank 0 alone writes."""
-    from openalign.eval.features import files_fingerprint
     from openalign.train.trainer import CHECKPOINT, train
 
     result_file, key_file = out / "result.json", out / "run_key.json"
@@ -126,7 +126,7 @@ def run_study(name: str, base: Config, variants: list[Variant], seeds: int, out:
             "overrides": list(variant.overrides), "paper": variant.paper, "runs": runs,
             "mean": {k: statistics.fmean(r[k] for r in runs) for k in keys},
             "std": {k: statistics.pstdev(r[k] for r in runs) for k in keys},
-            "chance": {k: runs[0][c] for k in keys if (c := M.chance_key(k, runs[0]))},
+            "chance": {k: runs[0][c] for k in keys if (c := chance_key(k, runs[0]))},
         }
     bar.close()
     if layout.main:

@@ -1,4 +1,4 @@
-"""`openalign study multilingual`: one recipe, many languages (the paper's Section 8, Table 11).
+"""`python -m experiments.multilingual`: one recipe, many languages (the paper's Section 8, Table 11).
 
 The built-in emoji corpus's CLDR names and keywords in several languages train a multilingual model
 with a multilingual WordPiece vocabulary (2.5x the English one, as the paper's 250k is its 100k's); an
@@ -10,9 +10,12 @@ neither model saw: close relatives of a training language (Dutch, Portuguese, Sl
 
 from __future__ import annotations
 
+import sys
+
 from openalign.config import Config, ConfigError
-from openalign.study.report import grouped_bars, save_figure
-from openalign.study.runner import Study, Variant, corpus_override
+from experiments.lab import command
+from experiments.lab.report import grouped_bars, save_figure
+from experiments.lab.runner import Study, Variant, corpus_override
 
 TRAIN_LANGUAGES = ("en", "de", "fr", "cs", "es", "ja")  # the paper's Multi30k four, plus a Romance and a CJK one
 HELDOUT_LANGUAGES = ("nl", "pt", "sk", "fi", "ko")  # never trained on: relatives of de/en, es/fr, cs; unrelated
@@ -103,5 +106,13 @@ def extra_report(results: dict, out) -> list[str]:
 
 
 # --quick: 300 steps (~3 min a run): at 100, every language but English is within 3x chance
-STUDY = Study(variants, INTRO, PAPER, PAPER_COLUMNS, extra_report, quick=("train.steps=300",),
+STUDY = Study("multilingual", variants, INTRO, PAPER, PAPER_COLUMNS, extra_report, quick=("train.steps=300",),
               metric=("multilingual_mean_recall", "mean recall over all languages"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return command.main(STUDY, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,4 +1,4 @@
-"""`openalign study compositional`: colour-shape pairs never seen together in training.
+"""`python -m experiments.compositional`: colour-shape pairs never seen together in training.
 
 The built-in `shapes` corpus (8 colours x 8 shapes, 8 pairs held out of training) at three alt-text
 noise rates. Each run reports, on fresh held-out images, zero-shot accuracy on the unseen pairs against
@@ -9,10 +9,12 @@ star (recall@K), next to the image alone and the text "red star" alone (eval/com
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 from openalign.config import Config, ConfigError
-from openalign.study.report import grouped_bars, save_figure
-from openalign.study.runner import Study, Variant, corpus_override
+from experiments.lab import command
+from experiments.lab.report import grouped_bars, save_figure
+from experiments.lab.runner import Study, Variant, corpus_override
 
 NOISE = (0.0, 0.2, 0.5)
 # no retrieval on shapes: the held-out captions repeat ("a red star" for every red star image), so exact ties
@@ -76,5 +78,13 @@ def extra_report(results: dict, out) -> list[str]:
 
 
 # --quick: 300 steps (~3 min a run): at 100 the colour is learned but shapes barely (unseen top-1 0.18, noise 0)
-STUDY = Study(variants, INTRO, extra_report=extra_report, quick=("train.steps=300",),
+STUDY = Study("compositional", variants, INTRO, extra_report=extra_report, quick=("train.steps=300",),
               metric=("compositional_harmonic_top1", "harmonic mean of seen and unseen top-1"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return command.main(STUDY, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import matplotlib
@@ -9,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from openalign.study.runner import Study  # noqa: E402
+from experiments.lab.runner import Study  # noqa: E402
 
 COLUMNS = (("mean_recall", "mean recall"), ("i2t_r1", "I2T R@1"), ("t2i_r1", "T2I R@1"),
            ("zeroshot_top1", "zero-shot top-1"), ("knn_top1", "KNN R@1"), ("temperature", "final temperature"),
@@ -19,6 +20,17 @@ COLUMNS = (("mean_recall", "mean recall"), ("i2t_r1", "I2T R@1"), ("t2i_r1", "T2
 def mean_std(mean: float, std: float, seeds: int, digits: str = ".3f") -> str:
     """`mean ± std`, or the mean alone for one seed (a std of 0 would read as no spread)."""
     return f"{mean:{digits}} ± {std:{digits}}" if seeds > 1 else f"{mean:{digits}}"
+
+
+def mean_std_of(runs: list[dict], keys) -> dict:
+    """{"mean": {key: mean}, "std": {key: population std}} of `keys` over the runs' rows (one per seed)."""
+    return {"mean": {k: statistics.fmean(r[k] for r in runs) for k in keys},
+            "std": {k: statistics.pstdev(r[k] for r in runs) for k in keys}}
+
+
+def seeds_phrase(seeds: int, spread: bool = True) -> str:
+    """"mean ± std over 3 seeds" (or "mean over 1 seed" without `spread`)."""
+    return f"mean{' ± std' if spread else ''} over {seeds} seed{'s' * (seeds > 1)}"
 
 
 def _cell(row: dict, key: str) -> str:
@@ -35,13 +47,13 @@ def groups(results: dict) -> dict[str, list[tuple[str, dict]]]:
     return out or {"baseline": shared}
 
 
-def write(name: str, study: Study, results: dict, seeds: int, out: Path, headline: tuple[str, str]) -> Path:
-    """report.md and study.png in `out`, with `headline` = (result key, label) the metric compared; returns the
-    report's path."""
+def write(study: Study, results: dict, seeds: int, out: Path, headline: tuple[str, str]) -> Path:
+    """report.md and study.png in `out`, with `headline` = (result key, label) the metric compared, then the study's
+    own sections (`Study.extra_report`); returns the report's path."""
     key, metric = headline
     columns = [c for c in [(key, metric), *(c for c in COLUMNS if c[0] != key)]
                if any(c[0] in row["mean"] for row in results.values())]
-    lines = [f"# openalign study: {name}", "", study.intro, "",
+    lines = [f"# openalign study: {study.name}", "", study.intro, "",
              f"Held-out metrics after training, mean ± std over {seeds} seed{'s' if seeds > 1 else ''} "
              f"(population std); Δ: {metric} against the group's baseline.", ""]
     if study.paper_columns:
@@ -61,8 +73,10 @@ def write(name: str, study: Study, results: dict, seeds: int, out: Path, headlin
         lines.append("")
     lines += [f"![{metric} per variant](study.png)", ""]
     _plot(results, out / "study.png", key, metric)
+    if study.extra_report:
+        lines += study.extra_report(results, out)
     path = out / "report.md"
-    path.write_text("\n".join(lines))
+    path.write_text("\n".join(lines).rstrip("\n") + "\n")
     return path
 
 
@@ -106,3 +120,19 @@ def _plot(results: dict, out: Path, key: str, metric: str) -> None:
         ax.set(title=group, ylabel=f"held-out {metric}")
         ax.grid(axis="y", alpha=0.3)
     save_figure(fig, out)
+
+
+def paired_bars(rows: dict, series: tuple[tuple[str, str], ...], ticks: list[str], chance: float, path: Path,
+                **axes) -> None:
+    """Two metrics side by side for each row (`rows`: name -> {"mean", "std"}), the seeds' spread as error bars and
+    chance as a dashed line; `axes` are matplotlib's axis settings (ylabel, title, ylim)."""
+    names = list(rows)
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for i, (key, label) in enumerate(series):
+        ax.bar([j + 0.4 * i for j in range(len(names))], [rows[x]["mean"][key] for x in names], 0.4,
+               yerr=[rows[x]["std"][key] for x in names], capsize=3, label=label)
+    ax.axhline(chance, color="k", ls="--", lw=0.8, label="chance")
+    ax.set_xticks([j + 0.2 for j in range(len(names))], ticks)
+    ax.set(**axes)
+    ax.grid(alpha=0.3, axis="y")
+    save_figure(fig, path, legend_axes=[ax])

@@ -1,4 +1,4 @@
-"""`openalign study loss-batch`: SigLIP's sigmoid loss against the paper's softmax over batch sizes.
+"""`python -m experiments.loss_batch`: SigLIP's sigmoid loss against the paper's softmax over batch sizes.
 
 The same model and data for every run, and the same number of training examples seen: batch 32 to 512, the steps
 (and the warmup) scaled so that steps x batch is the base's. The claim tested, from the SigLIP paper (Zhai et al.
@@ -12,9 +12,12 @@ demo preset's 0.07), learned as log(1/T) as SigLIP learns it (the sigmoid's own 
 
 from __future__ import annotations
 
+import sys
+
 from openalign.config import Config
-from openalign.study.report import save_figure
-from openalign.study.runner import Study, Variant
+from experiments.lab import command
+from experiments.lab.report import save_figure
+from experiments.lab.runner import Study, Variant
 
 BATCHES = (32, 64, 128, 256, 512)
 LOSSES = (("softmax", "softmax (the paper's)", ()),
@@ -74,4 +77,12 @@ def extra_report(results: dict, out) -> list[str]:
     return lines + ["", "![mean recall against batch](loss_batch.png)", ""]
 
 
-STUDY = Study(variants, INTRO, extra_report=extra_report)
+STUDY = Study("loss_batch", variants, INTRO, extra_report=extra_report)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return command.main(STUDY, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,4 +1,4 @@
-"""`openalign study noise-vs-scale`: does more noisy data beat less clean data? (the paper's Table 10)
+"""`python -m experiments.noise_scale`: does more noisy data beat less clean data? (the paper's Table 10)
 
 The built-in emoji corpus with its alt-text noise (wrong captions, file names, boilerplate, partial
 keywords) off, against the same sources with noise at `NOISE` at 1x, 2x and 4x the clean size (each
@@ -20,11 +20,14 @@ headline), so domain coverage and scale can be told apart.
 
 from __future__ import annotations
 
+import sys
+
 from openalign.config import Config, ConfigError
 from openalign.corpora import corpus_options
 from openalign.eval import paper as paper_lib
-from openalign.study.report import save_figure
-from openalign.study.runner import Study, Variant, corpus_override
+from experiments.lab import command
+from experiments.lab.report import save_figure
+from experiments.lab.runner import Study, Variant, corpus_override
 
 NOISE = 0.5  # the noisy corpora's rate: half the alt-texts replaced by one of the four kinds of noise
 SIZES = (1, 2, 4)
@@ -70,7 +73,7 @@ def variants(base: Config) -> list[Variant]:
         scaled = {n: (corpus_override(base, noise=NOISE, copies=n),) for n in SIZES}
         clean = (corpus_override(base, noise=0.0),)
     else:  # more distinct drawings of every colour-shape pair
-        from openalign.study.compositional import SHAPES_EVAL
+        from experiments.compositional import SHAPES_EVAL
 
         per_combo = corpus_options("shapes", base.data.corpus_options).get("per_combo", 60)
         scaled = {n: (corpus_override(base, noise=NOISE, per_combo=per_combo * n), *SHAPES_EVAL) for n in SIZES}
@@ -175,4 +178,21 @@ def source_report(results: dict, out) -> list[str]:
     return lines + ["", *[f"- {v}" for v in verdicts], "", "![mean recall by source](noise_vs_sources.png)", ""]
 
 
-STUDY = Study(variants, INTRO, PAPER, PAPER_COLUMNS, extra_report, metric=headline, tasks=("knn",))
+STUDY = Study("noise_scale", variants, INTRO, PAPER, PAPER_COLUMNS, extra_report, metric=headline, tasks=("knn",))
+
+
+def source_flags(p) -> None:
+    p.add_argument("--sources", action="store_true", help="more data as new sources (clean emoji against emoji + "
+                   "openclipart + shapes with noisy alt-texts), each source's held-out split measured")
+
+
+def sources(args) -> tuple[str, ...]:
+    return ("data.corpus=" + "+".join(SOURCES),) if args.sources else ()
+
+
+def main(argv: list[str] | None = None) -> int:
+    return command.main(STUDY, argv, flags=source_flags, extra=sources)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

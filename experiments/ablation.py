@@ -1,4 +1,4 @@
-"""`openalign study ablation`: the paper's Table 8 design choices, on one base config.
+"""`python -m experiments.ablation`: the paper's Table 8 design choices, on one base config.
 
 Groups (each against the same baseline run): embedding dimension (the base's, /2, /4, /8: the paper's
 640/320/160/80 scaled to the base), the fraction of in-batch negatives (100/50/25%), a fixed
@@ -10,11 +10,14 @@ similarity thresholds: `threshold_report`).
 
 from __future__ import annotations
 
+import sys
+
 from openalign import loss as loss_lib
 from openalign.config import Config
 from openalign.eval import paper as paper_lib
-from openalign.study.report import mean_std
-from openalign.study.runner import Study, Variant
+from experiments.lab import command
+from experiments.lab.report import mean_std
+from experiments.lab.runner import Study, Variant
 
 INTRO = ("The paper's Table 8 ablations (embedding dimension, in-batch negatives, temperature), plus the "
          "temperature's initial value and learning rate, label smoothing and the loss, each changed alone "
@@ -72,7 +75,7 @@ def threshold_report(results: dict, out) -> list[str]:
              "Per held-out query, the similarity threshold that best separates its matches from the rest "
              "(Youden's J); the spread of those thresholds across queries, and the mean J at each query's own "
              "threshold against one shared (median) threshold. The PMI view predicts the symmetric loss pins "
-             "every score to one constant, so its spread should be the smallest (see `openalign study pmi`).", "",
+             "every score to one constant, so its spread should be the smallest (see `python -m experiments.pmi`).", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for _, row in rows:
         cells = [mean_std(row["mean"][f"{d}_{k}"], row["std"][f"{d}_{k}"], len(row["runs"]))
@@ -81,4 +84,12 @@ def threshold_report(results: dict, out) -> list[str]:
     return lines + [""]
 
 
-STUDY = Study(variants, INTRO, PAPER, PAPER_COLUMNS, extra_report=threshold_report, tasks=("knn",))
+STUDY = Study("ablation", variants, INTRO, PAPER, PAPER_COLUMNS, extra_report=threshold_report, tasks=("knn",))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return command.main(STUDY, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from experiments.failure_modes import main
+
+sys.exit(main())
