@@ -11,7 +11,7 @@ Phases, each in a process of its own so that each peak RSS is its own:
    8-bit codes for 10M vectors (6.5 GB) pass half the budget, IVF shards added by 2 worker processes.
    The peak is the largest sum of resident memory over the build's process tree (driver, fork server,
    add workers), sampled every 0.2 s, and never below the driver's own VmHWM.
-4. `query`: `index.build.load` (memory-mapped shards), then one query at a time and a batch of 200;
+4. `query`: `index.opened.load` (memory-mapped shards), then one query at a time and a batch of 200;
    recall@10 against phase 2, latency, and the RSS after the open and after the queries.
 
     .venv/bin/python bench/index_scale.py [--n 10000000] [--dim 640] [--nlist 1024] [--dir /tmp/p12]
@@ -140,7 +140,8 @@ def phase_build(args) -> dict:
 
 
 def phase_query(args) -> dict:
-    from openalign.index.build import load, recall_at_10
+    from openalign.index.build import recall_at_10
+    from openalign.index.opened import load
 
     queries = np.load(Path(args.dir) / "queries.npy")
     truth = np.load(Path(args.dir) / "truth.npy")

@@ -74,7 +74,7 @@ def fsdp_child(rank: int, preset: str, port: int, out: str) -> None:
     cfg = presets.get(preset)
     torch.manual_seed(0)
     model = DualEncoder(cfg.model, cfg.loss).train()
-    fsdp.shard(model)
+    fsdp.wrap(model)
     optimizer = build_optimizer(model, cfg.optim, fsdp=True)
     size, length = cfg.model.vision.image_size, cfg.model.text.max_length
     g = torch.Generator().manual_seed(rank)
@@ -94,7 +94,7 @@ def fsdp_child(rank: int, preset: str, port: int, out: str) -> None:
                       for t in s.values() if t.ndim)
     static = sum(t.numel() * t.element_size() * 2 for t in local) + state_bytes  # weights + gradients
     units = [sum(p.numel() * p.element_size() for p in m.parameters()) for m in model.modules()
-             if fsdp.is_sharded(m) and m is not model]
+             if fsdp.is_wrapped(m) and m is not model]
     Path("/proc/self/clear_refs").write_text("5")  # reset the peak (VmHWM) to what is resident now
     before = resident_mib()
     step()

@@ -101,7 +101,7 @@ def zero_worker(rank: int, port: int, out: str) -> None:
     cfg = presets.get("tiny")
     model = make_model()
     ddp = torch.nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
-    optimizer = build_optimizer(model, cfg.optim, shard=True)
+    optimizer = build_optimizer(model, cfg.optim, shard_optimizer=True)
     for step in range(2):
         set_lr(optimizer, 1e-2)
         optimizer.zero_grad(set_to_none=True)
@@ -145,7 +145,7 @@ def fsdp_worker(rank: int, port: int, out: str, micro_batch: int, grad_clip: flo
     join(rank, port)
     cfg = presets.get("tiny")
     model = make_model()
-    fsdp.shard(model)
+    fsdp.wrap(model)
     optimizer = build_optimizer(model, cfg.optim, fsdp=True)
     assert isinstance(optimizer, FsdpLamb)
     for step in range(2):

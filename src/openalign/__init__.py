@@ -32,7 +32,7 @@ LAZY = {  # name here: (module, its name there)
     "embed": ("openalign.index.embed", "embed"), "EmbedOptions": ("openalign.index.embed", "EmbedOptions"),
     "EmbedResult": ("openalign.index.embed", "EmbedResult"),
     "build_index": ("openalign.index.build", "build"), "IndexOptions": ("openalign.index.build", "IndexOptions"),
-    "IndexResult": ("openalign.index.build", "IndexResult"), "open_index": ("openalign.index.build", "load"),
+    "IndexResult": ("openalign.index.build", "IndexResult"), "open_index": ("openalign.index.opened", "load"),
     "add_to_index": ("openalign.index.grow", "add"), "delete_from_index": ("openalign.index.grow", "delete"),
     "search": ("openalign.index.search", "search"), "Query": ("openalign.index.search", "Query"),
     "Hit": ("openalign.index.search", "Hit"), "SearchResult": ("openalign.index.search", "SearchResult"),

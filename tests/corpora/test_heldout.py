@@ -46,7 +46,7 @@ def test_a_near_duplicate_of_a_heldout_image_is_left_out_and_the_index_is_made_o
     train = {"a": shards(tmp_path / "a-train", "a", {f"t{i}": drawing(i) for i in range(6)} |
                          {"copy": recoloured(drawing(100))}),
              "b": shards(tmp_path / "b-train", "b", {"u0": drawing(50), "u1": recoloured(drawing(101))})}
-    index = heldout.keep_index(train, {"b": held}, tmp_path / "data", progress=False)
+    index = heldout.build_heldout_keep_index(train, {"b": held}, tmp_path / "data", progress=False)
     kept = set(pq.read_table(index).column("key").to_pylist())
     assert kept == {f"t{i}" for i in range(6)} | {"u0"}
     report = heldout.report_of(index)
@@ -57,11 +57,11 @@ def test_a_near_duplicate_of_a_heldout_image_is_left_out_and_the_index_is_made_o
     assert {s["__key__"] for s in read_samples(train["a"], keep=index)} == {f"t{i}" for i in range(6)}
     # made once: the same shards find the same index, untouched
     stamp = os.stat(index).st_mtime_ns
-    assert heldout.keep_index(train, {"b": held}, tmp_path / "data", progress=False) == index
+    assert heldout.build_heldout_keep_index(train, {"b": held}, tmp_path / "data", progress=False) == index
     assert os.stat(index).st_mtime_ns == stamp
     # a held-out split that changed is never answered with the old index
     held = shards(tmp_path / "b-eval", "b", {"h0": drawing(100)})
-    again = heldout.keep_index(train, {"b": held}, tmp_path / "data", progress=False)
+    again = heldout.build_heldout_keep_index(train, {"b": held}, tmp_path / "data", progress=False)
     assert again != index and "u1" in set(pq.read_table(again).column("key").to_pylist())
 
 

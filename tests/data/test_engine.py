@@ -1,4 +1,4 @@
-"""The per-image stages on Spark `local[2]` give the local engine's outputs; tasks are retried and resumed.
+"""The per-image stages on Spark `local[2]` give the local engine's outputs; jobs are retried and resumed.
 
 One Spark session serves the whole module (it starts once, ~15 s); every stage's Spark run is compared
 with a local run of the same inputs.
@@ -17,7 +17,7 @@ from PIL import Image
 
 from openalign.config import ConfigError
 from openalign.data.engine import local_with_retries, spark_session
-from openalign.data.engine import Engine, Task, cores, run_tasks
+from openalign.data.engine import Engine, Job, cores, run_jobs
 from openalign.pipeline.ingest import IngestOptions, ingest
 from openalign.pipeline.shard import ShardOptions, shard
 
@@ -58,28 +58,28 @@ def square(value: int) -> dict:
 def test_a_killed_task_is_retried_and_a_rerun_skips_finished_tasks(tmp_path, engine, request):
     if engine.name == "spark":
         request.getfixturevalue("spark")
-    tasks = [Task(f"t{i}", square, (i,), key=f"k{i}") for i in range(4)]
-    tasks[2] = Task("t2", die_once, (str(tmp_path / "marker"), 2), key="k2")
-    results, skipped = run_tasks(tasks, tmp_path / "status", engine, progress=False)
+    jobs = [Job(f"t{i}", square, (i,), key=f"k{i}") for i in range(4)]
+    jobs[2] = Job("t2", die_once, (str(tmp_path / "marker"), 2), key="k2")
+    results, skipped = run_jobs(jobs, tmp_path / "status", engine, progress=False)
     assert (tmp_path / "marker").exists()  # the task's first process died
     assert [results[f"t{i}"]["value"] for i in range(4)] == [0, 1, 4, 9] and skipped == 0
     status = json.loads((tmp_path / "status" / "t2.json").read_text())
     assert status["key"] == "k2" and status["result"]["value"] == 4
 
     (tmp_path / "status" / "t1.json").unlink()  # as if the run had stopped before t1 finished
-    again, skipped = run_tasks(tasks, tmp_path / "status", engine, progress=False)
+    again, skipped = run_jobs(jobs, tmp_path / "status", engine, progress=False)
     assert skipped == 3 and again == results | {"t1": {"value": 1}}
-    changed = [Task(t.id, t.fn, t.args, key=t.key + "'") if t.id == "t3" else t for t in tasks]
-    assert run_tasks(changed, tmp_path / "status", engine, progress=False)[1] == 3  # a changed input reruns
+    changed = [Job(t.id, t.fn, t.args, key=t.key + "'") if t.id == "t3" else t for t in jobs]
+    assert run_jobs(changed, tmp_path / "status", engine, progress=False)[1] == 3  # a changed input reruns
 
 
 @pytest.mark.parametrize("engine", [LOCAL, pytest.param(SPARK, marks=needs_java)], ids=["local", "spark"])
 def test_bad_input_fails_at_once_in_one_sentence(tmp_path, engine, request):
     if engine.name == "spark":
         request.getfixturevalue("spark")
-    tasks = [Task("a", square, (1,), key="a"), Task("b", refuse, (7,), key="b"), Task("c", square, (3,), key="c")]
+    jobs = [Job("a", square, (1,), key="a"), Job("b", refuse, (7,), key="b"), Job("c", square, (3,), key="c")]
     with pytest.raises(ConfigError, match=r"^input 7 is bad: fix it$"):
-        run_tasks(tasks, tmp_path / "status", engine, progress=False)
+        run_jobs(jobs, tmp_path / "status", engine, progress=False)
     assert sorted(p.stem for p in (tmp_path / "status").glob("*.json")) == ["a", "c"]  # the others finished
 
 
@@ -101,10 +101,10 @@ def test_a_full_disk_is_not_retried_and_is_one_sentence(tmp_path, engine, reques
         request.getfixturevalue("spark")
     attempts = tmp_path / "attempts"
     attempts.mkdir()
-    tasks = [Task(f"t{i}", fill_disk, (str(attempts), i), key=f"k{i}") for i in range(3)]
+    jobs = [Job(f"t{i}", fill_disk, (str(attempts), i), key=f"k{i}") for i in range(3)]
     with pytest.raises(ConfigError, match=rf"^the disk is full: writing {attempts / 'out.tar.tmp'} failed with "
                                           r"[\d,]+ MiB free on .+ run the command again \(finished work is kept\)$"):
-        run_tasks(tasks, tmp_path / "status", engine, progress=False)
+        run_jobs(jobs, tmp_path / "status", engine, progress=False)
     assert sorted(p.name for p in attempts.iterdir()) == ["0-0", "1-0", "2-0"]  # one attempt each
     assert sorted(p.stem for p in (tmp_path / "status").glob("*.json")) == ["t0", "t2"]
 
@@ -123,7 +123,7 @@ def test_tasks_run_in_processes_that_reuse_freed_memory(tmp_path, engine, reques
     # dedup ran there at 0.6x the local engine's speed per core (bench/data_plane.py).
     if engine.name == "spark":
         request.getfixturevalue("spark")
-    results, _ = run_tasks([Task(f"t{i}", worker_state, (i,)) for i in range(4)], tmp_path / "status", engine,
+    results, _ = run_jobs([Job(f"t{i}", worker_state, (i,)) for i in range(4)], tmp_path / "status", engine,
                            progress=False)
     assert all(r["reuses"] for r in results.values())
     assert os.getpid() not in {r["pid"] for r in results.values()}  # asked in the workers, not in this process
@@ -134,7 +134,7 @@ def test_spark_workers_do_not_walk_the_imported_modules_after_every_task(tmp_pat
     # PySpark's daemon runs gc.collect() after each task of a reused worker. Before: it walked every object of the
     # modules a stage imports (~125 ms a task here, a third of a 500-image ingest task); now what is alive when a
     # task starts is frozen out of the cyclic collector.
-    results, _ = run_tasks([Task(f"t{i}", worker_state, (i,)) for i in range(4)], tmp_path / "status", SPARK,
+    results, _ = run_jobs([Job(f"t{i}", worker_state, (i,)) for i in range(4)], tmp_path / "status", SPARK,
                            progress=False)
     assert all(r["frozen"] > 1000 for r in results.values())
 
@@ -215,7 +215,7 @@ def test_ingest_on_spark_equals_local_and_resumes(tmp_path, sources, spark):
     options = IngestOptions(files_per_task=5, workers=2)
     local = ingest(sources, tmp_path / "local.parquet", options, progress=False)
     assert local.rejected["truncated_tar"] == 1 and local.rejected["missing_file"] == 1
-    # a table that cannot be read stops the Spark run in one sentence; the other tasks are already done
+    # a table that cannot be read stops the Spark run in one sentence; the other jobs are already done
     table = Path(sources[3])
     good = table.read_text()
     table.write_text(good.replace("image,text", "picture,text"))
@@ -223,7 +223,7 @@ def test_ingest_on_spark_equals_local_and_resumes(tmp_path, sources, spark):
         ingest(sources, tmp_path / "spark.parquet", options, progress=False, engine=SPARK)
     table.write_text(good)
     distributed = ingest(sources, tmp_path / "spark.parquet", options, progress=False, engine=SPARK)
-    assert distributed.resumed_tasks == 7  # 5 folder tasks and 2 tars were kept; only the table ran again
+    assert distributed.resumed_tasks == 7  # 5 folder jobs and 2 tars were kept; only the table ran again
     assert without_engine(distributed) == without_engine(local)  # counts per reason, examples, conversions
     for suffix in (".parquet", ".rejects.parquet"):
         a = pq.read_table(tmp_path / f"local{suffix}").to_pylist()
@@ -404,7 +404,7 @@ def test_bucket_dedup_on_spark_gives_the_local_keep_list(tmp_path, sources, spar
 
 @needs_java
 def test_index_shards_added_by_spark_tasks_equal_local_ones(tmp_path, spark):
-    """The add phase of an index over its memory budget, as Spark tasks: the same IVF shards."""
+    """The add phase of an index over its memory budget, as Spark jobs: the same IVF shards."""
     from openalign.index import build as build_lib
     from openalign.index.embed import MANIFEST, _write_part
 
@@ -439,8 +439,8 @@ def test_local_ingest_of_many_tars_runs_a_task_per_tar_with_the_same_rows(tmp_pa
 
 DRIVER = """
 import time
-from openalign.data.engine import Engine, Task, cores, run_tasks
-run_tasks([Task(f"{{i:06d}}", time.sleep, (300,)) for i in range(2)], {status!r}, Engine("local", workers=2), "sleep",
+from openalign.data.engine import Engine, Job, cores, run_jobs
+run_jobs([Job(f"{{i:06d}}", time.sleep, (300,)) for i in range(2)], {status!r}, Engine("local", workers=2), "sleep",
           progress=False)
 """
 
@@ -474,7 +474,7 @@ def test_killing_a_local_engine_driver_leaves_no_process_running(tmp_path):
     while len(_descendants(driver.pid)) < 3:  # the fork server and the two workers (and the resource tracker)
         assert time.monotonic() < deadline and driver.poll() is None, "the workers did not start"
         time.sleep(0.2)
-    time.sleep(1)  # the workers are in their tasks
+    time.sleep(1)  # the workers are in their jobs
     children = _descendants(driver.pid)
     os.kill(driver.pid, signal.SIGKILL)
     driver.wait(timeout=30)
@@ -513,12 +513,12 @@ def test_a_damaged_or_edited_status_or_a_lost_output_runs_its_task_again(tmp_pat
     # rerun, and a hand-edited count was trusted.
     import json as json_lib
 
-    from openalign.data.engine import Engine, Task, run_tasks, status_path
+    from openalign.data.engine import Engine, Job, run_jobs, status_path
 
-    tasks = [Task(f"{i:06d}", _write_rows, (str(tmp_path / f"out-{i}.txt"), i + 1), key=f"k{i}",
+    jobs = [Job(f"{i:06d}", _write_rows, (str(tmp_path / f"out-{i}.txt"), i + 1), key=f"k{i}",
                   outputs=(str(tmp_path / f"out-{i}.txt"),)) for i in range(3)]
     status = tmp_path / "status"
-    first, _ = run_tasks(tasks, status, Engine("local", workers=1), progress=False)
+    first, _ = run_jobs(jobs, status, Engine("local", workers=1), progress=False)
     CALLS.clear()
     path, output = status_path(status, "000001"), tmp_path / "out-1.txt"
     if damage == "not json":
@@ -534,11 +534,11 @@ def test_a_damaged_or_edited_status_or_a_lost_output_runs_its_task_again(tmp_pat
     else:
         output.write_text("something else\n")
     capsys.readouterr()
-    again, resumed = run_tasks(tasks, status, Engine("local", workers=1), "rows", progress=True)
+    again, resumed = run_jobs(jobs, status, Engine("local", workers=1), "rows", progress=True)
     assert again == first and resumed == 2 and CALLS == [str(output)] and output.read_text() == "row\n" * 2
     reason = "its output files are gone or changed" if damage.startswith("output") else \
         "its status file was damaged or edited"
-    assert f"rows: running again 1 task ({reason})" in capsys.readouterr().err  # a rerun says what it redid, and why
+    assert f"rows: running again 1 job ({reason})" in capsys.readouterr().err  # a rerun says what it redid, and why
 
 
 def broken(value: int) -> dict:
@@ -559,10 +559,10 @@ def test_the_local_pool_stays_warm_for_the_stages_of_a_command_and_ends_with_it(
 
     two = Engine("local", workers=2)
     with host.command_scope():
-        first, _ = run_tasks([Task(f"a{i}", pid_of, (i,)) for i in range(4)], tmp_path / "a", two, progress=False)
+        first, _ = run_jobs([Job(f"a{i}", pid_of, (i,)) for i in range(4)], tmp_path / "a", two, progress=False)
         pool = engine_lib._POOLS[2]
         workers = set(pool._processes)
-        again, _ = run_tasks([Task(f"b{i}", pid_of, (i,)) for i in range(4)], tmp_path / "b", two, progress=False)
+        again, _ = run_jobs([Job(f"b{i}", pid_of, (i,)) for i in range(4)], tmp_path / "b", two, progress=False)
         # the same pool and workers (which of them takes a task is the scheduler's: one may take all four)
         assert engine_lib._POOLS[2] is pool and set(pool._processes) == workers
         assert {r["pid"] for r in (*first.values(), *again.values())} <= workers
@@ -571,8 +571,8 @@ def test_the_local_pool_stays_warm_for_the_stages_of_a_command_and_ends_with_it(
     assert not engine_lib._POOLS  # the command's end stops them
     with host.command_scope():
         with pytest.raises(RuntimeError, match="failed 1 times"):  # a stage that fails stops the pool: none of its
-            run_tasks([Task("a", square, (1,)), Task("b", broken, (7,))], tmp_path / "c",  # tasks runs on after it
+            run_jobs([Job("a", square, (1,)), Job("b", broken, (7,))], tmp_path / "c",  # jobs runs on after it
                       Engine("local", workers=2, retries=0), progress=False)
         assert not engine_lib._POOLS
-        fresh, _ = run_tasks([Task(f"d{i}", pid_of, (i,)) for i in range(2)], tmp_path / "d", two, progress=False)
+        fresh, _ = run_jobs([Job(f"d{i}", pid_of, (i,)) for i in range(2)], tmp_path / "d", two, progress=False)
         assert {r["pid"] for r in fresh.values()}.isdisjoint(r["pid"] for r in first.values())

@@ -235,7 +235,7 @@ def test_training_reads_the_original_shards_through_keep_lists(shapes, tokenizer
     import json
 
     from openalign.cli import main
-    from openalign.data.pairs import build_keep_index, keep_index
+    from openalign.data.pairs import build_keep_index, open_keep_index
     from test_cli import train_args
 
     shard_files = sorted(str(p) for p in shapes["train"].glob("*.tar"))
@@ -254,7 +254,7 @@ def test_training_reads_the_original_shards_through_keep_lists(shapes, tokenizer
     usable = set(names) - {"s00000", "s00001"}  # the two corrupt samples were never ingested
     assert streamed and streamed <= usable - red and len(streamed) > len(usable - red) - 8  # one epoch, full batches
     assert sum(tars.count_samples(s, keep=keep) for s in spec.shards) == len(usable - red)
-    index = keep_index(keep)
+    index = open_keep_index(keep)
     assert index.keys(shard_files[1]) == {k for k in usable - red if k in {s["__key__"] for s in tars.read_samples([shard_files[1]])}}
     assert len(index.allowed) < len(usable - red)  # one shard's keys, not the corpus's
     texts = set(tars.all_texts(shard_files, keep=keep))

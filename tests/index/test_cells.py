@@ -7,6 +7,7 @@ import pytest
 
 from openalign import cli
 from openalign.index import build as build_lib
+from openalign.index import opened
 from openalign.index.cells import CellScan
 from tests.index.test_index import clustered, fake_embeddings
 
@@ -58,7 +59,7 @@ def test_index_codes_flat_is_searched_cell_major_after_loading(tmp_path):
     emb = fake_embeddings(tmp_path / "emb", x, part=7_000)
     assert cli.main(["index", str(emb), "--out", str(tmp_path / "idx"), "--kind", "ivf", "--codes", "flat",
                      "--nlist", "64", "--train-per-cell", "39", "--recall", "0.95", "--quiet"]) == 0
-    loaded = build_lib.load(tmp_path / "idx")
+    loaded = opened.load(tmp_path / "idx")
     assert isinstance(loaded.index, CellScan) and loaded.index.ntotal == 20_000
     nprobe = loaded.info["params"]["nprobe"]
     assert loaded.index.ivf.nprobe == nprobe

@@ -15,6 +15,7 @@ from conftest import save_tiny_model
 from openalign import cli
 from openalign.config import ConfigError
 from openalign.index import build as build_lib
+from openalign.index import opened
 from openalign.index import grow
 from openalign.index.embed import MANIFEST, _write_part
 
@@ -72,7 +73,7 @@ def test_add_to_a_flat_index_equals_one_built_from_all_images_at_once(grown, tmp
     assert cli.main(["embed", str(model), "--images", str(root / "images"), "--out", str(tmp_path / "all"),
                      "--quiet"]) == 0
     assert cli.main(["index", str(tmp_path / "all"), "--out", str(tmp_path / "scratch"), "--quiet"]) == 0
-    added, scratch = build_lib.load(index), build_lib.load(tmp_path / "scratch")
+    added, scratch = opened.load(index), opened.load(tmp_path / "scratch")
     assert added.index.ntotal == scratch.index.ntotal == 1_500
     queries = np.stack([added.vector(i) for i in (0, 5, 999, 1_000, 1_499)])
     (sa, ia), (sb, ib) = added.search(queries, 20), scratch.search(queries, 20)
@@ -115,7 +116,7 @@ def clustered(n: int, d: int, centers: np.ndarray, seed: int) -> np.ndarray:
     return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
 
 
-def exact_recall(index: build_lib.Loaded, vectors: np.ndarray, queries: np.ndarray) -> float:
+def exact_recall(index: opened.Loaded, vectors: np.ndarray, queries: np.ndarray) -> float:
     truth = np.argsort(-(queries @ vectors.T), axis=1)[:, :10]
     return build_lib.recall_at_10(index.search(queries, 10)[1], truth)
 
@@ -130,12 +131,12 @@ def test_add_to_ivf_keeps_the_quantizer_and_the_recall_of_an_index_built_at_once
         (["--memory", "300K", "--block-rows", "2000"] if storage == "shards" else [])
     fake_parts(tmp_path / "emb", old, 2_000)
     assert cli.main(["index", str(tmp_path / "emb"), "--out", str(tmp_path / "idx"), *options]) == 0
-    quantizer = build_lib.load(tmp_path / "idx").info["params"]
+    quantizer = opened.load(tmp_path / "idx").info["params"]
     fake_parts(tmp_path / "emb", new, 1_500, start_part=3)
     assert cli.main(["index", "--add", str(tmp_path / "emb"), str(tmp_path / "idx"), *options]) == 0
     fake_parts(tmp_path / "all", every, 2_000)
     assert cli.main(["index", str(tmp_path / "all"), "--out", str(tmp_path / "scratch"), *options]) == 0
-    added, scratch = build_lib.load(tmp_path / "idx"), build_lib.load(tmp_path / "scratch")
+    added, scratch = opened.load(tmp_path / "idx"), opened.load(tmp_path / "scratch")
     assert added.info["storage"] == scratch.info["storage"] == storage
     assert added.info["params"]["nlist"] == quantizer["nlist"] and added.info["params"]["nprobe"] == quantizer["nprobe"]
     assert added.index.ntotal == 9_000 and len(added.meta) == 9_000
@@ -159,7 +160,7 @@ def test_an_add_that_drifted_from_the_quantizer_says_so(tmp_path, capsys):
     capsys.readouterr()
     assert cli.main(["index", "--add", str(tmp_path / "emb"), str(tmp_path / "idx"), *options]) == 0
     err = capsys.readouterr().err
-    built = build_lib.load(tmp_path / "idx").info
+    built = opened.load(tmp_path / "idx").info
     assert built["adds"][0]["recall_at_10"] < built["recall_at_10"] - grow.DRIFT
     assert "the added vectors have drifted from the quantizer's training sample" in err and "rebuild it with" in err
 
@@ -182,7 +183,7 @@ def test_a_deleted_id_never_comes_back(tmp_path, kind):
     assert cli.main(["index", str(tmp_path / "emb"), "--out", str(tmp_path / "idx"), "--kind", kind, "--quiet"]) == 0
     gone = [7, *range(100, 130), 3_999]
     assert cli.main(["index", "--delete", ",".join(map(str, gone)), str(tmp_path / "idx")]) == 0
-    index = build_lib.load(tmp_path / "idx")
+    index = opened.load(tmp_path / "idx")
     scores, ids = index.search(vectors[[7, 100, 3_999, 5]], 25)
     assert not set(ids.ravel().tolist()) & set(gone)
     assert set(ids[0, :10].tolist()) == set(range(130, 140))  # the copies left come first
@@ -193,9 +194,9 @@ def test_a_deleted_id_never_comes_back(tmp_path, kind):
         query_vector(None, None, Query(image_id=7), index)
     (tmp_path / "ids.txt").write_text("5\n6\n")  # a file of ids, and a second delete: the sets add up
     assert cli.main(["index", "--delete", str(tmp_path / "ids.txt"), str(tmp_path / "idx")]) == 0
-    assert build_lib.load(tmp_path / "idx").info["deleted"]["count"] == len(gone) + 2
+    assert opened.load(tmp_path / "idx").info["deleted"]["count"] == len(gone) + 2
     assert cli.main(["index", "--delete", "4000", str(tmp_path / "idx")]) == 2  # out of range: nothing changes
-    assert build_lib.load(tmp_path / "idx").info["deleted"]["count"] == len(gone) + 2
+    assert opened.load(tmp_path / "idx").info["deleted"]["count"] == len(gone) + 2
 
 
 KILLED_ADD = """
@@ -239,7 +240,7 @@ def test_a_kill_9_mid_add_leaves_the_old_index_or_the_new_and_a_rerun_gives_the_
         if done.returncode == 0:
             break  # the add made fewer calls: it ran to the end
         assert done.returncode == -9, done.stderr
-        counts.append(build_lib.load(index).index.ntotal)  # it loads: the old generation, or the new one, whole
+        counts.append(opened.load(index).index.ntotal)  # it loads: the old generation, or the new one, whole
         assert cli.main(["index", "--add", str(tmp_path / "emb"), str(index), "--quiet"]) == 0
         assert snapshot(index) == want
     assert set(counts) == {3_000, 4_000} and counts == sorted(counts)  # old until index.json is replaced, then new
@@ -264,7 +265,7 @@ def test_a_running_service_sees_an_add_and_a_delete_at_its_next_request(grown, t
     assert len(after) == 1_499 and 10 not in {r["id"] for r in after}
     assert client.post("/search", json={"image_id": 10}).status_code == 400
     assert client.get("/image/10").status_code == 404
-    knn = client.post("/knn-service", json={"embedding_input": [float(x) for x in build_lib.load(index).vector(10)],
+    knn = client.post("/knn-service", json={"embedding_input": [float(x) for x in opened.load(index).vector(10)],
                                             "num_images": 3}).json()
     assert 10 not in [r["id"] for r in knn]
 
@@ -279,7 +280,7 @@ def test_a_large_k_from_an_ivf_index_is_k_results(tmp_path, options):
     fake_parts(tmp_path / "emb", vectors, 3_000)
     assert cli.main(["index", str(tmp_path / "emb"), "--out", str(tmp_path / "idx"), "--nlist", "60",
                      "--train-per-cell", "39", "--quiet", *options]) == 0
-    index = build_lib.load(tmp_path / "idx")
+    index = opened.load(tmp_path / "idx")
     nprobe = index.info["params"]["nprobe"]
     assert nprobe * 9_000 / 60 < 3_000
     scores, ids = index.search(vectors[:2], 3_000)
@@ -326,7 +327,7 @@ def test_an_index_json_naming_an_outside_file_is_refused_and_nothing_outside_is_
 
 
 def found_keys(index_dir: Path, queries: np.ndarray, k: int = 20) -> set[str]:
-    index = build_lib.load(index_dir)
+    index = opened.load(index_dir)
     ids = index.search(queries, k)[1]
     return {row["key"] for row in index.meta.take([int(i) for i in ids.ravel() if i >= 0]).to_pylist()}
 
@@ -346,12 +347,12 @@ def test_a_take_down_survives_a_rebuild_a_reordered_rebuild_and_an_add(tmp_path,
     assert cli.main(["index", str(tmp_path / "emb"), "--out", idx, "--quiet"]) == 0  # a rebuild in place
     assert "kept the 40 images taken down" in capsys.readouterr().out
     assert not found_keys(idx, vectors[gone]) & gone_keys
-    assert build_lib.load(idx).info["deleted"]["count"] == 40
+    assert opened.load(idx).info["deleted"]["count"] == 40
     # the same images in another order (other ids), built into the same directory
     order = np.random.default_rng(2).permutation(3_000)
     fake_parts(tmp_path / "shuffled", vectors[order], 1_000, images=order)
     assert cli.main(["index", str(tmp_path / "shuffled"), "--out", idx, "--quiet"]) == 0
-    index = build_lib.load(idx)
+    index = opened.load(idx)
     assert sorted(index.meta.take(index.deleted.tolist()).column("key").to_pylist()) == sorted(gone_keys)
     assert not found_keys(idx, vectors[gone]) & gone_keys
     # an add whose new part holds taken-down images again (embedded once more) keeps them out
@@ -359,7 +360,7 @@ def test_a_take_down_survives_a_rebuild_a_reordered_rebuild_and_an_add(tmp_path,
     capsys.readouterr()
     assert cli.main(["index", "--add", str(tmp_path / "shuffled"), idx, "--quiet"]) == 0
     assert "5 of the added rows are images taken down before" in capsys.readouterr().out
-    assert build_lib.load(idx).index.ntotal == 3_005
+    assert opened.load(idx).index.ntotal == 3_005
     assert not found_keys(idx, vectors[gone]) & gone_keys
     # a rebuild killed after it removed index.json, then run again: still down
     from openalign.index import build as owner
@@ -374,7 +375,7 @@ def test_a_take_down_survives_a_rebuild_a_reordered_rebuild_and_an_add(tmp_path,
     assert cli.main(["index", str(tmp_path / "emb"), "--out", idx, "--quiet", "--forget-deletions"]) == 0
     assert "dropped the 40 take-downs" in capsys.readouterr().out
     assert found_keys(idx, vectors[gone]) >= gone_keys
-    assert "deleted" not in build_lib.load(idx).info
+    assert "deleted" not in opened.load(idx).info
 
 
 def test_delete_ids_are_ids_a_file_is_at_file_and_a_repeat_changes_nothing(tmp_path, capsys, monkeypatch):
@@ -385,14 +386,14 @@ def test_delete_ids_are_ids_a_file_is_at_file_and_a_repeat_changes_nothing(tmp_p
     monkeypatch.chdir(tmp_path)
     Path("7").write_text("8\n9\n")  # before: `--delete 7` read this file and deleted 8 and 9
     assert cli.main(["index", "--delete", "7", idx]) == 0
-    assert build_lib.load(idx).deleted.tolist() == [7]
+    assert opened.load(idx).deleted.tolist() == [7]
     assert cli.main(["index", "--delete", "@7", idx]) == 0
-    assert build_lib.load(idx).deleted.tolist() == [7, 8, 9]
-    generation = build_lib.read_info(Path(idx))["generation"]
+    assert opened.load(idx).deleted.tolist() == [7, 8, 9]
+    generation = opened.read_info(Path(idx))["generation"]
     capsys.readouterr()
     assert cli.main(["index", "--delete", "8,9", idx]) == 0  # deleted already: no new generation
     assert "nothing changed" in capsys.readouterr().out
-    assert build_lib.read_info(Path(idx))["generation"] == generation
+    assert opened.read_info(Path(idx))["generation"] == generation
     for spec, says in (("99999999999999999999999", "no id 99999999999999999999999"), ("@missing", "no file"),
                        ("x,y", "takes ids")):
         assert cli.main(["index", "--delete", spec, idx]) == 2

@@ -12,6 +12,7 @@ from conftest import COLORS, SHAPES, run_killed, save_tiny_model, shape_image, s
 from openalign import cli
 from openalign.config import ConfigError
 from openalign.index import build as build_lib
+from openalign.index import opened
 from openalign.index.embed import MANIFEST, _write_part
 
 
@@ -40,7 +41,7 @@ def test_flat_index_equals_numpy_brute_force(tmp_path):
     info = build_lib.build(fake_embeddings(tmp_path / "emb", x, part=1_000), tmp_path / "idx",
                            build_lib.IndexOptions(kind="flat"))
     assert (info.kind, info.count, info.recall_at_10) == ("flat", 3_000, 1.0)
-    loaded = build_lib.load(tmp_path / "idx")
+    loaded = opened.load(tmp_path / "idx")
     queries = clustered(25, 24, 20, seed=1)
     scores, ids = loaded.search(queries, 10)  # exact.search over the memory-mapped FAISS vectors
     np.testing.assert_array_equal(ids, loaded.index.search(queries, 10)[1])  # FAISS's own search agrees
@@ -57,7 +58,7 @@ def test_approximate_indexes_reach_the_recall_target_on_100k(tmp_path, kind):
     x, queries = np.split(clustered(100_300, 32, 200), [100_000])  # held-out queries from the same distribution
     info = build_lib.build(fake_embeddings(tmp_path / "emb", x), tmp_path / "idx",
                            build_lib.IndexOptions(kind=kind, recall=0.95, tune_queries=500))
-    loaded = build_lib.load(tmp_path / "idx")
+    loaded = opened.load(tmp_path / "idx")
     exact = np.argsort(-(queries @ x.T), axis=1)[:, :10]
     recall = build_lib.recall_at_10(loaded.search(queries, 10)[1], exact)
     assert info.recall_at_10 >= 0.95 and recall >= 0.95
@@ -159,7 +160,7 @@ def test_embed_reads_any_sidecar_and_records_absolute_paths(model_dir, tmp_path,
     # service started elsewhere 404'd every thumbnail.
     from fastapi.testclient import TestClient
 
-    from openalign.index.build import load
+    from openalign.index.opened import load
     from openalign.serve.app import create_app
 
     images = tmp_path / "work" / "images"
@@ -187,7 +188,7 @@ def test_an_index_over_its_memory_budget_goes_to_disk_and_searches_the_same(tmp_
     assert cli.main(["index", str(emb), "--out", str(tmp_path / "disk"), "--memory", "1M", "--block-rows", "6000",
                      "--workers", "2", *common]) == 0
     assert "7 IVF shards on disk" in capsys.readouterr().out
-    mem, disk = build_lib.load(tmp_path / "mem"), build_lib.load(tmp_path / "disk")
+    mem, disk = opened.load(tmp_path / "mem"), opened.load(tmp_path / "disk")
     assert disk.info["storage"] == "shards" and len(disk.info["shards"]) == 7 and mem.info["storage"] == "memory"
     assert not (tmp_path / "disk" / "_work").exists() and not (tmp_path / "disk" / "index.faiss").exists()
     assert disk.index.ntotal == mem.index.ntotal == 40_000
@@ -204,7 +205,7 @@ def test_an_index_over_its_memory_budget_goes_to_disk_and_searches_the_same(tmp_
     assert build_lib.recall_at_10(i_disk, exact) >= 0.95
     # moved elsewhere, the shards are found beside index.json; ids are metadata rows
     (tmp_path / "disk").rename(tmp_path / "moved")
-    moved = build_lib.load(tmp_path / "moved")
+    moved = opened.load(tmp_path / "moved")
     np.testing.assert_array_equal(moved.search(queries, 10)[1], i_disk)
     assert moved.meta.take([39_999, 3])["key"].to_pylist() == ["k39999", "k3"] and len(moved.meta) == 40_000
     assert cli.main(["index", str(emb), "--out", str(tmp_path / "flat"), "--kind", "flat", "--memory", "1M"]) == 2
@@ -217,7 +218,7 @@ def test_refine_rescores_the_shortlist_with_float16_vectors(tmp_path, capsys):
     common = ["--kind", "ivf", "--codes", "sq8", "--nlist", "64", "--train-per-cell", "39", "--quiet"]
     assert cli.main(["index", str(emb), "--out", str(tmp_path / "plain"), *common]) == 0
     assert cli.main(["index", str(emb), "--out", str(tmp_path / "ref"), "--refine", "4", *common]) == 0
-    plain, ref = build_lib.load(tmp_path / "plain"), build_lib.load(tmp_path / "ref")
+    plain, ref = opened.load(tmp_path / "plain"), opened.load(tmp_path / "ref")
     assert ref.info["params"]["refine"] == 4 and (tmp_path / "ref" / "vectors-f16.npy").is_file()
     assert not (tmp_path / "plain" / "vectors-f16.npy").exists() and ref.index.ntotal == 20_000
     nprobe = ref.info["params"]["nprobe"]
@@ -237,13 +238,13 @@ def test_refine_rescores_the_shortlist_with_float16_vectors(tmp_path, capsys):
     # IVF shards on disk with the same cells: the same refined results
     assert cli.main(["index", str(emb), "--out", str(tmp_path / "disk"), "--refine", "4", "--memory", "1M",
                      "--block-rows", "7000", "--workers", "1", *common]) == 0
-    disk = build_lib.load(tmp_path / "disk")
+    disk = opened.load(tmp_path / "disk")
     assert disk.info["storage"] == "shards" and disk.info["params"]["nprobe"] == nprobe
     np.testing.assert_array_equal(disk.search(queries, 10)[1], ids)
     # rebuilt without refine, the float16 copy goes; a refined index without it says what to do
     (tmp_path / "ref" / "vectors-f16.npy").unlink()
     with pytest.raises(ConfigError, match="build the index again"):
-        build_lib.load(tmp_path / "ref")
+        opened.load(tmp_path / "ref")
     assert cli.main(["index", str(emb), "--out", str(tmp_path / "disk"), *common]) == 0
     assert not (tmp_path / "disk" / "vectors-f16.npy").exists()
     capsys.readouterr()
@@ -305,7 +306,7 @@ def test_a_rebuild_that_fails_leaves_the_working_index(tmp_path, monkeypatch, ca
     x, queries = np.split(clustered(3_100, 16, 20, seed=4), [3_000])
     emb, out = fake_embeddings(tmp_path / "emb", x, part=1_000), tmp_path / "idx"
     assert cli.main(["index", str(emb), "--out", str(out), "--kind", "flat"]) == 0
-    before = build_lib.load(out).search(queries, 10)
+    before = opened.load(out).search(queries, 10)
 
     def full_disk(emb, path):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
@@ -315,14 +316,14 @@ def test_a_rebuild_that_fails_leaves_the_working_index(tmp_path, monkeypatch, ca
         assert cli.main(["index", str(emb), "--out", str(out), "--kind", "hnsw", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "the disk is full: writing" in err and "MiB free on" in err and "Traceback" not in err
-    after = build_lib.load(out)
+    after = opened.load(out)
     assert after.info["kind"] == "flat" and leftovers(tmp_path) == [] and not list((out / "_build").glob("*.faiss"))
     for a, b in zip(before, after.search(queries, 10)):
         np.testing.assert_array_equal(a, b)
     run_killed(monkeypatch, build_lib, "_tune", ["index", str(emb), "--out", str(out), "--kind", "hnsw", "--quiet"])
-    assert build_lib.load(out).info["kind"] == "flat"
+    assert opened.load(out).info["kind"] == "flat"
     assert cli.main(["index", str(emb), "--out", str(out), "--kind", "hnsw", "--quiet"]) == 0  # then it succeeds
-    assert build_lib.load(out).info["kind"] == "hnsw" and not (out / "_build").exists()
+    assert opened.load(out).info["kind"] == "hnsw" and not (out / "_build").exists()
 
 
 def test_shards_of_an_interrupted_build_are_not_reused_once_the_vectors_changed(tmp_path, monkeypatch, capsys):
@@ -336,7 +337,7 @@ def test_shards_of_an_interrupted_build_are_not_reused_once_the_vectors_changed(
     assert len(list(out.rglob("shard-*.faiss"))) == 4
     fake_embeddings(tmp_path / "emb", y, part=2_000)  # embedded again: the same files, other vectors
     assert cli.main(args) == 0
-    index = build_lib.load(out)
+    index = opened.load(out)
     assert index.info["recall_at_10"] >= 0.9
     assert np.abs(index.vector(5) - y[5]).max() < 0.01 < np.abs(index.vector(5) - x[5]).max()  # 8-bit codes of y
 
@@ -505,7 +506,7 @@ def test_damaged_index_files_are_one_sentence(tmp_path, capsys, how):
     else:
         _damage(idx, how)
     with pytest.raises(ConfigError) as err:
-        build_lib.load(idx)
+        opened.load(idx)
     message = str(err.value)
     assert "\n" not in message and ("build the index again" in message or "run `openalign index` again" in message)
 
@@ -576,7 +577,7 @@ def test_a_unit_querys_scores_are_cosines_even_from_8_bit_codes(tmp_path):
 
     x = clustered(3_000, 24, 20)
     build_lib.build(fake_embeddings(tmp_path / "emb", x), tmp_path / "idx", build_lib.IndexOptions(kind="ivf"))
-    index = build_lib.load(tmp_path / "idx")
+    index = opened.load(tmp_path / "idx")
     raw = index.search(x[:300], 1)[0]
     assert raw.max() > 1.0  # the codes overshoot, so this test can tell
     scores = [nearest(index, x[i], 5)[0].score for i in range(300)]

@@ -69,7 +69,7 @@ def test_a_rerun_after_the_classifier_changed_scores_again(tmp_path, monkeypatch
     (tmp_path / "clf.py").write_text(CLASSIFIER.replace("[..., 0]", "[..., 2]"))  # now it flags blue
     capsys.readouterr()
     assert main(args) == 0
-    assert "screen: running again 1 task (its inputs or options changed)" in capsys.readouterr().err
+    assert "screen: running again 1 job (its inputs or options changed)" in capsys.readouterr().err
     report = json.loads((tmp_path / "s" / "screen_report.json").read_text())
     assert (report["removed_images"], report["removed_pairs"], report["resumed_tasks"]) == (1, 1, 0)
 

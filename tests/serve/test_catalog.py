@@ -100,7 +100,7 @@ def test_a_running_service_picks_up_a_rebuilt_index_at_the_next_request(built, t
 def test_a_take_down_applies_to_every_modality_of_a_name(built, tmp_path, images_from, deleted_in):
     """Before: the same name's text index kept serving an image deleted from its image index (/search
     modality=text found it, /image/ID?modality=text gave 200 while the image index gave 404)."""
-    from openalign.index import build as build_lib
+    from openalign.index import opened
     from openalign.serve.app import create_app
 
     root, images, texts = built
@@ -113,7 +113,7 @@ def test_a_take_down_applies_to_every_modality_of_a_name(built, tmp_path, images
     client = TestClient(create_app([f"shapes={images}", f"shapes={texts}"]))
     path = client.post("/search", json={"text": "a green square", "k": 1, "modality": "text"}).json()["results"][0]
     assert path["caption"] == "a green square"
-    found = {m: next(r for r in build_lib.load(where).meta.to_pylist() if r["path"] == path["path"])
+    found = {m: next(r for r in opened.load(where).meta.to_pylist() if r["path"] == path["path"])
              for m, where in (("image", images), ("text", texts))}
     gone = found[deleted_in]["id"]
     assert cli.main(["index", "--delete", str(gone), str(images if deleted_in == "image" else texts)]) == 0
@@ -126,7 +126,7 @@ def test_a_take_down_applies_to_every_modality_of_a_name(built, tmp_path, images
         assert found[modality]["path"] not in [r.get("image_path") for r in knn.json()]
         meta = client.post("/metadata", json={"ids": [found[modality]["id"]], "modality": modality})
         assert meta.status_code == 400
-    assert build_lib.load(texts if deleted_in == "image" else images).deleted.size == 0  # its own files untouched
+    assert opened.load(texts if deleted_in == "image" else images).deleted.size == 0  # its own files untouched
 
 
 @pytest.mark.parametrize("damage", [{"files": {"index": 5}}, {"params": {"nprobe": "x"}}, {"count": "12"},

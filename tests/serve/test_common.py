@@ -11,12 +11,12 @@ import time
 import urllib.request
 
 from conftest import http_get, serve_process, shape_index
-from openalign.index import build as build_lib
+from openalign.index import opened
 
 
 def test_a_fifo_or_a_huge_file_behind_a_thumbnail_is_a_404_at_once_and_the_server_answers_and_stops(tmp_path):
     index = shape_index(tmp_path)
-    rows = build_lib.load(index).meta.to_pylist()
+    rows = opened.load(index).meta.to_pylist()
     fifo, huge = rows[0], rows[1]
     os.unlink(fifo["path"])
     os.mkfifo(fifo["path"])  # an indexed file swapped for a FIFO

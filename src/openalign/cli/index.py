@@ -164,10 +164,10 @@ SHOWN_CAPTION = 200  # characters of a caption `search` prints
 
 
 def run_search(args) -> int:
-    from openalign.index import build, search
+    from openalign.index import opened, search
 
     searches()
-    index = build.load(Path(args.index))
+    index = opened.load(Path(args.index))
     if args.image and not Path(args.image).is_file():
         raise ConfigError(f"no image file {args.image}")
     query = options_from(args, search.Query, image=Path(args.image).read_bytes() if args.image else None)

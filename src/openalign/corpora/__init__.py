@@ -113,7 +113,7 @@ def heldout_keep(data: DataConfig, progress: bool = True) -> str:
     root = {name: Path(data.data_dir) / corpus_dir(name, own) for name, own in options.items()}
     train = {name: list_shards(str(root[name] / "train")) for name in sources(data.corpus)}
     held = {name: list_shards(str(root[name] / "eval")) for name in sources(data.eval_corpus or data.corpus)}
-    return heldout.keep_index(train, held, Path(data.data_dir), progress=progress)
+    return heldout.build_heldout_keep_index(train, held, Path(data.data_dir), progress=progress)
 
 
 def source_eval_shards(data: DataConfig) -> dict[str, list[str]]:

@@ -69,8 +69,8 @@ def _hashes(shards: dict[str, list[str]], desc: str, progress: bool) -> tuple[li
     return rows, np.stack(hashes) if hashes else np.zeros((0, 8), np.uint8), unhashed
 
 
-def keep_index(train: dict[str, list[str]], heldout: dict[str, list[str]], data_dir: Path,
-               max_distance: int = MAX_DISTANCE, progress: bool = True) -> str:
+def build_heldout_keep_index(train: dict[str, list[str]], heldout: dict[str, list[str]], data_dir: Path,
+                             max_distance: int = MAX_DISTANCE, progress: bool = True) -> str:
     """The keep index of every training sample (`train`: shards by corpus) not within `max_distance` bits of a
     held-out image (`heldout`: shards by corpus); built once, then found by its fingerprint."""
     import faiss

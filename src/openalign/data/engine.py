@@ -1,17 +1,17 @@
-"""Run a stage's tasks on this machine's processes or on Apache Spark: img2dataset's distributor pattern.
+"""Run a stage's jobs on this machine's processes or on Apache Spark: img2dataset's distributor pattern.
 
-A stage plans its work as tasks (one per input tar, table file or output shard). A task is a module-level
+A stage plans its work as jobs (one per input tar, table file or output shard). A job is a module-level
 function and small picklable arguments, so the same code runs in a local worker process or a Spark
-executor. Each task writes its own outputs (atomically: a temporary name, then a rename) and, last, its
+executor. Each job writes its own outputs (atomically: a temporary name, then a rename) and, last, its
 status file `STATUS/ID.json` with the small summary it returns (counts, never per-image data). The driver
 gathers only those summaries.
 
-- **Reruns skip finished tasks.** A task whose status file holds the same `key` (a fingerprint of its
-  inputs and options) is not run again; a task without a key decides for itself (see `previous`).
-- **Failed tasks are retried.** A task that raises, or whose process dies, runs again, up to `retries`
+- **Reruns skip finished jobs.** A job whose status file holds the same `key` (a fingerprint of its
+  inputs and options) is not run again; a job without a key decides for itself (see `previous`).
+- **Failed jobs are retried.** A job that raises, or whose process dies, runs again, up to `retries`
   more times: on Spark through Spark's own task retry (`spark.task.maxFailures`; `local[N,F]` on a local
   master), locally by resubmitting it to a fresh pool. A `ConfigError` (bad input that a retry cannot
-  fix) and a full disk (every retry would fail the same way) are not retried: the other tasks finish, then
+  fix) and a full disk (every retry would fail the same way) are not retried: the other jobs finish, then
   the stage fails in that one sentence, on both engines.
 - **Where it runs.** `local` uses `workers` processes. `spark` runs on `--master` (`local[N]`,
   `spark://host:7077`, `yarn`, `k8s://...`), or, with no `--master`, on the master spark-submit was given
@@ -58,10 +58,10 @@ def engine_name(name: str) -> str:
 
 @dataclass(frozen=True)
 class Engine:
-    name: Literal["local", "spark"] = "local"  # local: this machine's processes; spark: one Spark task per unit
+    name: Literal["local", "spark"] = "local"  # local: this machine's processes; spark: one Spark task per job
     master: str = ""  # spark: local[N], spark://host:7077, yarn, k8s://...; "": spark-submit's, else local[*]
     workers: Annotated[int, non_negative("0 (all cores) or more")] = 0  # local: worker processes (0: all cores)
-    retries: Annotated[int, NON_NEGATIVE] = 2  # times a failed task is run again before the stage fails
+    retries: Annotated[int, NON_NEGATIVE] = 2  # times a failed job is run again before the stage fails
     memory: Annotated[str, SIZE] = ""  # spark: driver memory, e.g. 4G
 
     def __post_init__(self):
@@ -69,24 +69,24 @@ class Engine:
 
 
 @dataclass(frozen=True)
-class Task:
+class Job:
     id: str  # file-name safe and unique within the stage, e.g. "000012"
     fn: Callable[..., dict]  # module-level (pickled by reference); returns a small JSON-able summary
     args: tuple = ()
-    key: str | None = None  # fingerprint of the inputs and options; None: the task checks `previous` itself
-    outputs: tuple[str, ...] = ()  # the files it writes: a finished task whose outputs are gone or changed runs again
+    key: str | None = None  # fingerprint of the inputs and options; None: the job checks `previous` itself
+    outputs: tuple[str, ...] = ()  # the files it writes: a finished job whose outputs are gone or changed runs again
 
 
 # ---------------------------------------------------------------------------------------------- status
 
-def status_path(status_dir: Path, task_id: str) -> Path:
-    return Path(status_dir) / f"{task_id}.json"
+def status_path(status_dir: Path, job_id: str) -> Path:
+    return Path(status_dir) / f"{job_id}.json"
 
 
-def previous(status_dir: Path, task_id: str) -> dict | None:
-    """The status a finished earlier run of this task left, or None: a status that is damaged (not JSON, cut
+def previous(status_dir: Path, job_id: str) -> dict | None:
+    """The status a finished earlier run of this job left, or None: a status that is damaged (not JSON, cut
     short) or edited by hand since (its digest no longer matches) counts as never written."""
-    path = status_path(status_dir, task_id)
+    path = status_path(status_dir, job_id)
     try:
         status = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -104,7 +104,7 @@ def _digest(status: dict) -> str:
 
 
 def _stats(paths) -> dict:
-    """{path: [size, mtime_ns]} of the files that exist (a task's outputs as it left them)."""
+    """{path: [size, mtime_ns]} of the files that exist (a job's outputs as it left them)."""
     stats = {}
     for path in paths:
         try:
@@ -115,101 +115,101 @@ def _stats(paths) -> dict:
     return stats
 
 
-def redo_reason(status_dir: Path, task: "Task", status: dict | None) -> str:
-    """Why a task that has a status file runs again (or "new" when it never finished)."""
-    if task.key is None or not status_path(status_dir, task.id).exists():
+def redo_reason(status_dir: Path, job: "Job", status: dict | None) -> str:
+    """Why a job that has a status file runs again (or "new" when it never finished)."""
+    if job.key is None or not status_path(status_dir, job.id).exists():
         return "new"
     if status is None:
         return "its status file was damaged or edited"
-    if status.get("key") != task.key:
+    if status.get("key") != job.key:
         return "its inputs or options changed"
     return "its output files are gone or changed"
 
 
-def finished(status: dict | None, task: "Task") -> bool:
-    """Whether `status` is this task's, for these inputs, with every output still as it wrote it."""
-    return (status is not None and status.get("key") == task.key
-            and all(_stats([p]).get(str(p)) == (status.get("outputs") or {}).get(str(p)) for p in task.outputs))
+def finished(status: dict | None, job: "Job") -> bool:
+    """Whether `status` is this job's, for these inputs, with every output still as it wrote it."""
+    return (status is not None and status.get("key") == job.key
+            and all(_stats([p]).get(str(p)) == (status.get("outputs") or {}).get(str(p)) for p in job.outputs))
 
 
-def _write_status(status_dir: Path, task_id: str, status: dict) -> None:
-    path = status_path(status_dir, task_id)
+def _write_status(status_dir: Path, job_id: str, status: dict) -> None:
+    path = status_path(status_dir, job_id)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(status, ensure_ascii=False) + "\n")
     tmp.replace(path)
 
 
-def run_one(task: Task, status_dir: str) -> tuple[str, dict | None, str | None]:
-    """Run one task where it is scheduled and record its status; returns (id, result, None), or (id, None,
-    the sentence) for bad input: that is no failure to retry, and the other tasks go on."""
+def run_one(job: Job, status_dir: str) -> tuple[str, dict | None, str | None]:
+    """Run one job where it is scheduled and record its status; returns (id, result, None), or (id, None,
+    the sentence) for bad input: that is no failure to retry, and the other jobs go on."""
     start = time.perf_counter()
     try:
-        result = task.fn(*task.args)
-        status = {"id": task.id, "key": task.key, "result": result, "outputs": _stats(task.outputs),
+        result = job.fn(*job.args)
+        status = {"id": job.id, "key": job.key, "result": result, "outputs": _stats(job.outputs),
                   "seconds": round(time.perf_counter() - start, 3), "host": socket.gethostname(), "pid": os.getpid()}
-        _write_status(Path(status_dir), task.id, status | {"digest": _digest(status)})
+        _write_status(Path(status_dir), job.id, status | {"digest": _digest(status)})
     except ConfigError as err:
-        return task.id, None, str(err)
+        return job.id, None, str(err)
     except OSError as err:
         if not is_disk_full(err):
             raise
         # said where it happened (the executor's disk and its free space), and never retried: on Spark a raise
         # would be retried spark.task.maxFailures times
-        return task.id, None, disk_full(err)
-    return task.id, result, None
+        return job.id, None, disk_full(err)
+    return job.id, result, None
 
 
-def run_on_executor(task: Task, status_dir: str) -> tuple[str, dict | None, str | None]:
-    """`run_one` in a Spark executor's Python worker, made as cheap per task as the local engine's workers:
+def run_on_executor(job: Job, status_dir: str) -> tuple[str, dict | None, str | None]:
+    """`run_one` in a Spark executor's Python worker, made as cheap per job as the local engine's workers:
     - it reuses freed memory (data/fork_server.py does so for the local workers): otherwise each decoded or resized
       image was a fresh `mmap` whose pages the kernel faulted in and zeroed again, and dedup ran at 0.6x the local
       engine's speed per core (68-82 s against 45 s for 8,000 images on Spark local[1] here);
-    - what is alive when a task starts is frozen out of the cyclic garbage collector: PySpark's daemon runs a full
-      `gc.collect()` after every task of a reused worker, which walked every object of the modules a stage
-      imports (SciPy, FAISS, PyArrow: ~124,000) in ~125 ms, a third of a 500-image ingest task. The daemon has
-      just collected when the next task starts, so what is frozen is live; refcounting still frees it."""
+    - what is alive when a job starts is frozen out of the cyclic garbage collector: PySpark's daemon runs a full
+      `gc.collect()` after every job of a reused worker, which walked every object of the modules a stage
+      imports (SciPy, FAISS, PyArrow: ~124,000) in ~125 ms, a third of a 500-image ingest job. The daemon has
+      just collected when the next job starts, so what is frozen is live; refcounting still frees it."""
     import gc
 
     host.reuse_freed_memory()
     gc.freeze()
-    return run_one(task, status_dir)
+    return run_one(job, status_dir)
 
 
 # ---------------------------------------------------------------------------------------------- running
 
-def run_tasks(tasks: list[Task], status_dir: Path, engine: Engine = Engine(), desc: str = "tasks",
-              progress: bool = True) -> tuple[dict[str, dict], int]:
-    """Run every task not finished before; returns ({id: result} for all tasks, how many were skipped as done)."""
+def run_jobs(jobs: list[Job], status_dir: Path, engine: Engine = Engine(), desc: str = "jobs",
+             progress: bool = True) -> tuple[dict[str, dict], int]:
+    """Run every job not finished before; returns ({id: result} for all jobs, how many were skipped as done)."""
     status_dir = Path(status_dir)
     status_dir.mkdir(parents=True, exist_ok=True)
-    if len({t.id for t in tasks}) != len(tasks):
-        raise ValueError("task ids must be unique")
+    if len({t.id for t in jobs}) != len(jobs):
+        raise ValueError("job ids must be unique")
     results, todo, why = {}, [], []
-    for task in tasks:
-        done = previous(status_dir, task.id) if task.key is not None else None
-        if finished(done, task):
-            results[task.id] = done["result"]
+    for job in jobs:
+        done = previous(status_dir, job.id) if job.key is not None else None
+        if finished(done, job):
+            results[job.id] = done["result"]
         else:
-            todo.append(task)
-            why.append(redo_reason(status_dir, task, done))
+            todo.append(job)
+            why.append(redo_reason(status_dir, job, done))
     skipped = len(results)
     again = {reason: why.count(reason) for reason in dict.fromkeys(why) if reason != "new"}
     if again:  # a rerun says what it does again, and why (with --quiet too: it is a summary, not progress)
-        print(f"{desc}: running again " + ", ".join(f"{n} task{'s' * (n > 1)} ({reason})" for reason, n in again.items()),
+        print(f"{desc}: running again " + ", ".join(f"{n} job{'s' * (n > 1)} ({reason})" for reason, n in again.items()),
               file=sys.stderr)
     if todo:
         run = _run_spark if engine.name == "spark" else _run_local
         outcomes = run(todo, str(status_dir), engine, desc, progress)
         errors = [outcomes[t.id][1] for t in todo if outcomes[t.id][1]]
-        if errors:  # every other task has finished and is kept for the rerun
-            more = f" (and {len(errors) - 1} more such tasks)" if len(errors) > 1 else ""
+        if errors:  # every other job has finished and is kept for the rerun
+            more = f" (and {len(errors) - 1} more such jobs)" if len(errors) > 1 else ""
             raise ConfigError(errors[0] + more)
         results.update({k: result for k, (result, _) in outcomes.items()})
-    return {t.id: results[t.id] for t in tasks}, skipped
+    return {t.id: results[t.id] for t in jobs}, skipped
 
 
 def cores(engine: Engine) -> int:
-    """The cores a stage may use on this machine for its own work beside the tasks (a merge, a count): the local
+    """The cores a stage may use on this machine for its own work beside the jobs (a merge, a count): the local
     engine's workers, a local Spark master's N (`local[N]`), else all of this machine's."""
     count = os.cpu_count() or 1
     if engine.name == "local":
@@ -218,52 +218,52 @@ def cores(engine: Engine) -> int:
     return int(match.group(1)) if match else count
 
 
-def _run_local(tasks: list[Task], status_dir: str, engine: Engine, desc: str, progress: bool) -> dict:
-    workers = min(engine.workers or os.cpu_count() or 1, len(tasks))
-    attempts = {t.id: 0 for t in tasks}
+def _run_local(jobs: list[Job], status_dir: str, engine: Engine, desc: str, progress: bool) -> dict:
+    workers = min(engine.workers or os.cpu_count() or 1, len(jobs))
+    attempts = {t.id: 0 for t in jobs}
     results: dict = {}
-    bar = tqdm(total=len(tasks), desc=desc, unit="task", disable=not progress)
+    bar = tqdm(total=len(jobs), desc=desc, unit="job", disable=not progress)
 
-    def failed(task: Task, err: BaseException) -> None:
-        attempts[task.id] += 1
-        if attempts[task.id] > engine.retries:
-            raise RuntimeError(f"task {task.id} of {desc} failed {attempts[task.id]} times; the last error: "
+    def failed(job: Job, err: BaseException) -> None:
+        attempts[job.id] += 1
+        if attempts[job.id] > engine.retries:
+            raise RuntimeError(f"job {job.id} of {desc} failed {attempts[job.id]} times; the last error: "
                                f"{type(err).__name__}: {err}") from err
 
     try:
         if workers <= 1:
-            pending = list(tasks)
+            pending = list(jobs)
             while pending:
-                task = pending.pop(0)
+                job = pending.pop(0)
                 try:
-                    results[task.id] = run_one(task, status_dir)[1:]
+                    results[job.id] = run_one(job, status_dir)[1:]
                     bar.update()
-                except Exception as err:  # retried, like a pool's task
-                    failed(task, err)
-                    pending.insert(0, task)
+                except Exception as err:  # retried, like a pool's job
+                    failed(job, err)
+                    pending.insert(0, job)
             return results
-        pending = {t.id: t for t in tasks}
+        pending = {t.id: t for t in jobs}
         while pending:  # a dead worker breaks the whole pool: start a fresh one for what is left
             pool = warm_pool(workers)
-            futures = {pool.submit(run_one, task, status_dir): task for task in pending.values()}
+            futures = {pool.submit(run_one, job, status_dir): job for job in pending.values()}
             broken = False
             try:
                 while futures and not broken:
                     finished, _ = wait(futures, return_when=FIRST_COMPLETED)
                     for future in finished:
-                        task = futures.pop(future)
+                        job = futures.pop(future)
                         try:
-                            results[task.id] = future.result()[1:]
-                            del pending[task.id]
+                            results[job.id] = future.result()[1:]
+                            del pending[job.id]
                             bar.update()
                         except BrokenProcessPool as err:
-                            failed(task, err)
+                            failed(job, err)
                             broken = True
                         except Exception as err:
-                            failed(task, err)
-                            if task.id in pending:
-                                futures[pool.submit(run_one, task, status_dir)] = task
-            except BaseException:  # the stage fails (or Ctrl-C): no task of it runs on after it
+                            failed(job, err)
+                            if job.id in pending:
+                                futures[pool.submit(run_one, job, status_dir)] = job
+            except BaseException:  # the stage fails (or Ctrl-C): no job of it runs on after it
                 close_pools()
                 raise
             if broken:
@@ -287,7 +287,7 @@ def warm_pool(workers: int) -> ProcessPoolExecutor:
 
 
 def close_pools() -> None:
-    """Stop the warm pool: its queued tasks are cancelled, its running ones finish first."""
+    """Stop the warm pool: its queued jobs are cancelled, its running ones finish first."""
     while _POOLS:
         _POOLS.popitem()[1].shutdown(wait=True, cancel_futures=True)
 
@@ -299,7 +299,7 @@ host.command_cache(close_pools)
 
 def spark_session(master: str = "", app: str = "openalign", retries: int = 2, memory: str | int = "",
                   temp_dir: str = "", threads: int = 0):
-    """A SparkSession on `master`; a local master gets `retries` task retries (local[N] -> local[N,F])."""
+    """A SparkSession on `master`; a local master gets `retries` job retries (local[N] -> local[N,F])."""
     import shutil
 
     if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
@@ -331,24 +331,24 @@ def spark_session(master: str = "", app: str = "openalign", retries: int = 2, me
 
 
 def local_with_retries(master: str, retries: int) -> str:
-    """`local` / `local[N]` / `local[*]` -> `local[N,retries+1]`: a local master retries no task otherwise."""
+    """`local` / `local[N]` / `local[*]` -> `local[N,retries+1]`: a local master retries no job otherwise."""
     match = re.fullmatch(r"local(?:\[(\*|\d+)\])?", master.strip())
     if not match:
         return master
     return f"local[{match.group(1) or 1},{retries + 1}]"
 
 
-def _run_spark(tasks: list[Task], status_dir: str, engine: Engine, desc: str, progress: bool) -> dict:
+def _run_spark(jobs: list[Job], status_dir: str, engine: Engine, desc: str, progress: bool) -> dict:
     spark = spark_session(engine.master, retries=engine.retries, memory=engine.memory)
     sc = spark.sparkContext
     group = f"openalign-{desc}-{os.getpid()}-{time.monotonic_ns()}"
     sc.setJobGroup(group, desc)
     stop = threading.Event()
-    watcher = threading.Thread(target=_watch, args=(sc, group, len(tasks), desc, progress, stop), daemon=True)
+    watcher = threading.Thread(target=_watch, args=(sc, group, len(jobs), desc, progress, stop), daemon=True)
     watcher.start()
     try:
-        rdd = sc.parallelize(tasks, len(tasks)).map(lambda task, d=status_dir: run_on_executor(task, d))
-        return {i: (result, error) for i, result, error in rdd.collect()}  # one small summary per task
+        rdd = sc.parallelize(jobs, len(jobs)).map(lambda job, d=status_dir: run_on_executor(job, d))
+        return {i: (result, error) for i, result, error in rdd.collect()}  # one small summary per job
     except Exception as err:  # Py4JJavaError: the executor's traceback as text
         raise _spark_error(err, desc) from None
     finally:
@@ -358,8 +358,8 @@ def _run_spark(tasks: list[Task], status_dir: str, engine: Engine, desc: str, pr
 
 
 def _watch(sc, group: str, total: int, desc: str, progress: bool, stop: threading.Event) -> None:
-    """A progress bar from Spark's status tracker (tasks finished so far)."""
-    bar = tqdm(total=total, desc=f"{desc} (spark)", unit="task", disable=not progress)
+    """A progress bar from Spark's status tracker (jobs finished so far)."""
+    bar = tqdm(total=total, desc=f"{desc} (spark)", unit="job", disable=not progress)
     tracker = sc.statusTracker()
     try:
         while not stop.wait(0.5):
@@ -386,7 +386,7 @@ def _spark_error(err: Exception, desc: str) -> Exception:
 
 
 def spark_plan(frame, order: str | tuple[str, ...], per_task: int, path: Path, column: str = "task") -> int:
-    """Write `frame` ordered by `order` (a column, or columns), numbered from 1 (`pos`) and cut into tasks of `per_task` rows
+    """Write `frame` ordered by `order` (a column, or columns), numbered from 1 (`pos`) and cut into jobs of `per_task` rows
     (`column` = (pos - 1) // per_task), as the Parquet plan at `path`; returns the row count. The order is a
     range sort and the numbering zipWithIndex, both on the executors: nothing per row reaches the driver."""
     from pyspark.sql.types import LongType, StructField, StructType
@@ -404,7 +404,7 @@ def spark_plan(frame, order: str | tuple[str, ...], per_task: int, path: Path, c
 
 def duckdb_plan(con, query: str, params: list, order: str | tuple[str, ...], per_task: int, path: Path,
                 column: str = "task") -> int:
-    """The same plan from DuckDB: `query`'s rows ordered by `order`, numbered (`pos`) and cut into tasks."""
+    """The same plan from DuckDB: `query`'s rows ordered by `order`, numbered (`pos`) and cut into jobs."""
     target = str(path).replace("'", "''")
     con.execute(f"""COPY (SELECT *, (pos - 1) // {int(per_task)} AS {column} FROM (
                         SELECT row_number() OVER (ORDER BY {order if isinstance(order, str) else ", ".join(order)}) AS pos,
@@ -414,7 +414,7 @@ def duckdb_plan(con, query: str, params: list, order: str | tuple[str, ...], per
 
 
 def read_plan(path: str, index: int, column: str = "task") -> list[dict]:
-    """The rows of one task of a plan, in plan order (row-group statistics skip the rest of the plan)."""
+    """The rows of one job of a plan, in plan order (row-group statistics skip the rest of the plan)."""
     import pyarrow.parquet as pq
 
     rows = pq.read_table(path, filters=[(column, "=", index)]).sort_by("pos").to_pylist()
@@ -423,12 +423,12 @@ def read_plan(path: str, index: int, column: str = "task") -> list[dict]:
     return rows
 
 
-def task_id(index: int) -> str:
+def job_id(index: int) -> str:
     return f"{index:06d}"
 
 
 def sources_key(*parts: Any) -> str:
-    """A fingerprint of a task's inputs: options, and each input file's path, size and modification time.
+    """A fingerprint of a job's inputs: options, and each input file's path, size and modification time.
     Every string (in lists and dicts too) that names an existing file, relative or absolute, stands for that
     file as it is now (a relative `--classifier my.py` included: it was never fingerprinted before)."""
     import hashlib

@@ -307,7 +307,7 @@ class KeepIndex:
 _KEEP_INDEXES: dict[str, KeepIndex] = {}
 
 
-def keep_index(path: str) -> KeepIndex:
+def open_keep_index(path: str) -> KeepIndex:
     """One KeepIndex per process and path (a DataLoader worker keeps its current shard's keys)."""
     if path not in _KEEP_INDEXES:
         _KEEP_INDEXES[path] = KeepIndex(path)

@@ -27,7 +27,7 @@ import braceexpand
 
 from openalign.config import ConfigError
 from openalign.data.images import IMAGE_SUFFIXES
-from openalign.data.pairs import keep_index
+from openalign.data.pairs import open_keep_index
 
 __all__ = ["MANIFEST", "BadSample", "ShardWriter", "TarWriter", "all_texts", "captions", "count_samples",
            "encode_image", "image_bytes", "list_shards", "read_samples", "sample_class", "sample_meta", "sample_texts"]
@@ -190,7 +190,7 @@ def count_samples(shard: str, fraction: float = 1.0, keep: str = "") -> int:
     except (OSError, tarfile.TarError):
         if keys:
             keys.popitem()
-    allowed = keep_index(keep).keys(shard) if keep else None
+    allowed = open_keep_index(keep).keys(shard) if keep else None
     return sum(in_fraction(key, fraction) and (allowed is None or key in allowed) for key in keys)
 
 
@@ -298,7 +298,7 @@ def read_samples(shards: list[str], fraction: float = 1.0, counter: dict | None 
     only those a keep index keeps (`keep`: see `KeepIndex`). Truncated or unreadable tars are counted in
     `counter` (see `tar_samples`); samples the keep-lists drop are not skips and are not counted."""
     for shard in shards:
-        allowed = keep_index(keep).keys(shard) if keep else None
+        allowed = open_keep_index(keep).keys(shard) if keep else None
         for sample in tar_samples(shard, counter):
             if allowed is not None and sample["__key__"] not in allowed:
                 continue

@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from openalign.config import ConfigError
-from openalign.index import build, takedown
+from openalign.index import build, opened, takedown
 from openalign.index.parts import Parts, part_files, read_manifest
 from openalign.outputs import write_json
 
@@ -70,13 +70,13 @@ def _new_parts(emb: Path, index_dir: Path, info: dict) -> list[list]:
 
 def _files_of(info: dict) -> set[str]:
     """The files a generation's index.json names."""
-    return {build.file_of(info, role) for role in build.FILES} | set(info.get("shards") or []) | \
+    return {opened.file_of(info, role) for role in opened.FILES} | set(info.get("shards") or []) | \
         {info.get("trained") or "", (info.get("deleted") or {}).get("file", "")}
 
 
 def _clear_leftovers(index_dir: Path, info: dict) -> None:
     """Files no generation names: an interrupted add's or delete's (a rerun writes them again)."""
-    named = _files_of(info) | {build.INFO}
+    named = _files_of(info) | {opened.INFO}
     temporary = [*index_dir.glob("*.tmp"), *index_dir.glob(".*.tmp")]  # one writer at a time: the lock (cli)
     for path in [*build.generation_files(index_dir), *index_dir.glob("shard-*.faiss"), *temporary]:
         if path.name not in named:
@@ -85,11 +85,11 @@ def _clear_leftovers(index_dir: Path, info: dict) -> None:
 
 def _commit(index_dir: Path, old: dict, new: dict) -> None:
     """index.json replaced (the change happens here, atomically), then the previous generation's files removed."""
-    write_json(index_dir / build.INFO, new)
+    write_json(index_dir / opened.INFO, new)
     keep = _files_of(new)
-    for role in build.FILES:
-        if build.file_of(old, role) not in keep:
-            (index_dir / build.file_of(old, role)).unlink(missing_ok=True)
+    for role in opened.FILES:
+        if opened.file_of(old, role) not in keep:
+            (index_dir / opened.file_of(old, role)).unlink(missing_ok=True)
     deleted = (old.get("deleted") or {}).get("file")
     if deleted and deleted not in keep:
         (index_dir / deleted).unlink(missing_ok=True)
@@ -101,7 +101,7 @@ def add(emb: Path, index_dir: Path, options: build.IndexOptions = build.IndexOpt
     """Append the embed output's new parts to the index in `index_dir` (`added`: how many rows; `warnings`: what
     a drift of the added vectors from the quantizer's sample cost)."""
     emb, index_dir = Path(emb), Path(index_dir)
-    info = build.read_info(index_dir)
+    info = opened.read_info(index_dir)
     new_parts = _new_parts(emb, index_dir, info)
     _clear_leftovers(index_dir, info)  # an interrupted add's: before the new index.json, its files; after, the old
     if not new_parts:
@@ -114,31 +114,31 @@ def add(emb: Path, index_dir: Path, options: build.IndexOptions = build.IndexOpt
         raise ConfigError(f"{emb}'s vectors have {new.d} dimensions, {index_dir} holds {info['dim']}")
     names = _generation_names(gen)
     chunk_rows = int((info.get("options") or {}).get("chunk_rows", options.chunk_rows))
-    files_now = dict(info.get("files") or {role: build.FILES[role] for role in build.FILES})
+    files_now = dict(info.get("files") or {role: opened.FILES[role] for role in opened.FILES})
     shards = list(info.get("shards") or [])
     if info.get("storage") == "shards":
         trained = index_dir / (info.get("trained") or "")
         if not info.get("trained") or not trained.is_file():
-            raise ConfigError(f"{index_dir} keeps no trained quantizer ({build.TRAINED}: indexes built before it "
+            raise ConfigError(f"{index_dir} keeps no trained quantizer ({opened.TRAINED}: indexes built before it "
                               f"was kept); {_rebuild(index_dir, emb)} once, and add to it after")
         added, _ = build._add_shards(trained, new, index_dir, options, engine, progress, first=len(shards))
         shards += added
     else:
-        index = faiss.read_index(str(index_dir / build.file_of(info, "index")))
+        index = faiss.read_index(str(index_dir / opened.file_of(info, "index")))
         for _, chunk in new.chunks(rows=chunk_rows):
             index.add(chunk)  # an IVF's ids continue from its count (its direct map is sequential)
         _write_atomic(index_dir / names["index"], lambda tmp: faiss.write_index(index, str(tmp)))
         files_now["index"] = names["index"]
     if info["params"].get("refine"):
-        old16 = np.load(index_dir / build.file_of(info, "exact16"), mmap_mode="r")
+        old16 = np.load(index_dir / opened.file_of(info, "exact16"), mmap_mode="r")
         _write_exact16(index_dir / names["exact16"], old16, new, chunk_rows)
         files_now["exact16"] = names["exact16"]
-    _append_meta(index_dir / build.file_of(info, "meta"), emb, [r[0] for r in new_parts], old_n,
+    _append_meta(index_dir / opened.file_of(info, "meta"), emb, [r[0] for r in new_parts], old_n,
                  index_dir / names["meta"])
     files_now["meta"] = names["meta"]
     grown = info | {"count": old_n + new.n, "generation": gen, "files": files_now, "shards": shards,
                     "parts": info["parts"] + new_parts}
-    taken = takedown.read(index_dir, info, index_dir / build.file_of(info, "meta"))
+    taken = takedown.read(index_dir, info, index_dir / opened.file_of(info, "meta"))
     again = takedown.moved(taken, index_dir / names["meta"], first=old_n)
     again = again.filter(pc.greater_equal(again.column("id"), 0))
     if len(again):  # a taken-down image embedded again: its new rows are deleted too
@@ -213,12 +213,12 @@ def _drift_recall(index_dir: Path, grown: dict, emb: Path, old_n: int, added: in
     queries = parts.take(sample)
     truth = build._without_self(build.streaming_search(parts, queries, 11, stop=old_n + added, start=lo)[1], sample)
     if shard_mode:  # the added shards alone, their ids shifted to the whole's
-        index, members = build.open_shards(index_dir, new_shards, grown["dim"])
+        index, members = opened.open_shards(index_dir, new_shards, grown["dim"])
         faiss.ParameterSpace().set_index_parameter(index, "nprobe", grown["params"]["nprobe"])
         found = index.search(queries, 11)[1] + old_n
         del members
     else:
-        loaded = build.load(index_dir, info=grown)
+        loaded = opened.load(index_dir, info=grown)
         found = loaded.search(queries, 11)[1]
     return build.recall_at_10(build._without_self(found, sample), truth)
 
@@ -228,13 +228,13 @@ def delete(index_dir: Path, ids: list[int]) -> build.IndexResult:
     that a rebuild or an add never brings them back (takedown.py); the new index.json. Ids deleted already change
     nothing (no new generation)."""
     index_dir = Path(index_dir)
-    info = build.read_info(index_dir)
+    info = opened.read_info(index_dir)
     count = int(info["count"])
     bad = [i for i in ids if not 0 <= i < count]
     if bad:
         raise ConfigError(f"no id {bad[0]} in {index_dir} (ids are 0 to {count - 1:,}); nothing was deleted")
     wanted = np.unique(np.asarray(ids, dtype=np.int64))
-    meta_file = index_dir / build.file_of(info, "meta")
+    meta_file = index_dir / opened.file_of(info, "meta")
     try:
         before = takedown.read(index_dir, info, meta_file)
         added = takedown.of_rows(wanted, meta_file)

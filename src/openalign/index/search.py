@@ -18,7 +18,7 @@ import torch
 from openalign.config import ConfigError
 from openalign.data import images as image_lib
 from openalign.data import transforms
-from openalign.index.build import Loaded
+from openalign.index.opened import Loaded
 from openalign.index.options import IMAGE_WEIGHT, TEXT_WEIGHT, Query  # noqa: F401 - a search's names
 from openalign.index.parts import PATCHES, Parts, read_manifest
 from openalign.loss import late_interaction_pairs
@@ -223,7 +223,7 @@ def search(index: Loaded | str | Path, query: Query | str, k: int = 10, *, model
         raise ConfigError(f"--rerank {rerank} must be 0 (off) or a shortlist size K >= 1")
     if k < 1:
         raise ConfigError(f"-k {k} must be at least 1 (the number of results to show)")
-    from openalign.index.build import load
+    from openalign.index.opened import load
 
     index = index if isinstance(index, Loaded) else load(Path(index))
     query = Query(text=query) if isinstance(query, str) else query

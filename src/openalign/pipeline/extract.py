@@ -54,7 +54,7 @@ import pyarrow.parquet as pq
 
 from openalign.config import POSITIVE_INT, ConfigError, check
 from openalign.data import tables
-from openalign.data.engine import Engine, Task, cores, run_tasks, sources_key, task_id
+from openalign.data.engine import Engine, Job, cores, job_id, run_jobs, sources_key
 from openalign.data.language import identify, known_languages
 from openalign.data.words import check_segmenters, segment
 from openalign.data.pairs import manifest_path, normalize_text, pair_uids, url_keys
@@ -778,18 +778,18 @@ def extract(sources: list[str], out: Path, options: ExtractOptions = ExtractOpti
     start = time.perf_counter()
     parts = out / "parts"
     parts.mkdir(exist_ok=True)
-    tasks = [Task(task_id(i), extract_file, (f, str(parts / f"{task_id(i)}.parquet"), options, kinds[f]),
-                  key=sources_key(versions[f], asdict(options)), outputs=(str(parts / f"{task_id(i)}.parquet"),))
-             for i, f in enumerate(files)]
+    jobs = [Job(job_id(i), extract_file, (f, str(parts / f"{job_id(i)}.parquet"), options, kinds[f]),
+                key=sources_key(versions[f], asdict(options)), outputs=(str(parts / f"{job_id(i)}.parquet"),))
+            for i, f in enumerate(files)]
     for stale in parts.glob("*.parquet"):  # parts of files no longer given
-        if stale.stem not in {t.id for t in tasks}:
+        if stale.stem not in {t.id for t in jobs}:
             stale.unlink()
-    results, resumed = run_tasks(tasks, parts / "_status", engine, "extract", progress)
+    results, resumed = run_jobs(jobs, parts / "_status", engine, "extract", progress)
     counts: Counter = Counter()
     per_file = {}
-    rows, unique = _merge(tasks, table, cores(engine))  # --workers 1: one core, the merge's too
-    for task, f, distinct in zip(tasks, files, unique):
-        summary = {k: v for k, v in results[task.id].items() if isinstance(v, int)}
+    rows, unique = _merge(jobs, table, cores(engine))  # --workers 1: one core, the merge's too
+    for job, f, distinct in zip(jobs, files, unique):
+        summary = {k: v for k, v in results[job.id].items() if isinstance(v, int)}
         summary["duplicate"] = summary.pop("pairs") - distinct  # a pair its own file already had
         summary["candidates"] = distinct
         per_file[str(f)] = summary
@@ -872,27 +872,27 @@ def _tallies(table: Path, threads: int, languages: bool, top: int = 50) -> tuple
     return int(distinct), hosts, found
 
 
-def _merge(tasks: list[Task], table: Path, threads: int) -> tuple[int, list[int]]:
-    """The parts concatenated in task order, the first row of each uid kept (DuckDB, out of core); returns the rows
+def _merge(jobs: list[Job], table: Path, threads: int) -> tuple[int, list[int]]:
+    """The parts concatenated in job order, the first row of each uid kept (DuckDB, out of core); returns the rows
     written and each part's distinct uids."""
     import duckdb
 
-    paths = [task.outputs[0] for task in tasks]
+    paths = [job.outputs[0] for job in jobs]
     columns = ", ".join(f'"{name}"' for name in CANDIDATE_SCHEMA.names)
     with staged(table) as tmp, duckdb.connect(config={"threads": threads}) as con:
         con.execute("SET preserve_insertion_order = true")
         listed = "[" + ", ".join("'" + path.replace("'", "''") + "'" for path in paths) + "]"
-        con.execute(f"CREATE TEMP VIEW parts AS SELECT *, list_position({listed}, filename) AS task "
+        con.execute(f"CREATE TEMP VIEW parts AS SELECT *, list_position({listed}, filename) AS job "
                     f"FROM read_parquet({listed}, filename = true)")
-        # each uid's first row: its least (task, seq), one integer (a file's rows < 2**40), found by a grouping and
+        # each uid's first row: its least (job, seq), one integer (a file's rows < 2**40), found by a grouping and
         # kept by a semi join (2.7x a row_number() window over 1M rows here)
         con.execute(f"""
             COPY (
                 SELECT {columns} FROM parts SEMI JOIN (
-                    SELECT uid AS first_uid, min(task * {2**40} + seq) AS first_key FROM parts GROUP BY uid
-                ) ON uid = first_uid AND task * {2**40} + seq = first_key
-                ORDER BY task, seq
+                    SELECT uid AS first_uid, min(job * {2**40} + seq) AS first_key FROM parts GROUP BY uid
+                ) ON uid = first_uid AND job * {2**40} + seq = first_key
+                ORDER BY job, seq
             ) TO '{str(tmp).replace("'", "''")}' (FORMAT parquet)""")
         written = con.execute("SELECT count(*) FROM read_parquet(?)", [str(tmp)]).fetchone()[0]
-        distinct = dict(con.execute("SELECT task, count(DISTINCT uid) FROM parts GROUP BY task").fetchall())
-    return int(written), [int(distinct.get(n + 1, 0)) for n in range(len(tasks))]
+        distinct = dict(con.execute("SELECT job, count(DISTINCT uid) FROM parts GROUP BY job").fetchall())
+    return int(written), [int(distinct.get(n + 1, 0)) for n in range(len(jobs))]

@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 
 from openalign.config import NON_NEGATIVE, POSITIVE, POSITIVE_INT, SIZE, ConfigError, check, parse_size
 from openalign.data import images, tables
-from openalign.data.engine import Engine, Task, read_plan, run_tasks
+from openalign.data.engine import Engine, Job, read_plan, run_jobs
 from openalign.data.pairs import FETCH_REPORT, FETCH_WORK, check_finished, keep_table, manifest_path, sql_path
 from openalign.data.tars import TarWriter
 from openalign.outputs import staged, unfinish, write_json
@@ -380,15 +380,15 @@ def fetch(candidates: Path, out: Path, options: FetchOptions = FetchOptions(), k
         if stale.name.split(".")[0].removesuffix("_stats") not in names:
             stale.unlink()
     settings = json.dumps([asdict(options) | {"shard_size": None}, digits], sort_keys=True, default=str)
-    tasks = []
+    jobs = []
     for p in sorted(planned, key=lambda p: (-p["rows"], p["shard"])):  # the largest first: a shorter tail
         name = f"{p['shard']:0{digits[0]}d}"
         key = hashlib.blake2b(f"{p['digest']}|{settings}".encode(), digest_size=16).hexdigest()
-        tasks.append(Task(name, fetch_shard, (str(plan_path), p["shard"], str(out), digits, options), key=key,
-                          outputs=tuple(str(out / f"{name}{s}") for s in (".tar", ".parquet", "_stats.json"))))
-    results, skipped = run_tasks(tasks, work / "status", engine, desc="fetch", progress=progress)
+        jobs.append(Job(name, fetch_shard, (str(plan_path), p["shard"], str(out), digits, options), key=key,
+                        outputs=tuple(str(out / f"{name}{s}") for s in (".tar", ".parquet", "_stats.json"))))
+    results, skipped = run_jobs(jobs, work / "status", engine, desc="fetch", progress=progress)
     report = {"keep": [str(k) for k in keep], "text_rules": text_rule_reports(keep)}
-    return finish(out, table, list(results.values()), left_out, len(tasks), skipped, options, begin, report)
+    return finish(out, table, list(results.values()), left_out, len(jobs), skipped, options, begin, report)
 
 
 def text_rule_reports(keep) -> list[str]:

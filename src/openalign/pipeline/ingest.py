@@ -48,7 +48,7 @@ from openalign.data import tables
 from openalign.data.sources import (IMAGE_SUFFIXES, SOURCES, folder_files, karpathy_items, read_caption,
                                     sidecar_meta)
 from openalign.data.tables import TABLE_SUFFIXES
-from openalign.data.engine import Engine, Task, run_tasks, sources_key, task_id
+from openalign.data.engine import Engine, Job, job_id, run_jobs, sources_key
 from openalign.data.pairs import FETCH_REPORT, FETCH_WORK, PAIR_SCHEMA, blake, manifest_path, normalize_text, pair_uid
 from openalign.data.workers import process_pool
 from openalign.outputs import staged, unfinish, write_json
@@ -523,19 +523,19 @@ def _ingest_tasks(sources, out, rejects_path, options, engine, tally, notes, pro
     parts = out.with_suffix(".parts")
     parts.mkdir(exist_ok=True)
     plan = list(units(sources, options.files_per_task))
-    tasks = [Task(task_id(i), ingest_unit, (unit, str(parts), task_id(i), options),
-                  key=sources_key(unit_inputs(unit, options), asdict(options) | {"workers": 0}),
-                  outputs=(str(parts / f"pairs-{task_id(i)}.parquet"), str(parts / f"rejects-{task_id(i)}.parquet")))
-             for i, unit in enumerate(plan)]
-    results, resumed = run_tasks(tasks, parts / "_status", engine, "ingest", progress)
-    for task in tasks:
-        tally.merge(results[task.id])
-        notes.update(results[task.id]["notes"])
+    jobs = [Job(job_id(i), ingest_unit, (unit, str(parts), job_id(i), options),
+                key=sources_key(unit_inputs(unit, options), asdict(options) | {"workers": 0}),
+                outputs=(str(parts / f"pairs-{job_id(i)}.parquet"), str(parts / f"rejects-{job_id(i)}.parquet")))
+            for i, unit in enumerate(plan)]
+    results, resumed = run_jobs(jobs, parts / "_status", engine, "ingest", progress)
+    for job in jobs:
+        tally.merge(results[job.id])
+        notes.update(results[job.id]["notes"])
     found(tally, sources)
     for kind, target, schema in (("pairs", out, PAIR_SCHEMA), ("rejects", rejects_path, REJECT_SCHEMA)):
-        with staged(target) as tmp, pq.ParquetWriter(tmp, schema) as writer:  # in task order, a row group at a time
-            for task in tasks:
-                part = pq.ParquetFile(parts / f"{kind}-{task.id}.parquet")
+        with staged(target) as tmp, pq.ParquetWriter(tmp, schema) as writer:  # in job order, a row group at a time
+            for job in jobs:
+                part = pq.ParquetFile(parts / f"{kind}-{job.id}.parquet")
                 for group in range(part.num_row_groups):
                     writer.write_table(part.read_row_group(group))
     shutil.rmtree(parts)

@@ -16,8 +16,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from openalign.data.engine import (Engine, Task, duckdb_plan, run_tasks, sources_key, spark_plan, spark_session,
-                                   task_id)
+from openalign.data.engine import (Engine, Job, duckdb_plan, job_id, run_jobs, sources_key, spark_plan,
+                                   spark_session)
 from openalign.data.pairs import first_source, spark_first_source
 
 WORK = "_work"  # the plan, the evaluation hashes or embeddings, each task's scores and status
@@ -55,10 +55,10 @@ def image_tasks(pairs: str, out: Path, fn, args: tuple, key: dict, per_task: int
     count = plan_images(pairs, plan, per_task, engine)
     n_tasks = -(-count // per_task)
     inputs = sources_key(pairs if "://" in str(pairs) else str(Path(pairs).resolve()), key, per_task, count, PLAN_ORDER)
-    scores = [str(work / f"scores-{task_id(i)}.parquet") for i in range(n_tasks)]
-    tasks = [Task(task_id(i), fn, (str(plan), i, scores[i], *args), key=sources_key(inputs, i), outputs=(scores[i],))
-             for i in range(n_tasks)]
-    results, resumed = run_tasks(tasks, work / "_status", engine, desc, progress)
+    scores = [str(work / f"scores-{job_id(i)}.parquet") for i in range(n_tasks)]
+    jobs = [Job(job_id(i), fn, (str(plan), i, scores[i], *args), key=sources_key(inputs, i), outputs=(scores[i],))
+            for i in range(n_tasks)]
+    results, resumed = run_jobs(jobs, work / "_status", engine, desc, progress)
     return count, results, resumed, scores
 
 

@@ -29,8 +29,8 @@ from PIL import Image
 from openalign.config import ConfigError
 from openalign.data import images
 from openalign.data import tars
-from openalign.data.engine import (Engine, Task, duckdb_plan, previous, read_plan, run_tasks, spark_plan,
-                                   spark_session, task_id)
+from openalign.data.engine import (Engine, Job, duckdb_plan, job_id, previous, read_plan, run_jobs, spark_plan,
+                                   spark_session)
 from openalign.data.pairs import (SOURCE_COLUMNS, blake, check_pair_table, first_source, keep_source, keep_table,
                                   spark_first_source)
 from openalign.outputs import unfinish
@@ -159,7 +159,7 @@ def shard_task(plan: str, index: int, out: str, options: ShardOptions) -> dict:
     samples = read_plan(plan, index, "shard")
     path = Path(out) / f"{options.prefix}-{index:06d}.tar"
     key = blake(json.dumps([asdict(options) | {"workers": 0}, samples], sort_keys=True, default=str).encode())
-    done = previous(Path(out) / STATUS, task_id(index))
+    done = previous(Path(out) / STATUS, job_id(index))
     if path.is_file() and done and done["result"].get("key") == key and done["result"].get("file") == _file_stat(path):
         return done["result"] | {"resumed": True}  # the same samples and options, and the tar as it was written
     result = write_shard(path, samples, options)
@@ -226,7 +226,7 @@ def write_samples(samples: list[dict], out: Path, options: ShardOptions, progres
 def run_plan(plan: Path, count: int, out: Path, options: ShardOptions, progress: bool, info: dict, start: float,
              engine: Engine) -> ShardResult:
     n_shards = -(-count // options.samples_per_shard)
-    tasks = [Task(task_id(i), shard_task, (str(plan / "plan.parquet"), i, str(out), options)) for i in range(n_shards)]
+    jobs = [Job(job_id(i), shard_task, (str(plan / "plan.parquet"), i, str(out), options)) for i in range(n_shards)]
     names = {f"{options.prefix}-{i:06d}.tar" for i in range(n_shards)}
     try:
         previous_manifest = json.loads((out / MANIFEST).read_text()) if (out / MANIFEST).is_file() else {}
@@ -237,7 +237,7 @@ def run_plan(plan: Path, count: int, out: Path, options: ShardOptions, progress:
         (out / stale).unlink(missing_ok=True)
     if engine.name == "local":
         engine = Engine(workers=options.workers or engine.workers, retries=engine.retries)
-    results, _ = run_tasks(tasks, out / STATUS, engine, "shard", progress)
+    results, _ = run_jobs(jobs, out / STATUS, engine, "shard", progress)
     counts, skipped = {}, {}
     for result in results.values():
         counts[result["name"]] = result["samples"]

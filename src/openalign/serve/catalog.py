@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from openalign.config import ConfigError
-from openalign.index import build, search, takedown
+from openalign.index import opened, search, takedown
 
 MODALITIES = ("image", "text")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -43,7 +43,7 @@ class Spec:
 
 
 def _vectors_of(path: Path) -> str:
-    return build.read_info(path).get("vectors", "image")
+    return opened.read_info(path).get("vectors", "image")
 
 
 def _named(name: str, where: str) -> str:
@@ -126,19 +126,19 @@ class Live:
 
     def __init__(self, path: Path):
         self.path = path
-        self.loaded = build.load(path)
+        self.loaded = opened.load(path)
         self.stamp = self._stamp()
         self.lock = threading.Lock()
         self.extras: dict = {}  # what requests derive from this index once (patch vectors): dropped on a reload
 
     def _stamp(self):
         try:
-            st = (self.path / build.INFO).stat()
+            st = (self.path / opened.INFO).stat()
         except OSError:
             return None  # a rebuild between its unfinish and its index.json: keep serving the old one
         return st.st_ino, st.st_mtime_ns, st.st_size
 
-    def current(self) -> build.Loaded:
+    def current(self) -> opened.Loaded:
         stamp = self._stamp()
         if stamp is None or stamp == self.stamp:
             return self.loaded
@@ -146,7 +146,7 @@ class Live:
             stamp = self._stamp()
             if stamp is not None and stamp != self.stamp:
                 try:
-                    fresh = build.load(self.path)
+                    fresh = opened.load(self.path)
                 except Exception as err:  # noqa: BLE001 - caught between two files of a change, or damaged: any
                     # failure keeps the previous generation serving, and the next request tries again
                     print(f"warning: {self.path} changed and does not load yet ({str(err)[:300]}); serving the "
@@ -182,7 +182,7 @@ class Collection:
                               f"--vectors {modality}` under the name {self.name}")
         return self.indexes[modality]
 
-    def current(self, modality: str | None) -> build.Loaded:
+    def current(self, modality: str | None) -> opened.Loaded:
         """The index a request searches, as it is at the request's start, with every take-down of the name applied:
         an image deleted from the image index (`index --delete`) is gone from the text index too, and the other way
         round. Indexes of one embed output share row ids; others are matched by image (path and key)."""
@@ -203,8 +203,8 @@ class Collection:
             if other.info.get("parts") and other.info.get("parts") == loaded.info.get("parts"):
                 deleted.append(other.deleted)  # one embed output: the same rows
                 continue
-            taken = takedown.read(other_live.path, other.info, other_live.path / build.file_of(other.info, "meta"))
-            found = takedown.moved(taken, live.path / build.file_of(loaded.info, "meta")).column("id").to_numpy()
+            taken = takedown.read(other_live.path, other.info, other_live.path / opened.file_of(other.info, "meta"))
+            found = takedown.moved(taken, live.path / opened.file_of(loaded.info, "meta")).column("id").to_numpy()
             deleted.append(found[found >= 0])
         merged = dataclasses.replace(loaded, deleted=np.unique(np.concatenate(deleted)).astype(np.int64))
         with self.state_lock:

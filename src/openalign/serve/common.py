@@ -18,7 +18,7 @@ from starlette.requests import ClientDisconnect
 
 from openalign.data import images as image_lib
 from openalign.data.sources import SOURCES, NotAFile, TooLarge
-from openalign.index.build import Loaded
+from openalign.index.opened import Loaded
 from openalign.serve.options import MAX_TEXT_CHARS, Limits
 
 Term = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]

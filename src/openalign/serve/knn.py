@@ -33,7 +33,7 @@ from starlette.concurrency import run_in_threadpool
 
 from openalign.config import ConfigError
 from openalign.index import search
-from openalign.index.build import Loaded
+from openalign.index.opened import Loaded
 from openalign.serve.catalog import Catalog
 from openalign.serve.common import (body_schema, capped, decode_upload, parsed_body, read_body, shown_caption,
                                     thumbnail_jpeg)
@@ -89,7 +89,9 @@ def not_applied(request: KnnRequest) -> list[str]:
     return asked
 
 
-def query_vector(collection, index: Loaded, request: KnnRequest, limits: Limits) -> np.ndarray:
+def knn_query_vector(collection, index: Loaded, request: KnnRequest, limits: Limits) -> np.ndarray:
+    """The vector a clip-retrieval request searches with: its `embedding_input` as given, or its text or image
+    encoded as a search query is (index/search.py `query_vector`); a request that is neither is a 400."""
     if request.image_url:
         raise HTTPException(400, "image_url is not supported: this service fetches nothing from the network; send "
                                  "the image file's bytes as `image` (base64)")
@@ -150,7 +152,7 @@ def knn(catalog: Catalog, request: KnnRequest, limits: Limits) -> list[dict]:
         index = collection.current(request.modality)
     except ConfigError as err:
         raise HTTPException(400, str(err)) from None
-    vector = query_vector(collection, index, request, limits)
+    vector = knn_query_vector(collection, index, request, limits)
     hits = search.nearest(index, vector, count, metadata=0)
     if request.deduplicate and hits:
         drop = set(search.near_duplicates(search.stored_vectors(index, [h.id for h in hits]), DEDUP_THRESHOLD))

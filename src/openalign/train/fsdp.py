@@ -10,8 +10,7 @@ Three details:
   every rank, and their gradients are averaged here with one all_reduce.
 - FSDP2 shards contiguous parameters only, so the image tower's weights stay in the default memory
   format. Its inputs are still channels_last (`DualEncoder.encode_image`), and that is where the depthwise
-  convolutions' speed comes from (measured on CPU: 3.1 ms with channels_last inputs alone, 2.9 ms with
-  weights too, 30 ms with neither).
+  convolutions' speed comes from (the weights' layout adds little).
 - LAMB's trust ratio needs whole-tensor norms: `optim.FsdpLamb` adds the shards' squared sums over ranks.
 
 Checkpoints hold the whole model and optimizer state (gathered to rank 0's CPU), in the same format as
@@ -39,15 +38,15 @@ WHOLE = StateDictOptions(full_state_dict=True, cpu_offload=True)
 warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
 
 
-def shard(model: DualEncoder) -> None:
-    """Shard `model` in place over the default process group."""
+def wrap(model: DualEncoder) -> None:
+    """`model` in place as FSDP units over the default process group: its parameters split across the ranks."""
     model.vision_tower.to(memory_format=torch.contiguous_format)
     for block in model.tower_blocks():
         fully_shard(block)
     fully_shard(model, ignored_params={p for p in model.parameters() if p.ndim == 0})
 
 
-def is_sharded(model: torch.nn.Module) -> bool:
+def is_wrapped(model: torch.nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 

@@ -17,14 +17,14 @@ from openalign.model.dual_encoder import DualEncoder
 from openalign.train import fsdp
 
 
-def param_groups(model: DualEncoder, cfg: OptimConfig, scale_lr: float = 1.0) -> list[dict]:
-    """Decayed weight matrices, undecayed biases and norms, and the logit scales (`model.learned_scalars()`,
-    no decay, their learning rate times `scale_lr`: loss.temperature.lr_scale)."""
+def param_groups(model: DualEncoder, cfg: OptimConfig, temperature_lr_scale: float = 1.0) -> list[dict]:
+    """Decayed weight matrices, undecayed biases and norms, and the temperature with the logit bias when one is
+    learned (`model.learned_scalars()`: no decay, their learning rate times loss.temperature.lr_scale)."""
     decay, no_decay = [], []
     temperature = list(model.learned_scalars().values())
-    scales = {id(p) for p in temperature}
+    scalars = {id(p) for p in temperature}
     for _, p in model.named_parameters():
-        if not p.requires_grad or id(p) in scales:
+        if not p.requires_grad or id(p) in scalars:
             continue
         elif p.ndim < 2:  # biases, BatchNorm/LayerNorm scales and shifts
             no_decay.append(p)
@@ -35,7 +35,7 @@ def param_groups(model: DualEncoder, cfg: OptimConfig, scale_lr: float = 1.0) ->
         {"params": no_decay, "weight_decay": 0.0, "lr_scale": 1.0, "name": "no_decay"},
     ]
     if temperature:
-        groups.append({"params": temperature, "weight_decay": 0.0, "lr_scale": scale_lr,
+        groups.append({"params": temperature, "weight_decay": 0.0, "lr_scale": temperature_lr_scale,
                        "name": "temperature"})
     return groups
 
@@ -118,15 +118,15 @@ def _tensor_norms(params, weights, updates) -> tuple[torch.Tensor, torch.Tensor]
     return norms[:, 0], norms[:, 1]
 
 
-def build_optimizer(model: DualEncoder, cfg: OptimConfig, shard: bool = False, fsdp: bool = False,
-                    scale_lr: float = 1.0) -> torch.optim.Optimizer:
+def build_optimizer(model: DualEncoder, cfg: OptimConfig, shard_optimizer: bool = False, fsdp: bool = False,
+                    temperature_lr_scale: float = 1.0) -> torch.optim.Optimizer:
     """LAMB (or AdamW) over the paper's parameter groups.
 
-    With `shard` (under torchrun), ZeRO-1: each rank keeps the optimizer state of its share of whole
+    With `shard_optimizer` (under torchrun), ZeRO-1: each rank keeps the optimizer state of its share of whole
     parameters, updates them, and broadcasts them, so LAMB's per-tensor trust ratio is exact while its
     two moments take 1/world of the memory. With `fsdp`, the model's parameters are already sharded
     (train/fsdp.py): LAMB is `FsdpLamb`, AdamW steps the shards as they are."""
-    groups = param_groups(model, cfg, scale_lr)
+    groups = param_groups(model, cfg, temperature_lr_scale)
     if cfg.name == "lamb" and fsdp:
         return FsdpLamb(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
     if cfg.name == "lamb":
@@ -138,7 +138,7 @@ def build_optimizer(model: DualEncoder, cfg: OptimConfig, shard: bool = False, f
                                             "weight_decay": cfg.weight_decay}
     else:
         raise ValueError(f"optim.name must be lamb or adamw, not {cfg.name!r}")
-    if shard:
+    if shard_optimizer:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         return ZeroRedundancyOptimizer(groups, optimizer_class=kind, **options)

@@ -61,7 +61,7 @@ def forward_backward(model: torch.nn.Module, core: DualEncoder, batch: dict, los
     DualEncoder inside it; `autocast` a context factory for the towers' forward. Gradients are the mean
     over ranks."""
     loss = _forward_backward(model, core, batch, loss_cfg, micro_batch, layout, device, autocast, generator)
-    if fsdp.is_sharded(model):
+    if fsdp.is_wrapped(model):
         fsdp.average_replicated_grads(model)
     return loss
 

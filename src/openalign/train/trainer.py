@@ -105,7 +105,7 @@ def start(cfg: Config, progress: bool, resume: bool = False) -> Run:
     progress = progress and layout.main
     # rank 0 builds what is missing (a built-in corpus, Karpathy shards, the tokenizer); the others then read it
     train_shards, eval_shards = distributed.main_first(layout, lambda main: resolve_data(cfg.data, progress and main))
-    keep = distributed.main_first(layout, lambda main: keep_index(cfg, progress and main))
+    keep = distributed.main_first(layout, lambda main: training_keep(cfg, progress and main))
     tokenizer = distributed.main_first(layout, lambda main: prepare_tokenizer(cfg, train_shards, out, keep))
     # The trained vocabulary may be smaller than asked for (small corpora): size the embedding to it.
     # A model we start from keeps its own embedding table (it may be padded beyond its tokenizer).
@@ -142,9 +142,9 @@ def build_model(run: Run) -> tuple[DualEncoder, torch.optim.Optimizer]:
         model.text_tower.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     model.to(run.device).train()
     if cfg.train.fsdp:
-        fsdp.shard(model)
-    return model, build_optimizer(model, cfg.optim, shard=cfg.train.shard_optimizer, fsdp=cfg.train.fsdp,
-                                  scale_lr=cfg.loss.temperature.lr_scale)
+        fsdp.wrap(model)
+    return model, build_optimizer(model, cfg.optim, shard_optimizer=cfg.train.shard_optimizer, fsdp=cfg.train.fsdp,
+                                  temperature_lr_scale=cfg.loss.temperature.lr_scale)
 
 
 def data_parallel(run: Run, model: DualEncoder) -> torch.nn.Module:
@@ -160,7 +160,7 @@ def save_checkpoint(path: Path, model, optimizer, step: int, position: Position,
     """Every rank's stream position and RNG state, written by rank 0 (all ranks must call)."""
     distributed.average_batchnorm_statistics(model, layout)
     ranks = distributed.all_objects({"position": dataclasses.asdict(position), "rng": torch.get_rng_state()}, layout)
-    sharded = fsdp.is_sharded(model)
+    sharded = fsdp.is_wrapped(model)
     model_state = fsdp.model_state(model) if sharded else model.state_dict()
     optimizer_state = fsdp.optimizer_state(model, optimizer) if sharded else full_state_dict(optimizer, layout.main)
     if layout.main:
@@ -265,7 +265,7 @@ def check_before_work(cfg: Config, resume: bool, overwrite: bool = False) -> Non
         read_checkpoint(Path(cfg.out) / CHECKPOINT, check_only=True)
 
 
-def keep_index(cfg: Config, progress: bool) -> str:
+def training_keep(cfg: Config, progress: bool) -> str:
     """The keep index the training samples are read through: data.keep's, or data.dedup_heldout's ('' for
     neither); built once into data.data_dir, then reused."""
     if cfg.data.keep:
