@@ -4,7 +4,7 @@
       <  corpora, eval, serve  <  train  <  cli, flags
 
 A module imports only from its own layer or below, and no two modules import each other, directly or
-through others (a function-level import does not hide a cycle). The corpus pipeline's stages are siblings: none
+through others (neither a function-level import nor `importlib.import_module("openalign.x")` hides a cycle). The corpus pipeline's stages are siblings: none
 imports another.
 """
 
@@ -42,6 +42,9 @@ def imports(path: Path) -> list[tuple[str, int]]:
                 is_module = (PACKAGE.parent / candidate.replace(".", "/")).with_suffix(".py").is_file() or \
                     (PACKAGE.parent / candidate.replace(".", "/")).is_dir()
                 found.append((candidate if is_module else base, node.lineno))
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module" \
+                and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+            found.append((node.args[0].value, node.lineno))  # importlib.import_module("openalign.x") imports as well
     return [(name, line) for name, line in found if name.startswith("openalign.") and name != me]
 
 
@@ -106,18 +109,22 @@ def test_the_stage_check_finds_a_stage_importing_a_stage():
     assert stage_imports(modules) == ["openalign.pipeline.screen imports openalign.pipeline.dedup (line 29)"]
 
 
-def test_the_checker_sees_function_level_and_relative_imports(tmp_path, monkeypatch):
-    """The checks above cannot pass vacuously: an upward import inside a function body is found."""
+def test_the_checker_sees_function_level_relative_and_importlib_imports(tmp_path, monkeypatch):
+    """The checks above cannot pass vacuously: an upward import inside a function body, relative or through
+    importlib, is found."""
     fake = tmp_path / "openalign"
     (fake / "data").mkdir(parents=True)
     (fake / "eval").mkdir()
     for pkg in (fake, fake / "data", fake / "eval"):
         (pkg / "__init__.py").write_text("")
     (fake / "eval" / "tasks.py").write_text("X = 1\n")
-    (fake / "data" / "reader.py").write_text("def f():\n    from openalign.eval import tasks\n    from ..eval.tasks import X\n")
+    (fake / "data" / "reader.py").write_text("import importlib\n\n\ndef f():\n    from openalign.eval import tasks\n"
+                                             "    from ..eval.tasks import X\n"
+                                             "    importlib.import_module('openalign.eval.tasks')\n")
     monkeypatch.setitem(globals(), "PACKAGE", fake)
     found = imports(fake / "data" / "reader.py")
-    assert found == [("openalign.eval.tasks", 2), ("openalign.eval.tasks", 3)]
+    assert sorted(found, key=lambda hit: hit[1]) == [("openalign.eval.tasks", 5), ("openalign.eval.tasks", 6),
+                                                     ("openalign.eval.tasks", 7)]
     assert RANK[unit(found[0][0])] > RANK["data"]
 
 

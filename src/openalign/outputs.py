@@ -22,9 +22,9 @@ import os
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
-__all__ = ["disk_full", "files_fingerprint", "is_disk_full", "owned", "staged", "unfinish", "write_json"]
+__all__ = ["disk_full", "files_fingerprint", "is_disk_full", "owned", "sources_key", "staged", "unfinish", "write_json"]
 
 
 def temp_name(path: Path) -> Path:
@@ -172,3 +172,25 @@ def files_fingerprint(*paths: str) -> str:
             stat = f.stat()
             entries.append((str(f.resolve()), stat.st_size, stat.st_mtime_ns))
     return hashlib.blake2b(json.dumps(entries).encode(), digest_size=16).hexdigest()
+
+
+def sources_key(*parts: Any) -> str:
+    """A fingerprint of a job's inputs: options, and each input file's path, size and modification time.
+    Every string (in lists and dicts too) that names an existing file, relative or absolute, stands for that
+    file as it is now (a relative `--classifier my.py` included: it was never fingerprinted before)."""
+    def describe(item):
+        if isinstance(item, (list, tuple)):
+            return [describe(i) for i in item]
+        if isinstance(item, dict):
+            return {str(k): describe(v) for k, v in item.items()}
+        if isinstance(item, (str, Path)) and str(item) and "\n" not in str(item):
+            try:
+                if Path(item).is_file():
+                    stat = Path(item).stat()
+                    return [str(Path(item).resolve()), stat.st_size, stat.st_mtime_ns]
+            except (OSError, ValueError):  # not a path (too long, a NUL byte)
+                pass
+        return item
+
+    text = json.dumps([describe(p) for p in parts], sort_keys=True, default=str)
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()

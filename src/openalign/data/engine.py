@@ -32,7 +32,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Callable, Literal
+from typing import Annotated, Callable, Literal
 
 from tqdm import tqdm
 
@@ -426,26 +426,3 @@ def read_plan(path: str, index: int, column: str = "task") -> list[dict]:
 def job_id(index: int) -> str:
     return f"{index:06d}"
 
-
-def sources_key(*parts: Any) -> str:
-    """A fingerprint of a job's inputs: options, and each input file's path, size and modification time.
-    Every string (in lists and dicts too) that names an existing file, relative or absolute, stands for that
-    file as it is now (a relative `--classifier my.py` included: it was never fingerprinted before)."""
-    import hashlib
-
-    def describe(item):
-        if isinstance(item, (list, tuple)):
-            return [describe(i) for i in item]
-        if isinstance(item, dict):
-            return {str(k): describe(v) for k, v in item.items()}
-        if isinstance(item, (str, Path)) and str(item) and "\n" not in str(item):
-            try:
-                if Path(item).is_file():
-                    stat = Path(item).stat()
-                    return [str(Path(item).resolve()), stat.st_size, stat.st_mtime_ns]
-            except (OSError, ValueError):  # not a path (too long, a NUL byte)
-                pass
-        return item
-
-    text = json.dumps([describe(p) for p in parts], sort_keys=True, default=str)
-    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()

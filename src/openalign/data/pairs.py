@@ -22,8 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from openalign.config import ConfigError
-from openalign.data.engine import sources_key, spark_session
-from openalign.outputs import write_json
+from openalign.outputs import sources_key, write_json
 
 PAIR_SCHEMA = pa.schema([
     ("uid", pa.string()), ("image_key", pa.string()), ("text", pa.string()), ("width", pa.int32()),
@@ -199,35 +198,6 @@ def read_keep(path: Path) -> list[str]:
 
     with duckdb.connect() as con:
         return [r[0] for r in con.execute("SELECT uid FROM read_parquet(?) ORDER BY uid", [keep_source(path)]).fetchall()]
-
-
-def write_keep_without_images(pairs: str, scores: list[str], where: str, out: Path, engine=None) -> int:
-    """Keep-list `out/keep.parquet` of every pair whose image is not removed: the images of the Parquet files
-    `scores` (image_key, score, ...) that match the SQL condition `where` (the dedup and screen stages). The
-    Spark engine joins on the executors and writes part files; returns how many pairs were removed."""
-    scores = list(scores)
-    import shutil
-
-    keep = out / "keep.parquet"
-    if keep.is_dir():
-        shutil.rmtree(keep)
-    else:
-        keep.unlink(missing_ok=True)
-    if engine is not None and engine.name == "spark":
-        spark = spark_session(engine.master, retries=engine.retries, memory=engine.memory)
-        table = spark.read.parquet(str(pairs))
-        removed = spark.read.parquet(*scores).where(where).select("image_key")
-        table.join(removed, "image_key", "left_anti").select("uid").distinct().orderBy("uid") \
-            .write.mode("overwrite").parquet(str(keep))
-        return table.join(removed, "image_key", "left_semi").count()
-    import duckdb
-
-    removed = f"SELECT image_key FROM read_parquet(?) WHERE {where}"
-    with duckdb.connect() as con:
-        con.execute(f"COPY (SELECT DISTINCT uid FROM read_parquet(?) WHERE image_key NOT IN ({removed}) ORDER BY uid) "
-                    f"TO '{sql_path(keep)}' (FORMAT parquet)", [str(pairs), scores])
-        return con.execute(f"SELECT count(*) FROM read_parquet(?) WHERE image_key IN ({removed})",
-                           [str(pairs), scores]).fetchone()[0]
 
 
 def sql_path(path: Path) -> str:

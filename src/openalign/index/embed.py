@@ -42,13 +42,12 @@ from openalign.config import ConfigError
 from openalign import distributed
 from openalign.data import sources as source_lib
 from openalign.data import transforms
-from openalign.data.engine import sources_key
 from openalign.index.options import EmbedOptions
 from openalign.index.parts import MANIFEST, PATCHES, part_files, read_manifest
 from openalign.model.encode import (encode_image_stream, encode_image_tokens, encode_images, encode_texts,
                                     load_for_inference)
 from openalign.model.hub import model_fingerprint, weights_fingerprint
-from openalign.outputs import unfinish, write_json, writing
+from openalign.outputs import sources_key, unfinish, write_json, writing
 
 __all__ = ["EmbedOptions", "EmbedResult", "embed"]
 

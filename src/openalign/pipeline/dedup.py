@@ -42,8 +42,8 @@ from openalign.config import ConfigError
 from openalign.outputs import unfinish
 from openalign.data import images, sources
 from openalign.data.engine import Engine, read_plan
-from openalign.data.pairs import IMAGE_COLUMNS, check_pair_table, write_keep_report, write_keep_without_images
-from openalign.pipeline.scoring import FINITE, WORK, image_tasks, score_summary, write_scores
+from openalign.data.pairs import IMAGE_COLUMNS, check_pair_table, write_keep_report
+from openalign.pipeline.scoring import FINITE, WORK, image_jobs, score_summary, write_keep_without_images, write_scores
 
 __all__ = ["DedupOptions", "DedupResult", "dedup"]
 
@@ -331,7 +331,7 @@ def dedup(pairs: Path, against: str, out: Path, options: DedupOptions = DedupOpt
     key = asdict(options) | {"workers": 0, "eval": array_digest(evaluation), "model_weights": weights}
     if options.mode == "buckets":  # the cells are part of every task's input
         key["centroids"] = array_digest(centroids)
-    count, results, resumed, scores = image_tasks(pairs, out, fn, args, key, options.images_per_task, engine,
+    count, results, resumed, scores = image_jobs(pairs, out, fn, args, key, options.images_per_task, engine,
                                                   "dedup", progress)
     removed_images, examples, percentiles, nonfinite = score_summary(out, scores, where, order, options.examples)
     removed_pairs = write_keep_without_images(pairs, scores, where, out, engine)

@@ -54,11 +54,11 @@ import pyarrow.parquet as pq
 
 from openalign.config import POSITIVE_INT, ConfigError, check
 from openalign.data import tables
-from openalign.data.engine import Engine, Job, cores, job_id, run_jobs, sources_key
+from openalign.data.engine import Engine, Job, cores, job_id, run_jobs
 from openalign.data.language import identify, known_languages
 from openalign.data.words import check_segmenters, segment
 from openalign.data.pairs import manifest_path, normalize_text, pair_uids, url_keys
-from openalign.outputs import staged, unfinish, write_json
+from openalign.outputs import sources_key, staged, unfinish, write_json
 
 __all__ = ["CANDIDATE_SCHEMA", "ExtractOptions", "ExtractResult", "extract"]
 

@@ -48,10 +48,10 @@ from openalign.data import tables
 from openalign.data.sources import (IMAGE_SUFFIXES, SOURCES, folder_files, karpathy_items, read_caption,
                                     sidecar_meta)
 from openalign.data.tables import TABLE_SUFFIXES
-from openalign.data.engine import Engine, Job, job_id, run_jobs, sources_key
+from openalign.data.engine import Engine, Job, job_id, run_jobs
 from openalign.data.pairs import FETCH_REPORT, FETCH_WORK, PAIR_SCHEMA, blake, manifest_path, normalize_text, pair_uid
 from openalign.data.workers import process_pool
-from openalign.outputs import staged, unfinish, write_json
+from openalign.outputs import sources_key, staged, unfinish, write_json
 
 __all__ = ["IngestOptions", "IngestResult", "ingest"]
 

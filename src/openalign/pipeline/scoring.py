@@ -1,9 +1,9 @@
-"""Scoring every distinct image of a pair table in tasks, then keeping the pairs whose image passes: what dedup
+"""Scoring every distinct image of a pair table in jobs, then keeping the pairs whose image passes: what dedup
 (closeness to an evaluation set) and screen (a user's classifier) share.
 
-    OUT/_work/plan.parquet            the distinct images, ordered by key and cut into tasks (DuckDB or Spark)
-    OUT/_work/scores-ID.parquet       each task's (image_key, score, match), written by the stage's task function
-    OUT/_work/_status/ID.json         each task's status (data/engine.py): a rerun redoes only what changed
+    OUT/_work/plan.parquet            the distinct images, ordered by key and cut into jobs (DuckDB or Spark)
+    OUT/_work/scores-ID.parquet       each job's (image_key, score, match), written by the stage's job function
+    OUT/_work/_status/ID.json         each job's status (data/engine.py): a rerun redoes only what changed
 
 A score decides only when it is finite (`FINITE`); the summary counts the rest.
 """
@@ -16,9 +16,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from openalign.data.engine import (Engine, Job, duckdb_plan, job_id, run_jobs, sources_key, spark_plan,
-                                   spark_session)
-from openalign.data.pairs import first_source, spark_first_source
+from openalign.data.engine import Engine, Job, duckdb_plan, job_id, run_jobs, spark_plan, spark_session
+from openalign.data.pairs import first_source, spark_first_source, sql_path
+from openalign.outputs import sources_key
 
 WORK = "_work"  # the plan, the evaluation hashes or embeddings, each task's scores and status
 
@@ -44,20 +44,20 @@ def plan_images(pairs: str, plan: Path, per_task: int, engine: Engine) -> int:
         return duckdb_plan(con, IMAGE_QUERY, [str(pairs)], PLAN_ORDER, per_task, plan)
 
 
-def image_tasks(pairs: str, out: Path, fn, args: tuple, key: dict, per_task: int, engine: Engine, desc: str,
-                progress: bool) -> tuple[int, dict, int]:
-    """Plan the images, then run `fn(plan, index, scores_path, *args)` once per task of images, each writing
-    its scores to OUT/_work/scores-ID.parquet; returns (images, {id: result}, tasks resumed, the score files of
+def image_jobs(pairs: str, out: Path, fn, args: tuple, key: dict, per_task: int, engine: Engine, desc: str,
+               progress: bool) -> tuple[int, dict, int]:
+    """Plan the images, then run `fn(plan, index, scores_path, *args)` once per job of images, each writing
+    its scores to OUT/_work/scores-ID.parquet; returns (images, {id: result}, jobs resumed, the score files of
     this plan: files a killed run of another plan left are never read)."""
     work = out / WORK
     work.mkdir(parents=True, exist_ok=True)
     plan = work / "plan.parquet"
     count = plan_images(pairs, plan, per_task, engine)
-    n_tasks = -(-count // per_task)
+    n_jobs = -(-count // per_task)
     inputs = sources_key(pairs if "://" in str(pairs) else str(Path(pairs).resolve()), key, per_task, count, PLAN_ORDER)
-    scores = [str(work / f"scores-{job_id(i)}.parquet") for i in range(n_tasks)]
+    scores = [str(work / f"scores-{job_id(i)}.parquet") for i in range(n_jobs)]
     jobs = [Job(job_id(i), fn, (str(plan), i, scores[i], *args), key=sources_key(inputs, i), outputs=(scores[i],))
-            for i in range(n_tasks)]
+            for i in range(n_jobs)]
     results, resumed = run_jobs(jobs, work / "_status", engine, desc, progress)
     return count, results, resumed, scores
 
@@ -97,3 +97,32 @@ def score_summary(out: Path, scores: list[str], where: str, order: str, n_exampl
                                 [scores]).fetchone()[0]
     percentiles = {f"p{q:g}": float(v) for q, v in zip(PERCENTILES, quantiles)} if quantiles else {}
     return removed, examples, percentiles, int(nonfinite)
+
+
+def write_keep_without_images(pairs: str, scores: list[str], where: str, out: Path, engine=None) -> int:
+    """Keep-list `out/keep.parquet` of every pair whose image is not removed: the images of the Parquet files
+    `scores` (image_key, score, ...) that match the SQL condition `where` (the dedup and screen stages). The
+    Spark engine joins on the executors and writes part files; returns how many pairs were removed."""
+    scores = list(scores)
+    import shutil
+
+    keep = out / "keep.parquet"
+    if keep.is_dir():
+        shutil.rmtree(keep)
+    else:
+        keep.unlink(missing_ok=True)
+    if engine is not None and engine.name == "spark":
+        spark = spark_session(engine.master, retries=engine.retries, memory=engine.memory)
+        table = spark.read.parquet(str(pairs))
+        removed = spark.read.parquet(*scores).where(where).select("image_key")
+        table.join(removed, "image_key", "left_anti").select("uid").distinct().orderBy("uid") \
+            .write.mode("overwrite").parquet(str(keep))
+        return table.join(removed, "image_key", "left_semi").count()
+    import duckdb
+
+    removed = f"SELECT image_key FROM read_parquet(?) WHERE {where}"
+    with duckdb.connect() as con:
+        con.execute(f"COPY (SELECT DISTINCT uid FROM read_parquet(?) WHERE image_key NOT IN ({removed}) ORDER BY uid) "
+                    f"TO '{sql_path(keep)}' (FORMAT parquet)", [str(pairs), scores])
+        return con.execute(f"SELECT count(*) FROM read_parquet(?) WHERE image_key IN ({removed})",
+                           [str(pairs), scores]).fetchone()[0]

@@ -27,8 +27,8 @@ from typing import Callable
 from openalign.config import ConfigError
 from openalign.data import images, sources
 from openalign.data.engine import Engine, read_plan
-from openalign.data.pairs import IMAGE_COLUMNS, check_pair_table, write_keep_report, write_keep_without_images
-from openalign.pipeline.scoring import FINITE, WORK, image_tasks, score_summary, write_scores
+from openalign.data.pairs import IMAGE_COLUMNS, check_pair_table, write_keep_report
+from openalign.pipeline.scoring import FINITE, WORK, image_jobs, score_summary, write_keep_without_images, write_scores
 from openalign.outputs import unfinish
 
 __all__ = ["ScreenOptions", "ScreenResult", "screen"]
@@ -136,7 +136,7 @@ def screen(pairs: Path, out: Path, options: ScreenOptions, progress: bool = True
     where = f"{FINITE} AND score >= {float(options.threshold)!r}"  # a NaN score never removes an image
     key = asdict(options) | {"workers": 0, "classifier": classifier,  # the file itself: sources_key fingerprints it
                              "file": str(Path(module).resolve()) if module.endswith(".py") else None}
-    count, results, resumed, scores = image_tasks(pairs, out, screen_task, (classifier, options.encode_batch), key,
+    count, results, resumed, scores = image_jobs(pairs, out, screen_task, (classifier, options.encode_batch), key,
                                                   options.images_per_task, engine, "screen", progress)
     removed_images, examples, _, nonfinite = score_summary(out, scores, where, "DESC", options.examples)
     removed_pairs = write_keep_without_images(pairs, scores, where, out, engine)
