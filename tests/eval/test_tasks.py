@@ -4,23 +4,9 @@ import pytest
 import torch
 
 from openalign.config import ConfigError
-from openalign.eval import features, tasks
+from openalign.eval import features, retrieval, tasks, zeroshot
 from openalign.eval.features import Context
 from openalign.eval.options import EvalOptions
-
-
-def test_text_pair_spearman_against_an_exact_model(tmp_path, monkeypatch):
-    """With embeddings whose cosines are known, the task returns scipy's Spearman of those cosines."""
-    vectors = {"a": [1.0, 0.0], "b": [0.8, 0.6], "c": [0.0, 1.0], "d": [-1.0, 0.0]}
-    monkeypatch.setattr(features, "encode_texts", lambda model, tok, texts, batch_size, max_length: torch.tensor(
-        [vectors[t] for t in texts]))
-    (tmp_path / "sts.csv").write_text("sentence1,sentence2,score\na,b,4\na,c,2\na,d,0\nb,c,3\n")
-    # cosines: a-b 0.8, a-c 0, a-d -1, b-c 0.6 -> same order as the scores: Spearman 1
-    out = tasks.text_pair_similarity(Context(None, None, EvalOptions(), path=str(tmp_path / "sts.csv")), "sts")
-    assert out == {"spearman": 1.0, "n_pairs": 4}
-    (tmp_path / "bad.csv").write_text("x,y\n1,2\n")
-    with pytest.raises(ConfigError, match="sentence1, sentence2"):
-        tasks.text_pair_similarity(Context(None, None, EvalOptions(), path=str(tmp_path / "bad.csv")), "sts")
 
 
 def test_one_registry_declares_every_task_and_derives_the_held_out_ones():
@@ -61,26 +47,10 @@ def test_tasks_return_metrics_and_figures_and_mutate_nothing(monkeypatch):
     data = EvalData(vectors.clone(), [f"caption {i}" for i in range(4)], torch.arange(4), ["0", "1", "2", "3"])
     before = copy.deepcopy(data)
     ctx = Context(None, None, EvalOptions(), data)
-    metrics, figures = tasks.retrieval(ctx)
+    metrics, figures = retrieval.retrieval(ctx)
     assert metrics["i2t_r1"] == metrics["t2i_r1"] == 1.0 and set(figures) == {"retrieval"}
-    metrics, figures = tasks.zeroshot(ctx, tasks.ZeroshotOptions(templates=("label {}",)))
+    metrics, figures = zeroshot.zeroshot(ctx, tasks.ZeroshotOptions(templates=("label {}",)))
     assert metrics["top1"] == 1.0 and figures["zeroshot"]["classes"] == ["0", "1", "2", "3"]
     assert all(torch.equal(getattr(data, f), getattr(before, f)) if torch.is_tensor(getattr(data, f))
                else getattr(data, f) == getattr(before, f) for f in ("image_embeds", "captions", "text_to_image",
                                                                      "labels", "keys", "meta"))
-
-
-def test_a_split_is_its_own_knn_pair_with_each_class_dealt_alternately():
-    from openalign.eval.features import EvalData
-
-    labels = ["a", "b", "a", "c", "a", "b"]
-    data = EvalData(torch.eye(6), [], torch.zeros(0, dtype=torch.long), labels)
-    assert tasks.split_by_class(data) == ([0, 4, 1], [2, 5], labels)  # class c (one image) is left out
-    data.meta = [{"family": f} for f in ("x", "x", "y", "y", "z", "x")]
-    assert tasks.split_by_class(data)[:2] == ([0, 5, 2], [1, 3])  # the families are the classes
-    assert tasks.split_by_class(data, "family") == tasks.split_by_class(data)
-    with pytest.raises(ConfigError, match="knn.group=colour"):
-        tasks.split_by_class(data, "colour")
-    # KNN on it: each test image's nearest training image (the identity features: none is nearer than another)
-    out, _ = tasks.knn(Context(None, None, EvalOptions(), data), tasks.KnnOptions())
-    assert (out["n_train"], out["n_test"], out["n_classes"], out["pairs_from"]) == (3, 2, 2, "split")  # families x, y

@@ -143,3 +143,18 @@ def _embed(model: DualEncoder, shards: str | list[str], options: EvalOptions, pr
         raise ConfigError(f"no readable evaluation images in {shards}")
     return EvalData(torch.cat(embeds), captions, torch.tensor(owner, dtype=torch.long), labels, keys, caption_ids,
                     counter.get("skipped", 0), kept if any(kept) else [], torch.cat(cells) if patches else None)
+
+
+def train_split(ctx: Context, train_data: str, task: str, crop: int = 0):
+    """Embeddings and integer labels of the labeled training split (at the evaluation's image size, or at `crop`
+    with the evaluation's resize-to-crop ratio), and the test labels, for image-only tasks."""
+    if not train_data:
+        raise ConfigError(f"--task {task} needs --train-data (a labeled training split: folders, a table or shards)")
+    data, common = ctx.data, ctx.options
+    if crop and crop != common.crop:
+        ratio = common.resize / common.crop if common.crop else 1.0
+        common = dataclasses.replace(common, crop=crop, resize=max(crop, round(crop * ratio)))
+    train = embed_split(ctx.model, train_data, common, progress=False)
+    classes = {c: i for i, c in enumerate(sorted(set(train.labels) | set(data.labels)))}
+    to_ids = lambda labels: torch.tensor([classes[c] for c in labels], dtype=torch.long)  # noqa: E731
+    return train.image_embeds, to_ids(train.labels), to_ids(data.labels), len(classes)
