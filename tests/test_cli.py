@@ -329,7 +329,7 @@ def test_sizes_on_the_command_line():
     import pytest
 
     from openalign.config import ConfigError
-    from openalign.config import parse_size as _bytes  # the one size parser moved to the bottom layer
+    from openalign.sizes import parse_size as _bytes
 
     assert [_bytes(t, "--memory") for t in ("4G", "512M", "1.5GiB", "1000", "", "2k")] == \
         [4 * 2**30, 512 * 2**20, int(1.5 * 2**30), 1000, 0, 2048]

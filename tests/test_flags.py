@@ -63,18 +63,3 @@ def test_a_bad_size_is_one_line_naming_the_flag(capsys, tmp_path):
         cli.main(["index", str(tmp_path), "--out", str(tmp_path / "i"), "--memory", "four"])
     err = capsys.readouterr().err
     assert "argument --memory: 'four' is not a size" in err
-
-
-def test_a_renamed_flag_still_works_for_one_release_with_a_note(capsys):
-    # embed, eval, dedup and screen called their encoding chunk --batch-size, as the trainer's global batch was named.
-    for command, argv in (("embed", ["m", "--images", "x", "--out", "y"]), ("eval", ["m", "--data", "x"]),
-                          ("dedup", ["p", "--against", "x", "--out", "y"]), ("screen", ["p", "--out", "y"])):
-        parser = cli.build_parser(command)
-        assert parser.parse_args([command, *argv, "--encode-batch", "4"]).encode_batch == 4
-        assert capsys.readouterr().err == ""
-        assert parser.parse_args([command, *argv, "--batch-size", "5"]).encode_batch == 5
-        assert "--batch-size is now --encode-batch" in capsys.readouterr().err
-        with pytest.raises(SystemExit):
-            parser.parse_args([command, "--help"])
-        shown = capsys.readouterr().out
-        assert "--encode-batch" in shown and "--batch-size" not in shown

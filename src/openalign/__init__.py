@@ -18,7 +18,7 @@ The modules they live in list their public names in `__all__`.
 LAZY = {  # name here: (module, its name there)
     "load": ("openalign.api", "load"), "Model": ("openalign.api", "Model"),
     "ConfigError": ("openalign.config", "ConfigError"), "Config": ("openalign.config", "Config"),
-    "FilterConfig": ("openalign.config", "FilterConfig"),
+    "FilterConfig": ("openalign.pipeline.filter_rules", "FilterConfig"),
     "configure": ("openalign.presets", "configure"),
     "train_model": ("openalign.train.trainer", "train"), "TrainResult": ("openalign.train.trainer", "TrainResult"),
     "evaluate": ("openalign.eval.evaluate", "evaluate"), "EvalResult": ("openalign.eval.evaluate", "EvalResult"),

@@ -10,52 +10,18 @@ import dataclasses
 import difflib
 import json
 import math
-import sys
 import typing
 from dataclasses import dataclass, field
 from typing import Annotated, Callable, Literal
 from pathlib import Path
 
-__all__ = ["at_least", "check", "Config", "ConfigError", "DataConfig", "EvalConfig", "FilterConfig", "FinetuneConfig",
-           "leaf_keys", "load", "LossConfig", "ModelConfig", "NON_NEGATIVE", "OptimConfig", "override", "POSITIVE",
-           "POSITIVE_INT", "POSITIVE_INTS", "Rule", "TemperatureConfig", "TextConfig", "to_dict", "TrainConfig",
-           "VisionConfig"]
+__all__ = ["at_least", "check", "Config", "ConfigError", "DataConfig", "EvalConfig", "leaf_keys", "load", "LossConfig",
+           "ModelConfig", "NON_NEGATIVE", "non_negative", "OptimConfig", "override", "POSITIVE", "POSITIVE_INT",
+           "POSITIVE_INTS", "Rule", "TemperatureConfig", "TextConfig", "to_dict", "TrainConfig", "VisionConfig"]
 
 
 class ConfigError(ValueError):
     """A user-facing configuration mistake (bad key, bad value); the CLI prints it as one line."""
-
-
-def parse_size(text: str | int, flag: str = "a size") -> int:
-    """Every memory and size flag's one spelling: '4G', '4g', '4GB', '512M', '1.5GiB', '1000000' -> bytes (K, M, G
-    and T are powers of 1024 whatever the case or a trailing B); '' or 0 -> 0 (no limit). Each engine is handed its
-    own spelling of the result (`spark_size`, `duckdb_size`)."""
-    import re
-
-    if isinstance(text, int):
-        return text
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", text or "0", re.IGNORECASE)
-    if not match:
-        raise ConfigError(f"{flag} {text!r} is not a size; write e.g. 4G, 512M or a number of bytes")
-    return int(float(match.group(1)) * 1024 ** " KMGT".index(match.group(2).upper() or " "))
-
-
-def format_size(size: int) -> str:
-    """A size as `parse_size` reads it back: 4G, 512M, 1.5G, 1000 (bytes)."""
-    for unit, scale in (("T", 2**40), ("G", 2**30), ("M", 2**20), ("K", 2**10)):
-        if size >= scale:
-            return f"{size / scale:.4g}{unit}"
-    return str(size)
-
-
-def spark_size(size: int) -> str:
-    """Spark's spelling of a size (a JVM memory setting): whole mebibytes, `4096m`."""
-    return f"{max(1, size // 2**20)}m"
-
-
-def duckdb_size(size: int) -> str:
-    """DuckDB's spelling of a size: whole mebibytes, `4096MiB` (DuckDB's `GB` is 10^9 bytes: never written)."""
-    return f"{max(1, size // 2**20)}MiB"
 
 
 # ---------------------------------------------------------------------------------------------- rules
@@ -63,7 +29,7 @@ def duckdb_size(size: int) -> str:
 # (a FinetuneConfig's `steps` and a TrainConfig's `steps` each carry their own). `check` applies every rule of a
 # resolved config, with the Literal choices and the rules across fields, and names every violation in one sentence:
 # a bad value is a sentence naming the key, never a hang (data.global_batch=-1), a ZeroDivisionError or a run that
-# trains NaN. Any options dataclass can use them (data/engine.py, index/build.py, eval/tasks.py).
+# trains NaN. Any options dataclass can use them (data/engine.py, index/build.py, eval/options.py).
 
 
 @dataclass(frozen=True)
@@ -82,17 +48,6 @@ FRACTION_OPEN_CLOSED = Rule(lambda x: 0 < x <= 1, "in (0, 1]")
 FRACTION_CLOSED_OPEN = Rule(lambda x: 0 <= x < 1, "in [0, 1)")
 DEVICE = Rule(lambda x: x in ("auto", "cpu", "cuda", "mps") or (x.startswith("cuda:") and x[5:].isdigit()),
               "auto, cpu, cuda, cuda:N or mps")
-
-
-def _is_size(text) -> bool:
-    try:
-        parse_size(text)
-    except ConfigError:
-        return False
-    return True
-
-
-SIZE = Rule(_is_size, "a size, e.g. 4G, 512M or a number of bytes")
 
 
 def at_least(low, what: str = "") -> Rule:
@@ -332,99 +287,12 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
 
-@dataclass(frozen=True)
-class FinetuneConfig:
-    """Fine-tuning the image tower with a classification head (`openalign eval --task finetune|vtab --ft k=v`).
-
-    With `head_steps`, the paper's two stages: the head alone on the frozen tower first (the tower in evaluation
-    mode, its features not differentiated), then all layers. `--protocol` sets these from the paper's recipes."""
-
-    steps: Annotated[int, POSITIVE_INT] = 500  # the all-layers stage
-    batch_size: Annotated[int, POSITIVE_INT] = 64  # images per step (one process)
-    lr: Annotated[float, POSITIVE] = 0.01  # backbone peak learning rate (SGD with momentum)
-    head_lr_scale: Annotated[float, NON_NEGATIVE] = 10.0  # the head's lr is this times the backbone's (paper: 10)
-    momentum: Annotated[float, FRACTION_CLOSED_OPEN] = 0.9
-    weight_decay: Annotated[float, NON_NEGATIVE] = 0.0
-    warmup_fraction: Annotated[float, Rule(lambda x: 0 <= x <= 1, "in [0, 1]")] = 0.1  # linear warmup over this fraction of each stage's steps
-    schedule: Literal["linear", "step", "cosine"] = "linear"  # after the warmup: linear decay to 0; x `decay` every
-        # `decay_every` of the stage's steps (the paper's ImageNet: x0.2 every 30 epochs); or cosine decay to 0
-    decay_every: Annotated[float, FRACTION_OPEN_CLOSED] = 0.3  # step schedule: the share of a stage's steps between decays
-    decay: Annotated[float, POSITIVE] = 0.2  # step schedule: the lr's factor at each decay
-    head_steps: Annotated[int, NON_NEGATIVE] = 0  # stage 1, before `steps`: the head alone on the frozen tower
-    head_stage_lr: Annotated[float, NON_NEGATIVE] = 0.0  # stage 1's peak lr (0: the head's lr, lr x head_lr_scale)
-    crop: Literal["pretraining", "inception"] = "pretraining"  # training crop: the pretraining's (resize, random
-        # crop, flip) or Szegedy et al.'s random-resized crop (8 to 100 percent of the area, aspect 3/4-4/3) and flip
-    freeze_bn: bool = False  # keep BatchNorm running statistics fixed (paper: for small datasets)
-
-
-@dataclass(frozen=True)
-class FilterConfig:
-    """ALIGN's frequency filters (paper section 3); a pair is kept only if no rule fires.
-
-    Rules are counted on the raw pair table, before any other rule, as the paper describes."""
-
-    min_short_side: Annotated[int, non_negative("0 or more pixels")] = 200  # image: keep only if the shorter side is > this many pixels
-    max_aspect: Annotated[float, at_least(1)] = 3.0  # image: keep only if long side / short side < this
-    max_texts_per_image: Annotated[int, POSITIVE_INT] = 1000  # image: drop images with more distinct alt-texts than this
-    max_images_per_text: Annotated[int, POSITIVE_INT] = 10  # text: drop alt-texts shared by more distinct images than this
-    min_words: Annotated[int, NON_NEGATIVE] = 3  # text: keep only texts with min_words..max_words unigrams
-    max_words: Annotated[int, POSITIVE_INT] = 20
-    vocab_size: Annotated[int, POSITIVE_INT] = 100_000_000  # text: drop texts with a unigram/bigram outside the K most frequent
-    vocab_ngrams: Annotated[int, Rule(lambda x: x in (1, 2), "1 or 2")] = 2  # 2: unigrams and bigrams are both checked (paper); 1: unigrams only
-    lowercase: bool = True  # count words case-insensitively
-    examples: Annotated[int, NON_NEGATIVE] = 3  # example texts per rule in the report
-    # which rules run: text (a candidate table, before the download), image (the pair table after it, where the text
-    # rules already ran on its candidates), all; auto: image for a pair table whose manifest says its candidates
-    # were filtered by the text rules before the download (fetch --keep), else all
-    rules: Literal["auto", "all", "text", "image"] = "auto"
-
-
 def to_dict(cfg) -> dict:
     return dataclasses.asdict(cfg)
 
 
-MOVED = {  # old dotted key -> where it lives now (configs saved before, and overrides written for them, still work)
-    "model.temperature_init": "loss.temperature.init", "loss.fixed_temperature": "loss.temperature.fixed",
-    "loss.temperature_min": "loss.temperature.min", "optim.temperature_lr_scale": "loss.temperature.lr_scale",
-    "loss.sigmoid_bias_init": "loss.temperature.sigmoid_bias_init",
-    # one name per meaning of "batch": the global training batch, and the chunk that evaluation encodes at once
-    "data.batch_size": "data.global_batch", "eval.batch_size": "eval.encode_batch",
-}
-
-
-def moved_key(key: str) -> str:
-    """`key`'s place now; a former key is taken for one release, with a line that says what to write instead."""
-    if key not in MOVED:
-        return key
-    print(f"openalign: note: {key} is now {MOVED[key]} (the old key works for one more release)", file=sys.stderr)
-    return MOVED[key]
-
-
-def _moved(data: dict) -> dict:
-    """A saved Config dict with the keys of MOVED at their new places, and what a config saved before a key existed
-    meant: one without loss.temperature.parameterization learned the raw divisor T, whatever its loss."""
-    data = json.loads(json.dumps(data))
-    if isinstance(data.get("loss"), dict):
-        data["loss"].setdefault("temperature", {}).setdefault("parameterization", "raw")
-    for old, new in MOVED.items():
-        *path, name = old.split(".")
-        node = data
-        for part in path:
-            node = node.get(part, {}) if isinstance(node, dict) else {}
-        if isinstance(node, dict) and name in node:
-            value = node.pop(name)
-            *where, leaf = new.split(".")
-            target = data
-            for part in where:
-                target = target.setdefault(part, {})
-            target[leaf] = value
-    return data
-
-
 def from_dict(cls, data: dict):
     """Rebuild a config dataclass from `to_dict` output; unknown keys are an error."""
-    if cls is Config:
-        data = _moved(data)
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = set(data) - names
@@ -502,7 +370,6 @@ def override(cfg, assignments: list[str], help_hint: str = "see `openalign train
         if not sep:
             raise ConfigError(f"override {item!r} is not of the form key=value (e.g. optim.lr=5e-4)")
         key = key.strip()
-        key = moved_key(key) if isinstance(cfg, Config) else key
         if key not in valid:
             close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
             hint = f"; did you mean {close[0]}?" if close else f"; {help_hint}"
@@ -531,14 +398,15 @@ def as_flags(rename: dict[str, str] | None = None) -> Callable[[str], str]:
 
 
 def violations(cfg, world: int = 1, spell: Callable[[str], str] | None = None) -> list[str]:
-    """Every rule `cfg` (a Config, FinetuneConfig, FilterConfig or any options dataclass) breaks, as `key=value must
-    be ...` phrases: each field's own Rule, finiteness, Literal choices, then the rules across fields. `spell` names
-    a field for the user (default: its dotted key; a command's options pass e.g. `--retries`)."""
+    """Every rule `cfg` (a Config or any options dataclass) breaks, as `key=value must be ...` phrases: each field's
+    own Rule, finiteness, Literal choices, then the rules across fields (a Config's, or an options class's own
+    `cross_field_problems()`). `spell` names a field for the user (default: its dotted key; a command's options
+    pass e.g. `--retries`)."""
     problems = _field_problems(cfg, spell or _spelled(""))
     if isinstance(cfg, Config):
         problems += _cross_field(cfg, world)
-    elif isinstance(cfg, FilterConfig) and cfg.min_words > cfg.max_words:
-        problems.append(f"min_words={cfg.min_words} must not exceed max_words={cfg.max_words}")
+    elif callable(getattr(cfg, "cross_field_problems", None)):
+        problems += cfg.cross_field_problems()
     return problems
 
 
@@ -645,7 +513,7 @@ def fit_loss_options(cfg: Config, overrides: list[str]) -> tuple[Config, list[st
     kind = LOSS_KINDS.get(cfg.loss.kind)
     if kind is None:
         return cfg, []  # check() names the kinds
-    given = {moved_key(item.partition("=")[0].strip()) for item in overrides}
+    given = {item.partition("=")[0].strip() for item in overrides}
     return kind.fitted(cfg, given)
 
 

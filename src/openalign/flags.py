@@ -16,26 +16,9 @@ import argparse
 import dataclasses
 import inspect
 import io
-import sys
 import tokenize
 import typing
 from functools import cache
-
-
-# A field renamed keeps its former flag for one release: {field: its former flag}. The flag still sets the field,
-# hidden from --help, with a line on stderr that says what to write instead.
-FORMER_FLAGS = {"encode_batch": "--batch-size"}
-
-
-class _FormerFlag(argparse.Action):
-    def __init__(self, *args, now: str, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.now = now
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        print(f"openalign: note: {option_string} is now {self.now} (the old flag works for one more release)",
-              file=sys.stderr)
-        setattr(namespace, self.dest, values)
 
 
 @cache
@@ -115,9 +98,6 @@ def add_options(parser, cls: type, *, only: tuple[str, ...] = (), skip: tuple[st
         kwargs["help"] = (prefix + comments.get(f.name, "")).strip() + shown
         flag = (rename or {}).get(f.name, "--" + f.name.replace("_", "-"))
         parser.add_argument(*([flag] if isinstance(flag, str) else flag), **kwargs)
-        if f.name in FORMER_FLAGS and "action" not in kwargs:
-            parser.add_argument(FORMER_FLAGS[f.name], action=_FormerFlag, now=flag, dest=f.name,
-                                type=kwargs.get("type"), default=kwargs["default"], help=argparse.SUPPRESS)
         if seen is not None:
             seen.add(f.name)
 

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from openalign.config import FilterConfig
+from openalign.pipeline.filter_rules import FilterConfig
 from openalign.pipeline import filter as filters
 from openalign.pipeline import filter_engines
 from openalign.pipeline.filter_engines import DuckDBEngine
@@ -267,7 +267,7 @@ def test_duckdb_out_of_memory_is_one_sentence_with_what_to_do(tmp_path, capsys):
     assert "raise --memory-limit" in err and "--engine spark" in err
 
 
-def test_one_engine_vocabulary_and_the_former_name_still_works_with_a_line(tmp_path, capsys):
+def test_one_engine_vocabulary_for_every_stage(tmp_path, capsys):
     # Before: filter took --engine duckdb|spark, every other stage --engine local|spark.
     from openalign.cli import main
 
@@ -275,12 +275,10 @@ def test_one_engine_vocabulary_and_the_former_name_still_works_with_a_line(tmp_p
     pairs = t.write(tmp_path / "pairs.parquet")
     assert main(["filter", str(pairs), "--out", str(tmp_path / "local"), "--quiet"]) == 0
     assert "DuckDB (local)" in capsys.readouterr().out
-    assert main(["filter", str(pairs), "--out", str(tmp_path / "old"), "--engine", "duckdb", "--quiet"]) == 0
-    assert "--engine duckdb is now --engine local" in capsys.readouterr().err
-    assert read_keep(tmp_path / "old") == read_keep(tmp_path / "local")
-    local = json.loads((tmp_path / "local" / "filter_report.json").read_text())
-    old = json.loads((tmp_path / "old" / "filter_report.json").read_text())
-    assert local["engine"] == old["engine"] == "local"
+    assert json.loads((tmp_path / "local" / "filter_report.json").read_text())["engine"] == "local"
+    with pytest.raises(SystemExit):
+        main(["filter", str(pairs), "--out", str(tmp_path / "old"), "--engine", "duckdb", "--quiet"])
+    assert "invalid choice: 'duckdb'" in capsys.readouterr().err and not (tmp_path / "old").exists()
 
 
 # (url, text, width, height, the rules that fire on it): the text rules by URL, the size rules where the table has

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from openalign.cli import main
-from openalign.config import FilterConfig
+from openalign.pipeline.filter_rules import FilterConfig
 from openalign.data.pairs import read_keep
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "img2dataset"

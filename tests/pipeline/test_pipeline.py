@@ -3,9 +3,11 @@
 import json
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from openalign.cli import main
+from openalign.config import ConfigError
 from openalign.data import sources
 from openalign.data.tars import list_shards, read_samples, sample_texts
 from conftest import mark_ingested
@@ -159,10 +161,10 @@ def test_stages_that_find_nothing_to_work_on_say_so(tmp_path, capsys):
 
 def test_every_keep_list_report_names_its_pair_table_under_one_key(tmp_path):
     # Before: the filter report named its pair table `input`, dedup's and screen's `pairs` (where the filter report's
-    # `pairs` is a count), and the keep index had to know each spelling. Reports written before still read.
+    # `pairs` is a count), and the keep index had to know each spelling.
     import json
 
-    from openalign.data.pairs import FORMER_PAIR_TABLE, KEEP_REPORTS, PAIR_TABLE, pair_table_of, write_keep_report
+    from openalign.data.pairs import KEEP_REPORTS, PAIR_TABLE, pair_table_of, write_keep_report
 
     for name in KEEP_REPORTS:
         out = tmp_path / name.split("_")[0]
@@ -170,10 +172,10 @@ def test_every_keep_list_report_names_its_pair_table_under_one_key(tmp_path):
         written = write_keep_report(out, name, {"stage": name.split("_")[0], "pairs": 12}, "/data/pairs.parquet")
         assert json.loads((out / name).read_text())[PAIR_TABLE] == written[PAIR_TABLE] == "/data/pairs.parquet"
         assert pair_table_of(out) == "/data/pairs.parquet"
-    assert FORMER_PAIR_TABLE == ("input", "pairs")
-    (tmp_path / "old").mkdir()
-    (tmp_path / "old" / "filter_report.json").write_text(json.dumps({"input": "/old/pairs.parquet", "pairs": 12}))
-    assert pair_table_of(tmp_path / "old") == "/old/pairs.parquet"
+    (tmp_path / "other").mkdir()  # a report without the key is no keep-list report of this release
+    (tmp_path / "other" / "filter_report.json").write_text(json.dumps({"input": "/old/pairs.parquet", "pairs": 12}))
+    with pytest.raises(ConfigError, match="is damaged"):
+        pair_table_of(tmp_path / "other")
 
 
 def test_an_image_found_in_two_tars_under_two_names_is_read_from_one_of_them(tmp_path, capsys):

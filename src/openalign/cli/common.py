@@ -7,9 +7,10 @@ import dataclasses
 import sys
 
 from openalign import config as config_lib
-from openalign import host, presets
+from openalign import host, presets, sizes
 from openalign.config import ConfigError
 from openalign.flags import add_options, options_from
+from openalign.pipeline.filter_rules import FilterConfig
 
 
 def run_flags(p, what: str) -> None:
@@ -65,15 +66,15 @@ def engine(args):
 def size(text: str) -> int:
     """An argparse type for a size flag (argparse names the flag in its one-line error)."""
     try:
-        return config_lib.parse_size(text)
+        return sizes.parse_size(text)
     except ConfigError as err:
         raise argparse.ArgumentTypeError(str(err).removeprefix("a size ")) from None
 
 
-def filter_config(overrides: list[str]) -> config_lib.FilterConfig:
+def filter_config(overrides: list[str]) -> FilterConfig:
     """The filter thresholds with `key=value` overrides, checked."""
-    keys = ", ".join(config_lib.leaf_keys(config_lib.FilterConfig))
-    cfg = config_lib.override(config_lib.FilterConfig(), overrides, help_hint=f"the filter keys are {keys}")
+    keys = ", ".join(config_lib.leaf_keys(FilterConfig))
+    cfg = config_lib.override(FilterConfig(), overrides, help_hint=f"the filter keys are {keys}")
     config_lib.check(cfg)
     return cfg
 

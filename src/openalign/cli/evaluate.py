@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from openalign import config as config_lib
+from openalign.eval.options import FinetuneConfig
 from openalign.flags import add_options, given, options_from
 
 
@@ -33,7 +34,7 @@ def eval_flags(p) -> None:
                         "whose numbers --ft and task.key=value still override")
     p.add_argument("--ft", action="append", metavar="key=value",
                    help="finetune, vtab: an item of the recipe, e.g. --ft steps=500 --ft lr=0.01 --ft freeze_bn=true "
-                        f"(keys: {', '.join(config_lib.leaf_keys(config_lib.FinetuneConfig))})")
+                        f"(keys: {', '.join(config_lib.leaf_keys(FinetuneConfig))})")
     p.add_argument("--out", default="metrics.json", help="the metrics JSON (a .md table and a .png beside it), or with "
                    "--format clip_benchmark each task's result file, {task} {dataset} {model} {pretrained} {language} "
                    "filled in")

@@ -36,8 +36,8 @@ def filter_flags(p) -> None:
     p.add_argument("pairs", help="the pair table from `openalign ingest`, or the candidate table from `openalign "
                                  "extract` (DIR/candidates.parquet)")
     p.add_argument("--out", required=True, help="a folder: the keep-list (keep.parquet) and filter_report.json/.png")
-    p.add_argument("--engine", default="local", choices=["local", "spark", "duckdb"],
-                   help="local: DuckDB, embedded (the default); spark: Apache Spark (duckdb: local's former name)")
+    p.add_argument("--engine", default="local", choices=["local", "spark"],
+                   help="local: DuckDB, embedded (the default); spark: Apache Spark")
     p.add_argument("--master", default="", help="spark: local[N], spark://HOST:7077, yarn, ... (default: "
                                                 "spark-submit's master, else local[*])")
     p.add_argument("--memory-limit", default=0, type=size,

@@ -20,8 +20,9 @@ import os
 import re
 from pathlib import Path
 
-from openalign.config import ConfigError, FilterConfig
+from openalign.config import ConfigError
 from openalign.pipeline import filter as filters
+from openalign.pipeline.filter_rules import FilterConfig
 from openalign.pipeline.ingest import IngestOptions, ingest
 from openalign.data.seeds import stable_seed
 from openalign.pipeline.shard import ShardOptions, kept_images, write_samples

@@ -37,22 +37,15 @@ from typing import Annotated, Callable, Literal
 from tqdm import tqdm
 
 from openalign import host
-from openalign.config import NON_NEGATIVE, SIZE, ConfigError, as_flags, check, non_negative, parse_size, spark_size
+from openalign.config import NON_NEGATIVE, ConfigError, as_flags, check, non_negative
+from openalign.sizes import SIZE, parse_size, spark_size
 from openalign.data.workers import forkserver
 from openalign.host import die_with_parent
 from openalign.outputs import disk_full, is_disk_full
 
-RENAMED_ENGINES = {"duckdb": "local"}  # filter's --engine duckdb is the local engine's name for every stage now
-
-
 def engine_name(name: str) -> str:
-    """One --engine vocabulary for every stage (local: this machine, DuckDB for filter; spark); a former name is
-    taken for one release, with a line that says what to write instead."""
-    if name in RENAMED_ENGINES:
-        new = RENAMED_ENGINES[name]
-        print(f"openalign: note: --engine {name} is now --engine {new} (the same engine under the name every stage "
-              f"uses); {name} will be refused in the next release", file=sys.stderr)
-        return new
+    """One --engine vocabulary for every stage (local: this machine, DuckDB for filter; spark), checked in one
+    sentence."""
     return Engine(name).name  # checked as every Engine is
 
 

@@ -165,7 +165,6 @@ KEEP_REPORTS = ("filter_report.json", "dedup_report.json", "screen_report.json")
 FETCH_REPORT = "fetch_report.json"  # written last into a fetch's output folder (img2dataset's layout + its report)
 FETCH_WORK = "_fetch"  # the fetch's plan and task statuses, beside its shards
 PAIR_TABLE = "pair_table"  # the field of every keep-list report naming the pair table it was made from
-FORMER_PAIR_TABLE = ("input", "pairs")  # where reports written before named it (filter: input; dedup, screen: pairs)
 
 
 def write_keep_report(out: Path, name: str, report: dict, pairs: str) -> dict:
@@ -214,16 +213,17 @@ def keep_table(con, pairs: Path, keep_dirs: list[Path]) -> None:
 
 
 def pair_table_of(keep_dir: Path) -> str:
-    """The pair table a keep-list directory was made from (its stage's report says, under `pair_table`; a report
-    written before names it where that stage used to)."""
+    """The pair table a keep-list directory was made from (its stage's report says, under `pair_table`)."""
     for name in KEEP_REPORTS:
         if (Path(keep_dir) / name).is_file():
             try:
                 report = json.loads((Path(keep_dir) / name).read_text())
-                return next(report[k] for k in (PAIR_TABLE, *FORMER_PAIR_TABLE) if isinstance(report.get(k), str))
-            except (ValueError, TypeError, AttributeError, StopIteration):
-                raise ConfigError(f"{Path(keep_dir) / name} is damaged (not the report its stage writes); run that "
-                                  f"stage again into {keep_dir}") from None
+            except ValueError:
+                report = None
+            if isinstance(report, dict) and isinstance(report.get(PAIR_TABLE), str):
+                return report[PAIR_TABLE]
+            raise ConfigError(f"{Path(keep_dir) / name} is damaged (not the report its stage writes); run that "
+                              f"stage again into {keep_dir}")
     raise ConfigError(f"{keep_dir} holds no filter, dedup or screen report; data.keep takes the --out directories "
                       "of `openalign filter`, `openalign dedup` and `openalign screen`")
 

@@ -31,11 +31,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from openalign.config import ConfigError, FinetuneConfig, check, leaf_keys, override
+from openalign.config import ConfigError, check, leaf_keys, override
 from openalign.data import sources, transforms
 from openalign.eval import metrics as M
 from openalign.eval.features import Context
-from openalign.eval.options import EvalOptions, FinetuneOptions, VtabOptions
+from openalign.eval.options import EvalOptions, FinetuneConfig, FinetuneOptions, VtabOptions
 from openalign.model.dual_encoder import DualEncoder
 from openalign.model.encode import device_of, evaluating
 from openalign.schedule import lr_at

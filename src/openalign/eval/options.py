@@ -11,12 +11,37 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from openalign.config import (FRACTION_CLOSED_OPEN, NON_NEGATIVE, POSITIVE, POSITIVE_INT, EvalConfig, FinetuneConfig,
-                              check, non_negative)
+from openalign.config import (FRACTION_CLOSED_OPEN, FRACTION_OPEN_CLOSED, NON_NEGATIVE, POSITIVE, POSITIVE_INT,
+                              EvalConfig, Rule, check, non_negative)
 
 __all__ = ["DEFAULT_TEMPLATES", "TASK_OPTIONS", "CompositionalOptions", "CxcOptions", "EvalOptions",
-           "FinetuneOptions", "KnnOptions", "MultilingualOptions", "ProbeOptions", "RetrievalOptions", "SgdProbe",
+           "FinetuneConfig", "FinetuneOptions", "KnnOptions", "MultilingualOptions", "ProbeOptions", "RetrievalOptions", "SgdProbe",
            "VtabOptions", "ZeroshotOptions"]
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """Fine-tuning the image tower with a classification head (`openalign eval --task finetune|vtab --ft k=v`).
+
+    With `head_steps`, the paper's two stages: the head alone on the frozen tower first (the tower in evaluation
+    mode, its features not differentiated), then all layers. `--protocol` sets these from the paper's recipes."""
+
+    steps: Annotated[int, POSITIVE_INT] = 500  # the all-layers stage
+    batch_size: Annotated[int, POSITIVE_INT] = 64  # images per step (one process)
+    lr: Annotated[float, POSITIVE] = 0.01  # backbone peak learning rate (SGD with momentum)
+    head_lr_scale: Annotated[float, NON_NEGATIVE] = 10.0  # the head's lr is this times the backbone's (paper: 10)
+    momentum: Annotated[float, FRACTION_CLOSED_OPEN] = 0.9
+    weight_decay: Annotated[float, NON_NEGATIVE] = 0.0
+    warmup_fraction: Annotated[float, Rule(lambda x: 0 <= x <= 1, "in [0, 1]")] = 0.1  # linear warmup over this fraction of each stage's steps
+    schedule: Literal["linear", "step", "cosine"] = "linear"  # after the warmup: linear decay to 0; x `decay` every
+        # `decay_every` of the stage's steps (the paper's ImageNet: x0.2 every 30 epochs); or cosine decay to 0
+    decay_every: Annotated[float, FRACTION_OPEN_CLOSED] = 0.3  # step schedule: the share of a stage's steps between decays
+    decay: Annotated[float, POSITIVE] = 0.2  # step schedule: the lr's factor at each decay
+    head_steps: Annotated[int, NON_NEGATIVE] = 0  # stage 1, before `steps`: the head alone on the frozen tower
+    head_stage_lr: Annotated[float, NON_NEGATIVE] = 0.0  # stage 1's peak lr (0: the head's lr, lr x head_lr_scale)
+    crop: Literal["pretraining", "inception"] = "pretraining"  # training crop: the pretraining's (resize, random
+        # crop, flip) or Szegedy et al.'s random-resized crop (8 to 100 percent of the area, aspect 3/4-4/3) and flip
+    freeze_bn: bool = False  # keep BatchNorm running statistics fixed (paper: for small datasets)
+
 
 # A short generic prompt set for icons and emoji (one definition: the config's default).
 DEFAULT_TEMPLATES = EvalConfig().templates

@@ -42,7 +42,8 @@ from typing import Annotated
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from openalign.config import NON_NEGATIVE, POSITIVE, POSITIVE_INT, SIZE, ConfigError, check, parse_size
+from openalign.config import NON_NEGATIVE, POSITIVE, POSITIVE_INT, ConfigError, check
+from openalign.sizes import SIZE, parse_size
 from openalign.data import images, tables
 from openalign.data.engine import Engine, Job, read_plan, run_jobs
 from openalign.data.pairs import FETCH_REPORT, FETCH_WORK, check_finished, keep_table, manifest_path, sql_path

@@ -18,14 +18,15 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from openalign.config import ConfigError, FilterConfig, check, format_size, parse_size
+from openalign.config import ConfigError, check
+from openalign.sizes import format_size, parse_size
 from openalign.data.pairs import FILTER_COLUMNS, check_pair_table, manifest_path, write_keep_report
 from openalign.outputs import unfinish
 from openalign.data.engine import engine_name
 from openalign.pipeline.filter_engines import SpillWatch, make_engine
-from openalign.pipeline.filter_rules import (GROUPS, PARTED, DONE_AFTER, RULE_OPTIONS, RULES, applies, count_statements,
-                                             examples_query, exact_cut, flag_statements, group_query, hash_query,
-                                             keep_query, occurrence_count_query, summary_query)
+from openalign.pipeline.filter_rules import (GROUPS, PARTED, DONE_AFTER, RULE_OPTIONS, RULES, FilterConfig, applies,
+                                             count_statements, examples_query, exact_cut, flag_statements, group_query,
+                                             hash_query, keep_query, occurrence_count_query, summary_query)
 
 __all__ = ["FilterResult", "RuleCount", "filter_pairs"]
 
@@ -98,7 +99,7 @@ def filter_pairs(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), eng
     check_pair_table(pairs, FILTER_COLUMNS)
     check(cfg)
     cfg, chosen = resolve_rules(pairs, cfg)
-    engine = engine_name(engine)  # "duckdb", its former name, says so once
+    engine = engine_name(engine)
     memory_limit = parse_size(memory_limit, "--memory-limit")  # bytes, 0: none; each engine gets its own spelling
     out.mkdir(parents=True, exist_ok=True)
     unfinish(out / REPORT)  # the old keep-list is no longer this output's until the new report says so

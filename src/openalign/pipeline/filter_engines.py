@@ -13,7 +13,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from openalign.config import ConfigError, duckdb_size, format_size, parse_size
+from openalign.config import ConfigError
+from openalign.sizes import duckdb_size, format_size, parse_size
 from openalign.data.engine import engine_name, spark_session
 from openalign.data.pairs import sql_path
 from openalign.pipeline.filter_rules import (DUCKDB, HASH_HISTOGRAM, SPARK, group_columns, hash_counts, keep_query,

@@ -26,8 +26,34 @@ Unicode tables; they agree except for a few special cases (e.g. Turkish dotted I
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated, Literal
 
-from openalign.config import FilterConfig
+from openalign.config import NON_NEGATIVE, POSITIVE_INT, Rule, at_least, non_negative
+
+@dataclass(frozen=True)
+class FilterConfig:
+    """ALIGN's frequency filters (paper section 3); a pair is kept only if no rule fires.
+
+    Rules are counted on the raw pair table, before any other rule, as the paper describes."""
+
+    min_short_side: Annotated[int, non_negative("0 or more pixels")] = 200  # image: keep only if the shorter side is > this many pixels
+    max_aspect: Annotated[float, at_least(1)] = 3.0  # image: keep only if long side / short side < this
+    max_texts_per_image: Annotated[int, POSITIVE_INT] = 1000  # image: drop images with more distinct alt-texts than this
+    max_images_per_text: Annotated[int, POSITIVE_INT] = 10  # text: drop alt-texts shared by more distinct images than this
+    min_words: Annotated[int, NON_NEGATIVE] = 3  # text: keep only texts with min_words..max_words unigrams
+    max_words: Annotated[int, POSITIVE_INT] = 20
+    vocab_size: Annotated[int, POSITIVE_INT] = 100_000_000  # text: drop texts with a unigram/bigram outside the K most frequent
+    vocab_ngrams: Annotated[int, Rule(lambda x: x in (1, 2), "1 or 2")] = 2  # 2: unigrams and bigrams are both checked (paper); 1: unigrams only
+    lowercase: bool = True  # count words case-insensitively
+    examples: Annotated[int, NON_NEGATIVE] = 3  # example texts per rule in the report
+    # which rules run: text (a candidate table, before the download), image (the pair table after it, where the text
+    # rules already ran on its candidates), all; auto: image for a pair table whose manifest says its candidates
+    # were filtered by the text rules before the download (fetch --keep), else all
+    rules: Literal["auto", "all", "text", "image"] = "auto"
+
+    def cross_field_problems(self) -> list[str]:
+        return [f"min_words={self.min_words} must not exceed max_words={self.max_words}"] * (self.min_words > self.max_words)
+
 
 RULE_OPTIONS = {  # the FilterConfig keys that set each rule's threshold (`openalign filter ... key=value`)
     "image_small": ("min_short_side",), "image_aspect": ("max_aspect",), "image_many_texts": ("max_texts_per_image",),
