@@ -23,7 +23,8 @@ from openalign import cli
 from openalign.corpora import webpages
 from openalign.data.engine import Engine
 from openalign.data.pairs import blake, normalize_text, pair_uid
-from openalign.pipeline.extract import absolute, extract
+from openalign.pipeline.extract import extract
+from openalign.pipeline.extract_links import absolute
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "web"
 WAT = FIXTURES / "crawl-00000.warc.wat.gz"
@@ -286,7 +287,7 @@ def test_img2dataset_s_own_reader_reads_the_candidate_table(tmp_path):
 def test_url_host_is_urlsplit_s_hostname(url):
     from urllib.parse import urlsplit as split
 
-    from openalign.pipeline.extract import url_host
+    from openalign.pipeline.extract_links import url_host
 
     assert url_host(url) == (split(url).hostname or "")
 
@@ -328,7 +329,7 @@ def test_links_resolve_as_urljoin_resolves_them():
 
     import pyarrow as pa
 
-    from openalign.pipeline.extract import Base, hosts
+    from openalign.pipeline.extract_links import Base, hosts
 
     rng = random.Random(0)
     netlocs = ["p.example", "P.Example:8080", "u:pw@p.example", "[::1]", "[::1]:80", "bücher.example", "",

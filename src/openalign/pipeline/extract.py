@@ -37,16 +37,13 @@ from __future__ import annotations
 import contextlib
 import gzip
 import io
-import ipaddress
 import json
-import re
 import time
 import zlib
 from collections import Counter
 from dataclasses import asdict, dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Annotated, Iterator
-from urllib.parse import urljoin, urlparse, urlsplit
 
 import numpy as np
 import pyarrow as pa
@@ -57,8 +54,11 @@ from openalign.data import tables
 from openalign.data.engine import Engine, Job, cores, job_id, run_jobs
 from openalign.data.language import identify, known_languages
 from openalign.data.words import check_segmenters, segment
-from openalign.data.pairs import manifest_path, normalize_text, pair_uids, url_keys
+from openalign.data.pairs import manifest_path, pair_uids, url_keys
 from openalign.outputs import sources_key, staged, unfinish, write_json
+from openalign.pipeline.extract_inputs import (Stream, archive_kind, fingerprint, inputs, is_url, open_lines,
+                                               open_source, suffix_of)
+from openalign.pipeline.extract_links import NO_BASE, hosts, pair, resolve_base, target_uri
 
 __all__ = ["CANDIDATE_SCHEMA", "ExtractOptions", "ExtractResult", "extract"]
 
@@ -110,91 +110,6 @@ HEIGHT_COLUMNS = ("height", "original_height")  # DataComp: original_width)
 PAGE_COLUMNS = ("page_url",)
 
 
-SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")  # an fsspec URL's start: s3://, gs://, https://, file://
-
-
-def is_url(name: str) -> bool:
-    return SCHEME.match(name) is not None
-
-
-def suffix_of(name: str) -> str:
-    """A local path's or a URL's suffix, in lower case (a URL's query is not part of it)."""
-    return PurePosixPath(urlsplit(name).path if is_url(name) else name).suffix.lower()
-
-
-def filesystem(url: str):
-    """(fsspec's filesystem for a URL, the path within it); one sentence where fsspec cannot read such URLs (a
-    protocol it does not know, or one whose package is missing: s3fs for s3://, gcsfs for gs://)."""
-    import fsspec
-
-    try:
-        return fsspec.core.url_to_fs(url)
-    except ImportError as err:
-        extra = " (pip install 'openalign[s3]')" if url.lower().startswith(("s3://", "s3a://")) else ""
-        raise ConfigError(f"cannot read {url}: {str(err).splitlines()[0]}{extra}") from None
-    except ValueError as err:
-        raise ConfigError(f"cannot read {url}: {err}") from None
-
-
-def open_source(name: str, random_access: bool = False):
-    """A binary stream of an input file: a local file, or an fsspec URL. Over HTTP(S) it is one GET read as it
-    arrives (no range requests: any server will do), unless `random_access` (Parquet's footer) asks for range
-    requests; object stores (s3://, gs://) are read in blocks with read-ahead."""
-    if not is_url(name):
-        return open(name, "rb")
-    fs, path = filesystem(name)
-    if random_access or name.split(":", 1)[0].lower() not in ("http", "https"):
-        return fs.open(path, "rb")
-    return fs.open(path, "rb", block_size=0)  # FastWARC asks where it is (tell), which this file answers
-
-
-def open_lines(name: str) -> io.BufferedReader:
-    """An input read front to back, line by line (a CSV's header, JSONL), never seeking."""
-    return io.BufferedReader(Stream(open_source(name)), buffer_size=1 << 20)
-
-
-class Stream(io.RawIOBase):
-    """A file read front to back that says so (`seekable()` is False), so that Arrow's CSV reader does not try to
-    seek it: fsspec's streamed HTTP file says it can, then refuses."""
-
-    def __init__(self, file):
-        super().__init__()
-        self.file = file
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return False
-
-    def readinto(self, buffer) -> int:
-        data = self.file.read(len(buffer))
-        buffer[:len(data)] = data
-        return len(data)
-
-    def close(self) -> None:
-        if not self.closed:
-            self.file.close()
-        super().close()
-
-
-def fingerprint(name: str) -> list:
-    """What tells whether an input changed: a local file's size and mtime (sources_key), a URL's size and whatever
-    version its store reports (ETag, Last-Modified, mtime, ...)."""
-    if not is_url(name):
-        return [name]
-    fs, path = filesystem(name)
-    try:
-        info = fs.info(path)
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"cannot read {name}: {err}") from None
-    return [name] + [[key, str(info[key])] for key in sorted(info, key=str) if str(key).lower() in VERSION_KEYS]
-
-
-VERSION_KEYS = ("size", "etag", "last-modified", "lastmodified", "last_modified", "mtime", "md5", "content-md5",
-                "generation", "version_id")
-
-
 def kind_of(path: str) -> str:
     """What an input is, by its content: `table` for a URL table (Parquet by its magic bytes; CSV, TSV or JSONL
     by its name), else `wat` or `warc` (see `archive_kind`)."""
@@ -208,192 +123,6 @@ def kind_of(path: str) -> str:
         table_columns(path)  # a table with a URL and a text column, or one sentence
         return "table"
     return archive_kind(path)
-
-
-def archive_kind(path: str) -> str:
-    """`wat` for a WARC file of metadata records (Common Crawl's WAT), `warc` for one of HTTP records (a crawl's
-    WARC: request, response, revisit, resource); one sentence for anything else."""
-    from fastwarc.warc import ArchiveIterator, WarcRecordType
-
-    try:
-        with open_source(path) as stream:
-            for record in ArchiveIterator(stream, parse_http=False):
-                if record.record_type == WarcRecordType.warcinfo:
-                    continue
-                if record.record_type == WarcRecordType.metadata:
-                    return "wat"
-                if record.record_type in (WarcRecordType.request, WarcRecordType.response, WarcRecordType.revisit,
-                                          WarcRecordType.resource):
-                    return "warc"
-                raise ConfigError(f"{path} is a WARC of {record.headers.get('WARC-Type')} records; give Common "
-                                  "Crawl WAT files (*.warc.wat.gz) or a crawl's WARC files (*.warc.gz)")
-    except OSError as err:
-        if err.errno is not None:
-            raise ConfigError(f"cannot read {path}: {err.strerror or err}") from None
-        raise ConfigError(f"{path} holds no WARC records ({err}); give Common Crawl WAT files (*.warc.wat.gz), a "
-                          "crawl's WARC files (*.warc.gz) or URL tables (.parquet, .csv, .tsv, .jsonl)") from None
-    raise ConfigError(f"{path} holds no WARC records; give Common Crawl WAT files (*.warc.wat.gz), a crawl's WARC "
-                      "files (*.warc.gz) or URL tables (.parquet, .csv, .tsv, .jsonl)")
-
-
-def target_uri(value) -> str:
-    """A record's WARC-Target-URI: GNU wget writes it in angle brackets (`<http://...>`, as WARC 1.1's grammar has
-    it), Common Crawl without."""
-    text = value.strip() if isinstance(value, str) else ""
-    return text[1:-1].strip() if text.startswith("<") and text.endswith(">") else text
-
-
-def absolute(url: str, base: str) -> tuple[str | None, str]:
-    """(the absolute http(s) URL of `url` on a page whose base is `base`, or None; the reason when None)."""
-    url, why = Base(base).resolve(url)
-    return (url, "") if url is not None and url_host(url) else (None, why or "bad_url")
-
-
-# urljoin's shortcut below applies to printable ASCII without ' ', '#', ';', '[', ']' or '\\' (fragments, params,
-# IPv6 literals: urljoin's rarer branches; such links take urljoin itself)
-PLAIN = re.compile(r'[!"$-:<-Z^-~]+')
-# an http(s) URL of such characters: (scheme, authority, path), where the path ends the URL or a query or fragment does
-PLAIN_BASE = re.compile(r'(https?)://([!"$-.0-:<->@-Z^-~]+)((?:/[!"$-:<->@-Z^-~]*)?)(?:$|[?#])')
-
-
-class Base:
-    """A page's base URL, parsed once, resolving its links to absolute http(s) URLs.
-
-    `resolve` gives urljoin's result (tests/pipeline/test_extract.py checks it on tens of thousands of generated
-    links), written out for the shapes nearly every link has, where urljoin's result is a concatenation:
-    scheme-relative (`//cdn/x.jpg`), host-relative (`/img/x.jpg`) and a relative path (`img/x.jpg`, `../img/x.jpg`)
-    on a base whose path has no dot or empty segments; anything else goes to urljoin. urljoin was the stage's largest
-    cost, as it is cc2dataset's."""
-
-    __slots__ = ("url", "scheme", "origin", "folder")
-
-    def __init__(self, url: str):
-        self.url, self.scheme, self.origin, self.folder = url, "", None, None
-        plain = PLAIN_BASE.match(url)
-        if plain is not None:  # what urlparse gives for such a URL, a tenth of its time
-            scheme, netloc, path = plain.groups()
-        else:
-            try:
-                scheme, netloc, path, _, _, _ = urlparse(url)
-            except ValueError:
-                return
-        if scheme in HTTP_SCHEMES and netloc and PLAIN.fullmatch(netloc):
-            self.scheme, self.origin = scheme, f"{scheme}://{netloc}"
-            if "//" not in path and "/." not in path and ";" not in path and (not path or path[0] == "/"):
-                self.folder = path[:path.rfind("/") + 1] or "/"
-
-    def resolve(self, src: str) -> tuple[str | None, str]:
-        """(the absolute http(s) URL of a link's source, or None; the reason when None). The URL's host is checked
-        a column at a time (`hosts`): one without a host is dropped there as `bad_url`."""
-        src = src.strip()
-        if src.startswith(HTTP):
-            return src, ""
-        if not src:
-            return None, "empty_src"
-        if self.origin is not None and src[-1] != "?" and PLAIN.fullmatch(src):  # urljoin's result, written out
-            if src[0] == "/":
-                if src[1:2] != "/":
-                    if "/." not in src:
-                        return self.origin + src, ""  # host-relative
-                elif src[2:3] not in ("/", "?", ""):
-                    return f"{self.scheme}:{src}", ""  # scheme-relative, with a host
-            elif self.folder is not None and src[0] != "?" and ":" not in src and "//" not in src:
-                rest, up = src, 0
-                while rest[:2] == "./" or rest[:3] == "../":  # leading dot segments: urljoin's parent folders
-                    up, rest = (up + 1, rest[3:]) if rest[1] == "." else (up, rest[2:])
-                if rest and rest[0] not in ".?" and "/." not in rest:
-                    folder = self.folder
-                    if up:
-                        names = folder.split("/")[1:-1]
-                        folder = "/" + "".join(name + "/" for name in names[:max(0, len(names) - up)])
-                    return self.origin + folder + rest, ""  # a relative path
-        if src[:8].lower().startswith(HTTP):
-            return src, ""
-        try:
-            url = urljoin(self.url, src)
-        except ValueError:
-            return None, "bad_url"
-        scheme = url.split(":", 1)[0].lower() if ":" in url else ""
-        if not scheme or "/" in scheme:
-            return None, "relative_url"  # a table's URL with no page to resolve it against
-        if scheme not in HTTP_SCHEMES:
-            return None, f"scheme_{scheme if scheme.isalnum() and len(scheme) <= 16 else 'other'}"
-        return url, ""
-
-
-HTTP = ("http://", "https://")
-HTTP_SCHEMES = ("http", "https")
-NETLOC = re.compile(r"[^:]*://([^/?#]*)")  # the authority after the scheme's "://"
-CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
-def url_host(url: str) -> str:
-    """The lower-case host of an absolute URL, "" where it has none: urlsplit's `hostname` ("" too where urlsplit
-    raises: unbalanced brackets, a bracketed host that is not an IPv6 address; and where the URL holds a control
-    character, which urlsplit would drop or keep), without building the whole split."""
-    if CONTROL.search(url):
-        return ""
-    match = NETLOC.match(url)
-    if match is None:  # no authority after the scheme ("http:x/y"): no host
-        return ""
-    netloc = match.group(1)
-    if "[" not in netloc and "]" not in netloc:
-        return netloc.rpartition("@")[2].partition(":")[0].lower()
-    if "[" not in netloc or "]" not in netloc:
-        return ""
-    host = netloc.rpartition("@")[2]
-    inside = netloc.partition("[")[2].partition("]")[0]
-    if not (inside.startswith("v") and re.fullmatch(r"v[a-fA-F0-9]+\..+", inside)):
-        try:
-            ipaddress.IPv6Address(inside)
-        except ValueError:
-            return ""
-    return (host.partition("[")[2].partition("]")[0] if "[" in host else host.partition(":")[0]).lower()
-
-
-def hosts(urls: pa.Array) -> pa.Array:
-    """`url_host` of each URL, a column at a time: one regular expression (RE2, in Arrow) for the authorities of
-    printable ASCII without brackets, nearly all of them; the others one at a time."""
-    import pyarrow.compute as pc
-
-    found = pc.utf8_lower(pc.struct_field(pc.extract_regex(urls, PLAIN_HOST), 0).fill_null(""))
-    odd = pc.or_(pc.match_substring_regex(urls, ODD_NETLOC), pc.match_substring_regex(urls, CONTROL.pattern))
-    if pc.any(odd).as_py():
-        slow = pa.array([url_host(url) for url in pc.filter(urls, odd).to_pylist()], pa.string())
-        found = pc.replace_with_mask(found, odd, slow)
-    return found
-
-
-PLAIN_HOST = r"^[^:]*://(?:[^/?#]*@)?(?P<host>[^/?#:]*)"  # url_host where the authority is ODD_NETLOC's opposite
-ODD_NETLOC = r"^[^:]*://[^/?#]*[^!-~]|^[^:]*://[^/?#]*[\[\]]"  # an authority with brackets, or not printable ASCII
-NO_BASE = Base("")  # a URL table's: its URLs must be absolute
-
-
-def resolve_base(page_url: str, href) -> Base:
-    """The base a page's relative links resolve against: its `<base href>` resolved against the page, else the page."""
-    if not isinstance(href, str):
-        return Base(page_url)
-    try:
-        return Base(urljoin(page_url, href))
-    except ValueError:
-        return Base(page_url)
-
-
-def pair(alt, src: str, base: Base, counts: Counter) -> tuple[str, str] | None:
-    """(absolute image URL, text) of one image's alt (None: the tag has none) and source, or None with the
-    reason counted: the rules every kind of input shares."""
-    if not isinstance(alt, str):
-        counts["no_alt"] += 1
-        return None
-    text = normalize_text(alt)
-    if not text:
-        counts["empty_alt"] += 1
-        return None
-    url, why = base.resolve(src)
-    if url is None:
-        counts[why] += 1
-        return None
-    return url, text
 
 
 # A candidate as a reader yields it: (url, text, page_url, offset, width, height)
@@ -668,56 +397,6 @@ def extract_file(path: str, part: str, options: ExtractOptions, kind: str = "wat
         writer.write_table(part_table(batch, path, written, counts, options))
     counts["pairs"] += 0  # present when a file has none
     return dict(counts)
-
-
-def inputs(sources: list[str]) -> list[str]:
-    """The input files: each source a file, a directory (its files, sorted) or a glob, local or an fsspec URL (an
-    HTTP(S) URL ending in `/` is a directory: its index page's links); one sentence for a missing one."""
-    import glob
-
-    files: list[str] = []
-    for source in sources:
-        if is_url(source):
-            files += _remote_files(source)
-            continue
-        path = Path(source)
-        if path.is_dir():
-            files += sorted(str(p) for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
-        elif path.is_file():
-            files.append(source)
-        elif any(ch in source for ch in "*?["):
-            matched = sorted(p for p in glob.glob(source, recursive=True) if Path(p).is_file())
-            if not matched:
-                raise ConfigError(f"{source} matches no file")
-            files += matched
-        else:
-            raise ConfigError(f"{source} does not exist; give web archives or URL tables, a directory of them or a "
-                              "glob")
-    if not files:
-        raise ConfigError(f"found no files in {', '.join(sources)}")
-    return list(dict.fromkeys(files))
-
-
-def _remote_files(source: str) -> list[str]:
-    fs, path = filesystem(source)
-    # what this process listed or asked before (fsspec keeps filesystems and their listings for the process's life)
-    # is not what the store holds now: a stale ETag would be sent with the read and refused (412)
-    fs.invalidate_cache()
-    http = source.split(":", 1)[0].lower() in ("http", "https")
-    try:
-        if any(ch in path for ch in "*?["):
-            found = fs.glob(path)
-        elif (http and path.endswith("/")) or (not http and fs.isdir(path)):  # an HTTP file is never probed
-            found = fs.find(path)
-        else:
-            return [source]
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"cannot list {source}: {err}") from None
-    files = sorted(fs.unstrip_protocol(p) if not http else p for p in found
-                   if not PurePosixPath(urlsplit(p).path if http else p).name.startswith("."))
-    if not files:
-        raise ConfigError(f"{source} matches no file")
-    return files
 
 
 def probe(files: list[str], threads: int = 32) -> tuple[dict[str, str], dict[str, list]]:

@@ -1,0 +1,175 @@
+"""Links to candidates: a page's base, its image links resolved to absolute http(s) URLs (other schemes counted by
+name), their hosts, and the rules every kind of input shares for an (alt, src) pair."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections import Counter
+from urllib.parse import urljoin, urlparse
+
+import pyarrow as pa
+
+from openalign.data.pairs import normalize_text
+
+__all__ = ["Base", "NO_BASE", "absolute", "hosts", "pair", "resolve_base", "target_uri", "url_host"]
+
+
+def target_uri(value) -> str:
+    """A record's WARC-Target-URI: GNU wget writes it in angle brackets (`<http://...>`, as WARC 1.1's grammar has
+    it), Common Crawl without."""
+    text = value.strip() if isinstance(value, str) else ""
+    return text[1:-1].strip() if text.startswith("<") and text.endswith(">") else text
+
+
+def absolute(url: str, base: str) -> tuple[str | None, str]:
+    """(the absolute http(s) URL of `url` on a page whose base is `base`, or None; the reason when None)."""
+    url, why = Base(base).resolve(url)
+    return (url, "") if url is not None and url_host(url) else (None, why or "bad_url")
+
+
+# urljoin's shortcut below applies to printable ASCII without ' ', '#', ';', '[', ']' or '\\' (fragments, params,
+# IPv6 literals: urljoin's rarer branches; such links take urljoin itself)
+PLAIN = re.compile(r'[!"$-:<-Z^-~]+')
+# an http(s) URL of such characters: (scheme, authority, path), where the path ends the URL or a query or fragment does
+PLAIN_BASE = re.compile(r'(https?)://([!"$-.0-:<->@-Z^-~]+)((?:/[!"$-:<->@-Z^-~]*)?)(?:$|[?#])')
+
+
+class Base:
+    """A page's base URL, parsed once, resolving its links to absolute http(s) URLs.
+
+    `resolve` gives urljoin's result (tests/pipeline/test_extract.py checks it on tens of thousands of generated
+    links), written out for the shapes nearly every link has, where urljoin's result is a concatenation:
+    scheme-relative (`//cdn/x.jpg`), host-relative (`/img/x.jpg`) and a relative path (`img/x.jpg`, `../img/x.jpg`)
+    on a base whose path has no dot or empty segments; anything else goes to urljoin. urljoin was the stage's largest
+    cost, as it is cc2dataset's."""
+
+    __slots__ = ("url", "scheme", "origin", "folder")
+
+    def __init__(self, url: str):
+        self.url, self.scheme, self.origin, self.folder = url, "", None, None
+        plain = PLAIN_BASE.match(url)
+        if plain is not None:  # what urlparse gives for such a URL, a tenth of its time
+            scheme, netloc, path = plain.groups()
+        else:
+            try:
+                scheme, netloc, path, _, _, _ = urlparse(url)
+            except ValueError:
+                return
+        if scheme in HTTP_SCHEMES and netloc and PLAIN.fullmatch(netloc):
+            self.scheme, self.origin = scheme, f"{scheme}://{netloc}"
+            if "//" not in path and "/." not in path and ";" not in path and (not path or path[0] == "/"):
+                self.folder = path[:path.rfind("/") + 1] or "/"
+
+    def resolve(self, src: str) -> tuple[str | None, str]:
+        """(the absolute http(s) URL of a link's source, or None; the reason when None). The URL's host is checked
+        a column at a time (`hosts`): one without a host is dropped there as `bad_url`."""
+        src = src.strip()
+        if src.startswith(HTTP):
+            return src, ""
+        if not src:
+            return None, "empty_src"
+        if self.origin is not None and src[-1] != "?" and PLAIN.fullmatch(src):  # urljoin's result, written out
+            if src[0] == "/":
+                if src[1:2] != "/":
+                    if "/." not in src:
+                        return self.origin + src, ""  # host-relative
+                elif src[2:3] not in ("/", "?", ""):
+                    return f"{self.scheme}:{src}", ""  # scheme-relative, with a host
+            elif self.folder is not None and src[0] != "?" and ":" not in src and "//" not in src:
+                rest, up = src, 0
+                while rest[:2] == "./" or rest[:3] == "../":  # leading dot segments: urljoin's parent folders
+                    up, rest = (up + 1, rest[3:]) if rest[1] == "." else (up, rest[2:])
+                if rest and rest[0] not in ".?" and "/." not in rest:
+                    folder = self.folder
+                    if up:
+                        names = folder.split("/")[1:-1]
+                        folder = "/" + "".join(name + "/" for name in names[:max(0, len(names) - up)])
+                    return self.origin + folder + rest, ""  # a relative path
+        if src[:8].lower().startswith(HTTP):
+            return src, ""
+        try:
+            url = urljoin(self.url, src)
+        except ValueError:
+            return None, "bad_url"
+        scheme = url.split(":", 1)[0].lower() if ":" in url else ""
+        if not scheme or "/" in scheme:
+            return None, "relative_url"  # a table's URL with no page to resolve it against
+        if scheme not in HTTP_SCHEMES:
+            return None, f"scheme_{scheme if scheme.isalnum() and len(scheme) <= 16 else 'other'}"
+        return url, ""
+
+
+HTTP = ("http://", "https://")
+HTTP_SCHEMES = ("http", "https")
+NETLOC = re.compile(r"[^:]*://([^/?#]*)")  # the authority after the scheme's "://"
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def url_host(url: str) -> str:
+    """The lower-case host of an absolute URL, "" where it has none: urlsplit's `hostname` ("" too where urlsplit
+    raises: unbalanced brackets, a bracketed host that is not an IPv6 address; and where the URL holds a control
+    character, which urlsplit would drop or keep), without building the whole split."""
+    if CONTROL.search(url):
+        return ""
+    match = NETLOC.match(url)
+    if match is None:  # no authority after the scheme ("http:x/y"): no host
+        return ""
+    netloc = match.group(1)
+    if "[" not in netloc and "]" not in netloc:
+        return netloc.rpartition("@")[2].partition(":")[0].lower()
+    if "[" not in netloc or "]" not in netloc:
+        return ""
+    host = netloc.rpartition("@")[2]
+    inside = netloc.partition("[")[2].partition("]")[0]
+    if not (inside.startswith("v") and re.fullmatch(r"v[a-fA-F0-9]+\..+", inside)):
+        try:
+            ipaddress.IPv6Address(inside)
+        except ValueError:
+            return ""
+    return (host.partition("[")[2].partition("]")[0] if "[" in host else host.partition(":")[0]).lower()
+
+
+def hosts(urls: pa.Array) -> pa.Array:
+    """`url_host` of each URL, a column at a time: one regular expression (RE2, in Arrow) for the authorities of
+    printable ASCII without brackets, nearly all of them; the others one at a time."""
+    import pyarrow.compute as pc
+
+    found = pc.utf8_lower(pc.struct_field(pc.extract_regex(urls, PLAIN_HOST), 0).fill_null(""))
+    odd = pc.or_(pc.match_substring_regex(urls, ODD_NETLOC), pc.match_substring_regex(urls, CONTROL.pattern))
+    if pc.any(odd).as_py():
+        slow = pa.array([url_host(url) for url in pc.filter(urls, odd).to_pylist()], pa.string())
+        found = pc.replace_with_mask(found, odd, slow)
+    return found
+
+
+PLAIN_HOST = r"^[^:]*://(?:[^/?#]*@)?(?P<host>[^/?#:]*)"  # url_host where the authority is ODD_NETLOC's opposite
+ODD_NETLOC = r"^[^:]*://[^/?#]*[^!-~]|^[^:]*://[^/?#]*[\[\]]"  # an authority with brackets, or not printable ASCII
+NO_BASE = Base("")  # a URL table's: its URLs must be absolute
+
+
+def resolve_base(page_url: str, href) -> Base:
+    """The base a page's relative links resolve against: its `<base href>` resolved against the page, else the page."""
+    if not isinstance(href, str):
+        return Base(page_url)
+    try:
+        return Base(urljoin(page_url, href))
+    except ValueError:
+        return Base(page_url)
+
+
+def pair(alt, src: str, base: Base, counts: Counter) -> tuple[str, str] | None:
+    """(absolute image URL, text) of one image's alt (None: the tag has none) and source, or None with the
+    reason counted: the rules every kind of input shares."""
+    if not isinstance(alt, str):
+        counts["no_alt"] += 1
+        return None
+    text = normalize_text(alt)
+    if not text:
+        counts["empty_alt"] += 1
+        return None
+    url, why = base.resolve(src)
+    if url is None:
+        counts[why] += 1
+        return None
+    return url, text
