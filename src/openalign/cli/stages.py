@@ -62,15 +62,20 @@ def run_filter(args) -> int:
     return 0
 
 
+def keep_list_flags(p, report: str, options: type) -> None:
+    """A stage that reads the pair table's images and writes a keep-list: dedup, screen."""
+    p.add_argument("pairs", help="the pair table from `openalign ingest` (pairs.parquet)")
+    p.add_argument("--out", required=True, help=f"a folder: the keep-list (keep.parquet) and {report}")
+    add_options(p, options)
+    engine_flags(p)
+
+
 def dedup_flags(p) -> None:
     from openalign.pipeline.dedup import DedupOptions
 
-    p.add_argument("pairs", help="the pair table from `openalign ingest` (pairs.parquet)")
     p.add_argument("--against", required=True, help="the evaluation images: shards, an image folder, a Karpathy JSON, "
                                                     "a caption table or a pair table")
-    p.add_argument("--out", required=True, help="a folder: the keep-list (keep.parquet) and dedup_report.json")
-    add_options(p, DedupOptions)
-    engine_flags(p)
+    keep_list_flags(p, "dedup_report.json", DedupOptions)
 
 
 def run_dedup(args) -> int:
@@ -87,10 +92,7 @@ def run_dedup(args) -> int:
 def screen_flags(p) -> None:
     from openalign.pipeline.screen import ScreenOptions
 
-    p.add_argument("pairs", help="the pair table from `openalign ingest` (pairs.parquet)")
-    p.add_argument("--out", required=True, help="a folder: the keep-list (keep.parquet) and screen_report.json")
-    add_options(p, ScreenOptions)
-    engine_flags(p)
+    keep_list_flags(p, "screen_report.json", ScreenOptions)
 
 
 def run_screen(args) -> int:

@@ -153,14 +153,10 @@ def run_one(job: Job, status_dir: str) -> tuple[str, dict | None, str | None]:
 
 
 def run_on_executor(job: Job, status_dir: str) -> tuple[str, dict | None, str | None]:
-    """`run_one` in a Spark executor's Python worker, made as cheap per job as the local engine's workers:
-    - it reuses freed memory (data/fork_server.py does so for the local workers): otherwise each decoded or resized
-      image was a fresh `mmap` whose pages the kernel faulted in and zeroed again, and dedup ran at 0.6x the local
-      engine's speed per core (68-82 s against 45 s for 8,000 images on Spark local[1] here);
-    - what is alive when a job starts is frozen out of the cyclic garbage collector: PySpark's daemon runs a full
-      `gc.collect()` after every job of a reused worker, which walked every object of the modules a stage
-      imports (SciPy, FAISS, PyArrow: ~124,000) in ~125 ms, a third of a 500-image ingest job. The daemon has
-      just collected when the next job starts, so what is frozen is live; refcounting still frees it."""
+    """`run_one` in a Spark executor's Python worker, made as cheap per job as the local engine's workers (the
+    measurements: docs/benchmarks.md, P11): it reuses freed memory, as data/fork_server.py does for the local
+    workers, and freezes what is alive out of the cyclic garbage collector, which PySpark's daemon runs in full
+    after every task (the daemon has just collected, so what is frozen is live; refcounting still frees it)."""
     import gc
 
     host.reuse_freed_memory()
@@ -271,8 +267,7 @@ _POOLS: dict[int, ProcessPoolExecutor] = {}  # the warm pool: {workers: pool}, a
 
 def warm_pool(workers: int) -> ProcessPoolExecutor:
     """The local engine's worker processes, started once and reused by every stage of a command (they end with it:
-    `host.command_scope`). Starting them costs each worker its imports; a stage of a few seconds paid that again
-    and again, and two workers ran no faster than one (bench/data_plane.py, P11)."""
+    `host.command_scope`): each worker pays its imports once per command, not once per stage."""
     if workers not in _POOLS:
         close_pools()
         _POOLS[workers] = ProcessPoolExecutor(workers, mp_context=forkserver(), initializer=die_with_parent)

@@ -63,13 +63,9 @@ def skip_summary(counter: dict) -> str:
 class TarWriter:
     """Writes webdataset samples into one tar: member `KEY.EXT` per field, in sorted field order, USTAR headers,
     mode 0444, owner `bigdata`, a whole-second mtime (the bytes webdataset's `TarWriter` writes for the same
-    samples, tests/data/test_tars.py). Not webdataset's own class: importing webdataset imports torch (~2 s),
-    which every shard worker paid at its first task (a tenth of a 500-image shard's time, P11), and Spark
-    executors with it. Values are bytes; a str is UTF-8, a dict or list JSON.
-
-    Members get whole seconds: a float mtime made Python's tar (PAX format) write a pax header (one more 512-byte
-    header and data block) before every member to hold the fractions: a third of a small-image shard's bytes,
-    and half of the headers every reader parses."""
+    samples, tests/data/test_tars.py). Not webdataset's own class: importing webdataset imports torch, which every
+    shard worker and Spark executor would pay. Values are bytes; a str is UTF-8, a dict or list JSON. Members get
+    whole seconds: a float mtime makes Python's tar write a pax header before every member."""
 
     def __init__(self, path: Path, mtime: float | None = None):
         self.mtime = int(time.time() if mtime is None else mtime)

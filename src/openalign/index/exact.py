@@ -1,20 +1,11 @@
 """Exact top-k by inner product over a (memory-mapped) float32 matrix, by the fastest path per batch.
 
-Measured on 1M x 640 vectors with 2 threads (bench/search.py, P7):
-- up to `SCAN_UP_TO` queries: one parallel scan (numba) that reads each row once from memory and takes
-  its dot products with every query in register tiles (4 rows x 4 queries; 4 x 2 for one or two): at
-  one query at 85% of the speed of a streaming sum over the matrix (the memory-bandwidth bound), at 64
-  queries at ~250 GFLOP/s, 1.5x the GEMM rate of torch's MKL here and 69% of the kernel's own rate on
-  cached rows; BLAS GEMV/GEMM with thin query matrices reached 23-56% of the read
-  at 1 query and ~35% at 16-64 (torch GEMMs over row blocks, this module's previous middle path, were
-  1.3-3x slower than the scan at every batch up to 256), and FAISS's flat search does not use BLAS
-  below 20 queries (3-10x slower here);
-- larger batches: FAISS's blocked GEMM and heaps (`faiss.knn`), the fastest here from ~256 queries
-  (its GEMM ran at 1.3x torch's MKL on this AMD CPU), with database tiles of 4,096 rows instead of
-  FAISS's default 1,024 (~10% faster here).
-- a large k (more than `SCAN_K_UP_TO`: a service's 10,000 results): every scan task's list would take most of
-  its rows by insertion (O(rows x k)); instead blocks of rows are scored by BLAS and each block's k best
-  selected by partition, then merged (`_large_k`).
+The path per batch, chosen by measurement (docs/benchmarks.md, P7):
+- up to `SCAN_UP_TO` queries: one parallel numba scan that reads each row once and takes its dot products with
+  every query in register tiles (4 rows x 4 queries; 4 x 2 for one or two): memory-bound search stays memory-bound;
+- larger batches: FAISS's blocked GEMM and heaps (`faiss.knn`), with database tiles of 4,096 rows;
+- a large k (more than `SCAN_K_UP_TO`): blocks of rows scored by BLAS, each block's k best selected by partition,
+  then merged (`_large_k`), as insertion into a k-list would cost O(rows x k).
 Memory: each scan task's scores (queries x SCAN_ROWS), never a whole [queries x rows] matrix.
 """
 
