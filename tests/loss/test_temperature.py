@@ -91,23 +91,7 @@ def test_a_saved_model_holds_t_where_transformers_reads_it_and_loads_exactly(tmp
     assert loaded.temperature_and_bias() == pytest.approx((1 / 23.0, -7.5), rel=1e-6)
 
 
-def test_a_model_saved_before_the_option_loads_as_it_was_learned(tmp_path):
-    """Before, every loss learned the raw T (a sigmoid model's too): a saved config without the key means raw."""
-    cfg = presets.get("tiny")
-    tokenizer = train_tokenizer(["a red circle", "a blue square"] * 8, 200, 16)
-    cfg = dataclasses.replace(cfg, loss=loss_cfg("sigmoid", parameterization="raw", init=0.3), model=dataclasses.replace(
-        cfg.model, text=dataclasses.replace(cfg.model.text, vocab_size=len(tokenizer))))
-    model = DualEncoder(cfg.model, cfg.loss)
-    save_pretrained(model, tokenizer, tmp_path / "m", cfg)
-    saved = json.loads((tmp_path / "m" / "openalign.json").read_text())
-    del saved["loss"]["temperature"]["parameterization"]
-    (tmp_path / "m" / "openalign.json").write_text(json.dumps(saved))
-    loaded, _, loaded_cfg = load_pretrained(tmp_path / "m")
-    assert loaded_cfg.loss.temperature.parameterization == "raw" and loaded.learned_as == "raw"
-    assert loaded.temperature.item() == pytest.approx(0.3) and not hasattr(loaded, "logit_scale")
-
-
-def test_a_run_from_before_the_option_resumes_raw_and_a_new_sigmoid_run_trains_the_log(shapes, tmp_path):
+def test_a_raw_run_resumes_raw_and_a_new_sigmoid_run_trains_the_log(shapes, tmp_path):
     def argv(out, *overrides):
         return ["train", "--preset", "tiny", "--data", str(shapes["train"]), "--out", str(out), "--quiet",
                 "train.log_every=1", "train.eval_every=0", "train.checkpoint_every=2", "loss.kind=sigmoid",
@@ -116,7 +100,6 @@ def test_a_run_from_before_the_option_resumes_raw_and_a_new_sigmoid_run_trains_t
     run = tmp_path / "run"
     assert cli.main(argv(run, "loss.temperature.parameterization=raw")) == 0
     saved = json.loads((run / "config.json").read_text())
-    del saved["loss"]["temperature"]["parameterization"]  # as a run from before wrote it
     saved["train"]["steps"] = 4
     (run / "config.json").write_text(json.dumps(saved))
     assert cli.main(["train", "--out", str(run), "--resume", "--quiet"]) == 0
