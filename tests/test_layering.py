@@ -4,8 +4,8 @@
       <  corpora, eval, serve  <  train  <  cli, flags
 
 A module imports only from its own layer or below, and no two modules import each other, directly or
-through others (neither a function-level import nor `importlib.import_module("openalign.x")` hides a cycle). The corpus pipeline's stages are siblings: none
-imports another.
+through others (neither a function-level import nor `importlib.import_module("openalign.x")` hides a
+cycle). The corpus pipeline's stages are siblings: none imports another.
 """
 
 import ast
@@ -43,8 +43,9 @@ def imports(path: Path) -> list[tuple[str, int]]:
                 is_module = (PACKAGE.parent / candidate.replace(".", "/")).with_suffix(".py").is_file() or \
                     (PACKAGE.parent / candidate.replace(".", "/")).is_dir()
                 found.append((candidate if is_module else base, node.lineno))
-        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module" \
-                and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str) \
+                and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module":
             found.append((node.args[0].value, node.lineno))  # importlib.import_module("openalign.x") imports as well
     return [(name, line) for name, line in found if name.startswith("openalign.") and name != me]
 

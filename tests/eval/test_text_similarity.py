@@ -14,7 +14,8 @@ def test_text_pair_spearman_against_an_exact_model(tmp_path, monkeypatch):
         [vectors[t] for t in texts]))
     (tmp_path / "sts.csv").write_text("sentence1,sentence2,score\na,b,4\na,c,2\na,d,0\nb,c,3\n")
     # cosines: a-b 0.8, a-c 0, a-d -1, b-c 0.6 -> same order as the scores: Spearman 1
-    out = text_similarity.text_pair_similarity(Context(None, None, EvalOptions(), path=str(tmp_path / "sts.csv")), "sts")
+    ctx = Context(None, None, EvalOptions(), path=str(tmp_path / "sts.csv"))
+    out = text_similarity.text_pair_similarity(ctx, "sts")
     assert out == {"spearman": 1.0, "n_pairs": 4}
     (tmp_path / "bad.csv").write_text("x,y\n1,2\n")
     with pytest.raises(ConfigError, match="sentence1, sentence2"):

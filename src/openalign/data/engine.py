@@ -184,8 +184,8 @@ def run_jobs(jobs: list[Job], status_dir: Path, engine: Engine = Engine(), desc:
     skipped = len(results)
     again = {reason: why.count(reason) for reason in dict.fromkeys(why) if reason != "new"}
     if again:  # a rerun says what it does again, and why (with --quiet too: it is a summary, not progress)
-        print(f"{desc}: running again " + ", ".join(f"{n} job{'s' * (n > 1)} ({reason})" for reason, n in again.items()),
-              file=sys.stderr)
+        redone = ", ".join(f"{n} job{'s' * (n > 1)} ({reason})" for reason, n in again.items())
+        print(f"{desc}: running again {redone}", file=sys.stderr)
     if todo:
         run = _run_spark if engine.name == "spark" else _run_local
         outcomes = run(todo, str(status_dir), engine, desc, progress)
@@ -374,8 +374,8 @@ def _spark_error(err: Exception, desc: str) -> Exception:
 
 
 def spark_plan(frame, order: str | tuple[str, ...], per_task: int, path: Path, column: str = "task") -> int:
-    """Write `frame` ordered by `order` (a column, or columns), numbered from 1 (`pos`) and cut into jobs of `per_task` rows
-    (`column` = (pos - 1) // per_task), as the Parquet plan at `path`; returns the row count. The order is a
+    """Write `frame` ordered by `order` (a column, or columns), numbered from 1 (`pos`) and cut into jobs of
+    `per_task` rows (`column` = (pos - 1) // per_task), as the Parquet plan at `path`; returns the row count. The order is a
     range sort and the numbering zipWithIndex, both on the executors: nothing per row reaches the driver."""
     from pyspark.sql.types import LongType, StructField, StructType
 

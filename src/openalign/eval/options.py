@@ -14,8 +14,8 @@ from typing import Annotated, Literal
 from openalign.config import (FRACTION_CLOSED_OPEN, FRACTION_OPEN_CLOSED, NON_NEGATIVE, POSITIVE, POSITIVE_INT,
                               EvalConfig, Rule, check, non_negative)
 
-__all__ = ["DEFAULT_TEMPLATES", "TASK_OPTIONS", "CompositionalOptions", "CxcOptions", "EvalOptions",
-           "FinetuneConfig", "FinetuneOptions", "KnnOptions", "MultilingualOptions", "ProbeOptions", "RetrievalOptions", "SgdProbe",
+__all__ = ["DEFAULT_TEMPLATES", "TASK_OPTIONS", "CompositionalOptions", "CxcOptions", "EvalOptions", "FinetuneConfig",
+           "FinetuneOptions", "KnnOptions", "MultilingualOptions", "ProbeOptions", "RetrievalOptions", "SgdProbe",
            "VtabOptions", "ZeroshotOptions"]
 
 @dataclass(frozen=True)

@@ -52,7 +52,9 @@ class FilterConfig:
     rules: Literal["auto", "all", "text", "image"] = "auto"
 
     def cross_field_problems(self) -> list[str]:
-        return [f"min_words={self.min_words} must not exceed max_words={self.max_words}"] * (self.min_words > self.max_words)
+        if self.min_words > self.max_words:
+            return [f"min_words={self.min_words} must not exceed max_words={self.max_words}"]
+        return []
 
 
 RULE_OPTIONS = {  # the FilterConfig keys that set each rule's threshold (`openalign filter ... key=value`)
