@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import typing
 
 from openalign import config as config_lib
 from openalign import host, presets, sizes
 from openalign.config import ConfigError
 from openalign.flags import add_options, options_from
-from openalign.pipeline.filter_rules import FilterConfig
+
+if typing.TYPE_CHECKING:  # not imported by every command's start-up
+    from openalign.pipeline.filter_rules import FilterConfig
 
 
 def run_flags(p, what: str) -> None:
@@ -73,6 +76,8 @@ def size(text: str) -> int:
 
 def filter_config(overrides: list[str]) -> FilterConfig:
     """The filter thresholds with `key=value` overrides, checked."""
+    from openalign.pipeline.filter_rules import FilterConfig
+
     keys = ", ".join(config_lib.leaf_keys(FilterConfig))
     cfg = config_lib.override(FilterConfig(), overrides, help_hint=f"the filter keys are {keys}")
     config_lib.check(cfg)
