@@ -114,10 +114,18 @@ def run_study(study, out, *overrides: str) -> dict:
     return json.loads((out / "results.json").read_text())["variants"]
 
 
+def run_built_corpus_study(study, tmp_path, option: str, plot: str) -> tuple[dict, str]:
+    """`study` into tmp_path/study, its corpus built into tmp_path/data with `option`: its variants and its report,
+    once its plot is drawn."""
+    variants = run_study(study, tmp_path / "study", f"data.data_dir={tmp_path / 'data'}", *option.split())
+    assert (tmp_path / "study" / plot).stat().st_size > 0
+    return variants, (tmp_path / "study" / "report.md").read_text()
+
+
 @needs_emoji_data
 def test_noise_vs_scale_pipeline_on_a_tiny_corpus(tmp_path):
-    variants = run_study(noise_scale, tmp_path / "study", f"data.data_dir={tmp_path / 'data'}",
-                         "data.corpus_options=limit=120")
+    variants, report = run_built_corpus_study(noise_scale, tmp_path, "data.corpus_options=limit=120",
+                                              "noise_vs_scale.png")
     assert list(variants) == ["clean_x1", "noisy_x1", "noisy_x2", "noisy_x4"]
     built = {json.loads((d / "train" / "manifest.json").read_text())["n_samples"]
              for d in (tmp_path / "data").iterdir()}
@@ -125,37 +133,31 @@ def test_noise_vs_scale_pipeline_on_a_tiny_corpus(tmp_path):
     assert variants["noisy_x4"]["paper"]["MSCOCO I2T R@1"] == 23.8
     # KNN's classes are the held-out emoji families; 120 emoji hold no family of two, so there is no KNN, not a crash
     assert not any("knn_top1" in v["mean"] for v in variants.values())
-    report = (tmp_path / "study" / "report.md").read_text()
     assert "paper: MSCOCO I2T R@1" in report and "Table 10" in report
-    assert (tmp_path / "study" / "noise_vs_scale.png").stat().st_size > 0
 
 
 @needs_emoji_data
 def test_multilingual_pipeline_reports_every_language(tmp_path):
-    variants = run_study(multilingual, tmp_path / "study", f"data.data_dir={tmp_path / 'data'}",
-                         "data.corpus_options=limit=150")
+    variants, report = run_built_corpus_study(multilingual, tmp_path, "data.corpus_options=limit=150",
+                                              "multilingual.png")
     languages = multilingual.TRAIN_LANGUAGES + multilingual.HELDOUT_LANGUAGES
     for name in ("english", "multilingual"):
         assert all(f"multilingual_{lang}_mean_recall" in variants[name]["mean"] for lang in languages)
     trained = json.loads((tmp_path / "study" / "runs" / "multilingual" / "seed0" / "config.json").read_text())
     assert trained["model"]["text"]["vocab_size"] > 0
-    report = (tmp_path / "study" / "report.md").read_text()
     assert "## Mean recall per language (held-out emoji)" in report and "| ko | **no** |" in report
-    assert (tmp_path / "study" / "multilingual.png").stat().st_size > 0
 
 
 @needs_emoji_data
 def test_model_vs_data_pipeline(tmp_path):
-    variants = run_study(model_data, tmp_path / "study", f"data.data_dir={tmp_path / 'data'}",
-                         "data.corpus_options=limit=300")
+    variants, report = run_built_corpus_study(model_data, tmp_path, "data.corpus_options=limit=300",
+                                              "model_vs_data.png")
     assert list(variants) == ["large_full", "large_10", "large_clean", "small_full", "small_10", "small_clean"]
     small = json.loads((tmp_path / "study" / "runs" / "small_full" / "seed0" / "config.json").read_text())
     large = json.loads((tmp_path / "study" / "runs" / "large_full" / "seed0" / "config.json").read_text())
     assert small["model"]["text"]["hidden_size"] * 2 == large["model"]["text"]["hidden_size"]
     assert small["model"]["embed_dim"] == large["model"]["embed_dim"]
-    report = (tmp_path / "study" / "report.md").read_text()
     assert "## Model size against data size" in report and "## smaller model" in report
-    assert (tmp_path / "study" / "model_vs_data.png").stat().st_size > 0
 
 
 def test_model_vs_data_on_your_shards_samples_them_with_data_fraction(tmp_path):
@@ -184,8 +186,9 @@ def test_model_vs_data_on_your_shards_samples_them_with_data_fraction(tmp_path):
 
 
 def test_compositional_pipeline(tmp_path):
-    variants = run_study(compositional, tmp_path / "study", f"data.data_dir={tmp_path / 'data'}",
-                         "data.corpus=shapes", "data.corpus_options=per_combo=1,eval_seen=1,eval_unseen=2")
+    variants, report = run_built_corpus_study(
+        compositional, tmp_path, "data.corpus=shapes data.corpus_options=per_combo=1,eval_seen=1,eval_unseen=2",
+        "compositional.png")
     assert list(variants) == ["noise0", "noise0.2", "noise0.5"]
     # oracle: each run's saved model, evaluated afresh on its own corpus's held-out split (one seed: mean = run)
     from openalign import config as config_lib
@@ -204,9 +207,7 @@ def test_compositional_pipeline(tmp_path):
                              configure(["compositional"], templates=cfg.eval.templates), progress=False)
         assert row["mean"]["compositional_unseen_top1"] == pytest.approx(fresh["compositional_unseen_top1"])
         assert row["chance"]["compositional_unseen_top1"] == 1 / 64
-    report = (tmp_path / "study" / "report.md").read_text()
     assert "## Unseen colour-shape pairs" in report and "arithmetic R@10" in report
-    assert (tmp_path / "study" / "compositional.png").stat().st_size > 0
 
 
 def test_temperature_settles_where_it_stays_within_the_band():
