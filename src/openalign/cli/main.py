@@ -35,6 +35,8 @@ COMMANDS = {
     "filter": Command("ALIGN's frequency filters -> keep-list + filter_report.json/.png", "stages"),
     "dedup": Command("drop training images that are near-duplicates of evaluation images", "stages"),
     "screen": Command("drop images an image classifier flags (the paper's unsafe-image filter)", "stages"),
+    "score": Command("keep the pairs a model scores highest (image-text cosine; DataComp's CLIP score filter)",
+                     "stages"),
     "shard": Command("kept pairs -> resized webdataset shards (reruns skip finished shards)", "stages"),
     "embed": Command("image embeddings of a collection (resumable parts + metadata)", "index"),
     "index": Command("a FAISS index over embeddings, tuned to a recall target", "index"),

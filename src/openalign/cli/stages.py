@@ -1,5 +1,5 @@
-"""The corpus stages after the download: `ingest` (files -> a pair table), the keep-list stages `filter`, `dedup`
-and `screen`, and `shard` (kept pairs -> training shards)."""
+"""The corpus stages after the download: `ingest` (files -> a pair table), the keep-list stages `filter`, `dedup`,
+`screen` and `score`, and `shard` (kept pairs -> training shards)."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def run_filter(args) -> int:
 
 
 def keep_list_flags(p, report: str, options: type) -> None:
-    """A stage that reads the pair table's images and writes a keep-list: dedup, screen."""
+    """A stage that reads the pair table's images and writes a keep-list: dedup, screen, score."""
     p.add_argument("pairs", help="the pair table from `openalign ingest` (pairs.parquet)")
     p.add_argument("--out", required=True, help=f"a folder: the keep-list (keep.parquet) and {report}")
     add_options(p, options)
@@ -103,6 +103,24 @@ def run_screen(args) -> int:
     print(f"{result.removed_images:,} of {result.images:,} images ({result.removed_pairs:,} pairs) scored >= "
           f"{options.threshold} by {options.classifier}; {result.unreadable_images:,} unreadable")
     print(f"keep-list: {result.keep}, report: {Path(args.out) / 'screen_report.json'}")
+    return 0
+
+
+def score_flags(p) -> None:
+    from openalign.pipeline.score import ScoreOptions
+
+    keep_list_flags(p, "score_report.json/.png and scores.parquet", ScoreOptions)
+
+
+def run_score(args) -> int:
+    from openalign.pipeline.score import ScoreOptions, score
+
+    result = score(args.pairs, Path(args.out), options_from(args, ScoreOptions), progress=not args.quiet,
+                   engine=engine(args))
+    threshold = f"; the lowest kept score is {result.threshold:.4f}" if result.threshold is not None else ""
+    print(f"kept {result.kept_pairs:,} of {result.pairs:,} pairs ({result.scored_pairs:,} scored): {result.rule}"
+          f"{threshold}" + (" (scores reused)" if result.reused_scores else ""))
+    print(f"keep-list: {result.keep}, scores: {result.scores}, report: {Path(args.out) / 'score_report.json'} (+ .png)")
     return 0
 
 

@@ -37,13 +37,13 @@ from pathlib import Path
 
 import numpy as np
 
-from openalign import host
 from openalign.config import ConfigError
 from openalign.outputs import unfinish
 from openalign.data import images, sources
 from openalign.data.engine import Engine, read_plan
 from openalign.data.pairs import IMAGE_COLUMNS, check_pair_table, write_keep_report
-from openalign.pipeline.scoring import FINITE, WORK, image_jobs, score_summary, write_keep_without_images, write_scores
+from openalign.pipeline.scoring import (FINITE, WORK, embed_blobs, image_jobs, score_summary, write_keep_without_images,
+                                        write_scores)
 
 __all__ = ["DedupOptions", "DedupResult", "dedup"]
 
@@ -115,39 +115,6 @@ def phash_task(plan: str, index: int, scores_path: str, eval_path: str) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- embedding
-
-_MODELS: dict = {}  # per process: a worker loads the model once for the tasks of one command
-host.command_cache(_MODELS.clear)
-
-
-def _model(path: str, threads: int):
-    import torch
-
-    from openalign.model.encode import load_for_inference
-
-    if threads:
-        torch.set_num_threads(threads)
-    if path not in _MODELS:
-        _MODELS[path] = load_for_inference(Path(path), "cpu")
-    return _MODELS[path]
-
-
-def embed_blobs(model_path: str, blobs, batch_size: int, threads: int = 0) -> tuple[np.ndarray, list[int]]:
-    """Embeddings of the decodable images among `blobs` (evaluation transform), and their positions."""
-    from openalign.data import transforms
-    from openalign.model.encode import encode_image_stream
-
-    model, _, cfg = _model(model_path, threads)
-    transform = transforms.vision_transform(cfg.model.vision)
-    items = (sources.Item(str(i), "", data=data or b"") for i, data in enumerate(blobs))
-    pixels = ((int(item.key), transform(image))
-              for item, image in sources.decoded(items, alpha=cfg.model.vision.alpha))
-    out, kept = [], []
-    for positions, embeds in encode_image_stream(model, pixels, batch_size):
-        out.append(embeds.numpy())
-        kept.extend(positions)
-    return (np.concatenate(out) if out else np.zeros((0, cfg.model.embed_dim), np.float32)), kept
-
 
 def embedding_task(plan: str, index: int, scores_path: str, eval_path: str, model_path: str, batch_size: int,
                    threads: int) -> dict:

@@ -13,9 +13,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from openalign import host
+from openalign.data import sources
 from openalign.data.engine import Engine, Job, duckdb_plan, job_id, run_jobs, spark_plan, spark_session
 from openalign.data.pairs import first_source, spark_first_source, sql_path
 from openalign.outputs import sources_key
@@ -25,34 +28,47 @@ WORK = "_work"  # the plan, the evaluation hashes or embeddings, each task's sco
 
 IMAGE_QUERY = f"""SELECT image_key, s.place AS place, s.path AS path, s.member AS member FROM (
                       SELECT image_key, {first_source()} AS s FROM read_parquet(?) GROUP BY image_key)"""
+# with_pairs: each image's pairs too, as two lists in uid order (a uid the table repeats, once)
+PAIRS_QUERY = f"""WITH images AS ({IMAGE_QUERY}),
+                       pairs AS (SELECT image_key, list(uid ORDER BY uid) AS uids, list(text ORDER BY uid) AS texts
+                                 FROM (SELECT DISTINCT image_key, uid, text FROM read_parquet(?)) GROUP BY image_key)
+                  SELECT * FROM images JOIN pairs USING (image_key)"""
 PLAN_ORDER = ("place", "image_key")  # by source: a task reads a few neighbouring tars, not every one
 
 
-def plan_images(pairs: str, plan: Path, per_task: int, engine: Engine) -> int:
+def plan_images(pairs: str, plan: Path, per_task: int, engine: Engine, with_pairs: bool = False) -> int:
     """Every distinct image of the pair table, ordered by key and cut into tasks of `per_task` images (the
-    local engine plans with DuckDB, the Spark engine with Spark SQL); returns the count."""
+    local engine plans with DuckDB, the Spark engine with Spark SQL); returns the count. `with_pairs`: each
+    image's pairs too (`uids`, `texts`: lists in uid order)."""
     if engine.name == "spark":
         from pyspark.sql import functions as F
 
         spark = spark_session(engine.master, retries=engine.retries, memory=engine.memory)
-        frame = (spark.read.parquet(pairs).groupBy("image_key").agg(spark_first_source().alias("s"))
+        table = spark.read.parquet(pairs)
+        frame = (table.groupBy("image_key").agg(spark_first_source().alias("s"))
                  .select("image_key", *(F.col(f"s.{c}").alias(c) for c in ("place", "path", "member"))))
+        if with_pairs:
+            listed = (table.select("image_key", "uid", "text").distinct().groupBy("image_key")
+                      .agg(F.sort_array(F.collect_list(F.struct("uid", "text"))).alias("p"))
+                      .select("image_key", F.col("p.uid").alias("uids"), F.col("p.text").alias("texts")))
+            frame = frame.join(listed, "image_key")
         return spark_plan(frame, PLAN_ORDER, per_task, plan)
     import duckdb
 
     with duckdb.connect() as con:
-        return duckdb_plan(con, IMAGE_QUERY, [str(pairs)], PLAN_ORDER, per_task, plan)
+        query, params = (PAIRS_QUERY, [str(pairs)] * 2) if with_pairs else (IMAGE_QUERY, [str(pairs)])
+        return duckdb_plan(con, query, params, PLAN_ORDER, per_task, plan)
 
 
 def image_jobs(pairs: str, out: Path, fn, args: tuple, key: dict, per_task: int, engine: Engine, desc: str,
-               progress: bool) -> tuple[int, dict, int]:
-    """Plan the images, then run `fn(plan, index, scores_path, *args)` once per job of images, each writing
-    its scores to OUT/_work/scores-ID.parquet; returns (images, {id: result}, jobs resumed, the score files of
-    this plan: files a killed run of another plan left are never read)."""
+               progress: bool, with_pairs: bool = False) -> tuple[int, dict, int, list[str]]:
+    """Plan the images (`with_pairs`: and their pairs), then run `fn(plan, index, scores_path, *args)` once per
+    job of images, each writing its scores to OUT/_work/scores-ID.parquet; returns (images, {id: result}, jobs
+    resumed, the score files of this plan: files a killed run of another plan left are never read)."""
     work = out / WORK
     work.mkdir(parents=True, exist_ok=True)
     plan = work / "plan.parquet"
-    count = plan_images(pairs, plan, per_task, engine)
+    count = plan_images(pairs, plan, per_task, engine, with_pairs)
     n_jobs = -(-count // per_task)
     inputs = sources_key(pairs if "://" in str(pairs) else str(Path(pairs).resolve()), key, per_task, count, PLAN_ORDER)
     scores = [str(work / f"scores-{job_id(i)}.parquet") for i in range(n_jobs)]
@@ -60,6 +76,40 @@ def image_jobs(pairs: str, out: Path, fn, args: tuple, key: dict, per_task: int,
             for i in range(n_jobs)]
     results, resumed = run_jobs(jobs, work / "_status", engine, desc, progress)
     return count, results, resumed, scores
+
+
+_MODELS: dict = {}  # per process: a worker loads the model once for the tasks of one command
+host.command_cache(_MODELS.clear)
+
+
+def model_for(path: str, threads: int):
+    """(model, tokenizer, config) of an openalign model directory, loaded once per process, on the CPU."""
+    import torch
+
+    from openalign.model.encode import load_for_inference
+
+    if threads:
+        torch.set_num_threads(threads)
+    if path not in _MODELS:
+        _MODELS[path] = load_for_inference(Path(path), "cpu")
+    return _MODELS[path]
+
+
+def embed_blobs(model_path: str, blobs, batch_size: int, threads: int = 0) -> tuple[np.ndarray, list[int]]:
+    """Embeddings of the decodable images among `blobs` (evaluation transform), and their positions."""
+    from openalign.data import transforms
+    from openalign.model.encode import encode_image_stream
+
+    model, _, cfg = model_for(model_path, threads)
+    transform = transforms.vision_transform(cfg.model.vision)
+    items = (sources.Item(str(i), "", data=data or b"") for i, data in enumerate(blobs))
+    pixels = ((int(item.key), transform(image))
+              for item, image in sources.decoded(items, alpha=cfg.model.vision.alpha))
+    out, kept = [], []
+    for positions, embeds in encode_image_stream(model, pixels, batch_size):
+        out.append(embeds.numpy())
+        kept.extend(positions)
+    return (np.concatenate(out) if out else np.zeros((0, cfg.model.embed_dim), np.float32)), kept
 
 
 def write_scores(path: str, rows: list[dict], scores: list[float | None], matches: list[int | None]) -> None:

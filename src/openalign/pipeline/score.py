@@ -1,0 +1,358 @@
+"""Keep the pairs a model says match: the cosine between a pair's image and text embeddings (CLIP-score filtering).
+
+    openalign score pairs.parquet --model MODEL (--keep-fraction 0.3 | --min-score 0.25) --out DIR
+
+ALIGN filters by frequency alone; DataComp's strongest simple baseline keeps the 30% of pairs that a CLIP model
+scores highest (its `baselines/apply_filter.py`). Any model openalign loads scores here: its own, or a CLIP or
+SigLIP or OpenCLIP checkpoint as it is released (`openalign.load`). Every distinct image is encoded once and every
+distinct text once per job of images (the evaluation transform; texts truncated to the model's max_length), and
+a pair's score is the dot product of the two unit vectors.
+
+- `--keep-fraction F` keeps exactly k = floor(F x N) pairs of the table's N (F read as the decimal it is written
+  as), the highest scores first, ties broken by the smaller uid: a rerun and the Spark engine keep the same pairs.
+  A pair without a score (its image unreadable, its text empty) is never kept, so fewer than k are kept when fewer
+  than k have one.
+- `--min-score S` keeps every pair scoring at least S.
+
+Writes DIR/scores.parquet (uid, score, model: the model's fingerprint; keyed by both, so scores of several models
+can be joined), DIR/keep.parquet (the kept uids; intersect with other keep-lists in `openalign shard --keep`),
+DIR/score_report.json (counts, percentiles, the threshold each fraction implies, examples at each cut) and
+DIR/score_report.png (the histogram). A rerun with only another cut reuses the scores; a changed table or model
+scores again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from decimal import Decimal
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from openalign.config import ConfigError
+from openalign.data import sources
+from openalign.data.engine import Engine, read_plan, spark_session
+from openalign.data.pairs import IMAGE_COLUMNS, check_pair_table, sql_path, write_keep_report
+from openalign.outputs import sources_key, unfinish
+from openalign.pipeline.scoring import FINITE, WORK, embed_blobs, image_jobs, model_for
+
+__all__ = ["ScoreOptions", "ScoreResult", "score"]
+
+REPORT = "score_report.json"
+SCORES = "scores.parquet"
+CUTS = (0.9, 0.7, 0.5, 0.3, 0.1)  # the fractions whose threshold and border examples the report shows
+RANK = "score DESC, uid ASC"  # the order of keeping: highest score first, ties to the smaller uid
+
+
+@dataclass(frozen=True)
+class ScoreOptions:
+    model: str = ""  # a model directory openalign loads: its own, or a CLIP, SigLIP or OpenCLIP checkpoint
+    keep_fraction: float | None = None  # keep this fraction of the table's pairs, highest scores first (DataComp: 0.3)
+    min_score: float | None = None  # or: keep every pair whose cosine is at least this
+    encode_batch: int = 128  # images or texts encoded at once
+    workers: int = 0  # local engine: processes, each with its own model on one core (0: one per core)
+    examples: int = 6  # pairs shown at each cut in the report
+    images_per_task: int = 2_000  # the unit of distribution, retry and resume
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    """What `score` kept (its report, OUT/score_report.json, holds the same and more)."""
+
+    keep: Path  # OUT/keep.parquet: the uids of the kept pairs
+    scores: Path  # OUT/scores.parquet: (uid, score, model) of every pair with a score
+    rule: str  # what was kept
+    pairs: int  # distinct pairs of the table
+    scored_pairs: int  # with a finite score
+    kept_pairs: int
+    threshold: float | None  # the lowest kept score
+    reused_scores: bool  # a rerun that changed only the cut
+    seconds: float
+    report: dict  # the report as written
+
+
+def score_task(plan: str, index: int, scores_path: str, model_path: str, batch_size: int, threads: int) -> dict:
+    """One job: each pair's cosine between its image's and its text's embeddings (None: the image is unreadable
+    or the text empty); each image and each distinct text of the job encoded once."""
+    from openalign.model.encode import encode_texts
+
+    rows = read_plan(plan, index)
+    embeds, ok = embed_blobs(model_path, (sources.read_bytes(r["path"], r["member"]) for r in rows), batch_size,
+                             threads)
+    image_row = {i: row for row, i in enumerate(ok)}
+    model, tokenizer, cfg = model_for(model_path, threads)
+    texts = sorted({t for r in rows for t in r["texts"] if t and t.strip()})
+    text_row = {t: i for i, t in enumerate(texts)}
+    vectors = encode_texts(model, tokenizer, texts, batch_size, cfg.model.text.max_length).numpy() if texts else None
+    uids, scores = [], []
+    for i, r in enumerate(rows):
+        for uid, text in zip(r["uids"], r["texts"]):
+            uids.append(uid)
+            j = text_row.get(text) if text else None
+            scores.append(float(embeds[image_row[i]] @ vectors[j]) if i in image_row and j is not None else None)
+    table = pa.table({"uid": pa.array(uids, pa.string()), "score": pa.array(scores, pa.float64())})
+    tmp = scores_path + ".tmp"
+    pq.write_table(table, tmp)
+    os.replace(tmp, scores_path)
+    return {"images": len(rows), "unreadable": len(rows) - len(ok), "texts": len(texts),
+            "unscored": sum(s is None for s in scores)}
+
+
+def keep_count(fraction: float, pairs: int) -> int:
+    """floor(fraction x pairs), the fraction read as the decimal it is written as (0.29 x 100 is 29, not 28)."""
+    return math.floor(Decimal(repr(float(fraction))) * pairs)
+
+
+def counts(pairs: str, engine: Engine) -> tuple[int, int]:
+    """(distinct pairs, distinct images) of the table."""
+    if engine.name == "spark":
+        from pyspark.sql import functions as F
+
+        spark = spark_session(engine.master, retries=engine.retries, memory=engine.memory)
+        row = spark.read.parquet(pairs).agg(F.countDistinct("uid"), F.countDistinct("image_key")).first()
+        return int(row[0]), int(row[1])
+    import duckdb
+
+    with duckdb.connect() as con:
+        found = con.execute("SELECT count(DISTINCT uid), count(DISTINCT image_key) FROM read_parquet(?)",
+                            [pairs]).fetchone()
+    return int(found[0]), int(found[1])
+
+
+def _check(options: ScoreOptions) -> None:
+    if not options.model:
+        raise ConfigError("score needs --model DIR (a model directory openalign loads: its own, or a CLIP, SigLIP "
+                          "or OpenCLIP checkpoint)")
+    if not Path(options.model).is_dir():
+        raise ConfigError(f"--model {options.model} is not a directory; give an openalign model directory")
+    from openalign.model.hub import has_tokenizer, load_config
+
+    load_config(Path(options.model))  # a directory openalign cannot load is one sentence here, before any job
+    if not has_tokenizer(Path(options.model)):
+        raise ConfigError(f"{options.model} has no tokenizer files, and a pair's text is scored through them")
+    if (options.keep_fraction is None) == (options.min_score is None):
+        raise ConfigError("give one of --keep-fraction F (the top fraction of pairs) and --min-score S (a cosine)")
+    if options.keep_fraction is not None and not 0 < options.keep_fraction <= 1:
+        raise ConfigError(f"--keep-fraction {options.keep_fraction} must be in (0, 1]")
+    if options.min_score is not None and not math.isfinite(options.min_score):
+        raise ConfigError(f"--min-score {options.min_score} must be a finite number")
+    if min(options.encode_batch, options.images_per_task) < 1 or min(options.workers, options.examples) < 0:
+        raise ConfigError("--encode-batch and --images-per-task must be at least 1, --workers and --examples at "
+                          "least 0")
+
+
+def _scores_match(path: Path, inputs: str) -> bool:
+    """Whether OUT/scores.parquet holds the scores of these inputs (its metadata names their fingerprint)."""
+    meta = path / "_inputs.json" if path.is_dir() else path.with_name(path.name + ".inputs.json")
+    try:
+        return json.loads(meta.read_text())["inputs"] == inputs
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def _write_scores(job_files: list[str], path: Path, fingerprint: str, inputs: str, engine: Engine) -> None:
+    """The jobs' scores as one table (uid, score, model) in uid order, then the fingerprint of its inputs."""
+    meta = path.with_name(path.name + ".inputs.json")
+    meta.unlink(missing_ok=True)
+    if path.is_dir():
+        shutil.rmtree(path)
+    path.unlink(missing_ok=True)
+    if engine.name == "spark":
+        from pyspark.sql import functions as F
+
+        spark = spark_session(engine.master, retries=engine.retries, memory=engine.memory)
+        (spark.read.parquet(*job_files).where("score IS NOT NULL").withColumn("model", F.lit(fingerprint))
+         .orderBy("uid").write.mode("overwrite").parquet(str(path)))
+        meta = path / "_inputs.json"
+    else:
+        import duckdb
+
+        with duckdb.connect() as con:
+            con.execute(f"COPY (SELECT uid, score, ? AS model FROM read_parquet(?) WHERE score IS NOT NULL "
+                        f"ORDER BY uid) TO '{sql_path(path)}' (FORMAT parquet)", [fingerprint, job_files])
+    meta.write_text(json.dumps({"inputs": inputs}) + "\n")
+
+
+def _source(path: Path) -> str:
+    return str(path / "*.parquet") if path.is_dir() else str(path)
+
+
+def _write_keep(scores: Path, out: Path, where: str, limit: int | None, engine: Engine) -> int:
+    """OUT/keep.parquet: the uids of the scores `where` holds, the first `limit` of them in RANK order (None: all);
+    returns how many."""
+    keep = out / "keep.parquet"
+    if keep.is_dir():
+        shutil.rmtree(keep)
+    keep.unlink(missing_ok=True)
+    if engine.name == "spark":
+        from pyspark.sql import functions as F
+
+        spark = spark_session(engine.master, retries=engine.retries, memory=engine.memory)
+        kept = spark.read.parquet(str(scores)).where(where)
+        if limit is not None:
+            kept = kept.orderBy(F.desc("score"), F.asc("uid")).limit(limit)
+        kept = kept.select("uid").orderBy("uid").cache()
+        kept.write.mode("overwrite").parquet(str(keep))
+        count = kept.count()
+        kept.unpersist()
+        return count
+    import duckdb
+
+    with duckdb.connect() as con:
+        top = f"ORDER BY {RANK} LIMIT {int(limit)}" if limit is not None else ""
+        con.execute(f"COPY (SELECT uid FROM (SELECT uid FROM read_parquet(?) WHERE {where} {top}) ORDER BY uid) "
+                    f"TO '{sql_path(keep)}' (FORMAT parquet)", [_source(scores)])
+        return con.execute(f"SELECT count(*) FROM read_parquet('{sql_path(keep)}')").fetchone()[0]
+
+
+def _summary(scores: Path, pairs: str, n_pairs: int, options: ScoreOptions, engine: Engine) -> dict:
+    """Percentiles, a 50-bin histogram, and for each cut (and this run's) its threshold and the pairs at its
+    border, from the scores (DuckDB, on the driver: one column of floats)."""
+    import duckdb
+
+    from openalign.pipeline.scoring import PERCENTILES
+
+    with duckdb.connect() as con:
+        con.execute(f"CREATE TEMP VIEW s AS SELECT uid, score FROM read_parquet('{sql_path(_source(scores))}') "
+                    f"WHERE {FINITE}")
+        scored, low, high = con.execute("SELECT count(*), min(score), max(score) FROM s").fetchone()
+        percentiles = {}
+        if scored:
+            values = con.execute("SELECT quantile_cont(score, ?::DOUBLE[]) FROM s",
+                                 [[q / 100 for q in PERCENTILES]]).fetchone()[0]
+            percentiles = {f"p{q:g}": float(v) for q, v in zip(PERCENTILES, values)}
+        width = (high - low) / 50 if scored and high > low else 1.0
+        bins = dict(con.execute("SELECT least(floor((score - ?) / ?)::BIGINT, 49), count(*) FROM s GROUP BY 1",
+                                [low or 0.0, width]).fetchall()) if scored else {}
+        histogram = {"low": low, "width": width, "counts": [int(bins.get(b, 0)) for b in range(50)]}
+        con.execute(f"CREATE TEMP TABLE ranked AS SELECT row_number() OVER (ORDER BY {RANK}) AS rank, uid, score "
+                    "FROM s")
+        fractions = list(CUTS) + ([options.keep_fraction] if options.keep_fraction not in (None, *CUTS) else [])
+        cuts = []
+        for fraction in sorted(fractions, reverse=True):
+            k = min(keep_count(fraction, n_pairs), scored)
+            threshold = con.execute("SELECT score FROM ranked WHERE rank = ?", [k]).fetchone() if k else None
+            half = options.examples // 2
+            border = con.execute("SELECT rank, score, uid FROM ranked WHERE rank > ? AND rank <= ? ORDER BY rank",
+                                 [k - (options.examples - half), k + half]).fetchall()
+            cuts.append({"fraction": fraction, "kept": k, "threshold": threshold[0] if threshold else None,
+                         "border": [{"rank": rank, "kept": rank <= k, "score": score, "uid": uid}
+                                    for rank, score, uid in border]})
+    shown = describe(pairs, sorted({e["uid"] for cut in cuts for e in cut["border"]}), engine)
+    for cut in cuts:
+        for example in cut["border"]:
+            example.update(shown.get(example["uid"], {}))
+    return {"scored": int(scored), "percentiles": percentiles, "histogram": histogram, "cuts": cuts}
+
+
+def describe(pairs: str, uids: list[str], engine: Engine) -> dict[str, dict]:
+    """{uid: {image, text}} of a few pairs of the table (the Spark engine reads a table only the cluster can)."""
+    if not uids:
+        return {}
+    if engine.name == "spark":
+        from pyspark.sql import functions as F
+
+        spark = spark_session(engine.master, retries=engine.retries, memory=engine.memory)
+        rows = (spark.read.parquet(pairs).where(F.col("uid").isin(uids))
+                .select("uid", "text", F.coalesce("member", "path").alias("image")).collect())
+    else:
+        import duckdb
+
+        with duckdb.connect() as con:
+            rows = con.execute("SELECT uid, text, coalesce(member, path) FROM read_parquet(?) WHERE uid IN "
+                               "(SELECT unnest(?::VARCHAR[]))", [pairs, uids]).fetchall()
+    return {uid: {"image": image, "text": text} for uid, text, image in sorted(rows, key=lambda r: tuple(map(str, r)))}
+
+
+def _plot(path: Path, summary: dict, threshold: float | None, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    hist = summary["histogram"]
+    edges = hist["low"] + hist["width"] * np.arange(len(hist["counts"])) if hist["low"] is not None else []
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.bar(edges, hist["counts"], width=hist["width"], align="edge", color="tab:blue", alpha=0.8)
+    for cut in summary["cuts"]:
+        if cut["threshold"] is not None:
+            ax.axvline(cut["threshold"], color="grey", lw=0.8, ls=":")
+            ax.text(cut["threshold"], ax.get_ylim()[1] * 0.95, f"top {cut['fraction']:g}", rotation=90, fontsize=7,
+                    va="top", ha="right", color="grey")
+    if threshold is not None:
+        ax.axvline(threshold, color="tab:red", lw=1.5, label=f"this cut: {threshold:.3f}")
+        ax.legend()
+    ax.set(xlabel="image-text cosine", ylabel="pairs", title=title)
+    fig.tight_layout()
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def score(pairs: Path, out: Path, options: ScoreOptions, progress: bool = True,
+          engine: Engine = Engine()) -> ScoreResult:
+    """Score every pair in jobs of `images_per_task` images (local processes or Spark), write the scores, then
+    keep the top fraction or those at or above the minimum."""
+    pairs, out = str(pairs), Path(out)
+    _check(options)
+    check_pair_table(pairs, (*IMAGE_COLUMNS, "text"))
+    from openalign.model.hub import model_fingerprint  # torch and transformers: only now
+
+    fingerprint = model_fingerprint(Path(options.model))
+    if engine.name == "local":
+        engine = Engine(workers=options.workers or os.cpu_count() or 1, retries=engine.retries)
+    threads = 1  # a job's scores do not depend on the engine or the machine: a sum splits by the thread count
+    start = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    unfinish(out / REPORT)  # the old keep-list is no longer this output's until the new report says so
+    key = {"model": fingerprint, "encode_batch": options.encode_batch, "stage": "score"}
+    inputs = sources_key(pairs if "://" in pairs else str(Path(pairs).resolve()), key, options.images_per_task,
+                         engine.name)
+    scores_path = out / SCORES
+    reused = _scores_match(scores_path, inputs)
+    results: dict = {}
+    if not reused:
+        model_path = str(Path(options.model).resolve())
+        _, results, _, job_files = image_jobs(pairs, out, score_task, (model_path, options.encode_batch, threads), key,
+                                              options.images_per_task, engine, "score", progress, with_pairs=True)
+        _write_scores(job_files, scores_path, fingerprint, inputs, engine)
+    n_pairs, n_images = counts(pairs, engine)
+    if options.keep_fraction is not None:
+        limit = keep_count(options.keep_fraction, n_pairs)
+        rule = f"the top {options.keep_fraction:g} of {n_pairs:,} pairs by cosine ({limit:,})"
+        kept = _write_keep(scores_path, out, FINITE, limit, engine)
+    else:
+        rule = f"cosine >= {options.min_score!r}"
+        kept = _write_keep(scores_path, out, f"{FINITE} AND score >= {float(options.min_score)!r}", None, engine)
+    summary = _summary(scores_path, pairs, n_pairs, options, engine)
+    import duckdb
+
+    with duckdb.connect() as con:
+        threshold = con.execute("SELECT min(score) FROM read_parquet(?) s JOIN read_parquet(?) k USING (uid)",
+                                [_source(scores_path), _source(out / "keep.parquet")]).fetchone()[0]
+    _plot(out / "score_report.png", summary, threshold, f"{summary['scored']:,} pairs scored by "
+                                                        f"{Path(options.model).name}")
+    report = {
+        "stage": "score", "pairs": pairs, "model": options.model, "model_fingerprint": fingerprint,
+        "engine": engine.name, "rule": rule, "keep_fraction": options.keep_fraction, "min_score": options.min_score,
+        "tie_break": "the smaller uid", "total_pairs": int(n_pairs), "images": int(n_images),
+        "scored_pairs": summary["scored"], "unscored_pairs": int(n_pairs) - summary["scored"],
+        "unreadable_images": sum(r["unreadable"] for r in results.values()) if results else None,
+        "kept_pairs": int(kept), "removed_pairs": int(n_pairs) - int(kept), "threshold": threshold,
+        "reused_scores": reused, "scores": str(scores_path), "keep": str(out / "keep.parquet"),
+        "percentiles": summary["percentiles"], "cuts": summary["cuts"], "histogram": summary["histogram"],
+        "options": asdict(options), "seconds": round(time.perf_counter() - start, 2),
+    }
+    report = write_keep_report(out, REPORT, report, pairs)  # last: the keep-list is finished
+    if (out / WORK).exists():
+        shutil.rmtree(out / WORK)
+    return ScoreResult(out / "keep.parquet", scores_path, rule, int(n_pairs), summary["scored"], int(kept), threshold,
+                       reused, report["seconds"], report)
