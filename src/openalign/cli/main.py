@@ -37,6 +37,8 @@ COMMANDS = {
     "screen": Command("drop images an image classifier flags (the paper's unsafe-image filter)", "stages"),
     "score": Command("keep the pairs a model scores highest (image-text cosine; DataComp's CLIP score filter)",
                      "stages"),
+    "semdedup": Command("drop semantic near-duplicates within the corpus (SemDeDup: k-means cells of image "
+                        "embeddings)", "stages"),
     "shard": Command("kept pairs -> resized webdataset shards (reruns skip finished shards)", "stages"),
     "embed": Command("image embeddings of a collection (resumable parts + metadata)", "index"),
     "index": Command("a FAISS index over embeddings, tuned to a recall target", "index"),

@@ -1,5 +1,5 @@
 """The corpus stages after the download: `ingest` (files -> a pair table), the keep-list stages `filter`, `dedup`,
-`screen` and `score`, and `shard` (kept pairs -> training shards)."""
+`screen`, `score` and `semdedup`, and `shard` (kept pairs -> training shards)."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def run_filter(args) -> int:
 
 
 def keep_list_flags(p, report: str, options: type) -> None:
-    """A stage that reads the pair table's images and writes a keep-list: dedup, screen, score."""
+    """A stage that reads the pair table's images and writes a keep-list: dedup, screen, score, semdedup."""
     p.add_argument("pairs", help="the pair table from `openalign ingest` (pairs.parquet)")
     p.add_argument("--out", required=True, help=f"a folder: the keep-list (keep.parquet) and {report}")
     add_options(p, options)
@@ -121,6 +121,25 @@ def run_score(args) -> int:
     print(f"kept {result.kept_pairs:,} of {result.pairs:,} pairs ({result.scored_pairs:,} scored): {result.rule}"
           f"{threshold}" + (" (scores reused)" if result.reused_scores else ""))
     print(f"keep-list: {result.keep}, scores: {result.scores}, report: {Path(args.out) / 'score_report.json'} (+ .png)")
+    return 0
+
+
+def semdedup_flags(p) -> None:
+    from openalign.pipeline.semdedup import SemDedupOptions
+
+    keep_list_flags(p, "semdedup_report.json/.png and clusters.parquet", SemDedupOptions)
+
+
+def run_semdedup(args) -> int:
+    from openalign.pipeline.semdedup import SemDedupOptions, semdedup
+
+    result = semdedup(args.pairs, Path(args.out), options_from(args, SemDedupOptions), progress=not args.quiet,
+                      engine=engine(args))
+    print(f"{result.removed_images:,} of {result.embedded_images:,} images ({result.removed_pairs:,} pairs) are "
+          f"semantic near-duplicates within their k-means cell ({result.cells:,} cells; "
+          f"{result.images - result.embedded_images:,} unreadable, kept)")
+    print(f"keep-list: {result.keep}, cells: {result.clusters}, report: {Path(args.out) / 'semdedup_report.json'} "
+          "(+ .png)")
     return 0
 
 

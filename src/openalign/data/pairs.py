@@ -161,8 +161,8 @@ def pair_uids(image_keys, texts) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------- keep-lists
 
-KEEP_REPORTS = ("filter_report.json", "dedup_report.json", "screen_report.json", "score_report.json")  # written
-# last, beside keep.parquet
+KEEP_REPORTS = ("filter_report.json", "dedup_report.json", "screen_report.json", "score_report.json",
+                "semdedup_report.json")  # written last, beside keep.parquet
 FETCH_REPORT = "fetch_report.json"  # written last into a fetch's output folder (img2dataset's layout + its report)
 FETCH_WORK = "_fetch"  # the fetch's plan and task statuses, beside its shards
 PAIR_TABLE = "pair_table"  # the field of every keep-list report naming the pair table it was made from
@@ -187,8 +187,8 @@ def keep_source(path: Path) -> str:
     if not path.exists():
         raise ConfigError(f"no keep-list at {path}; run `openalign filter` (or `openalign dedup`) first")
     if not any((path.parent / report).is_file() for report in KEEP_REPORTS):
-        raise ConfigError(f"{path} has no report of its stage beside it (filter, dedup, screen or score), so the stage "
-                          f"that wrote it did not finish; run that stage again into {path.parent}")
+        raise ConfigError(f"{path} has no report of its stage beside it (filter, dedup, screen, score or semdedup), so "
+                          f"the stage that wrote it did not finish; run that stage again into {path.parent}")
     return str(path / "*.parquet") if path.is_dir() else str(path)
 
 
@@ -225,8 +225,8 @@ def pair_table_of(keep_dir: Path) -> str:
                 return report[PAIR_TABLE]
             raise ConfigError(f"{Path(keep_dir) / name} is damaged (not the report its stage writes); run that "
                               f"stage again into {keep_dir}")
-    raise ConfigError(f"{keep_dir} holds no filter, dedup, screen or score report; data.keep takes the --out "
-                      "directories of `openalign filter`, `dedup`, `screen` and `score`")
+    raise ConfigError(f"{keep_dir} holds no report of a keep-list stage; data.keep takes the --out directories of "
+                      "`openalign filter`, `dedup`, `screen`, `score` and `semdedup`")
 
 
 def build_keep_index(keep_dirs: list[str], out_dir: Path) -> str:

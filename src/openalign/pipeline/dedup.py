@@ -42,8 +42,8 @@ from openalign.outputs import unfinish
 from openalign.data import images, sources
 from openalign.data.engine import Engine, read_plan
 from openalign.data.pairs import IMAGE_COLUMNS, check_pair_table, write_keep_report
-from openalign.pipeline.scoring import (FINITE, WORK, embed_blobs, image_jobs, score_summary, write_keep_without_images,
-                                        write_scores)
+from openalign.pipeline.scoring import (FINITE, WORK, embed_blobs, image_jobs, kmeans, nearest_cells, score_summary,
+                                        write_keep_without_images, write_scores)
 
 __all__ = ["DedupOptions", "DedupResult", "dedup"]
 
@@ -136,27 +136,6 @@ def embedding_task(plan: str, index: int, scores_path: str, eval_path: str, mode
 
 
 # ---------------------------------------------------------------------------------------------- buckets
-
-def kmeans(vectors: np.ndarray, clusters: int, seed: int = 0) -> np.ndarray:
-    """[k, D] unit-norm centroids of `vectors` (spherical k-means, FAISS, 20 iterations, seeded), k = min(clusters,
-    number of vectors)."""
-    import faiss
-
-    k = max(1, min(clusters, len(vectors)))
-    km = faiss.Kmeans(vectors.shape[1], k, niter=20, seed=seed, spherical=True, verbose=False,
-                      min_points_per_centroid=1, max_points_per_centroid=1 << 20)
-    km.train(np.ascontiguousarray(vectors, dtype=np.float32))
-    return km.centroids / np.linalg.norm(km.centroids, axis=1, keepdims=True).clip(min=1e-12)
-
-
-def nearest_cells(vectors: np.ndarray, centroids: np.ndarray, top: int) -> np.ndarray:
-    """[N, top] each vector's `top` nearest centroids by cosine (an exact FAISS search of the centroids)."""
-    import faiss
-
-    cells = faiss.IndexFlatIP(centroids.shape[1])
-    cells.add(np.ascontiguousarray(centroids, dtype=np.float32))
-    return cells.search(np.ascontiguousarray(vectors, dtype=np.float32), min(top, len(centroids)))[1].astype(np.int64)
-
 
 def cell_incidence(cells: np.ndarray, n_cells: int):
     """Images' [N, top] nearest cells as a sparse [N, n_cells] 0/1 matrix (CSR)."""

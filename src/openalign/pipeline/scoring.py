@@ -112,6 +112,27 @@ def embed_blobs(model_path: str, blobs, batch_size: int, threads: int = 0) -> tu
     return (np.concatenate(out) if out else np.zeros((0, cfg.model.embed_dim), np.float32)), kept
 
 
+def kmeans(vectors: np.ndarray, clusters: int, seed: int = 0) -> np.ndarray:
+    """[k, D] unit-norm centroids of `vectors` (spherical k-means, FAISS, 20 iterations, seeded), k = min(clusters,
+    number of vectors)."""
+    import faiss
+
+    k = max(1, min(clusters, len(vectors)))
+    km = faiss.Kmeans(vectors.shape[1], k, niter=20, seed=seed, spherical=True, verbose=False,
+                      min_points_per_centroid=1, max_points_per_centroid=1 << 20)
+    km.train(np.ascontiguousarray(vectors, dtype=np.float32))
+    return km.centroids / np.linalg.norm(km.centroids, axis=1, keepdims=True).clip(min=1e-12)
+
+
+def nearest_cells(vectors: np.ndarray, centroids: np.ndarray, top: int) -> np.ndarray:
+    """[N, top] each vector's `top` nearest centroids by cosine (an exact FAISS search of the centroids)."""
+    import faiss
+
+    cells = faiss.IndexFlatIP(centroids.shape[1])
+    cells.add(np.ascontiguousarray(centroids, dtype=np.float32))
+    return cells.search(np.ascontiguousarray(vectors, dtype=np.float32), min(top, len(centroids)))[1].astype(np.int64)
+
+
 def write_scores(path: str, rows: list[dict], scores: list[float | None], matches: list[int | None]) -> None:
     table = pa.table({"image_key": [r["image_key"] for r in rows], "score": pa.array(scores, pa.float64()),
                       "match": pa.array(matches, pa.int64())})

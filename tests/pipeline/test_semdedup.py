@@ -1,0 +1,181 @@
+"""pipeline/semdedup.py: SemDeDup's rule within k-means cells of image embeddings, against a brute force of it."""
+
+import json
+import shutil
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from PIL import Image
+
+from openalign import presets
+from openalign.cli import main
+from openalign.data.pairs import read_keep
+from openalign.data.transforms import to_tensor
+from openalign.model.dual_encoder import DualEncoder
+from openalign.model.hub import save_pretrained
+from openalign.pipeline.semdedup import SemDedupOptions, cluster_removals, semdedup
+from openalign.tokenizer import train_tokenizer
+
+
+def brute_force(vectors: np.ndarray) -> tuple[list[float], list[int]]:
+    """Each row's highest cosine to a row before it, and which row, one pair at a time."""
+    best, before = [-np.inf], [-1]
+    for j in range(1, len(vectors)):
+        sims = [float(vectors[i] @ vectors[j]) for i in range(j)]
+        before.append(int(np.argmax(sims)))
+        best.append(max(sims))
+    return best, before
+
+
+def unit(v):
+    return v / np.linalg.norm(v)
+
+
+def planted(seed: int = 0) -> np.ndarray:
+    """40 random directions in 16-d, then near-copies of some of them and a chain a ~ b ~ c with a, c apart."""
+    rng = np.random.default_rng(seed)
+    base = [unit(rng.normal(size=16)) for _ in range(40)]
+    copies = [unit(base[i] + 0.05 * rng.normal(size=16)) for i in (3, 3, 17, 29)]
+    a, side = unit(rng.normal(size=16)), rng.normal(size=16)
+    side = unit(side - (side @ a) * a)
+    chain = [a, unit(a + 0.25 * side), unit(a + 0.5 * side)]  # a·b and b·c ~ 0.97, a·c ~ 0.89
+    rows = np.array(base + copies + chain, dtype=np.float32)
+    return rows[rng.permutation(len(rows))]
+
+
+@pytest.mark.parametrize("block", [1, 3, 1024])
+def test_each_row_s_highest_cosine_to_an_earlier_row_is_the_brute_force_s(block):
+    vectors = planted()
+    best, before = cluster_removals(vectors, block=block)
+    want_best, want_before = brute_force(vectors)
+    assert np.allclose(best[1:], want_best[1:], atol=1e-6) and best[0] == -np.inf
+    assert list(before) == want_before
+
+
+def test_a_chain_loses_both_later_links_though_its_ends_are_apart():
+    """The paper's rule: c goes for its cosine to b, although b itself went (a greedy pass would keep c)."""
+    rng = np.random.default_rng(0)
+    a, side = unit(rng.normal(size=8)), rng.normal(size=8)
+    side = unit(side - (side @ a) * a)  # orthogonal to a
+    b, c = unit(a + 0.25 * side), unit(a + 0.5 * side)
+    best, before = cluster_removals(np.array([a, b, c], dtype=np.float32))
+    eps = 0.05
+    assert a @ c < 1 - eps < min(a @ b, b @ c)
+    assert list(best[1:] > 1 - eps) == [True, True] and list(before) == [-1, 0, 1]
+
+
+# ---------------------------------------------------------------------------------------------- the stage
+
+def picture(seed: int) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 255, (6, 8, 3), dtype=np.uint8)).resize((96, 72), Image.NEAREST)
+
+
+def make_corpus(root):
+    folder = root / "images"
+    folder.mkdir()
+    for i in range(24):
+        picture(i).save(folder / f"p{i:02d}.png")
+        (folder / f"p{i:02d}.txt").write_text(f"picture {i}")
+    for n, i in enumerate((2, 5, 5, 11)):  # near-copies: the same picture at another size (another image key)
+        picture(i).resize((100 + 4 * n, 75 + 3 * n)).save(folder / f"c{n}_of_{i:02d}.png")
+        (folder / f"c{n}_of_{i:02d}.txt").write_text(f"a copy of picture {i}")
+    assert main(["ingest", str(folder), "--out", str(root / "pairs.parquet"), "--quiet", "--workers", "1"]) == 0
+    cfg = presets.get("tiny")
+    torch.manual_seed(0)
+    model = DualEncoder(cfg.model)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.reset_running_stats()
+                m.momentum = None
+        model.encode_image(torch.stack([to_tensor(picture(i).resize((32, 32))) for i in range(24)]))
+    model.eval()
+    save_pretrained(model, train_tokenizer(["picture copy"] * 10, 120, 16), root / "model", cfg)
+    return root / "pairs.parquet", root / "model"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return make_corpus(tmp_path_factory.mktemp("semdedup"))
+
+
+def independent_embeddings(pairs, model_dir) -> dict[str, np.ndarray]:
+    from openalign.data import images, sources
+    from openalign.data.transforms import vision_transform
+    from openalign.model.encode import encode_images, load_for_inference
+
+    model, _, cfg = load_for_inference(model_dir, "cpu")
+    transform = vision_transform(cfg.model.vision)
+    found = {}
+    for row in pq.read_table(pairs).to_pylist():
+        pixels = transform(images.load_rgb(sources.read_bytes(row["path"], row["member"])))
+        found[row["image_key"]] = encode_images(model, pixels[None])[0].numpy()
+    return found
+
+
+@pytest.mark.parametrize("keep", ["hard", "easy"])
+def test_removals_are_the_rule_applied_to_each_cell_and_the_copies_go(corpus, tmp_path, keep):
+    pairs, model = corpus
+    options = SemDedupOptions(model=str(model), eps=0.01, clusters=4, keep=keep, images_per_task=7,
+                              clusters_per_task=3, workers=1)
+    result = semdedup(pairs, tmp_path / "out", options, progress=False)
+    cells = pq.read_table(tmp_path / "out" / "clusters.parquet").to_pylist()
+    assert result.images == 28 and len(cells) == 28 and result.cells == 4
+    vectors = independent_embeddings(pairs, model)
+    removed = set()
+    for cell in {c["cluster"] for c in cells}:
+        members = [c for c in cells if c["cluster"] == cell]
+        sign = 1 if keep == "hard" else -1  # hard: the farthest from the centroid (lowest cosine) first
+        members.sort(key=lambda c: (sign * c["centroid_similarity"], c["image_key"]))
+        best, before = brute_force(np.stack([vectors[c["image_key"]] for c in members]))
+        for member, score, earlier in zip(members, best, before):
+            if score > 1 - options.eps:
+                removed.add(member["image_key"])
+                assert member["duplicate_of"] == members[earlier]["image_key"]
+                assert member["similarity"] == pytest.approx(score, abs=1e-5)
+    assert {c["image_key"] for c in cells if c["removed"]} == removed and result.removed_images == len(removed)
+    table = pq.read_table(pairs).to_pylist()
+    copies = {r["image_key"] for r in table if "_of_" in r["path"]}
+    gone = {r["path"].rsplit("/", 1)[1] for r in table if r["image_key"] in removed}
+    assert len(gone) == 4 and copies <= removed | {c["duplicate_of"] for c in cells if c["removed"]}, gone
+    family = {r["image_key"]: r["path"].rsplit("/", 1)[1][-6:-4] for r in table}  # p05.png, c1_of_05.png: "05"
+    assert all(family[c["image_key"]] == family[c["duplicate_of"]] for c in cells if c["removed"])
+    assert read_keep(tmp_path / "out") == sorted(r["uid"] for r in table if r["image_key"] not in removed)
+    report = json.loads((tmp_path / "out" / "semdedup_report.json").read_text())
+    assert report["removed_pairs"] == len(removed) and report["examples"][0]["similarity"] > 0.99
+    assert sum(c["images"] for c in report["largest_cells"]) == 28
+    assert (tmp_path / "out" / "semdedup_report.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("flags, message", [
+    ([], "--model"),
+    (["--model", "MODEL", "--eps", "0"], "--eps 0.0 must be between 0 and 2"),
+    (["--model", "MODEL", "--clusters", "0"], "--clusters 0 must be at least 1"),
+    (["--model", "nowhere"], "is not a directory"),
+])
+def test_bad_options_are_one_sentence(corpus, tmp_path, capsys, flags, message):
+    pairs, model = corpus
+    flags = [str(model) if f == "MODEL" else f for f in flags]
+    assert main(["semdedup", str(pairs), "--out", str(tmp_path / "out"), "--quiet", *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(shutil.which("java") is None,
+                    reason="the Spark engine needs Java (apt-get install default-jre-headless)")
+def test_spark_removes_what_the_local_engine_does(corpus, tmp_path):
+    from openalign.data.engine import Engine
+
+    pairs, model = corpus
+    options = SemDedupOptions(model=str(model), eps=0.01, clusters=4, images_per_task=7, clusters_per_task=3)
+    local = semdedup(pairs, tmp_path / "local", options, progress=False)
+    spark = semdedup(pairs, tmp_path / "spark", options, progress=False, engine=Engine("spark", "local[2]", retries=2))
+    assert read_keep(tmp_path / "local") == read_keep(tmp_path / "spark") and local.removed_images > 0
+    assert pq.read_table(tmp_path / "local" / "clusters.parquet").to_pylist() == pq.read_table(
+        tmp_path / "spark" / "clusters.parquet").to_pylist()
+    differ = ("engine", "seconds", "keep", "clusters_file")
+    assert {k: v for k, v in local.report.items() if k not in differ} == {
+        k: v for k, v in spark.report.items() if k not in differ}
