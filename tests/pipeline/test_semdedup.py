@@ -2,6 +2,7 @@
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -179,3 +180,15 @@ def test_spark_removes_what_the_local_engine_does(corpus, tmp_path):
     differ = ("engine", "seconds", "keep", "clusters_file")
     assert {k: v for k, v in local.report.items() if k not in differ} == {
         k: v for k, v in spark.report.items() if k not in differ}
+
+
+def test_the_keep_list_composes_with_shard_and_data_keep(corpus, tmp_path):
+    from openalign.data.pairs import build_keep_index
+
+    pairs, model = corpus
+    assert main(["semdedup", str(pairs), "--model", str(model), "--out", str(tmp_path / "s"), "--quiet", "--eps",
+                 "0.01", "--clusters", "4"]) == 0
+    assert main(["shard", str(pairs), "--keep", str(tmp_path / "s"), "--out", str(tmp_path / "shards"), "--quiet",
+                 "--image-size", "32"]) == 0
+    assert json.loads((tmp_path / "shards" / "manifest.json").read_text())["n_samples"] == 24  # 28 images, 4 gone
+    assert Path(build_keep_index([str(tmp_path / "s")], tmp_path / "index")).is_file()
