@@ -192,3 +192,17 @@ def test_the_keep_list_composes_with_shard_and_data_keep(corpus, tmp_path):
                  "--image-size", "32"]) == 0
     assert json.loads((tmp_path / "shards" / "manifest.json").read_text())["n_samples"] == 24  # 28 images, 4 gone
     assert Path(build_keep_index([str(tmp_path / "s")], tmp_path / "index")).is_file()
+
+
+def test_a_killed_semdedup_leaves_no_keep_list_and_resumes_its_finished_jobs(corpus, tmp_path, monkeypatch):
+    from conftest import run_killed
+    from openalign.pipeline import semdedup as semdedup_lib
+
+    pairs, model = corpus
+    args = ["semdedup", str(pairs), "--model", str(model), "--out", str(tmp_path / "out"), "--quiet", "--eps", "0.01",
+            "--clusters", "4", "--clusters-per-task", "3", "--images-per-task", "7", "--workers", "1"]
+    run_killed(monkeypatch, semdedup_lib, "write_keep_without_images", args)  # every pass done, then killed
+    assert not (tmp_path / "out" / "semdedup_report.json").exists()
+    assert main(args) == 0
+    report = json.loads((tmp_path / "out" / "semdedup_report.json").read_text())
+    assert report["resumed_tasks"] == 4 + 4 + 2 and report["removed_images"] == 4  # embed, assign, cells
