@@ -67,10 +67,10 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line]
 
 
-def save_tiny_model(out: Path, texts: list[str], embed_dim: int | None = None) -> Path:
-    """A tiny untrained model with its tokenizer (and the tiny preset's embedding width, or `embed_dim`), saved as a
-    model directory. Its BatchNorm statistics are measured on coloured shapes (as training would leave them): at
-    their initial values an untrained image tower embeds every image alike."""
+def save_tiny_model(out: Path, texts: list[str], embed_dim: int | None = None, seed: int = 0) -> Path:
+    """A tiny untrained model (weights drawn with `seed`) with its tokenizer (and the tiny preset's embedding width,
+    or `embed_dim`), saved as a model directory. Its BatchNorm statistics are measured on coloured shapes (as
+    training would leave them): at their initial values an untrained image tower embeds every image alike."""
     import dataclasses
 
     import torch
@@ -81,7 +81,7 @@ def save_tiny_model(out: Path, texts: list[str], embed_dim: int | None = None) -
     from openalign.model.hub import save_pretrained
     from openalign.tokenizer import train_tokenizer
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     tokenizer = train_tokenizer(texts * 4, 200, 16)
     cfg = presets.get("tiny")
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(

@@ -9,38 +9,23 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import torch
-from PIL import Image, ImageDraw
 
-from conftest import run_killed
-from openalign import presets
+from conftest import COLORS, SHAPES, run_killed, save_tiny_model, shape_image
 from openalign.cli import main
 from openalign.data.pairs import read_keep
-from openalign.data.transforms import to_tensor
-from openalign.model.dual_encoder import DualEncoder
-from openalign.model.hub import save_pretrained
 from openalign.pipeline import score as score_lib
 from openalign.pipeline.score import ScoreOptions, keep_count, score
-from openalign.tokenizer import train_tokenizer
 
-COLOURS = ["red", "green", "blue", "yellow", "purple", "orange", "black", "white"]
-SHAPES = ["circle", "square", "triangle"]
+COMBOS = [(colour, shape) for colour in COLORS for shape in SHAPES]
 
 
-def picture(seed: int) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    image = Image.new("RGB", (96, 80), tuple(int(c) for c in rng.integers(0, 255, 3)))
-    draw = ImageDraw.Draw(image)
-    for _ in range(3):
-        x, y = rng.integers(0, 60), rng.integers(0, 50)
-        draw.rectangle((x, y, x + rng.integers(10, 40), y + rng.integers(10, 30)),
-                       fill=tuple(int(c) for c in rng.integers(0, 255, 3)))
-    return image
+def picture(i: int):
+    return shape_image(*COMBOS[i], size=64)
 
 
 def captions() -> list[tuple[int, str]]:
     """(picture, caption): 10 pictures; picture 0 and 1 have two captions each, one caption is on two pictures."""
-    rows = [(i, f"a {COLOURS[i % 8]} {SHAPES[i % 3]} number {i}") for i in range(10)]
+    rows = [(i, f"a {COMBOS[i][0]} {COMBOS[i][1]} number {i}") for i in range(10)]
     return rows + [(0, "a second caption for the first"), (1, "a shared caption"), (5, "a shared caption")]
 
 
@@ -58,19 +43,7 @@ def make_table(tmp_path):
 
 
 def save_model(path, seed: int = 0):
-    """A tiny model with BatchNorm statistics of the pictures and a vocabulary of the captions' words."""
-    torch.manual_seed(seed)
-    cfg = presets.get("tiny")
-    model = DualEncoder(cfg.model)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, torch.nn.BatchNorm2d):
-                m.reset_running_stats()
-                m.momentum = None
-        model.encode_image(torch.stack([to_tensor(picture(i).resize((32, 32))) for i in range(10)]))
-    model.eval()
-    save_pretrained(model, train_tokenizer([t for _, t in captions()] * 5, 120, 16), path, cfg)
-    return path
+    return save_tiny_model(path, [t for _, t in captions()], seed=seed)
 
 
 @pytest.fixture(scope="module")

@@ -7,17 +7,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-import torch
 from PIL import Image
 
-from openalign import presets
+from conftest import save_tiny_model
 from openalign.cli import main
 from openalign.data.pairs import read_keep
-from openalign.data.transforms import to_tensor
-from openalign.model.dual_encoder import DualEncoder
-from openalign.model.hub import save_pretrained
 from openalign.pipeline.semdedup import SemDedupOptions, cluster_removals, semdedup
-from openalign.tokenizer import train_tokenizer
 
 
 def brute_force(vectors: np.ndarray) -> tuple[list[float], list[int]]:
@@ -84,17 +79,7 @@ def make_corpus(root):
         picture(i).resize((100 + 4 * n, 75 + 3 * n)).save(folder / f"c{n}_of_{i:02d}.png")
         (folder / f"c{n}_of_{i:02d}.txt").write_text(f"a copy of picture {i}")
     assert main(["ingest", str(folder), "--out", str(root / "pairs.parquet"), "--quiet", "--workers", "1"]) == 0
-    cfg = presets.get("tiny")
-    torch.manual_seed(0)
-    model = DualEncoder(cfg.model)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, torch.nn.BatchNorm2d):
-                m.reset_running_stats()
-                m.momentum = None
-        model.encode_image(torch.stack([to_tensor(picture(i).resize((32, 32))) for i in range(24)]))
-    model.eval()
-    save_pretrained(model, train_tokenizer(["picture copy"] * 10, 120, 16), root / "model", cfg)
+    save_tiny_model(root / "model", ["picture copy"])
     return root / "pairs.parquet", root / "model"
 
 

@@ -41,7 +41,7 @@ from openalign.data import sources
 from openalign.data.engine import Engine, read_plan, spark_session
 from openalign.data.pairs import IMAGE_COLUMNS, check_pair_table, sql_path, write_keep_report
 from openalign.outputs import sources_key, unfinish
-from openalign.pipeline.scoring import FINITE, WORK, embed_blobs, image_jobs, model_for
+from openalign.pipeline.scoring import FINITE, WORK, check_model, embed_blobs, image_jobs, model_for, save_png
 
 __all__ = ["ScoreOptions", "ScoreResult", "score"]
 
@@ -127,16 +127,6 @@ def counts(pairs: str, engine: Engine) -> tuple[int, int]:
 
 
 def _check(options: ScoreOptions) -> None:
-    if not options.model:
-        raise ConfigError("score needs --model DIR (a model directory openalign loads: its own, or a CLIP, SigLIP "
-                          "or OpenCLIP checkpoint)")
-    if not Path(options.model).is_dir():
-        raise ConfigError(f"--model {options.model} is not a directory; give an openalign model directory")
-    from openalign.model.hub import has_tokenizer, load_config
-
-    load_config(Path(options.model))  # a directory openalign cannot load is one sentence here, before any job
-    if not has_tokenizer(Path(options.model)):
-        raise ConfigError(f"{options.model} has no tokenizer files, and a pair's text is scored through them")
     if (options.keep_fraction is None) == (options.min_score is None):
         raise ConfigError("give one of --keep-fraction F (the top fraction of pairs) and --min-score S (a cosine)")
     if options.keep_fraction is not None and not 0 < options.keep_fraction <= 1:
@@ -290,11 +280,7 @@ def _plot(path: Path, summary: dict, threshold: float | None, title: str) -> Non
         ax.axvline(threshold, color="tab:red", lw=1.5, label=f"this cut: {threshold:.3f}")
         ax.legend()
     ax.set(xlabel="image-text cosine", ylabel="pairs", title=title)
-    fig.tight_layout()
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
+    save_png(fig, path)
 
 
 def score(pairs: Path, out: Path, options: ScoreOptions, progress: bool = True,
@@ -302,11 +288,9 @@ def score(pairs: Path, out: Path, options: ScoreOptions, progress: bool = True,
     """Score every pair in jobs of `images_per_task` images (local processes or Spark), write the scores, then
     keep the top fraction or those at or above the minimum."""
     pairs, out = str(pairs), Path(out)
+    fingerprint = check_model(options.model, "score", texts=True)
     _check(options)
     check_pair_table(pairs, (*IMAGE_COLUMNS, "text"))
-    from openalign.model.hub import model_fingerprint  # torch and transformers: only now
-
-    fingerprint = model_fingerprint(Path(options.model))
     if engine.name == "local":
         engine = Engine(workers=options.workers or os.cpu_count() or 1, retries=engine.retries)
     threads = 1  # a job's scores do not depend on the engine or the machine: a sum splits by the thread count

@@ -133,6 +133,35 @@ def nearest_cells(vectors: np.ndarray, centroids: np.ndarray, top: int) -> np.nd
     return cells.search(np.ascontiguousarray(vectors, dtype=np.float32), min(top, len(centroids)))[1].astype(np.int64)
 
 
+def check_model(model: str, stage: str, texts: bool = False) -> str:
+    """The model directory a stage encodes with, checked before any job: given, a directory openalign loads, with
+    tokenizer files where `texts` are encoded too; one sentence otherwise. Returns its fingerprint."""
+    from openalign.config import ConfigError
+
+    if not model:
+        raise ConfigError(f"{stage} needs --model DIR (a model directory openalign loads: its own, or a CLIP, SigLIP "
+                          "or OpenCLIP checkpoint)")
+    if not Path(model).is_dir():
+        raise ConfigError(f"--model {model} is not a directory; give an openalign model directory")
+    from openalign.model.hub import has_tokenizer, load_config, model_fingerprint  # torch, transformers: only now
+
+    load_config(Path(model))
+    if texts and not has_tokenizer(Path(model)):
+        raise ConfigError(f"{model} has no tokenizer files, and a pair's text is encoded through them")
+    return model_fingerprint(Path(model))
+
+
+def save_png(fig, path: Path) -> None:
+    """A report's figure, written under a temporary name and renamed (a killed run leaves no half a PNG)."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
 def write_scores(path: str, rows: list[dict], scores: list[float | None], matches: list[int | None]) -> None:
     table = pa.table({"image_key": [r["image_key"] for r in rows], "score": pa.array(scores, pa.float64()),
                       "match": pa.array(matches, pa.int64())})

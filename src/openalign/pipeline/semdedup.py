@@ -39,7 +39,8 @@ from openalign.data import sources
 from openalign.data.engine import Engine, Job, job_id, read_plan, run_jobs
 from openalign.data.pairs import IMAGE_COLUMNS, check_pair_table, sql_path, write_keep_report
 from openalign.outputs import sources_key, unfinish
-from openalign.pipeline.scoring import FINITE, WORK, embed_blobs, image_jobs, kmeans, write_keep_without_images
+from openalign.pipeline.scoring import (FINITE, WORK, check_model, embed_blobs, image_jobs, kmeans, save_png,
+                                        write_keep_without_images)
 
 __all__ = ["SemDedupOptions", "SemDedupResult", "semdedup", "cluster_removals"]
 
@@ -171,11 +172,6 @@ def dedup_task(in_paths: list[str], out_path: str, keep: str) -> dict:
 
 
 def _check(options: SemDedupOptions) -> None:
-    if not options.model:
-        raise ConfigError("semdedup needs --model DIR (a model directory openalign loads: its own, or a CLIP, SigLIP "
-                          "or OpenCLIP checkpoint)")
-    if not Path(options.model).is_dir():
-        raise ConfigError(f"--model {options.model} is not a directory; give an openalign model directory")
     if not 0 < options.eps < 2:
         raise ConfigError(f"--eps {options.eps} must be between 0 and 2 (an image goes when its cosine to an "
                           "earlier one exceeds 1 - eps)")
@@ -223,11 +219,7 @@ def _plot(path: Path, sizes: list[tuple[int, int, int]], eps: float) -> None:
     right.scatter(size, removed / np.maximum(size, 1), s=8, alpha=0.6, color="tab:red")
     right.set(xlabel="images per cell", ylabel="share removed", ylim=(-0.02, 1.02),
               title=f"removed within each cell (cosine > {1 - eps:g})")
-    fig.tight_layout()
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
+    save_png(fig, path)
 
 
 def semdedup(pairs: Path, out: Path, options: SemDedupOptions, progress: bool = True,
@@ -235,12 +227,9 @@ def semdedup(pairs: Path, out: Path, options: SemDedupOptions, progress: bool = 
     """Embed every image in jobs, fit k-means on a sample, assign, then apply SemDeDup's rule within each cell;
     write the keep-list of the pairs whose image stays."""
     pairs, out = str(pairs), Path(out)
+    fingerprint = check_model(options.model, "semdedup")
     _check(options)
     check_pair_table(pairs, IMAGE_COLUMNS)
-    from openalign.model.hub import load_config, model_fingerprint  # torch and transformers: only now
-
-    load_config(Path(options.model))  # a directory openalign cannot load is one sentence here, before any job
-    fingerprint = model_fingerprint(Path(options.model))
     if engine.name == "local":
         engine = Engine(workers=options.workers or os.cpu_count() or 1, retries=engine.retries)
     start = time.perf_counter()
