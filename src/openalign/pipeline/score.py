@@ -322,8 +322,9 @@ def score(pairs: Path, out: Path, options: ScoreOptions, progress: bool = True,
     with duckdb.connect() as con:
         threshold = con.execute("SELECT min(score) FROM read_parquet(?) s JOIN read_parquet(?) k USING (uid)",
                                 [_source(scores_path), _source(out / "keep.parquet")]).fetchone()[0]
+    scorer = Path(options.model).resolve()
     _plot(out / "score_report.png", summary, threshold, f"{summary['scored']:,} pairs scored by "
-                                                        f"{Path(options.model).resolve().parent.name}/{Path(options.model).name}")
+                                                        f"{scorer.parent.name}/{scorer.name}")
     report = {
         "stage": "score", "pairs": pairs, "model": options.model, "model_fingerprint": fingerprint,
         "engine": engine.name, "rule": rule, "keep_fraction": options.keep_fraction, "min_score": options.min_score,
