@@ -258,7 +258,7 @@ def describe(pairs: str, uids: list[str], engine: Engine) -> dict[str, dict]:
         with duckdb.connect() as con:
             rows = con.execute("SELECT uid, text, coalesce(member, path) FROM read_parquet(?) WHERE uid IN "
                                "(SELECT unnest(?::VARCHAR[]))", [pairs, uids]).fetchall()
-    return {uid: {"image": image, "text": text} for uid, text, image in sorted(rows, key=lambda r: tuple(map(str, r)))}
+    return {uid: {"image": image, "text": text} for uid, text, image in rows}
 
 
 def _plot(path: Path, summary: dict, threshold: float | None, title: str) -> None:
