@@ -5,6 +5,7 @@ BIN := $(VENV)/bin
 EMOJI_FONT := /usr/share/fonts/truetype/noto/NotoColorEmoji.ttf
 CLDR := /usr/share/unicode/cldr/common/annotations/en.xml
 OPENCLIPART := /usr/share/openclipart/png
+WORDNET := /usr/share/wordnet/data.noun
 
 .PHONY: demo clipart web-demo test setup sysdeps clipart-deps browser bench lock clean
 
@@ -23,8 +24,9 @@ $(BIN)/.installed: pyproject.toml requirements.lock
 	$(BIN)/pip install --quiet --no-deps --target $(VENV)/clip-retrieval clip-retrieval==2.45.0
 	touch $@
 
-# System packages the built-in emoji corpus, the Spark engine and extract's crawler test (wget) need (Debian/Ubuntu); skipped when
-# present or not root. The openclipart corpus's package is clipart-deps's (`make clipart`).
+# System packages the built-in emoji corpus, the Spark engine, extract's crawler test (wget) and balance's default
+# metadata (WordNet) need (Debian/Ubuntu); skipped when present or not root. The openclipart corpus's package is
+# clipart-deps's (`make clipart`).
 sysdeps:
 	@if ! command -v java >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -48,6 +50,15 @@ sysdeps:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fonts-noto-color-emoji unicode-cldr-core >/dev/null; \
 	  else \
 	    echo "missing system packages: run 'sudo apt-get install fonts-noto-color-emoji unicode-cldr-core'"; \
+	  fi; \
+	fi
+
+	@if [ ! -f $(WORDNET) ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing wordnet-base (balance's default metadata: WordNet's synset names)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wordnet-base >/dev/null; \
+	  else \
+	    echo "missing WordNet for balance's default metadata: run 'sudo apt-get install wordnet-base'"; \
 	  fi; \
 	fi
 

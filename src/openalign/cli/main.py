@@ -39,6 +39,8 @@ COMMANDS = {
                      "stages"),
     "semdedup": Command("drop semantic near-duplicates within the corpus (SemDeDup: k-means cells of image "
                         "embeddings)", "stages"),
+    "balance": Command("balance the corpus over concepts (MetaCLIP: match alt-texts to metadata entries, cap each "
+                       "at t pairs)", "stages"),
     "shard": Command("kept pairs -> resized webdataset shards (reruns skip finished shards)", "stages"),
     "embed": Command("image embeddings of a collection (resumable parts + metadata)", "index"),
     "index": Command("a FAISS index over embeddings, tuned to a recall target", "index"),

@@ -143,6 +143,30 @@ def run_semdedup(args) -> int:
     return 0
 
 
+def balance_flags(p) -> None:
+    from openalign.pipeline.balance import BalanceOptions
+
+    p.add_argument("pairs", help="the pair table from `openalign ingest`, or the candidate table from `openalign "
+                                 "extract` (balancing reads only the texts: it can run before the download)")
+    p.add_argument("--out", required=True, help="a folder: the keep-list (keep.parquet), metadata.txt, "
+                                                "matches.parquet, entries.parquet and balance_report.json/.png")
+    add_options(p, BalanceOptions)
+    engine_flags(p)
+
+
+def run_balance(args) -> int:
+    from openalign.pipeline.balance import BalanceOptions, balance
+
+    options = options_from(args, BalanceOptions)
+    result = balance(args.pairs, Path(args.out), options, progress=not args.quiet, engine=engine(args))
+    print(f"kept {result.kept_pairs:,} of {result.pairs:,} pairs: {result.matched_entries:,} of {result.entries:,} "
+          f"entries matched, each capped at t = {options.per_entry:,}; {result.unmatched_pairs:,} pairs matched no "
+          "entry and were dropped" + (" (matches reused)" if result.reused_matches else ""))
+    print(f"keep-list: {result.keep}, matches: {result.matches}, report: {Path(args.out) / 'balance_report.json'} "
+          "(+ .png)")
+    return 0
+
+
 def shard_flags(p) -> None:
     from openalign.pipeline.shard import ShardOptions
 

@@ -162,7 +162,7 @@ def pair_uids(image_keys, texts) -> list[str]:
 # ---------------------------------------------------------------------------------------------- keep-lists
 
 KEEP_REPORTS = ("filter_report.json", "dedup_report.json", "screen_report.json", "score_report.json",
-                "semdedup_report.json")  # written last, beside keep.parquet
+                "semdedup_report.json", "balance_report.json")  # written last, beside keep.parquet
 FETCH_REPORT = "fetch_report.json"  # written last into a fetch's output folder (img2dataset's layout + its report)
 FETCH_WORK = "_fetch"  # the fetch's plan and task statuses, beside its shards
 PAIR_TABLE = "pair_table"  # the field of every keep-list report naming the pair table it was made from
@@ -187,8 +187,9 @@ def keep_source(path: Path) -> str:
     if not path.exists():
         raise ConfigError(f"no keep-list at {path}; run `openalign filter` (or `openalign dedup`) first")
     if not any((path.parent / report).is_file() for report in KEEP_REPORTS):
-        raise ConfigError(f"{path} has no report of its stage beside it (filter, dedup, screen, score or semdedup), so "
-                          f"the stage that wrote it did not finish; run that stage again into {path.parent}")
+        raise ConfigError(f"{path} has no report of its stage beside it (filter, dedup, screen, score, semdedup or "
+                          f"balance), so the stage that wrote it did not finish; run that stage again into "
+                          f"{path.parent}")
     return str(path / "*.parquet") if path.is_dir() else str(path)
 
 
@@ -226,7 +227,7 @@ def pair_table_of(keep_dir: Path) -> str:
             raise ConfigError(f"{Path(keep_dir) / name} is damaged (not the report its stage writes); run that "
                               f"stage again into {keep_dir}")
     raise ConfigError(f"{keep_dir} holds no report of a keep-list stage; data.keep takes the --out directories of "
-                      "`openalign filter`, `dedup`, `screen`, `score` and `semdedup`")
+                      "`openalign filter`, `dedup`, `screen`, `score`, `semdedup` and `balance`")
 
 
 def build_keep_index(keep_dirs: list[str], out_dir: Path) -> str:
