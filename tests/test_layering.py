@@ -90,7 +90,8 @@ def test_no_import_cycle_between_modules():
     assert not cycles, "\n".join(cycles)
 
 
-STAGES = ("extract", "fetch", "ingest", "filter", "dedup", "screen", "shard")  # pipeline/: the corpus stages, siblings
+STAGES = ("extract", "fetch", "ingest", "filter", "dedup", "screen", "score", "semdedup", "balance", "card",
+          "shard")  # pipeline/: the corpus stages, siblings
 
 
 def stage_imports(modules: dict) -> list[str]:

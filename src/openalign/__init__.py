@@ -8,7 +8,8 @@ does not import torch through it:
     configure(preset, overrides) -> Config          a run's config, as `train` resolves it  presets.py
     train_model(config) -> TrainResult              train (`openalign train`)               train/trainer.py
     evaluate(model, data, ...) -> EvalResult        `openalign eval`                        eval/evaluate.py
-    extract, fetch, ingest, filter_pairs, dedup, screen, score, semdedup, balance, shard   pipeline/
+    extract, fetch, ingest, filter_pairs, dedup, screen, score, semdedup, balance,          pipeline/
+    card, shard
     embed -> EmbedResult; build_index, add_to_index, delete_from_index -> IndexResult;
     open_index(dir); search(index, query) -> SearchResult                                   index/
 
@@ -30,7 +31,7 @@ LAZY = {  # name here: (module, its name there)
         ("dedup", ("dedup", "DedupOptions", "DedupResult")), ("screen", ("screen", "ScreenOptions", "ScreenResult")),
         ("score", ("score", "ScoreOptions", "ScoreResult")),
         ("semdedup", ("semdedup", "SemDedupOptions", "SemDedupResult")),
-        ("balance", ("balance", "BalanceOptions", "BalanceResult")),
+        ("balance", ("balance", "BalanceOptions", "BalanceResult")), ("card", ("card", "CardOptions", "CardResult")),
         ("shard", ("shard", "ShardOptions", "ShardResult"))) for name in names},
     "embed": ("openalign.index.embed", "embed"), "EmbedOptions": ("openalign.index.embed", "EmbedOptions"),
     "EmbedResult": ("openalign.index.embed", "EmbedResult"),

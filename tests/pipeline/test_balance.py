@@ -14,6 +14,7 @@ from openalign.cli import main
 from openalign.data.engine import Engine
 from openalign.data.pairs import pair_uids, read_keep
 from openalign.pipeline import balance as balance_lib
+from openalign.pipeline import concepts
 from openalign.pipeline.balance import BalanceOptions, balance, keep_probabilities, sample_pairs
 
 
@@ -43,7 +44,7 @@ def automaton(entries: list[str]):
 
     a = ahocorasick.Automaton()
     for i, entry in enumerate(entries):
-        a.add_word(balance_lib.spaced_entry(entry), i)
+        a.add_word(concepts.spaced_entry(entry), i)
     a.make_automaton()
     return a
 
@@ -55,7 +56,7 @@ def test_the_automaton_finds_what_metaclips_pure_python_matcher_finds():
     found = automaton(words)
     for _ in range(2_000):
         text = "".join(rng.choice(fillers) + rng.choice([" ", "", ", ", ".", "\t"]) for _ in range(rng.randint(0, 12)))
-        assert balance_lib.match_entries(found, text) == metaclip_matches(text, words), repr(text)
+        assert concepts.match_entries(found, text) == metaclip_matches(text, words), repr(text)
 
 
 @pytest.mark.parametrize("text, entries, expected", [
@@ -67,13 +68,13 @@ def test_the_automaton_finds_what_metaclips_pure_python_matcher_finds():
     ("", ["dog"], []),
 ])
 def test_matching_rules(text, entries, expected):
-    assert balance_lib.match_entries(automaton(entries), text) == expected
+    assert concepts.match_entries(automaton(entries), text) == expected
 
 
 def test_ignore_case_lowercases_both():
     found = automaton(["dog"])
-    assert balance_lib.match_entries(found, "Dog", ignore_case=True) == [0]
-    assert balance_lib.match_entries(found, "Dog") == []
+    assert concepts.match_entries(found, "Dog", ignore_case=True) == [0]
+    assert concepts.match_entries(found, "Dog") == []
 
 
 def test_wordnet_names_are_the_first_lemma_of_each_synset(tmp_path):
@@ -86,14 +87,14 @@ def test_wordnet_names_are_the_first_lemma_of_each_synset(tmp_path):
     (tmp_path / "data.verb").write_text("01168468 34 v 01 dog 0 001 @ 02000868 v 0000 | go after\n")
     (tmp_path / "data.adj").write_text("00004413 00 s 01 absolute(a) 0 001 & 00003356 a 0000 | perfect\n")
     (tmp_path / "data.adv").write_text("00001740 02 r 01 a_cappella 0 000 | without musical accompaniment\n")
-    assert balance_lib.wordnet_entries(str(tmp_path)) == ["entity", "dog", "einstein", "hotdog", "absolute",
+    assert concepts.wordnet_entries(str(tmp_path)) == ["entity", "dog", "einstein", "hotdog", "absolute",
                                                           "a cappella"]
 
 
 def test_debians_wordnet_gives_metaclips_count_of_synset_names():
-    if not Path(balance_lib.WORDNET, "data.noun").is_file():
+    if not Path(concepts.WORDNET, "data.noun").is_file():
         pytest.skip("Debian's wordnet-base is not installed (make setup installs it as root)")
-    names = balance_lib.wordnet_entries()
+    names = concepts.wordnet_entries()
     # MetaCLIP's metadata counts 86,654 WordNet synsets from NLTK's copy of WordNet 3.0; distinct names here
     assert 85_000 < len(names) < 87_000 and len(set(names)) == len(names)
     assert {"dog", "hotdog", "golden retriever", "person"} <= set(names)

@@ -41,6 +41,8 @@ COMMANDS = {
                         "embeddings)", "stages"),
     "balance": Command("balance the corpus over concepts (MetaCLIP: match alt-texts to metadata entries, cap each "
                        "at t pairs)", "stages"),
+    "card": Command("a corpus's data card: what each stage removed, per language, host and concept, with examples",
+                    "stages"),
     "shard": Command("kept pairs -> resized webdataset shards (reruns skip finished shards)", "stages"),
     "embed": Command("image embeddings of a collection (resumable parts + metadata)", "index"),
     "index": Command("a FAISS index over embeddings, tuned to a recall target", "index"),
@@ -146,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     _quiet_transformers()
+    args.argv = argv  # the command as typed, for the provenance of what it writes (a data card)
     try:
         _extras(args)  # an optional part that is not installed: one sentence, before any work
         with _owner(args), host.command_scope():  # the command's caches (tar offsets, models) end with it

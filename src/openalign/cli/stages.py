@@ -167,6 +167,30 @@ def run_balance(args) -> int:
     return 0
 
 
+def card_flags(p) -> None:
+    from openalign.pipeline.card import CardOptions
+
+    p.add_argument("pairs", help="the pair table from `openalign ingest`, or the candidate table from `openalign "
+                                 "extract`")
+    p.add_argument("--keep", action="append", default=[],
+                   help="a keep-list directory of this table (filter, dedup, screen, score, semdedup, balance); repeat "
+                        "in the order the stages ran")
+    p.add_argument("--out", required=True, help="a folder: card.md, card.json and card.png")
+    add_options(p, CardOptions)
+    engine_flags(p)
+
+
+def run_card(args) -> int:
+    from openalign.pipeline.card import CardOptions, card, command_line
+
+    result = card(args.pairs, [Path(k) for k in args.keep], Path(args.out), options_from(args, CardOptions),
+                  progress=not args.quiet, engine=engine(args), command=command_line(args.argv))
+    after = " -> ".join(f"{s['stage']} {s['left_after']:,}" for s in result.card["counts"]["stages"])
+    print(f"{result.pairs:,} pairs" + (f" -> {after}" if after else "") + f": {result.kept_pairs:,} kept")
+    print(f"card: {result.markdown} (+ {result.json.name}, {result.plot.name})")
+    return 0
+
+
 def shard_flags(p) -> None:
     from openalign.pipeline.shard import ShardOptions
 

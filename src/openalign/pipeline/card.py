@@ -1,0 +1,421 @@
+"""A corpus's data card: what each stage removed, per language, per host and per concept, with examples, and where
+it all came from.
+
+    openalign card PAIRS --keep filter/ --keep dedup/ --keep balance/ --out card/
+
+Reads the pair table (or extract's candidate table) and the keep-lists of any stages (filter, dedup, screen, score,
+semdedup, balance), in the order given, and writes DIR/card.md (for people), DIR/card.json (the same numbers, for
+tools; written last: the card is finished when it appears) and DIR/card.png (the pairs left after each stage, and
+the concepts' counts before and after):
+
+- counts: the pairs and images of the table; each stage's removals alone, the pairs left after each stage in order,
+  the removals no other stage makes, and every two stages' shared removals; each stage's own rules (filter's
+  rules, removed alone and in sequence) from its report;
+- per language and per host where the table carries them (`language`, `host`, or the host of `url`): pairs, kept,
+  each stage's removals;
+- concepts: the metadata entries' pair counts before and after curation (head, tail, entries with no pair, entries
+  curation emptied). The matches come from a balance keep-list among the stages, else from balance's matching run
+  here (its metadata: --metadata FILE, or WordNet and the corpus's words) into DIR/concepts/;
+- examples kept and removed at each stage, and provenance: the input files with their sizes, each stage's report
+  (rule, options), the command, the versions of openalign and the libraries.
+
+The numbers are SQL over the table and keep-lists (DuckDB on the driver, which spills to disk); the matching runs on
+the engine given.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from openalign.config import ConfigError
+from openalign.data.engine import Engine
+from openalign.data.pairs import KEEP_REPORTS, PAIR_TABLE, check_pair_table, keep_source, manifest_path, sql_path
+from openalign.outputs import unfinish, write_json
+from openalign.pipeline.concepts import TAIL_BINS, MetadataOptions, match_table, read_entries
+
+__all__ = ["CardOptions", "CardResult", "card"]
+
+CARD = "card.json"
+GROUPS = ("language", "host")
+VERSIONS = ("duckdb", "pyarrow", "numpy", "torch", "transformers", "pyahocorasick", "pyspark")
+URL_HOST = r"^[a-zA-Z][a-zA-Z0-9+.-]*://(?:[^/@]*@)?([^/:?#]+)"  # a URL's host: after the scheme and any user@
+SETTINGS = ("against", "mode", "model", "classifier", "threshold")  # a report without `options`: these say how it ran
+
+
+@dataclass(frozen=True)
+class CardOptions(MetadataOptions):
+    """The metadata options say what the concepts are where no balance keep-list is among the stages."""
+
+    top: int = 15  # languages, hosts and concepts listed
+    examples: int = 3  # pairs shown kept and removed at each stage
+    title: str = ""  # the card's heading (default: the pair table's folder and name)
+
+
+@dataclass(frozen=True)
+class CardResult:
+    """Where the card went, and its main numbers (card.json holds them all)."""
+
+    markdown: Path  # OUT/card.md
+    json: Path  # OUT/card.json
+    plot: Path  # OUT/card.png
+    pairs: int  # distinct pairs of the table
+    kept_pairs: int  # kept by every stage
+    stages: list[str]  # in the order given
+    seconds: float
+    card: dict
+
+
+def _stage(keep_dir: Path, pairs: str) -> tuple[str, dict]:
+    """(stage name, its report) of a keep-list directory made from `pairs`; one sentence otherwise."""
+    keep_source(keep_dir)  # a finished keep-list, or one sentence
+    for name in KEEP_REPORTS:
+        path = Path(keep_dir) / name
+        if path.is_file():
+            try:
+                report = json.loads(path.read_text(encoding="utf-8"))
+            except ValueError:
+                raise ConfigError(f"{path} is damaged (not JSON); run that stage again into {keep_dir}") from None
+            made_from = report.get(PAIR_TABLE) if isinstance(report, dict) else None
+            if not isinstance(made_from, str):
+                raise ConfigError(f"{path} does not name its pair table; run that stage again into {keep_dir}")
+            if "://" not in pairs and "://" not in made_from and Path(made_from).resolve() != Path(pairs).resolve():
+                raise ConfigError(f"--keep {keep_dir} was made from {made_from}, not {pairs}; give the keep-lists of "
+                                  "this pair table")
+            return name.removesuffix("_report.json"), report
+    raise ConfigError(f"--keep {keep_dir} holds no report of a keep-list stage")
+
+
+def _names(stages: list[tuple[str, dict]]) -> list[str]:
+    """Stage names, numbered where one stage appears twice (filter, filter#2)."""
+    seen: dict[str, int] = {}
+    names = []
+    for name, _ in stages:
+        seen[name] = seen.get(name, 0) + 1
+        names.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
+    return names
+
+
+def _columns(pairs: str) -> list[str]:
+    import duckdb
+
+    with duckdb.connect() as con:
+        return [r[0] for r in con.execute("DESCRIBE SELECT * FROM read_parquet(?)", [pairs]).fetchall()]
+
+
+def _load(con, pairs: str, keeps: list[Path], names: list[str]) -> list[str]:
+    """TEMP TABLE p: one row per uid (text, image, group columns) with a `k_i` column per stage: kept by it."""
+    columns = _columns(pairs)
+    groups = []
+    if "language" in columns:
+        groups.append("min(language) AS language")
+    if "host" in columns:
+        groups.append("min(host) AS host")
+    elif "url" in columns:
+        groups.append(f"min(lower(regexp_extract(url, '{URL_HOST}', 1))) AS host")
+    image = "coalesce(member, path)" if "path" in columns else "url" if "url" in columns else "NULL"
+    if "path" in columns and "url" in columns:
+        image = "coalesce(url, member, path)"
+    select = ", ".join(["uid", "min(text) AS text", "min(image_key) AS image_key", f"min({image}) AS image", *groups])
+    con.execute(f"CREATE TEMP TABLE base AS SELECT {select} FROM read_parquet(?) GROUP BY uid", [pairs])
+    for i, keep in enumerate(keeps):
+        con.execute(f"CREATE TEMP TABLE keep{i} AS SELECT DISTINCT uid FROM read_parquet(?)", [keep_source(keep)])
+    flags = "".join(f", k{i}.uid IS NOT NULL AS k{i}" for i in range(len(keeps)))
+    joins = "".join(f" LEFT JOIN keep{i} k{i} USING (uid)" for i in range(len(keeps)))
+    con.execute(f"CREATE TEMP TABLE p AS SELECT base.*{flags} FROM base{joins}")
+    con.execute("CREATE TEMP VIEW kept AS SELECT * FROM p WHERE " + (" AND ".join(f"k{i}" for i in range(len(names)))
+                                                                     or "true"))
+    present = [g for g in GROUPS if g in [c.split(" AS ")[-1] for c in groups]]
+    return [g for g in present if con.execute(f"SELECT count({g}) FROM p").fetchone()[0]]  # an all-null one: none
+
+
+def _count(con, where: str) -> int:
+    return int(con.execute(f"SELECT count(*) FROM p WHERE {where}").fetchone()[0])
+
+
+def _examples(con, where: str, n: int) -> list[dict]:
+    return [{"text": text, "image": image} for text, image in con.execute(
+        f"SELECT text, image FROM p WHERE {where} ORDER BY uid LIMIT {int(n)}").fetchall()]
+
+
+def _rules(report: dict) -> list[dict]:
+    """A stage's own rules from its report (filter's list of rules), without their examples."""
+    rules = report.get("rules")
+    if not isinstance(rules, list):
+        return []
+    return [{k: v for k, v in r.items() if k in ("rule", "description", "removed_alone", "removed_in_sequence")}
+            for r in rules if isinstance(r, dict) and "rule" in r]
+
+
+def _counts(con, names: list[str], reports: list[dict], examples: int) -> dict:
+    total = _count(con, "true")
+    images = int(con.execute("SELECT count(DISTINCT image_key) FROM p").fetchone()[0])
+    stages, left = [], "true"
+    for i, name in enumerate(names):
+        left = f"{left} AND k{i}"
+        others = " AND ".join(f"k{j}" for j in range(len(names)) if j != i) or "true"
+        stages.append({
+            "stage": name, "rule": reports[i].get("rule"), "removed_alone": _count(con, f"NOT k{i}"),
+            "left_after": _count(con, left), "images_left_after": int(con.execute(
+                f"SELECT count(DISTINCT image_key) FROM p WHERE {left}").fetchone()[0]),
+            "removed_only_here": _count(con, f"NOT k{i} AND {others}"), "rules": _rules(reports[i]),
+            "removed_examples": _examples(con, f"NOT k{i}", examples),
+        })
+    overlap = [[_count(con, f"NOT k{i} AND NOT k{j}") for j in range(len(names))] for i in range(len(names))]
+    kept = int(con.execute("SELECT count(*) FROM kept").fetchone()[0])
+    return {"pairs": total, "images": images, "kept_pairs": kept, "kept_images": int(con.execute(
+        "SELECT count(DISTINCT image_key) FROM kept").fetchone()[0]), "stages": stages, "removed_by_both": overlap,
+        "kept_examples": [{"text": t, "image": i} for t, i in con.execute(
+            f"SELECT text, image FROM kept ORDER BY uid LIMIT {int(examples)}").fetchall()]}
+
+
+def _groups(con, groups: list[str], names: list[str], top: int) -> dict:
+    """Per language and per host: the `top` values with the most pairs, and how many other values there are."""
+    out = {}
+    for column in groups:
+        kept = " AND ".join(f"k{i}" for i in range(len(names))) or "true"
+        removed = "".join(f", sum(CASE WHEN NOT k{i} THEN 1 ELSE 0 END)" for i in range(len(names)))
+        rows = con.execute(f"SELECT coalesce({column}, '(none)') AS v, count(*) AS n, sum(CASE WHEN {kept} THEN 1 "
+                           f"ELSE 0 END){removed} FROM p GROUP BY v ORDER BY n DESC, v LIMIT {int(top)}").fetchall()
+        values = int(con.execute(f"SELECT count(DISTINCT coalesce({column}, '(none)')) FROM p").fetchone()[0])
+        out[column] = {"values": values, "top": [
+            {column: r[0], "pairs": int(r[1]), "kept": int(r[2]),
+             "removed_by": {name: int(r[3 + i]) for i, name in enumerate(names)}} for r in rows]}
+    return out
+
+
+def _concepts(con, out: Path, pairs: str, keeps: list[Path], names: list[str], options: CardOptions,
+              engine: Engine, progress: bool) -> dict:
+    """Each metadata entry's pairs in the whole table and among the kept, from balance's matches."""
+    source = next((k for k, n in zip(keeps, names) if n.split("#")[0] == "balance"), None)
+    if source is None:
+        source = out / "concepts"
+        match_table(pairs, source, options, engine, progress)
+        shutil.rmtree(source / "_work", ignore_errors=True)
+    entries = read_entries(str(Path(source) / "metadata.txt"))
+    con.execute(f"CREATE TEMP TABLE m AS SELECT uid, entries FROM read_parquet('"
+                f"{sql_path(Path(source) / 'matches.parquet')}')")
+    before, after = np.zeros(len(entries), np.int64), np.zeros(len(entries), np.int64)
+    for e, n in con.execute("SELECT e, count(*) FROM (SELECT unnest(entries) AS e FROM m SEMI JOIN p USING (uid)) "
+                            "GROUP BY e").fetchall():
+        before[e] = n
+    for e, n in con.execute("SELECT e, count(*) FROM (SELECT unnest(entries) AS e FROM m SEMI JOIN kept USING "
+                            "(uid)) GROUP BY e").fetchall():
+        after[e] = n
+    matched_before, matched_after = (int(con.execute(f"SELECT count(*) FROM m SEMI JOIN {t} USING (uid) WHERE "
+                                                     "len(entries) > 0").fetchone()[0]) for t in ("p", "kept"))
+    order = np.lexsort((np.arange(len(entries)), -before))
+    top = options.top
+
+    def bins(values: np.ndarray) -> dict:
+        values = values[values > 0]
+        out = {"entries": int(len(values))}
+        out.update({f"{low}-{high}" if high > low else f"{low}": int(((values >= low) & (values <= high)).sum())
+                    for low, high in TAIL_BINS})
+        out[f">{TAIL_BINS[-1][1]}"] = int((values > TAIL_BINS[-1][1]).sum())
+        return out
+
+    emptied = np.flatnonzero((before > 0) & (after == 0))
+    never = np.flatnonzero(before == 0)
+    return {
+        "source": str(source), "entries": len(entries), "matched_pairs": matched_before,
+        "matched_kept_pairs": matched_after, "head": [
+            {"entry": entries[i], "pairs": int(before[i]), "kept": int(after[i])} for i in order[:top] if before[i]],
+        "tail": [{"entry": entries[i], "pairs": int(before[i]), "kept": int(after[i])}
+                 for i in order[:int((before > 0).sum())][-top:][::-1]],
+        "bins_before": bins(before), "bins_after": bins(after),
+        "entries_without_pairs": int(len(never)), "without_pairs_examples": [entries[i] for i in never[:top]],
+        "entries_emptied": int(len(emptied)), "emptied_examples": [entries[i] for i in emptied[:top]],
+        "_counts": (before, after),
+    }
+
+
+def _version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def _file(path: str) -> dict:
+    p = Path(path)
+    return {"path": str(p.resolve()) if "://" not in path else path,
+            **({"bytes": p.stat().st_size, "modified": datetime.fromtimestamp(p.stat().st_mtime, timezone.utc)
+                .isoformat(timespec="seconds")} if "://" not in path and p.is_file() else {})}
+
+
+def _provenance(pairs: str, keeps: list[Path], names: list[str], reports: list[dict], command: str | None) -> dict:
+    manifest = None
+    if "://" not in pairs:
+        try:
+            manifest = json.loads(manifest_path(Path(pairs)).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            manifest = None
+    made_by = None
+    if isinstance(manifest, dict):
+        made_by = {k: manifest.get(k) for k in ("stage", "sources", "inputs", "options", "engine", "pairs", "images",
+                                                 "rejected", "candidates") if k in manifest}
+    return {
+        "pair_table": _file(pairs), "made_by": made_by,
+        "stages": [{"stage": n, "keep": str(Path(k).resolve()), "engine": r.get("engine"),
+                    "options": r.get("options") or r.get("config") or {k: r[k] for k in SETTINGS
+                                                                        if r.get(k) is not None},
+                    "seconds": r.get("seconds")}
+                   for n, k, r in zip(names, keeps, reports)],
+        "command": command, "written": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "versions": {"openalign": _version("openalign"), "python": platform.python_version(),
+                     **{name: _version(name) for name in VERSIONS}},
+    }
+
+
+def _cell(text) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ") if text is not None else ""
+
+
+def _table(header: list[str], rows: list[list]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|",
+            *("| " + " | ".join(_cell(c) for c in row) + " |" for row in rows)]
+
+
+def _share(n: int, total: int) -> str:
+    return f"{n:,} ({100 * n / total:.1f}%)" if total else f"{n:,}"
+
+
+def markdown(card: dict) -> str:
+    """The card for people: the same numbers as card.json."""
+    c, names = card["counts"], [s["stage"] for s in card["counts"]["stages"]]
+    lines = [f"# Data card: {card['title']}", "",
+             f"{c['pairs']:,} pairs of {c['images']:,} images; after {', '.join(names) or 'no stage'}: "
+             f"**{_share(c['kept_pairs'], c['pairs'])} pairs** of {c['kept_images']:,} images.", "",
+             "![the pairs left after each stage; the concepts' counts before and after](card.png)", "",
+             "## Stages", "", "In the order given; a pair counts as removed by every stage that removes it.", ""]
+    lines += _table(["stage", "rule", "removed alone", "left after", "images left", "removed by no other stage"], [
+        [s["stage"], s["rule"] or ("its rules below" if s["rules"] else ""), _share(s["removed_alone"], c["pairs"]),
+         f"{s['left_after']:,}",
+         f"{s['images_left_after']:,}", f"{s['removed_only_here']:,}"] for s in c["stages"]])
+    if len(names) > 1:
+        lines += ["", "Pairs removed by both (row and column stage):", ""]
+        lines += _table(["", *names], [[n, *(f"{v:,}" for v in row)] for n, row in zip(names, c["removed_by_both"])])
+    for s in c["stages"]:
+        if s["rules"]:
+            lines += ["", f"### {s['stage']}'s rules", ""]
+            lines += _table(["rule", "what", "removed alone", "removed in sequence"], [
+                [r.get("rule"), r.get("description", ""), f"{r.get('removed_alone', 0):,}",
+                 f"{r.get('removed_in_sequence', 0):,}"] for r in s["rules"]])
+    for column, group in card["groups"].items():
+        lines += ["", f"## Per {column}", "", f"{group['values']:,} values; the {len(group['top'])} with the most "
+                  "pairs:", ""]
+        lines += _table([column, "pairs", "kept", *(f"removed by {n}" for n in names)], [
+            [g[column], f"{g['pairs']:,}", _share(g["kept"], g["pairs"]), *(f"{g['removed_by'][n]:,}" for n in names)]
+            for g in group["top"]])
+    if not card["groups"]:
+        lines += ["", "The table carries no language and no image URL (a candidate table from `openalign extract` has "
+                  "both, a fetched corpus its URLs)."]
+    k = card["concepts"]
+    lines += ["", "## Concepts", "", f"{k['entries']:,} metadata entries (matches from {k['source']}): "
+              f"{_share(k['matched_pairs'], c['pairs'])} of the pairs match one; after curation "
+              f"{_share(k['matched_kept_pairs'], c['kept_pairs'])} of the kept. {k['entries_without_pairs']:,} "
+              f"entries match no pair; curation left {k['entries_emptied']:,} more with none.", ""]
+    lines += _table(["head entry", "pairs", "kept"], [[h["entry"], f"{h['pairs']:,}", f"{h['kept']:,}"]
+                                                      for h in k["head"]])
+    lines += [""] + _table(["entries with n pairs", *k["bins_before"]], [
+        ["before", *(f"{v:,}" for v in k["bins_before"].values())],
+        ["after", *(f"{v:,}" for v in k["bins_after"].values())]])
+    if k["tail"]:
+        lines += ["", "The tail: " + ", ".join(f"{t['entry']} ({t['pairs']} → {t['kept']})" for t in k["tail"]) + "."]
+    if k["emptied_examples"]:
+        lines += ["", "Emptied by curation: " + ", ".join(k["emptied_examples"]) + "."]
+    lines += ["", "## Examples", ""]
+    lines += _table(["", "text", "image"], [["kept", e["text"], e["image"]] for e in c["kept_examples"]] + [
+        [f"removed by {s['stage']}", e["text"], e["image"]] for s in c["stages"] for e in s["removed_examples"]])
+    p = card["provenance"]
+    lines += ["", "## Provenance", "", f"- pair table: `{p['pair_table']['path']}`"
+              + (f" ({p['pair_table']['bytes']:,} bytes, modified {p['pair_table']['modified']})"
+                 if "bytes" in p["pair_table"] else "")]
+    if p["made_by"]:
+        lines.append(f"- made by `openalign {p['made_by'].get('stage')}` from "
+                     + ", ".join(f"`{s}`" for s in (p["made_by"].get("sources") or p["made_by"].get("inputs") or [])))
+    lines += [f"- {s['stage']}: `{s['keep']}` ({s['engine']} engine, {s['seconds']} s); options `"
+              f"{json.dumps(s['options'], ensure_ascii=False)}`" for s in p["stages"]]
+    if p["command"]:
+        lines.append(f"- this card: `{p['command']}`")
+    lines.append("- versions: " + ", ".join(f"{k} {v}" for k, v in p["versions"].items() if v) + f"; written "
+                 f"{p['written']}")
+    return "\n".join(lines) + "\n"
+
+
+def _plot(path: Path, card: dict, counts: tuple[np.ndarray, np.ndarray]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from openalign.pipeline.scoring import save_png
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    c = card["counts"]
+    labels = ["table", *(s["stage"] for s in c["stages"])]
+    values = [c["pairs"], *(s["left_after"] for s in c["stages"])]
+    left.bar(labels, values, color=["tab:grey", *["tab:blue"] * len(c["stages"])])
+    for x, v in enumerate(values):
+        left.text(x, v, f"{v:,}", ha="center", va="bottom", fontsize=8)
+    left.set(ylabel="pairs left", title="pairs after each stage, in order")
+    for values, label, colour in ((counts[0], "all pairs", "tab:grey"), (counts[1], "kept", "tab:blue")):
+        values = np.sort(values[values > 0])[::-1]
+        if len(values):
+            right.loglog(np.arange(1, len(values) + 1), values, color=colour, label=f"{label} ({len(values):,} "
+                                                                                     "entries)")
+    right.set(xlabel="entry rank", ylabel="pairs matching the entry", title="concepts before and after")
+    right.legend()
+    fig.suptitle(card["title"])
+    save_png(fig, path)
+
+
+def card(pairs: Path, keeps: list[Path], out: Path, options: CardOptions = CardOptions(), progress: bool = True,
+         engine: Engine = Engine(), command: str | None = None) -> CardResult:
+    """The data card of a pair table and the keep-lists of its stages (in order): card.md, card.json, card.png."""
+    pairs, out, keeps = str(pairs), Path(out), [Path(k) for k in keeps]
+    start = time.perf_counter()
+    if min(options.top, options.examples, options.term_min_pairs) < 0 or options.pairs_per_task < 1:
+        raise ConfigError("--top, --examples and --term-min-pairs must be at least 0, --pairs-per-task at least 1")
+    check_pair_table(pairs, ("uid", "image_key", "text"))
+    stages = [_stage(k, pairs) for k in keeps]
+    names, reports = _names(stages), [r for _, r in stages]
+    out.mkdir(parents=True, exist_ok=True)
+    unfinish(out / CARD)
+    import duckdb
+
+    with duckdb.connect() as con:
+        groups = _load(con, pairs, keeps, names)
+        counts = _counts(con, names, reports, options.examples)
+        by_group = _groups(con, groups, names, options.top)
+        concepts = _concepts(con, out, pairs, keeps, names, options, engine, progress)
+    entry_counts = concepts.pop("_counts")
+    title = options.title or (f"{Path(pairs).resolve().parent.name}/{Path(pairs).name}" if "://" not in pairs
+                              else pairs)
+    result = {"title": title, "counts": counts, "groups": by_group, "concepts": concepts,
+              "provenance": _provenance(pairs, keeps, names, reports, command), "options": asdict(options)}
+    (out / "card.md").write_text(markdown(result), encoding="utf-8")
+    _plot(out / "card.png", result, entry_counts)
+    result["seconds"] = round(time.perf_counter() - start, 2)
+    write_json(out / CARD, result)  # last: the card is finished
+    return CardResult(out / "card.md", out / CARD, out / "card.png", counts["pairs"], counts["kept_pairs"], names,
+                      result["seconds"], result)
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """The command as typed (for provenance), paths as given."""
+    import shlex
+
+    return "openalign " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+
