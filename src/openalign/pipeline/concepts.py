@@ -167,7 +167,8 @@ def words_task(plan: str, index: int, out_path: str, ignore_case: bool) -> dict:
     for row in rows:
         for word in words_of(row["text"], ignore_case):
             counts[word] = counts.get(word, 0) + 1
-    words = pa.table({"word": pa.array(list(counts), pa.string()), "pairs": pa.array(list(counts.values()), pa.int64())})
+    words = pa.table({"word": pa.array(list(counts), pa.string()),
+                      "pairs": pa.array(list(counts.values()), pa.int64())})
     write_table(words, out_path)
     return {"pairs": len(rows), "words": len(counts)}
 
