@@ -62,12 +62,28 @@ def run_filter(args) -> int:
     return 0
 
 
-def keep_list_flags(p, report: str, options: type) -> None:
-    """A stage that reads the pair table's images and writes a keep-list: dedup, screen, score, semdedup."""
-    p.add_argument("pairs", help="the pair table from `openalign ingest` (pairs.parquet)")
-    p.add_argument("--out", required=True, help=f"a folder: the keep-list (keep.parquet) and {report}")
+PAIRS = "the pair table from `openalign ingest` (pairs.parquet)"
+
+
+def table_flags(p, out: str, options: type, pairs: str = PAIRS, keep: str = "") -> None:
+    """A stage's flags: the table, --keep where it reads keep-lists, --out, its options and the engine's."""
+    p.add_argument("pairs", help=pairs)
+    if keep:
+        p.add_argument("--keep", action="append", default=[], help=keep)
+    p.add_argument("--out", required=True, help=out)
     add_options(p, options)
     engine_flags(p)
+
+
+def keep_list_flags(p, report: str, options: type) -> None:
+    """A stage that reads the pair table's images and writes a keep-list: dedup, screen, score, semdedup."""
+    table_flags(p, f"a folder: the keep-list (keep.parquet) and {report}", options)
+
+
+def call(args, stage, options, *inputs, **extra):
+    """A stage's one public call from its flags (`options`: a dataclass read from them, or one already read)."""
+    options = options_from(args, options) if isinstance(options, type) else options
+    return stage(args.pairs, *inputs, Path(args.out), options, progress=not args.quiet, engine=engine(args), **extra)
 
 
 def dedup_flags(p) -> None:
@@ -81,8 +97,7 @@ def dedup_flags(p) -> None:
 def run_dedup(args) -> int:
     from openalign.pipeline.dedup import DedupOptions, dedup
 
-    result = dedup(args.pairs, args.against, Path(args.out), options_from(args, DedupOptions), progress=not args.quiet,
-                   engine=engine(args))
+    result = call(args, dedup, DedupOptions, args.against)
     print(f"{result.removed_images:,} of {result.train_images:,} training images ({result.removed_pairs:,} pairs) are "
           f"near-duplicates of the {result.eval_images:,} evaluation images ({result.rule})")
     print(f"keep-list: {result.keep}, report: {Path(args.out) / 'dedup_report.json'}")
@@ -99,7 +114,7 @@ def run_screen(args) -> int:
     from openalign.pipeline.screen import ScreenOptions, screen
 
     options = options_from(args, ScreenOptions)
-    result = screen(args.pairs, Path(args.out), options, progress=not args.quiet, engine=engine(args))
+    result = call(args, screen, options)
     print(f"{result.removed_images:,} of {result.images:,} images ({result.removed_pairs:,} pairs) scored >= "
           f"{options.threshold} by {options.classifier}; {result.unreadable_images:,} unreadable")
     print(f"keep-list: {result.keep}, report: {Path(args.out) / 'screen_report.json'}")
@@ -115,8 +130,7 @@ def score_flags(p) -> None:
 def run_score(args) -> int:
     from openalign.pipeline.score import ScoreOptions, score
 
-    result = score(args.pairs, Path(args.out), options_from(args, ScoreOptions), progress=not args.quiet,
-                   engine=engine(args))
+    result = call(args, score, ScoreOptions)
     threshold = f"; the lowest kept score is {result.threshold:.4f}" if result.threshold is not None else ""
     print(f"kept {result.kept_pairs:,} of {result.pairs:,} pairs ({result.scored_pairs:,} scored): {result.rule}"
           f"{threshold}" + (" (scores reused)" if result.reused_scores else ""))
@@ -133,8 +147,7 @@ def semdedup_flags(p) -> None:
 def run_semdedup(args) -> int:
     from openalign.pipeline.semdedup import SemDedupOptions, semdedup
 
-    result = semdedup(args.pairs, Path(args.out), options_from(args, SemDedupOptions), progress=not args.quiet,
-                      engine=engine(args))
+    result = call(args, semdedup, SemDedupOptions)
     print(f"{result.removed_images:,} of {result.embedded_images:,} images ({result.removed_pairs:,} pairs) are "
           f"semantic near-duplicates within their k-means cell ({result.cells:,} cells; "
           f"{result.images - result.embedded_images:,} unreadable, kept)")
@@ -146,19 +159,17 @@ def run_semdedup(args) -> int:
 def balance_flags(p) -> None:
     from openalign.pipeline.balance import BalanceOptions
 
-    p.add_argument("pairs", help="the pair table from `openalign ingest`, or the candidate table from `openalign "
-                                 "extract` (balancing reads only the texts: it can run before the download)")
-    p.add_argument("--out", required=True, help="a folder: the keep-list (keep.parquet), metadata.txt, "
-                                                "matches.parquet, entries.parquet and balance_report.json/.png")
-    add_options(p, BalanceOptions)
-    engine_flags(p)
+    table_flags(p, "a folder: the keep-list (keep.parquet), metadata.txt, matches.parquet, entries.parquet and "
+                   "balance_report.json/.png", BalanceOptions, pairs="the pair table from `openalign ingest`, or the "
+                "candidate table from `openalign extract` (balancing reads only the texts: it can run before the "
+                "download)")
 
 
 def run_balance(args) -> int:
     from openalign.pipeline.balance import BalanceOptions, balance
 
     options = options_from(args, BalanceOptions)
-    result = balance(args.pairs, Path(args.out), options, progress=not args.quiet, engine=engine(args))
+    result = call(args, balance, options)
     print(f"kept {result.kept_pairs:,} of {result.pairs:,} pairs: {result.matched_entries:,} of {result.entries:,} "
           f"entries matched, each capped at t = {options.per_entry:,}; {result.unmatched_pairs:,} pairs matched no "
           "entry and were dropped" + (" (matches reused)" if result.reused_matches else ""))
@@ -170,21 +181,16 @@ def run_balance(args) -> int:
 def card_flags(p) -> None:
     from openalign.pipeline.card import CardOptions
 
-    p.add_argument("pairs", help="the pair table from `openalign ingest`, or the candidate table from `openalign "
-                                 "extract`")
-    p.add_argument("--keep", action="append", default=[],
-                   help="a keep-list directory of this table (filter, dedup, screen, score, semdedup, balance); repeat "
-                        "in the order the stages ran")
-    p.add_argument("--out", required=True, help="a folder: card.md, card.json and card.png")
-    add_options(p, CardOptions)
-    engine_flags(p)
+    table_flags(p, "a folder: card.md, card.json and card.png", CardOptions,
+                pairs="the pair table from `openalign ingest`, or the candidate table from `openalign extract`",
+                keep="a keep-list directory of this table (filter, dedup, screen, score, semdedup, balance); repeat in "
+                     "the order the stages ran")
 
 
 def run_card(args) -> int:
     from openalign.pipeline.card import CardOptions, card, command_line
 
-    result = card(args.pairs, [Path(k) for k in args.keep], Path(args.out), options_from(args, CardOptions),
-                  progress=not args.quiet, engine=engine(args), command=command_line(args.argv))
+    result = call(args, card, CardOptions, [Path(k) for k in args.keep], command=command_line(args.argv))
     after = " -> ".join(f"{s['stage']} {s['left_after']:,}" for s in result.card["counts"]["stages"])
     print(f"{result.pairs:,} pairs" + (f" -> {after}" if after else "") + f": {result.kept_pairs:,} kept")
     print(f"card: {result.markdown} (+ {result.json.name}, {result.plot.name})")
@@ -194,19 +200,14 @@ def run_card(args) -> int:
 def shard_flags(p) -> None:
     from openalign.pipeline.shard import ShardOptions
 
-    p.add_argument("pairs", help="the pair table from `openalign ingest` (pairs.parquet)")
-    p.add_argument("--keep", action="append", default=[],
-                   help="a keep-list directory; repeat to intersect (none: every pair, for a clean collection)")
-    p.add_argument("--out", required=True, help="the shards' folder: resized webdataset .tar files and their manifest")
-    add_options(p, ShardOptions)
-    engine_flags(p)
+    table_flags(p, "the shards' folder: resized webdataset .tar files and their manifest", ShardOptions,
+                keep="a keep-list directory; repeat to intersect (none: every pair, for a clean collection)")
 
 
 def run_shard(args) -> int:
     from openalign.pipeline.shard import ShardOptions, shard
 
-    result = shard(args.pairs, [Path(k) for k in args.keep], Path(args.out), options_from(args, ShardOptions),
-                   progress=not args.quiet, engine=engine(args))
+    result = call(args, shard, ShardOptions, [Path(k) for k in args.keep])
     skipped = ", ".join(f"{k} {v:,}" for k, v in result.skipped.items()) or "none"
     print(f"{result.samples:,} images in {len(result.shards)} shards -> {args.out} ({result.resumed_shards} already "
           f"done; skipped: {skipped})")
