@@ -227,3 +227,20 @@ def test_bad_input_is_one_sentence(table, tmp_path, capsys, monkeypatch, argv, m
     assert main(["balance", str(pairs), "--out", str(tmp_path / "out"), "--quiet", *argv]) != 0
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_a_killed_run_leaves_no_keep_list_and_its_rerun_keeps_what_a_fresh_run_keeps(table, tmp_path, monkeypatch):
+    from conftest import run_killed
+    from openalign.config import ConfigError
+    from openalign.data.pairs import keep_source
+
+    pairs, meta = table
+    argv = ["balance", str(pairs), "--metadata", str(meta), "--per-entry", "20", "--quiet", "--workers", "1"]
+    run_killed(monkeypatch, balance_lib, "keep_probabilities", [*argv, "--out", str(tmp_path / "killed")])
+    assert (tmp_path / "killed" / "matches.parquet").is_file()  # matched, then killed before sampling
+    with pytest.raises(ConfigError, match="did not finish"):
+        keep_source(tmp_path / "killed")
+    assert main([*argv, "--out", str(tmp_path / "killed")]) == 0
+    assert main([*argv, "--out", str(tmp_path / "fresh")]) == 0
+    report = json.loads((tmp_path / "killed" / "balance_report.json").read_text())
+    assert report["reused_matches"] and read_keep(tmp_path / "killed") == read_keep(tmp_path / "fresh")
