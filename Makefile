@@ -52,7 +52,6 @@ sysdeps:
 	    echo "missing system packages: run 'sudo apt-get install fonts-noto-color-emoji unicode-cldr-core'"; \
 	  fi; \
 	fi
-
 	@if [ ! -f $(WORDNET) ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing wordnet-base (balance's default metadata: WordNet's synset names)"; \

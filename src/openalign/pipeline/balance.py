@@ -37,7 +37,7 @@ from openalign.config import ConfigError
 from openalign.data.engine import Engine, Job, job_id, run_jobs
 from openalign.data.pairs import check_pair_table, sql_path, write_keep_report
 from openalign.outputs import sources_key, unfinish
-from openalign.pipeline.concepts import TAIL_BINS, WORK, MetadataOptions, match_table, write_table
+from openalign.pipeline.concepts import TAIL_BINS, WORK, MetadataOptions, check_options, match_table, write_table
 
 __all__ = ["BalanceOptions", "BalanceResult", "balance", "draws", "keep_probabilities", "sample_pairs"]
 
@@ -126,8 +126,9 @@ def sample_task(matches: str, out_path: str, probability: str, per_entry: int, s
 def _check(options: BalanceOptions) -> None:
     if options.per_entry < 1:
         raise ConfigError(f"--per-entry {options.per_entry} must be at least 1 (MetaCLIP's t: 20,000 for 400M pairs)")
-    if min(options.pairs_per_task, 1 + options.term_min_pairs) < 1 or min(options.workers, options.examples) < 0:
-        raise ConfigError("--pairs-per-task must be at least 1, --term-min-pairs, --workers and --examples at least 0")
+    check_options(options)
+    if min(options.workers, options.examples) < 0:
+        raise ConfigError("--workers and --examples must be at least 0")
     if not 0 <= options.seed < 2 ** 63:
         raise ConfigError(f"--seed {options.seed} must be in [0, 2^63)")
 

@@ -40,7 +40,7 @@ from openalign.config import ConfigError
 from openalign.data.engine import Engine
 from openalign.data.pairs import KEEP_REPORTS, PAIR_TABLE, check_pair_table, keep_source, manifest_path, sql_path
 from openalign.outputs import unfinish, write_json
-from openalign.pipeline.concepts import TAIL_BINS, MetadataOptions, match_table, read_entries
+from openalign.pipeline.concepts import TAIL_BINS, MetadataOptions, check_options, match_table, read_entries
 
 __all__ = ["CardOptions", "CardResult", "card"]
 
@@ -386,8 +386,9 @@ def card(pairs: Path, keeps: list[Path], out: Path, options: CardOptions = CardO
     """The data card of a pair table and the keep-lists of its stages (in order): card.md, card.json, card.png."""
     pairs, out, keeps = str(pairs), Path(out), [Path(k) for k in keeps]
     start = time.perf_counter()
-    if min(options.top, options.examples, options.term_min_pairs) < 0 or options.pairs_per_task < 1:
-        raise ConfigError("--top, --examples and --term-min-pairs must be at least 0, --pairs-per-task at least 1")
+    check_options(options)
+    if min(options.top, options.examples) < 0:
+        raise ConfigError("--top and --examples must be at least 0")
     check_pair_table(pairs, ("uid", "image_key", "text"))
     stages = [_stage(k, pairs) for k in keeps]
     names, reports = _names(stages), [r for _, r in stages]
