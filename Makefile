@@ -6,6 +6,10 @@ EMOJI_FONT := /usr/share/fonts/truetype/noto/NotoColorEmoji.ttf
 CLDR := /usr/share/unicode/cldr/common/annotations/en.xml
 OPENCLIPART := /usr/share/openclipart/png
 WORDNET := /usr/share/wordnet/data.noun
+NOTO_SYMBOLS := /usr/share/fonts/truetype/noto/NotoSansSymbols2-Regular.ttf
+UNICODE_NAMES := /usr/share/unicode/UnicodeData.txt
+TUXPAINT := /usr/share/tuxpaint/stamps
+ICONS := /usr/share/icons/oxygen/base
 
 .PHONY: demo clipart web-demo test setup sysdeps clipart-deps browser bench lock clean
 
@@ -24,65 +28,39 @@ $(BIN)/.installed: pyproject.toml requirements.lock
 	$(BIN)/pip install --quiet --no-deps --target $(VENV)/clip-retrieval clip-retrieval==2.45.0
 	touch $@
 
-# System packages the built-in emoji corpus, the Spark engine, extract's crawler test (wget) and balance's default
-# metadata (WordNet) need (Debian/Ubuntu); skipped when present or not root. The openclipart corpus's package is
-# clipart-deps's (`make clipart`).
-sysdeps:
-	@if ! command -v java >/dev/null; then \
+# $(call need,TEST,PACKAGES,WHAT FOR): install the Debian PACKAGES when the shell TEST fails, as root with apt-get;
+# otherwise say what to run
+define need
+	@if ! { $(1); }; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "installing default-jre-headless (for --engine spark)"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless >/dev/null; \
+	    echo "installing $(2) ($(3))"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(2) >/dev/null; \
 	  else \
-	    echo "missing Java for the Spark engine: run 'sudo apt-get install default-jre-headless'"; \
+	    echo "missing $(2) for $(3): run 'sudo apt-get install $(2)'"; \
 	  fi; \
 	fi
-	@if ! command -v wget >/dev/null; then \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "installing wget (a real crawler's WARC files for extract's tests)"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wget >/dev/null; \
-	  else \
-	    echo "missing wget for extract's crawler test: run 'sudo apt-get install wget'"; \
-	  fi; \
-	fi
-	@if [ ! -f $(EMOJI_FONT) ] || [ ! -f $(CLDR) ]; then \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "installing fonts-noto-color-emoji unicode-cldr-core"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fonts-noto-color-emoji unicode-cldr-core >/dev/null; \
-	  else \
-	    echo "missing system packages: run 'sudo apt-get install fonts-noto-color-emoji unicode-cldr-core'"; \
-	  fi; \
-	fi
-	@if [ ! -f $(WORDNET) ]; then \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "installing wordnet-base (balance's default metadata: WordNet's synset names)"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wordnet-base >/dev/null; \
-	  else \
-	    echo "missing WordNet for balance's default metadata: run 'sudo apt-get install wordnet-base'"; \
-	  fi; \
-	fi
+endef
 
-# openclipart-png, the images of the built-in openclipart corpus (`make clipart`, `openalign corpus openclipart`)
+# System packages the built-in emoji and symbols corpora, the Spark engine, extract's crawler test (wget) and
+# balance's default metadata (WordNet) need (Debian/Ubuntu); skipped when present or not root. The packages of the
+# other real sources are clipart-deps's (`make clipart`).
+sysdeps:
+	$(call need,command -v java >/dev/null,default-jre-headless,the Spark engine)
+	$(call need,command -v wget >/dev/null,wget,extract's crawler test)
+	$(call need,[ -f $(EMOJI_FONT) ] && [ -f $(CLDR) ],fonts-noto-color-emoji unicode-cldr-core,the emoji corpus)
+	$(call need,[ -f $(NOTO_SYMBOLS) ] && [ -f $(UNICODE_NAMES) ],fonts-noto-core unicode-data,the symbols corpus)
+	$(call need,[ -f $(WORDNET) ],wordnet-base,balance's default metadata: WordNet's synset names)
+
+# The images of the built-in real sources openclipart, tuxpaint and icons (`make clipart`, `openalign corpus NAME`)
 clipart-deps:
-	@if [ ! -d $(OPENCLIPART) ]; then \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "installing openclipart-png (the clipart preset's images)"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openclipart-png >/dev/null; \
-	  else \
-	    echo "missing openclipart-png for the clipart preset: run 'sudo apt-get install openclipart-png'"; \
-	  fi; \
-	fi
+	$(call need,[ -d $(OPENCLIPART) ],openclipart-png,the openclipart corpus)
+	$(call need,[ -d $(TUXPAINT) ],tuxpaint-stamps-default,the tuxpaint corpus)
+	$(call need,[ -d $(ICONS) ],oxygen-icon-theme,the icons corpus)
 
 # Headless Chromium for the search page's browser test (Playwright drives Debian's chromium; it never
 # downloads a browser).
 browser:
-	@if ! command -v chromium >/dev/null; then \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "installing chromium (for the search page's browser test)"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
-	  else \
-	    echo "missing chromium for the browser test: run 'sudo apt-get install chromium chromium-driver'"; \
-	  fi; \
-	fi
+	$(call need,command -v chromium >/dev/null,chromium chromium-driver,the search page's browser test)
 
 setup: $(BIN)/.installed sysdeps
 

@@ -29,7 +29,9 @@ def corpus_flags(p) -> None:
     p.add_argument("name", choices=[*CORPORA, "emoji-eval"],
                    help="the corpus to build: emoji (CLDR names of Noto emoji), openclipart (Debian's clip art and "
                         "its titles), shapes (coloured shapes, some colour-shape pairs never in training: "
-                        "compositional zero-shot), or "
+                        "compositional zero-shot), tuxpaint (Tux Paint's stamps and their descriptions), icons (an "
+                        "icon theme's icons and their names), symbols (Unicode's symbols drawn by the Noto fonts, "
+                        "with their Unicode and CLDR names), or "
                         "emoji-eval: the emoji corpus in every evaluation layout (Karpathy JSON, class folders, "
                         "Multi30k, CxC-style), for trying each `openalign eval` task offline")
     p.add_argument("--out", required=True, help="the corpus's folder (its train/ and eval/ shards)")

@@ -12,8 +12,11 @@ from typing import Callable
 from openalign.config import ConfigError, DataConfig
 from openalign.corpora import emoji
 from openalign.corpora import heldout
+from openalign.corpora import icons
 from openalign.corpora import openclipart
 from openalign.corpora import shapes
+from openalign.corpora import symbols
+from openalign.corpora import tuxpaint
 from openalign.pipeline.shard import karpathy_shards
 from openalign.data.tars import MANIFEST, list_shards
 
@@ -21,7 +24,8 @@ __all__ = ["CORPORA", "corpus_dir", "corpus_options", "heldout_keep", "resolve_d
            "source_options", "sources"]
 
 CORPORA: dict[str, Callable[..., dict]] = {"emoji": emoji.build, "openclipart": openclipart.build,
-                                           "shapes": shapes.build}
+                                           "shapes": shapes.build, "tuxpaint": tuxpaint.build, "icons": icons.build,
+                                           "symbols": symbols.build}
 
 
 def _shards(spec: str, data: DataConfig, split: str, progress: bool) -> list[str]:

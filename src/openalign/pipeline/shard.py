@@ -146,6 +146,8 @@ def write_shard(path: Path, samples: list[dict], options: ShardOptions) -> dict:
             image = resize_short_side(image, options.image_size)
             meta = {"texts": sample["texts"], "uids": sample["uids"], "source": sample["path"],
                     "member": sample["member"], "url": sample["url"]}
+            if sample.get("name"):  # a built-in corpus's category: the sample's label for zero-shot evaluation
+                meta["name"] = sample["name"]
             writer.write({"__key__": sample["image_key"], "jpg": encode_image(image, quality=options.quality),
                           "txt": sample["texts"][0], "json": json.dumps(meta, ensure_ascii=False).encode()})
             written += 1
