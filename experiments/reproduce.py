@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import os
 import re
 import sys
 import time
@@ -49,11 +50,26 @@ def expected_path(name: str) -> Path:
     return EXPECTED / f"{name}-quick.md"
 
 
+def machine() -> str:
+    """What the digits depend on beyond the code: torch, its CPU kernels' instruction set and the thread count."""
+    import torch
+
+    return f"torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()} kernels, {os.cpu_count()} threads"
+
+
 def record(name: str, rows: list[str]) -> None:
-    """The committed tables of `name`, with the command that made them."""
+    """The committed tables of `name`, with the command that made them and the machine they were made on."""
     expected_path(name).write_text(f"<!-- the tables of `python -m experiments.{name} --quick` (report.md, wall-clock "
                                    "columns as …); `python -m experiments.reproduce` reruns it and compares to the "
-                                   "digit -->\n" + "\n".join(rows) + "\n", encoding="utf-8")
+                                   f"digit; recorded with {machine()} -->\n" + "\n".join(rows) + "\n",
+                                   encoding="utf-8")
+
+
+def recorded_on(name: str) -> str:
+    """The machine `name`'s committed tables were recorded with ("" when the file does not say)."""
+    path = expected_path(name)
+    found = re.search(r"recorded with (.+?) -->", path.read_text(encoding="utf-8")) if path.is_file() else None
+    return found.group(1) if found else ""
 
 
 def compare(name: str, rows: list[str]) -> list[str]:
@@ -99,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
                              f"{len(diff)} lines differ from the committed table") + f" ({minutes:.1f} min)")
         if diff:
             print("\n".join(diff))
+            if (then := recorded_on(name)) != machine():
+                print(f"{name}'s tables were recorded with {then or 'an unnamed machine'}, this run with {machine()}: "
+                      "other CPU kernels can move a long run's last digit")
             failed.append(name)
     if failed:
         print(f"not reproduced: {', '.join(failed)}", file=sys.stderr)

@@ -322,3 +322,78 @@ def test_the_studies_read_their_rows_from_the_data_file():
     assert model_data.TABLE_9["large", "clean"] == (18.9, 15.5, 48.7)
     assert paper.row_values(10, noise_scale.TABLE_10["noisy_x4"]) == {
         "MSCOCO I2T R@1": 23.8, "MSCOCO T2I R@1": 17.5, "ImageNet KNN R@1": 51.4}
+
+
+def test_transfer_plan_leaves_each_source_out_and_evaluates_on_all():
+    from experiments import transfer
+
+    base = presets.configure("demo", ["data.corpus=emoji+shapes+icons"])
+    plan = transfer.variants(base)
+    assert [v.name for v in plan] == ["all", "without_emoji", "without_shapes", "without_icons"]
+    assert plan[0].baseline and plan[0].overrides == ("data.eval_corpus=emoji+shapes+icons",)
+    assert plan[2].overrides == ("data.corpus=emoji+icons", "data.eval_corpus=emoji+shapes+icons")
+    with pytest.raises(ConfigError, match="two or more"):
+        transfer.variants(presets.configure("demo", ["data.corpus=emoji"]))
+
+
+def test_transfer_report_reads_multiples_of_chance_and_names_the_weakest(tmp_path):
+    from experiments import transfer
+
+    def group(values: dict, runs: int = 1) -> dict:  # {source: (i2t, t2i, top1)}, chance 0.1 / 0.05 / 0.25
+        mean, chance = {}, {}
+        for source, (i2t, t2i, top1) in values.items():
+            mean |= {f"{source}/i2t_r10": i2t, f"{source}/t2i_r10": t2i, f"{source}/zeroshot_top1": top1}
+            chance |= {f"{source}/i2t_r10": 0.1, f"{source}/t2i_r10": 0.05, f"{source}/zeroshot_top1": 0.25}
+        return {"mean": mean, "std": {k: 0.0 for k in mean}, "chance": chance, "runs": [{}] * runs}
+
+    results = {"all": group({"emoji": (0.8, 0.5, 1.0), "icons": (0.6, 0.3, 0.5)}),
+               "without_emoji": group({"emoji": (0.3, 0.1, 0.5), "icons": (0.6, 0.3, 0.5)}),
+               "without_icons": group({"emoji": (0.8, 0.5, 1.0), "icons": (0.25, 0.15, 0.25)})}
+    rows = {row["source"]: row for row in transfer.table(results)}
+    flat = lambda pairs: [x for pair in pairs for x in pair]  # noqa: E731
+    assert flat(rows["emoji"]["i2t_r10"]) == pytest.approx([8.0, 0.0, 3.0, 0.0])
+    assert flat(rows["icons"]["t2i_r10"]) == pytest.approx([6.0, 0.0, 3.0, 0.0])
+    assert flat(rows["icons"]["zeroshot_top1"]) == pytest.approx([2.0, 0.0, 1.0, 0.0])
+    text = "\n".join(transfer.extra_report(results, tmp_path))
+    assert "| icons | 6.0x | 6.0x | 2.0x | 2.5x | 3.0x | 1.0x |" in text
+    assert "The weakest transfer is to emoji: 2.0x chance R@10" in text and "2.4x to 2.7x" in text
+    assert (tmp_path / "transfer.png").stat().st_size > 0
+
+
+def test_transfer_pipeline_on_two_small_sources(tmp_path):
+    """Two sources in their packages' layouts: every run evaluated on both held-out splits, the left-out one's words
+    absent from its tokenizer, and the table written."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    stamps, theme = tmp_path / "stamps", tmp_path / "theme" / "64x64"
+    words = ["duck", "cat", "apple", "pear", "storm", "boat", "tree", "chair", "hat", "drum", "moon", "bell", "fox",
+             "owl", "kite", "lamp"]
+    for i, word in enumerate(words):
+        for folder, name in ((stamps / ("animals" if i % 2 else "food"), word), (theme / ("devices" if i % 2 else
+                                                                                           "places"), f"gadget-{i}")):
+            folder.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(folder / f"{name}.png")
+        (stamps / ("animals" if i % 2 else "food") / f"{word}.txt").write_text(f"A {word}.\n")
+    options = (f"data.corpus_options=tuxpaint.root={stamps},tuxpaint.heldout=0.5,tuxpaint.image_size=64,"
+               f"icons.root={tmp_path / 'theme'},icons.heldout=0.5,icons.image_size=64")
+    variants = run_study(transfer_module(), tmp_path / "study", "--sources", "tuxpaint+icons",
+                         f"data.data_dir={tmp_path / 'data'}", options, "data.global_batch=4")
+    assert list(variants) == ["all", "without_tuxpaint", "without_icons"]
+    for row in variants.values():
+        run = row["runs"][0]
+        assert run["tuxpaint/n_images"] > 0 and run["icons/n_images"] > 0 and "tuxpaint/zeroshot_top1" in run
+        assert run["tuxpaint/zeroshot_n_classes"] == 2 and run["icons/zeroshot_n_classes"] == 2
+    vocab = json.loads((tmp_path / "study" / "runs" / "without_tuxpaint" / "seed0" / "tokenizer" /
+                        "tokenizer.json").read_text())["model"]["vocab"]
+    assert "gadget" in vocab and not {"duck", "apple", "storm"} & set(vocab)
+    report = (tmp_path / "study" / "report.md").read_text()
+    assert "## Leave one source out" in report and "| tuxpaint |" in report and "| icons |" in report
+    assert (tmp_path / "study" / "transfer.png").stat().st_size > 0
+
+
+def transfer_module():
+    from experiments import transfer
+
+    return transfer

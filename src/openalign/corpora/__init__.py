@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import json
 import re
 import typing
 from pathlib import Path
@@ -71,11 +72,22 @@ def source_options(data: DataConfig) -> dict[str, tuple[str, ...]]:
     return {name: tuple(items) for name, items in split.items()}
 
 
+def _outdated(name: str, root: Path) -> bool:
+    """Whether the corpus at `root` was built by an older version of its builder (one that declares a VERSION)."""
+    want = getattr(inspect.getmodule(CORPORA[name]), "VERSION", None)
+    if want is None:
+        return False
+    try:
+        return json.loads((root / "train" / MANIFEST).read_text()).get("version") != want
+    except (OSError, ValueError):
+        return True
+
+
 def _built(name: str, options: tuple[str, ...], data: DataConfig, progress: bool) -> Path:
     """A built-in corpus's directory, built into data_dir once."""
     kwargs = corpus_options(name, options)
     root = Path(data.data_dir) / corpus_dir(name, options)
-    if not ((root / "train" / MANIFEST).is_file() and (root / "eval" / MANIFEST).is_file()):
+    if not ((root / "train" / MANIFEST).is_file() and (root / "eval" / MANIFEST).is_file()) or _outdated(name, root):
         if progress:
             print(f"building the built-in {name} corpus in {root} (once)")
         takes_progress = "progress" in inspect.signature(CORPORA[name]).parameters

@@ -12,6 +12,7 @@ classifies a held-out split into its collection's categories, and the licence an
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,9 @@ from openalign.pipeline.filter_rules import FilterConfig
 from openalign.pipeline.ingest import IngestOptions, ingest
 from openalign.pipeline.shard import ShardOptions, kept_images, write_samples
 
-__all__ = ["Entry", "Origin", "build_catalog", "heldout_split"]
+__all__ = ["VERSION", "Entry", "Origin", "build_catalog", "heldout_split"]
+
+VERSION = 2  # of what a build writes (2: each sample's category as its label); an older build is built again
 
 
 @dataclass(frozen=True)
@@ -58,19 +61,19 @@ def build_catalog(name: str, entries: list[Entry], out: Path, origin: Origin, *,
     heldout_split([], heldout, seed)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    category: dict[str, str] = {}
     with open(out / "raw.jsonl", "w") as f:
         for entry in entries:
+            image = os.path.abspath(entry.image)  # the table's relative paths would be read from its own folder
+            category.setdefault(image, entry.category)
             for text in dict.fromkeys(entry.texts):
-                f.write(json.dumps({"image": entry.image, "text": text}, ensure_ascii=False) + "\n")
-    category = {}
-    for entry in entries:
-        category.setdefault(entry.image, entry.category)
+                f.write(json.dumps({"image": image, "text": text}, ensure_ascii=False) + "\n")
     ingested = ingest([str(out / "raw.jsonl")], out / "pairs.parquet", IngestOptions(), progress=progress)
     report = filters.filter_pairs(out / "pairs.parquet", out / "filter", filter_cfg, engine=engine, progress=progress)
     samples = [s | {"name": category.get(s["path"], "")} for s in kept_images(out / "pairs.parquet", [out / "filter"])]
     is_eval = heldout_split([s["image_key"] for s in samples], heldout, seed)
     options = ShardOptions(image_size=image_size, samples_per_shard=samples_per_shard, prefix=name)
-    info = {"corpus": name, "pairs": str(out / "pairs.parquet"), "keep": [str(out / "filter")],
+    info = {"corpus": name, "version": VERSION, "pairs": str(out / "pairs.parquet"), "keep": [str(out / "filter")],
             "package": origin.package, "licence": origin.licence, "root": origin.root}
     train = write_samples([s for s, e in zip(samples, is_eval) if not e], out / "train", options, progress,
                           info | {"split": "train"})

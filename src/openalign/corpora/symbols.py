@@ -20,7 +20,7 @@ from PIL import Image, ImageDraw, ImageFont
 from tqdm import tqdm
 
 from openalign.config import ConfigError
-from openalign.corpora.catalog import Entry, Origin, build_catalog
+from openalign.corpora.catalog import VERSION, Entry, Origin, build_catalog  # noqa: F401 (VERSION: corpora._built)
 from openalign.pipeline.filter_rules import FilterConfig
 
 __all__ = ["DEFAULT_FONTS", "build", "read_blocks", "read_names", "render"]
@@ -108,7 +108,7 @@ def build(out: Path, fonts: tuple[str, ...] = DEFAULT_FONTS, emoji_font: str = D
     names, blocks = read_names(Path(unicode_path)), read_blocks(Path(unicode_path))
     emoji = _cmap(emoji_font) if Path(emoji_font).is_file() else set()
     short = cldr_names(Path(cldr_path), tuple(languages))
-    images = out / "images"
+    images = out.resolve() / "images"  # absolute: the table's relative paths are read from its own folder
     images.mkdir(parents=True, exist_ok=True)
     entries, seen, blank = [], set(emoji), 0
     for path in tqdm(fonts, desc="render symbols", unit="font", disable=not progress):
