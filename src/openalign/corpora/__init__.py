@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from openalign.config import ConfigError, DataConfig
+from openalign.corpora import catalog
 from openalign.corpora import emoji
 from openalign.corpora import heldout
 from openalign.corpora import icons
@@ -27,6 +28,7 @@ __all__ = ["CORPORA", "corpus_dir", "corpus_options", "heldout_keep", "resolve_d
 CORPORA: dict[str, Callable[..., dict]] = {"emoji": emoji.build, "openclipart": openclipart.build,
                                            "shapes": shapes.build, "tuxpaint": tuxpaint.build, "icons": icons.build,
                                            "symbols": symbols.build}
+CATALOGUED = {"openclipart", "tuxpaint", "icons", "symbols"}  # built by corpora/catalog.py, which versions its builds
 
 
 def _shards(spec: str, data: DataConfig, split: str, progress: bool) -> list[str]:
@@ -73,12 +75,11 @@ def source_options(data: DataConfig) -> dict[str, tuple[str, ...]]:
 
 
 def _outdated(name: str, root: Path) -> bool:
-    """Whether the corpus at `root` was built by an older version of its builder (one that declares a VERSION)."""
-    want = getattr(inspect.getmodule(CORPORA[name]), "VERSION", None)
-    if want is None:
+    """Whether the corpus at `root` was built by an older version of its builder (the catalog's: CATALOGUED)."""
+    if name not in CATALOGUED:
         return False
     try:
-        return json.loads((root / "train" / MANIFEST).read_text()).get("version") != want
+        return json.loads((root / "train" / MANIFEST).read_text()).get("version") != catalog.VERSION
     except (OSError, ValueError):
         return True
 

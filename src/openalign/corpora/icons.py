@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 
 from openalign.config import ConfigError
-from openalign.corpora.catalog import VERSION, Entry, Origin, build_catalog  # noqa: F401 (VERSION: corpora._built)
+from openalign.corpora.catalog import Entry, Origin, build_catalog
 from openalign.pipeline.filter_rules import FilterConfig
 
 __all__ = ["CONTEXTS", "DEFAULT_ROOT", "build", "entries", "icon_text"]
@@ -51,11 +51,15 @@ def entries(root: Path, contexts: tuple[str, ...], min_size: int) -> list[Entry]
             key = (context, name[:-4])
             if key not in best or sizes[0] > best[key][0]:
                 best[key] = (sizes[0], Path(dirpath) / name)
-    return [Entry(str(path), (icon_text(name),), CONTEXTS[context]) for (context, name), (_, path) in sorted(best.items())]
+    return [Entry(str(path), (icon_text(name),), CONTEXTS[context])
+            for (context, name), (_, path) in sorted(best.items())]
 
 
-def build(out: Path, root: str = DEFAULT_ROOT, contexts: tuple[str, ...] = tuple(c for c in CONTEXTS if c != "mimetypes"),
-          min_size: int = 48, heldout: float = 0.2, seed: int = 0, image_size: int = 346, engine: str = "local",
+DEFAULT_CONTEXTS = tuple(c for c in CONTEXTS if c != "mimetypes")
+
+
+def build(out: Path, root: str = DEFAULT_ROOT, contexts: tuple[str, ...] = DEFAULT_CONTEXTS, min_size: int = 48,
+          heldout: float = 0.2, seed: int = 0, image_size: int = 346, engine: str = "local",
           samples_per_shard: int = 1000, progress: bool = True) -> dict:
     """Ingest, filter and shard the theme's icons under `root` into `out`. The paper's filters, but for the image-size
     rule (icons are drawn at 256 px at most: `min_size` chooses which sizes count) and the three-word minimum (an icon

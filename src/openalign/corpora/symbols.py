@@ -20,7 +20,7 @@ from PIL import Image, ImageDraw, ImageFont
 from tqdm import tqdm
 
 from openalign.config import ConfigError
-from openalign.corpora.catalog import VERSION, Entry, Origin, build_catalog  # noqa: F401 (VERSION: corpora._built)
+from openalign.corpora.catalog import Entry, Origin, build_catalog
 from openalign.pipeline.filter_rules import FilterConfig
 
 __all__ = ["DEFAULT_FONTS", "build", "read_blocks", "read_names", "render"]

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 
 from openalign.config import ConfigError
-from openalign.corpora.catalog import VERSION, Entry, Origin, build_catalog  # noqa: F401 (VERSION: corpora._built)
+from openalign.corpora.catalog import Entry, Origin, build_catalog
 from openalign.pipeline.filter_rules import FilterConfig
 
 __all__ = ["DEFAULT_ROOT", "build", "descriptions", "entries"]
