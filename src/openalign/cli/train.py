@@ -71,7 +71,7 @@ def run_train(args) -> int:
     print(f"\ntrained {result.step} steps in {minutes:.1f} min -> {result.out}")
     if result.metrics:
         print("held-out evaluation (R@K: fraction of queries whose match ranks in the top K):")
-        print("\n".join(report.summary_lines(result.metrics)))
+        print("\n".join(report.summary_lines(result.metrics, report.trained_sources(cfg))))
     kind = "VisionTextDualEncoderModel" if cfg.model.vision.kind == "vit" else "AlignModel"
     print(f"model: {result.model_dir} (a Hugging Face {kind} directory)")
     print(f"report: {result.out / 'report.md'}, plot: {result.out / 'training.png'}")

@@ -67,7 +67,14 @@ def eval_line(step: int, metrics: dict) -> str:
     return f"step {step} eval: " + ", ".join(f"{k} {metrics[k]:.3f}" for k in keys)
 
 
-def summary_lines(metrics: dict) -> list[str]:
+def trained_sources(cfg: Config) -> tuple[str, ...]:
+    """The built-in corpora a run trains on (none when it trains on --data)."""
+    return () if cfg.data.train or not cfg.data.corpus else tuple(n.strip() for n in cfg.data.corpus.split("+"))
+
+
+def summary_lines(metrics: dict, trained: tuple[str, ...] = ()) -> list[str]:
+    """The held-out headline numbers with their chance levels, then each source's (a source not in `trained`, the
+    run's training corpora, is marked as never trained on: its figures measure transfer)."""
     lines = []
     for key in HEADLINE:
         if key not in metrics:
@@ -79,21 +86,23 @@ def summary_lines(metrics: dict) -> list[str]:
     for key in ("i2t_median_rank", "t2i_median_rank", "n_images", "n_texts", "zeroshot_n_classes"):
         if key in metrics:
             lines.append(f"  {key:<14} {metrics[key]:g}")
-    return lines + source_lines(metrics) + caveats(metrics)
+    return lines + source_lines(metrics, trained) + caveats(metrics)
 
 
-def source_lines(metrics: dict) -> list[str]:
-    """Several corpora (data.corpus=emoji+openclipart): each one's held-out split alone (metrics NAME/...)."""
+def source_lines(metrics: dict, trained: tuple[str, ...] = ()) -> list[str]:
+    """Several corpora (data.corpus=emoji+openclipart): each one's held-out split alone (metrics NAME/...); one
+    evaluated but not trained on (data.eval_corpus) is marked as such."""
     lines = []
     for name in dict.fromkeys(k.split("/", 1)[0] for k in metrics if "/" in k):
         own = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith(name + "/")}
         parts = []
-        for key in ("i2t_r10", "t2i_r10", "mean_recall"):
+        for key in ("i2t_r10", "t2i_r10", "mean_recall", "zeroshot_top1"):
             if key in own:
                 chance = own.get(chance_key(key, own))
                 parts.append(f"{key} {own[key]:.3f}" + (f" ({own[key] / chance:.1f}x chance)" if chance else ""))
         if parts:
-            lines.append(f"  {name + ' alone:':<14} " + ", ".join(parts) + f" ({own.get('n_images', 0):g} images)")
+            label = f"{name} alone" + (", never trained on" if trained and name not in trained else "") + ":"
+            lines.append(f"  {label:<14} " + ", ".join(parts) + f" ({own.get('n_images', 0):g} images)")
     return lines
 
 
@@ -117,7 +126,7 @@ def write(out: Path, cfg: Config, metrics: dict, model_info: dict) -> str:
         " costs held-out recall, measured in docs/demo.md)", "",
         "## Held-out evaluation (family split: no variant of these emoji was seen in training)" if cfg.data.corpus == "emoji"
         and not cfg.data.train else f"## Held-out evaluation ({cfg.data.eval or cfg.data.corpus or 'none'})", "",
-        "```", *summary_lines(metrics), "```", "",
+        "```", *summary_lines(metrics, trained_sources(cfg)), "```", "",
         "![training curves](training.png)", "",
     ])
     (out / "report.md").write_text(text)
