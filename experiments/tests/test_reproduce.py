@@ -48,3 +48,11 @@ def test_a_reproduction_trains_afresh_into_a_new_folder(tmp_path, capsys):
 def test_the_pmi_study_reproduces_its_committed_table_to_the_digit(tmp_path, capsys):
     assert reproduce.main(["--out", str(tmp_path), "--only", "pmi"]) == 0
     assert "pmi: reproduces its 10 table rows to the digit" in capsys.readouterr().out
+
+
+def test_a_recorded_table_names_the_machine_it_was_made_with(tmp_path, monkeypatch):
+    monkeypatch.setattr(reproduce, "EXPECTED", tmp_path)
+    reproduce.record("demo", ["| a |", "|---|", "| 1 |"])
+    assert reproduce.recorded_on("demo") == reproduce.machine() and "threads" in reproduce.machine()
+    assert reproduce.compare("demo", ["| a |", "|---|", "| 1 |"]) == []  # the stamp is no table row
+    assert reproduce.recorded_on("absent") == ""
