@@ -11,6 +11,7 @@ classifies a held-out split into its collection's categories, and the licence an
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections import Counter
@@ -24,7 +25,7 @@ from openalign.pipeline.filter_rules import FilterConfig
 from openalign.pipeline.ingest import IngestOptions, ingest
 from openalign.pipeline.shard import ShardOptions, kept_images, write_samples
 
-__all__ = ["VERSION", "Entry", "Origin", "build_catalog", "heldout_split"]
+__all__ = ["VERSION", "Entry", "Origin", "build_catalog", "heldout_split", "names_filter"]
 
 VERSION = 2  # of what a build writes (2: each sample's category as its label); an older build is built again
 
@@ -44,10 +45,19 @@ class Origin:
     root: str  # where the package installs it
 
 
-def heldout_split(keys: list[str], heldout: float, seed: int) -> list[bool]:
-    """Whether each image is held out: `heldout` of the images by a hash of their keys, the same on every rebuild."""
+def check_heldout(heldout: float) -> None:
     if not 0.0 <= heldout < 1.0:
         raise ConfigError(f"heldout must be in [0, 1), not {heldout}")
+
+
+def names_filter(min_short_side: int) -> FilterConfig:
+    """The paper's filters for a collection of names: texts of one word and more, images over `min_short_side` px."""
+    return dataclasses.replace(FilterConfig(), min_short_side=min_short_side, min_words=1)
+
+
+def heldout_split(keys: list[str], heldout: float, seed: int) -> list[bool]:
+    """Whether each image is held out: `heldout` of the images by a hash of their keys, the same on every rebuild."""
+    check_heldout(heldout)
     return [stable_seed(seed, "heldout", key) % 10_000 < heldout * 10_000 for key in keys]
 
 
@@ -58,7 +68,7 @@ def build_catalog(name: str, entries: list[Entry], out: Path, origin: Origin, *,
     file under two names) is one image with the alt-texts of both; its category is that of its first listing."""
     if not entries:
         raise ConfigError(f"the {name} corpus found no images under {origin.root}; is {origin.package} installed?")
-    heldout_split([], heldout, seed)
+    check_heldout(heldout)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     category: dict[str, str] = {}

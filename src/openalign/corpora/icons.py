@@ -11,14 +11,12 @@ largest size (at least `min_size` px), and the label for zero-shot evaluation it
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 from pathlib import Path
 
 from openalign.config import ConfigError
-from openalign.corpora.catalog import Entry, Origin, build_catalog
-from openalign.pipeline.filter_rules import FilterConfig
+from openalign.corpora.catalog import Entry, Origin, build_catalog, names_filter
 
 __all__ = ["CONTEXTS", "DEFAULT_ROOT", "build", "entries", "icon_text"]
 
@@ -71,7 +69,7 @@ def build(out: Path, root: str = DEFAULT_ROOT, contexts: tuple[str, ...] = DEFAU
     unknown = [c for c in contexts if c not in CONTEXTS]
     if unknown:
         raise ConfigError(f"icons: unknown context {unknown[0]!r}; choose from {', '.join(CONTEXTS)}")
-    cfg = dataclasses.replace(FilterConfig(), min_short_side=min_size - 1, min_words=1)
+    cfg = names_filter(min_size - 1)
     return build_catalog("icons", entries(root_path, tuple(contexts), min_size), Path(out),
                          Origin("oxygen-icon-theme", LICENCE, root), heldout=heldout, seed=seed, image_size=image_size,
                          filter_cfg=cfg, engine=engine, samples_per_shard=samples_per_shard, progress=progress)

@@ -12,7 +12,6 @@ The rendered images are written under DIR/images/ once, then go through the pipe
 
 from __future__ import annotations
 
-import dataclasses
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -20,8 +19,7 @@ from PIL import Image, ImageDraw, ImageFont
 from tqdm import tqdm
 
 from openalign.config import ConfigError
-from openalign.corpora.catalog import Entry, Origin, build_catalog
-from openalign.pipeline.filter_rules import FilterConfig
+from openalign.corpora.catalog import Entry, Origin, build_catalog, names_filter
 
 __all__ = ["DEFAULT_FONTS", "build", "read_blocks", "read_names", "render"]
 
@@ -128,7 +126,7 @@ def build(out: Path, fonts: tuple[str, ...] = DEFAULT_FONTS, emoji_font: str = D
             block = next((b for first, last, b in blocks if first <= cp <= last), "")
             texts = (name.lower(), *(t for language, t in short.get(chr(cp), {}).items() if language in languages))
             entries.append(Entry(str(file), texts, block))
-    cfg = dataclasses.replace(FilterConfig(), min_short_side=0, min_words=1)
+    cfg = names_filter(0)
     origin = Origin("fonts-noto-core, unicode-data, unicode-cldr-core", LICENCE, NOTO)
     return build_catalog("symbols", entries, out, origin, heldout=heldout, seed=seed, image_size=SIZE, filter_cfg=cfg,
                          engine=engine, samples_per_shard=samples_per_shard, progress=progress,

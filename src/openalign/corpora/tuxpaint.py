@@ -18,8 +18,7 @@ import os
 from pathlib import Path
 
 from openalign.config import ConfigError
-from openalign.corpora.catalog import Entry, Origin, build_catalog
-from openalign.pipeline.filter_rules import FilterConfig
+from openalign.corpora.catalog import Entry, Origin, build_catalog, names_filter
 
 __all__ = ["DEFAULT_ROOT", "build", "descriptions", "entries"]
 
@@ -77,7 +76,7 @@ def build(out: Path, root: str = DEFAULT_ROOT, languages: tuple[str, ...] = ("en
         raise ConfigError(f"Tux Paint's stamps not found at {root}; install them with "
                           "`apt-get install tuxpaint-stamps-default` or pass root=PATH")
     found, skipped = entries(root_path, tuple(languages))
-    cfg = dataclasses.replace(FilterConfig(), min_short_side=min_short_side, min_words=min_words)
+    cfg = dataclasses.replace(names_filter(min_short_side), min_words=min_words)
     return build_catalog("tuxpaint", found, Path(out), Origin("tuxpaint-stamps-default", LICENCE, root),
                          heldout=heldout, seed=seed, image_size=image_size, filter_cfg=cfg, engine=engine,
                          samples_per_shard=samples_per_shard, progress=progress, extra={"skipped_stamps": skipped})
