@@ -272,3 +272,31 @@ def test_training_reads_the_original_shards_through_keep_lists(shapes, tokenizer
     assert main(train_args({"train": tmp_path / "copy", "eval": shapes["eval"]}, tmp_path / "other",
                            f"data.keep={tmp_path / 'screen'}", f"data.data_dir={tmp_path / 'data'}")) == 2
     assert "data.keep keeps 0 of the 96 samples in data.train" in capsys.readouterr().err
+
+
+def test_the_inception_crop_is_a_training_option_as_deterministic_as_the_papers(shapes, tokenizer):
+    import dataclasses
+
+    spec = spec_for(shapes)
+    inception = dataclasses.replace(spec, augment="inception", min_area=0.25)
+    first, again = epoch_batches(inception, tokenizer), epoch_batches(inception, tokenizer)
+    paper = epoch_batches(spec, tokenizer)
+    assert [b["keys"] for b in first] == [b["keys"] for b in paper]  # the same samples, cropped otherwise
+    assert all(torch.equal(a["pixel_values"], b["pixel_values"]) for a, b in zip(first, again))
+    assert first[0]["pixel_values"].shape == (8, 3, 32, 32)
+    assert not all(torch.equal(a["pixel_values"], b["pixel_values"]) for a, b in zip(first, paper))
+
+
+def test_the_training_crop_follows_the_config():
+    import openalign.loss  # noqa: F401 - registers the loss kinds check() validates
+    from openalign import presets
+    from openalign.config import check, override
+
+    cfg = override(presets.tiny(), ["data.crop=inception", "data.crop_min_area=0.3"])
+    spec = StreamSpec.for_config(cfg, ["a.tar"])
+    assert (spec.augment, spec.min_area) == ("inception", 0.3)
+    assert StreamSpec.for_config(presets.tiny(), ["a.tar"]).augment == "pretraining"
+    with pytest.raises(ConfigError, match=r"data.crop_min_area=0.0 must be in \(0, 1\]"):
+        check(override(presets.tiny(), ["data.crop_min_area=0"]))
+    with pytest.raises(ConfigError, match="data.crop=random must be pretraining or inception"):
+        check(override(presets.tiny(), ["data.crop=random"]))

@@ -58,3 +58,25 @@ def test_the_papers_train_and_eval_resolutions_scale_with_the_model(size):
     small = protocols.resolve(name, 64)
     assert (small.train_crop, small.crop) == (round(size[0] * 64 / 289), round(size[1] * 64 / 289))
     assert protocols.resolve(name, 64, crop=50, resize=60).crop == 50  # --crop / --resize are kept
+
+
+def test_the_inception_training_crop_is_drawn_from_the_square_evaluation_sees():
+    # a 90 x 30 image whose left third is red, middle green, right blue: squared to 36 x 36, each third is 12 wide
+    array = np.zeros((30, 90, 3), dtype=np.uint8)
+    array[:, :30, 0], array[:, 30:60, 1], array[:, 60:, 2] = 255, 255, 255
+    image = Image.fromarray(array)
+    rng = random.Random(0)
+    whole = transforms.square_inception_transform(image, 36, 32, rng, min_area=1.0)
+    # an area share of 1 at an aspect in [3/4, 4/3] fits the square only as itself: the whole square, all colours
+    expected = np.asarray(image.resize((36, 36), Image.BILINEAR).resize((32, 32), Image.BILINEAR))
+    flipped = expected[:, ::-1]
+    got = whole.permute(1, 2, 0).numpy()
+    assert np.array_equal(got, expected) or np.array_equal(got, flipped)
+    # small areas zoom in: most draws at min_area 0.08 see fewer than all three colours; at 1.0 every draw sees all
+    def colours(pixels):
+        return sum(int((pixels[c] > 200).any()) for c in range(3))
+
+    small = [colours(transforms.square_inception_transform(image, 36, 32, rng, min_area=0.08)) for _ in range(200)]
+    assert sum(c < 3 for c in small) > 50
+    assert all(colours(transforms.square_inception_transform(image, 36, 32, rng, min_area=1.0)) == 3
+               for _ in range(20))

@@ -45,6 +45,8 @@ class StreamSpec:
     world_size: int = 1
     fraction: float = 1.0  # read only this subset of the samples (shards.in_fraction; data.fraction)
     keep: str = ""  # read only the samples this keep index keeps (shards.KeepIndex; data.keep)
+    augment: str = "pretraining"  # the training crop (data.crop): pretraining or inception
+    min_area: float = 0.08  # the inception crop's smallest share of the image (data.crop_min_area)
 
     @classmethod
     def for_config(cls, cfg: Config, shards: list[str], rank: int = 0, world_size: int = 1, **changes) -> StreamSpec:
@@ -52,7 +54,8 @@ class StreamSpec:
         spec = cls(shards=tuple(shards), rank_batch=cfg.data.global_batch // world_size,
                    resize=cfg.model.vision.resize_size, crop=cfg.model.vision.image_size,
                    max_length=cfg.model.text.max_length, seed=cfg.seed, shuffle_buffer=cfg.data.shuffle_buffer,
-                   workers=cfg.data.workers, rank=rank, world_size=world_size, fraction=cfg.data.fraction)
+                   workers=cfg.data.workers, rank=rank, world_size=world_size, fraction=cfg.data.fraction,
+                   augment=cfg.data.crop, min_area=cfg.data.crop_min_area)
         return dataclasses.replace(spec, **changes)
 
 
@@ -175,7 +178,11 @@ class TrainStream(IterableDataset):
         rng = random.Random(stable_seed(self.spec.seed, epoch, "sample", key))
         texts = tars.sample_texts(sample)
         image = transforms.decode(tars.image_bytes(sample), self.spec.resize)
-        pixels = transforms.train_transform(image, self.spec.resize, self.spec.crop, rng)
+        if self.spec.augment == "inception":
+            pixels = transforms.square_inception_transform(image, self.spec.resize, self.spec.crop, rng,
+                                                           self.spec.min_area)
+        else:
+            pixels = transforms.train_transform(image, self.spec.resize, self.spec.crop, rng)
         return pixels, rng.choice(texts), key
 
 

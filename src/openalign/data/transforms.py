@@ -74,14 +74,23 @@ def inception_box(width: int, height: int, rng: random.Random, scale=INCEPTION_S
     return (width - w) // 2, (height - h) // 2, w, h
 
 
-def inception_transform(image: Image.Image, size: int, rng: random.Random) -> torch.Tensor:
+def inception_transform(image: Image.Image, size: int, rng: random.Random, scale=INCEPTION_SCALE) -> torch.Tensor:
     """[3, size, size] uint8: an `inception_box` of `image` resized to size x size (bilinear), flipped
     horizontally half of the time (the paper's fine-tuning crop; `to_unit_range` makes it the model's input)."""
-    left, top, w, h = inception_box(image.width, image.height, rng)
+    left, top, w, h = inception_box(image.width, image.height, rng, scale)
     image = image.resize((size, size), Image.BILINEAR, box=(left, top, left + w, top + h))
     if rng.random() < 0.5:
         image = image.transpose(Image.FLIP_LEFT_RIGHT)
     return torch.from_numpy(np.asarray(image, dtype=np.uint8).copy()).permute(2, 0, 1)
+
+
+def square_inception_transform(image: Image.Image, resize: int, crop: int, rng: random.Random,
+                               min_area: float = INCEPTION_SCALE[0]) -> torch.Tensor:
+    """[3, crop, crop] uint8 for training with data.crop=inception: the image resized to the square of `resize`
+    that evaluation centre-crops (as `train_transform` starts), then an `inception_transform` of it whose area
+    share is uniform in [min_area, 1]: the same aspect as evaluation sees, at scales down to min_area."""
+    square = image.resize((resize, resize), Image.BILINEAR)
+    return inception_transform(square, crop, rng, (min_area, INCEPTION_SCALE[1]))
 
 
 def to_unit_range(pixels: torch.Tensor) -> torch.Tensor:
