@@ -360,9 +360,9 @@ def test_transfer_report_reads_multiples_of_chance_and_names_the_weakest(tmp_pat
     assert (tmp_path / "transfer.png").stat().st_size > 0
 
 
-def test_transfer_pipeline_on_two_small_sources(tmp_path):
-    """Two sources in their packages' layouts: every run evaluated on both held-out splits, the left-out one's words
-    absent from its tokenizer, and the table written."""
+def two_small_sources(tmp_path) -> str:
+    """Tux Paint stamps and an icon theme in their packages' layouts under tmp_path, 16 images each: the
+    data.corpus_options= override that builds them."""
     import numpy as np
     from PIL import Image
 
@@ -376,8 +376,14 @@ def test_transfer_pipeline_on_two_small_sources(tmp_path):
             folder.mkdir(parents=True, exist_ok=True)
             Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(folder / f"{name}.png")
         (stamps / ("animals" if i % 2 else "food") / f"{word}.txt").write_text(f"A {word}.\n")
-    options = (f"data.corpus_options=tuxpaint.root={stamps},tuxpaint.heldout=0.5,tuxpaint.image_size=64,"
-               f"icons.root={tmp_path / 'theme'},icons.heldout=0.5,icons.image_size=64")
+    return (f"data.corpus_options=tuxpaint.root={stamps},tuxpaint.heldout=0.5,tuxpaint.image_size=64,"
+            f"icons.root={tmp_path / 'theme'},icons.heldout=0.5,icons.image_size=64")
+
+
+def test_transfer_pipeline_on_two_small_sources(tmp_path):
+    """Two sources in their packages' layouts: every run evaluated on both held-out splits, the left-out one's words
+    absent from its tokenizer, and the table written."""
+    options = two_small_sources(tmp_path)
     variants = run_study(transfer_module(), tmp_path / "study", "--sources", "tuxpaint+icons",
                          f"data.data_dir={tmp_path / 'data'}", options, "data.global_batch=4")
     assert list(variants) == ["all", "without_tuxpaint", "without_icons"]
@@ -397,3 +403,69 @@ def transfer_module():
     from experiments import transfer
 
     return transfer
+
+
+def test_transfer_levers_change_one_thing_each_from_a_baseline_without_the_left_out_source():
+    from experiments import transfer_levers
+
+    base = presets.configure("demo", ["data.corpus=emoji+openclipart+icons", "data.eval_corpus=emoji+openclipart+"
+                                      "icons+tuxpaint", "train.steps=600"])
+    plan = {v.name: v for v in transfer_levers.variants(base)}
+    assert list(plan) == ["baseline", "fewer_sources", "inception", "inception35", "px96", "text_tower", "steps2x"]
+    assert plan["baseline"].baseline and plan["baseline"].overrides == ()
+    assert plan["fewer_sources"].overrides == ("data.corpus=openclipart+emoji",)
+    assert plan["px96"].overrides == ("model.vision.image_size=96", "model.vision.resize_size=108")
+    assert plan["text_tower"].overrides == ("model.text.num_layers=6", "model.text.hidden_size=384",
+                                            "model.text.intermediate_size=1536")  # the clipart preset's tower
+    assert plan["steps2x"].overrides == ("train.steps=1200",)
+    assert "fewer_sources" not in [v.name for v in transfer_levers.variants(
+        presets.configure("demo", ["data.corpus=emoji+icons", "data.eval_corpus=emoji+icons+tuxpaint"]))]
+    with pytest.raises(ConfigError, match="leaves built-in sources out of training"):
+        transfer_levers.variants(presets.configure("demo", ["data.corpus=emoji+icons"]))  # nothing left out
+
+
+def test_transfer_levers_refuse_leaving_out_what_is_not_there(tmp_path):
+    from experiments import transfer_levers
+
+    out = str(tmp_path / "study")
+    assert transfer_levers.main(["--out", out, "--sources", "emoji+icons", "--left-out", "tuxpaint"]) == 2
+    assert transfer_levers.main(["--out", out, "--sources", "emoji+icons", "--left-out", "emoji+icons"]) == 2
+
+
+def test_transfer_levers_report_reads_the_left_out_sources_and_names_the_best_lever(tmp_path):
+    from experiments import transfer_levers
+
+    def group(label: str, i2t: float, t2i: float, minutes: float) -> dict:  # tuxpaint's chance 0.05 both ways
+        mean = {"tuxpaint/i2t_r10": i2t, "tuxpaint/t2i_r10": t2i, "tuxpaint/zeroshot_top1": 0.2, "minutes": minutes,
+                "emoji/i2t_r10": 0.9, "emoji/t2i_r10": 0.9}
+        chance = {"tuxpaint/i2t_r10": 0.05, "tuxpaint/t2i_r10": 0.05, "tuxpaint/zeroshot_top1": 0.1,
+                  "emoji/i2t_r10": 0.1, "emoji/t2i_r10": 0.1}
+        return {"label": label, "mean": mean, "std": {k: 0.0 for k in mean}, "chance": chance, "runs": [{}, {}]}
+
+    run = tmp_path / "runs" / "baseline" / "seed0"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"data": {"corpus": "emoji", "eval_corpus": "emoji+tuxpaint"}}))
+    results = {"baseline": group("baseline", 0.10, 0.15, 6.0), "inception": group("crop", 0.30, 0.20, 6.0),
+               "steps2x": group("steps", 0.25, 0.25, 12.0)}
+    text = "\n".join(transfer_levers.extra_report(results, tmp_path))
+    assert "| crop | 6.0 ± 0.0x | 4.0 ± 0.0x | 2.0 ± 0.0x | 6.0 |" in text  # emoji (trained on) is not a column
+    assert "the baseline reads 2.0x chance; the best lever is steps at 5.0x (2.50x the baseline, at 2.00x its " \
+           "minutes)" in text
+    assert (tmp_path / "levers.png").stat().st_size > 0
+
+
+def test_transfer_levers_pipeline_on_two_small_sources(tmp_path):
+    """Trained on icons alone, evaluated on both: the report's columns are tuxpaint's, the lever's run is cropped
+    otherwise."""
+    from experiments import transfer_levers
+
+    variants = run_study(transfer_levers, tmp_path / "study", "--sources", "tuxpaint+icons", "--only", "inception",
+                         f"data.data_dir={tmp_path / 'data'}", two_small_sources(tmp_path), "data.global_batch=4")
+    assert list(variants) == ["baseline", "inception"]
+    assert all(row["runs"][0]["tuxpaint/n_images"] > 0 for row in variants.values())
+    config = json.loads((tmp_path / "study" / "runs" / "inception" / "seed0" / "config.json").read_text())
+    assert (config["data"]["corpus"], config["data"]["crop"]) == ("icons", "inception")
+    report = (tmp_path / "study" / "report.md").read_text()
+    assert "## Levers on the left-out sources" in report and "Trained without tuxpaint" in report
+    assert "tuxpaint R@10 image→text" in report and "icons R@10" not in report
+    assert (tmp_path / "study" / "levers.png").stat().st_size > 0
