@@ -125,10 +125,16 @@ def flags(p) -> None:
                    help=f"the built-in sources, joined by + (default: {'+'.join(SOURCES)})")
 
 
+def shared(names: list[str], quick: bool) -> tuple[str, ...]:
+    """The overrides every run over several sources takes: openclipart's 96 px rule, the held-out deduplication and
+    the full runs' budget."""
+    own = ("data.corpus_options=openclipart.min_short_side=96",) if "openclipart" in names and len(names) > 1 else ()
+    return (*own, "data.dedup_heldout=true", *(() if quick else BUDGET))
+
+
 def extra(args) -> tuple[str, ...]:
     names = sources(args.sources)
-    own = ("data.corpus_options=openclipart.min_short_side=96",) if "openclipart" in names and len(names) > 1 else ()
-    return (f"data.corpus={'+'.join(names)}", *own, "data.dedup_heldout=true", *(() if args.quick else BUDGET))
+    return (f"data.corpus={'+'.join(names)}", *shared(names, args.quick))
 
 
 def main(argv: list[str] | None = None) -> int:

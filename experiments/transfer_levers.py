@@ -23,7 +23,8 @@ from openalign.corpora import sources
 from experiments.lab import command
 from experiments.lab.report import grouped_bars, mean_std, save_figure
 from experiments.lab.runner import Study, Variant
-from experiments.transfer import BUDGET, METRICS, SOURCES, multiple
+from experiments import transfer
+from experiments.transfer import METRICS, multiple
 
 INTRO = ("Each lever changed alone from a baseline trained without the left-out source(s), read on the left-out "
          "sources' held-out splits as multiples of chance, beside each run's minutes.")
@@ -144,21 +145,18 @@ STUDY = Study("transfer_levers", variants, INTRO, extra_report=extra_report, tas
 
 
 def flags(p) -> None:
-    p.add_argument("--sources", default="+".join(SOURCES),
-                   help=f"the built-in sources, joined by + (default: {'+'.join(SOURCES)})")
+    transfer.flags(p)
     p.add_argument("--left-out", default="tuxpaint", help="the source(s) left out of training, joined by + "
                                                           "(default: tuxpaint)")
 
 
 def extra(args) -> tuple[str, ...]:
-    names, out = sources(args.sources), sources(args.left_out)
-    unknown = [n for n in out if n not in names]
-    if unknown or len(out) >= len(names):
+    names, left = sources(args.sources), sources(args.left_out)
+    if any(n not in names for n in left) or len(left) >= len(names):
         raise ConfigError(f"--left-out {args.left_out} must name some, not all, of --sources {args.sources}")
-    trained = [n for n in names if n not in out]
-    own = ("data.corpus_options=openclipart.min_short_side=96",) if "openclipart" in names else ()
-    return (f"data.corpus={'+'.join(trained)}", f"data.eval_corpus={'+'.join(names)}", *own, "data.dedup_heldout=true",
-            *(() if args.quick else BUDGET))
+    trained = [n for n in names if n not in left]
+    return (f"data.corpus={'+'.join(trained)}", f"data.eval_corpus={'+'.join(names)}",
+            *transfer.shared(names, args.quick))
 
 
 def main(argv: list[str] | None = None) -> int:

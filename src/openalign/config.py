@@ -239,7 +239,7 @@ class DataConfig:
     shuffle_buffer: Annotated[int, POSITIVE_INT] = 2_000
     # the training crop: the paper's (a square of model.vision.resize_size, a random image_size crop of it, a
     # horizontal flip half of the time) or Szegedy et al.'s random-resized crop (an area share uniform in
-    # [crop_min_area, 1] and an aspect log-uniform in [3/4, 4/3] of the image as stored, resized to image_size, then
+    # [crop_min_area, 1] and an aspect log-uniform in [3/4, 4/3] of that same square, resized to image_size, then
     # the flip); evaluation is the same centre crop after either
     crop: Literal["pretraining", "inception"] = "pretraining"
     crop_min_area: Annotated[float, FRACTION_OPEN_CLOSED] = 0.08  # data.crop=inception only (Szegedy et al.: 0.08)
