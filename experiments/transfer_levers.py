@@ -11,6 +11,8 @@ The levers, each changed alone from the baseline (the base preset on the other s
   (theirs) and at 0.35;
 - resolution: 1.5x the image side;
 - text tower: two layers more and 1.5x the width;
+- vocabulary: twice the WordPiece vocabulary (the demo's 8,000 is full on five sources, so a rare word of a
+  left-out caption, "gorilla" or "hibiscus", is split into pieces even where an emoji's name taught it whole);
 - steps: twice as many.
 """
 
@@ -51,6 +53,8 @@ def variants(base: Config) -> list[Variant]:
                      f"{side} px images"),
              Variant("text_tower", "text tower", _wider_text(t), f"text tower {t.num_layers + 2} x "
                                                                  f"{_width(t.hidden_size, t.num_heads)}"),
+             Variant("vocab2x", "vocabulary", (f"model.text.vocab_size={2 * t.vocab_size}",),
+                     f"{2 * t.vocab_size:,} word pieces"),
              Variant("steps2x", "steps", (f"train.steps={2 * base.train.steps}",), f"{2 * base.train.steps} steps")]
     return plan
 
