@@ -241,3 +241,22 @@ def serving(app):
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def two_small_sources(tmp_path) -> str:
+    """Tux Paint stamps and an icon theme in their packages' layouts under tmp_path, 16 images each: the
+    data.corpus_options= override that builds them (the built-in sources tuxpaint and icons, offline)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    stamps, theme = tmp_path / "stamps", tmp_path / "theme" / "64x64"
+    words = ["duck", "cat", "apple", "pear", "storm", "boat", "tree", "chair", "hat", "drum", "moon", "bell", "fox",
+             "owl", "kite", "lamp"]
+    for i, word in enumerate(words):
+        for folder, name in ((stamps / ("animals" if i % 2 else "food"), word), (theme / ("devices" if i % 2 else
+                                                                                           "places"), f"gadget-{i}")):
+            folder.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(folder / f"{name}.png")
+        (stamps / ("animals" if i % 2 else "food") / f"{word}.txt").write_text(f"A {word}.\n")
+    return (f"data.corpus_options=tuxpaint.root={stamps},tuxpaint.heldout=0.5,tuxpaint.image_size=64,"
+            f"icons.root={tmp_path / 'theme'},icons.heldout=0.5,icons.image_size=64")

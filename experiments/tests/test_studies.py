@@ -7,7 +7,7 @@ import pytest
 
 from openalign import presets
 from openalign.config import ConfigError
-from tests.conftest import needs_emoji_data, shape_shards
+from tests.conftest import needs_emoji_data, shape_shards, two_small_sources
 from experiments import ablation, compositional, dynamics, model_data, multilingual, noise_scale
 
 
@@ -358,26 +358,6 @@ def test_transfer_report_reads_multiples_of_chance_and_names_the_weakest(tmp_pat
     assert "| icons | 6.0x | 6.0x | 2.0x | 2.5x | 3.0x | 1.0x |" in text
     assert "The weakest transfer is to emoji: 2.0x chance R@10" in text and "2.4x to 2.7x" in text
     assert (tmp_path / "transfer.png").stat().st_size > 0
-
-
-def two_small_sources(tmp_path) -> str:
-    """Tux Paint stamps and an icon theme in their packages' layouts under tmp_path, 16 images each: the
-    data.corpus_options= override that builds them."""
-    import numpy as np
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    stamps, theme = tmp_path / "stamps", tmp_path / "theme" / "64x64"
-    words = ["duck", "cat", "apple", "pear", "storm", "boat", "tree", "chair", "hat", "drum", "moon", "bell", "fox",
-             "owl", "kite", "lamp"]
-    for i, word in enumerate(words):
-        for folder, name in ((stamps / ("animals" if i % 2 else "food"), word), (theme / ("devices" if i % 2 else
-                                                                                           "places"), f"gadget-{i}")):
-            folder.mkdir(parents=True, exist_ok=True)
-            Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(folder / f"{name}.png")
-        (stamps / ("animals" if i % 2 else "food") / f"{word}.txt").write_text(f"A {word}.\n")
-    return (f"data.corpus_options=tuxpaint.root={stamps},tuxpaint.heldout=0.5,tuxpaint.image_size=64,"
-            f"icons.root={tmp_path / 'theme'},icons.heldout=0.5,icons.image_size=64")
 
 
 def test_transfer_pipeline_on_two_small_sources(tmp_path):

@@ -10,7 +10,7 @@ from PIL import Image, ImageDraw
 from openalign import cli
 from openalign.corpora import heldout
 from openalign.data.tars import ShardWriter, encode_image, list_shards, read_samples
-from tests.conftest import needs_emoji_data
+from tests.conftest import needs_emoji_data, two_small_sources
 
 
 def drawing(seed: int, size: int = 96) -> Image.Image:
@@ -80,7 +80,8 @@ def openclipart_tree(root, pairs: int = 10) -> None:
 def test_the_clipart_preset_trains_on_both_sources_without_heldout_duplicates(tmp_path, capsys):
     openclipart_tree(tmp_path / "png")
     options = (f"data.corpus_options=emoji.limit=60,openclipart.root={tmp_path / 'png'},openclipart.image_size=64,"
-               "openclipart.heldout=0.3,openclipart.min_short_side=96")
+               "openclipart.heldout=0.3,openclipart.min_short_side=96,"
+               + two_small_sources(tmp_path).removeprefix("data.corpus_options="))
     assert cli.main(["train", "--preset", "clipart", "--out", str(tmp_path / "run"), f"data.data_dir={tmp_path / 'd'}",
                      options, "model.vision.width_coefficient=0.25", "model.vision.depth_coefficient=0.25",
                      "model.text.num_layers=1", "model.text.hidden_size=32", "model.text.num_heads=2",
@@ -95,6 +96,10 @@ def test_the_clipart_preset_trains_on_both_sources_without_heldout_duplicates(tm
     metrics = json.loads((tmp_path / "run" / "final_metrics.json").read_text())
     assert metrics["openclipart/n_images"] == report["heldout_images"]["openclipart"]
     assert metrics["emoji/n_images"] == report["heldout_images"]["emoji"] > 0
+    # the real sources it never trains on are measured, and said to be
+    assert set(report["train_images"]) == {"openclipart", "emoji"}
+    assert metrics["tuxpaint/n_images"] == report["heldout_images"]["tuxpaint"] > 0 and metrics["icons/n_images"] > 0
+    assert "tuxpaint alone, never trained on:" in out and "icons alone, never trained on:" in out
 
 
 def test_dedup_heldout_is_refused_with_data_of_ones_own(tmp_path, shapes, capsys):
