@@ -41,7 +41,7 @@ def variants(base: Config) -> list[Variant]:
                           "--sources emoji+openclipart+... --left-out NAME (not --data)")
     v, t = base.model.vision, base.model.text
     side = round(v.image_size * 1.5)
-    plan = [Variant("baseline", "baseline", (), f"trained on {'+'.join(trained)}", baseline=True)]
+    plan = [Variant("baseline", "baseline", (), f"baseline: {len(trained)} sources", baseline=True)]
     if set(FEWER) < set(trained):
         plan.append(Variant("fewer_sources", "sources", (f"data.corpus={'+'.join(FEWER)}",),
                             f"{' + '.join(FEWER)} alone"))
@@ -71,27 +71,46 @@ def _wider_text(t) -> tuple[str, ...]:
             f"model.text.intermediate_size={4 * width}")
 
 
-def left_out(out) -> list[str]:
-    """The sources the baseline was evaluated on but not trained on, from its first run's config.json."""
+def _data(out, variant: str) -> dict | None:
+    """The data section of a variant's first run's config.json (None before it ran)."""
     import json
 
-    runs = sorted((out / "runs" / "baseline").glob("seed*/config.json"))
-    if not runs:
+    runs = sorted((out / "runs" / variant).glob("seed*/config.json"))
+    return json.loads(runs[0].read_text())["data"] if runs else None
+
+
+def trained_sources(out, variant: str = "baseline") -> list[str]:
+    """The sources a variant's runs trained on."""
+    data = _data(out, variant)
+    return sources(data["corpus"]) if data else []
+
+
+def left_out(out) -> list[str]:
+    """The sources the baseline was evaluated on but not trained on."""
+    data = _data(out, "baseline")
+    if not data:
         return []
-    data = json.loads(runs[0].read_text())["data"]
     trained = set(sources(data["corpus"]))
     return [s for s in sources(data["eval_corpus"] or data["corpus"]) if s not in trained]
 
 
-def table(results: dict, names: list[str]) -> list[dict]:
+def _weaker(row: dict, names: list[str]) -> float | None:
+    """The weaker R@10 direction's multiple of chance, averaged over `names` (those the row has)."""
+    pairs = [(multiple(row, n, "i2t_r10"), multiple(row, n, "t2i_r10")) for n in names]
+    weaker = [min(a[0], b[0]) for a, b in pairs if a and b]
+    return sum(weaker) / len(weaker) if weaker else None
+
+
+def table(results: dict, names: list[str], out=None) -> list[dict]:
     """One row per variant: each left-out source's figures (multiples of chance), the weaker R@10 direction's mean
-    over them, and the run's minutes."""
+    over them, the same over the sources the variant trained on (from `out`'s runs: the in-source contrast), and
+    the run's minutes."""
     rows = []
     for variant, row in results.items():
         figures = {name: {key: multiple(row, name, key) for key, _ in METRICS} for name in names}
-        weaker = [min(f["i2t_r10"][0], f["t2i_r10"][0]) for f in figures.values() if f["i2t_r10"] and f["t2i_r10"]]
+        own = [n for n in trained_sources(out, variant) if n not in names] if out is not None else []
         rows.append({"variant": variant, "label": row["label"], "seeds": len(row["runs"]), "figures": figures,
-                     "weaker": sum(weaker) / len(weaker) if weaker else None,
+                     "weaker": _weaker(row, names), "in_source": _weaker(row, own), "trained": own,
                      "minutes": row["mean"].get("minutes")})
     return rows
 
@@ -99,7 +118,7 @@ def table(results: dict, names: list[str]) -> list[dict]:
 def extra_report(results: dict, out) -> list[str]:
     """The levers' table on the left-out sources, the best lever named, and levers.png."""
     names = left_out(out) if "baseline" in results else []
-    rows = table(results, names) if names else []
+    rows = table(results, names, out) if names else []
     if not rows:
         return []
     seeds = rows[0]["seeds"]
@@ -107,15 +126,17 @@ def extra_report(results: dict, out) -> list[str]:
     def cell(pair) -> str:
         return "—" if pair is None else mean_std(pair[0], pair[1], seeds, ".1f") + "x"
 
-    head = ["lever", *(f"{name} {label}" for name in names for _, label in METRICS), "minutes a run"]
+    head = ["lever", *(f"{name} {label}" for name in names for _, label in METRICS),
+            "in source: weaker R@10, mean over the trained sources", "minutes a run"]
     lines = ["## Levers on the left-out sources", "",
              f"Trained without {' and '.join(names)}; multiples of chance on the left-out held-out split"
              f"{'s' if len(names) > 1 else ''}, {'mean ± std over ' + str(seeds) + ' seeds' if seeds > 1 else '1 seed'}.",
              "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         minutes = f"{row['minutes']:.1f}" if row["minutes"] is not None else "—"
+        own = f"{row['in_source']:.1f}x" if row["in_source"] is not None else "—"
         lines.append("| " + " | ".join([row["label"], *(cell(row["figures"][n][k]) for n in names for k, _ in METRICS),
-                                        minutes]) + " |")
+                                        own, minutes]) + " |")
     base = next(r for r in rows if r["variant"] == "baseline")
     others = [r for r in rows if r["variant"] != "baseline" and r["weaker"] is not None]
     if base["weaker"] and others:
@@ -125,23 +146,37 @@ def extra_report(results: dict, out) -> list[str]:
                   f"({best['weaker'] / base['weaker']:.2f}x the baseline"
                   + (f", at {best['minutes'] / base['minutes']:.2f}x its minutes)." if best["minutes"] and
                      base["minutes"] else ").")]
+    if base["weaker"] and base["in_source"]:
+        same = [r for r in others if r["in_source"] and r["trained"] == base["trained"]]  # comparable in source
+        most = max(same, key=lambda r: r["in_source"], default=None)
+        if most:  # does what buys recall in source buy it where it was never trained?
+            lines += ["", f"In source the baseline reads {base['in_source']:.1f}x; the lever that buys most there is "
+                      f"{most['label']} ({most['in_source'] / base['in_source']:.2f}x the baseline), which on the "
+                      f"left-out sources gives {most['weaker'] / base['weaker']:.2f}x the baseline."]
     _plot(rows, names, out / "levers.png")
     return lines + ["", "![each lever on the left-out sources](levers.png)", ""]
 
 
 def _plot(rows: list[dict], names: list[str], path) -> None:
+    """The left-out figures per lever, one panel a metric, and the in-source contrast in a last panel."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(METRICS), figsize=(5 * len(METRICS), 4))
+    labels = [row["label"] for row in rows]
+    fig, axes = plt.subplots(1, len(METRICS) + 1, figsize=(5 * (len(METRICS) + 1), 4))
     for ax, (key, label) in zip(axes, METRICS):
         series = []
         for name in names:
             pairs = [row["figures"][name][key] or (0.0, 0.0) for row in rows]
             series.append((name, [p[0] for p in pairs], [p[1] for p in pairs]))
-        grouped_bars(ax, series, [row["label"] for row in rows], rotation=30, ha="right", fontsize=7)
+        grouped_bars(ax, series, labels, rotation=30, ha="right", fontsize=7)
         ax.axhline(1.0, color="gray", ls=":", lw=1)
         ax.set(title=f"left out: {label}", ylabel="multiple of chance")
-    save_figure(fig, path, legend_axes=[axes[0]])
+    contrast = [("in source", [row["in_source"] or 0.0 for row in rows], [0.0] * len(rows)),
+                ("left out", [row["weaker"] or 0.0 for row in rows], [0.0] * len(rows))]
+    grouped_bars(axes[-1], contrast, labels, rotation=30, ha="right", fontsize=7)
+    axes[-1].axhline(1.0, color="gray", ls=":", lw=1)
+    axes[-1].set(title="weaker R@10 direction: in source vs left out", ylabel="multiple of chance")
+    save_figure(fig, path, legend_axes=[axes[0], axes[-1]])
 
 
 STUDY = Study("transfer_levers", variants, INTRO, extra_report=extra_report, tasks=("retrieval", "zeroshot"),

@@ -424,15 +424,20 @@ def test_transfer_levers_report_reads_the_left_out_sources_and_names_the_best_le
                   "emoji/i2t_r10": 0.1, "emoji/t2i_r10": 0.1}
         return {"label": label, "mean": mean, "std": {k: 0.0 for k in mean}, "chance": chance, "runs": [{}, {}]}
 
-    run = tmp_path / "runs" / "baseline" / "seed0"
-    run.mkdir(parents=True)
-    (run / "config.json").write_text(json.dumps({"data": {"corpus": "emoji", "eval_corpus": "emoji+tuxpaint"}}))
+    for variant in ("baseline", "inception", "steps2x"):
+        run = tmp_path / "runs" / variant / "seed0"
+        run.mkdir(parents=True)
+        (run / "config.json").write_text(json.dumps({"data": {"corpus": "emoji", "eval_corpus": "emoji+tuxpaint"}}))
     results = {"baseline": group("baseline", 0.10, 0.15, 6.0), "inception": group("crop", 0.30, 0.20, 6.0),
                "steps2x": group("steps", 0.25, 0.25, 12.0)}
+    results["steps2x"]["mean"].update({"emoji/i2t_r10": 1.0, "emoji/t2i_r10": 0.95})  # 9.5x in source
     text = "\n".join(transfer_levers.extra_report(results, tmp_path))
-    assert "| crop | 6.0 ± 0.0x | 4.0 ± 0.0x | 2.0 ± 0.0x | 6.0 |" in text  # emoji (trained on) is not a column
+    # emoji (trained on) is not a left-out column: it is the in-source contrast (the weaker direction, 9.0x)
+    assert "| crop | 6.0 ± 0.0x | 4.0 ± 0.0x | 2.0 ± 0.0x | 9.0x | 6.0 |" in text
     assert "the baseline reads 2.0x chance; the best lever is steps at 5.0x (2.50x the baseline, at 2.00x its " \
            "minutes)" in text
+    assert "In source the baseline reads 9.0x; the lever that buys most there is steps (1.06x the baseline), which " \
+           "on the left-out sources gives 2.50x the baseline." in text
     assert (tmp_path / "levers.png").stat().st_size > 0
 
 
