@@ -101,14 +101,14 @@ def _weaker(row: dict, names: list[str]) -> float | None:
     return sum(weaker) / len(weaker) if weaker else None
 
 
-def table(results: dict, names: list[str], out=None) -> list[dict]:
+def table(results: dict, names: list[str], out) -> list[dict]:
     """One row per variant: each left-out source's figures (multiples of chance), the weaker R@10 direction's mean
     over them, the same over the sources the variant trained on (from `out`'s runs: the in-source contrast), and
     the run's minutes."""
     rows = []
     for variant, row in results.items():
         figures = {name: {key: multiple(row, name, key) for key, _ in METRICS} for name in names}
-        own = [n for n in trained_sources(out, variant) if n not in names] if out is not None else []
+        own = [n for n in trained_sources(out, variant) if n not in names]
         rows.append({"variant": variant, "label": row["label"], "seeds": len(row["runs"]), "figures": figures,
                      "weaker": _weaker(row, names), "in_source": _weaker(row, own), "trained": own,
                      "minutes": row["mean"].get("minutes")})

@@ -125,7 +125,8 @@ def demo_vit() -> Config:
 #   overstates transfer tenfold (docs/results.md); their held-out images leave one more openclipart training image
 #   out as a near-duplicate (of 5,041).
 CLIPART = (*DEMO, "data.corpus=openclipart+emoji", "data.eval_corpus=openclipart+emoji+tuxpaint+icons",
-           "data.corpus_options=openclipart.min_short_side=96", "data.dedup_heldout=true", "train.steps=4000", "train.eval_every=1000", "train.checkpoint_every=500")
+           "data.corpus_options=openclipart.min_short_side=96", "data.dedup_heldout=true", "train.steps=4000",
+           "train.eval_every=1000", "train.checkpoint_every=500")
 
 
 def clipart() -> Config:
