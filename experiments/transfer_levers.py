@@ -6,7 +6,8 @@ sources' R@10 both ways and zero-shot top-1 over their categories, as multiples 
 run took (a preset has an hour: a lever that costs time must buy more than the steps that time would give).
 
 The levers, each changed alone from the baseline (the base preset on the other sources):
-- sources: the clipart preset's two (openclipart + emoji) instead of every other source;
+- sources: the clipart preset's two (openclipart + emoji) instead of every other source; and one more source,
+  letters: the same characters in eight faces (the same concepts in several styles);
 - augmentation: Szegedy et al.'s random-resized crop (`data.crop=inception`) with the smallest area share at 0.08
   (theirs) and at 0.35;
 - resolution: 1.5x the image side;
@@ -45,6 +46,9 @@ def variants(base: Config) -> list[Variant]:
     if set(FEWER) < set(trained):
         plan.append(Variant("fewer_sources", "sources", (f"data.corpus={'+'.join(FEWER)}",),
                             f"{' + '.join(FEWER)} alone"))
+    if "letters" not in trained + evaluated:
+        plan.append(Variant("letters", "sources", (f"data.corpus={'+'.join(trained + ['letters'])}",),
+                            "+ letters (8 faces)"))
     plan += [Variant("inception", "augmentation", ("data.crop=inception",), "random-resized crop (area >= 0.08)"),
              Variant("inception35", "augmentation", ("data.crop=inception", "data.crop_min_area=0.35"),
                      "random-resized crop (area >= 0.35)"),

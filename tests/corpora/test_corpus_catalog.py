@@ -1,5 +1,5 @@
 """The built-in corpora made from packaged collections (corpora/catalog.py): tuxpaint, icons and symbols, on small
-trees shaped as their Debian packages install them, and symbols on the real Noto fonts."""
+trees shaped as their Debian packages install them, and symbols and letters on the real Noto fonts."""
 
 import json
 from pathlib import Path
@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from openalign.cli.main import main
-from openalign.corpora import catalog, icons, symbols, tuxpaint
+from openalign.corpora import catalog, icons, letters, symbols, tuxpaint
 from openalign.data.tars import MANIFEST, list_shards, read_samples, sample_meta, sample_texts
 
 
@@ -92,11 +92,33 @@ def test_symbols_from_the_real_noto_fonts_with_unicode_and_cldr_names(tmp_path, 
     samples = {tuple(sorted(s["texts"])): s["name"] for s in _samples(tmp_path / "sy")}
     assert samples[("musical symbol g clef",)] == "Musical Symbols"
     assert any("white chess knight" in t for t in samples)  # U+2658, with CLDR's "white chess knight" too
-    emoji = symbols._cmap(symbols.DEFAULT_EMOJI_FONT) if Path(symbols.DEFAULT_EMOJI_FONT).is_file() else set()
+    emoji = symbols.cmap(symbols.DEFAULT_EMOJI_FONT) if Path(symbols.DEFAULT_EMOJI_FONT).is_file() else set()
     rendered = {p.name for p in (tmp_path / "sy" / "images").iterdir()}
     assert not {f"U+{cp:04X}.png" for cp in emoji} & rendered
     glyph = Image.open(tmp_path / "sy" / "images" / "U+1D11E.png")
     assert glyph.size == (symbols.SIZE, symbols.SIZE) and glyph.getextrema() == (0, 255)
+
+
+@pytest.mark.skipif(not all(Path(f).is_file() for f in letters.DEFAULT_FONTS[:4]),
+                    reason="make setup installs the fonts")
+def test_letters_in_every_face_with_each_character_held_out_in_all_its_faces(tmp_path, capsys):
+    faces = letters.DEFAULT_FONTS[:2] + letters.DEFAULT_FONTS[3:4]  # Sans regular and bold, Serif bold
+    assert main(["corpus", "letters", "--out", str(tmp_path / "le"), "--fonts", ",".join(faces),
+                 "--blocks", "Basic Latin", "--heldout", "0.5", "--quiet"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["images"] == 3 * 62 and summary["faces"] == 3  # A-Z, a-z and 0-9 in each face
+    assert summary["categories"] == {"latin capital letter": 78, "latin small letter": 78, "digit": 30}
+    sides: dict[str, set[str]] = {}
+    for sample in _samples(tmp_path / "le"):
+        (text,) = sample["texts"]
+        sides.setdefault(text, set()).add(sample["split"])
+        assert sample["name"] == letters.kind(text.upper())
+    assert len(sides) == 62 and all(len(s) == 1 for s in sides.values())  # a character's faces on one side
+    assert 10 < sum(s == {"eval"} for s in sides.values()) < 52
+    assert sides.keys() >= {"latin small letter k", "latin capital letter y", "digit nine"}
+    assert letters.kind("GREEK SMALL LETTER FINAL SIGMA") == "greek small letter"
+    assert main(["corpus", "letters", "--out", str(tmp_path / "x"), "--blocks", "Basic Latn"]) == 2
+    assert "unknown Unicode block 'Basic Latn'" in capsys.readouterr().err
 
 
 def test_the_heldout_split_is_a_stable_share(tmp_path):

@@ -15,6 +15,7 @@ from openalign.corpora import catalog
 from openalign.corpora import emoji
 from openalign.corpora import heldout
 from openalign.corpora import icons
+from openalign.corpora import letters
 from openalign.corpora import openclipart
 from openalign.corpora import shapes
 from openalign.corpora import symbols
@@ -27,8 +28,9 @@ __all__ = ["CORPORA", "corpus_dir", "corpus_options", "heldout_keep", "resolve_d
 
 CORPORA: dict[str, Callable[..., dict]] = {"emoji": emoji.build, "openclipart": openclipart.build,
                                            "shapes": shapes.build, "tuxpaint": tuxpaint.build, "icons": icons.build,
-                                           "symbols": symbols.build}
-CATALOGUED = {"openclipart", "tuxpaint", "icons", "symbols"}  # built by corpora/catalog.py, which versions its builds
+                                           "symbols": symbols.build, "letters": letters.build}
+# built by corpora/catalog.py, which versions its builds
+CATALOGUED = {"openclipart", "tuxpaint", "icons", "symbols", "letters"}
 
 
 def _shards(spec: str, data: DataConfig, split: str, progress: bool) -> list[str]:

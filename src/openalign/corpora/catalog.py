@@ -1,10 +1,11 @@
 """A built-in corpus from a packaged collection of real images with human-written text.
 
-Each collection (openclipart's clipart, Tux Paint's stamps, an icon theme, Unicode's symbols) lists its images as
-`Entry`s: an image file, its alt-texts and its category. They go through the real pipeline as any user's table does:
-a JSONL table -> `ingest` -> `filter` -> `shard`, with a held-out split of whole images chosen by a hash of the
-image key. The category becomes each shard sample's label (`name` in its JSON), so `openalign eval --task zeroshot`
-classifies a held-out split into its collection's categories, and the licence and package go into both manifests:
+Each collection (openclipart's clipart, Tux Paint's stamps, an icon theme, Unicode's symbols and letters) lists its
+images as `Entry`s: an image file, its alt-texts and its category. They go through the real pipeline as any user's
+table does: a JSONL table -> `ingest` -> `filter` -> `shard`, with a held-out split of whole images chosen by a hash
+of the image key (or of the entry's group: every drawing of one letter on the same side). The category becomes each
+shard sample's label (`name` in its JSON), so `openalign eval --task zeroshot` classifies a held-out split into its
+collection's categories, and the licence and package go into both manifests:
 
     DIR/raw.jsonl  DIR/pairs.parquet (+ .manifest.json, .rejects.parquet)  DIR/filter/  DIR/train/  DIR/eval/
 """
@@ -35,6 +36,7 @@ class Entry:
     image: str  # the image file
     texts: tuple[str, ...]  # its alt-texts, one pair each
     category: str  # its class for zero-shot evaluation
+    group: str = ""  # images of one group are held out together (a letter in every font); "": the image alone
 
 
 @dataclass(frozen=True)
@@ -65,23 +67,25 @@ def build_catalog(name: str, entries: list[Entry], out: Path, origin: Origin, *,
                   image_size: int = 346, filter_cfg: FilterConfig = FilterConfig(), engine: str = "local",
                   samples_per_shard: int = 1000, progress: bool = True, extra: dict | None = None) -> dict:
     """Ingest, filter and shard `entries` into `out`; returns the summary. An image listed twice (a symlink, the same
-    file under two names) is one image with the alt-texts of both; its category is that of its first listing."""
+    file under two names) is one image with the alt-texts of both; its category and group are its first listing's."""
     if not entries:
         raise ConfigError(f"the {name} corpus found no images under {origin.root}; is {origin.package} installed?")
     check_heldout(heldout)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     category: dict[str, str] = {}
+    group: dict[str, str] = {}
     with open(out / "raw.jsonl", "w") as f:
         for entry in entries:
             image = os.path.abspath(entry.image)  # the table's relative paths would be read from its own folder
             category.setdefault(image, entry.category)
+            group.setdefault(image, entry.group)
             for text in dict.fromkeys(entry.texts):
                 f.write(json.dumps({"image": image, "text": text}, ensure_ascii=False) + "\n")
     ingested = ingest([str(out / "raw.jsonl")], out / "pairs.parquet", IngestOptions(), progress=progress)
     report = filters.filter_pairs(out / "pairs.parquet", out / "filter", filter_cfg, engine=engine, progress=progress)
     samples = [s | {"name": category.get(s["path"], "")} for s in kept_images(out / "pairs.parquet", [out / "filter"])]
-    is_eval = heldout_split([s["image_key"] for s in samples], heldout, seed)
+    is_eval = heldout_split([group.get(s["path"]) or s["image_key"] for s in samples], heldout, seed)
     options = ShardOptions(image_size=image_size, samples_per_shard=samples_per_shard, prefix=name)
     info = {"corpus": name, "version": VERSION, "pairs": str(out / "pairs.parquet"), "keep": [str(out / "filter")],
             "package": origin.package, "licence": origin.licence, "root": origin.root}

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from openalign.config import ConfigError
 from openalign.corpora.catalog import Entry, Origin, build_catalog, names_filter
 
-__all__ = ["DEFAULT_FONTS", "build", "read_blocks", "read_names", "render"]
+__all__ = ["DEFAULT_FONTS", "build", "cmap", "read_blocks", "read_names", "render"]
 
 NOTO = "/usr/share/fonts/truetype/noto/"
 DEFAULT_FONTS = tuple(NOTO + f for f in ("NotoSansSymbols-Regular.ttf", "NotoSansSymbols2-Regular.ttf",
@@ -85,7 +85,7 @@ def render(char: str, font: ImageFont.FreeTypeFont) -> Image.Image | None:
     return image if image.getextrema()[0] < 128 else None
 
 
-def _cmap(path: str) -> set[int]:
+def cmap(path: str) -> set[int]:
     from fontTools.ttLib import TTFont
 
     with TTFont(path, lazy=True) as font:
@@ -104,14 +104,14 @@ def build(out: Path, fonts: tuple[str, ...] = DEFAULT_FONTS, emoji_font: str = D
         raise ConfigError(f"font not found: {missing[0]}; install the Noto fonts with `apt-get install "
                           "fonts-noto-core` or pass --fonts PATH,PATH")
     names, blocks = read_names(Path(unicode_path)), read_blocks(Path(unicode_path))
-    emoji = _cmap(emoji_font) if Path(emoji_font).is_file() else set()
+    emoji = cmap(emoji_font) if Path(emoji_font).is_file() else set()
     short = cldr_names(Path(cldr_path), tuple(languages))
     images = out.resolve() / "images"  # absolute: the table's relative paths are read from its own folder
     images.mkdir(parents=True, exist_ok=True)
     entries, seen, blank = [], set(emoji), 0
     for path in tqdm(fonts, desc="render symbols", unit="font", disable=not progress):
         font = ImageFont.truetype(path, size=SIZE * 5 // 8)
-        for cp in sorted(_cmap(path) - seen):
+        for cp in sorted(cmap(path) - seen):
             name, category = names.get(cp, ("", ""))
             if not category.startswith("S"):
                 continue
