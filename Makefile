@@ -7,9 +7,11 @@ CLDR := /usr/share/unicode/cldr/common/annotations/en.xml
 OPENCLIPART := /usr/share/openclipart/png
 WORDNET := /usr/share/wordnet/data.noun
 NOTO_SYMBOLS := /usr/share/fonts/truetype/noto/NotoSansSymbols2-Regular.ttf
+SYMBOLA := /usr/share/fonts/truetype/ancient-scripts/Symbola_hint.ttf
 UNICODE_NAMES := /usr/share/unicode/UnicodeData.txt
 TUXPAINT := /usr/share/tuxpaint/stamps
 ICONS := /usr/share/icons/oxygen/base
+GCOMPRIS := /usr/share/gcompris-qt/rcc
 
 .PHONY: demo clipart web-demo test setup sysdeps clipart-deps browser bench lock clean
 
@@ -41,21 +43,24 @@ define need
 	fi
 endef
 
-# System packages the built-in emoji and symbols corpora, the Spark engine, extract's crawler test (wget) and
-# balance's default metadata (WordNet) need (Debian/Ubuntu); skipped when present or not root. The packages of the
-# other real sources are clipart-deps's (`make clipart`).
+# System packages the built-in emoji, symbols, letters and symbola corpora, the Spark engine, extract's crawler
+# test (wget) and balance's default metadata (WordNet) need (Debian/Ubuntu); skipped when present or not root. The
+# packages of the other real sources are clipart-deps's (`make clipart`).
 sysdeps:
 	$(call need,command -v java >/dev/null,default-jre-headless,the Spark engine)
 	$(call need,command -v wget >/dev/null,wget,extract's crawler test)
 	$(call need,[ -f $(EMOJI_FONT) ] && [ -f $(CLDR) ],fonts-noto-color-emoji unicode-cldr-core,the emoji corpus)
 	$(call need,[ -f $(NOTO_SYMBOLS) ] && [ -f $(UNICODE_NAMES) ],fonts-noto-core unicode-data,the symbols corpus)
 	$(call need,[ -f $(WORDNET) ],wordnet-base,balance's default metadata: WordNet's synset names)
+	$(call need,[ -f $(SYMBOLA) ],fonts-symbola,the symbola corpus)
 
-# The images of the built-in real sources openclipart, tuxpaint and icons (`make clipart`, `openalign corpus NAME`)
+# The images of the built-in real sources openclipart, tuxpaint, icons and gcompris (`make clipart`,
+# `openalign corpus NAME`)
 clipart-deps:
 	$(call need,[ -d $(OPENCLIPART) ],openclipart-png,the openclipart corpus)
 	$(call need,[ -d $(TUXPAINT) ],tuxpaint-stamps-default,the tuxpaint corpus)
 	$(call need,[ -d $(ICONS) ],oxygen-icon-theme,the icons corpus)
+	$(call need,[ -d $(GCOMPRIS) ],gcompris-qt-data,the gcompris corpus)
 
 # Headless Chromium for the search page's browser test (Playwright drives Debian's chromium; it never
 # downloads a browser).

@@ -6,8 +6,9 @@ sources' R@10 both ways and zero-shot top-1 over their categories, as multiples 
 run took (a preset has an hour: a lever that costs time must buy more than the steps that time would give).
 
 The levers, each changed alone from the baseline (the base preset on the other sources):
-- sources: the clipart preset's two (openclipart + emoji) instead of every other source; and one more source,
-  letters: the same characters in eight faces (the same concepts in several styles);
+- sources: the clipart preset's two (openclipart + emoji) instead of every other source; and one source more,
+  the same concepts in other styles: letters (each character in eight faces), symbola (the emoji's names with
+  Symbola's line drawings) or gcompris (photographs), and the three together;
 - augmentation: Szegedy et al.'s random-resized crop (`data.crop=inception`) with the smallest area share at 0.08
   (theirs) and at 0.35;
 - resolution: 1.5x the image side;
@@ -32,6 +33,8 @@ from experiments.transfer import METRICS, multiple
 INTRO = ("Each lever changed alone from a baseline trained without the left-out source(s), read on the left-out "
          "sources' held-out splits as multiples of chance, beside each run's minutes.")
 FEWER = ("openclipart", "emoji")  # the clipart preset's sources
+MORE = {"letters": "+ letters (8 faces)", "symbola": "+ symbola (the emoji as line art)",
+        "gcompris": "+ gcompris (photographs)"}  # a source more, each
 
 
 def variants(base: Config) -> list[Variant]:
@@ -46,9 +49,12 @@ def variants(base: Config) -> list[Variant]:
     if set(FEWER) < set(trained):
         plan.append(Variant("fewer_sources", "sources", (f"data.corpus={'+'.join(FEWER)}",),
                             f"{' + '.join(FEWER)} alone"))
-    if "letters" not in trained + evaluated:
-        plan.append(Variant("letters", "sources", (f"data.corpus={'+'.join(trained + ['letters'])}",),
-                            "+ letters (8 faces)"))
+    more = [name for name in MORE if name not in trained + evaluated]
+    for name in more:
+        plan.append(Variant(name, "sources", (f"data.corpus={'+'.join(trained + [name])}",), MORE[name]))
+    if len(more) > 1:
+        plan.append(Variant("all_more", "sources", (f"data.corpus={'+'.join(trained + more)}",),
+                            f"+ {', '.join(more[:-1])} and {more[-1]}"))
     plan += [Variant("inception", "augmentation", ("data.crop=inception",), "random-resized crop (area >= 0.08)"),
              Variant("inception35", "augmentation", ("data.crop=inception", "data.crop_min_area=0.35"),
                      "random-resized crop (area >= 0.35)"),

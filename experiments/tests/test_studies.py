@@ -391,11 +391,13 @@ def test_transfer_levers_change_one_thing_each_from_a_baseline_without_the_left_
     base = presets.configure("demo", ["data.corpus=emoji+openclipart+icons", "data.eval_corpus=emoji+openclipart+"
                                       "icons+tuxpaint", "train.steps=600"])
     plan = {v.name: v for v in transfer_levers.variants(base)}
-    assert list(plan) == ["baseline", "fewer_sources", "letters", "inception", "inception35", "px96", "text_tower",
-                          "vocab2x", "steps2x"]
+    assert list(plan) == ["baseline", "fewer_sources", "letters", "symbola", "gcompris", "all_more", "inception",
+                          "inception35", "px96", "text_tower", "vocab2x", "steps2x"]
     assert plan["baseline"].baseline and plan["baseline"].overrides == ()
     assert plan["fewer_sources"].overrides == ("data.corpus=openclipart+emoji",)
     assert plan["letters"].overrides == ("data.corpus=emoji+openclipart+icons+letters",)  # one more source
+    assert plan["symbola"].overrides == ("data.corpus=emoji+openclipart+icons+symbola",)
+    assert plan["all_more"].overrides == ("data.corpus=emoji+openclipart+icons+letters+symbola+gcompris",)
     assert plan["px96"].overrides == ("model.vision.image_size=96", "model.vision.resize_size=108")
     assert plan["text_tower"].overrides == ("model.text.num_layers=6", "model.text.hidden_size=384",
                                             "model.text.intermediate_size=1536")  # the clipart preset's tower

@@ -1,5 +1,5 @@
 """The built-in corpora made from packaged collections (corpora/catalog.py): tuxpaint, icons and symbols, on small
-trees shaped as their Debian packages install them, and symbols and letters on the real Noto fonts."""
+trees shaped as their Debian packages install them, and symbols, letters and symbola on the real fonts."""
 
 import json
 from pathlib import Path
@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from openalign.cli.main import main
-from openalign.corpora import catalog, icons, letters, symbols, tuxpaint
+from openalign.corpora import catalog, icons, letters, symbola, symbols, tuxpaint
 from openalign.data.tars import MANIFEST, list_shards, read_samples, sample_meta, sample_texts
 
 
@@ -121,6 +121,28 @@ def test_letters_in_every_face_with_each_character_held_out_in_all_its_faces(tmp
     assert "unknown Unicode block 'Basic Latn'" in capsys.readouterr().err
 
 
+@pytest.mark.skipif(not (Path(symbola.DEFAULT_FONT).is_file() and Path(symbols.DEFAULT_EMOJI_FONT).is_file()),
+                    reason="make setup installs the fonts")
+def test_symbola_draws_the_emoji_as_line_art_under_their_cldr_names(tmp_path, capsys):
+    assert symbola.emoji_groups(Path(symbols.DEFAULT_UNICODE))[0x1F98D] == "Animals & Nature"
+    assert main(["corpus", "symbola", "--out", str(tmp_path / "sa"), "--quiet"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["images"] > 1000 and summary["eval_images"] > 50
+    assert {"Animals & Nature", "Food & Drink", "Objects"} <= set(summary["categories"])
+    samples = {tuple(sorted(s["texts"])): s["name"] for s in _samples(tmp_path / "sa")}
+    assert samples[("gorilla",)] == "Animals & Nature"  # CLDR's name and Unicode's are the same: one text
+    assert samples[("automobile",)] == "Travel & Places"
+    other = symbols.NOTO + "NotoSansSymbols2-Regular.ttf"  # as if it were the emoji corpus's font: a few emoji
+    assert main(["corpus", "symbola", "--out", str(tmp_path / "few"), "--emoji-font", other, "--quiet"]) == 0
+    rendered = {int(p.stem[2:], 16) for p in (tmp_path / "few" / "images").iterdir()}
+    assert 0 < len(rendered) < 300 and rendered <= symbols.cmap(other)  # only what the emoji corpus draws too
+    capsys.readouterr()
+    glyph = Image.open(tmp_path / "sa" / "images" / "U+1F98D.png")
+    assert glyph.size == (symbols.SIZE, symbols.SIZE) and glyph.getextrema() == (0, 255)  # ink on white
+    assert main(["corpus", "symbola", "--out", str(tmp_path / "x"), "--font", str(tmp_path / "none.ttf")]) == 2
+    assert "apt-get install fonts-symbola" in capsys.readouterr().err
+
+
 def test_the_heldout_split_is_a_stable_share(tmp_path):
     keys = [f"key{i}" for i in range(4000)]
     split = catalog.heldout_split(keys, 0.2, 0)
@@ -148,3 +170,36 @@ def test_a_build_older_than_its_builder_is_built_again(tmp_path):
     manifest.write_text(json.dumps(stale))
     resolve_data(data, progress=False)
     assert json.loads(manifest.read_text())["version"] == catalog.VERSION
+
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "gcompris" / "tiny.rcc"  # made by Qt's rcc
+
+
+def test_gcompris_reads_qt_resource_files_as_qts_rcc_writes_them(tmp_path, capsys):
+    from openalign.corpora import gcompris
+
+    files = gcompris.read_rcc(FIXTURE)
+    assert sorted(files) == ["gcompris/src/activities/erase/resource/red_panda.webp",
+                             "gcompris/src/activities/lang/resource/words_sample.json",  # stored compressed
+                             "gcompris/src/activities/lang/resource/words_sample/gorilla.webp"]
+    lesson = json.loads(files["gcompris/src/activities/lang/resource/words_sample.json"])
+    assert lesson[0]["content"][0]["content"][0] == {"description": "gorilla", "image": "gorilla.webp"}
+    assert Image.open(__import__("io").BytesIO(files["gcompris/src/activities/erase/resource/red_panda.webp"])).size \
+        == (48, 40)
+    assert gcompris.file_words("measuringTape3") == "measuring tape"
+    assert gcompris.file_words("northern_harrier") == "northern harrier"
+
+    root = tmp_path / "rcc"
+    root.mkdir()
+    (root / "erase.rcc").write_bytes(FIXTURE.read_bytes())
+    assert main(["corpus", "gcompris", "--out", str(tmp_path / "gc"), "--root", str(root), "--activities", "erase",
+                 "--heldout", "0", "--quiet"]) == 0
+    assert json.loads(capsys.readouterr().out)["images"] == 2
+    samples = {s["texts"][0]: s["name"] for s in _samples(tmp_path / "gc")}
+    assert samples == {"red panda": "animals", "gorilla": "animal"}  # the file's words; the lesson's own word
+
+    (root / "lang.rcc").write_bytes(FIXTURE.read_bytes()[:-200])  # cut short
+    assert main(["corpus", "gcompris", "--out", str(tmp_path / "x"), "--root", str(root), "--activities", "lang"]) == 2
+    assert "is not a readable Qt resource file" in capsys.readouterr().err
+    assert main(["corpus", "gcompris", "--out", str(tmp_path / "y"), "--root", str(root), "--activities", "paint"]) == 2
+    assert "apt-get install gcompris-qt-data" in capsys.readouterr().err

@@ -32,7 +32,9 @@ def corpus_flags(p) -> None:
                         "compositional zero-shot), tuxpaint (Tux Paint's stamps and their descriptions), icons (an "
                         "icon theme's icons and their names), symbols (Unicode's symbols drawn by the Noto fonts, "
                         "with their Unicode and CLDR names), letters (Latin and Greek letters and digits, each in "
-                        "eight Noto faces, with their Unicode names), or "
+                        "eight Noto faces, with their Unicode names), symbola (the emoji as line art by the Symbola "
+                        "font, with their CLDR names), gcompris (GCompris's photographs and drawings with the words "
+                        "they teach), or "
                         "emoji-eval: the emoji corpus in every evaluation layout (Karpathy JSON, class folders, "
                         "Multi30k, CxC-style), for trying each `openalign eval` task offline")
     p.add_argument("--out", required=True, help="the corpus's folder (its train/ and eval/ shards)")

@@ -13,11 +13,13 @@ from typing import Callable
 from openalign.config import ConfigError, DataConfig
 from openalign.corpora import catalog
 from openalign.corpora import emoji
+from openalign.corpora import gcompris
 from openalign.corpora import heldout
 from openalign.corpora import icons
 from openalign.corpora import letters
 from openalign.corpora import openclipart
 from openalign.corpora import shapes
+from openalign.corpora import symbola
 from openalign.corpora import symbols
 from openalign.corpora import tuxpaint
 from openalign.pipeline.shard import karpathy_shards
@@ -28,9 +30,10 @@ __all__ = ["CORPORA", "corpus_dir", "corpus_options", "heldout_keep", "resolve_d
 
 CORPORA: dict[str, Callable[..., dict]] = {"emoji": emoji.build, "openclipart": openclipart.build,
                                            "shapes": shapes.build, "tuxpaint": tuxpaint.build, "icons": icons.build,
-                                           "symbols": symbols.build, "letters": letters.build}
+                                           "symbols": symbols.build, "letters": letters.build,
+                                           "symbola": symbola.build, "gcompris": gcompris.build}
 # built by corpora/catalog.py, which versions its builds
-CATALOGUED = {"openclipart", "tuxpaint", "icons", "symbols", "letters"}
+CATALOGUED = {"openclipart", "tuxpaint", "icons", "symbols", "letters", "symbola", "gcompris"}
 
 
 def _shards(spec: str, data: DataConfig, split: str, progress: bool) -> list[str]:
