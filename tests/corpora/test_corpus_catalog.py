@@ -188,6 +188,7 @@ def test_gcompris_reads_qt_resource_files_as_qts_rcc_writes_them(tmp_path, capsy
         == (48, 40)
     assert gcompris.file_words("measuringTape3") == "measuring tape"
     assert gcompris.file_words("northern_harrier") == "northern harrier"
+    assert gcompris._safe("../../etc") == "_.._etc" and gcompris._safe("..") == "_"  # a name stays under DIR
 
     root = tmp_path / "rcc"
     root.mkdir()

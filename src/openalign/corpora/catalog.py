@@ -1,11 +1,12 @@
 """A built-in corpus from a packaged collection of real images with human-written text.
 
-Each collection (openclipart's clipart, Tux Paint's stamps, an icon theme, Unicode's symbols and letters) lists its
-images as `Entry`s: an image file, its alt-texts and its category. They go through the real pipeline as any user's
-table does: a JSONL table -> `ingest` -> `filter` -> `shard`, with a held-out split of whole images chosen by a hash
-of the image key (or of the entry's group: every drawing of one letter on the same side). The category becomes each
-shard sample's label (`name` in its JSON), so `openalign eval --task zeroshot` classifies a held-out split into its
-collection's categories, and the licence and package go into both manifests:
+Each collection (openclipart's clipart, Tux Paint's stamps, an icon theme, Unicode's symbols and letters, Symbola's
+emoji, GCompris's pictures) lists its images as `Entry`s: an image file, its alt-texts and its category. They go
+through the real pipeline as any user's table does: a JSONL table -> `ingest` -> `filter` -> `shard`, with a
+held-out split of whole images chosen by a hash of the image key (or of the entry's group: every drawing of one
+letter on the same side). The category becomes each shard sample's label (`name` in its JSON), so `openalign eval
+--task zeroshot` classifies a held-out split into its collection's categories, and the licence and package go into
+both manifests:
 
     DIR/raw.jsonl  DIR/pairs.parquet (+ .manifest.json, .rejects.parquet)  DIR/filter/  DIR/train/  DIR/eval/
 """

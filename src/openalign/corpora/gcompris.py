@@ -88,6 +88,11 @@ def file_words(stem: str) -> str:
     return " ".join(words.lower().split())
 
 
+def _safe(name: str) -> str:
+    """A resource's name as one harmless path component (no separators, no leading dots)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name).lstrip(".") or "_"
+
+
 def _lessons(files: dict[str, bytes]) -> dict[str, tuple[str, str]]:
     """{image file name: (description, lesson)} of the vocabulary lesson's words_sample.json."""
     found: dict[str, tuple[str, str]] = {}
@@ -135,7 +140,7 @@ def build(out: Path, root: str = DEFAULT_ROOT, activities: tuple[str, ...] = DEF
             text = " ".join(text.split())
             if not text:
                 continue
-            target = images / activity / folder / file
+            target = images / _safe(activity) / _safe(folder) / _safe(file)  # names from the file stay under DIR
             if not target.is_file():
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(body)
