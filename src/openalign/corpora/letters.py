@@ -24,7 +24,8 @@ from tqdm import tqdm
 
 from openalign.config import ConfigError
 from openalign.corpora.catalog import Entry, Origin, build_catalog, names_filter
-from openalign.corpora.symbols import DEFAULT_UNICODE, NOTO, SIZE, cmap, read_blocks, read_names, render
+from openalign.corpora.symbols import (DEFAULT_UNICODE, NOTO, SIZE, check_fonts, cmap, glyph_file, read_blocks,
+                                       read_names)
 
 __all__ = ["DEFAULT_BLOCKS", "DEFAULT_FONTS", "build", "kind"]
 
@@ -51,10 +52,7 @@ def build(out: Path, fonts: tuple[str, ...] = DEFAULT_FONTS, blocks: tuple[str, 
     """Render every face's letters and digits of `blocks` into `out/images/` and ingest, filter and shard them into
     `out`. The paper's filters, but for the three-word minimum ("digit nine")."""
     out = Path(out)
-    missing = [f for f in fonts if not Path(f).is_file()]
-    if missing:
-        raise ConfigError(f"font not found: {missing[0]}; install the Noto fonts with `apt-get install "
-                          "fonts-noto-core` or pass --fonts PATH,PATH")
+    check_fonts(fonts)
     names, spans = read_names(Path(unicode_path)), read_blocks(Path(unicode_path))
     unknown = sorted(set(blocks) - {name for _, _, name in spans})
     if unknown:
@@ -72,13 +70,9 @@ def build(out: Path, fonts: tuple[str, ...] = DEFAULT_FONTS, blocks: tuple[str, 
             if not (category.startswith("L") and " LETTER " in f" {name} " or category == "Nd") \
                     or not any(a <= cp <= b for a, b in chosen):
                 continue
-            file = images / f"U+{cp:04X}-{face}.png"
-            if not file.is_file():
-                image = render(chr(cp), font)
-                if image is None:
-                    blank += 1
-                    continue
-                image.save(file)
+            if not glyph_file(file := images / f"U+{cp:04X}-{face}.png", chr(cp), font):
+                blank += 1
+                continue
             entries.append(Entry(str(file), (name.lower(),), kind(name), group=f"U+{cp:04X}"))
     origin = Origin("fonts-noto-core, unicode-data", LICENCE, NOTO)
     return build_catalog("letters", entries, out, origin, heldout=heldout, seed=seed, image_size=SIZE,

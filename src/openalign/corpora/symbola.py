@@ -22,7 +22,7 @@ from tqdm import tqdm
 from openalign.config import ConfigError
 from openalign.corpora.catalog import Entry, Origin, build_catalog, names_filter
 from openalign.corpora.symbols import (DEFAULT_CLDR, DEFAULT_EMOJI_FONT, DEFAULT_UNICODE, SIZE, cldr_names, cmap,
-                                       read_names, render)
+                                       glyph_file, read_names)
 
 __all__ = ["DEFAULT_FONT", "build", "emoji_groups"]
 
@@ -73,13 +73,9 @@ def build(out: Path, font_path: str = DEFAULT_FONT, emoji_font: str = DEFAULT_EM
         texts = tuple(t for t in (*texts, names.get(cp, ("", ""))[0].lower()) if t)
         if not texts:
             continue
-        file = images / f"U+{cp:04X}.png"
-        if not file.is_file():
-            image = render(chr(cp), font)
-            if image is None:
-                blank += 1
-                continue
-            image.save(file)
+        if not glyph_file(file := images / f"U+{cp:04X}.png", chr(cp), font):
+            blank += 1
+            continue
         entries.append(Entry(str(file), texts, groups[cp]))
     origin = Origin("fonts-symbola, unicode-data, unicode-cldr-core", LICENCE, font_path)
     return build_catalog("symbola", entries, out, origin, heldout=heldout, seed=seed, image_size=SIZE,

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from openalign.config import ConfigError
 from openalign.corpora.catalog import Entry, Origin, build_catalog, names_filter
 
-__all__ = ["DEFAULT_FONTS", "build", "cmap", "read_blocks", "read_names", "render"]
+__all__ = ["DEFAULT_FONTS", "build", "check_fonts", "cmap", "glyph_file", "read_blocks", "read_names", "render"]
 
 NOTO = "/usr/share/fonts/truetype/noto/"
 DEFAULT_FONTS = tuple(NOTO + f for f in ("NotoSansSymbols-Regular.ttf", "NotoSansSymbols2-Regular.ttf",
@@ -85,6 +85,25 @@ def render(char: str, font: ImageFont.FreeTypeFont) -> Image.Image | None:
     return image if image.getextrema()[0] < 128 else None
 
 
+def check_fonts(fonts: tuple[str, ...]) -> None:
+    """A ConfigError naming the first of the Noto `fonts` that is not installed."""
+    missing = [f for f in fonts if not Path(f).is_file()]
+    if missing:
+        raise ConfigError(f"font not found: {missing[0]}; install the Noto fonts with `apt-get install "
+                          "fonts-noto-core` or pass --fonts PATH,PATH")
+
+
+def glyph_file(file: Path, char: str, font: ImageFont.FreeTypeFont) -> bool:
+    """Whether `file` holds the glyph of `char` (`render`ed and saved the first time); False when it draws nothing."""
+    if file.is_file():
+        return True
+    image = render(char, font)
+    if image is None:
+        return False
+    image.save(file)
+    return True
+
+
 def cmap(path: str) -> set[int]:
     from fontTools.ttLib import TTFont
 
@@ -99,10 +118,7 @@ def build(out: Path, fonts: tuple[str, ...] = DEFAULT_FONTS, emoji_font: str = D
     """Render the fonts' symbols into `out/images/` and ingest, filter and shard them into `out`. The paper's
     filters, but for the three-word minimum (a Unicode name is often two words: "black star")."""
     out = Path(out)
-    missing = [f for f in fonts if not Path(f).is_file()]
-    if missing:
-        raise ConfigError(f"font not found: {missing[0]}; install the Noto fonts with `apt-get install "
-                          "fonts-noto-core` or pass --fonts PATH,PATH")
+    check_fonts(fonts)
     names, blocks = read_names(Path(unicode_path)), read_blocks(Path(unicode_path))
     emoji = cmap(emoji_font) if Path(emoji_font).is_file() else set()
     short = cldr_names(Path(cldr_path), tuple(languages))
@@ -117,12 +133,9 @@ def build(out: Path, fonts: tuple[str, ...] = DEFAULT_FONTS, emoji_font: str = D
                 continue
             seen.add(cp)
             file = images / f"U+{cp:04X}.png"
-            if not file.is_file():
-                image = render(chr(cp), font)
-                if image is None:
-                    blank += 1
-                    continue
-                image.save(file)
+            if not glyph_file(file, chr(cp), font):
+                blank += 1
+                continue
             block = next((b for first, last, b in blocks if first <= cp <= last), "")
             texts = (name.lower(), *(t for language, t in short.get(chr(cp), {}).items() if language in languages))
             entries.append(Entry(str(file), texts, block))
