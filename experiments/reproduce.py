@@ -20,7 +20,7 @@ from pathlib import Path
 
 EXPECTED = Path(__file__).resolve().parent / "expected"
 STUDIES = ("pmi", "noise_scale", "model_data", "ablation", "dynamics", "multilingual", "compositional", "loss_batch",
-           "failure_modes", "transfer")
+           "failure_modes", "transfer", "transfer_levers")
 # failure_modes' rerank-cost and concept-frequency parts read `make demo`'s model, another run's output (and
 # rerank-cost measures wall time): the reproduction runs its other parts
 ONLY = {"failure_modes": ["composition-toy", "deeper-tower", "generic-captions", "relations", "several-objects"]}
