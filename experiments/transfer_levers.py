@@ -13,6 +13,8 @@ The levers, each changed alone from the baseline (the base preset on the other s
   (theirs) and at 0.35;
 - resolution: 1.5x the image side;
 - text tower: two layers more and 1.5x the width;
+- captions: each training text in a sentence template half of the time ("a {}.", "a picture of {}.": the built-in
+  sources' texts are names, a left-out source's may be sentences);
 - vocabulary: twice the WordPiece vocabulary (the demo's 8,000 is full on five sources, so a rare word of a
   left-out caption, "gorilla" or "hibiscus", is split into pieces even where an emoji's name taught it whole);
 - steps: twice as many.
@@ -35,6 +37,9 @@ INTRO = ("Each lever changed alone from a baseline trained without the left-out 
 FEWER = ("openclipart", "emoji")  # the clipart preset's sources
 MORE = {"letters": "+ letters (8 faces)", "symbola": "+ symbola (the emoji as line art)",
         "gcompris": "+ gcompris (photographs)"}  # a source more, each
+# Every built-in source's texts are names or titles ("duck", "latin capital letter y"), a left-out source's may be
+# sentences ("A duck.", "The letter Y."): each training text as it is half of the time, else in a sentence
+SENTENCES = ("{}", "{}", "{}", "{}", "a {}.", "the {}.", "a picture of {}.", "a drawing of the {}.")
 
 
 def variants(base: Config) -> list[Variant]:
@@ -65,6 +70,8 @@ def variants(base: Config) -> list[Variant]:
                                                                  f"{_width(t.hidden_size, t.num_heads)}"),
              Variant("vocab2x", "vocabulary", (f"model.text.vocab_size={2 * t.vocab_size}",),
                      f"{2 * t.vocab_size:,} word pieces"),
+             Variant("sentences", "captions", (f"data.text_templates={','.join(SENTENCES)}",),
+                     "texts in sentence templates half of the time"),
              Variant("steps2x", "steps", (f"train.steps={2 * base.train.steps}",), f"{2 * base.train.steps} steps")]
     return plan
 

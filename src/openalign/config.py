@@ -46,6 +46,8 @@ POSITIVE_INTS = Rule(lambda xs: len(xs) > 0 and all(x > 0 for x in xs), "positiv
 NON_NEGATIVE = Rule(lambda x: x >= 0, "0 or more")
 FRACTION_OPEN_CLOSED = Rule(lambda x: 0 < x <= 1, "in (0, 1]")
 FRACTION_CLOSED_OPEN = Rule(lambda x: 0 <= x < 1, "in [0, 1)")
+TEMPLATES = Rule(lambda xs: all(x.count("{}") == 1 and x.count("{") == x.count("}") == 1 for x in xs),
+                 "templates with one {} each and no other braces, e.g. '{},a picture of {}.'")
 DEVICE = Rule(lambda x: x in ("auto", "cpu", "cuda", "mps") or (x.startswith("cuda:") and x[5:].isdigit()),
               "auto, cpu, cuda, cuda:N or mps")
 
@@ -243,6 +245,10 @@ class DataConfig:
     # the flip); evaluation is the same centre crop after either
     crop: Literal["pretraining", "inception"] = "pretraining"
     crop_min_area: Annotated[float, FRACTION_OPEN_CLOSED] = 0.08  # data.crop=inception only (Szegedy et al.: 0.08)
+    # each training text put in one of these, drawn at random a visit (`{}` keeps it as it is), as UniCL turns a
+    # label into a caption; for sources whose texts are bare names (a category, a Unicode name) and models asked in
+    # sentences. The tokenizer learns from the texts as training sees them. Empty (the paper's): the texts as they are
+    text_templates: Annotated[tuple[str, ...], TEMPLATES] = ()
     tokenizer: str = ""  # a trained tokenizer directory; empty: train one on the training texts
     # `train`/`eval` may also be a Karpathy-split JSON (dataset_flickr30k.json): its images (under `images`)
     # are sharded once into data_dir/karpathy/, every caption of an image kept

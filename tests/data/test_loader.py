@@ -300,3 +300,47 @@ def test_the_training_crop_follows_the_config():
         check(override(presets.tiny(), ["data.crop_min_area=0"]))
     with pytest.raises(ConfigError, match="data.crop=random must be pretraining or inception"):
         check(override(presets.tiny(), ["data.crop=random"]))
+
+
+def test_text_templates_put_each_text_in_one_drawn_at_random(shapes, tokenizer):
+    import dataclasses
+
+    seen = []
+
+    def recording(texts, **kwargs):
+        seen.append(list(texts))
+        return tokenizer(texts, **kwargs)
+
+    spec = spec_for(shapes)
+    plain = epoch_batches(spec, recording)
+    plain_texts, seen[:] = [t for batch in seen for t in batch], []
+    templates = ("{}", "a picture of {}.", "the {}, drawn.")
+    worded = dataclasses.replace(spec, templates=templates)
+    first = epoch_batches(worded, recording)
+    texts, seen[:] = [t for batch in seen for t in batch], []
+    again = epoch_batches(worded, recording)
+    assert [b["keys"] for b in first] == [b["keys"] for b in plain]  # the same samples, the same text of each
+    assert all(any(t == template.replace("{}", p) for template in templates) for t, p in zip(texts, plain_texts))
+    assert {t == p for t, p in zip(texts, plain_texts)} == {True, False}  # some as they are, some in a template
+    assert all(any(t.startswith(head) for t in texts) for head in ("a picture of ", "the "))
+    assert [t for batch in seen for t in batch] == texts and all(
+        torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(first, again))  # a function of the seed
+
+
+def test_text_templates_follow_the_config_and_teach_the_tokenizer_their_words(shapes, tmp_path):
+    import openalign.loss  # noqa: F401 - registers the loss kinds check() validates
+    from openalign import presets
+    from openalign.config import check, override
+    from openalign.train.trainer import prepare_tokenizer
+
+    shards = tars.list_shards(str(shapes["train"]))
+    cfg = override(presets.tiny(), ["data.text_templates={},a picture of {}."])
+    assert StreamSpec.for_config(cfg, shards).templates == ("{}", "a picture of {}.")
+    assert StreamSpec.for_config(presets.tiny(), shards).templates == ()
+    worded = prepare_tokenizer(cfg, shards, tmp_path / "worded")
+    plain = prepare_tokenizer(presets.tiny(), shards, tmp_path / "plain")
+    assert "picture" in worded.tokenize("a picture of a red circle")
+    assert "picture" not in plain.tokenize("a picture of a red circle")  # pieces: the shapes never say it
+    for bad in ("a picture of", "{} and {}", "{0.__class__}"):
+        with pytest.raises(ConfigError, match="must be templates with one {} each"):
+            check(override(presets.tiny(), [f"data.text_templates={bad}"]))

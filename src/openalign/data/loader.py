@@ -47,6 +47,7 @@ class StreamSpec:
     keep: str = ""  # read only the samples this keep index keeps (shards.KeepIndex; data.keep)
     augment: str = "pretraining"  # the training crop (data.crop): pretraining or inception
     min_area: float = 0.08  # the inception crop's smallest share of the image (data.crop_min_area)
+    templates: tuple[str, ...] = ()  # each text put in one of these at random (data.text_templates); () as it is
 
     @classmethod
     def for_config(cls, cfg: Config, shards: list[str], rank: int = 0, world_size: int = 1, **changes) -> StreamSpec:
@@ -55,7 +56,7 @@ class StreamSpec:
                    resize=cfg.model.vision.resize_size, crop=cfg.model.vision.image_size,
                    max_length=cfg.model.text.max_length, seed=cfg.seed, shuffle_buffer=cfg.data.shuffle_buffer,
                    workers=cfg.data.workers, rank=rank, world_size=world_size, fraction=cfg.data.fraction,
-                   augment=cfg.data.crop, min_area=cfg.data.crop_min_area)
+                   augment=cfg.data.crop, min_area=cfg.data.crop_min_area, templates=cfg.data.text_templates)
         return dataclasses.replace(spec, **changes)
 
 
@@ -183,7 +184,15 @@ class TrainStream(IterableDataset):
                                                            self.spec.min_area)
         else:
             pixels = transforms.train_transform(image, self.spec.resize, self.spec.crop, rng)
-        return pixels, rng.choice(texts), key
+        text = rng.choice(texts)
+        if self.spec.templates:  # drawn after the text, so a run without templates reads the stream it always did
+            text = templated(text, self.spec.templates, rng)
+        return pixels, text, key
+
+
+def templated(text: str, templates: tuple[str, ...], rng: random.Random) -> str:
+    """`text` in one of `templates` drawn by `rng` (each has one `{}`; the text's own braces are left alone)."""
+    return rng.choice(templates).replace("{}", text)
 
 
 def collate(items: list[tuple[torch.Tensor, str, str]], tokenizer, max_length: int) -> dict:

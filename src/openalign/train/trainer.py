@@ -14,6 +14,7 @@ import json
 import math
 import os
 import pickle
+import random
 import shutil
 import time
 from contextlib import nullcontext
@@ -28,7 +29,8 @@ from openalign import distributed, host
 from openalign.config import Config, ConfigError
 from openalign.data import tars
 from openalign.corpora import heldout_keep, resolve_data, source_eval_shards
-from openalign.data.loader import Position, StreamSpec, epoch_plan, train_loader
+from openalign.data.loader import Position, StreamSpec, epoch_plan, templated, train_loader
+from openalign.data.seeds import stable_seed
 from openalign.data.pairs import build_keep_index
 from openalign.eval.options import EvalOptions
 from openalign.eval.tasks import HELD_OUT_TASKS, configure, run_tasks
@@ -126,6 +128,9 @@ def prepare_tokenizer(cfg: Config, train_shards: list[str], out: Path, keep: str
         return load_tokenizer(saved)
     counter: dict = {}
     texts = tars.all_texts(train_shards, cfg.data.fraction, counter, keep=keep)
+    if cfg.data.text_templates:  # the texts as training will see them, so the templates' words are whole pieces
+        rng = random.Random(stable_seed(cfg.seed, "tokenizer templates"))
+        texts = (templated(text, cfg.data.text_templates, rng) for text in texts)
     tokenizer = train_tokenizer(texts, cfg.model.text.vocab_size, cfg.model.text.max_length)
     tokenizer.save_pretrained(saved)
     if counter.get("skipped"):
