@@ -392,7 +392,7 @@ def test_transfer_levers_change_one_thing_each_from_a_baseline_without_the_left_
                                       "icons+tuxpaint", "train.steps=600"])
     plan = {v.name: v for v in transfer_levers.variants(base)}
     assert list(plan) == ["baseline", "fewer_sources", "letters", "symbola", "gcompris", "all_more", "inception",
-                          "inception35", "px96", "text_tower", "vocab2x", "steps2x"]
+                          "inception35", "px96", "text_tower", "vocab2x", "sentences", "steps2x"]
     assert plan["baseline"].baseline and plan["baseline"].overrides == ()
     assert plan["fewer_sources"].overrides == ("data.corpus=openclipart+emoji",)
     assert plan["letters"].overrides == ("data.corpus=emoji+openclipart+icons+letters",)  # one more source
@@ -403,6 +403,8 @@ def test_transfer_levers_change_one_thing_each_from_a_baseline_without_the_left_
                                             "model.text.intermediate_size=1536")  # the clipart preset's tower
     assert plan["vocab2x"].overrides == ("model.text.vocab_size=16000",)
     assert plan["steps2x"].overrides == ("train.steps=1200",)
+    worded = presets.configure("demo", list(plan["sentences"].overrides)).data.text_templates
+    assert worded.count("{}") == len(worded) / 2 and "a picture of {}." in worded  # half of the texts as they are
     assert "fewer_sources" not in [v.name for v in transfer_levers.variants(
         presets.configure("demo", ["data.corpus=emoji+icons", "data.eval_corpus=emoji+icons+tuxpaint"]))]
     assert "letters" not in [v.name for v in transfer_levers.variants(  # already trained on (or left out)
