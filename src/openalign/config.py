@@ -46,7 +46,7 @@ POSITIVE_INTS = Rule(lambda xs: len(xs) > 0 and all(x > 0 for x in xs), "positiv
 NON_NEGATIVE = Rule(lambda x: x >= 0, "0 or more")
 FRACTION_OPEN_CLOSED = Rule(lambda x: 0 < x <= 1, "in (0, 1]")
 FRACTION_CLOSED_OPEN = Rule(lambda x: 0 <= x < 1, "in [0, 1)")
-TEMPLATES = Rule(lambda xs: all(x.count("{}") == 1 and x.count("{") == x.count("}") == 1 for x in xs),
+TEMPLATES = Rule(lambda xs: all(x.count("{") == x.count("}") == x.count("{}") == 1 for x in xs),
                  "templates with one {} each and no other braces, e.g. '{},a picture of {}.'")
 DEVICE = Rule(lambda x: x in ("auto", "cpu", "cuda", "mps") or (x.startswith("cuda:") and x[5:].isdigit()),
               "auto, cpu, cuda, cuda:N or mps")
