@@ -46,7 +46,7 @@ from collections import Counter
 from pathlib import Path
 import pyarrow, pyarrow.compute, pyarrow.parquet
 from openalign.pipeline.extract import ExtractOptions, extract_file
-import fastwarc.warc, orjson  # imported before the clock starts, as cc2dataset's are
+import fastwarc.warc, msgspec, openalign.pipeline.extract_wat  # imported before the clock starts, as cc2dataset's are
 pyarrow.array([""])  # pyarrow imports pandas at its first array (0.4 s, once a process): not a file's work
 options = ExtractOptions(**json.loads(sys.argv[3]))
 if options.language:  # a worker's one-off loads (the identifier's model, the segmenters' dictionaries), as imports
@@ -203,7 +203,7 @@ def main() -> int:
         shared = ours["candidates"]
         rows += [
             f"| {name}, {side['mib']:.1f} MiB | openalign `extract --no-language` (FastWARC, IMG@/src pre-check, "
-            f"orjson, urljoin written out; writes a Parquet part with hashes and hosts) | {shared:,} | "
+            f"msgspec, urljoin written out; writes a Parquet part with hashes and hosts) | {shared:,} | "
             f"{ours['seconds']:.2f} | "
             f"{shared / ours['seconds']:,.0f} | {ours['rss_mib']:.0f} |",
             f"| {name}, {side['mib']:.1f} MiB | cc2dataset 1.5.0 `process_wat` (fastwarc 0.14.5, simdjson; the "

