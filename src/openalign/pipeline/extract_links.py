@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from openalign.data.pairs import normalize_text
 
-__all__ = ["Base", "NO_BASE", "absolute", "hosts", "pair", "resolve_base", "target_uri", "url_host"]
+__all__ = ["Base", "NO_BASE", "absolute", "hosts", "pair", "pairs", "resolve_base", "target_uri", "url_host"]
 
 
 def target_uri(value) -> str:
@@ -165,18 +165,29 @@ def resolve_base(page_url: str, href) -> Base:
         return Base(page_url)
 
 
+def pairs(links, base: Base, counts: Counter) -> list[tuple[str, str]]:
+    """(absolute image URL, text) of each of a page's image links, given as (source, alt): the rules every kind of
+    input shares. An alt that is None (the tag has none) or empty once its whitespace is collapsed, and a source
+    that does not resolve, drop the link, the reason counted; a source that is not a string (a WAT link's JSON may
+    hold any type) is read as str(src or "")."""
+    found, resolve = [], base.resolve
+    for src, alt in links:
+        if alt.__class__ is not str and not isinstance(alt, str):
+            counts["no_alt"] += 1
+            continue
+        text = normalize_text(alt)
+        if not text:
+            counts["empty_alt"] += 1
+            continue
+        url, why = resolve(src if src.__class__ is str else str(src or ""))
+        if url is None:
+            counts[why] += 1
+            continue
+        found.append((url, text))
+    return found
+
+
 def pair(alt, src: str, base: Base, counts: Counter) -> tuple[str, str] | None:
-    """(absolute image URL, text) of one image's alt (None: the tag has none) and source, or None with the
-    reason counted: the rules every kind of input shares."""
-    if not isinstance(alt, str):
-        counts["no_alt"] += 1
-        return None
-    text = normalize_text(alt)
-    if not text:
-        counts["empty_alt"] += 1
-        return None
-    url, why = base.resolve(src)
-    if url is None:
-        counts[why] += 1
-        return None
-    return url, text
+    """`pairs` of one link: (absolute image URL, text), or None with the reason counted."""
+    found = pairs(((src, alt),), base, counts)
+    return found[0] if found else None
