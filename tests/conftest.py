@@ -260,3 +260,28 @@ def two_small_sources(tmp_path) -> str:
         (stamps / ("animals" if i % 2 else "food") / f"{word}.txt").write_text(f"A {word}.\n")
     return (f"data.corpus_options=tuxpaint.root={stamps},tuxpaint.heldout=0.5,tuxpaint.image_size=64,"
             f"icons.root={tmp_path / 'theme'},icons.heldout=0.5,icons.image_size=64")
+
+
+@contextlib.contextmanager
+def held_elsewhere(out: Path):
+    """`out`'s lock (outputs.owned) held by another thread for the block: another run, to the code under test (the
+    thread that holds a lock may take it again, so the test's own thread cannot stand for another run)."""
+    import threading
+
+    from openalign.outputs import owned
+
+    held, release = threading.Event(), threading.Event()
+
+    def other_run():
+        with owned(out):
+            held.set()
+            release.wait(60)
+
+    thread = threading.Thread(target=other_run)
+    thread.start()
+    try:
+        assert held.wait(30), "the other thread never took the lock"
+        yield
+    finally:
+        release.set()
+        thread.join(30)

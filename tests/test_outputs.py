@@ -39,13 +39,20 @@ def test_staged_writes_replace_only_on_success(tmp_path):
 
 
 def test_a_second_owner_is_refused_with_the_first_ones_host_and_pid(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
     out = tmp_path / "shards"
+
+    def second():
+        with owned(out):
+            pass
+
     with owned(out):
         assert lock_path(out) == out / ".openalign.lock"
         with pytest.raises(ConfigError, match=rf"is being written by another openalign run \(pid {os.getpid()} on "
                                               rf"{socket.gethostname()}, since "):
-            with owned(out):
-                pass
+            with ThreadPoolExecutor(1) as pool:  # another thread (the same one may take it again)
+                pool.submit(second).result()
     assert not out.exists()  # made for the lock alone, and left empty: removed
     with owned(tmp_path / "pairs.parquet"):
         assert (tmp_path / ".pairs.parquet.lock").is_file()
@@ -81,11 +88,49 @@ def test_a_stage_refuses_an_output_another_run_writes_and_takes_over_a_dead_runs
 
 
 def test_train_owns_its_run_directory(tmp_path, shapes, capsys):
+    from conftest import held_elsewhere
+
     run = tmp_path / "run"
-    with owned(run):
+    with held_elsewhere(run):  # another run's (the thread that holds a lock may take it again)
         assert cli.main(["train", "--preset", "tiny", "--data", str(shapes["train"]), "--out", str(run), "--quiet",
                          "train.steps=1"]) == 2
     assert "is being written by another openalign run" in capsys.readouterr().err
+
+
+def test_the_thread_that_owns_an_output_may_take_it_again_and_no_other_may(tmp_path):
+    """The CLI's driver takes the lock and calls the stage's public function, which takes it too (so two API calls
+    into one folder are refused); the inner block's end does not release the outer one's lock."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    out = tmp_path / "out"
+
+    def other():
+        with owned(out):
+            pass
+
+    with owned(out):
+        with owned(out):
+            assert lock_path(out).is_file()
+        assert lock_path(out).is_file()
+        with ThreadPoolExecutor(1) as pool, pytest.raises(ConfigError, match="is being written by another openalign"):
+            pool.submit(other).result()
+    with owned(out):  # released at the outer block's end
+        pass
+
+
+def test_a_full_disk_without_a_file_name_names_the_outputs_disk(tmp_path, monkeypatch):
+    import errno
+
+    from openalign.outputs import disk_full
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "big" / "shards"
+    (tmp_path / "big").mkdir()
+    sentence = disk_full(OSError(errno.ENOSPC, "No space left on device"), out)
+    assert sentence.startswith(f"the disk is full: writing into {out} failed with ")
+    assert f" MiB free on {tmp_path / 'big'};" in sentence  # the nearest folder that exists
+    named = disk_full(OSError(errno.ENOSPC, "No space left on device", str(out / "x.tmp")), tmp_path / "other")
+    assert named.startswith(f"the disk is full: writing {out / 'x.tmp'} failed")
 
 
 def test_a_lock_file_of_a_run_that_ended_is_no_obstacle(tmp_path):

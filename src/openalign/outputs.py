@@ -20,11 +20,13 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["disk_full", "files_fingerprint", "is_disk_full", "owned", "sources_key", "staged", "unfinish", "write_json"]
+__all__ = ["disk_full", "files_fingerprint", "foreign_files", "is_disk_full", "owned", "sources_key", "staged",
+           "unfinish", "write_json"]
 
 
 def temp_name(path: Path) -> Path:
@@ -60,16 +62,28 @@ def is_disk_full(err: BaseException) -> bool:
     return isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
-def disk_full(err: OSError) -> str:
-    """One sentence for ENOSPC: which file, how much room is left where, and what to do."""
+def disk_full(err: OSError, out: Path | None = None) -> str:
+    """One sentence for ENOSPC: which file, how much room is left where, and what to do. A write to an open file
+    fails without a file name: then the disk is the one under `out`, the command's output (not the current
+    directory's, which may be another disk with room to spare)."""
     path = Path(err.filename) if err.filename else None
-    where = path.parent if path else Path.cwd()
+    where = path.parent if path else Path(out) if out else Path.cwd()
     while not where.exists() and where != where.parent:
         where = where.parent
     free = shutil.disk_usage(where).free
-    what = f"writing {path}" if path else "writing an output"
+    what = f"writing {path}" if path else f"writing into {out}" if out else "writing an output"
     return (f"the disk is full: {what} failed with {free / 2**20:,.0f} MiB free on {where}; free some space there "
             "or choose an --out on another disk, then run the command again (finished work is kept)")
+
+
+def foreign_files(out: Path, marks: tuple[str, ...]) -> list[str]:
+    """The names in the folder `out` that show it is not a stage's own: none when it is new or empty (the lock
+    aside) or holds one of `marks` (what only that stage writes there); else its entries, sorted. A stage refuses
+    such a folder, so it never writes among, or removes, a user's files."""
+    out = Path(out)
+    if not out.is_dir() or any((out / mark).exists() for mark in marks):
+        return []
+    return sorted(p.name for p in out.iterdir() if p.name != LOCK)
 
 
 # ---------------------------------------------------------------------------------------------- one owner
@@ -86,12 +100,16 @@ def lock_path(out: Path) -> Path:
     return out.parent / f".{out.name}.lock"
 
 
+_HELD: set[tuple[str, int]] = set()  # (lock file, thread) this process holds: the same thread may take it again
+
+
 @contextmanager
 def owned(out: Path) -> Iterator[None]:
     """This process owns `out` for the block: a second run on the same output refuses in one sentence, naming the
     owner's host and pid. The lock is the kernel's (flock on the lock file), so a run that died (kill -9, a lost
     node) holds nothing and the next run takes its output over. Workers, executors and other ranks write under
-    the owner's lock; only the driver (rank 0) calls this."""
+    the owner's lock; only the driver (rank 0) calls this. The thread that holds it may take it again (a command's
+    driver, then the stage's public function); another thread or process is refused."""
     import fcntl
     import socket
     import time
@@ -99,6 +117,10 @@ def owned(out: Path) -> Iterator[None]:
     from openalign.config import ConfigError
 
     path = lock_path(out)
+    held = (str(path.resolve()), threading.get_ident())
+    if held in _HELD:  # the CLI's driver holds it and calls the stage's function, which takes it too
+        yield
+        return
     made = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -128,9 +150,11 @@ def owned(out: Path) -> Iterator[None]:
         os.close(fd)
     os.ftruncate(fd, 0)
     os.write(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}).encode())
+    _HELD.add(held)
     try:
         yield
     finally:
+        _HELD.discard(held)
         path.unlink(missing_ok=True)
         os.close(fd)
         for directory in made:  # directories made only for the lock, if the run left nothing in them

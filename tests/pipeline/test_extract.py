@@ -104,6 +104,24 @@ def test_duplicates_across_files_go_and_a_rerun_redoes_only_changed_files(tmp_pa
     assert changed.candidates == 30  # b still holds them all
 
 
+def test_a_rerun_with_fewer_files_removes_only_the_parts_it_wrote(tmp_path):
+    """Before: every `*.parquet` in OUT/parts whose name was not a job's was unlinked, a user's file included."""
+    crawl = tmp_path / "crawl"
+    crawl.mkdir()
+    for name in ("a", "b", "c"):
+        shutil.copy(WAT, crawl / f"{name}.warc.wat.gz")
+    out = tmp_path / "out"
+    extract([str(crawl)], out, progress=False)
+    written = sorted(p.name for p in (out / "parts").glob("*.parquet"))
+    assert len(written) == 3
+    (out / "parts" / "mine.parquet").write_text("a user's file")
+    (crawl / "c.warc.wat.gz").unlink()
+    again = extract([str(crawl)], out, progress=False)
+    assert again.candidates == 30
+    assert sorted(p.name for p in (out / "parts").glob("*.parquet")) == sorted(written[:2] + ["mine.parquet"])
+    assert (out / "parts" / "mine.parquet").read_text() == "a user's file"
+
+
 def test_bad_sources_are_one_sentence(tmp_path, capsys):
     text = tmp_path / "notes.txt"
     text.write_text("not an archive")

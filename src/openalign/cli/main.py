@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if not is_disk_full(err):
             raise
-        print(f"openalign: error: {disk_full(err)}", file=sys.stderr)
+        print(f"openalign: error: {disk_full(err, getattr(args, 'out', None))}", file=sys.stderr)
         return 2
     if "torch.distributed" in sys.modules:  # under torchrun: every rank leaves the group together
         from openalign import distributed

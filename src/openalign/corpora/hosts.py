@@ -38,7 +38,7 @@ class Page:
 class Site:
     files: dict[str, bytes] = field(default_factory=dict)  # path -> body, served 200 with a type from the suffix
     pages: dict[str, Page] = field(default_factory=dict)  # path -> a scripted answer
-    robots: str | int | None = None  # robots.txt: its text, a status code to answer with, or None (404)
+    robots: str | int | Page | None = None  # robots.txt: its text, a status code, a scripted answer, or None (404)
     latency: tuple[float, float] = (0.0, 0.0)  # seconds added to every answer, drawn uniformly
     opt_out: str = ""  # an X-Robots-Tag sent with every answer, e.g. "noai"
     throttle: int = 0  # requests per second beyond which it answers 429 (0: never)
@@ -100,13 +100,13 @@ class Hosts:
                 entry.update(status=429, end=time.monotonic(), retry_after=site.retry_after)
                 return web.Response(status=429, headers=headers | {"Retry-After": str(site.retry_after)})
         path = request.path
-        if path == "/robots.txt":
+        if path == "/robots.txt" and not isinstance(site.robots, Page):
             if isinstance(site.robots, str):
                 body, headers["Content-Type"] = site.robots.encode(), "text/plain"
             else:
                 status = site.robots or 404
-        elif path in site.pages:
-            page = site.pages[path]
+        elif path in site.pages or path == "/robots.txt":
+            page = site.pages[path] if path in site.pages else site.robots
             if page.delay:
                 await asyncio.sleep(page.delay)
             status, body = page.status, page.body

@@ -125,6 +125,20 @@ def finished(status: dict | None, job: "Job") -> bool:
             and all(_stats([p]).get(str(p)) == (status.get("outputs") or {}).get(str(p)) for p in job.outputs))
 
 
+def recorded_names(status_dir: Path) -> set[str]:
+    """The file names of every output a finished job recorded in `status_dir`: what a stage may remove as stale
+    beside its outputs (a file it did not write never is). Names, not paths: a relative --out recorded from another
+    working directory names the same files."""
+    names = set()
+    for path in Path(status_dir).glob("*.json"):
+        try:
+            outputs = json.loads(path.read_text(encoding="utf-8")).get("outputs") or {}
+            names.update(Path(p).name for p in outputs)
+        except (OSError, ValueError, AttributeError, TypeError):  # a damaged status names nothing
+            continue
+    return {n for n in names if n not in ("", ".", "..")}
+
+
 def _write_status(status_dir: Path, job_id: str, status: dict) -> None:
     path = status_path(status_dir, job_id)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -148,7 +162,7 @@ def run_one(job: Job, status_dir: str) -> tuple[str, dict | None, str | None]:
             raise
         # said where it happened (the executor's disk and its free space), and never retried: on Spark a raise
         # would be retried spark.task.maxFailures times
-        return job.id, None, disk_full(err)
+        return job.id, None, disk_full(err, Path(job.outputs[0]).parent if job.outputs else None)
     return job.id, result, None
 
 

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import io
 import re
+import struct
 import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 from PIL import Image, ImageOps
 
-__all__ = ["EXTENSIONS", "IMAGE_SUFFIXES", "BadImage", "ImageInfo", "load_rgb", "probe", "to_rgb"]
+__all__ = ["EXTENSIONS", "IMAGE_SUFFIXES", "BadImage", "ImageInfo", "load_rgb", "open_image", "probe", "to_rgb"]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff")  # files and shard members
 EXTENSIONS = {"JPEG": "jpg", "MPO": "jpg", "PNG": "png", "WEBP": "webp", "GIF": "gif", "BMP": "bmp",
@@ -70,6 +71,35 @@ def _truncated(data: bytes, fmt: str) -> bool:
     return False
 
 
+def open_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
+    """`Image.open` of encoded bytes (the header read, the raster not yet), with the caller's pixel limit in place
+    of Pillow's: Pillow refuses more than twice its MAX_IMAGE_PIXELS before any caller can look, so a
+    `--max-pixels` above that opens the image through its format's plugin, as Image.open does, without that check
+    (the caller checks its own limit). DecompressionBombError above the caller's limit, as Pillow's."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        try:
+            return Image.open(io.BytesIO(data))
+        except Image.DecompressionBombError:
+            if Image.MAX_IMAGE_PIXELS is None or max_pixels <= 2 * Image.MAX_IMAGE_PIXELS:
+                raise
+    Image.init()
+    for format_id in Image.ID:  # Image.open's order
+        factory, accept = Image.OPEN[format_id]
+        verdict = accept(data[:16]) if accept else True
+        if not verdict or isinstance(verdict, str):  # a str: "this plugin would, but cannot" (a warning)
+            continue
+        try:
+            image = factory(io.BytesIO(data), "")
+        except (SyntaxError, IndexError, TypeError, struct.error):
+            continue
+        if image.width * image.height > max_pixels:
+            raise Image.DecompressionBombError(f"Image size ({image.width * image.height} pixels) exceeds limit of "
+                                               f"{max_pixels} pixels")
+        return image
+    raise Image.UnidentifiedImageError("cannot identify image file")
+
+
 def probe(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageInfo:
     """Header-only facts about an encoded image, or `BadImage` saying why it cannot be used."""
     if not data:
@@ -77,7 +107,7 @@ def probe(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageInfo:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data))
+            image = open_image(data, max_pixels)
             width, height, fmt, mode = image.width, image.height, image.format or "", image.mode
             orientation = image.getexif().get(_EXIF_ORIENTATION, 1) if fmt in ("JPEG", "WEBP", "PNG", "TIFF") else 1
             transparency = "transparency" in image.info

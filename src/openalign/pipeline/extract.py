@@ -54,7 +54,7 @@ import pyarrow.parquet as pq
 
 from openalign.config import POSITIVE_INT, ConfigError, check
 from openalign.data import tables
-from openalign.data.engine import Engine, Job, cores, job_id, run_jobs
+from openalign.data.engine import Engine, Job, cores, job_id, recorded_names, run_jobs
 from openalign.data.language import identify, known_languages
 from openalign.data.words import check_segmenters, segment
 from openalign.data.pairs import manifest_path, pair_uids, url_keys
@@ -459,9 +459,8 @@ def extract(sources: list[str], out: Path, options: ExtractOptions = ExtractOpti
     jobs = [Job(job_id(i), extract_file, (f, str(parts / f"{job_id(i)}.parquet"), options, kinds[f]),
                 key=sources_key(versions[f], asdict(options)), outputs=(str(parts / f"{job_id(i)}.parquet"),))
             for i, f in enumerate(files)]
-    for stale in parts.glob("*.parquet"):  # parts of files no longer given
-        if stale.stem not in {t.id for t in jobs}:
-            stale.unlink()
+    for stale in recorded_names(parts / "_status") - {Path(t.outputs[0]).name for t in jobs}:
+        (parts / stale).unlink(missing_ok=True)  # parts of files no longer given: only those a task recorded
     results, resumed = run_jobs(jobs, parts / "_status", engine, "extract", progress)
     counts: Counter = Counter()
     per_file = {}

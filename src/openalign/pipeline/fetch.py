@@ -20,6 +20,10 @@ size limits) is pipeline/fetch_http.py's docstring. Images are kept as fetched u
 smaller longest side (then resized and re-encoded in their own format); their original size is always recorded;
 `data/images.probe` decides what is an image (its pixel limit stops decompression bombs).
 
+OUT is new, empty, or an earlier fetch's (it holds `_fetch/`); another folder is refused. One run writes it at a time
+(the output's lock, taken by `fetch()` itself), and a rerun removes only the shard files an earlier run recorded
+(`_fetch/written.json`, the task statuses), never a file it did not write.
+
 Plan and resume: the driver (DuckDB) reads the candidates once and puts each origin (scheme, host, port) whole into
 one shard, `md5(origin) % shards` with shards = rows / `--shard-size`, so robots.txt is asked once per origin and a
 host's limits hold across the run. A shard is one task of the engine (local processes or Spark); its key is a digest
@@ -45,17 +49,18 @@ import pyarrow.parquet as pq
 from openalign.config import NON_NEGATIVE, POSITIVE, POSITIVE_INT, ConfigError, check
 from openalign.sizes import SIZE, parse_size
 from openalign.data import images, tables
-from openalign.data.engine import Engine, Job, read_plan, run_jobs
+from openalign.data.engine import Engine, Job, read_plan, recorded_names, run_jobs
 from openalign.data.pairs import FETCH_REPORT, FETCH_WORK, check_finished, keep_table, manifest_path, sql_path
 from openalign.data.tars import TarWriter
-from openalign.outputs import staged, unfinish, write_json
+from openalign.outputs import owned, staged, unfinish, write_json
 
 __all__ = ["ERROR_KINDS", "FETCH_REPORT", "FetchOptions", "FetchResult", "fetch"]
 
 WORK = FETCH_WORK
 ERROR_KINDS = ("timeout", "connection", "dns", "tls", "private_address", "bad_url", "too_many_redirects",
                "robots_disallowed", "robots_unreachable", "crawl_delay_too_long", "opted_out", "too_large",
-               "not_an_image", "truncated", "too_many_pixels")  # and http_<code> for each status code
+               "not_an_image", "truncated", "too_many_pixels",
+               "host_unresponsive")  # and http_<code> for each status code
 DECODE_KINDS = ("not_an_image", "truncated", "too_many_pixels")  # img2dataset's failed_to_resize
 SCHEMA = pa.schema([
     ("key", pa.string()), ("url", pa.string()), ("caption", pa.string()), ("status", pa.string()),
@@ -63,6 +68,7 @@ SCHEMA = pa.schema([
     ("original_height", pa.int32()), ("sha256", pa.string()), ("uid", pa.string()), ("language", pa.string()),
     ("host", pa.string()),
 ])
+SHARD_FILES = (".tar", ".parquet", "_stats.json")  # img2dataset's files of one shard, NNNNN + each
 ORIGIN_SQL = (r"lower(regexp_replace(regexp_extract(url, '^([A-Za-z][A-Za-z0-9+.-]*://[^/?#]*)', 1), "
               r"'://[^@/]*@', '://'))")
 
@@ -81,6 +87,8 @@ class FetchOptions:
     allow_private_addresses: bool = False  # fetch from loopback, private and link-local addresses (tests, intranets)
     allow_network: tuple[str, ...] = ()  # a network fetched from although private, e.g. 10.1.0.0/16 (repeatable)
     http_retries: Annotated[int, NON_NEGATIVE] = 2  # times a transient failure (timeout, 5xx, 429) is asked again
+    max_host_failures: Annotated[int, NON_NEGATIVE] = 10  # a host's URLs that fail in a row (timeouts, refused
+        # connections, 5xx; each after its retries) before its other URLs are skipped as host_unresponsive; 0: never
     max_retry_after: Annotated[float, NON_NEGATIVE] = 60.0  # longest Retry-After waited for, in seconds
     max_redirects: Annotated[int, NON_NEGATIVE] = 5  # redirects followed, each hop checked as the first request
     connect_timeout: Annotated[float, POSITIVE] = 10.0  # seconds to connect (TLS included)
@@ -121,7 +129,7 @@ class FetchOptions:
                       allow_private_addresses=self.allow_private_addresses, allow_networks=self.allow_network,
                       max_redirects=self.max_redirects, max_bytes=parse_size(self.max_bytes),
                       connect_timeout=self.connect_timeout, read_timeout=self.read_timeout,
-                      total_timeout=self.timeout)
+                      total_timeout=self.timeout, max_host_failures=self.max_host_failures)
 
 
 @dataclass
@@ -245,7 +253,7 @@ def store(body: bytes, options: FetchOptions) -> dict:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-        image = ImageOps.exif_transpose(Image.open(io.BytesIO(body)))
+        image = ImageOps.exif_transpose(images.open_image(body, options.max_pixels))
         if options.max_side and max(original) > options.max_side:
             image.thumbnail((options.max_side, options.max_side), Image.Resampling.LANCZOS)
     fmt = info.format if ext else "PNG"
@@ -342,27 +350,70 @@ async def fetch_all(urls: list[str], options: FetchOptions, emit) -> tuple[dict,
 
 # ---------------------------------------------------------------------------------------------- the stage
 
-def our_files(out: Path) -> list[Path]:
-    """The shard files an earlier run of fetch left in `out` (NNNNN.tar, .parquet, _stats.json)."""
-    return [p for p in out.iterdir() if p.is_file() and p.name.split(".")[0].removesuffix("_stats").isdigit()
-            and p.name.endswith((".tar", ".parquet", "_stats.json"))]
+WRITTEN = "written.json"  # in WORK: the names of every shard file a run of fetch may have written into OUT
+
+
+def written(out: Path) -> set[str]:
+    """The shard files fetch may have left in `out`: those its record names (written before its jobs run, so a
+    killed job's files are named too) and those its task statuses name. Only these are ever removed."""
+    try:
+        names = set(json.loads((out / WORK / WRITTEN).read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError):
+        names = set()
+    names |= recorded_names(out / WORK / "status")
+    return {n for n in names if isinstance(n, str) and "/" not in n and n not in ("", ".", "..")}
+
+
+def claim(out: Path, names: set[str]) -> None:
+    """Before this run's jobs write `names`: the files of an earlier plan that this one does not have are removed
+    (only names fetch itself recorded), and the record then names what this run may write."""
+    before = written(out)
+    write_json(out / WORK / WRITTEN, sorted(before | names))  # a kill from here on still knows every name
+    for name in sorted(before - names):
+        (out / name).unlink(missing_ok=True)
+    for leftover in out.glob(".*.tmp"):  # what a killed run was writing: staged's `.NAME.PID.tmp` of a name of ours
+        final = leftover.name[1:].rsplit(".", 2)[0]
+        if final in before | names or final.startswith("fetch_report."):
+            leftover.unlink(missing_ok=True)
+    write_json(out / WORK / WRITTEN, sorted(names))
+
+
+def usable_out(out: Path) -> Path:
+    """`out` as a folder fetch may write: new, empty, or an earlier fetch's; else one sentence."""
+    from openalign.outputs import foreign_files
+
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; give a folder for the fetched shards")
+    foreign = foreign_files(out, (WORK, FETCH_REPORT))
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3:,} more" if len(foreign) > 3 else "")
+        raise ConfigError(f"--out {out} already holds files fetch did not write ({shown}); give a new or empty "
+                          "folder (fetch writes numbered shards there and replaces its own)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ConfigError(f"cannot write {out}: a folder above it is a file; choose another --out") from None
+    return out
 
 
 def fetch(candidates: Path, out: Path, options: FetchOptions = FetchOptions(), keep: tuple[Path, ...] = (),
           engine: Engine = Engine(), progress: bool = True) -> FetchResult:
     """Fetches the images of a candidate table into `out` (img2dataset's webdataset layout); see the module's
     docstring."""
-    import duckdb
-
     begin = time.perf_counter()
     table = candidate_table(Path(candidates))
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    with owned(out):  # one run per folder: two would ask every host twice
+        return _fetch(table, usable_out(out), options, keep, engine, progress, begin)
+
+
+def _fetch(table: Path, out: Path, options: FetchOptions, keep: tuple[Path, ...], engine: Engine, progress: bool,
+           begin: float) -> FetchResult:
+    import duckdb
+
     unfinish(out / FETCH_REPORT)
     work = out / WORK
     work.mkdir(exist_ok=True)
-    for leftover in out.glob(".*.tmp"):  # what a killed run was writing
-        leftover.unlink(missing_ok=True)
     plan_path = work / "plan.parquet"
     with duckdb.connect() as con:
         with staged(plan_path) as tmp:
@@ -376,17 +427,14 @@ def fetch(candidates: Path, out: Path, options: FetchOptions = FetchOptions(), k
         raise ConfigError(f"{table} holds no URL to fetch ({rows:,} row{'s' * (rows != 1)} without one)")
     largest = max((p["rows"] for p in planned), default=0)
     digits = shard_names(count, largest, options.shard_size)
-    names = {f"{p['shard']:0{digits[0]}d}" for p in planned}
-    for stale in our_files(out):  # shards of an earlier plan that this one does not have
-        if stale.name.split(".")[0].removesuffix("_stats") not in names:
-            stale.unlink()
+    claim(out, {f"{p['shard']:0{digits[0]}d}{suffix}" for p in planned for suffix in SHARD_FILES})
     settings = json.dumps([asdict(options) | {"shard_size": None}, digits], sort_keys=True, default=str)
     jobs = []
     for p in sorted(planned, key=lambda p: (-p["rows"], p["shard"])):  # the largest first: a shorter tail
         name = f"{p['shard']:0{digits[0]}d}"
         key = hashlib.blake2b(f"{p['digest']}|{settings}".encode(), digest_size=16).hexdigest()
         jobs.append(Job(name, fetch_shard, (str(plan_path), p["shard"], str(out), digits, options), key=key,
-                        outputs=tuple(str(out / f"{name}{s}") for s in (".tar", ".parquet", "_stats.json"))))
+                        outputs=tuple(str(out / f"{name}{s}") for s in SHARD_FILES)))
     results, skipped = run_jobs(jobs, work / "status", engine, desc="fetch", progress=progress)
     report = {"keep": [str(k) for k in keep], "text_rules": text_rule_reports(keep)}
     return finish(out, table, list(results.values()), left_out, len(jobs), skipped, options, begin, report)

@@ -5,28 +5,31 @@ chosen by measurement: 1.8x httpx's requests/s at a quarter of its CPU per reque
 Polite:
 - **robots.txt** (RFC 9309, parsed by Protego, Scrapy's parser) is fetched once per origin (scheme, host, port) per
   run, before that origin's first image, and shared by every request to it: a host's URLs are planned into one task.
-  Redirects are followed (up to five, each hop checked as below); 2xx is parsed (the first 500 KiB, RFC 9309
-  2.5); 4xx means no rules ("unavailable", 2.3.1.3: the crawler may access any resource); 5xx, a timeout or a
+  Redirects are followed (up to five, each hop checked as below; a hop that cannot be followed is "unreachable");
+  2xx is parsed (the first 500 KiB, RFC 9309 2.5; a UTF-8 byte-order mark dropped); 4xx means no rules ("unavailable", 2.3.1.3: the crawler may access any resource); 5xx, a timeout or a
   broken connection ("unreachable", 2.3.1.4: assume complete disallow) is asked again after `robots_retry_delay`,
   then twice that, and if it never answers, every URL of that origin is `robots_unreachable`, never fetched.
   `Disallow`/`Allow` are matched for the user-agent token `openalign`; `Crawl-delay` becomes the origin's interval
   (an origin asking more than `max_crawl_delay` seconds is skipped: `crawl_delay_too_long`).
-- **X-Robots-Tag** opt-outs are read from the response headers before the body is: img2dataset's rule (a value
-  `noai, noimageai` applies to every agent, `openalign: noai` to this one) and its default directives
+- **X-Robots-Tag** opt-outs are read from the response headers before the body is: a value `noai, noimageai`
+  applies to every agent, `openalign: noai` and `noarchive, openalign: noai` to this one; img2dataset's default
+  directives
   (`noai`, `noimageai`, `noindex`, `noimageindex`; `none`, which means `noindex, nofollow`, counts as `noindex`).
 - **Per origin**: at most `per_host` connections at a time and `min_interval` seconds between request starts; a
   429 or 503 with `Retry-After` (seconds or an HTTP date) pauses the whole origin that long and doubles its interval
   (from 0.1 s, up to 10 s; each success then takes a tenth off, down to its own), then the URL is asked again (up
   to 8 such waits, which are not failures; a Retry-After beyond `max_retry_after` gives the URL up); transient
   failures (timeouts, broken connections, 5xx, a 429 without Retry-After) are retried with exponential backoff,
-  `retries` times; nothing else is.
+  `retries` times; nothing else is. An origin whose URLs fail `max_host_failures` times in a row (HOST_FAILURES and
+  5xx, each after its retries) is given up: its other URLs are `host_unresponsive`, never asked.
 - A User-Agent that names openalign, with the user's contact (`--contact`).
 
 Safe:
-- A destination that resolves only to loopback, private, link-local (169.254.169.254: cloud metadata), multicast,
-  shared (100.64/10) or reserved addresses is refused (`private_address`) unless `allow_private_addresses`, or
-  the address is in one of `allow_networks`. The check runs in aiohttp's resolver, so the connection goes to the
-  address that was checked (no DNS rebinding between check and connect); an IP literal in a URL is checked here.
+- Every address a connection would go to is looked up in `pipeline/fetch_addresses.py`'s explicit table (loopback,
+  private, link-local with 169.254.169.254, shared, multicast, reserved; the IPv6 forms that carry an IPv4 address
+  unwrapped) and refused (`private_address`) unless `allow_private_addresses`, or the address is in one of
+  `allow_networks`. The check runs in aiohttp's resolver, so the connection goes to the address that was checked
+  (no DNS rebinding between check and connect); an IP literal in a URL is checked here.
 - Redirects are followed by hand, at most `max_redirects`, each hop's URL checked again (scheme, address, the
   robots.txt of its origin); environment proxies are ignored.
 - Connect, read and total timeouts; the body is read in chunks and abandoned past `max_bytes` (after
@@ -39,10 +42,13 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import ipaddress
+import re
 import socket
 import time
 from dataclasses import dataclass, field
 from urllib.parse import urljoin, urlsplit
+
+from openalign.pipeline.fetch_addresses import Addresses
 
 ROBOTS_TOKEN = "openalign"  # the user-agent token robots.txt groups and X-Robots-Tag values are matched against
 ROBOTS_MAX_BYTES = 500 * 1024  # RFC 9309 2.5: parse at least 500 KiB
@@ -53,6 +59,7 @@ THROTTLED_TRIES = 8  # 429/503 with a Retry-After: waits (not retries) before th
 SLOWED, MAX_SLOWED = 0.1, 10.0  # each such answer doubles the origin's interval, from SLOWED up to MAX_SLOWED,
 SPEED_UP = 0.9  # and each success takes a tenth off again, down to its own (--min-interval, Crawl-delay)
 CHUNK = 64 * 1024
+HOST_FAILURES = ("timeout", "connection", "dns", "tls")  # and http_5xx: the host, not the URL, is failing
 NOT_IMAGE_TYPES = ("text/", "application/json", "application/xhtml", "application/xml")
 
 
@@ -76,6 +83,8 @@ class Policy:
     connect_timeout: float
     read_timeout: float
     total_timeout: float
+    max_host_failures: int = 0  # URLs of an origin failing in a row (timeouts, refused connections, 5xx) before
+        # its other URLs are given up (host_unresponsive); 0: never
     backoff: float = 1.0  # seconds before the first retry of a transient failure, doubled each time
     robots_retry_delay: float = 2.0  # seconds before an unreachable robots.txt is asked again, doubled once
 
@@ -99,25 +108,6 @@ class Refusal(Exception):
 
 
 # ---------------------------------------------------------------------------------------------- addresses
-
-class Addresses:
-    """Which IP addresses may be connected to."""
-
-    def __init__(self, allow_private: bool, networks: tuple[str, ...] = ()):
-        self.allow_private = allow_private
-        self.networks = tuple(ipaddress.ip_network(n, strict=False) for n in networks)
-
-    def allows(self, address: str) -> bool:
-        try:
-            ip = ipaddress.ip_address(address.split("%", 1)[0])
-        except ValueError:
-            return False
-        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-            ip = ip.ipv4_mapped  # ::ffff:127.0.0.1 is 127.0.0.1
-        if self.allow_private or any(ip in net for net in self.networks if net.version == ip.version):
-            return True
-        return ip.is_global and not ip.is_multicast
-
 
 def is_ip_literal(host: str) -> bool:
     try:
@@ -149,8 +139,8 @@ def safe_resolver(addresses: Addresses):
             found = await self.inner.resolve(host, port, family)
             allowed = [r for r in found if addresses.allows(r["host"])]
             if not allowed:
-                raise PrivateAddress(f"{host} resolves to {', '.join(sorted({r['host'] for r in found}))}, "
-                                     "a private, loopback or link-local address")
+                why = "; ".join(sorted({f"{r['host']} ({addresses.refusal(r['host'])})" for r in found}))
+                raise PrivateAddress(f"{host} resolves only to addresses fetch does not connect to: {why}")
             return allowed
 
         async def close(self) -> None:
@@ -161,20 +151,27 @@ def safe_resolver(addresses: Addresses):
 
 # ---------------------------------------------------------------------------------------------- opt-outs
 
+AGENT = re.compile(r"[A-Za-z_-]+")  # RFC 9309 2.2.1's product token: what may name a crawler before a colon
+VALUED = ("unavailable_after", "max-snippet", "max-image-preview", "max-video-preview")  # `name: value` directives
+
+
 def opted_out(values: list[str], directives: tuple[str, ...], token: str = ROBOTS_TOKEN) -> bool:
-    """Whether X-Robots-Tag header values forbid the use: `noai, noimageai` applies to every agent,
-    `openalign: noai` to this one only (img2dataset's reading of the header)."""
+    """Whether X-Robots-Tag header values forbid the use. A header's directives apply to every agent until one is
+    named (`openalign: noai, noimageai`), and a named agent's to the end of that header or the next agent:
+    `noarchive, openalign: noai` forbids the use to openalign (Google's reading; img2dataset reads only a header
+    that starts with the agent)."""
     wanted = {d.strip().lower() for d in directives}
     if "noindex" in wanted:
         wanted.add("none")  # none = noindex, nofollow
     for value in values:
-        agent, colon, rest = value.partition(":")
-        if not colon:
-            agent, rest = "", agent
-        elif agent.strip().lower() != token:
-            continue
-        if any(d.strip().lower() in wanted for d in rest.split(",")):
-            return True
+        agent = ""
+        for item in value.split(","):
+            name, colon, rest = item.partition(":")
+            name = name.strip().lower()
+            if colon and AGENT.fullmatch(name) and name not in VALUED:
+                agent, item = name, rest
+            if agent in ("", token) and item.strip().lower() in wanted:
+                return True
     return False
 
 
@@ -212,6 +209,8 @@ class Origin:
     pace: asyncio.Lock = field(default_factory=asyncio.Lock)
     rules: asyncio.Task | None = None
     requests: int = 0
+    failures: int = 0  # its URLs that failed in a row, each after its retries (HOST_FAILURES)
+    given_up: str = ""  # why its other URLs are not asked (host_unresponsive), once failures reach the limit
 
     async def turn(self) -> None:
         """Waits until this origin may be asked again (its interval, a Retry-After pause)."""
@@ -274,8 +273,9 @@ class Client:
             raise Refusal("bad_url", str(err)) from None
         if parts.scheme.lower() not in ("http", "https") or not host:
             raise Refusal("bad_url", f"not an http(s) URL with a host: {url[:200]}")
-        if is_ip_literal(host) and not self.addresses.allows(host):
-            raise Refusal("private_address", f"{host} is a private, loopback or link-local address")
+        why = self.addresses.refusal(host) if is_ip_literal(host) else None
+        if why is not None:
+            raise Refusal("private_address", f"{host} is not an address fetch connects to: {why}")
 
     async def _get(self, url: str, origin: Origin, accept: str):
         """One request under the origin's and the task's limits: (status, headers, body or None, error)."""
@@ -352,7 +352,7 @@ class Client:
             self.robots_status[key] = "unavailable"
             return outcome
         self.robots_status[key] = "rules"
-        rules = Protego.parse(outcome.decode("utf-8", errors="replace"))
+        rules = Protego.parse(outcome.decode("utf-8-sig", errors="replace"))  # a BOM opens no group (Google's rule)
         crawl_delay = rules.crawl_delay(ROBOTS_TOKEN)
         if crawl_delay:
             if crawl_delay > self.policy.max_crawl_delay:
@@ -363,16 +363,21 @@ class Client:
         return rules
 
     async def _robots_once(self, url: str):
-        for _ in range(ROBOTS_MAX_REDIRECTS + 1):
+        for hop in range(ROBOTS_MAX_REDIRECTS + 1):
             try:
                 self.check_url(url)
+                error = None
             except Refusal as refusal:
-                return refusal
-            status, headers, body, error = await self._get(url, self.origin(url), "text/plain")
+                error = refusal
+            if error is None:
+                status, headers, body, error = await self._get(url, self.origin(url), "text/plain")
             if error is not None:
-                if error.kind in ("private_address", "dns", "bad_url"):
-                    return error  # the images of this origin would fail the same way
-                return Refusal("robots_unreachable", f"robots.txt: {error.kind}: {error.detail}")
+                if hop == 0 and error.kind in ("private_address", "dns", "bad_url"):
+                    return error  # the origin's own: its images would fail the same way
+                # a redirect elsewhere that cannot be followed says nothing of the origin's images: its robots.txt
+                # could not be read, which is "unreachable" (RFC 9309 2.3.1.4: disallow all)
+                where = f"robots.txt redirected to {url[:200]}: " if hop else "robots.txt: "
+                return Refusal("robots_unreachable", f"{where}{error.kind}: {error.detail}")
             if status in REDIRECTS and headers.get("Location"):
                 url = urljoin(url, headers["Location"])
                 continue
@@ -386,31 +391,49 @@ class Client:
     # ------------------------------------------------------------------------------------------ images
 
     async def fetch(self, url: str, accept: str = "image/*,*/*;q=0.5") -> Fetched:
-        """One image URL, redirects followed by hand, each hop checked; retried where that may help."""
+        """One image URL, redirects followed by hand, each hop checked; retried where that may help; the origin
+        that answered told whether it is failing."""
+        fetched, origin = await self._fetch(url, accept)
+        if origin is not None and self.policy.max_host_failures:
+            failing = fetched.kind in HOST_FAILURES or fetched.kind.startswith("http_5")
+            origin.failures = origin.failures + 1 if failing else 0
+            if origin.failures >= self.policy.max_host_failures and not origin.given_up:
+                origin.given_up = (f"its host failed {origin.failures} URLs in a row (the last: {fetched.kind}); "
+                                   f"--max-host-failures {self.policy.max_host_failures}")
+        return fetched
+
+    async def _fetch(self, url: str, accept: str) -> tuple[Fetched, Origin | None]:
+        """What became of `url`, and the origin whose answer (or silence) says whether it is failing (None: none
+        was asked, or its answer says neither)."""
         attempts, throttled, hops, current = 0, 0, 0, url
         while True:
             try:
                 self.check_url(current)
+            except Refusal as refusal:
+                return Fetched(refusal.kind, refusal.detail), None
+            origin = self.origin(current)
+            if origin.given_up:
+                return Fetched("host_unresponsive", origin.given_up), None
+            try:
                 rules = await self.rules(current)
             except Refusal as refusal:
-                return Fetched(refusal.kind, refusal.detail)
+                return Fetched(refusal.kind, refusal.detail), None
             if not rules.can_fetch(current, ROBOTS_TOKEN):
-                return Fetched("robots_disallowed", "robots.txt disallows it")
-            origin = self.origin(current)
+                return Fetched("robots_disallowed", "robots.txt disallows it"), None
             attempts += 1
             status, headers, body, error = await self._get(current, origin, accept)
             if error is None and status in REDIRECTS:
                 location = headers.get("Location")
                 if not location:
-                    return Fetched(f"http_{status}", "a redirect without a Location")
+                    return Fetched(f"http_{status}", "a redirect without a Location"), origin
                 hops += 1
                 if hops > self.policy.max_redirects:
-                    return Fetched("too_many_redirects", f"more than {self.policy.max_redirects} redirects")
+                    return Fetched("too_many_redirects", f"more than {self.policy.max_redirects} redirects"), origin
                 current = urljoin(current, location)
                 continue
             if error is None and 200 <= status < 300:
                 origin.interval = max(origin.base, origin.interval * SPEED_UP)  # a slowed origin speeds up again
-                return Fetched("success", body=body)
+                return Fetched("success", body=body), origin
             kind = error.kind if error is not None else f"http_{status}"
             detail = error.detail if error is not None else f"the server answered {status}"
             asked = retry_after(headers.get("Retry-After")) if error is None and status in (429, 503) else None
@@ -419,7 +442,7 @@ class Client:
                 if asked > self.policy.max_retry_after or throttled > THROTTLED_TRIES:
                     why = (f"Retry-After {asked:g} s > --max-retry-after {self.policy.max_retry_after:g}"
                            if asked > self.policy.max_retry_after else f"still throttled after {THROTTLED_TRIES} waits")
-                    return Fetched(kind, why)
+                    return Fetched(kind, why), None  # it answered, and said when: not failing
                 loop = asyncio.get_running_loop()
                 origin.paused_until = max(origin.paused_until, loop.time() + asked)  # the whole origin waits
                 origin.interval = min(max(origin.interval * 2, SLOWED), MAX_SLOWED)
@@ -427,5 +450,5 @@ class Client:
             transient = (error is not None and error.kind in ("timeout", "connection")) or (error is None
                                                                                            and status in RETRIED)
             if not transient or attempts - throttled > self.policy.retries:
-                return Fetched(kind, detail)
+                return Fetched(kind, detail), origin
             await asyncio.sleep(self.policy.backoff * 2 ** (attempts - throttled - 1))
