@@ -22,7 +22,7 @@ from openalign import cli
 from openalign.corpora import webpages
 from openalign.data.engine import Engine
 from openalign.data.pairs import blake, normalize_text, pair_uid
-from openalign.pipeline.extract import extract
+from openalign.pipeline.extract import ExtractOptions, extract
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "web"
 WAT = FIXTURES / "crawl-00000.warc.wat.gz"
@@ -120,6 +120,47 @@ def test_a_rerun_with_fewer_files_removes_only_the_parts_it_wrote(tmp_path):
     assert again.candidates == 30
     assert sorted(p.name for p in (out / "parts").glob("*.parquet")) == sorted(written[:2] + ["mine.parquet"])
     assert (out / "parts" / "mine.parquet").read_text() == "a user's file"
+
+    # a part a killed task was writing is removed by the next run (before: never, even by a successful rerun)
+    (out / "parts" / ".000001.parquet.4242.tmp").write_bytes(b"half a part")
+    (out / "parts" / ".notes.tmp").write_text("mine")
+    extract([str(crawl)], out, progress=False)
+    assert not (out / "parts" / ".000001.parquet.4242.tmp").exists() and (out / "parts" / ".notes.tmp").exists()
+
+
+def test_tables_with_bytes_that_are_not_utf8_or_a_first_line_nested_too_deep(tmp_path):
+    """Before: a Latin-1 CSV or TSV failed the whole run with Arrow's `ArrowInvalid: CSV conversion error to string:
+    invalid UTF8 data` (after 3 retries, a traceback); a JSONL whose first line is nested 100,000 deep raised
+    RecursionError while its columns were looked for."""
+    for name, sep in (("latin.csv", b","), ("latin.tsv", b"\t")):
+        table = tmp_path / name
+        table.write_bytes(b"url" + sep + b"caption\nhttp://a.example/1.jpg" + sep + b"caf\xe9 au lait on a table\n"
+                          b"http://a.example/2.jpg" + sep + b"a good caption here\n")
+        result = extract([str(table)], tmp_path / f"out-{name}", ExtractOptions(language=False), progress=False)
+        texts = sorted(r["text"] for r in pq.read_table(result.table).to_pylist())
+        assert texts == ["a good caption here", "caf\ufffd au lait on a table"]
+        assert result.counts["rows_with_invalid_utf8"] == 1 and "bad_record" not in result.counts
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text("[" * 100_000 + "]" * 100_000 + "\n" + json.dumps({"url": "http://a.example/x.jpg",
+                                                                       "caption": "a cat on a mat"}) + "\n")
+    result = extract([str(deep)], tmp_path / "out-deep", ExtractOptions(language=False), progress=False)
+    assert result.candidates == 1 and result.counts["bad_record"] == 1
+
+
+def test_an_input_that_is_not_a_regular_file_or_an_out_inside_a_source_is_one_sentence(tmp_path, capsys):
+    # Before: a FIFO, /dev/stdin or /dev/null "does not exist"; an --out inside a source folder was read back as
+    # input on the rerun, which refused with "holds no WARC records".
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for source in (str(fifo), "/dev/null"):
+        assert cli.main(["extract", source, "--out", str(tmp_path / "o"), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert f"{source} is not a regular file" in err and "does not exist" not in err
+    crawl = tmp_path / "crawl"
+    crawl.mkdir()
+    shutil.copy(WAT, crawl / "a.warc.wat.gz")
+    assert cli.main(["extract", str(crawl), "--out", str(crawl / "out"), "--quiet"]) == 2
+    assert "is inside the source folder" in capsys.readouterr().err and not (crawl / "out").exists()
 
 
 def test_bad_sources_are_one_sentence(tmp_path, capsys):

@@ -28,7 +28,7 @@ def extract_flags(p) -> None:
 
 
 def run_extract(args) -> int:
-    from openalign.pipeline.extract import READ_COUNTS, ExtractOptions, extract
+    from openalign.pipeline.extract import NOT_DROPS, NOTES, ExtractOptions, extract
 
     sources = list(args.sources) + (lines(args.sources_from) if args.sources_from else [])
     if not sources:
@@ -36,12 +36,13 @@ def run_extract(args) -> int:
     result = extract(sources, Path(args.out), options_from(args, ExtractOptions), engine=engine(args),
                      progress=not args.quiet)
     counts = result.counts
-    dropped = ", ".join(f"{k} {v:,}" for k, v in counts.items() if k not in READ_COUNTS) or "none"
+    dropped = ", ".join(f"{k} {v:,}" for k, v in counts.items() if k not in NOT_DROPS) or "none"
+    notes = "".join(f"; {k.replace('_', ' ')} {counts[k]:,}" for k in NOTES if counts.get(k))
     found = [f"{counts[k]:,} {name}" for k, name in (("pages", "pages"), ("rows", "table rows")) if counts.get(k)]
     print(f"{result.candidates:,} candidate pairs from {' and '.join(found) or 'nothing'} in {result.files} file(s) "
           f"-> {result.table} in {result.seconds:.1f} s")
     print(f"dropped: {dropped}; duplicates {counts.get('duplicate', 0):,} within files, "
-          f"{result.duplicates_across_files:,} across; {result.hosts:,} image hosts (report: {result.report})")
+          f"{result.duplicates_across_files:,} across{notes}; {result.hosts:,} image hosts (report: {result.report})")
     if result.languages:
         shown = ", ".join(f"{lang} {n:,}" for lang, n in list(result.languages.items())[:8])
         more = f" and {len(result.languages) - 8} more" if len(result.languages) > 8 else ""

@@ -18,7 +18,9 @@ The rules are cc2dataset's (`extract_documents_from_wat`, its `image` document t
   (`scheme_data`, `scheme_javascript`, ...);
 - **a damaged file**: a record whose JSON does not parse is skipped and counted (`bad_record`); a file whose last
   gzip member is cut short keeps the pairs of its complete records and counts `truncated_record` (cc2dataset's
-  stream reader hands on the cut record, which fails to parse);
+  stream reader hands on the cut record, which fails to parse); a damaged member mid-file is passed over to the
+  next (`damaged_member`), where cc2dataset loses the rest of the file; a record is read under caps, in bounded
+  memory and time (extract_records.py; `too_large_record`, `truncated_page`, `too_deep`, `page_images_over_cap`);
 - **numbers**: a number that a double or 64 bits cannot hold (`1e999`) does not make a record bad here (simdjson
   refuses the record); the numbers are in fields extract does not read (extract_wat.py);
 - **uniqueness**: one row per (url, alt) across the whole output, the first seen kept, in input order; cc2dataset's
@@ -37,11 +39,9 @@ unchanged and redoes the others; both engines run one task per file).
 from __future__ import annotations
 
 import contextlib
-import gzip
 import io
-import json
+import re
 import time
-import zlib
 from collections import Counter
 from dataclasses import asdict, dataclass
 from operator import itemgetter
@@ -53,6 +53,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from openalign.config import POSITIVE_INT, ConfigError, check
+from openalign.sizes import SIZE, parse_size
 from openalign.data import tables
 from openalign.data.engine import Engine, Job, cores, job_id, recorded_names, run_jobs
 from openalign.data.language import identify, known_languages
@@ -87,6 +88,14 @@ IMG_SRC = b'"IMG@/src"'
 @dataclass(frozen=True)
 class ExtractOptions:
     batch_rows: Annotated[int, POSITIVE_INT] = 8_192  # rows a task buffers before it writes a row group
+    max_page_bytes: Annotated[str, SIZE] = "1M"  # of a WARC page's HTML, the part parsed (Common Crawl cuts its
+        # records there); the rest is not read (truncated_page)
+    max_record_bytes: Annotated[str, SIZE] = "4M"  # a WAT record larger is skipped (too_large_record): its JSON
+        # describes one page that Common Crawl cut at 1 MiB
+    max_depth: Annotated[int, POSITIVE_INT] = 10_000  # a WARC page whose elements nest deeper is skipped (too_deep):
+        # the HTML parser's time grows with the square of the depth (10,000: 0.2 s)
+    max_page_images: Annotated[int, POSITIVE_INT] = 10_000  # images read from one page; the rest are dropped and
+        # counted (page_images_over_cap)
     language: bool = True  # identify each text's language (fastText lid.176, shipped in its package)
     languages: tuple[str, ...] = ()  # keep only texts in these languages (ISO 639-1, e.g. en: the paper's); ()=all
     words: bool = True  # segment Chinese, Japanese and Thai texts into words (the words column; needs [words])
@@ -132,81 +141,132 @@ def kind_of(path: str) -> str:
 Found = tuple[str, str, "str | None", int, "int | None", "int | None"]
 
 
-def wat_candidates(path: str, counts: Counter) -> Iterator[list[Found]]:
+def wat_candidates(path: str, counts: Counter, options: ExtractOptions) -> Iterator[list[Found]]:
     """The candidates of one WAT file, a page's at a time, in record order (not yet unique), counting what is
     dropped and why. A record without `IMG@/src` is not parsed; the others are parsed by msgspec into the parts
     extract reads (extract_wat.py), their JSON checked as cc2dataset's simdjson checks it (a record that is not
-    UTF-8, or escapes a lone surrogate, is a `bad_record`)."""
-    from fastwarc.warc import ArchiveIterator, WarcRecordType
+    UTF-8, or escapes a lone surrogate, is a `bad_record`). Records are read through damage, a record larger than
+    `max_record_bytes` skipped (extract_records.py); a page's first `max_page_images` image links are read."""
+    from fastwarc.warc import WarcRecordType
 
+    from openalign.pipeline.extract_records import Archive
     from openalign.pipeline.extract_wat import BadRecord, page
 
-    with open_source(path) as stream:
+    cap = options.max_page_images
+    archive = Archive(path, WarcRecordType.metadata, counts, parse_size(options.max_record_bytes))
+    for item in archive:
+        counts["records"] += 1
+        data = item.data
+        if IMG_SRC not in data:  # request records, pages without images: no JSON to parse
+            continue
         try:
-            for record in ArchiveIterator(stream, record_types=WarcRecordType.metadata, parse_http=False):
-                data = record.reader.read()
-                if len(data) < record.content_length:  # the file ends inside this record
-                    counts["truncated_record"] += 1
-                    break
-                counts["records"] += 1
-                if IMG_SRC not in data:  # request records, pages without images: no JSON to parse
-                    continue
-                try:
-                    target, href, links = page(data)
-                except BadRecord:
-                    counts["bad_record"] += 1
-                    continue
-                counts["pages"] += 1
-                page_url = target_uri(target)
-                base = resolve_base(page_url, href)
-                offset = record.stream_pos
-                counts["images"] += len(links)
-                yield [(url, text, page_url, offset, None, None) for url, text in pairs(links, base, counts)]
-        except (OSError, EOFError, zlib.error, gzip.BadGzipFile):  # a gzip member that cannot be inflated
-            counts["truncated_record"] += 1
+            target, href, links = page(data)
+        except BadRecord:  # perhaps its Content-Length ran into the next records: then its own part parses
+            own = archive.overlong(item)
+            parsed = _parsed(own) if own is not None else None
+            if parsed is None:
+                counts["bad_record"] += 1
+                continue
+            target, href, links = parsed
+        counts["pages"] += 1
+        if len(links) > cap:
+            counts["page_images_over_cap"] += len(links) - cap
+            links = links[:cap]
+        page_url = target_uri(target)
+        base = resolve_base(page_url, href)
+        counts["images"] += len(links)
+        offset = item.offset
+        yield [(url, text, page_url, offset, None, None) for url, text in pairs(links, base, counts)]
+
+
+def _parsed(data: bytes):
+    from openalign.pipeline.extract_wat import BadRecord, page
+
+    try:
+        return page(data)
+    except BadRecord:
+        return None
 
 
 HTML_TYPES = ("text/html", "application/xhtml+xml")
+TAG = re.compile(rb"<(/?)([A-Za-z][^\s/>]*)")  # a start or end tag's name (what the depth estimate reads)
+# elements that hold no others (void) or that the parser closes when the next one opens: not counted as depth
+FLAT = frozenset(b"area base br col embed hr img input link meta param source track wbr keygen frame "
+                 b"p li dt dd tr td th option optgroup rb rt rp".split())
 
 
-def warc_candidates(path: str, counts: Counter) -> Iterator[list[Found]]:
+def html_depth(html: bytes, cap: int) -> int:
+    """How deep `html` nests its elements, an estimate that is at least the parser's depth for every kind of
+    nesting that costs it time: start tags push their element, an end tag pops up to its element when one is open
+    (a stray one is ignored, as the parser ignores it), void and implicitly closed elements are not counted. A
+    page with fewer than `cap` tags is not examined (each `<` counted at C speed): it cannot be deeper."""
+    if html.count(b"<") <= cap:
+        return 0
+    stack, open_count, deepest = [], Counter(), 0
+    for close, name in TAG.findall(html):
+        name = name.lower()
+        if name in FLAT:
+            continue
+        if not close:
+            stack.append(name)
+            open_count[name] += 1
+            deepest = max(deepest, len(stack))
+        elif open_count[name]:
+            while True:  # amortized: each element is popped once
+                top = stack.pop()
+                open_count[top] -= 1
+                if top == name:
+                    break
+    return deepest
+
+
+def warc_candidates(path: str, counts: Counter, options: ExtractOptions) -> Iterator[list[Found]]:
     """The candidates of one WARC file's HTML responses, a page's at a time, in record order: each `<img>`'s source
     and alt, parsed by selectolax (lexbor); the source is `data-src` where the tag has one (lazy loading: `src` holds
     a placeholder until a script swaps them), else `src`, else the first `srcset` candidate; width and height where
     the tag declares them as whole numbers. `<picture>`'s `<source>`s are not pairs: its `<img>` (the fallback) carries
-    the alt."""
-    from fastwarc.warc import ArchiveIterator, WarcRecordType
+    the alt. A page's first `max_page_bytes` are parsed (Common Crawl's own cut), a page nested deeper than
+    `max_depth` is skipped (`too_deep`: lexbor's time grows with the square of the depth), and its first
+    `max_page_images` images are read; records are read through damage (extract_records.py)."""
+    from fastwarc.warc import WarcRecordType
     from selectolax.lexbor import LexborHTMLParser
 
-    with open_source(path) as stream:
+    from openalign.pipeline.extract_records import Archive
+
+    archive = Archive(path, WarcRecordType.response, counts, parse_size(options.max_page_bytes), parse_http=True,
+                      truncate=True)
+    for item in archive:
+        record = item.record
+        counts["records"] += 1
+        if (record.http_content_type or "").lower() not in HTML_TYPES:
+            continue
+        status = record.http_headers.status_code if record.http_headers is not None else None
+        if status is not None and status != 200:
+            continue
+        body = archive.overlong(item) or item.data  # a Content-Length run into the next records: cut there
+        if html_depth(body, options.max_depth) > options.max_depth:
+            counts["too_deep"] += 1
+            continue
+        page_url = target_uri(record.headers.get("WARC-Target-URI"))
         try:
-            for record in ArchiveIterator(stream, record_types=WarcRecordType.response, parse_http=True):
-                counts["records"] += 1
-                if (record.http_content_type or "").lower() not in HTML_TYPES:
-                    continue
-                status = record.http_headers.status_code if record.http_headers is not None else None
-                if status is not None and status != 200:
-                    continue
-                body = record.reader.read()
-                page_url = target_uri(record.headers.get("WARC-Target-URI"))
-                try:
-                    tree = LexborHTMLParser(body.decode(record.http_charset or "utf-8", "replace"))
-                except (LookupError, ValueError):  # an unknown charset name
-                    tree = LexborHTMLParser(body.decode("utf-8", "replace"))
-                counts["pages"] += 1
-                tag = tree.css_first("base[href]")
-                base = resolve_base(page_url, (tag.attributes.get("href") or "").strip() if tag is not None else None)
-                page = []
-                for img in tree.css("img"):
-                    counts["images"] += 1
-                    attrs = img.attributes
-                    found = pair(attrs.get("alt") or "" if "alt" in attrs else None, _img_source(attrs), base, counts)
-                    if found:
-                        page.append((*found, page_url, record.stream_pos, _dimension(attrs.get("width")),
-                                     _dimension(attrs.get("height"))))
-                yield page
-        except (OSError, EOFError, zlib.error, gzip.BadGzipFile):
-            counts["truncated_record"] += 1
+            tree = LexborHTMLParser(body.decode(record.http_charset or "utf-8", "replace"))
+        except (LookupError, ValueError):  # an unknown charset name
+            tree = LexborHTMLParser(body.decode("utf-8", "replace"))
+        counts["pages"] += 1
+        tag = tree.css_first("base[href]")
+        base = resolve_base(page_url, (tag.attributes.get("href") or "").strip() if tag is not None else None)
+        page, tags, offset = [], tree.css("img"), item.offset
+        if len(tags) > options.max_page_images:
+            counts["page_images_over_cap"] += len(tags) - options.max_page_images
+            tags = tags[:options.max_page_images]
+        for img in tags:
+            counts["images"] += 1
+            attrs = img.attributes
+            found = pair(attrs.get("alt") or "" if "alt" in attrs else None, _img_source(attrs), base, counts)
+            if found:
+                page.append((*found, page_url, offset, _dimension(attrs.get("width")),
+                             _dimension(attrs.get("height"))))
+        yield page
 
 
 def _img_source(attrs: dict) -> str:
@@ -246,9 +306,7 @@ def _table_names(path: str) -> list[str]:
     suffix = suffix_of(path)
     try:
         if suffix == ".jsonl":
-            with open_lines(path) as f:
-                first = json.loads(f.readline().decode("utf-8", "replace") or "{}")
-            return list(first) if isinstance(first, dict) else []
+            return _jsonl_names(path)
         if suffix in (".csv", ".tsv"):
             with _csv_reader(path) as reader:
                 return reader.schema.names
@@ -257,6 +315,22 @@ def _table_names(path: str) -> list[str]:
     except (OSError, ValueError, pa.ArrowException) as err:
         raise ConfigError(f"cannot read {path} as a {suffix[1:] or 'parquet'} table: {str(err).splitlines()[0]}") \
             from None
+
+
+def _jsonl_names(path: str, lines: int = 1000) -> list[str]:
+    """A JSONL table's columns: the keys of its first line that is a JSON object (a bad line before it, nested past
+    msgspec's depth limit or not JSON at all, is a bad row of its own, not a file that cannot be read)."""
+    import msgspec
+
+    with open_lines(path) as f:
+        for _, line in zip(range(lines), f):
+            try:
+                row = msgspec.json.decode(line)
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(row, dict):
+                return list(row)
+    return []
 
 
 @contextlib.contextmanager
@@ -269,7 +343,8 @@ def _csv_reader(path: str, columns: list[str] | None = None):
 
     with open_lines(path) as f:
         delimiter = header_delimiter(f.readline().decode("utf-8", "replace"), suffix_of(path))
-    convert = pacsv.ConvertOptions(column_types={name: pa.string() for name in columns or ()},
+    # bytes, decoded by the reader of each row: one value that is not UTF-8 would fail Arrow's whole block
+    convert = pacsv.ConvertOptions(column_types={name: pa.binary() for name in columns or ()},
                                    include_columns=columns or [], strings_can_be_null=True)
     with open_source(path) as f, pacsv.open_csv(
             Stream(f), parse_options=pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True),
@@ -304,7 +379,7 @@ def _batches(path: str, wanted: list[str]) -> Iterator[list[dict]]:
                 yield batch.to_pylist()
 
 
-def table_candidates(path: str, counts: Counter) -> Iterator[list[Found]]:
+def table_candidates(path: str, counts: Counter, options: ExtractOptions) -> Iterator[list[Found]]:
     """The candidates of a URL table made elsewhere (COYO-700M's, LAION's or DataComp's Parquet, a CSV of url
     and caption), streamed a batch at a time: the same URL and text rules as pages (an absolute http(s) URL, a text
     after whitespace collapsing), with the table's width and height where it has them; `offset` is the row number."""
@@ -319,6 +394,8 @@ def table_candidates(path: str, counts: Counter) -> Iterator[list[Found]]:
             if row is None:
                 counts["bad_record"] += 1
                 continue
+            if any(value.__class__ is bytes for value in row.values()):  # a CSV's: UTF-8, or U+FFFD where not
+                row = _decoded(row, counts)
             found = pair(str(row[columns["text"]] or ""), str(row[columns["url"]] or ""), NO_BASE, counts)
             if not found:
                 continue
@@ -329,6 +406,21 @@ def table_candidates(path: str, counts: Counter) -> Iterator[list[Found]]:
         yield found_rows
 
 
+def _decoded(row: dict, counts: Counter) -> dict:
+    """A CSV row's values as text: bytes that are not UTF-8 become U+FFFD, the rule for text everywhere
+    (data/tables.py reads such a row so too), and the row is counted (`rows_with_invalid_utf8`)."""
+    decoded, bad = {}, False
+    for name, value in row.items():
+        if value.__class__ is bytes:
+            try:
+                value = value.decode("utf-8")
+            except UnicodeDecodeError:
+                value, bad = value.decode("utf-8", "replace"), True
+        decoded[name] = value
+    counts["rows_with_invalid_utf8"] += bad
+    return decoded
+
+
 def part_table(found: list[Found], source: str, start: int, counts: Counter,
                options: ExtractOptions = ExtractOptions()) -> pa.Table:
     """Candidates as a part's rows (PART_SCHEMA), numbered from `start` in their file's order, with their hosts (a
@@ -337,6 +429,8 @@ def part_table(found: list[Found], source: str, start: int, counts: Counter,
     pair uid of (image_key, text)."""
     import pyarrow.compute as pc
 
+    if not found:  # pc.all of nothing is null, not true
+        return PART_SCHEMA.empty_table()
     # a column at a time (zip(*found) took four times as long)
     urls, texts, pages, offsets, widths, heights = (list(map(itemgetter(i), found)) for i in range(6))
     keys = url_keys(urls)
@@ -387,13 +481,14 @@ def extract_file(path: str, part: str, options: ExtractOptions, kind: str = "wat
     repeating = ["language", "page_url", "source", "host"]
     with staged(Path(part)) as tmp, pq.ParquetWriter(tmp, PART_SCHEMA, compression="lz4",
                                                      use_dictionary=repeating) as writer:
-        for found in read(path, counts):
-            batch += found
-            if len(batch) >= options.batch_rows:
-                writer.write_table(part_table(batch, path, written, counts, options))
-                written += len(batch)
-                batch = []
-        writer.write_table(part_table(batch, path, written, counts, options))
+        for found in read(path, counts, options):
+            batch += found  # a page's pairs at most max_page_images: the batch never holds many more than batch_rows
+            while len(batch) >= options.batch_rows:
+                rows, batch = batch[:options.batch_rows], batch[options.batch_rows:]
+                writer.write_table(part_table(rows, path, written, counts, options))
+                written += len(rows)
+        if batch:
+            writer.write_table(part_table(batch, path, written, counts, options))
     counts["pairs"] += 0  # present when a file has none
     return dict(counts)
 
@@ -444,6 +539,10 @@ def extract(sources: list[str], out: Path, options: ExtractOptions = ExtractOpti
                           f"such as en, de, zh, ja; 'und' for texts with none)")
     if options.segments:
         check_segmenters()
+    for source in sources:
+        if not is_url(source) and Path(source).is_dir() and out.resolve().is_relative_to(Path(source).resolve()):
+            raise ConfigError(f"--out {out} is inside the source folder {source}, so a rerun would read extract's "
+                              "own output as input; choose an --out outside it")
     files = inputs(sources)
     kinds, versions = probe(files)  # every input is readable and of a known kind, before any work
     try:
@@ -459,8 +558,12 @@ def extract(sources: list[str], out: Path, options: ExtractOptions = ExtractOpti
     jobs = [Job(job_id(i), extract_file, (f, str(parts / f"{job_id(i)}.parquet"), options, kinds[f]),
                 key=sources_key(versions[f], asdict(options)), outputs=(str(parts / f"{job_id(i)}.parquet"),))
             for i, f in enumerate(files)]
-    for stale in recorded_names(parts / "_status") - {Path(t.outputs[0]).name for t in jobs}:
+    names, recorded = {Path(t.outputs[0]).name for t in jobs}, recorded_names(parts / "_status")
+    for stale in recorded - names:
         (parts / stale).unlink(missing_ok=True)  # parts of files no longer given: only those a task recorded
+    for partial in parts.glob(".*.tmp"):  # a part a killed task was writing (staged's `.NAME.PID.tmp`)
+        if partial.name[1:].rsplit(".", 2)[0] in names | recorded:
+            partial.unlink(missing_ok=True)
     results, resumed = run_jobs(jobs, parts / "_status", engine, "extract", progress)
     counts: Counter = Counter()
     per_file = {}
@@ -489,7 +592,9 @@ def extract(sources: list[str], out: Path, options: ExtractOptions = ExtractOpti
                          distinct, [tuple(t) for t in top], languages, resumed, written["seconds"], report, written)
 
 
-READ_COUNTS = ("records", "pages", "images", "rows", "candidates", "duplicate")  # the rest are reasons for dropping
+READ_COUNTS = ("records", "pages", "images", "rows", "candidates", "duplicate")  # the rest are reasons for dropping,
+NOTES = ("rows_with_invalid_utf8", "damaged_bytes")  # but these: kept with U+FFFD, and the bytes damage passed over
+NOT_DROPS = READ_COUNTS + NOTES
 
 
 def plot_report(manifest: dict, path: Path, top: int = 15) -> None:
@@ -501,7 +606,7 @@ def plot_report(manifest: dict, path: Path, top: int = 15) -> None:
     import matplotlib.pyplot as plt
 
     counts = manifest["counts"]
-    reasons = sorted(((k, v) for k, v in counts.items() if k not in READ_COUNTS), key=lambda kv: -kv[1])
+    reasons = sorted(((k, v) for k, v in counts.items() if k not in NOT_DROPS), key=lambda kv: -kv[1])
     bars = [("candidates", manifest["candidates"]), ("duplicate (within or across files)",
                                                      counts.get("duplicate", 0) + manifest["duplicates_across_files"])]
     bars += reasons

@@ -140,6 +140,9 @@ def inputs(sources: list[str]) -> list[str]:
             files += sorted(str(p) for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
         elif path.is_file():
             files.append(source)
+        elif path.exists():
+            raise ConfigError(f"{source} is not a regular file (a FIFO, a device or a socket: it cannot be read twice, "
+                              "and extract reads each input twice); give web archives or URL tables as files")
         elif any(ch in source for ch in "*?["):
             matched = sorted(p for p in glob.glob(source, recursive=True) if Path(p).is_file())
             if not matched:
