@@ -147,6 +147,18 @@ def test_tables_with_bytes_that_are_not_utf8_or_a_first_line_nested_too_deep(tmp
     assert result.candidates == 1 and result.counts["bad_record"] == 1
 
 
+def test_a_csv_row_of_the_wrong_shape_is_that_row_alone(tmp_path):
+    """Before: one row with an extra field, or a quote never closed (which takes in every line after it), refused the
+    whole table ("CSV parse error: Expected 2 columns, got 3"); ingest rejects the row alone, and so does extract."""
+    table = tmp_path / "urls.csv"
+    table.write_text('url,caption\n"http://a.example/1.jpg,a quote never closed\nhttp://a.example/2.jpg,a good one\n'
+                     "http://a.example/3.jpg,a caption,with an extra field\nhttp://a.example/4.jpg,another good one\n")
+    result = extract([str(table)], tmp_path / "out", ExtractOptions(language=False), progress=False)
+    assert sorted(r["url"] for r in pq.read_table(result.table).to_pylist()) == [
+        "http://a.example/2.jpg", "http://a.example/4.jpg"]
+    assert result.counts["bad_record"] == 2 and result.counts["rows"] == 4
+
+
 def test_an_input_that_is_not_a_regular_file_or_an_out_inside_a_source_is_one_sentence(tmp_path, capsys):
     # Before: a FIFO, /dev/stdin or /dev/null "does not exist"; an --out inside a source folder was read back as
     # input on the rerun, which refused with "holds no WARC records".

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import re
 import time
 from collections import Counter
@@ -334,22 +335,49 @@ def _jsonl_names(path: str, lines: int = 1000) -> list[str]:
 
 
 @contextlib.contextmanager
-def _csv_reader(path: str, columns: list[str] | None = None):
-    """A streaming CSV/TSV reader (pyarrow); with `columns`, only those, read as text."""
+def _csv_reader(path: str, columns: list[str] | None = None, invalid: list | None = None):
+    """A streaming CSV/TSV reader (pyarrow); with `columns`, only those, as bytes. A row of the wrong number of
+    fields is skipped, its text put in `invalid` (one such row would otherwise fail Arrow's whole file)."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
-    from openalign.data.tables import header_delimiter
-
-    with open_lines(path) as f:
-        delimiter = header_delimiter(f.readline().decode("utf-8", "replace"), suffix_of(path))
+    delimiter = _delimiter(path)
     # bytes, decoded by the reader of each row: one value that is not UTF-8 would fail Arrow's whole block
     convert = pacsv.ConvertOptions(column_types={name: pa.binary() for name in columns or ()},
                                    include_columns=columns or [], strings_can_be_null=True)
-    with open_source(path) as f, pacsv.open_csv(
-            Stream(f), parse_options=pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True),
-            convert_options=convert, read_options=pacsv.ReadOptions(block_size=1 << 22)) as reader:
+
+    def skipped(row) -> str:
+        if invalid is not None:
+            invalid.append(row.text)
+        return "skip"
+
+    parse = pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True, invalid_row_handler=skipped)
+    with open_source(path) as f, pacsv.open_csv(Stream(f), parse_options=parse, convert_options=convert,
+                                                read_options=pacsv.ReadOptions(block_size=1 << 22)) as reader:
         yield reader
+
+
+def _delimiter(path: str) -> str:
+    from openalign.data.tables import header_delimiter
+
+    with open_lines(path) as f:
+        return header_delimiter(f.readline().decode("utf-8", "replace"), suffix_of(path))
+
+
+def _recovered(texts: list[str], names: list[str], wanted: list[str], delimiter: str) -> Iterator[dict | None]:
+    """The rows inside rows Arrow skipped: a quote that is never closed takes in every line after it, so the first
+    line is the bad row (None) and each line after it is read on its own (ingest's reading: DuckDB rejects the row
+    alone); a line of the wrong number of fields is bad too."""
+    import csv
+
+    for text in texts:
+        first, *rest = text.split("\n")
+        yield None
+        for line in rest:
+            if not line.strip():
+                continue
+            values = next(csv.reader([line], delimiter=delimiter, strict=False), [])
+            yield dict(zip(names, values)) if len(values) == len(names) and all(n in names for n in wanted) else None
 
 
 def _batches(path: str, wanted: list[str]) -> Iterator[list[dict]]:
@@ -370,9 +398,16 @@ def _batches(path: str, wanted: list[str]) -> Iterator[list[dict]]:
                     batch = []
             yield batch
     elif suffix in (".csv", ".tsv"):
-        with _csv_reader(path, wanted) as reader:
-            for batch in reader:
-                yield batch.to_pylist()
+        invalid: list[str] = []
+        names = _table_names(path)
+        with _csv_reader(path, wanted, invalid) as reader:
+            for batch in itertools.chain(reader, [None]):  # None: the rows skipped in the last block
+                rows = batch.to_pylist() if batch is not None else []
+                if invalid:  # after the rows around them
+                    rows += [r if r is None else {k: r[k] for k in wanted}
+                             for r in _recovered(invalid, names, wanted, _delimiter(path))]
+                    invalid.clear()
+                yield rows
     else:
         with open_source(path, random_access=True) as f:
             for batch in pq.ParquetFile(f).iter_batches(columns=wanted, batch_size=65_536):
