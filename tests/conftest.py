@@ -285,3 +285,18 @@ def held_elsewhere(out: Path):
     finally:
         release.set()
         thread.join(30)
+
+
+def poison(model: Path, prefix: str) -> Path:
+    """A saved model whose weights named `prefix...` are NaN, as a diverged run leaves them (`text_projection`: every
+    text vector NaN; `vision_model.embeddings`: every image vector)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    for weights in sorted(Path(model).glob("*.safetensors")):
+        state = load_file(weights)
+        for name in state:
+            if name.startswith(prefix) and state[name].is_floating_point():
+                state[name] = torch.full_like(state[name], float("nan"))
+        save_file(state, weights, metadata={"format": "pt"})
+    return model

@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 import json
 import math
+import types
 import typing
 from dataclasses import dataclass, field
 from typing import Annotated, Callable, Literal
@@ -38,6 +39,7 @@ class Rule:
 
     test: Callable[[typing.Any], bool]
     what: str
+    also: tuple[type, ...] = ()  # types the field takes besides its annotation's (a size: an int of bytes too)
 
 
 POSITIVE = Rule(lambda x: x > 0, "a positive number")
@@ -376,7 +378,7 @@ def _parse(text: str, kind, key: str):
 
 def override(cfg, assignments: list[str], help_hint: str = "see `openalign train --show-config`"):
     """Apply dotted `key=value` overrides to any config dataclass, e.g. `optim.lr=5e-4 model.vision.image_size=64`."""
-    valid = leaf_keys(type(cfg))
+    valid, tree = leaf_keys(type(cfg)), {}
     for item in assignments:
         key, sep, text = item.partition("=")
         if not sep:
@@ -386,16 +388,21 @@ def override(cfg, assignments: list[str], help_hint: str = "see `openalign train
             close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
             hint = f"; did you mean {close[0]}?" if close else f"; {help_hint}"
             raise ConfigError(f"unknown config key {key!r}{hint}")
-        cfg = _replace(cfg, key.split("."), text, key)
-    return cfg
+        node, *path = key.split(".")
+        changes = tree
+        for name in [node, *path][:-1]:
+            changes = changes.setdefault(name, {})
+        changes[[node, *path][-1]] = (text, key)
+    return _replaced(cfg, tree)
 
 
-def _replace(node, path: list[str], text: str, key: str):
-    name = path[0]
-    if len(path) == 1:
-        kind = typing.get_type_hints(type(node))[name]
-        return dataclasses.replace(node, **{name: _parse(text, kind, key)})
-    return dataclasses.replace(node, **{name: _replace(getattr(node, name), path[1:], text, key)})
+def _replaced(node, changes: dict):
+    """`node` with every change of its own and of the nodes below it, each node made once: an options class checks
+    itself when it is made, so every wrong value of one node is named in one sentence."""
+    kinds = typing.get_type_hints(type(node))
+    values = {name: _replaced(getattr(node, name), change) if isinstance(change, dict)
+              else _parse(change[0], kinds[name], change[1]) for name, change in changes.items()}
+    return dataclasses.replace(node, **values) if values else node
 
 
 # ---------------------------------------------------------------------------------------------- validation
@@ -415,11 +422,58 @@ def violations(cfg, world: int = 1, spell: Callable[[str], str] | None = None) -
     `cross_field_problems()`). `spell` names a field for the user (default: its dotted key; a command's options
     pass e.g. `--retries`)."""
     problems = _field_problems(cfg, spell or _spelled(""))
+    if problems:  # the rules across fields compare values of the right types only
+        return problems
     if isinstance(cfg, Config):
         problems += _cross_field(cfg, world)
     elif callable(getattr(cfg, "cross_field_problems", None)):
         problems += cfg.cross_field_problems()
     return problems
+
+
+def type_problem(value, kind) -> str | None:
+    """What `value` must be when it is not of the annotation `kind` (bool, int, float, str, Path, a Literal, a
+    tuple of one of them, `X | None`, a dataclass), else None: the types a field's annotation allows, checked
+    the same on every options class. An int is a float; a bool is neither an int nor a float; a str is never a
+    tuple of str (a tuple's elements would be its characters)."""
+    base = typing.get_args(kind)[0] if typing.get_origin(kind) is Annotated else kind
+    origin, args = typing.get_origin(base), typing.get_args(base)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        found = [type_problem(value, a) for a in args if a is not type(None)]
+        return None if any(f is None for f in found) else " or ".join(filter(None, found))
+    if origin is Literal:
+        return None  # the choices are checked with the rules
+    if origin is tuple:
+        element = args[0] if args else typing.Any
+        if isinstance(value, (str, bytes)):
+            return f"a tuple of {_type_name(element)}s, not one string (write ({value!r},))"
+        if not isinstance(value, tuple):
+            return f"a tuple of {_type_name(element)}s"
+        wrong = [type_problem(v, element) for v in value]
+        return next((f"a tuple of {_type_name(element)}s ({v!r} is not one)" for v, w in zip(value, wrong) if w),
+                    None)
+    if base is bool:
+        return None if isinstance(value, bool) else "true or false"
+    if base is int:
+        return None if isinstance(value, int) and not isinstance(value, bool) else "an integer"
+    if base is float:
+        return None if isinstance(value, (int, float)) and not isinstance(value, bool) else "a number"
+    if base is str:
+        return None if isinstance(value, str) else "text"
+    if base is Path:
+        return None if isinstance(value, (str, Path)) else "a path"
+    if isinstance(base, type) and dataclasses.is_dataclass(base):
+        return None if isinstance(value, base) else f"a {base.__name__}"
+    return None  # dict, Any, ...: not checked here
+
+
+def _type_name(kind) -> str:
+    if typing.get_origin(kind) is Literal:
+        return "choice"
+    return {bool: "true or false", int: "integer", float: "number", str: "string", Path: "path"}.get(
+        kind, getattr(kind, "__name__", str(kind)))
 
 
 def _field_problems(node, spell: Callable[[str], str]) -> list[str]:
@@ -430,12 +484,17 @@ def _field_problems(node, spell: Callable[[str], str]) -> list[str]:
         if dataclasses.is_dataclass(value):
             problems += _field_problems(value, _spelled(key + "."))
             continue
+        rules = [m for m in getattr(kind, "__metadata__", ()) if isinstance(m, Rule)]
+        wrong = type_problem(value, kind)
+        if wrong is not None and not any(isinstance(value, t) and not isinstance(value, bool)
+                                         for rule in rules for t in rule.also):
+            problems.append(f"{key}={value!r} must be {wrong}")
+            continue
         numbers = value if isinstance(value, tuple) else (value,)
         shown = ",".join(map(str, value)) if isinstance(value, tuple) else value  # as an override writes it
         if any(isinstance(x, float) and not math.isfinite(x) for x in numbers):
             problems.append(f"{key}={shown} must be a finite number")
             continue
-        rules = [m for m in getattr(kind, "__metadata__", ()) if isinstance(m, Rule)]
         base = typing.get_args(kind)[0] if typing.get_origin(kind) is Annotated else kind
         if typing.get_origin(base) is Literal and value not in typing.get_args(base):
             *rest, last = typing.get_args(base)
@@ -527,6 +586,48 @@ def fit_loss_options(cfg: Config, overrides: list[str]) -> tuple[Config, list[st
         return cfg, []  # check() names the kinds
     given = {item.partition("=")[0].strip() for item in overrides}
     return kind.fitted(cfg, given)
+
+
+class Options:
+    """The base of every public options dataclass (`@dataclass(frozen=True) class FetchOptions(Options)`): made, it
+    checks each field's type (its annotation: a str is never taken for a tuple of str), its Rule, its Literal
+    choices and the class's `cross_field_problems()`, and raises one ConfigError naming every field that is wrong,
+    as `spell` names it (its flag, `--per-host`, unless the class says otherwise). A list given for a tuple field is
+    taken as that tuple (`opt_out=["noai"]`). One mechanism for the command line and the Python API alike."""
+
+    def spell(self, name: str) -> str:
+        return "--" + name.replace("_", "-")
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, list):
+                object.__setattr__(self, f.name, tuple(value))
+        check(self, spell=self.spell)
+
+
+def expect(value, kind: type, name: str = "options"):
+    """`value` when it is a `kind`, else one sentence: a public function's options argument of another type (a dict,
+    None, the class itself) would fail deep inside with an AttributeError."""
+    if isinstance(value, kind):
+        return value
+    shown = f"the class {value.__name__}" if isinstance(value, type) else _article(type(value).__name__)
+    raise ConfigError(f"{name} must be {_article(kind.__name__)} (e.g. {kind.__name__}(...) with its fields as "
+                      f"keywords), not {shown}")
+
+
+def _article(word: str) -> str:
+    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"
+
+
+def listed(value, name: str) -> list:
+    """A public function's list argument as a list: one str or Path is one item (list("a.wat") would be five
+    files), a list or tuple as it is; anything else one sentence."""
+    if isinstance(value, (str, Path)):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    raise ConfigError(f"{name} must be a list of paths (or one path), not a {type(value).__name__}")
 
 
 def check(cfg, world: int = 1, spell: Callable[[str], str] | None = None) -> None:

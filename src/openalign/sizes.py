@@ -47,4 +47,4 @@ def is_size(text) -> bool:
     return True
 
 
-SIZE = Rule(is_size, "a size, e.g. 4G, 512M or a number of bytes")
+SIZE = Rule(is_size, "a size, e.g. 4G, 512M or a number of bytes", also=(int,))

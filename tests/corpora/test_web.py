@@ -111,6 +111,33 @@ def test_extract_filter_fetch_ingest_filter_agree_with_the_planted_web(built):
     assert mirrored and manifest["pairs"] - manifest["images"] == len(mirrored)  # one image under two URLs
 
 
+@pytest.mark.parametrize("argv, message", [
+    # before: accepted, then `serve` failed with an OverflowError or IndexError traceback; --limit -1 built 1 image;
+    # --out FILE a NotADirectoryError traceback
+    (["--port", "70000"], "--port=70000 must be a TCP port, 1 to 65535"),
+    (["--hosts", "100000"], "needs ports up to 118,483"),
+    (["--port", "65530", "--hosts", "4"], "needs ports up to 65,537"),
+    (["--limit", "-1"], "--limit=-1 must be 0 (all) or more"),
+])
+def test_bad_web_options_are_one_sentence_before_anything_is_written(tmp_path, capsys, argv, message):
+    from openalign import cli
+
+    assert cli.main(["web", "build", "--out", str(tmp_path / "web"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and not (tmp_path / "web").exists()
+
+
+def test_a_web_built_into_a_file_is_one_sentence(tmp_path, capsys):
+    from openalign import cli
+
+    (tmp_path / "file").write_text("mine")  # before: a NotADirectoryError traceback
+    assert cli.main(["web", "build", "--out", str(tmp_path / "file")]) == 2
+    assert f"cannot build the web in {tmp_path / 'file'}: {tmp_path / 'file'} is a file" in capsys.readouterr().err
+    assert (tmp_path / "file").read_text() == "mine"
+    with pytest.raises(ConfigError, match="is a file; choose another --out"):
+        web.build([], tmp_path / "file" / "web")
+
+
 def test_serving_a_folder_that_is_no_web_is_one_sentence(tmp_path):
     with pytest.raises(ConfigError, match="web build"):
         with web.serve(tmp_path):

@@ -219,11 +219,14 @@ def test_default_metadata_is_wordnet_and_the_corpus_words(table, tmp_path):
     (["--metadata", "empty.txt"], "holds no entry"),
     (["--per-entry", "0"], "must be at least 1"),
     (["--wordnet", "nowhere"], "wordnet-base"),
+    # before: pyahocorasick segfaulted (exit 139) on an entry of 10 MB
+    (["--metadata", "long.txt"], "line 2 is an entry of 10,000,000 characters"),
 ])
 def test_bad_input_is_one_sentence(table, tmp_path, capsys, monkeypatch, argv, message):
     pairs, _ = table
     monkeypatch.chdir(tmp_path)
     (tmp_path / "empty.txt").write_text("\n  \n")
+    (tmp_path / "long.txt").write_text("cat\n" + "x" * 10_000_000 + "\ndog\n")
     assert main(["balance", str(pairs), "--out", str(tmp_path / "out"), "--quiet", *argv]) != 0
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err

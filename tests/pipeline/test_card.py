@@ -121,3 +121,7 @@ def test_bad_keep_lists_are_one_sentence(corpus, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "did not finish" in err and "Traceback" not in err
     assert not (tmp_path / "c2" / "card.json").exists()
+    (tmp_path / "empty").mkdir()  # before: "... run that stage again into <its parent>", a garbled path
+    assert main(["card", str(pairs), "--keep", str(tmp_path / "empty"), "--out", str(tmp_path / "c3"),
+                 "--quiet"]) == 2
+    assert f"{tmp_path / 'empty'} holds no keep-list (keep.parquet)" in capsys.readouterr().err

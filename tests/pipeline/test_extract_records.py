@@ -4,7 +4,6 @@ single candidate. Each input is made here, byte by byte, as a crawl or an attack
 
 import gzip
 import json
-import os
 import time
 from pathlib import Path
 

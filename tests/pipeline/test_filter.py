@@ -267,6 +267,26 @@ def test_duckdb_out_of_memory_is_one_sentence_with_what_to_do(tmp_path, capsys):
     assert "raise --memory-limit" in err and "--engine spark" in err
 
 
+@pytest.mark.parametrize("change, message", [
+    # before: a DuckDB BinderException traceback for a text column of integers or lists
+    (lambda t: t.set_column(2, "text", pa.array(range(t.num_rows))), "column text holds int64, not text"),
+    (lambda t: t.set_column(2, "text", pa.array([["a", "b"]] * t.num_rows)), "column text holds list<"),
+    # before: a keep-list of one NULL row, and a report that said every pair was kept
+    (lambda t: t.set_column(0, "uid", pa.array([None] * t.num_rows, pa.string())), "rows without a uid"),
+])
+def test_a_table_whose_columns_are_of_other_types_is_one_sentence(tmp_path, capsys, change, message):
+    from openalign import cli
+
+    table = Table()
+    for i in range(5):
+        table.add(f"img{i}", f"a photo of a cat number {i}")
+    pairs = table.write(tmp_path / "pairs.parquet")
+    pq.write_table(change(pq.read_table(pairs)), pairs)
+    assert cli.main(["filter", str(pairs), "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and not (tmp_path / "out" / "keep.parquet").exists()
+
+
 def test_one_engine_vocabulary_for_every_stage(tmp_path, capsys):
     # Before: filter took --engine duckdb|spark, every other stage --engine local|spark.
     from openalign.cli import main

@@ -193,3 +193,24 @@ def test_spark_scores_and_keeps_what_the_local_engine_does(corpus, tmp_path):
     differ = ("engine", "seconds", "keep", "scores")
     assert {k: v for k, v in local.report.items() if k not in differ} == {
         k: v for k, v in spark.report.items() if k not in differ}
+
+
+def test_a_model_whose_vectors_are_nan_keeps_nothing_and_says_so(corpus, tmp_path, capsys):
+    """Before: with NaN text vectors, score wrote keep.parquet and then failed drawing its report (a `ValueError`
+    traceback from matplotlib): no score was finite, so the histogram had no edges."""
+    from conftest import poison
+
+    pairs, model = corpus
+    bad = poison(shutil.copytree(model, tmp_path / "nan"), "text_projection")
+    assert main(["score", str(pairs), "--model", str(bad), "--keep-fraction", "0.5", "--out", str(tmp_path / "out"),
+                 "--workers", "1", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "has a finite score" in err and "Traceback" not in err
+    assert not (tmp_path / "out" / "score_report.json").exists()  # no finished keep-list
+
+
+def test_a_vector_that_is_nan_infinite_or_zero_is_not_usable():
+    from openalign.pipeline.scoring import usable
+
+    vectors = np.array([[0.6, 0.8], [np.nan, 1.0], [np.inf, 0.0], [0.0, 0.0], [0.0, -1e-30]], np.float32)
+    assert usable(vectors).tolist() == [True, False, False, False, True]

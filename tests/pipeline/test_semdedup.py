@@ -191,3 +191,36 @@ def test_a_killed_semdedup_leaves_no_keep_list_and_resumes_its_finished_jobs(cor
     assert main(args) == 0
     report = json.loads((tmp_path / "out" / "semdedup_report.json").read_text())
     assert report["resumed_tasks"] == 4 + 4 + 2 and report["removed_images"] == 4  # embed, assign, cells
+
+
+def test_images_whose_vectors_are_nan_or_zero_are_never_clustered_and_stay(corpus, tmp_path, monkeypatch, capsys):
+    """Before: faiss's k-means raised `RuntimeError` on a NaN vector (a traceback); now such an image is left out
+    of the clusters, kept (nothing decided it), and counted; a model with no finite vector at all is one sentence."""
+    from conftest import poison
+    from openalign.pipeline import semdedup as module
+
+    pairs, model = corpus
+    real = module.embed_blobs
+
+    def some_unusable(*args, **kwargs):
+        embeds, ok = real(*args, **kwargs)
+        embeds = embeds.copy()
+        embeds[::3] = np.nan
+        embeds[1::5] = 0.0
+        return embeds, ok
+
+    monkeypatch.setattr(module, "embed_blobs", some_unusable)
+    options = SemDedupOptions(model=str(model), eps=0.01, clusters=2, images_per_task=7, workers=1)
+    result = semdedup(pairs, tmp_path / "out", options, progress=False)
+    clustered = {c["image_key"] for c in pq.read_table(tmp_path / "out" / "clusters.parquet").to_pylist()}
+    unusable = result.report["unusable_vectors"]
+    assert unusable > 0 and len(clustered) == 28 - unusable  # the 28 images, less those left out
+    kept = set(read_keep(tmp_path / "out"))
+    table = pq.read_table(pairs).to_pylist()
+    assert {r["uid"] for r in table if r["image_key"] not in clustered} <= kept  # never removed
+    monkeypatch.undo()
+    bad = poison(shutil.copytree(model, tmp_path / "nan"), "vision_model.embeddings")
+    assert main(["semdedup", str(pairs), "--model", str(bad), "--out", str(tmp_path / "all"), "--clusters", "2",
+                 "--workers", "1", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "gives none of them a finite vector" in err and "Traceback" not in err

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, Iterator
 
-from openalign.config import POSITIVE_INT, ConfigError, check
+from openalign.config import POSITIVE_INT, ConfigError, Options, Rule, non_negative
 from openalign.corpora.hosts import Hosts, Site
 from openalign.corpora.webpages import Image, Page, write_crawl
 from openalign.data import images, tars
@@ -43,15 +43,20 @@ SPECIAL_HOSTS = ("optout", "slow", "busy", "mirror")
 
 
 @dataclass(frozen=True)
-class WebOptions:
+class WebOptions(Options):
     hosts: Annotated[int, POSITIVE_INT] = 4  # ordinary hosts (h0, h1, ...); optout, slow, busy and mirror besides
     per_page: Annotated[int, POSITIVE_INT] = 8  # images on a page
-    port: Annotated[int, POSITIVE_INT] = 18_480  # the first host's port on 127.0.0.1; the others follow it
-    limit: int = 0  # at most this many training images (0: all)
+    port: Annotated[int, Rule(lambda x: 1 <= x <= 65_535, "a TCP port, 1 to 65535")] = 18_480  # the first host's
+        # port on 127.0.0.1; the others follow it
+    limit: Annotated[int, non_negative("0 (all) or more")] = 0  # at most this many training images (0: all)
     seed: int = 0  # the seed of every random choice: which pages, hosts and planted faults
 
-    def __post_init__(self):
-        check(self, spell=lambda name: "--" + name.replace("_", "-"))
+    def cross_field_problems(self) -> list[str]:
+        last = self.port + self.hosts + len(SPECIAL_HOSTS) - 1
+        if last > 65_535:
+            return [f"--port {self.port} with --hosts {self.hosts} needs ports up to {last:,} (one a host, "
+                    f"{', '.join(SPECIAL_HOSTS)} besides), past 65535; choose a lower --port or fewer --hosts"]
+        return []
 
 
 def _png(size: tuple[int, int], color: tuple[int, int, int]) -> bytes:
@@ -64,6 +69,10 @@ def _png(size: tuple[int, int], color: tuple[int, int, int]) -> bytes:
 
 def build(shards: list[str], out: Path, options: WebOptions = WebOptions()) -> dict:
     """Writes the web under `out` from the training samples of `shards` (dirs or tar paths); returns planted.json."""
+    out = Path(out)
+    blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise ConfigError(f"cannot build the web in {out}: {blocker} is a file; choose another --out")
     rng = random.Random(options.seed)
     found = [s for spec in shards if Path(spec).exists() for s in tars.list_shards(str(spec))]
     if not found:

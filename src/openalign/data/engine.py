@@ -37,7 +37,7 @@ from typing import Annotated, Callable, Literal
 from tqdm import tqdm
 
 from openalign import host
-from openalign.config import NON_NEGATIVE, ConfigError, as_flags, check, non_negative
+from openalign.config import NON_NEGATIVE, ConfigError, Options, as_flags, non_negative
 from openalign.sizes import SIZE, parse_size, spark_size
 from openalign.data.workers import forkserver
 from openalign.host import die_with_parent
@@ -50,15 +50,15 @@ def engine_name(name: str) -> str:
 
 
 @dataclass(frozen=True)
-class Engine:
+class Engine(Options):
     name: Literal["local", "spark"] = "local"  # local: this machine's processes; spark: one Spark task per job
     master: str = ""  # spark: local[N], spark://host:7077, yarn, k8s://...; "": spark-submit's, else local[*]
     workers: Annotated[int, non_negative("0 (all cores) or more")] = 0  # local: worker processes (0: all cores)
     retries: Annotated[int, NON_NEGATIVE] = 2  # times a failed job is run again before the stage fails
     memory: Annotated[str, SIZE] = ""  # spark: driver memory, e.g. 4G
 
-    def __post_init__(self):
-        check(self, spell=as_flags({"name": "--engine", "memory": "--spark-memory"}))
+    def spell(self, name: str) -> str:
+        return as_flags({"name": "--engine", "memory": "--spark-memory"})(name)
 
 
 @dataclass(frozen=True)

@@ -86,9 +86,49 @@ def check_pair_table(spec, columns: tuple[str, ...] = ()) -> str:
     if missing:
         raise ConfigError(f"{matches[0]} lacks the column{'s' if len(missing) > 1 else ''} {', '.join(missing)} (it "
                           f"has {', '.join(names)}); a pair table comes from `openalign ingest`")
+    schema = pq.read_schema(matches[0])
+    for name in columns:
+        wanted = PAIR_SCHEMA.field(name).type if name in PAIR_SCHEMA.names else None
+        found = schema.field(name).type
+        if wanted is not None and not _same_kind(found, wanted):
+            raise ConfigError(f"{matches[0]}'s column {name} holds {found}, not {_kind_name(wanted)} as a pair "
+                              "table's does; a pair table comes from `openalign ingest`")
+    if "uid" in columns:
+        missing_uids = sum(_null_count(Path(m), "uid") for m in matches)  # from the footers' statistics
+        if missing_uids:
+            raise ConfigError(f"{text} has {missing_uids:,} row{'s' * (missing_uids != 1)} without a uid, and a "
+                              "keep-list names pairs by uid; make the table with `openalign ingest` or `openalign "
+                              "extract`, which give every pair one")
     for match in matches:
         check_finished(Path(match))
     return text
+
+
+def _null_count(path: Path, column: str) -> int:
+    """Nulls in a Parquet column by its row groups' statistics (a file without them: its column read)."""
+    meta = pq.ParquetFile(path).metadata
+    index = meta.schema.to_arrow_schema().get_field_index(column)
+    total = 0
+    for group in range(meta.num_row_groups):
+        stats = meta.row_group(group).column(index).statistics
+        if stats is None or not stats.has_null_count:
+            return pq.read_table(path, columns=[column]).column(column).null_count
+        total += stats.null_count
+    return total
+
+
+def _same_kind(found: pa.DataType, wanted: pa.DataType) -> bool:
+    """Whether a column's type reads as the pair table's (any string for a string, any integer for an integer)."""
+    for kind in (lambda t: pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t),
+                 pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean):
+        if kind(wanted):
+            return kind(found) or pa.types.is_null(found)
+    return True
+
+
+def _kind_name(kind: pa.DataType) -> str:
+    return "text" if pa.types.is_string(kind) or pa.types.is_large_string(kind) else \
+        "integers" if pa.types.is_integer(kind) else str(kind)
 
 
 def refuse_candidates(table: Path) -> None:
@@ -196,6 +236,9 @@ def keep_source(path: Path) -> str:
     path = Path(path)
     if path.is_dir() and (path / "keep.parquet").exists():
         path = path / "keep.parquet"
+    elif path.is_dir() and not any(path.glob("*.parquet")):  # a folder that is no stage's output, nor Spark's parts
+        raise ConfigError(f"{path} holds no keep-list (keep.parquet); give the output folder of filter, dedup, screen, "
+                          "score, semdedup or balance")
     if not path.exists():
         raise ConfigError(f"no keep-list at {path}; run `openalign filter` (or `openalign dedup`) first")
     if not any((path.parent / report).is_file() for report in KEEP_REPORTS):

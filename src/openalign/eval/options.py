@@ -9,17 +9,26 @@ deeper than the field.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from openalign.config import (FRACTION_CLOSED_OPEN, FRACTION_OPEN_CLOSED, NON_NEGATIVE, POSITIVE, POSITIVE_INT,
-                              EvalConfig, Rule, check, non_negative)
+                              EvalConfig, Options, Rule, non_negative)
 
 __all__ = ["DEFAULT_TEMPLATES", "TASK_OPTIONS", "CompositionalOptions", "CxcOptions", "EvalOptions", "FinetuneConfig",
            "FinetuneOptions", "KnnOptions", "MultilingualOptions", "ProbeOptions", "RetrievalOptions", "SgdProbe",
            "VtabOptions", "ZeroshotOptions"]
 
+class TaskOptions(Options):
+    """A task's options, spelled as its overrides are (`retrieval.rerank`); `task` is the prefix."""
+
+    task: ClassVar[str] = ""
+
+    def spell(self, name: str) -> str:
+        return f"{self.task}.{name}" if self.task else name
+
+
 @dataclass(frozen=True)
-class FinetuneConfig:
+class FinetuneConfig(TaskOptions):
     """Fine-tuning the image tower with a classification head (`openalign eval --task finetune|vtab --ft k=v`).
 
     With `head_steps`, the paper's two stages: the head alone on the frozen tower first (the tower in evaluation
@@ -48,7 +57,7 @@ DEFAULT_TEMPLATES = EvalConfig().templates
 
 
 @dataclass(frozen=True)
-class EvalOptions:
+class EvalOptions(Options):
     """What every task shares; each task's own settings are its options class (below)."""
 
     encode_batch: int = 256  # images or texts encoded at once
@@ -68,22 +77,22 @@ class EvalOptions:
 
 
 @dataclass(frozen=True)
-class NoOptions:
+class NoOptions(TaskOptions):
     pass
 
 
 @dataclass(frozen=True)
-class RetrievalOptions:
+class RetrievalOptions(TaskOptions):
+    task: ClassVar[str] = "retrieval"
     rerank: Annotated[int, non_negative("0 (off) or a shortlist size K >= 1")] = 0  # > 0: re-rank each query's
         # top K by late interaction (FILIP scores of patch and token vectors) and report R@K after it (`*_rerank`)
         # beside the dual encoder's, with the time per query of each
 
-    def __post_init__(self):  # checked when the options are made: before any image is embedded
-        check(self, spell=lambda name: f"retrieval.{name}")
 
 
 @dataclass(frozen=True)
-class ZeroshotOptions:
+class ZeroshotOptions(TaskOptions):
+    task: ClassVar[str] = "zeroshot"
     templates: tuple[str, ...] = DEFAULT_TEMPLATES  # prompts, {} for the class name: imagenet80 (CLIP's 80), generic,
         # or a file with one per line
     classnames: str = ""  # a class-names file: `label,name` lines, or one name per sorted label
@@ -92,7 +101,8 @@ class ZeroshotOptions:
 
 
 @dataclass(frozen=True)
-class KnnOptions:
+class KnnOptions(TaskOptions):
+    task: ClassVar[str] = "knn"
     train_data: str = ""  # the labeled training split (class folders, a label table or shards); without it the
         # evaluated split is its own pair: each class's images dealt alternately to train and test (`group`)
     k: int = 1  # neighbours (1: the paper's ImageNet KNN R@1)
@@ -101,7 +111,8 @@ class KnnOptions:
 
 
 @dataclass(frozen=True)
-class SgdProbe:
+class SgdProbe(TaskOptions):
+    task: ClassVar[str] = "linear-probe.sgd"
     """The paper's frozen-feature probe recipe (Section 5.3): SGD with momentum on a linear head, the lr decayed by
     `decay` every `decay_every` epochs."""
 
@@ -115,7 +126,8 @@ class SgdProbe:
 
 
 @dataclass(frozen=True)
-class ProbeOptions:
+class ProbeOptions(TaskOptions):
+    task: ClassVar[str] = "linear-probe"
     train_data: str = ""  # the labeled training split (class folders, a label table or shards)
     solver: Literal["sgd", "lbfgs"] = "lbfgs"  # lbfgs: CLIP's (full-batch logistic regression, its L2 strength
         # found by CLIP's search on a fifth of the training split); sgd: the paper's recipe for 1.28M ImageNet images
@@ -127,34 +139,34 @@ class ProbeOptions:
         # imagenet-probe sets both from the model's image size)
     seed: int = 0  # lbfgs: which fifth of the training split validates; sgd: the order of the training rows
 
-    def __post_init__(self):
-        check(self, spell=lambda name: f"linear-probe.{name}")
 
 
 @dataclass(frozen=True)
-class CxcOptions:
+class CxcOptions(TaskOptions):
+    task: ClassVar[str] = "cxc"
     dir: str = ""  # the directory of Crisscrossed Captions' sts_/sis_/sits_<split>.csv
     positive_score: float = 3.0  # human score (0-5) at or above which a pair counts as a positive
     bootstrap: Annotated[int, non_negative("0 (off) or a number of resamples")] = 1000  # resamples of each kind's
         # pairs: Spearman's mean and std over them (`*_spearman_boot_mean` / `_boot_std`), as the paper's Table 3
     seed: int = 0  # the bootstrap's resampling seed
 
-    def __post_init__(self):
-        check(self, spell=lambda name: f"cxc.{name}")
 
 
 @dataclass(frozen=True)
-class MultilingualOptions:
+class MultilingualOptions(TaskOptions):
+    task: ClassVar[str] = "multilingual"
     captions: str = ""  # the directory of Multi30k caption files (default: found beside the image list)
 
 
 @dataclass(frozen=True)
-class CompositionalOptions:
+class CompositionalOptions(TaskOptions):
+    task: ClassVar[str] = "compositional"
     templates: tuple[str, ...] = DEFAULT_TEMPLATES  # prompts of the pair classifier ({} = "colour shape")
 
 
 @dataclass(frozen=True)
-class FinetuneOptions:
+class FinetuneOptions(TaskOptions):
+    task: ClassVar[str] = "finetune"
     train_data: str = ""  # the labeled training split (class folders, a label table or shards)
     seed: int = 0  # the first run's seed
     recipe: FinetuneConfig = FinetuneConfig()  # the training recipe (--ft key=value)
@@ -162,12 +174,11 @@ class FinetuneOptions:
     train_crop: Annotated[int, NON_NEGATIVE] = 0  # training resolution (0: the evaluation's crop; the paper trains
         # at 475 and evaluates at 600 on ImageNet, 289/360 on the fine-grained sets: FixRes)
 
-    def __post_init__(self):
-        check(self, spell=lambda name: f"finetune.{name}")
 
 
 @dataclass(frozen=True)
-class VtabOptions:
+class VtabOptions(TaskOptions):
+    task: ClassVar[str] = "vtab"
     seed: int = 0  # the first seed
     recipe: FinetuneConfig = FinetuneConfig()  # the recipe the sweep varies (--ft key=value)
     sweep: tuple[str, ...] = ()  # grid as `key=v1,v2` items (default: VTAB's lightweight sweep)
@@ -176,8 +187,6 @@ class VtabOptions:
         # replacement) from the sweep's grid instead of all of it; the paper's 50 trials drew from Zhai et al.
         # 2019's Appendix I space, which is not available here (docs/evaluation.md)
 
-    def __post_init__(self):
-        check(self, spell=lambda name: f"vtab.{name}")
 
 
 TASK_OPTIONS: dict[str, type] = {  # each task's options class, in the registry's order (eval/tasks.py TASKS)

@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from openalign.config import ConfigError, as_flags, check
+from openalign.config import ConfigError, as_flags, check, expect
 from openalign.index import exact, takedown
 from openalign.index.cells import CellScan
 from openalign.index.opened import (EXACT16, FILE, FILES, INFO, META, TRAINED, Refined, batched, faiss_of, file_of,
@@ -289,6 +289,7 @@ def build(emb: Path, out: Path, options: IndexOptions = IndexOptions(), engine=N
     Everything is built in OUT/_build first; only a build that succeeded replaces the index in `out` (index.json
     removed first, each file renamed into place, index.json written last). So a rebuild that fails (a full disk,
     Ctrl-C) leaves the working index as it was."""
+    options = expect(options, IndexOptions)
     import shutil
 
     emb, out = Path(emb), Path(out)

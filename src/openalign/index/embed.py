@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 import torch
 from tqdm import tqdm
 
-from openalign.config import ConfigError
+from openalign.config import ConfigError, expect, listed
 from openalign import distributed
 from openalign.data import sources as source_lib
 from openalign.data import transforms
@@ -256,6 +256,8 @@ def embed(model_dir: Path, sources: list[str], out: Path, options: EmbedOptions 
           progress: bool = True) -> EmbedResult:
     """Embed every image of `sources` (in order; see the module docstring) into `out`: this rank's parts,
     then (rank 0, after every rank is done) the manifest."""
+    sources = listed(sources, "sources")
+    options = expect(options, EmbedOptions)
     out = Path(out)
     layout = distributed.from_env()
     if layout.active and not torch.distributed.is_initialized():

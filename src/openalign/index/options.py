@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from openalign.config import FRACTION_OPEN_CLOSED, NON_NEGATIVE, POSITIVE_INT, at_least, non_negative
+from openalign.config import FRACTION_OPEN_CLOSED, NON_NEGATIVE, POSITIVE_INT, Options, at_least, non_negative
 
 __all__ = ["EmbedOptions", "IndexOptions", "Query", "IMAGE_WEIGHT", "TEXT_WEIGHT"]
 
@@ -15,7 +15,7 @@ IMAGE_WEIGHT, TEXT_WEIGHT = 1.0, 2.0  # the paper's image+text query weights
 
 
 @dataclass(frozen=True)
-class EmbedOptions:
+class EmbedOptions(Options):
     encode_batch: int = 128  # images (and captions) encoded at once
     part_size: int = 8_192  # images per part of a directory or table (a shard is one part): the unit of resuming
     float16: bool = False  # store float16 embeddings (half the size)
@@ -30,7 +30,7 @@ class EmbedOptions:
 
 
 @dataclass(frozen=True)
-class IndexOptions:
+class IndexOptions(Options):
     kind: Literal["auto", "flat", "ivf", "hnsw"] = "auto"  # auto: exact up to exact_up_to vectors, IVF beyond
     recall: Annotated[float, FRACTION_OPEN_CLOSED] = 0.95  # recall@10 target of approximate indexes, against exact
         # search

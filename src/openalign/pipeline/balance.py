@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from openalign.config import ConfigError
+from openalign.config import ConfigError, expect
 from openalign.data.engine import Engine, Job, job_id, run_jobs
 from openalign.data.pairs import check_pair_table, sql_path, write_keep_report
 from openalign.outputs import sources_key, unfinish
@@ -189,6 +189,7 @@ def balance(pairs: Path, out: Path, options: BalanceOptions = BalanceOptions(), 
             engine: Engine = Engine()) -> BalanceResult:
     """Match every pair's text against the metadata entries, count each entry's pairs, then keep each pair that
     any of its entries samples with probability min(1, t / count); write the keep-list and the report."""
+    options, engine = expect(options, BalanceOptions), expect(engine, Engine, "engine")
     pairs, out = str(pairs), Path(out)
     _check(options)
     check_pair_table(pairs, ("uid", "text"))

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from openalign.config import ConfigError
+from openalign.config import ConfigError, expect, listed
 from openalign.data.engine import Engine
 from openalign.data.pairs import KEEP_REPORTS, PAIR_TABLE, check_pair_table, keep_source, manifest_path, sql_path
 from openalign.outputs import unfinish, write_json
@@ -384,6 +384,8 @@ def _plot(path: Path, card: dict, counts: tuple[np.ndarray, np.ndarray]) -> None
 def card(pairs: Path, keeps: list[Path], out: Path, options: CardOptions = CardOptions(), progress: bool = True,
          engine: Engine = Engine(), command: str | None = None) -> CardResult:
     """The data card of a pair table and the keep-lists of its stages (in order): card.md, card.json, card.png."""
+    keeps = listed(keeps, "keeps")
+    options, engine = expect(options, CardOptions), expect(engine, Engine, "engine")
     pairs, out, keeps = str(pairs), Path(out), [Path(k) for k in keeps]
     start = time.perf_counter()
     check_options(options)

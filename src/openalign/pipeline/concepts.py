@@ -31,7 +31,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from openalign.config import ConfigError
+from openalign.config import ConfigError, Options
 from openalign.data.engine import Engine, Job, duckdb_plan, job_id, read_plan, run_jobs, spark_plan, spark_session
 from openalign.data.pairs import sql_path
 from openalign.outputs import sources_key, staged, write_json
@@ -46,7 +46,7 @@ TAIL_BINS = ((1, 1), (2, 10), (11, 100), (101, 1_000), (1_001, 10_000))  # the r
 
 
 @dataclass(frozen=True)
-class MetadataOptions:
+class MetadataOptions(Options):
     metadata: str = ""  # a file of metadata entries, one per line (none: WordNet's synset names + the corpus's words)
     wordnet: str = WORDNET  # WordNet's database folder, for the default metadata
     term_min_pairs: int = 100  # the default metadata's corpus words: those in at least this many pairs' texts (0: none)
@@ -129,6 +129,9 @@ def match_entries(automaton, text: str | None, ignore_case: bool = False) -> lis
 
 # ---------------------------------------------------------------------------------------------- metadata
 
+MAX_ENTRY = 1_000  # characters of one metadata entry
+
+
 def read_entries(path: str) -> list[str]:
     return Path(path).read_text(encoding="utf-8").split("\n")[:-1]
 
@@ -198,6 +201,12 @@ def _user_metadata(path: str) -> tuple[list[str], int]:
     except OSError as err:
         raise ConfigError(f"--metadata {path} cannot be read ({err.strerror}); give a readable text file") from None
     entries = [line.strip() for line in lines if line.strip()]
+    longest = max(entries, key=len, default="")
+    if len(longest) > MAX_ENTRY:  # pyahocorasick segfaults on a 10 MB entry (exit 139)
+        line = next(n for n, text in enumerate(lines, 1) if text.strip() == longest)
+        raise ConfigError(f"--metadata {path} line {line:,} is an entry of {len(longest):,} characters; entries are "
+                          f"words and names (MetaCLIP's are at most a few hundred characters; the cap is "
+                          f"{MAX_ENTRY:,}): is it the right file?")
     unique = list(dict.fromkeys(entries))
     if not unique:
         raise ConfigError(f"--metadata {path} holds no entry; give a text file with one entry per line")

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from openalign.config import ConfigError
+from openalign.config import ConfigError, Options, expect
 from openalign.outputs import unfinish
 from openalign.data import images, sources
 from openalign.data.engine import Engine, read_plan
@@ -51,7 +51,7 @@ REPORT = "dedup_report.json"
 
 
 @dataclass(frozen=True)
-class DedupOptions:
+class DedupOptions(Options):
     mode: Literal["phash", "embedding", "buckets"] = "phash"  # phash: a perceptual hash (no model); embedding: a
         # model's cosine against every evaluation image; buckets: against those sharing a cluster bucket (Appendix A)
     max_distance: int = 4  # phash: Hamming bits (of 64) at or below which two images are duplicates
@@ -226,6 +226,7 @@ def dedup(pairs: Path, against: str, out: Path, options: DedupOptions = DedupOpt
           engine: Engine = Engine()) -> DedupResult:
     """Score every training image against the evaluation images in tasks of `images_per_task` (local
     processes or Spark), then write the keep-list of the pairs whose image is not a near-duplicate."""
+    options, engine = expect(options, DedupOptions), expect(engine, Engine, "engine")
     pairs, out = str(pairs), Path(out)
     check_pair_table(pairs, IMAGE_COLUMNS)
     if options.mode not in ("phash", "embedding", "buckets"):

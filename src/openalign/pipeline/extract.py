@@ -53,7 +53,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from openalign.config import POSITIVE_INT, ConfigError, check
+from openalign.config import POSITIVE_INT, ConfigError, Options, expect, listed
 from openalign.sizes import SIZE, parse_size
 from openalign.data import tables
 from openalign.data.engine import Engine, Job, cores, job_id, recorded_names, run_jobs
@@ -87,7 +87,7 @@ IMG_SRC = b'"IMG@/src"'
 
 
 @dataclass(frozen=True)
-class ExtractOptions:
+class ExtractOptions(Options):
     batch_rows: Annotated[int, POSITIVE_INT] = 8_192  # rows a task buffers before it writes a row group
     max_page_bytes: Annotated[str, SIZE] = "1M"  # of a WARC page's HTML, the part parsed (Common Crawl cuts its
         # records there); the rest is not read (truncated_page)
@@ -101,11 +101,13 @@ class ExtractOptions:
     languages: tuple[str, ...] = ()  # keep only texts in these languages (ISO 639-1, e.g. en: the paper's); ()=all
     words: bool = True  # segment Chinese, Japanese and Thai texts into words (the words column; needs [words])
 
-    def __post_init__(self):
-        check(self, spell=lambda name: f"extract.{name}")
+    def spell(self, name: str) -> str:
+        return f"extract.{name}"
+
+    def cross_field_problems(self) -> list[str]:
         if self.languages and not self.language:
-            raise ConfigError("--languages keeps texts by their language, which --no-language leaves unknown; "
-                              "drop one of them")
+            return ["--languages keeps texts by their language, which --no-language leaves unknown; drop one of them"]
+        return []
 
     @property
     def segments(self) -> bool:
@@ -155,15 +157,14 @@ def wat_candidates(path: str, counts: Counter, options: ExtractOptions) -> Itera
 
     cap = options.max_page_images
     archive = Archive(path, WarcRecordType.metadata, counts, parse_size(options.max_record_bytes))
-    for item in archive:
+    for record, data in archive:
         counts["records"] += 1
-        data = item.data
         if IMG_SRC not in data:  # request records, pages without images: no JSON to parse
             continue
         try:
             target, href, links = page(data)
         except BadRecord:  # perhaps its Content-Length ran into the next records: then its own part parses
-            own = archive.overlong(item)
+            own = archive.overlong(data)
             parsed = _parsed(own) if own is not None else None
             if parsed is None:
                 counts["bad_record"] += 1
@@ -176,7 +177,7 @@ def wat_candidates(path: str, counts: Counter, options: ExtractOptions) -> Itera
         page_url = target_uri(target)
         base = resolve_base(page_url, href)
         counts["images"] += len(links)
-        offset = item.offset
+        offset = record.stream_pos
         yield [(url, text, page_url, offset, None, None) for url, text in pairs(links, base, counts)]
 
 
@@ -236,15 +237,14 @@ def warc_candidates(path: str, counts: Counter, options: ExtractOptions) -> Iter
 
     archive = Archive(path, WarcRecordType.response, counts, parse_size(options.max_page_bytes), parse_http=True,
                       truncate=True)
-    for item in archive:
-        record = item.record
+    for record, data in archive:
         counts["records"] += 1
         if (record.http_content_type or "").lower() not in HTML_TYPES:
             continue
         status = record.http_headers.status_code if record.http_headers is not None else None
         if status is not None and status != 200:
             continue
-        body = archive.overlong(item) or item.data  # a Content-Length run into the next records: cut there
+        body = archive.overlong(data) or data  # a Content-Length run into the next records: cut there
         if html_depth(body, options.max_depth) > options.max_depth:
             counts["too_deep"] += 1
             continue
@@ -256,7 +256,7 @@ def warc_candidates(path: str, counts: Counter, options: ExtractOptions) -> Iter
         counts["pages"] += 1
         tag = tree.css_first("base[href]")
         base = resolve_base(page_url, (tag.attributes.get("href") or "").strip() if tag is not None else None)
-        page, tags, offset = [], tree.css("img"), item.offset
+        page, tags, offset = [], tree.css("img"), record.stream_pos
         if len(tags) > options.max_page_images:
             counts["page_images_over_cap"] += len(tags) - options.max_page_images
             tags = tags[:options.max_page_images]
@@ -567,6 +567,8 @@ def extract(sources: list[str], out: Path, options: ExtractOptions = ExtractOpti
             progress: bool = True) -> ExtractResult:
     """Write OUT/candidates.parquet, OUT/extract_report.png and, last, OUT/candidates.manifest.json from web
     archives and URL tables (see the module); returns what was written and counted."""
+    sources = listed(sources, "sources")
+    options, engine = expect(options, ExtractOptions), expect(engine, Engine, "engine")
     out = Path(out)
     unknown = sorted(set(options.languages) - known_languages()) if options.languages else []
     if unknown:

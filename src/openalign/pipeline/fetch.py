@@ -46,7 +46,7 @@ from typing import Annotated
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from openalign.config import NON_NEGATIVE, POSITIVE, POSITIVE_INT, ConfigError, check
+from openalign.config import NON_NEGATIVE, POSITIVE, POSITIVE_INT, ConfigError, Options, expect, listed
 from openalign.sizes import SIZE, parse_size
 from openalign.data import images, tables
 from openalign.data.engine import Engine, Job, read_plan, recorded_names, run_jobs
@@ -74,7 +74,7 @@ ORIGIN_SQL = (r"lower(regexp_replace(regexp_extract(url, '^([A-Za-z][A-Za-z0-9+.
 
 
 @dataclass(frozen=True)
-class FetchOptions:
+class FetchOptions(Options):
     contact: str = ""  # how a site owner reaches you (an e-mail or URL); put in the User-Agent
     connections: Annotated[int, POSITIVE_INT] = 64  # requests in flight per process (img2dataset's --thread_count)
     per_host: Annotated[int, POSITIVE_INT] = 4  # connections to one host (scheme, name, port) at a time
@@ -100,15 +100,16 @@ class FetchOptions:
         # fetched
     shard_size: Annotated[int, POSITIVE_INT] = 10_000  # URLs per shard, on average (a host is never split)
 
-    def __post_init__(self):
+    def cross_field_problems(self) -> list[str]:
         from openalign.pipeline.fetch_http import check_network
 
-        check(self, spell=lambda name: "--" + name.replace("_", "-"))
-        try:
-            for network in self.allow_network:
+        problems = []
+        for network in self.allow_network:
+            try:
                 check_network(network)
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
+            except ValueError as err:
+                problems.append(str(err))
+        return problems
 
     def policy(self):
         from importlib.metadata import PackageNotFoundError, version as installed
@@ -400,6 +401,8 @@ def fetch(candidates: Path, out: Path, options: FetchOptions = FetchOptions(), k
           engine: Engine = Engine(), progress: bool = True) -> FetchResult:
     """Fetches the images of a candidate table into `out` (img2dataset's webdataset layout); see the module's
     docstring."""
+    keep = tuple(listed(keep, "keep"))
+    options, engine = expect(options, FetchOptions), expect(engine, Engine, "engine")
     begin = time.perf_counter()
     table = candidate_table(Path(candidates))
     out = Path(out)

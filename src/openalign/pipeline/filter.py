@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from openalign.config import ConfigError, check
+from openalign.config import ConfigError, check, expect
 from openalign.sizes import format_size, parse_size
 from openalign.data.pairs import FILTER_COLUMNS, check_pair_table, manifest_path, write_keep_report
 from openalign.outputs import unfinish
@@ -95,6 +95,7 @@ def filter_pairs(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), eng
                  progress: bool = True) -> FilterResult:
     """Filter the pair table (or extract's candidate table) `pairs` by ALIGN's rules into a keep-list and its
     report in `out`."""
+    cfg = expect(cfg, FilterConfig, "cfg")
     pairs, out = str(pairs), Path(out)  # pairs may be a glob, or a URL the Spark cluster reads
     check_pair_table(pairs, FILTER_COLUMNS)
     check(cfg)

@@ -28,10 +28,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from openalign.config import NON_NEGATIVE, POSITIVE_INT, Rule, at_least, non_negative
+from openalign.config import NON_NEGATIVE, POSITIVE_INT, Options, Rule, at_least, non_negative
 
 @dataclass(frozen=True)
-class FilterConfig:
+class FilterConfig(Options):
     """ALIGN's frequency filters (paper section 3); a pair is kept only if no rule fires.
 
     Rules are counted on the raw pair table, before any other rule, as the paper describes."""
@@ -50,6 +50,9 @@ class FilterConfig:
     # rules already ran on its candidates), all; auto: image for a pair table whose manifest says its candidates
     # were filtered by the text rules before the download (fetch --keep), else all
     rules: Literal["auto", "all", "text", "image"] = "auto"
+
+    def spell(self, name: str) -> str:
+        return name  # as an override writes it: `openalign filter PAIRS min_words=3`
 
     def cross_field_problems(self) -> list[str]:
         if self.min_words > self.max_words:

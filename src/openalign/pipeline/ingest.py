@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from openalign.config import ConfigError
+from openalign.config import ConfigError, Options, expect, listed
 from openalign.data import images
 from openalign.data import tars
 from openalign.data import tables
@@ -63,7 +63,7 @@ REJECT_SCHEMA = pa.schema([("source", pa.string()), ("path", pa.string()), ("mem
 
 
 @dataclass(frozen=True)
-class IngestOptions:
+class IngestOptions(Options):
     image_column: str = ""  # tables: the column with an image path or URL (default: the first of image, filepath, file, path, image_path, url)
     text_column: str = ""  # tables: the column with the alt-text (default: the first of text, caption, captions, title)
     max_pixels: int = images.DEFAULT_MAX_PIXELS  # larger images are rejected (decompression bombs)
@@ -433,6 +433,8 @@ def ingest(sources: list[str], out: Path, options: IngestOptions = IngestOptions
     task per tar, table file or `files_per_task` images of a directory; each writes its own part files and
     status under OUT.parts/, reruns skip finished tasks, and the parts are then concatenated in order into
     OUT (so both engines give the same rows) and removed."""
+    sources = listed(sources, "sources")
+    options, engine = expect(options, IngestOptions), expect(engine, Engine, "engine")
     if not sources:
         raise ConfigError("give at least one source: a directory, a .tar or a table")
     out = Path(out)

@@ -36,12 +36,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from openalign.config import ConfigError
+from openalign.config import ConfigError, Options, expect
 from openalign.data import sources
 from openalign.data.engine import Engine, read_plan, spark_session
 from openalign.data.pairs import IMAGE_COLUMNS, check_pair_table, sql_path, write_keep_report
 from openalign.outputs import sources_key, unfinish
-from openalign.pipeline.scoring import FINITE, WORK, check_model, embed_blobs, image_jobs, model_for, save_png
+from openalign.pipeline.scoring import (FINITE, WORK, check_model, embed_blobs, image_jobs, model_for, save_png,
+                                        usable)
 
 __all__ = ["ScoreOptions", "ScoreResult", "score"]
 
@@ -52,7 +53,7 @@ RANK = "score DESC, uid ASC"  # the order of keeping: highest score first, ties 
 
 
 @dataclass(frozen=True)
-class ScoreOptions:
+class ScoreOptions(Options):
     model: str = ""  # a model directory openalign loads: its own, or a CLIP, SigLIP or OpenCLIP checkpoint
     keep_fraction: float | None = None  # keep this fraction of the table's pairs, highest scores first (DataComp: 0.3)
     min_score: float | None = None  # or: keep every pair whose cosine is at least this
@@ -91,18 +92,24 @@ def score_task(plan: str, index: int, scores_path: str, model_path: str, batch_s
     texts = sorted({t for r in rows for t in r["texts"] if t and t.strip()})
     text_row = {t: i for i, t in enumerate(texts)}
     vectors = encode_texts(model, tokenizer, texts, batch_size, cfg.model.text.max_length).numpy() if texts else None
+    # a vector that is NaN, infinite or zero (a diverged model) measures nothing: its pairs get no score (a zero
+    # vector's cosine would be a finite 0, ranked as if it were one)
+    image_ok = usable(embeds) if len(ok) else np.zeros(0, bool)
+    text_ok = usable(vectors) if texts else np.zeros(0, bool)
     uids, scores = [], []
     for i, r in enumerate(rows):
         for uid, text in zip(r["uids"], r["texts"]):
             uids.append(uid)
             j = text_row.get(text) if text else None
-            scores.append(float(embeds[image_row[i]] @ vectors[j]) if i in image_row and j is not None else None)
+            scored = i in image_row and j is not None and image_ok[image_row[i]] and text_ok[j]
+            scores.append(float(embeds[image_row[i]] @ vectors[j]) if scored else None)
     table = pa.table({"uid": pa.array(uids, pa.string()), "score": pa.array(scores, pa.float64())})
     tmp = scores_path + ".tmp"
     pq.write_table(table, tmp)
     os.replace(tmp, scores_path)
     return {"images": len(rows), "unreadable": len(rows) - len(ok), "texts": len(texts),
-            "unscored": sum(s is None for s in scores)}
+            "unscored": sum(s is None for s in scores),
+            "unusable_vectors": int((~image_ok).sum() + (~text_ok).sum())}
 
 
 def keep_count(fraction: float, pairs: int) -> int:
@@ -268,7 +275,9 @@ def _plot(path: Path, summary: dict, threshold: float | None, title: str) -> Non
     import matplotlib.pyplot as plt
 
     hist = summary["histogram"]
-    edges = hist["low"] + hist["width"] * np.arange(len(hist["counts"])) if hist["low"] is not None else []
+    if hist["low"] is None:  # no finite score: nothing to draw (never NaN edges)
+        hist = {"low": 0.0, "width": 1.0, "counts": []}
+    edges = hist["low"] + hist["width"] * np.arange(len(hist["counts"]))
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.bar(edges, hist["counts"], width=hist["width"], align="edge", color="tab:blue", alpha=0.8)
     for cut in summary["cuts"]:
@@ -287,6 +296,7 @@ def score(pairs: Path, out: Path, options: ScoreOptions, progress: bool = True,
           engine: Engine = Engine()) -> ScoreResult:
     """Score every pair in jobs of `images_per_task` images (local processes or Spark), write the scores, then
     keep the top fraction or those at or above the minimum."""
+    options, engine = expect(options, ScoreOptions), expect(engine, Engine, "engine")
     pairs, out = str(pairs), Path(out)
     fingerprint = check_model(options.model, "score", texts=True)
     _check(options)
@@ -317,6 +327,10 @@ def score(pairs: Path, out: Path, options: ScoreOptions, progress: bool = True,
         rule = f"cosine >= {options.min_score!r}"
         kept = _write_keep(scores_path, out, f"{FINITE} AND score >= {float(options.min_score)!r}", None, engine)
     summary = _summary(scores_path, pairs, n_pairs, options, engine)
+    if n_pairs and not summary["scored"]:
+        raise ConfigError(f"none of the {n_pairs:,} pairs of {pairs} has a finite score under {options.model} (its "
+                          f"vectors are NaN or infinite: a diverged model?); nothing was kept, and {scores_path} holds "
+                          "the scores")
     import duckdb
 
     with duckdb.connect() as con:

@@ -95,6 +95,13 @@ def model_for(path: str, threads: int):
     return _MODELS[path]
 
 
+def usable(vectors: np.ndarray) -> np.ndarray:
+    """Which rows of `vectors` say something of their input: finite and not all zero (a diverged model's are NaN,
+    and a zero vector's cosine, 0, would rank as a score). Their images and texts are left out of scores and
+    clusters, and counted."""
+    return np.isfinite(vectors).all(axis=1) & (np.abs(vectors).sum(axis=1) > 0)
+
+
 def embed_blobs(model_path: str, blobs, batch_size: int, threads: int = 0) -> tuple[np.ndarray, list[int]]:
     """Embeddings of the decodable images among `blobs` (evaluation transform), and their positions."""
     from openalign.data import transforms

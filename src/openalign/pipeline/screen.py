@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from openalign.config import ConfigError
+from openalign.config import ConfigError, Options, expect
 from openalign.data import images, sources
 from openalign.data.engine import Engine, read_plan
 from openalign.data.pairs import IMAGE_COLUMNS, check_pair_table, write_keep_report
@@ -37,7 +37,7 @@ REPORT = "screen_report.json"
 
 
 @dataclass(frozen=True)
-class ScreenOptions:
+class ScreenOptions(Options):
     classifier: str = ""  # module:function or file.py:function taking a list of RGB PIL images, returning scores
     threshold: float = 0.5  # images scoring at or above it are dropped
     encode_batch: int = 64  # images per classifier call
@@ -123,6 +123,7 @@ def screen(pairs: Path, out: Path, options: ScreenOptions, progress: bool = True
            engine: Engine = Engine()) -> ScreenResult:
     """Score every image in tasks of `images_per_task` (local processes or Spark); drop those at or above the
     threshold. A classifier given as a file is named by its absolute path, so executors find it."""
+    options, engine = expect(options, ScreenOptions), expect(engine, Engine, "engine")
     pairs, out = str(pairs), Path(out)
     check_pair_table(pairs, IMAGE_COLUMNS)
     load_classifier(options.classifier)  # fails here, in one sentence, before any task starts

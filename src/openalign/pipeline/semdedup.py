@@ -34,13 +34,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from openalign.config import ConfigError
+from openalign.config import ConfigError, Options, expect
 from openalign.data import sources
 from openalign.data.engine import Engine, Job, job_id, read_plan, run_jobs
 from openalign.data.pairs import IMAGE_COLUMNS, check_pair_table, sql_path, write_keep_report
 from openalign.outputs import sources_key, unfinish
 from openalign.pipeline.scoring import (FINITE, WORK, check_model, embed_blobs, image_jobs, kmeans, save_png,
-                                        write_keep_without_images)
+                                        usable, write_keep_without_images)
 
 __all__ = ["SemDedupOptions", "SemDedupResult", "semdedup", "cluster_removals"]
 
@@ -49,7 +49,7 @@ CLUSTERS = "clusters.parquet"
 
 
 @dataclass(frozen=True)
-class SemDedupOptions:
+class SemDedupOptions(Options):
     model: str = ""  # a model directory openalign loads (its own, or a CLIP, SigLIP or OpenCLIP checkpoint)
     eps: float = 0.05  # an image goes when its cosine to one before it in its cell exceeds 1 - eps (SemDeDup's eps)
     clusters: int = 1024  # k-means cells (at most the number of images)
@@ -102,8 +102,12 @@ def embed_task(plan: str, index: int, out_path: str, model_path: str, batch_size
     rows = read_plan(plan, index)
     embeds, ok = embed_blobs(model_path, (sources.read_bytes(r["path"], r["member"]) for r in rows), batch_size,
                              threads)
-    _write(out_path, {"image_key": [rows[i]["image_key"] for i in ok], "embedding": _vectors(embeds)})
-    return {"images": len(rows), "unreadable": len(rows) - len(ok)}
+    # a vector that is NaN, infinite or zero says nothing of its image (a diverged model): never clustered, so
+    # its image is kept, as a NaN score never removes one; faiss's k-means fails on such a vector
+    fine = usable(embeds) if len(ok) else np.zeros(0, bool)
+    _write(out_path, {"image_key": [rows[i]["image_key"] for i, keep in zip(ok, fine) if keep],
+                      "embedding": _vectors(embeds[fine] if len(ok) else embeds)})
+    return {"images": len(rows), "unreadable": len(rows) - len(ok), "unusable": int((~fine).sum())}
 
 
 def _vectors(embeds: np.ndarray) -> pa.Array:
@@ -226,6 +230,7 @@ def semdedup(pairs: Path, out: Path, options: SemDedupOptions, progress: bool = 
              engine: Engine = Engine()) -> SemDedupResult:
     """Embed every image in jobs, fit k-means on a sample, assign, then apply SemDeDup's rule within each cell;
     write the keep-list of the pairs whose image stays."""
+    options, engine = expect(options, SemDedupOptions), expect(engine, Engine, "engine")
     pairs, out = str(pairs), Path(out)
     fingerprint = check_model(options.model, "semdedup")
     _check(options)
@@ -242,7 +247,8 @@ def semdedup(pairs: Path, out: Path, options: SemDedupOptions, progress: bool = 
         options.images_per_task, engine, "semdedup: embed", progress)
     sample = _sample(embed_files, options.kmeans_sample * options.clusters, options.seed)
     if not len(sample):
-        raise ConfigError(f"none of the {count:,} images of {pairs} could be read")
+        raise ConfigError(f"none of the {count:,} images of {pairs} could be read, or {options.model} gives none of "
+                          "them a finite vector (NaN or infinite: a diverged model?)")
     centroids = kmeans(sample, options.clusters, options.seed)
     centroids_path = work / "centroids.npy"
     np.save(centroids_path, centroids)
@@ -304,6 +310,7 @@ def _report(out: Path, pairs: str, deduped: list[str], where: str, options: SemD
                  f"{'farthest from' if options.keep == 'hard' else 'closest to'} the centroid first (SemDeDup)"),
         "images": count, "embedded_images": int(n),
         "unreadable_images": sum(r["unreadable"] for r in embedded.values()),
+        "unusable_vectors": sum(r.get("unusable", 0) for r in embedded.values()),
         "clusters": cells, "removed_images": int(removed), "keep": str(out / "keep.parquet"),
         "clusters_file": str(out / CLUSTERS), "options": asdict(options),
         "cells_with_removals": sum(1 for _, _, r in sizes if r),

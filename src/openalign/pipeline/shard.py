@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
-from openalign.config import ConfigError
+from openalign.config import ConfigError, Options, expect, listed
 from openalign.data import images
 from openalign.data import tars
 from openalign.data.engine import (Engine, Job, duckdb_plan, job_id, previous, read_plan, run_jobs, spark_plan,
@@ -43,7 +43,7 @@ STATUS = "_status"  # per-shard task status (data/engine.py)
 
 
 @dataclass(frozen=True)
-class ShardOptions:
+class ShardOptions(Options):
     image_size: int = 346  # shorter side after resizing (paper: 346; never upscaled); 0 keeps the original size
     samples_per_shard: int = 1000  # images per shard
     quality: int = 90  # JPEG quality of the stored images
@@ -179,6 +179,8 @@ def shard(pairs: Path, keep_dirs: list[Path], out: Path, options: ShardOptions =
 
     The plan (which image goes to which shard) is computed by SQL, DuckDB's on the local engine and Spark's
     on the Spark engine, into OUT/_plan; then one task per shard writes it. Both engines give the same bytes."""
+    keep_dirs = listed(keep_dirs, "keep_dirs")
+    options, engine = expect(options, ShardOptions), expect(engine, Engine, "engine")
     pairs, out = str(pairs), Path(out)
     check_pair_table(pairs, SOURCE_COLUMNS)
     if options.samples_per_shard < 1:
