@@ -25,14 +25,20 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["disk_full", "files_fingerprint", "foreign_files", "is_disk_full", "owned", "sources_key", "staged",
-           "unfinish", "write_json"]
+__all__ = ["disk_full", "files_fingerprint", "foreign_files", "is_disk_full", "leftovers", "owned", "sources_key",
+           "staged", "unfinish", "write_json"]
 
 
 def temp_name(path: Path) -> Path:
     """A temporary name beside `path` (same directory: the rename is atomic), unique to this process."""
     path = Path(path)
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+def leftovers(folder: Path, names: set[str]) -> list[Path]:
+    """The temporary files (`temp_name`) a killed process left in `folder` for the outputs `names`: a rerun removes
+    these, never another `.*.tmp` file."""
+    return [p for p in Path(folder).glob(".*.tmp") if p.name[1:].rsplit(".", 2)[0] in names]
 
 
 @contextmanager

@@ -78,7 +78,8 @@ def check_pair_table(spec, columns: tuple[str, ...] = ()) -> str:
     if "path" in columns:  # a stage that reads the images (dedup, screen, shard)
         refuse_candidates(Path(matches[0]))
     try:
-        names = pq.read_schema(matches[0]).names
+        schema = pq.read_schema(matches[0])
+        names = schema.names
     except (OSError, pa.ArrowException):
         raise ConfigError(f"{matches[0]} is not a Parquet pair table; build one with `openalign ingest SRC --out "
                           "pairs.parquet`") from None
@@ -86,7 +87,6 @@ def check_pair_table(spec, columns: tuple[str, ...] = ()) -> str:
     if missing:
         raise ConfigError(f"{matches[0]} lacks the column{'s' if len(missing) > 1 else ''} {', '.join(missing)} (it "
                           f"has {', '.join(names)}); a pair table comes from `openalign ingest`")
-    schema = pq.read_schema(matches[0])
     for name in columns:
         wanted = PAIR_SCHEMA.field(name).type if name in PAIR_SCHEMA.names else None
         found = schema.field(name).type

@@ -60,7 +60,7 @@ from openalign.data.engine import Engine, Job, cores, job_id, recorded_names, ru
 from openalign.data.language import identify, known_languages
 from openalign.data.words import check_segmenters, segment
 from openalign.data.pairs import manifest_path, pair_uids, url_keys
-from openalign.outputs import sources_key, staged, unfinish, write_json
+from openalign.outputs import leftovers, sources_key, staged, unfinish, write_json
 from openalign.pipeline.extract_inputs import (Stream, archive_kind, fingerprint, inputs, is_url, open_lines,
                                                open_source, suffix_of)
 from openalign.pipeline.extract_links import NO_BASE, hosts, pair, pairs, resolve_base, target_uri
@@ -335,13 +335,14 @@ def _jsonl_names(path: str, lines: int = 1000) -> list[str]:
 
 
 @contextlib.contextmanager
-def _csv_reader(path: str, columns: list[str] | None = None, invalid: list | None = None):
+def _csv_reader(path: str, columns: list[str] | None = None, invalid: list | None = None,
+                delimiter: str | None = None):
     """A streaming CSV/TSV reader (pyarrow); with `columns`, only those, as bytes. A row of the wrong number of
     fields is skipped, its text put in `invalid` (one such row would otherwise fail Arrow's whole file)."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
-    delimiter = _delimiter(path)
+    delimiter = delimiter or _header(path)[0]
     # bytes, decoded by the reader of each row: one value that is not UTF-8 would fail Arrow's whole block
     convert = pacsv.ConvertOptions(column_types={name: pa.binary() for name in columns or ()},
                                    include_columns=columns or [], strings_can_be_null=True)
@@ -357,11 +358,16 @@ def _csv_reader(path: str, columns: list[str] | None = None, invalid: list | Non
         yield reader
 
 
-def _delimiter(path: str) -> str:
+def _header(path: str) -> tuple[str, list[str]]:
+    """A CSV/TSV's delimiter and column names, from its first line."""
+    import csv
+
     from openalign.data.tables import header_delimiter
 
     with open_lines(path) as f:
-        return header_delimiter(f.readline().decode("utf-8", "replace"), suffix_of(path))
+        line = f.readline().decode("utf-8", "replace")
+    delimiter = header_delimiter(line, suffix_of(path))
+    return delimiter, next(csv.reader([line.rstrip("\r\n")], delimiter=delimiter), [])
 
 
 def _recovered(texts: list[str], names: list[str], wanted: list[str], delimiter: str) -> Iterator[dict | None]:
@@ -399,13 +405,13 @@ def _batches(path: str, wanted: list[str]) -> Iterator[list[dict]]:
             yield batch
     elif suffix in (".csv", ".tsv"):
         invalid: list[str] = []
-        names = _table_names(path)
-        with _csv_reader(path, wanted, invalid) as reader:
+        delimiter, names = _header(path)
+        with _csv_reader(path, wanted, invalid, delimiter) as reader:
             for batch in itertools.chain(reader, [None]):  # None: the rows skipped in the last block
                 rows = batch.to_pylist() if batch is not None else []
                 if invalid:  # after the rows around them
                     rows += [r if r is None else {k: r[k] for k in wanted}
-                             for r in _recovered(invalid, names, wanted, _delimiter(path))]
+                             for r in _recovered(invalid, names, wanted, delimiter)]
                     invalid.clear()
                 yield rows
     else:
@@ -598,9 +604,8 @@ def extract(sources: list[str], out: Path, options: ExtractOptions = ExtractOpti
     names, recorded = {Path(t.outputs[0]).name for t in jobs}, recorded_names(parts / "_status")
     for stale in recorded - names:
         (parts / stale).unlink(missing_ok=True)  # parts of files no longer given: only those a task recorded
-    for partial in parts.glob(".*.tmp"):  # a part a killed task was writing (staged's `.NAME.PID.tmp`)
-        if partial.name[1:].rsplit(".", 2)[0] in names | recorded:
-            partial.unlink(missing_ok=True)
+    for partial in leftovers(parts, names | recorded):  # a part a killed task was writing
+        partial.unlink(missing_ok=True)
     results, resumed = run_jobs(jobs, parts / "_status", engine, "extract", progress)
     counts: Counter = Counter()
     per_file = {}

@@ -52,7 +52,7 @@ from openalign.data import images, tables
 from openalign.data.engine import Engine, Job, read_plan, recorded_names, run_jobs
 from openalign.data.pairs import FETCH_REPORT, FETCH_WORK, check_finished, keep_table, manifest_path, sql_path
 from openalign.data.tars import TarWriter
-from openalign.outputs import owned, staged, unfinish, write_json
+from openalign.outputs import leftovers, owned, staged, unfinish, write_json
 
 __all__ = ["ERROR_KINDS", "FETCH_REPORT", "FetchOptions", "FetchResult", "fetch"]
 
@@ -372,10 +372,8 @@ def claim(out: Path, names: set[str]) -> None:
     write_json(out / WORK / WRITTEN, sorted(before | names))  # a kill from here on still knows every name
     for name in sorted(before - names):
         (out / name).unlink(missing_ok=True)
-    for leftover in out.glob(".*.tmp"):  # what a killed run was writing: staged's `.NAME.PID.tmp` of a name of ours
-        final = leftover.name[1:].rsplit(".", 2)[0]
-        if final in before | names or final.startswith("fetch_report."):
-            leftover.unlink(missing_ok=True)
+    for leftover in leftovers(out, before | names | {FETCH_REPORT, "fetch_report.png"}):  # what a killed run wrote
+        leftover.unlink(missing_ok=True)
     write_json(out / WORK / WRITTEN, sorted(names))
 
 

@@ -94,8 +94,7 @@ def score_task(plan: str, index: int, scores_path: str, model_path: str, batch_s
     vectors = encode_texts(model, tokenizer, texts, batch_size, cfg.model.text.max_length).numpy() if texts else None
     # a vector that is NaN, infinite or zero (a diverged model) measures nothing: its pairs get no score (a zero
     # vector's cosine would be a finite 0, ranked as if it were one)
-    image_ok = usable(embeds) if len(ok) else np.zeros(0, bool)
-    text_ok = usable(vectors) if texts else np.zeros(0, bool)
+    image_ok, text_ok = usable(embeds), usable(vectors)
     uids, scores = [], []
     for i, r in enumerate(rows):
         for uid, text in zip(r["uids"], r["texts"]):

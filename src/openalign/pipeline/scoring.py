@@ -99,6 +99,8 @@ def usable(vectors: np.ndarray) -> np.ndarray:
     """Which rows of `vectors` say something of their input: finite and not all zero (a diverged model's are NaN,
     and a zero vector's cosine, 0, would rank as a score). Their images and texts are left out of scores and
     clusters, and counted."""
+    if vectors is None or vectors.ndim != 2 or not len(vectors):  # nothing embedded
+        return np.zeros(0 if vectors is None else len(vectors), bool)
     return np.isfinite(vectors).all(axis=1) & (np.abs(vectors).sum(axis=1) > 0)
 
 

@@ -104,9 +104,9 @@ def embed_task(plan: str, index: int, out_path: str, model_path: str, batch_size
                              threads)
     # a vector that is NaN, infinite or zero says nothing of its image (a diverged model): never clustered, so
     # its image is kept, as a NaN score never removes one; faiss's k-means fails on such a vector
-    fine = usable(embeds) if len(ok) else np.zeros(0, bool)
+    fine = usable(embeds)
     _write(out_path, {"image_key": [rows[i]["image_key"] for i, keep in zip(ok, fine) if keep],
-                      "embedding": _vectors(embeds[fine] if len(ok) else embeds)})
+                      "embedding": _vectors(embeds[fine] if len(fine) else embeds)})
     return {"images": len(rows), "unreadable": len(rows) - len(ok), "unusable": int((~fine).sum())}
 
 
