@@ -9,6 +9,42 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "docs" / "benchmarks.md"
 
+# The names outside openalign's public API (a module's `__all__`, or `openalign`'s own) that the benches import: the
+# internals they exist to measure, each with why. tests/test_bench.py fails on a bench importing a name that is
+# neither public nor here, on a name here that no bench imports, and on a name that no longer exists.
+MEASURED = {
+    "openalign.corpora.hosts.Hosts": "the built-in web's hosts, served for the fetch benches (P15, HTTP clients)",
+    "openalign.corpora.hosts.sample_web": "a sample of the built-in web for the fetch benches",
+    "openalign.data.engine.Engine": "the engine a stage runs on, local or Spark (P11, P14)",
+    "openalign.data.engine.spark_session": "a local Spark session, started once outside the timed part",
+    "openalign.data.engine.warm_pool": "the local engine's process pool, warmed outside the timed part (P11)",
+    "openalign.data.loader.Position": "the training stream's position (P5 input pipeline, train step)",
+    "openalign.data.loader.StreamSpec": "the training stream (P5 input pipeline, train step)",
+    "openalign.data.loader.batches_per_role": "the batches each loader worker yields (P5)",
+    "openalign.data.loader.epoch_plan": "the training stream's epochs (P5, train step)",
+    "openalign.data.loader.train_loader": "the training loader itself (P5)",
+    "openalign.data.pairs.normalize_text": "the alt-text normalization cc2dataset is compared on (P14)",
+    "openalign.data.pairs.read_keep": "a keep-list as the filter bench checks it against pandas'",
+    "openalign.data.workers.load_readers": "the shard readers each data-plane worker opens (P11)",
+    "openalign.eval.datasets.load_templates": "the zero-shot prompt templates (classifier build time)",
+    "openalign.index.build.Parts": "the embedding parts an index is built from (P12)",
+    "openalign.index.build.recall_at_10": "the recall an index is tuned to (P12)",
+    "openalign.index.build.streaming_search": "exact truth streamed over the parts (P12)",
+    "openalign.index.embed.MANIFEST": "the embeddings' manifest name, for synthetic collections (P12, serve load)",
+    "openalign.index.embed.META_SCHEMA": "the metadata schema of synthetic collections (P12)",
+    "openalign.index.embed._write_part": "one embeddings part written as embed writes it (serve load)",
+    "openalign.index.parts.part_files": "the part files of a collection (P12)",
+    "openalign.index.scan.tile_scores": "the exact scan's kernel, against FAISS's (P13 search)",
+    "openalign.model.dual_encoder.DualEncoder": "the model, built without a run (train step, memory per device)",
+    "openalign.model.dual_encoder.Encoding": "a tower's output, for the reference step (train step)",
+    "openalign.model.dual_encoder.hf_config": "the Hugging Face config of the reference model (train step)",
+    "openalign.tokenizer.train_tokenizer": "a vocabulary for the synthetic batches (P5, train step)",
+    "openalign.train.optim.build_optimizer": "LAMB as training builds it (train step, memory per device)",
+    "openalign.train.optim.set_lr": "the step's learning rate (train step, memory per device)",
+    "openalign.train.step.batch_loss": "the loss of one batch (train step)",
+    "openalign.train.step.forward_backward": "one training step's work (train step, memory per device)",
+}
+
 
 def write_section(name: str, body: str, path: Path = BENCHMARKS) -> None:
     """Replace the block between `<!-- NAME begin/end -->` markers in docs/benchmarks.md (append if absent)."""

@@ -31,6 +31,7 @@ Writes its table into docs/benchmarks.md and ends with PERFORMANCE.md's verdict 
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import shutil
 import statistics
@@ -142,15 +143,16 @@ def main() -> None:
                     if stage == "ingest":
                         shutil.rmtree(out, ignore_errors=True)
                         options = IngestOptions(workers=engine.workers if engine.name == "local" else 0)
-                        fn = lambda: ingest(tars, out / "pairs.parquet", options, progress=False, engine=engine)  # noqa: E731
+                        fn = functools.partial(ingest, tars, out / "pairs.parquet", options, progress=False,
+                                               engine=engine)
                     elif stage == "shard":
                         options = ShardOptions(samples_per_shard=args.per_tar, workers=engine.workers)
-                        fn = lambda: shard(out / "pairs.parquet", [], out / "shards", options, progress=False,  # noqa: E731
-                                           engine=engine)
+                        fn = functools.partial(shard, out / "pairs.parquet", [], out / "shards", options,
+                                               progress=False, engine=engine)
                     else:
                         options = DedupOptions(workers=engine.workers, images_per_task=args.per_tar)
-                        fn = lambda: dedup(out / "pairs.parquet", str(held), out / "dedup", options, progress=False,  # noqa: E731
-                                           engine=engine)
+                        fn = functools.partial(dedup, out / "pairs.parquet", str(held), out / "dedup", options,
+                                               progress=False, engine=engine)
                     run[name][stage] = min(timed(fn), run[name].get(stage, float("inf")))
             for name in names:
                 best = seconds.get(name, run[name])

@@ -97,7 +97,7 @@ def main() -> int:
     n, m = args.images, args.images * args.captions_per_image
     rows = [
         f"### P6 retrieval metrics ({n:,} images x {m:,} captions, d={args.dim}, {args.threads} threads)", "",
-        "| what | seconds (median of %d) | extra peak memory |" % args.repeats, "|---|---|---|",
+        f"| what | seconds (median of {args.repeats}) | extra peak memory |", "|---|---|---|",
         f"| openalign i2t + t2i ranks and recalls, one pass over blocks of ~64 MiB | {ours['seconds']:.3f} | "
         f"{ours['extra_mib']:.0f} MiB |",
         f"| one full similarity GEMM [{n:,} x {m:,}] (reference unit) | {gemm_s:.3f} | {4 * n * m / 2**20:.0f} MiB "

@@ -107,7 +107,7 @@ def run_child(engine: str, pairs: Path, out: Path, vocab_size: int, memory_limit
 
 
 def child(args) -> None:
-    from openalign.pipeline.filter_rules import FilterConfig
+    from openalign import FilterConfig
     from openalign.pipeline import filter as filters
 
     cfg = FilterConfig(vocab_size=args.vocab_size)

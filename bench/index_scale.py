@@ -201,9 +201,9 @@ def main() -> None:
     if not args.keep:
         shutil.rmtree(args.dir, ignore_errors=True)
     info = results["info"]
-    from openalign.cli import _bytes
+    from openalign.sizes import parse_size
 
-    budget_gib = _bytes(args.memory, "--memory") / GIB
+    budget_gib = parse_size(args.memory, "--memory") / GIB
     build_peak = max(results["driver_peak_mib"], results["tree_peak_mib"]) / 1024
     float32_gib = args.n * args.dim * 4 / GIB
     lines = [

@@ -295,7 +295,7 @@ def main() -> int:
 
     rows = [
         f"### P3, P4 training step ({args.preset} preset, batch {args.batch}, {torch.get_num_threads()} threads)", "",
-        "| step | s/step (median of {}) | pairs/s |".format(args.repeats), "|---|---|---|",
+        f"| step | s/step (median of {args.repeats}) | pairs/s |", "|---|---|---|",
         f"| openalign (channels_last, no text pooler, length-bucketed text, LAMB, paper loss) | {ours_s:.3f} | {args.batch / ours_s:.0f} |",
         f"| transformers AlignModel(return_loss=True) + AdamW | {plain_s:.3f} | {args.batch / plain_s:.0f} |",
         f"| openalign, 2 gloo processes x 1 thread, {args.batch // WORLD} pairs each (DDP) | {gloo['seconds']:.3f} | "

@@ -8,9 +8,9 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from experiments.lab.runner import Study  # noqa: E402
+from experiments.lab.runner import Study
 
 COLUMNS = (("mean_recall", "mean recall"), ("i2t_r1", "I2T R@1"), ("t2i_r1", "T2I R@1"),
            ("zeroshot_top1", "zero-shot top-1"), ("knn_top1", "KNN R@1"), ("temperature", "final temperature"),

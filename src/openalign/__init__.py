@@ -16,6 +16,8 @@ does not import torch through it:
 The modules they live in list their public names in `__all__`.
 """
 
+from typing import TYPE_CHECKING
+
 LAZY = {  # name here: (module, its name there)
     "load": ("openalign.api", "load"), "Model": ("openalign.api", "Model"),
     "ConfigError": ("openalign.config", "ConfigError"), "Config": ("openalign.config", "Config"),
@@ -42,6 +44,31 @@ LAZY = {  # name here: (module, its name there)
     "Hit": ("openalign.index.search", "Hit"), "SearchResult": ("openalign.index.search", "SearchResult"),
 }
 __all__ = list(LAZY)
+
+if TYPE_CHECKING:  # what a type checker sees: the names as imported (at run time, __getattr__ imports them)
+    from openalign.api import Model, load
+    from openalign.config import Config, ConfigError
+    from openalign.eval.evaluate import EvalResult, evaluate
+    from openalign.eval.options import EvalOptions
+    from openalign.index.build import IndexOptions, IndexResult, build as build_index
+    from openalign.index.embed import EmbedOptions, EmbedResult, embed
+    from openalign.index.grow import add as add_to_index, delete as delete_from_index
+    from openalign.index.opened import load as open_index
+    from openalign.index.search import Hit, Query, SearchResult, search
+    from openalign.pipeline.balance import BalanceOptions, BalanceResult, balance
+    from openalign.pipeline.card import CardOptions, CardResult, card
+    from openalign.pipeline.dedup import DedupOptions, DedupResult, dedup
+    from openalign.pipeline.extract import ExtractOptions, ExtractResult, extract
+    from openalign.pipeline.fetch import FetchOptions, FetchResult, fetch
+    from openalign.pipeline.filter import FilterResult, filter_pairs
+    from openalign.pipeline.filter_rules import FilterConfig
+    from openalign.pipeline.ingest import IngestOptions, IngestResult, ingest
+    from openalign.pipeline.score import ScoreOptions, ScoreResult, score
+    from openalign.pipeline.screen import ScreenOptions, ScreenResult, screen
+    from openalign.pipeline.semdedup import SemDedupOptions, SemDedupResult, semdedup
+    from openalign.pipeline.shard import ShardOptions, ShardResult, shard
+    from openalign.presets import configure
+    from openalign.train.trainer import TrainResult, train as train_model
 
 
 def __getattr__(name: str):

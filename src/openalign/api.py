@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from PIL import Image
@@ -26,6 +26,7 @@ from openalign.data import images as image_lib
 from openalign.data import transforms
 from openalign.eval import metrics
 from openalign.eval.datasets import check_templates
+from openalign.model.dual_encoder import TwoTowers
 from openalign.model.encode import encode_images, encode_texts, load_for_inference
 
 __all__ = ["Model", "load"]
@@ -35,7 +36,7 @@ __all__ = ["Model", "load"]
 class Model:
     """A loaded model with its tokenizer and config; see the module's docstring."""
 
-    model: torch.nn.Module
+    model: TwoTowers  # openalign's DualEncoder or a public family's (model/families.py)
     tokenizer: object
     cfg: Config
 

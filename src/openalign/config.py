@@ -13,7 +13,8 @@ import math
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Annotated, Callable, Literal
+from typing import Annotated, Any, Literal, cast
+from collections.abc import Callable
 from pathlib import Path
 
 __all__ = ["at_least", "check", "Config", "ConfigError", "DataConfig", "EvalConfig", "leaf_keys", "load", "LossConfig",
@@ -178,7 +179,7 @@ class TemperatureConfig:
 # loss.kind -> its class (openalign/loss/): each loss module registers its kind as it is imported
 # (`loss.base.register`). config.check asks a kind for its rules (`rules(cfg, world) -> list[str]`) and nothing else;
 # config never imports a loss (it is below them).
-LOSS_KINDS: dict[str, type] = {}
+LOSS_KINDS: dict[str, Any] = {}  # kind -> its Loss class (loss/base.py), registered by openalign/loss/
 
 
 @dataclass(frozen=True)
@@ -334,7 +335,7 @@ def load(path: Path) -> Config:
 
 def flat(node, prefix: str = "") -> dict:
     """{dotted key: value} of every leaf of a config tree."""
-    out = {}
+    out: dict = {}
     for f in dataclasses.fields(node):
         value = getattr(node, f.name)
         out |= flat(value, f"{prefix}{f.name}.") if dataclasses.is_dataclass(value) else {prefix + f.name: value}
@@ -378,7 +379,8 @@ def _parse(text: str, kind, key: str):
 
 def override(cfg, assignments: list[str], help_hint: str = "see `openalign train --show-config`"):
     """Apply dotted `key=value` overrides to any config dataclass, e.g. `optim.lr=5e-4 model.vision.image_size=64`."""
-    valid, tree = leaf_keys(type(cfg)), {}
+    valid: list[str] = leaf_keys(type(cfg))
+    tree: dict = {}
     for item in assignments:
         key, sep, text = item.partition("=")
         if not sep:
@@ -558,12 +560,12 @@ def _cross_field(cfg: Config, world: int) -> list[str]:
         if getattr(cfg.train, option) and world == 1:
             problems.append(f"train.{option}=true shards over torchrun processes; launch with torchrun")
     problems += _loss_rules(cfg, world)
-    t = cfg.loss.temperature
-    if t.fixed and t.fixed < t.min:
-        problems.append(f"loss.temperature.fixed={t.fixed} is below loss.temperature.min={t.min}")
-    if t.fixed and t.max_scale and t.fixed * t.max_scale < 1:
-        problems.append(f"loss.temperature.fixed={t.fixed} is a logit scale of {1 / t.fixed:g}, above "
-                        f"loss.temperature.max_scale={t.max_scale}")
+    temp = cfg.loss.temperature
+    if temp.fixed and temp.fixed < temp.min:
+        problems.append(f"loss.temperature.fixed={temp.fixed} is below loss.temperature.min={temp.min}")
+    if temp.fixed and temp.max_scale and temp.fixed * temp.max_scale < 1:
+        problems.append(f"loss.temperature.fixed={temp.fixed} is a logit scale of {1 / temp.fixed:g}, above "
+                        f"loss.temperature.max_scale={temp.max_scale}")
     return problems
 
 
@@ -599,7 +601,7 @@ class Options:
         return "--" + name.replace("_", "-")
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
+        for f in dataclasses.fields(cast(Any, self)):  # a subclass is the dataclass
             value = getattr(self, f.name)
             if isinstance(value, list):
                 object.__setattr__(self, f.name, tuple(value))

@@ -22,7 +22,7 @@ import ctypes.util
 import os
 import signal
 from contextlib import contextmanager
-from typing import Callable
+from collections.abc import Callable
 
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
 M_MMAP_MAX = -4

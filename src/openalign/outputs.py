@@ -23,7 +23,8 @@ import shutil
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 __all__ = ["disk_full", "files_fingerprint", "foreign_files", "is_disk_full", "leftovers", "owned", "sources_key",
            "staged", "unfinish", "write_json"]

@@ -7,7 +7,8 @@ Mini/Medium/Base/Large text towers, e.g. `align-b7-base`, `align-l2-large` (the 
 from __future__ import annotations
 
 import difflib
-from typing import Callable, Sequence
+import functools
+from collections.abc import Callable, Sequence
 
 from openalign.config import Config, ConfigError, DataConfig, ModelConfig, OptimConfig, TextConfig, TrainConfig
 from openalign.config import VisionConfig, fit_loss_options, override
@@ -168,14 +169,14 @@ PRESETS: dict[str, Callable[[], Config]] = {"demo": demo, "clipart": clipart, "t
                                             "tiny-vit": tiny_vit}
 NEEDS_INIT = set()  # presets that fine-tune a trained model: `--init MODEL` is required
 for _dataset in FINETUNE_STEPS:
-    PRESETS[f"finetune-{_dataset}"] = lambda d=_dataset: finetune_retrieval(d)
+    PRESETS[f"finetune-{_dataset}"] = functools.partial(finetune_retrieval, _dataset)
     NEEDS_INIT.add(f"finetune-{_dataset}")
 for _image in EFFICIENTNETS:
     for _text in BERTS:
-        PRESETS[f"align-{_image}-{_text}"] = lambda i=_image, t=_text: paper(i, t)
+        PRESETS[f"align-{_image}-{_text}"] = functools.partial(paper, _image, _text)
 for _image in VITS:
     for _text in BERTS:
-        PRESETS[f"vit-{_image}-{_text}"] = lambda i=_image, t=_text: clip_vit(i, t)
+        PRESETS[f"vit-{_image}-{_text}"] = functools.partial(clip_vit, _image, _text)
 
 
 def get(name: str) -> Config:

@@ -7,9 +7,9 @@ import pytest
 
 pytest.importorskip("fasttext")
 
-from openalign.corpora import emoji  # noqa: E402
-from openalign.data import language  # noqa: E402
-from openalign.data.language import UNDETERMINED, identify, known_languages  # noqa: E402
+from openalign.corpora import emoji
+from openalign.data import language
+from openalign.data.language import UNDETERMINED, identify, known_languages
 
 
 def test_texts_get_their_language_and_a_probability():

@@ -6,9 +6,9 @@ import pytest
 
 pytest.importorskip("jieba")
 
-from openalign.config import ConfigError  # noqa: E402
-from openalign.data import words as words_module  # noqa: E402
-from openalign.data.words import check_segmenters, segment, words  # noqa: E402
+from openalign.config import ConfigError
+from openalign.data import words as words_module
+from openalign.data.words import check_segmenters, segment, words
 
 
 def test_languages_without_spaces_are_segmented_into_words():

@@ -45,7 +45,7 @@ def export_wds(root: Path, samples, split: str = "test", classes=CLASSES, templa
     for index, (image, target) in enumerate(samples):
         buf = io.BytesIO()
         image.save(buf, format="webp", lossless=True)
-        sink.write({"__key__": "s%07d" % index, image_format: buf.getvalue(),
+        sink.write({"__key__": f"s{index:07d}", image_format: buf.getvalue(),
                     ("txt" if isinstance(target, str) else "cls"): target})
     shards = sink.shard
     sink.close()

@@ -18,7 +18,7 @@ def test_one_registry_declares_every_task_and_derives_the_held_out_ones():
     for task in tasks.TASKS.values():  # frozen options with a default for every field
         options = task.options()
         with pytest.raises(dataclasses.FrozenInstanceError):
-            setattr(options, "x", 1)
+            options.x = 1
 
 
 def test_task_options_from_shared_values_and_dotted_overrides():

@@ -75,7 +75,7 @@ def model_dir(tmp_path_factory):
 
 def test_embed_index_search_from_the_command_line(model_dir, tmp_path, capsys):
     images = tmp_path / "images"
-    for i, (colour, shape) in enumerate([(c, s) for c in COLORS for s in SHAPES]):
+    for _i, (colour, shape) in enumerate([(c, s) for c in COLORS for s in SHAPES]):
         (images / colour).mkdir(parents=True, exist_ok=True)
         shape_image(colour, shape).save(images / colour / f"{shape}.png")
         (images / colour / f"{shape}.txt").write_text(f"a {colour} {shape}")

@@ -348,7 +348,8 @@ def _wat_of(records: list[bytes], path: Path) -> Path:
 
 
 def _page_json(alt_json: str, n: int = 0) -> bytes:
-    return ('{"Envelope": {"WARC-Header-Metadata": {"WARC-Target-URI": "http://p.example/%d"}, "Payload-Metadata": '
+    # %-formatting: the template is JSON, all braces
+    return ('{"Envelope": {"WARC-Header-Metadata": {"WARC-Target-URI": "http://p.example/%d"}, "Payload-Metadata": '  # noqa: UP031
             '{"HTTP-Response-Metadata": {"HTML-Metadata": {"Links": [{"path": "IMG@/src", "url": "/a%d.jpg", '
             '"alt": %s}]}}}}}' % (n, n, alt_json)).encode()
 

@@ -101,7 +101,7 @@ def test_fsdp_lamb_steps_equal_pytorch_optimizer_lamb():
 
     a = FsdpLamb(groups(ours), lr=1e-2, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.1)
     b = Lamb(groups(theirs), lr=1e-2, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.1, weight_decouple=False)
-    for step in range(4):
+    for _step in range(4):
         grads = [torch.randn(s, generator=g, dtype=torch.float64) for s in shapes]
         for params in (ours, theirs):
             for p, grad in zip(params, grads):

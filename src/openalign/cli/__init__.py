@@ -14,6 +14,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # offline by default: a local path
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
-from openalign.cli.main import COMMANDS, build_parser, main  # noqa: E402
+from openalign.cli.main import COMMANDS, build_parser, main
 
 __all__ = ["COMMANDS", "build_parser", "main"]

@@ -8,7 +8,7 @@ import json
 import re
 import typing
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from openalign.config import ConfigError, DataConfig
 from openalign.corpora import catalog

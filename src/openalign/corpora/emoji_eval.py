@@ -139,7 +139,7 @@ def export(corpus: Path, out: Path, cldr: str = emoji_lib.DEFAULT_CLDR, seed: in
     _write_csv(out / "cxc" / "sits_test.csv", ["caption", "image", "agg_score", "sampling_method"], sits)
     # SimLex / STS layouts with the same structural scores
     words, sentences = [], []
-    for i, row in enumerate(test):
+    for row in test:
         e = catalog.get(row["cp"])
         single = [k for k in (e.keywords.get("en", []) if e else []) if " " not in k]
         other = test[rng.randrange(len(test))]

@@ -158,7 +158,7 @@ class Hosts:
         for runner in self.runners:
             await runner.cleanup()
 
-    def start(self) -> "Hosts":
+    def start(self) -> Hosts:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="hosts")
         self.thread.start()
@@ -178,7 +178,7 @@ class Hosts:
         self.loop.close()
         self.loop = None
 
-    def __enter__(self) -> "Hosts":
+    def __enter__(self) -> Hosts:
         return self.start()
 
     def __exit__(self, *exc) -> None:

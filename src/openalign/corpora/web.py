@@ -30,7 +30,8 @@ import random
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Annotated, Iterator
+from typing import Annotated
+from collections.abc import Iterator
 
 from openalign.config import POSITIVE_INT, ConfigError, Options, Rule, non_negative
 from openalign.corpora.hosts import Hosts, Site

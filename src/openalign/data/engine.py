@@ -32,7 +32,8 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Callable, Literal
+from typing import Annotated, Literal
+from collections.abc import Callable
 
 from tqdm import tqdm
 
@@ -108,7 +109,7 @@ def _stats(paths) -> dict:
     return stats
 
 
-def redo_reason(status_dir: Path, job: "Job", status: dict | None) -> str:
+def redo_reason(status_dir: Path, job: Job, status: dict | None) -> str:
     """Why a job that has a status file runs again (or "new" when it never finished)."""
     if job.key is None or not status_path(status_dir, job.id).exists():
         return "new"
@@ -119,7 +120,7 @@ def redo_reason(status_dir: Path, job: "Job", status: dict | None) -> str:
     return "its output files are gone or changed"
 
 
-def finished(status: dict | None, job: "Job") -> bool:
+def finished(status: dict | None, job: Job) -> bool:
     """Whether `status` is this job's, for these inputs, with every output still as it wrote it."""
     return (status is not None and status.get("key") == job.key
             and all(_stats([p]).get(str(p)) == (status.get("outputs") or {}).get(str(p)) for p in job.outputs))
@@ -241,7 +242,7 @@ def _run_local(jobs: list[Job], status_dir: str, engine: Engine, desc: str, prog
                 try:
                     results[job.id] = run_one(job, status_dir)[1:]
                     bar.update()
-                except Exception as err:  # retried, like a pool's job
+                except Exception as err:  # noqa: BLE001 - a job's own failure: retried, like a pool's job
                     failed(job, err)
                     pending.insert(0, job)
             return results
@@ -262,7 +263,7 @@ def _run_local(jobs: list[Job], status_dir: str, engine: Engine, desc: str, prog
                         except BrokenProcessPool as err:
                             failed(job, err)
                             broken = True
-                        except Exception as err:
+                        except Exception as err:  # noqa: BLE001 - a job's own failure: counted, retried
                             failed(job, err)
                             if job.id in pending:
                                 futures[pool.submit(run_one, job, status_dir)] = job
@@ -351,7 +352,7 @@ def _run_spark(jobs: list[Job], status_dir: str, engine: Engine, desc: str, prog
     try:
         rdd = sc.parallelize(jobs, len(jobs)).map(lambda job, d=status_dir: run_on_executor(job, d))
         return {i: (result, error) for i, result, error in rdd.collect()}  # one small summary per job
-    except Exception as err:  # Py4JJavaError: the executor's traceback as text
+    except Exception as err:  # noqa: BLE001 - Py4JJavaError: the executor's traceback as text
         raise _spark_error(err, desc) from None
     finally:
         stop.set()

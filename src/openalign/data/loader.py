@@ -20,7 +20,7 @@ import dataclasses
 import itertools
 import random
 from dataclasses import dataclass, field
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info

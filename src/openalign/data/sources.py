@@ -35,7 +35,7 @@ import tarfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 from openalign import host
 from openalign.config import ConfigError
@@ -167,7 +167,7 @@ def shard_list(spec: str | list[str], split: str = "test") -> list[str]:
     return clip_benchmark_shards(root, split) if root else tars.list_shards(spec)
 
 
-def decoded(collection, counter: dict | None = None, alpha: str = "white") -> Iterator[tuple[Item, "images.Image.Image"]]:
+def decoded(collection, counter: dict | None = None, alpha: str = "white") -> Iterator[tuple[Item, images.Image.Image]]:
     """(item, upright RGB image) of every item whose bytes decode; the others are skipped and counted by
     reason (a missing file or member: `missing_file`; a FIFO or device: `not_a_file`; see images.REJECT_REASONS). `alpha`: the model's rule for
     transparency (VisionConfig.alpha)."""

@@ -22,7 +22,8 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Literal
+from collections.abc import Iterator
 
 from openalign.config import ConfigError
 

@@ -21,7 +21,7 @@ import json
 import tarfile
 import time
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import braceexpand
 
@@ -86,7 +86,7 @@ class TarWriter:
     def close(self) -> None:
         self.tar.close()
 
-    def __enter__(self) -> "TarWriter":
+    def __enter__(self) -> TarWriter:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import logging
 import os
 import re
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from openalign.config import ConfigError
 
@@ -37,7 +37,7 @@ def check_segmenters() -> None:
                           "pip install 'openalign[words]' (or give --no-words: such texts then count as one word)")
 
 
-@lru_cache(maxsize=None)
+@cache
 def segmenter(language: str) -> Callable[[str], list[str]]:
     """The tokens of a text in `language` (one of SEGMENTED), loaded once a process."""
     check_segmenters()

@@ -17,7 +17,7 @@ import dataclasses
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from openalign.config import ConfigError, Config
 from openalign.eval.options import TASK_OPTIONS, EvalOptions

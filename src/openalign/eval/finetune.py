@@ -267,7 +267,7 @@ def split_1k(train: Labeled, val: Labeled | None, seed: int) -> tuple[Labeled, L
         return train, val
     order = random.Random(seed).sample(range(len(train.labels)), min(len(train.labels), VTAB_TRAIN + VTAB_VAL))
     cut = max(1, len(order) * VTAB_TRAIN // (VTAB_TRAIN + VTAB_VAL))
-    pick = lambda rows: Labeled([train.images[i] for i in rows], [train.labels[i] for i in rows], crop=train.crop)  # noqa: E731,E501
+    pick = lambda rows: Labeled([train.images[i] for i in rows], [train.labels[i] for i in rows], crop=train.crop)  # noqa: E731
     return pick(order[:cut]), pick(order[cut:])
 
 
@@ -281,7 +281,7 @@ def vtab(ctx: Context, options: VtabOptions = VtabOptions()) -> tuple[dict, dict
     out: dict = {}
     per_task: dict[str, list[float]] = {}
     for name, task in vtab_tasks(Path(ctx.path)).items():
-        load = lambda split: load_labeled(task / split, ctx.options, ctx.options.resize)  # noqa: E731
+        load = lambda split, task=task: load_labeled(task / split, ctx.options, ctx.options.resize)  # noqa: E731
         fit_set, val_set = split_1k(load("train"), load("val") if (task / "val").is_dir() else None, options.seed)
         test = load("test")
         classes = {c: i for i, c in enumerate(sorted(set(fit_set.labels) | set(val_set.labels)))}

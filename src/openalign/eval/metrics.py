@@ -12,7 +12,7 @@ high as the target. Without this, `logits >= true` is all False for NaN logits a
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -349,7 +349,7 @@ def threshold_spread(img: torch.Tensor, txt: torch.Tensor, text_to_image: torch.
     for name, (queries, gallery, positives) in directions.items():
         step = _rows_per_block(len(gallery), chunk)
 
-        def blocks():
+        def blocks(queries=queries, gallery=gallery, positives=positives, step=step):
             """(scores, positive) of each block of the queries that have a match and a non-match."""
             for start in range(0, len(queries), step):
                 rows = torch.arange(start, min(start + step, len(queries)))

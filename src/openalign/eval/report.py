@@ -9,11 +9,11 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 from openalign.config import ConfigError
 from openalign.outputs import staged
-from openalign.eval import metrics as M  # noqa: E402
+from openalign.eval import metrics as M
 
 def _fmt(value) -> str:
     return f"{value:.4f}" if isinstance(value, float) else str(value)
@@ -108,7 +108,7 @@ def write_clip_benchmark(results: dict[str, dict], out: str, model: str, dataset
         raise ConfigError(f"--format clip_benchmark writes one file per task ({', '.join(results)}); put {{task}} in "
                           f"--out (e.g. {{dataset}}_{{task}}.json), or give one --task")
     written = []
-    for task, result in results.items():
+    for result in results.values():
         fields = {k: result[k] for k in ("dataset", "model", "task", "language")} | {
             "pretrained": Path(result["pretrained"]).name}
         name = out

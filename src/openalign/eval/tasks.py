@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Literal
+from collections.abc import Callable
 
 from openalign.config import ConfigError, leaf_keys, override
 from openalign.eval import compositional as compositional_lib

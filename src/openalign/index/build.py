@@ -274,7 +274,7 @@ class IndexResult:
     newly_deleted: int = 0  # `grow.delete`: ids this call took down
 
     @classmethod
-    def of(cls, out: Path, info: dict, **changes) -> "IndexResult":
+    def of(cls, out: Path, info: dict, **changes) -> IndexResult:
         """The result for the index.json `info` of the index in `out`."""
         return cls(Path(out), info["kind"], int(info["count"]), info.get("vectors", "image"), info["params"],
                    info["recall_at_10"], int((info.get("deleted") or {}).get("count", 0)),

@@ -19,7 +19,7 @@ from openalign.config import ConfigError
 from openalign.data import images as image_lib
 from openalign.data import transforms
 from openalign.index.opened import Loaded
-from openalign.index.options import IMAGE_WEIGHT, TEXT_WEIGHT, Query  # noqa: F401 - a search's names
+from openalign.index.options import IMAGE_WEIGHT, TEXT_WEIGHT, Query  # a search's names
 from openalign.index.parts import PATCHES, Parts, read_manifest
 from openalign.loss import late_interaction_pairs
 from openalign.model.encode import encode_images, encode_text_tokens, encode_texts
@@ -158,10 +158,10 @@ def score_floor(spec: str | float | None, weights: str | None = None) -> float |
                               "metrics JSON") from None
         if not isinstance(metrics, dict) or not isinstance(metrics.get(THRESHOLD_KEY), (int, float)):
             raise ConfigError(f"{path} has no {THRESHOLD_KEY}; run `openalign eval MODEL --data LABELLED_PAIRS "
-                              "--task retrieval --out FILE` and pass that file")
+                              "--task retrieval --out FILE` and pass that file") from None
         if weights and metrics.get("model_weights") and metrics["model_weights"] != weights:
             raise ConfigError(f"{path} was measured on another model than this index's; rerun `openalign eval` on "
-                              "the index's model")
+                              "the index's model") from None
         value = float(metrics[THRESHOLD_KEY])
     if not -1.0 <= value <= 1.0:
         raise ConfigError(f"--min-score {value:g} is not a cosine similarity; give a number in [-1, 1]")

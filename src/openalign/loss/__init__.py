@@ -12,11 +12,11 @@ subclass decorated with `@register`) and its line below; nothing else names it.
 from openalign.loss.base import (DIRECTIONS, Loss, at_least_fp32, chunk_rows, chunked, create, kind_of,
                                  parameter_of, register, smoothed_cross_entropy, temperature_of)
 # the kinds: importing a module registers its loss
-from openalign.loss import softmax, sigmoid, filip  # noqa: E402  (isort: skip)
-from openalign.loss.filip import filip_loss, late_interaction, late_interaction_pairs  # noqa: E402
-from openalign.loss.sigmoid import (chunked_sigmoid_loss, naive_sigmoid_loss, sigmoid_loss,  # noqa: E402
+from openalign.loss import softmax, sigmoid, filip
+from openalign.loss.filip import filip_loss, late_interaction, late_interaction_pairs
+from openalign.loss.sigmoid import (chunked_sigmoid_loss, naive_sigmoid_loss, sigmoid_loss,
                                     softplus_rows, softplus_sum)
-from openalign.loss.softmax import (chunked_cross_entropy, contrastive_loss, negatives_mask,  # noqa: E402
+from openalign.loss.softmax import (chunked_cross_entropy, contrastive_loss, negatives_mask,
                                     softmax_loss)
 
 __all__ = ["DIRECTIONS", "Loss", "at_least_fp32", "chunk_rows", "chunked", "create",

@@ -16,12 +16,13 @@ import contextlib
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, TypeVar
+from typing import TypeVar
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
 
-from openalign.model.dual_encoder import DualEncoder
+from openalign.model.dual_encoder import TwoTowers
 
 __all__ = ["encode_image_stream", "encode_image_tokens", "encode_images", "encode_text_tokens", "encode_texts",
            "evaluating", "load_for_inference", "token_ids"]
@@ -29,12 +30,12 @@ __all__ = ["encode_image_stream", "encode_image_tokens", "encode_images", "encod
 T = TypeVar("T")
 
 
-def device_of(model: DualEncoder) -> torch.device:
+def device_of(model: TwoTowers) -> torch.device:
     return next(model.parameters()).device
 
 
 @contextmanager
-def evaluating(model: DualEncoder):
+def evaluating(model: TwoTowers):
     """Eval mode (BatchNorm running statistics, no dropout) and no autograd. A model in training mode is put
     in eval mode and back after; a model already in eval mode (a service's, shared by its requests) is not
     touched, so concurrent requests never write to it."""
@@ -95,7 +96,7 @@ def _text_batches(ids: list[list[int]], tokenizer, batch_size: int, max_length: 
         yield rows, batch, mask
 
 
-def encode_texts(model: DualEncoder, tokenizer, texts: list[str], batch_size: int = 256,
+def encode_texts(model: TwoTowers, tokenizer, texts: list[str], batch_size: int = 256,
                  max_length: int = 64) -> torch.Tensor:
     """[len(texts), D] normalized embeddings, rows in input order (encoded in order of length)."""
     out = torch.empty(len(texts), model.cfg.embed_dim)
@@ -107,7 +108,7 @@ def encode_texts(model: DualEncoder, tokenizer, texts: list[str], batch_size: in
     return out
 
 
-def encode_text_tokens(model: DualEncoder, tokenizer, texts: list[str], batch_size: int = 256,
+def encode_text_tokens(model: TwoTowers, tokenizer, texts: list[str], batch_size: int = 256,
                        max_length: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     """Late interaction's text side: ([len(texts), L, D] normalized token vectors, [len(texts), L] bool mask of
     real tokens), L the longest text's token count, rows in input order."""
@@ -126,7 +127,7 @@ def encode_text_tokens(model: DualEncoder, tokenizer, texts: list[str], batch_si
     return tokens, real
 
 
-def encode_images(model: DualEncoder, pixels: torch.Tensor) -> torch.Tensor:
+def encode_images(model: TwoTowers, pixels: torch.Tensor) -> torch.Tensor:
     """[n, D] normalized embeddings of one batch of pixels [n, 3, H, W] (the evaluation transform's)."""
     device = device_of(model)
     pixels = pixels.to(device)
@@ -136,7 +137,7 @@ def encode_images(model: DualEncoder, pixels: torch.Tensor) -> torch.Tensor:
         return _finish(model.encode_image(pixels).embeds, device)
 
 
-def encode_image_tokens(model: DualEncoder, pixels: torch.Tensor, top: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def encode_image_tokens(model: TwoTowers, pixels: torch.Tensor, top: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """([n, D] normalized embeddings, [n, P, D] normalized patch / feature-map cell vectors) of one batch;
     `top` > 0: only that many patch vectors per image, those largest before normalization, in that order."""
     device = device_of(model)
@@ -152,7 +153,7 @@ def encode_image_tokens(model: DualEncoder, pixels: torch.Tensor, top: int = 0) 
         return _finish(out.embeds, device), _finish(patches, device)
 
 
-def encode_image_stream(model: DualEncoder, decoded: Iterable[tuple[T, torch.Tensor]], batch_size: int,
+def encode_image_stream(model: TwoTowers, decoded: Iterable[tuple[T, torch.Tensor]], batch_size: int,
                         encoder: Callable = encode_images) -> Iterator[tuple[list[T], object]]:
     """Batches of a stream of (payload, pixels): yields (the batch's payloads, `encoder(model, pixels)`: their
     [n, D] embeddings, or with encode_image_tokens also their patch vectors), in stream order; the payload is

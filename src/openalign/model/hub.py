@@ -422,7 +422,8 @@ def init_towers(model: DualEncoder, path: Path) -> None:
     try:
         model.load_state_dict(source.state_dict(), strict=False)
     except RuntimeError as err:
-        raise ConfigError(f"{path} does not match the configured towers ({str(err).splitlines()[1].strip()})")
+        raise ConfigError(f"{path} does not match the configured towers ({str(err).splitlines()[1].strip()})"
+                          ) from None
     # T as the source used it, into whichever parameter this model learns (raw T or log(1/T)); a fixed T stays fixed
     model.set_temperature(model.temperature_settings.fixed or float(source.temperature.detach()))
 

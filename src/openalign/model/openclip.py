@@ -137,7 +137,7 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
                 with warnings.catch_warnings():  # (torch's note on the pickle protocol of a file it then refuses)
                     warnings.simplefilter("ignore")
                     return torch.load(file, map_location="cpu", weights_only=True)
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 - torch.load's refusals come as many types
                 raise ConfigError(f"{file} is not a plain state dict of tensors ({type(err).__name__}); convert it "
                                   "to open_clip_model.safetensors") from None
     raise ConfigError(f"{path} has {CONFIG_FILE} but no weights ({' or '.join(WEIGHT_FILES)})")

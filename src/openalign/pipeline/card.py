@@ -31,7 +31,7 @@ import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
 
 import numpy as np
@@ -250,7 +250,7 @@ def _version(name: str) -> str | None:
 def _file(path: str) -> dict:
     p = Path(path)
     return {"path": str(p.resolve()) if "://" not in path else path,
-            **({"bytes": p.stat().st_size, "modified": datetime.fromtimestamp(p.stat().st_mtime, timezone.utc)
+            **({"bytes": p.stat().st_size, "modified": datetime.fromtimestamp(p.stat().st_mtime, UTC)
                 .isoformat(timespec="seconds")} if "://" not in path and p.is_file() else {})}
 
 
@@ -272,7 +272,7 @@ def _provenance(pairs: str, keeps: list[Path], names: list[str], reports: list[d
                                                                         if r.get(k) is not None},
                     "seconds": r.get("seconds")}
                    for n, k, r in zip(names, keeps, reports)],
-        "command": command, "written": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": command, "written": datetime.now(UTC).isoformat(timespec="seconds"),
         "versions": {"openalign": _version("openalign"), "python": platform.python_version(),
                      **{name: _version(name) for name in VERSIONS}},
     }

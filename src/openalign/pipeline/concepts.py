@@ -239,7 +239,7 @@ def _run(jobs: list[Job], work: Path, name: str, engine: Engine, progress: bool)
     return results
 
 
-def _metadata(pairs: str, plan: Path, n_jobs: int, work: Path, out: Path, options: "MetadataOptions", inputs: str,
+def _metadata(pairs: str, plan: Path, n_jobs: int, work: Path, out: Path, options: MetadataOptions, inputs: str,
               engine: Engine, progress: bool) -> dict:
     """OUT/metadata.txt (written only when its contents change), and where its entries came from."""
     if options.metadata:

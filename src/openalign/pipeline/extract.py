@@ -47,7 +47,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from operator import itemgetter
 from pathlib import Path
-from typing import Annotated, Iterator
+from typing import Annotated
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa

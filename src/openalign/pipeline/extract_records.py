@@ -27,7 +27,8 @@ from __future__ import annotations
 import gzip
 import zlib
 from collections import Counter
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from openalign.pipeline.extract_inputs import open_source
 

@@ -315,7 +315,7 @@ class Client:
                     return 0, None, None, Refusal("dns", str(err.os_error)[:200])
                 except (aiohttp.ClientConnectorCertificateError, aiohttp.ClientSSLError) as err:
                     return 0, None, None, Refusal("tls", str(err)[:200])
-                except (TimeoutError, asyncio.TimeoutError):
+                except TimeoutError:
                     return 0, None, None, Refusal("timeout", "no answer in time")
                 except aiohttp.InvalidURL as err:
                     return 0, None, None, Refusal("bad_url", str(err)[:200])

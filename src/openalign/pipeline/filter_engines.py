@@ -199,7 +199,7 @@ class SpillWatch:
         while not self._stop.wait(self.every):
             self.sample()
 
-    def __enter__(self) -> "SpillWatch":
+    def __enter__(self) -> SpillWatch:
         self._thread.start()
         return self
 

@@ -312,7 +312,7 @@ def _rule_tables() -> list[tuple[str, str]]:
 
 def summary_query() -> str:
     """One row: total pairs, then per rule (alone, in sequence), then kept pairs."""
-    parts, earlier = ["count(*)"], []
+    parts, earlier = ["count(*)"], list[str]()
     for rule in RULES:
         parts.append(f"sum(CASE WHEN {rule} THEN 1 ELSE 0 END)")
         sequence = " AND ".join([rule] + [f"NOT {e}" for e in earlier])

@@ -22,7 +22,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from openalign.config import ConfigError, Options, expect
 from openalign.data import images, sources

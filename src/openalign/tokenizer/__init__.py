@@ -13,7 +13,7 @@ the tokenizer from the trained vocabulary with only BERT's five special tokens.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable
+from collections.abc import Iterable
 
 import transformers
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers

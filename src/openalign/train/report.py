@@ -8,12 +8,12 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from openalign import loss as loss_lib  # noqa: E402
-from openalign.config import Config  # noqa: E402
-from openalign.eval.metrics import chance_key  # noqa: E402
-from openalign.eval.report import caveats  # noqa: E402
+from openalign import loss as loss_lib
+from openalign.config import Config
+from openalign.eval.metrics import chance_key
+from openalign.eval.report import caveats
 
 HEADLINE = ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "mean_recall", "zeroshot_top1",
             "zeroshot_top5")

@@ -455,7 +455,7 @@ def _train(cfg: Config, resume: bool, progress: bool, overwrite: bool) -> TrainR
         save_checkpoint(out / CHECKPOINT, model, optimizer, step, position, cfg)
         log.close()
         raise SystemExit(f"interrupted at step {step}; checkpoint saved, continue with "
-                         f"`openalign train --out {out} --resume`")
+                         f"`openalign train --out {out} --resume`") from None
     log.bar.close()
     save_checkpoint(out / CHECKPOINT, model, optimizer, step, position, cfg, layout)
     return finish(run, model, step, log)
