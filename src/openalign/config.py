@@ -168,7 +168,9 @@ class TemperatureConfig:
     parameterization: Literal["auto", "raw", "log"] = "auto"
     # > 0: the logits' scale 1/T is capped here (CLIP: 100), as T is floored at min; past either, T's gradient is 0
     max_scale: Annotated[float, non_negative("0 (no cap) or a positive number")] = 0.0
-    fixed: Annotated[float, non_negative("0 (learned) or a positive number")] = 0.0  # > 0: not learned, held at this value (Table 8: 1/128, 1/64, 1/32)
+    fixed: Annotated[float, non_negative("0 (learned) or a positive number")] = 0.0  # > 0: not learned, held at this
+                                                                                     # value (Table 8: 1/128, 1/64,
+                                                                                     # 1/32)
     min: Annotated[float, POSITIVE] = 1e-3  # floor: logits stay finite, the loss cannot diverge
     # Multiplier on its learning rate. The paper's 1.0 init moves by ~lr per step under LAMB (trust ratio
     # x |t|), far too slowly for runs of a few hundred steps.
@@ -266,9 +268,13 @@ class TrainConfig:
     log_every: Annotated[int, POSITIVE_INT] = 10
     eval_every: Annotated[int, non_negative("0 (only at the end) or more")] = 0  # 0: only at the end
     checkpoint_every: Annotated[int, non_negative("0 (only at the end) or more")] = 1_000
-    threads: Annotated[int, non_negative("0 (all cores) or more")] = 0  # torch intra-op threads; 0: all cores (measured: no slower than leaving one to the workers)
+    threads: Annotated[int, non_negative("0 (all cores) or more")] = 0  # torch intra-op threads; 0: all cores
+                                                                        # (measured: no slower than leaving one to the
+                                                                        # workers)
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on GPU, fp32 on CPU; logits, loss fp32
-    micro_batch: Annotated[int, non_negative("0 (off) or a positive integer")] = 0  # > 0 and below the per-device batch: gradient caching in micro-batches of this size
+    micro_batch: Annotated[int, non_negative("0 (off) or a positive integer")] = 0  # > 0 and below the per-device
+                                                                                    # batch: gradient caching in
+                                                                                    # micro-batches of this size
     grad_checkpointing: bool = False  # recompute tower activations in backward (transformers' checkpointing)
     shard_optimizer: bool = False  # under torchrun: ZeRO-1, each rank keeps 1/world of LAMB's state (exact LAMB)
     fsdp: bool = False  # under torchrun: FSDP2, parameters, gradients and LAMB's state sharded over ranks

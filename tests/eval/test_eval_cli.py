@@ -67,7 +67,8 @@ def test_multilingual_multi30k_layout(model_dir, tmp_path, capsys):
     m = run(model_dir, tmp_path, "--task", "multilingual", "--data", str(split / "test_2016_flickr.txt"),
             "--images", str(tmp_path / "images"), "--captions", str(raw))
     assert m["multilingual_languages"] == "de,en" and m["n_skipped"] == 1
-    assert m["multilingual_en_n_images"] == 6 and m["multilingual_de_n_texts"] == 6  # the unreadable image's line dropped
+    assert m["multilingual_en_n_images"] == 6 and m["multilingual_de_n_texts"] == 6  # the unreadable image's line
+                                                                                     # dropped
     assert m["multilingual_mean_recall"] == pytest.approx(
         (m["multilingual_en_mean_recall"] + m["multilingual_de_mean_recall"]) / 2)
     assert m["multilingual_chance_en_t2i_r1"] == pytest.approx(1 / 6)

@@ -100,7 +100,8 @@ def test_an_interrupted_screen_leaves_no_keep_list_that_shard_would_take(tmp_pat
     args = ["screen", str(pairs), "--classifier", f"{tmp_path / 'clf.py'}:redness", "--out", str(tmp_path / "s"),
             "--quiet"]
     assert main(args) == 0
-    run_killed(monkeypatch, screen_lib, "write_keep_report", args)  # a rerun killed after the new keep-list, before its report
+    run_killed(monkeypatch, screen_lib, "write_keep_report", args)  # a rerun killed after the new keep-list, before its
+                                                                    # report
     capsys.readouterr()
     assert main(["shard", str(pairs), "--keep", str(tmp_path / "s"), "--out", str(tmp_path / "shards"), "--quiet"]) == 2
     assert "has no report of its stage beside it" in capsys.readouterr().err

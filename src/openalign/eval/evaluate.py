@@ -104,8 +104,9 @@ def evaluate(model, data: str | list[str], tasks: Sequence[str] = (), *, protoco
         raise ConfigError("an embedding cache is keyed by the model's files: give the model as its directory")
     host.reuse_freed_memory()
     settings = {k: v for k, v in (settings or {}).items() if v is not None}
-    if isinstance(settings.get("templates"), str):  # a shipped set's name or a file of prompts
-        settings["templates"] = load_templates(settings["templates"])
+    templates = settings.get("templates")
+    if isinstance(templates, str):  # a shipped set's name or a file of prompts
+        settings["templates"] = load_templates(templates)
     unknown = sorted(set(settings) - task_settings())
     if unknown:
         raise ConfigError(f"{', '.join(unknown)}: no task has such an option; the tasks' options are "

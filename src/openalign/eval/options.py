@@ -40,10 +40,12 @@ class FinetuneConfig(TaskOptions):
     head_lr_scale: Annotated[float, NON_NEGATIVE] = 10.0  # the head's lr is this times the backbone's (paper: 10)
     momentum: Annotated[float, FRACTION_CLOSED_OPEN] = 0.9
     weight_decay: Annotated[float, NON_NEGATIVE] = 0.0
-    warmup_fraction: Annotated[float, Rule(lambda x: 0 <= x <= 1, "in [0, 1]")] = 0.1  # linear warmup over this fraction of each stage's steps
+    warmup_fraction: Annotated[float, Rule(lambda x: 0 <= x <= 1, "in [0, 1]")] = 0.1  # linear warmup over this
+                                                                                       # fraction of each stage's steps
     schedule: Literal["linear", "step", "cosine"] = "linear"  # after the warmup: linear decay to 0; x `decay` every
         # `decay_every` of the stage's steps (the paper's ImageNet: x0.2 every 30 epochs); or cosine decay to 0
-    decay_every: Annotated[float, FRACTION_OPEN_CLOSED] = 0.3  # step schedule: the share of a stage's steps between decays
+    decay_every: Annotated[float, FRACTION_OPEN_CLOSED] = 0.3  # step schedule: the share of a stage's steps between
+                                                               # decays
     decay: Annotated[float, POSITIVE] = 0.2  # step schedule: the lr's factor at each decay
     head_steps: Annotated[int, NON_NEGATIVE] = 0  # stage 1, before `steps`: the head alone on the frozen tower
     head_stage_lr: Annotated[float, NON_NEGATIVE] = 0.0  # stage 1's peak lr (0: the head's lr, lr x head_lr_scale)

@@ -51,7 +51,8 @@ def zeroshot(ctx: Context, options: ZeroshotOptions = ZeroshotOptions()) -> tupl
         metrics |= {"top1_single_prompt": one, "ensemble_gain": metrics["top1"] - one}
     figures = {"zeroshot": {"true": labels, "predicted": logits.argmax(dim=1), "classes": [names[c] for c in classes]}
                | ({"draw": panels.confusion} if panels.confusion_worth_drawing(labels) else {})}
-    if ctx.model is not None:  # probabilities at the model's own scale and head: softmax(cos / T) or sigmoid(cos / T + b)
+    if ctx.model is not None:  # probabilities at the model's own scale and head: softmax(cos / T) or sigmoid(cos / T +
+                               # b)
         scores, figures["calibration"] = calibration(ctx, options, logits, labels, weights, index)
         metrics |= scores
     return metrics | {"n_classes": len(classes), "n_images": len(rows), "chance_top1": 1 / len(classes),

@@ -264,8 +264,9 @@ def parse_ids(spec: str) -> list[int]:
     def numbers(items: list[str]) -> list[int] | None:
         return [int(t) for t in items] if items and all(t.lstrip("-").isdigit() for t in items) else None
 
-    if not spec.startswith("@") and numbers(tokens(spec)) is not None:
-        return numbers(tokens(spec))
+    given = numbers(tokens(spec)) if not spec.startswith("@") else None
+    if given is not None:
+        return given
     path = Path(spec[1:] if spec.startswith("@") else spec)
     if not path.is_file():
         raise ConfigError(f"--delete takes ids (3,17,42) or @FILE, a file of ids one per line; {spec[:80]!r} is "

@@ -237,7 +237,7 @@ def search(index: Loaded | str | Path, query: Query | str, k: int = 10, *, model
     floor = score_floor(min_score, index.info.get("weights"))
     patches = patch_store(index) if rerank else None
     hits = nearest(index, query_vector(encoder, tokenizer, query, index), max(k, rerank), floor)
-    if not rerank:
+    if patches is None:  # not re-ranking
         return SearchResult(hits, floor)
     start = time.perf_counter()
     hits = rerank_hits(encoder, tokenizer, query, hits, patches, k)

@@ -36,14 +36,19 @@ class FilterConfig(Options):
 
     Rules are counted on the raw pair table, before any other rule, as the paper describes."""
 
-    min_short_side: Annotated[int, non_negative("0 or more pixels")] = 200  # image: keep only if the shorter side is > this many pixels
+    min_short_side: Annotated[int, non_negative("0 or more pixels")] = 200  # image: keep only if the shorter side is >
+                                                                            # this many pixels
     max_aspect: Annotated[float, at_least(1)] = 3.0  # image: keep only if long side / short side < this
-    max_texts_per_image: Annotated[int, POSITIVE_INT] = 1000  # image: drop images with more distinct alt-texts than this
-    max_images_per_text: Annotated[int, POSITIVE_INT] = 10  # text: drop alt-texts shared by more distinct images than this
+    max_texts_per_image: Annotated[int, POSITIVE_INT] = 1000  # image: drop images with more distinct alt-texts than
+                                                              # this
+    max_images_per_text: Annotated[int, POSITIVE_INT] = 10  # text: drop alt-texts shared by more distinct images than
+                                                            # this
     min_words: Annotated[int, NON_NEGATIVE] = 3  # text: keep only texts with min_words..max_words unigrams
     max_words: Annotated[int, POSITIVE_INT] = 20
-    vocab_size: Annotated[int, POSITIVE_INT] = 100_000_000  # text: drop texts with a unigram/bigram outside the K most frequent
-    vocab_ngrams: Annotated[int, Rule(lambda x: x in (1, 2), "1 or 2")] = 2  # 2: unigrams and bigrams are both checked (paper); 1: unigrams only
+    vocab_size: Annotated[int, POSITIVE_INT] = 100_000_000  # text: drop texts with a unigram/bigram outside the K most
+                                                            # frequent
+    vocab_ngrams: Annotated[int, Rule(lambda x: x in (1, 2), "1 or 2")] = 2  # 2: unigrams and bigrams are both checked
+                                                                             # (paper); 1: unigrams only
     lowercase: bool = True  # count words case-insensitively
     examples: Annotated[int, NON_NEGATIVE] = 3  # example texts per rule in the report
     # which rules run: text (a candidate table, before the download), image (the pair table after it, where the text

@@ -64,7 +64,8 @@ REJECT_SCHEMA = pa.schema([("source", pa.string()), ("path", pa.string()), ("mem
 
 @dataclass(frozen=True)
 class IngestOptions(Options):
-    image_column: str = ""  # tables: the column with an image path or URL (default: the first of image, filepath, file, path, image_path, url)
+    image_column: str = ""  # tables: the column with an image path or URL (default: the first of image, filepath, file,
+                            # path, image_path, url)
     text_column: str = ""  # tables: the column with the alt-text (default: the first of text, caption, captions, title)
     max_pixels: int = images.DEFAULT_MAX_PIXELS  # larger images are rejected (decompression bombs)
     workers: int = 0  # processes reading images (0: all cores)
