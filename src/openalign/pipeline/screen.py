@@ -53,7 +53,7 @@ def load_classifier(spec: str) -> Callable:
     try:
         if module_name.endswith(".py"):
             loader_spec = importlib.util.spec_from_file_location("openalign_user_classifier", module_name)
-            if loader_spec is None or not Path(module_name).is_file():
+            if loader_spec is None or loader_spec.loader is None or not Path(module_name).is_file():
                 raise ImportError(f"no file {module_name}")
             module = importlib.util.module_from_spec(loader_spec)
             loader_spec.loader.exec_module(module)
@@ -119,7 +119,7 @@ class ScreenResult:
     report: dict  # the report as written
 
 
-def screen(pairs: Path, out: Path, options: ScreenOptions, progress: bool = True,
+def screen(pairs: str | Path, out: Path, options: ScreenOptions, progress: bool = True,
            engine: Engine = Engine()) -> ScreenResult:
     """Score every image in tasks of `images_per_task` (local processes or Spark); drop those at or above the
     threshold. A classifier given as a file is named by its absolute path, so executors find it."""

@@ -132,7 +132,7 @@ def resize_short_side(image: Image.Image, size: int) -> Image.Image:
 def write_shard(path: Path, samples: list[dict], options: ShardOptions) -> dict:
     """Write one shard atomically; returns its counts (samples written, skipped with reasons)."""
     tmp = path.with_suffix(".tar.tmp")
-    written, skipped = 0, {}
+    written, skipped = 0, dict[str, int]()
     with tars.TarWriter(tmp, mtime=0.0) as writer:  # fixed mtime: reruns give identical bytes
         for sample in samples:
             try:
@@ -173,7 +173,7 @@ def _file_stat(path: Path) -> list[int]:
     return [stat.st_size, stat.st_mtime_ns]
 
 
-def shard(pairs: Path, keep_dirs: list[Path], out: Path, options: ShardOptions = ShardOptions(),
+def shard(pairs: str | Path, keep_dirs: list[Path], out: Path, options: ShardOptions = ShardOptions(),
           progress: bool = True, split_name: str = "", engine: Engine = Engine()) -> ShardResult:
     """Write the kept pairs of `pairs` as shards in `out`; finished shards of an earlier run are kept.
 
@@ -242,7 +242,7 @@ def run_plan(plan: Path, count: int, out: Path, options: ShardOptions, progress:
     if engine.name == "local":
         engine = Engine(workers=options.workers or engine.workers, retries=engine.retries)
     results, _ = run_jobs(jobs, out / STATUS, engine, "shard", progress)
-    counts, skipped = {}, {}
+    counts, skipped = dict[str, int](), dict[str, int]()
     for result in results.values():
         counts[result["name"]] = result["samples"]
         for reason, k in result["skipped"].items():
