@@ -17,7 +17,8 @@ Within an attempt, ingest (~3 s a run) runs 5 times per engine, interleaved, the
 here was larger than the effect measured. Every process that runs stages (this one for the 1-process runs, the
 pool's workers, Spark's Python workers) is warmed the same way first (`warm_worker`).
 The 2-core speed-up is local[2] / local[1] (and 2 / 1 local workers): the median of the attempts' own ratios;
-the per-core figure is images/s divided by the cores used. Outputs of every run are checked equal to the local engine's first run.
+the per-core figure is images/s divided by the cores used. Outputs of every run are checked equal to the local
+engine's first run.
 
 The default size is where the steady state shows: 16 tasks per stage of 500 images (a few seconds each),
 enough for two workers to share evenly. At 4,000 images in tars of 100 the whole ingest took ~2 s, and what
@@ -124,7 +125,8 @@ def main() -> None:
             staging.rename(corpus)
         held = corpus / "held"
         tars = sorted(str(p) for p in (corpus / "web").glob("*.tar"))
-        runs = {"local, 1 process": (Engine("local", workers=1), 1), "local, 2 processes": (Engine("local", workers=2), 2),
+        runs = {"local, 1 process": (Engine("local", workers=1), 1),
+                "local, 2 processes": (Engine("local", workers=2), 2),
                 "Spark local[1]": (Engine("spark", "local[1]"), 1), "Spark local[2]": (Engine("spark", "local[2]"), 2)}
         seconds: dict[str, dict[str, float]] = {}
         paired: dict[tuple[str, str], list[float]] = {}  # (engine, stage): its speed-up in each attempt
@@ -156,7 +158,8 @@ def main() -> None:
                     run[name][stage] = min(timed(fn), run[name].get(stage, float("inf")))
             for name in names:
                 best = seconds.get(name, run[name])
-                seconds[name] = {stage: min(run[name][stage], best[stage]) for stage in run[name]} | {"cores": runs[name][1]}
+                seconds[name] = ({stage: min(run[name][stage], best[stage]) for stage in run[name]}
+                                 | {"cores": runs[name][1]})
                 check(name, outs[name])
                 print(f"{name}: " + ", ".join(f"{stage} {args.images / run[name][stage]:.0f} images/s"
                                               for stage in ("ingest", "shard", "dedup")), flush=True)
@@ -211,7 +214,8 @@ def main() -> None:
     speedups = {stage: (statistics.median(paired["spark", stage]), statistics.median(paired["local", stage]))
                 for stage in stages}
     lines = [verdict("P11", f"local_speedup_2core_{stage}", speedups[stage][1], 1.8, at_least=True) for stage in stages]
-    lines += [verdict("P11", f"spark_speedup_2core_{stage}", speedups[stage][0], 1.8, at_least=True) for stage in stages]
+    lines += [verdict("P11", f"spark_speedup_2core_{stage}", speedups[stage][0], 1.8, at_least=True)
+              for stage in stages]
     lines += [f"P11 dedup_images_per_s_per_core={rate('local, 1 process', 'dedup'):.0f}"]
     lines += [f"P11 pair_bytes={sizes['pair_bytes']:.0f} shard_kb_per_image={sizes['shard_bytes'] / 1024:.1f}"]
     lines += [f"P11 spark_vs_local_1core_{stage}={rate('Spark local[1]', stage) / rate('local, 1 process', stage):.2f}"

@@ -64,7 +64,8 @@ def main() -> None:
     exact_score = flat.search(train, 1)[0][:, 0]
     exact_s = time.perf_counter() - start
     exact = exact_score > args.threshold
-    rows = [f"| exact (`--mode embedding`) | — | {args.eval:,} | {int(exact.sum()):,} | 1.000 | {exact_s:.1f} s | 1.00 |"]
+    rows = [f"| exact (`--mode embedding`) | — | {args.eval:,} | {int(exact.sum()):,} | 1.000 | {exact_s:.1f} s "
+            "| 1.00 |"]
     for k in (int(c) for c in args.clusters.split(",")):
         start = time.perf_counter()
         centroids = dd.kmeans(evaluation, k)

@@ -40,7 +40,8 @@ print(json.dumps({{"seconds": time.perf_counter() - start, "rss": peak_rss_mib()
 
 def record(kind: str, uri: str, head: bytes, length: int) -> bytes:
     content = "application/json" if kind == "metadata" else "application/http; msgtype=response"
-    return (f"WARC/1.0\r\nWARC-Type: {kind}\r\nWARC-Target-URI: {uri}\r\nWARC-Record-ID: <urn:uuid:{abs(hash(uri))}>\r\n"
+    return (f"WARC/1.0\r\nWARC-Type: {kind}\r\nWARC-Target-URI: {uri}\r\n"
+            f"WARC-Record-ID: <urn:uuid:{abs(hash(uri))}>\r\n"
             f"Content-Type: {content}\r\nContent-Length: {length}\r\n\r\n").encode() + head
 
 

@@ -205,11 +205,12 @@ def main() -> int:
         + ("" if spark_equal is None else f"; Spark == DuckDB: **{spark_equal}**"),
         f"- {args.rows:,} pairs: {report['kept_pairs']:,} kept; {report['distinct_terms']:,} distinct "
         f"unigrams+bigrams (counted by hash), {report['exactly_counted_terms']:,} of them counted exactly (those "
-        "that could reach the vocabulary); removed in sequence: " + ", ".join(f"{r['rule']} {r['removed_in_sequence']:,}"
-                                                            for r in report["rules"]),
+        "that could reach the vocabulary); removed in sequence: "
+        + ", ".join(f"{r['rule']} {r['removed_in_sequence']:,}" for r in report["rules"]),
         f"- generating the {args.rows:,}-row table took {gen_big:.0f} s (not counted); pandas runs on "
         f"{args.pandas_rows:,} rows because its exploded Python strings need tens of GiB at {args.rows:,}",
-        *([f"- generating the {args.huge_rows:,}-row table took {gen_huge:.0f} s (not counted)"] if args.huge_rows else []),
+        *([f"- generating the {args.huge_rows:,}-row table took {gen_huge:.0f} s (not counted)"]
+          if args.huge_rows else []),
         f"- command: `.venv/bin/python bench/filters.py --rows {args.rows} --pandas-rows {args.pandas_rows} "
         f"--vocab-size {args.vocab_size}" + (f" --huge-rows {args.huge_rows}" if args.huge_rows else "") + "`",
         "",

@@ -160,7 +160,8 @@ def phase_query(args) -> dict:
     batch_s = time.perf_counter() - t
     return {"open_s": open_s, "rss_before_open_mib": before, "rss_after_open_mib": after_open,
             "rss_after_queries_mib": resident_mib(), "query_peak_mib": peak_rss_mib(),
-            "latency_ms_p50": 1000 * statistics.median(single), "latency_ms_p95": 1000 * float(np.percentile(single, 95)),
+            "latency_ms_p50": 1000 * statistics.median(single),
+            "latency_ms_p95": 1000 * float(np.percentile(single, 95)),
             "batch_qps": len(queries) / batch_s, "recall_single": recall_at_10(np.stack(found), truth),
             "recall_batch": recall_at_10(batch_ids, truth)}
 
@@ -209,7 +210,8 @@ def main() -> None:
     lines = [
         verdict("P12", "build_peak_rss_gib", build_peak, budget_gib, at_least=False),
         verdict("P12", "recall_at_10", results["recall_batch"], 0.95, at_least=True, fmt=".3f"),
-        f"P12 float32_gib={float32_gib:.1f} ram_gib={os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / GIB:.1f}",
+        f"P12 float32_gib={float32_gib:.1f} "
+        f"ram_gib={os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / GIB:.1f}",
         f"P12 build_s={results['build_s']:.0f} query_ms_p50={results['latency_ms_p50']:.1f} "
         f"query_rss_mib={results['rss_after_queries_mib']:.0f}",
     ]
@@ -228,7 +230,8 @@ def main() -> None:
         f"by {args.workers} processes, tune) | {results['build_s']:.0f} s |",
         f"| build peak RSS, summed over the process tree (driver VmHWM {results['driver_peak_mib']:.0f} MiB) | "
         f"**{build_peak:.2f} GiB** (budget {args.memory}) |",
-        f"| index on disk ({info['params']['codes']} codes + ids + direct maps) | {results['index_bytes'] / GIB:.2f} GiB |",
+        f"| index on disk ({info['params']['codes']} codes + ids + direct maps) "
+        f"| {results['index_bytes'] / GIB:.2f} GiB |",
         f"| nprobe (tuned on the first shard for recall@10 >= 0.95) | {info['params']['nprobe']} of {args.nlist} |",
         f"| recall@10 of {args.queries} held-out queries vs exact search over all {args.n:,} | "
         f"**{results['recall_batch']:.3f}** |",
@@ -236,8 +239,10 @@ def main() -> None:
         f"{results['rss_after_open_mib']:.0f} MiB |",
         f"| one query at a time | p50 {results['latency_ms_p50']:.1f} ms, p95 {results['latency_ms_p95']:.1f} ms |",
         f"| a batch of {args.queries} queries | {results['batch_qps']:.0f} queries/s |",
-        f"| RSS after all queries (mapped pages of the probed lists included) | {results['rss_after_queries_mib']:.0f} MiB |",
-        f"| exact truth, streamed over the float16 parts | {results['truth_s']:.0f} s, peak {results['truth_peak_mib']:.0f} MiB |",
+        f"| RSS after all queries (mapped pages of the probed lists included) "
+        f"| {results['rss_after_queries_mib']:.0f} MiB |",
+        f"| exact truth, streamed over the float16 parts | {results['truth_s']:.0f} s, "
+        f"peak {results['truth_peak_mib']:.0f} MiB |",
         "",
         "```",
         *lines,

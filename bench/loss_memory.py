@@ -296,16 +296,20 @@ def main() -> int:
         p13(args)
         return 0
     runs = {}
-    for name, kind, n in (("naive", "naive", args.n), ("chunked", "chunked", args.n), ("chunked_big", "chunked", args.big_n)):
+    for name, kind, n in (("naive", "naive", args.n), ("chunked", "chunked", args.n),
+                          ("chunked_big", "chunked", args.big_n)):
         runs[name] = run_child(kind, n, args, args.repeats if n == args.n else 1)
-        print(f"{name} N={n:,}: {runs[name]['seconds']:.2f} s, extra peak {runs[name]['extra_mib']:.0f} MiB", flush=True)
+        print(f"{name} N={n:,}: {runs[name]['seconds']:.2f} s, extra peak {runs[name]['extra_mib']:.0f} MiB",
+              flush=True)
     error = gradient_error(args.check_n, args.dim)
     flops = {kind: flops_per_n2d(kind, 1_024, args.dim) for kind in ("naive", "chunked")}
     memory_ratio = runs["chunked"]["extra_mib"] / runs["naive"]["extra_mib"]
     time_ratio = runs["chunked"]["seconds"] / runs["naive"]["seconds"]
     rows = [
-        f"### P1, P2 contrastive loss (forward + backward, label smoothing 0.1, d={args.dim}, fp32, {args.threads} threads)", "",
-        f"| loss | N | seconds (median of {args.repeats}) | extra peak memory | FLOPs / (N^2 d) |", "|---|---|---|---|---|",
+        f"### P1, P2 contrastive loss (forward + backward, label smoothing 0.1, d={args.dim}, fp32, "
+        f"{args.threads} threads)", "",
+        f"| loss | N | seconds (median of {args.repeats}) | extra peak memory | FLOPs / (N^2 d) |",
+        "|---|---|---|---|---|",
         f"| naive (materialized [N, N] logits, log_softmax both ways) | {args.n:,} | {runs['naive']['seconds']:.2f} | "
         f"{runs['naive']['extra_mib']:,.0f} MiB | {flops['naive']:.1f} |",
         f"| openalign chunked (streaming log-sum-exp, recomputed blocks of {32} MiB) | {args.n:,} | "

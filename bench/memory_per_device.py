@@ -100,7 +100,8 @@ def fsdp_child(rank: int, preset: str, port: int, out: str) -> None:
     step()
     out_file = Path(out) / f"rank{rank}.json"
     out_file.write_text(json.dumps({"static_bytes": static, "extra_mib": peak_rss_mib() - before,
-                                    "largest_unit_bytes": max(units), "params": sum(p.numel() for p in model.parameters())}))
+                                    "largest_unit_bytes": max(units),
+                                    "params": sum(p.numel() for p in model.parameters())}))
     dist.destroy_process_group()
 
 
@@ -152,8 +153,9 @@ def main() -> int:
     rows = ["| preset | parameters | static (weights, grads, LAMB) | activations per pair, fp32 | "
             + " | ".join(f"{n} pairs/device, bf16" for n in PER_DEVICE) + " |",
             "|---|---|---|---|" + "---|" * len(PER_DEVICE)]
-    sharded = ["| preset | static per device, FSDP over 2 (measured) | largest unit, whole | extra peak of a 1-pair step, fp32 "
-               "| static per device over 64 | 16 pairs/device over 64, bf16 |", "|---|---|---|---|---|---|"]
+    sharded = ["| preset | static per device, FSDP over 2 (measured) | largest unit, whole "
+               "| extra peak of a 1-pair step, fp32 | static per device over 64 | 16 pairs/device over 64, bf16 |",
+               "|---|---|---|---|---|---|"]
     for preset in args.presets:
         one, two = measure(preset, 1), measure(preset, 2)
         per_pair = (two["extra_mib"] - one["extra_mib"]) / 1024

@@ -242,9 +242,9 @@ def main() -> int:
         "per thread (the arithmetic alone, no memory traffic); medians over the run. This "
         "machine's memory bandwidth drifts between runs, so each timing is taken in rounds right after its "
         "bounds, and the ratios are medians of each round's ratio. The bound for a batch is the larger of the "
-        "read and the compute bound. openalign's path: a numba scan in 4-row x 4-query register tiles up to 128 queries, "
-        "`faiss.knn` beyond (index/exact.py). FAISS PASSIVE: the same search in a second process started with "
-        "`OMP_WAIT_POLICY=PASSIVE` (its OpenMP threads sleep between parallel regions instead of spinning).", "",
+        "read and the compute bound. openalign's path: a numba scan in 4-row x 4-query register tiles up to 128 "
+        "queries, `faiss.knn` beyond (index/exact.py). FAISS PASSIVE: the same search in a second process started "
+        "with `OMP_WAIT_POLICY=PASSIVE` (its OpenMP threads sleep between parallel regions instead of spinning).", "",
         "| queries | openalign ms | FAISS IndexFlatIP ms | FAISS / openalign | FAISS PASSIVE ms | PASSIVE / openalign "
         "| bound ms | of the bound | top-10 agreement with FAISS |",
         "|---|---|---|---|---|---|---|---|---|", *rows, "",

@@ -8,7 +8,8 @@ query by id with a "+ text" term.
 Phase 1 (clean): the normal clients alone. Phase 2 (abuse): the same normal clients again, while A abusive
 clients (threads of a second process: an attacker is another process) send, in a loop until the normal ones
 finish: bodies over the limit (declared 50 MB, and a chunked 20 MB body), 50,000-character plus terms, NaN /
-Infinity weights, bad base64, and a non-image upload. Every abusive request must get a 4xx (never a 5xx or a dropped connection for the small ones),
+Infinity weights, bad base64, and a non-image upload. Every abusive request must get a 4xx (never a 5xx or a
+dropped connection for the small ones),
 the normal clients must see 0 errors and a p99 within 2x of the clean run, and the server's memory must
 not grow by the size of what was thrown at it.
 
@@ -134,8 +135,8 @@ def mixed_client(url: str, queries: int, seed: int, count: int, upload: str, bar
                 else:
                     body = [{"text": " ".join(rng.sample(WORDS, rng.randint(1, 3))), "k": 24},
                             {"image_id": rng.randrange(count), "k": 24},
-                            {"image_id": rng.randrange(count), "plus": [rng.choice(WORDS)], "minus": [rng.choice(WORDS)],
-                             "k": 24},
+                            {"image_id": rng.randrange(count), "plus": [rng.choice(WORDS)],
+                             "minus": [rng.choice(WORDS)], "k": 24},
                             {"image": upload, "plus": [rng.choice(WORDS)], "k": 24}][kind]
                     response = http.post("/search", json=body)
                     ok = response.status_code == 200 and len(response.json()["results"]) == 24
@@ -322,8 +323,8 @@ def ensure_large_index(model: Path, dim: int, n: int, out: Path) -> dict[str, Pa
         for i, start in enumerate(range(0, n, part)):
             x = rng.standard_normal((min(part, n - start), dim)).astype(np.float32)
             x /= np.linalg.norm(x, axis=1, keepdims=True)
-            rows = [{"key": f"{start + j}.jpg", "path": f"/synthetic/{start + j}.jpg", "caption": f"synthetic {start + j}",
-                     "width": 256, "height": 256} for j in range(len(x))]
+            rows = [{"key": f"{start + j}.jpg", "path": f"/synthetic/{start + j}.jpg",
+                     "caption": f"synthetic {start + j}", "width": 256, "height": 256} for j in range(len(x))]
             _write_part(emb, i, x, rows)
             parts[str(i)] = {"rows": len(x), "skipped": 0}
         (emb / MANIFEST).write_text(json.dumps({"complete": True, "parts": parts, "model": str(model), "dim": dim}))
@@ -468,7 +469,8 @@ def main() -> int:
     rows += [
         f"### Concurrent mixed requests ({args.mixed_clients} clients x {args.mixed_queries}, started together) on an "
         f"IVF index with float32 cells over {mixed['count']:,} images from {groups} embed parts", "",
-        "| requests | errors | p50 latency | p99 latency | requests/s | server alive after |", "|---|---|---|---|---|---|",
+        "| requests | errors | p50 latency | p99 latency | requests/s | server alive after |",
+        "|---|---|---|---|---|---|",
         f"| {mixed['queries']:,} | {mixed['errors']} | {mixed['p50'] * 1e3:.0f} ms | {mixed['p99'] * 1e3:.0f} ms | "
         f"{mixed['qps']:.1f} | {'yes' if mixed['alive'] else 'NO'} |", "",
         f"- the metadata has {groups} row groups (the reader caches 8); one request in five each: a text query, an "
@@ -480,7 +482,8 @@ def main() -> int:
     ]
     write_section("LOAD", "\n".join(rows))
     print("\n".join(rows))
-    print(f"LOAD mixed_errors={mixed['errors']} examples={mixed['examples']} {'PASS' if not mixed['errors'] and mixed['alive'] else 'FAIL'}")
+    verdict_mixed = "PASS" if not mixed["errors"] and mixed["alive"] else "FAIL"
+    print(f"LOAD mixed_errors={mixed['errors']} examples={mixed['examples']} {verdict_mixed}")
     knn_ok = not knn_clean["errors"] and not knn_abused["errors"] and knn_ratio <= 2.0 and not knn_wrong
     large_ok = all(r["fewest"] == min(r["count"], 10 if r["what"] in ("k=10", "num_result_ids=10") else 10_000)
                    for r in large)

@@ -275,8 +275,8 @@ def main() -> int:
     child.join()
     ours_s, plain_s = statistics.median(ours_t), statistics.median(plain_t)
     ratio = plain_s / ours_s  # pairs/s ratio = inverse time ratio
-    data_frac = data_wait_fraction(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, global_batch=args.batch)),
-                                   ours, ours_opt, tokenizer, train_shards, 3 + 4 * args.steps)
+    batched = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, global_batch=args.batch))
+    data_frac = data_wait_fraction(batched, ours, ours_opt, tokenizer, train_shards, 3 + 4 * args.steps)
     gloo = gloo_check(args, cfg, batch)
     peak = gemm_peak(torch.get_num_threads())
     paper_cfg = presets.get(args.paper_preset)
@@ -296,14 +296,16 @@ def main() -> int:
     rows = [
         f"### P3, P4 training step ({args.preset} preset, batch {args.batch}, {torch.get_num_threads()} threads)", "",
         f"| step | s/step (median of {args.repeats}) | pairs/s |", "|---|---|---|",
-        f"| openalign (channels_last, no text pooler, length-bucketed text, LAMB, paper loss) | {ours_s:.3f} | {args.batch / ours_s:.0f} |",
+        f"| openalign (channels_last, no text pooler, length-bucketed text, LAMB, paper loss) | {ours_s:.3f} "
+        f"| {args.batch / ours_s:.0f} |",
         f"| transformers AlignModel(return_loss=True) + AdamW | {plain_s:.3f} | {args.batch / plain_s:.0f} |",
         f"| openalign, 2 gloo processes x 1 thread, {args.batch // WORLD} pairs each (DDP) | {gloo['seconds']:.3f} | "
         f"{args.batch / gloo['seconds']:.0f} |", "",
         f"- pairs/s ratio openalign / plain: **{ratio:.2f}x** (target >= 2.0)",
         f"- time waiting for the real loader (1 worker, emoji shards): **{data_frac:.1%}** of the step (target <= 5%)",
         f"- P3, 2 gloo processes vs 1 process on the whole batch (fp64, BatchNorm per half): loss relative "
-        f"difference **{gloo['loss_error']:.1e}**, largest gradient difference / largest gradient **{gloo['grad_error']:.1e}** "
+        f"difference **{gloo['loss_error']:.1e}**, largest gradient difference / largest gradient "
+        f"**{gloo['grad_error']:.1e}** "
         f"(target <= 1e-6); all_gather calls per rank per step: **{gloo['gathers']}** (target: one per modality)",
         *profile_rows, "",
         f"- command: `.venv/bin/python bench/train_step.py --preset {args.preset} --batch {args.batch}`", "",

@@ -63,8 +63,9 @@ def variants(base: Config) -> list[Variant]:
     plan += [Variant("inception", "augmentation", ("data.crop=inception",), "random-resized crop (area >= 0.08)"),
              Variant("inception35", "augmentation", ("data.crop=inception", "data.crop_min_area=0.35"),
                      "random-resized crop (area >= 0.35)"),
-             Variant(f"px{side}", "resolution", (f"model.vision.image_size={side}",
-                                                 f"model.vision.resize_size={round(v.resize_size * side / v.image_size)}"),
+             Variant(f"px{side}", "resolution",
+                     (f"model.vision.image_size={side}",
+                      f"model.vision.resize_size={round(v.resize_size * side / v.image_size)}"),
                      f"{side} px images"),
              Variant("text_tower", "text tower", _wider_text(t), f"text tower {t.num_layers + 2} x "
                                                                  f"{_width(t.hidden_size, t.num_heads)}"),
@@ -147,7 +148,8 @@ def extra_report(results: dict, out) -> list[str]:
             "in source: weaker R@10, mean over the trained sources", "minutes a run"]
     lines = ["## Levers on the left-out sources", "",
              f"Trained without {' and '.join(names)}; multiples of chance on the left-out held-out split"
-             f"{'s' if len(names) > 1 else ''}, {'mean ± std over ' + str(seeds) + ' seeds' if seeds > 1 else '1 seed'}.",
+             f"{'s' if len(names) > 1 else ''}, "
+             f"{'mean ± std over ' + str(seeds) + ' seeds' if seeds > 1 else '1 seed'}.",
              "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         minutes = f"{row['minutes']:.1f}" if row["minutes"] is not None else "—"
