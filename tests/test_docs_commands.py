@@ -15,6 +15,7 @@ import pytest
 
 from openalign import presets
 from openalign import config as config_lib
+from openalign.cli import COMMANDS as CLI_COMMANDS
 from openalign.cli import build_parser
 from openalign.cli.common import filter_config, fitted
 from openalign.config import ConfigError
@@ -129,25 +130,34 @@ def _overrides_with_placeholders_filled(cfg, overrides: list[str]) -> list[str]:
             for key, _, value in (item.partition("=") for item in overrides)]
 
 
+def _relax(parser: argparse.ArgumentParser) -> None:
+    """A mention (inline code) of a command may leave out its required flags and positional arguments."""
+    for action in parser._actions:
+        action.required = False
+        if action.nargs in (None, "+") and not action.option_strings:
+            action.nargs = "?" if action.nargs is None else "*"
+
+
+def _overrides(args: argparse.Namespace, extra: list[str]) -> list[str]:
+    """The `key=value` overrides, those argparse left after the flags included (as the commands read them)."""
+    if extra and not (hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra)):
+        raise ConfigError(f"unrecognized arguments: {' '.join(extra)}")
+    return [*getattr(args, "overrides", []), *extra]
+
+
 def check_openalign(argv: list[str], mention: bool = False) -> None:
     """`openalign ARGV` parses; a `mention` (inline code) may leave out required arguments."""
     command = next((a for a in argv if not a.startswith("-")), None)
     if command is None or placeholder(command):  # `openalign SUBCOMMAND`: the synopsis of every command
         return
     parser = build_parser(command)
-    if mention:
-        for action in parser._subparsers._group_actions[0].choices[command]._actions if command in COMMAND_NAMES \
-                else ():
-            action.required = False
-            if action.nargs in (None, "+") and not action.option_strings:
-                action.nargs = "?" if action.nargs is None else "*"
+    if mention and command in CLI_COMMANDS:
+        _relax(parser._subparsers._group_actions[0].choices[command])
     parsed = _parse(parser, argv)
     if parsed is None:
         return
     args, extra = parsed
-    if extra and not (hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra)):
-        raise ConfigError(f"unrecognized arguments: {' '.join(extra)}")
-    overrides = [*getattr(args, "overrides", []), *extra]
+    overrides = _overrides(args, extra)
     if args.command == "train" or (args.command == "web" and getattr(args, "action", None) == "demo"):
         cfg = presets.get(args.preset)
         overrides = _overrides_with_placeholders_filled(cfg, overrides)
@@ -170,8 +180,7 @@ def check_experiment(argv: list[str], monkeypatch, mention: bool = False) -> Non
     def parse_then_stop(self, args=None, namespace=None):
         if self.prog.startswith("python -m experiments"):
             if mention:
-                for action in self._actions:
-                    action.required = False
+                _relax(self)
             raise Parsed(_parse(self, list(args or []), real))
         return real(self, args, namespace)
 
@@ -191,13 +200,10 @@ def check_experiment(argv: list[str], monkeypatch, mention: bool = False) -> Non
 
 
 COMMANDS = documented()
-COMMAND_NAMES = set(importlib.import_module("openalign.cli.main").COMMANDS)
 
 
 def test_the_docs_hold_the_commands_of_every_group():
     names = {argv[1] if argv[0] == "openalign" else argv[0] for _, argv, _ in COMMANDS}
-    from openalign.cli import COMMANDS as CLI_COMMANDS
-
     assert len(COMMANDS) > 150
     assert set(CLI_COMMANDS) <= names, set(CLI_COMMANDS) - names  # every command is documented somewhere
     assert {"experiments.ablation", "experiments.reproduce"} <= names
