@@ -25,7 +25,10 @@ from openalign.pipeline.fetch_http import opted_out, retry_after
 
 FIXTURES = __import__("pathlib").Path(__file__).resolve().parents[1] / "fixtures"
 ONE = Engine("local", workers=1)
-QUICK = dict(allow_private_addresses=True, timeout=1.5, read_timeout=1.5, connect_timeout=1.5, max_retry_after=5)
+# a robots.txt that fails is asked again after 0.2 s and 0.4 s (2 s and 4 s by default: each fetch of the test web
+# waited 6 s on its host "down")
+QUICK = dict(allow_private_addresses=True, timeout=1.5, read_timeout=1.5, connect_timeout=1.5, max_retry_after=5,
+             robots_retry_delay=0.2)
 
 
 def image(color, size=(32, 24), fmt="JPEG") -> bytes:
@@ -276,7 +279,7 @@ def test_robots_txt_with_a_byte_order_mark_and_a_redirect_to_an_odd_host(tmp_pat
     """A robots.txt that starts with a UTF-8 BOM is read (before: `\\ufeffUser-agent: *` opened no group and its
     `Disallow: /` was ignored); a robots.txt redirected to a host fetch does not follow (`2130706434`, 127.0.0.2
     written as one number) leaves its origin's images unfetched as `robots_unreachable` (before: each was `bad_url`,
-    although their own URLs were fine)."""
+    although their own URLs were fine), without asking again."""
     sites = {"bom": Site(files={"/y.jpg": image((1, 2, 3))}, robots="\ufeffUser-agent: *\nDisallow: /\n"),
              "odd": Site(files={"/x.jpg": image((3, 2, 1))},
                          robots=Page(status=301, redirect="http://2130706434/robots.txt")),
@@ -292,6 +295,8 @@ def test_robots_txt_with_a_byte_order_mark_and_a_redirect_to_an_odd_host(tmp_pat
     assert "redirected to http://2130706434/robots.txt" in found["odd"]["error_message"]
     assert found["plain"]["status"] == "success"
     assert {r["path"] for r in log if r["host"] in ("bom", "odd")} == {"/robots.txt"}  # no image asked
+    # the redirect to a refused host is final: asked once (before: twice more, after 2 s and 4 s, redirected alike)
+    assert [r["path"] for r in log if r["host"] == "odd"] == ["/robots.txt"]
 
 
 def test_a_host_that_keeps_failing_is_given_up(tmp_path):

@@ -90,6 +90,8 @@ class FetchOptions(Options):
     max_host_failures: Annotated[int, NON_NEGATIVE] = 10  # a host's URLs that fail in a row (timeouts, refused
         # connections, 5xx; each after its retries) before its other URLs are skipped as host_unresponsive; 0: never
     max_retry_after: Annotated[float, NON_NEGATIVE] = 60.0  # longest Retry-After waited for, in seconds
+    robots_retry_delay: Annotated[float, NON_NEGATIVE] = 2.0  # seconds before a robots.txt that failed (5xx, a
+        # timeout) is asked again, then twice that; unanswered, its host is not fetched
     max_redirects: Annotated[int, NON_NEGATIVE] = 5  # redirects followed, each hop checked as the first request
     connect_timeout: Annotated[float, POSITIVE] = 10.0  # seconds to connect (TLS included)
     read_timeout: Annotated[float, POSITIVE] = 20.0  # seconds without a byte
@@ -130,7 +132,8 @@ class FetchOptions(Options):
                       allow_private_addresses=self.allow_private_addresses, allow_networks=self.allow_network,
                       max_redirects=self.max_redirects, max_bytes=parse_size(self.max_bytes),
                       connect_timeout=self.connect_timeout, read_timeout=self.read_timeout,
-                      total_timeout=self.timeout, max_host_failures=self.max_host_failures)
+                      total_timeout=self.timeout, max_host_failures=self.max_host_failures,
+                      robots_retry_delay=self.robots_retry_delay)
 
 
 @dataclass

@@ -6,9 +6,11 @@ Polite:
 - **robots.txt** (RFC 9309, parsed by Protego, Scrapy's parser) is fetched once per origin (scheme, host, port) per
   run, before that origin's first image, and shared by every request to it: a host's URLs are planned into one task.
   Redirects are followed (up to five, each hop checked as below; a hop that cannot be followed is "unreachable");
-  2xx is parsed (the first 500 KiB, RFC 9309 2.5; a UTF-8 byte-order mark dropped); 4xx means no rules ("unavailable", 2.3.1.3: the crawler may access any resource); 5xx, a timeout or a
-  broken connection ("unreachable", 2.3.1.4: assume complete disallow) is asked again after `robots_retry_delay`,
-  then twice that, and if it never answers, every URL of that origin is `robots_unreachable`, never fetched.
+  2xx is parsed (the first 500 KiB, RFC 9309 2.5; a UTF-8 byte-order mark dropped); 4xx means no rules
+  ("unavailable", 2.3.1.3: the crawler may access any resource); 5xx, a timeout or a broken connection
+  ("unreachable", 2.3.1.4: assume complete disallow) is asked again after `robots_retry_delay`, then twice that (a
+  redirect to a hop these rules refuse is not: it would redirect there again), and if it never answers, every URL of
+  that origin is `robots_unreachable`, never fetched.
   `Disallow`/`Allow` are matched for the user-agent token `openalign`; `Crawl-delay` becomes the origin's interval
   (an origin asking more than `max_crawl_delay` seconds is skipped: `crawl_delay_too_long`).
 - **X-Robots-Tag** opt-outs are read from the response headers before the body is: a value `noai, noimageai`
@@ -102,9 +104,10 @@ class PrivateAddress(OSError):
 
 
 class Refusal(Exception):
-    def __init__(self, kind: str, detail: str = ""):
+    def __init__(self, kind: str, detail: str = "", final: bool = False):
         super().__init__(f"{kind}: {detail}" if detail else kind)
         self.kind, self.detail = kind, detail
+        self.final = final  # asking again would give the same answer (our own rules refused it)
 
 
 # ---------------------------------------------------------------------------------------------- addresses
@@ -342,7 +345,8 @@ class Client:
         delay = self.policy.robots_retry_delay
         for attempt in range(3):
             outcome = await self._robots_once(key + "/robots.txt")
-            if not (isinstance(outcome, Refusal) and outcome.kind == "robots_unreachable") or attempt == 2:
+            if not (isinstance(outcome, Refusal) and outcome.kind == "robots_unreachable") or outcome.final \
+                    or attempt == 2:
                 break
             await asyncio.sleep(delay * 2 ** attempt)  # RFC 9309: unreachable is asked again later
         if isinstance(outcome, Refusal):
@@ -376,8 +380,10 @@ class Client:
                     return error  # the origin's own: its images would fail the same way
                 # a redirect elsewhere that cannot be followed says nothing of the origin's images: its robots.txt
                 # could not be read, which is "unreachable" (RFC 9309 2.3.1.4: disallow all)
+                # a hop our own rules refuse (a private address, not an http(s) URL) refuses again: not asked twice
                 where = f"robots.txt redirected to {url[:200]}: " if hop else "robots.txt: "
-                return Refusal("robots_unreachable", f"{where}{error.kind}: {error.detail}")
+                return Refusal("robots_unreachable", f"{where}{error.kind}: {error.detail}",
+                               final=error.kind in ("private_address", "bad_url"))
             if status in REDIRECTS and headers.get("Location"):
                 url = urljoin(url, headers["Location"])
                 continue
