@@ -150,8 +150,8 @@ class ModelConfig:
     init_from: str = ""  # a model directory to start from: AlignModel, VisionTextDualEncoderModel (ViT), CLIPModel
     channels_last: bool = True  # depthwise convs are ~7x faster in channels_last on CPU
     # Whose towers: openalign's dual encoder (vision.kind), or a public checkpoint's as it ships (clip: CLIPModel,
-    # siglip: SiglipModel, siglip2: Siglip2Model (NaFlex); model/families.py), which openalign evaluates, embeds and serves; a CLIPModel also
-    # fine-tunes from init_from (model/dual_encoder.py CLIPDualEncoder).
+    # siglip: SiglipModel, siglip2: Siglip2Model (NaFlex); model/families.py), which openalign evaluates, embeds and
+    # serves; a CLIPModel also fine-tunes from init_from (model/dual_encoder.py CLIPDualEncoder).
     family: Literal["openalign", "clip", "siglip", "siglip2"] = "openalign"
 
 
@@ -558,8 +558,9 @@ def _cross_field(cfg: Config, world: int) -> list[str]:
         problems.append(f"train.micro_batch={cfg.train.micro_batch} must divide each process's batch of {per_rank}")
     smallest = cfg.train.micro_batch or per_rank
     if v.kind == "efficientnet" and 0 < smallest < 2:  # BatchNorm's batch statistics need two images
-        problems.append(f"{'train.micro_batch' if cfg.train.micro_batch else 'data.global_batch'}={smallest} gives each "
-                        "forward pass one image, and EfficientNet's BatchNorm needs at least 2 to train; use 2 or more")
+        which = "train.micro_batch" if cfg.train.micro_batch else "data.global_batch"
+        problems.append(f"{which}={smallest} gives each forward pass one image, and EfficientNet's BatchNorm needs "
+                        "at least 2 to train; use 2 or more")
     if cfg.train.fsdp and cfg.train.shard_optimizer:
         problems.append("train.fsdp=true already shards the optimizer state; leave train.shard_optimizer off")
     for option in ("shard_optimizer", "fsdp"):
@@ -645,4 +646,5 @@ def check(cfg, world: int = 1, spell: Callable[[str], str] | None = None) -> Non
     if len(problems) == 1:
         raise ConfigError(problems[0])
     if problems:
-        raise ConfigError(f"{len(problems)} {'config ' if spell is None else ''}values are invalid: " + "; ".join(problems))
+        what = "config values" if spell is None else "values"
+        raise ConfigError(f"{len(problems)} {what} are invalid: " + "; ".join(problems))

@@ -66,8 +66,8 @@ def _default(f: dataclasses.Field):
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else None
 
 
-def add_options(parser, cls: type, *, only: tuple[str, ...] = (), skip: tuple[str, ...] = (), rename: dict | None = None,
-                convert: dict | None = None, unset: bool = False, seen: set | None = None,
+def add_options(parser, cls: type, *, only: tuple[str, ...] = (), skip: tuple[str, ...] = (),
+                rename: dict | None = None, convert: dict | None = None, unset: bool = False, seen: set | None = None,
                 where: str | dict = "") -> None:
     """One flag per field of `cls` (those in `only`, if given; none in `skip`, nor in `seen`, which collects
     the names added). `rename`: {field: flag}; `convert`: {field: callable(text)}. The field's default is the

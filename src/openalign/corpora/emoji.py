@@ -157,8 +157,8 @@ def texts_by_language(cldr: Path, languages: list[str], min_words: int = 0) -> d
 def noisy_text(kind: str, e: Emoji, others: list[Emoji], rng: random.Random) -> str:
     if kind == "filename":
         code = "_".join(f"{ord(c):x}" for c in e.cp if c not in VARIATION)
-        return rng.choice([f"emoji_u{code}.png", f"IMG_{rng.randint(1000, 9999)}.JPG", f"DSC{rng.randint(0, 99999):05d}.jpg",
-                           f"{rng.getrandbits(32):08x}.png"])
+        return rng.choice([f"emoji_u{code}.png", f"IMG_{rng.randint(1000, 9999)}.JPG",
+                           f"DSC{rng.randint(0, 99999):05d}.jpg", f"{rng.getrandbits(32):08x}.png"])
     if kind == "boilerplate":
         return rng.choice(BOILERPLATE)
     if kind == "partial":
@@ -226,7 +226,8 @@ def build(out: Path, languages: tuple[str, ...] = ("en",), noise: float = 0.2, h
             kinds.append(kind)
         meta = {"texts": texts, "noise": kinds, "name": e.names["en"], "family": e.family, "cp": e.cp}
         image = images[e.cp] if copy == 0 else augmented(images[e.cp], random.Random(stable_seed(seed, e.cp, copy)))
-        writer.write(_key(e) + (f"_v{copy}" if copy else ""), encode_image(image), "jpg", texts[0], meta | {"view": copy})
+        writer.write(_key(e) + (f"_v{copy}" if copy else ""), encode_image(image), "jpg", texts[0],
+                     meta | {"view": copy})
     train_manifest = writer.close()
     writer = ShardWriter(Path(out) / "eval", "emoji-eval", samples_per_shard, info | {"split": "eval"})
     for e in (e for e in emoji if is_heldout[e.cp]):
@@ -238,7 +239,8 @@ def build(out: Path, languages: tuple[str, ...] = ("en",), noise: float = 0.2, h
     eval_manifest = writer.close()
     return {
         "out": str(out), "train_images": train_manifest["n_samples"], "eval_images": eval_manifest["n_samples"],
-        "families": len({e.family for e in emoji}), "heldout_families": len({e.family for e in emoji if is_heldout[e.cp]}),
+        "families": len({e.family for e in emoji}),
+        "heldout_families": len({e.family for e in emoji if is_heldout[e.cp]}),
         "skipped_no_glyph": len(catalog) - len(emoji) if not limit else None, "noise_texts": noise_counts,
         "languages": languages, "eval_languages": all_languages,
     }

@@ -390,8 +390,9 @@ def _spark_error(err: Exception, desc: str) -> Exception:
 
 def spark_plan(frame, order: str | tuple[str, ...], per_task: int, path: Path, column: str = "task") -> int:
     """Write `frame` ordered by `order` (a column, or columns), numbered from 1 (`pos`) and cut into jobs of
-    `per_task` rows (`column` = (pos - 1) // per_task), as the Parquet plan at `path`; returns the row count. The order is a
-    range sort and the numbering zipWithIndex, both on the executors: nothing per row reaches the driver."""
+    `per_task` rows (`column` = (pos - 1) // per_task), as the Parquet plan at `path`; returns the row count. The
+    order is a range sort and the numbering zipWithIndex, both on the executors: nothing per row reaches the
+    driver."""
     from pyspark.sql.types import LongType, StructField, StructType
 
     ordered = frame.orderBy(*([order] if isinstance(order, str) else order))
@@ -409,8 +410,9 @@ def duckdb_plan(con, query: str, params: list, order: str | tuple[str, ...], per
                 column: str = "task") -> int:
     """The same plan from DuckDB: `query`'s rows ordered by `order`, numbered (`pos`) and cut into jobs."""
     target = str(path).replace("'", "''")
+    order_by = order if isinstance(order, str) else ", ".join(order)
     con.execute(f"""COPY (SELECT *, (pos - 1) // {int(per_task)} AS {column} FROM (
-                        SELECT row_number() OVER (ORDER BY {order if isinstance(order, str) else ", ".join(order)}) AS pos,
+                        SELECT row_number() OVER (ORDER BY {order_by}) AS pos,
                                * FROM ({query})) ORDER BY pos)
                     TO '{target}' (FORMAT parquet, ROW_GROUP_SIZE {max(int(per_task), 2048)})""", params)
     return con.execute("SELECT count(*) FROM read_parquet(?)", [str(path)]).fetchone()[0]

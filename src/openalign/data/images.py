@@ -145,7 +145,8 @@ def to_rgb(image: Image.Image, alpha: str = "white") -> Image.Image:
     if image.mode.startswith(("I", "F")):
         array = np.asarray(image, dtype=np.float64)
         peak = array.max(initial=0)
-        top = 65535.0 if peak > 255 else 255.0 if peak > 1 or image.mode.startswith("I") else 1.0  # 16-bit, 8-bit, [0,1]
+        # 16-bit, 8-bit, [0, 1]
+        top = 65535.0 if peak > 255 else 255.0 if peak > 1 or image.mode.startswith("I") else 1.0
         image = Image.fromarray(np.clip(array / top * 255.0 + 0.5, 0, 255).astype(np.uint8), "L")
     if alpha == "white" and (image.mode in _ALPHA_MODES or (image.mode == "P" and "transparency" in image.info)):
         image = image.convert("RGBA")

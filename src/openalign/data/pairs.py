@@ -139,8 +139,8 @@ def refuse_candidates(table: Path) -> None:
     except (OSError, ValueError):
         return
     if isinstance(written, dict) and written.get("stage") == "extract":
-        raise ConfigError(f"{table} is a candidate table from `openalign extract`: image URLs, not yet images; download "
-                          f"them first (img2dataset --url_list {table} --input_format parquet --url_col url "
+        raise ConfigError(f"{table} is a candidate table from `openalign extract`: image URLs, not yet images; "
+                          f"download them first (img2dataset --url_list {table} --input_format parquet --url_col url "
                           "--caption_col text --output_folder DIR) and give `openalign ingest DIR`'s pair table")
 
 
@@ -253,7 +253,8 @@ def read_keep(path: Path) -> list[str]:
     import duckdb
 
     with duckdb.connect() as con:
-        return [r[0] for r in con.execute("SELECT uid FROM read_parquet(?) ORDER BY uid", [keep_source(path)]).fetchall()]
+        rows = con.execute("SELECT uid FROM read_parquet(?) ORDER BY uid", [keep_source(path)]).fetchall()
+        return [r[0] for r in rows]
 
 
 def sql_path(path: Path) -> str:
@@ -292,8 +293,8 @@ def build_keep_index(keep_dirs: list[str], out_dir: Path) -> str:
     rewritten, and each reader holds one shard's keys at a time (shards.KeepIndex)."""
     tables = {str(pair_table_of(Path(k))) for k in keep_dirs}
     if len(tables) != 1:
-        raise ConfigError(f"the keep-lists {', '.join(keep_dirs)} come from different pair tables ({', '.join(sorted(tables))}); "
-                          "give keep-lists of one pair table")
+        raise ConfigError(f"the keep-lists {', '.join(keep_dirs)} come from different pair tables "
+                          f"({', '.join(sorted(tables))}); give keep-lists of one pair table")
     pairs = tables.pop()
     sources = [keep_source(Path(k)) for k in keep_dirs]
     key = sources_key(pairs, *[str(Path(k).resolve() / "keep.parquet") for k in keep_dirs], *sources)

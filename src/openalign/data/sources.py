@@ -92,7 +92,8 @@ def clip_benchmark_shards(root: Path, split: str) -> list[str]:
     try:
         n = int(count.read_text().strip())
     except ValueError:
-        raise ConfigError(f"{count} does not hold a number of shards; write the count of {split}/*.tar into it") from None
+        raise ConfigError(f"{count} does not hold a number of shards; write the count of {split}/*.tar "
+                          "into it") from None
     shards = [str(root / split / f"{i}.tar") for i in range(n)]
     missing = [s for s in shards if not Path(s).is_file()]
     if missing:
@@ -169,8 +170,8 @@ def shard_list(spec: str | list[str], split: str = "test") -> list[str]:
 
 def decoded(collection, counter: dict | None = None, alpha: str = "white") -> Iterator[tuple[Item, images.Image.Image]]:
     """(item, upright RGB image) of every item whose bytes decode; the others are skipped and counted by
-    reason (a missing file or member: `missing_file`; a FIFO or device: `not_a_file`; see images.REJECT_REASONS). `alpha`: the model's rule for
-    transparency (VisionConfig.alpha)."""
+    reason (a missing file or member: `missing_file`; a FIFO or device: `not_a_file`; see images.REJECT_REASONS).
+    `alpha`: the model's rule for transparency (VisionConfig.alpha)."""
     for item in collection:
         try:
             image = images.load_rgb(item.read(), alpha=alpha)

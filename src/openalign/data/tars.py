@@ -80,7 +80,8 @@ class TarWriter:
             elif isinstance(value, (dict, list)):
                 value = json.dumps(value).encode()
             info = tarfile.TarInfo(f"{key}.{field}")
-            info.size, info.mtime, info.mode, info.uname, info.gname = len(value), self.mtime, 0o444, "bigdata", "bigdata"
+            info.size, info.mtime, info.mode = len(value), self.mtime, 0o444
+            info.uname = info.gname = "bigdata"
             self.tar.addfile(info, io.BytesIO(value))
 
     def close(self) -> None:
@@ -136,8 +137,8 @@ def list_shards(spec: str) -> list[str]:
         shards = list(braceexpand.braceexpand(spec))
     not_tars = [s for s in shards if Path(s).is_file() and not s.endswith(SHARD_SUFFIXES)]
     if not_tars:
-        raise ConfigError(f"{not_tars[0]} is not a webdataset shard (.tar); give a directory of shards, a brace pattern "
-                          "(shards-{000..009}.tar), a list file, or build shards with `openalign shard`")
+        raise ConfigError(f"{not_tars[0]} is not a webdataset shard (.tar); give a directory of shards, a brace "
+                          "pattern (shards-{000..009}.tar), a list file, or build shards with `openalign shard`")
     missing = [s for s in shards if not Path(s).is_file()]
     if not shards or missing:
         what = f"{missing[0]} does not exist" if missing else f"no .tar shards found at {spec}"

@@ -113,7 +113,8 @@ def draw(ax, data: dict) -> None:
     weights = data["weights"]
     for kind, recall in data["recall"].items():
         ax.plot(weights, recall, marker="o", alpha=0.6, label=f"{kind.replace('_', ' ')} ({data['counts'][kind]:,})")
-    ax.plot(weights, data["all"], marker="o", color="black", lw=2, label=f"all queries ({sum(data['counts'].values()):,})")
+    ax.plot(weights, data["all"], marker="o", color="black", lw=2,
+            label=f"all queries ({sum(data['counts'].values()):,})")
     ax.axhline(data["text_only"], color="gray", ls="--", label="text alone")
     ax.axhline(data["chance"], color="gray", ls=":", label="chance")
     ax.axvline(PAPER_WEIGHT, color="tab:red", alpha=0.3, lw=6, label=f"paper: text {PAPER_WEIGHT:g}, image 1")

@@ -68,7 +68,8 @@ def cache_path(shards: str | list[str], options: EvalOptions, patches: bool = Fa
     sources = [shards] if isinstance(shards, str) else list(shards)
     key = json.dumps([options.model_id, files_fingerprint(*sources, options.images), options.split, options.resize,
                       options.crop, CACHED_FIELDS, sorted(meta)] + (["patches"] if patches else [])
-                     + ([options.image_column, options.text_column] if options.image_column or options.text_column else []))
+                     + ([options.image_column, options.text_column]
+                        if options.image_column or options.text_column else []))
     return Path(options.cache) / f"embeddings-{hashlib.blake2b(key.encode(), digest_size=16).hexdigest()}.pt"
 
 
@@ -104,7 +105,8 @@ def read_cache(path: Path) -> EvalData | None:
         return EvalData(**state)
     except Exception as err:  # noqa: BLE001 - refused objects, truncated zips, foreign files: all embedded again
         why = ("it holds Python objects besides tensors, which loading would run as code"
-               if "Weights only load failed" in str(err) else f"it is damaged or not openalign's ({type(err).__name__})")
+               if "Weights only load failed" in str(err)
+               else f"it is damaged or not openalign's ({type(err).__name__})")
         print(f"openalign: ignoring the cached embeddings {path}: {why}; embedding again", file=sys.stderr)
         return None
 

@@ -74,7 +74,8 @@ def vtab_group(task: str) -> str:
 
 
 def parse_options(assignments: list[str]) -> FinetuneConfig:
-    ft = override(FinetuneConfig(), assignments, help_hint="the fine-tuning keys are " + ", ".join(leaf_keys(FinetuneConfig)))
+    ft = override(FinetuneConfig(), assignments,
+                  help_hint="the fine-tuning keys are " + ", ".join(leaf_keys(FinetuneConfig)))
     check(ft)
     return ft
 
@@ -217,7 +218,8 @@ def predict(classifier: Classifier, data: Labeled, crop: int, batch_size: int = 
     out = []
     with evaluating(classifier):
         for start in range(0, len(data.images), batch_size):
-            pixels = torch.stack([transforms.eval_transform(im, resize, crop) for im in data.images[start:start + batch_size]])
+            pixels = torch.stack([transforms.eval_transform(im, resize, crop)
+                                  for im in data.images[start:start + batch_size]])
             out.append(classifier(pixels.to(device_of(classifier))).float().cpu())
     return torch.cat(out)
 

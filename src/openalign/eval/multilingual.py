@@ -42,7 +42,9 @@ def _lines(path: Path) -> list[str]:
 def caption_files(image_list: Path, captions_dir: Path | None = None) -> dict[str, list[Path]]:
     """{language: aligned caption files}, found by the image list's stem (`stem[.n].lang[.gz]`), or for a
     task 2 list (`train_images.txt`) by the stem without `_images` (`train.1.en.gz`)."""
-    stems = [image_list.stem] + ([image_list.stem.removesuffix("_images")] if image_list.stem.endswith("_images") else [])
+    stems = [image_list.stem]
+    if image_list.stem.endswith("_images"):
+        stems.append(image_list.stem.removesuffix("_images"))
     names = "|".join(re.escape(s) for s in stems)
     pattern = re.compile(rf"^(?:{names})(?:\.\d+)?\.([A-Za-z]{{2,3}}(?:[-_][A-Za-z]+)?)(?:\.gz)?$")
     places = [captions_dir] if captions_dir else [image_list.parent, image_list.parent.parent / "raw"]

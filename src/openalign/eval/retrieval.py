@@ -31,8 +31,8 @@ def retrieval(ctx: Context, options: RetrievalOptions = RetrievalOptions()) -> t
     if options.rerank:
         metrics |= reranked(ctx, txt, i2t, t2i, options.rerank, pooled_s)
     chance = M.retrieval_chance(data.text_to_image, len(data.labels))
-    figure = {"draw": panels.retrieval, "i2t": i2t, "t2i": t2i, "captions_per_image": torch.bincount(data.text_to_image,
-                                                                          minlength=len(data.labels)), "n_texts": len(txt)}
+    per_image = torch.bincount(data.text_to_image, minlength=len(data.labels))
+    figure = {"draw": panels.retrieval, "i2t": i2t, "t2i": t2i, "captions_per_image": per_image, "n_texts": len(txt)}
     return metrics | {f"chance_{k}": v for k, v in chance.items()}, {"retrieval": figure}
 
 
@@ -49,10 +49,12 @@ def reranked(ctx: Context, txt: torch.Tensor, i2t: torch.Tensor, t2i: torch.Tens
     start = time.perf_counter()
 
     def image_queries(rows, top):  # each image against its shortlisted texts: mean over patches of max over tokens
-        return late_interaction_pairs(patches[rows][:, None], patch_mask[rows][:, None], tokens[top], mask[top])[0][:, 0]
+        scores = late_interaction_pairs(patches[rows][:, None], patch_mask[rows][:, None], tokens[top], mask[top])
+        return scores[0][:, 0]
 
     def text_queries(rows, top):  # each text against its shortlisted images: mean over tokens of max over patches
-        return late_interaction_pairs(patches[top], patch_mask[top], tokens[rows][:, None], mask[rows][:, None])[1][..., 0]
+        scores = late_interaction_pairs(patches[top], patch_mask[top], tokens[rows][:, None], mask[rows][:, None])
+        return scores[1][..., 0]
 
     img = data.image_embeds
     i2t_late = M.reranked_ranks(img, txt, M.captions_by_image(data.text_to_image, len(img)), i2t, image_queries, k)

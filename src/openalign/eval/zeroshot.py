@@ -55,8 +55,9 @@ def zeroshot(ctx: Context, options: ZeroshotOptions = ZeroshotOptions()) -> tupl
                                # b)
         scores, figures["calibration"] = calibration(ctx, options, logits, labels, weights, index)
         metrics |= scores
-    return metrics | {"n_classes": len(classes), "n_images": len(rows), "chance_top1": 1 / len(classes),
-                      "chance_top5": min(1.0, 5 / len(classes)), "chance_mean_per_class_recall": 1 / len(classes)}, figures
+    chance = {"chance_top1": 1 / len(classes), "chance_top5": min(1.0, 5 / len(classes)),
+              "chance_mean_per_class_recall": 1 / len(classes)}
+    return metrics | {"n_classes": len(classes), "n_images": len(rows)} | chance, figures
 
 
 def dataset_files(path: str, options: ZeroshotOptions) -> tuple[ZeroshotOptions, list[str]]:

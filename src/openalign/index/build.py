@@ -139,7 +139,8 @@ def shard_names(n_shards: int) -> list[str]:
     return [f"shard-{i:06d}.faiss" for i in range(n_shards)]
 
 
-def build_streaming(parts: Parts, out: Path | None, options: IndexOptions, engine=None, progress: bool = False) -> tuple:
+def build_streaming(parts: Parts, out: Path | None, options: IndexOptions, engine=None,
+                    progress: bool = False) -> tuple:
     """An index over `parts` that never holds all vectors: exact (flat) while it fits `memory`, else IVF
     trained on a sample and filled part by part. When the IVF codes would pass half of `memory`, the rows are
     cut into contiguous blocks, each added by a task (local processes or Spark) into an IVF shard of its own
@@ -402,7 +403,8 @@ def recall_warnings(info: dict) -> list[str]:
         reached = f"efSearch {params.get('efSearch')}"
     else:
         fix = ("the 8-bit or PQ codes are the limit: build with --refine 2 (float16 re-scoring of the shortlist) or "
-               "--codes flat, or lower --recall") if params.get("codes") != "flat" else "raise --nlist, or lower --recall"
+               "--codes flat, or lower --recall") if params.get("codes") != "flat" \
+            else "raise --nlist, or lower --recall"
         reached = f"nprobe {params.get('nprobe')} of nlist {params.get('nlist')}"
     return [f"recall@10 {info['recall_at_10']:.3f} is below the target {info['recall_target']} even at {reached} "
             f"(the most tried); {fix}"]

@@ -220,8 +220,9 @@ def embed_part(encoder: Encoder, items, options: EmbedOptions, bar) -> tuple:
             vectors, patch_vectors = vectors
             cells.append(patch_vectors.numpy().astype(np.float16))
         embeds.append(vectors.numpy())
-        rows.extend({"key": item.key, "path": os.path.realpath(item.path), "caption": item.texts[0] if item.texts else "",
-                     "width": size[0], "height": size[1]} for item, size in batch)
+        rows.extend({"key": item.key, "path": os.path.realpath(item.path),
+                     "caption": item.texts[0] if item.texts else "", "width": size[0], "height": size[1]}
+                    for item, size in batch)
         bar.update(len(batch))
     bar.update(counter.get("skipped", 0))
     dim = encoder.cfg.model.embed_dim

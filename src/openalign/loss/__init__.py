@@ -20,7 +20,8 @@ from openalign.loss.softmax import (chunked_cross_entropy, contrastive_loss, neg
                                     softmax_loss)
 
 __all__ = ["DIRECTIONS", "Loss", "at_least_fp32", "chunk_rows", "chunked", "create",
-           "kind_of", "parameter_of", "register", "smoothed_cross_entropy", "temperature_of", "softmax", "sigmoid", "filip", "filip_loss",
+           "kind_of", "parameter_of", "register", "smoothed_cross_entropy", "temperature_of", "softmax", "sigmoid",
+           "filip", "filip_loss",
            "late_interaction", "late_interaction_pairs", "chunked_sigmoid_loss", "naive_sigmoid_loss", "sigmoid_loss",
            "softplus_rows", "softplus_sum", "chunked_cross_entropy", "contrastive_loss", "negatives_mask",
            "softmax_loss"]

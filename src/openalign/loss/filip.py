@@ -70,7 +70,8 @@ def filip_loss(img: torch.Tensor, img_mask: torch.Tensor, txt: torch.Tensor, txt
 
 
 def gathered_filip_loss(img: torch.Tensor, img_mask: torch.Tensor, txt: torch.Tensor, txt_mask: torch.Tensor,
-                        temperature: torch.Tensor, label_smoothing: float = 0.1, direction: str = "both") -> torch.Tensor:
+                        temperature: torch.Tensor, label_smoothing: float = 0.1,
+                        direction: str = "both") -> torch.Tensor:
     """This rank's share of the global-batch late-interaction loss: its images' token-wise scores against every
     rank's texts, and its texts' against every rank's images (filip_loss; equal rank batch sizes). Texts
     are padded to the longest over ranks (masked) so that they gather."""

@@ -133,8 +133,8 @@ def ring_sigmoid_loss(img: torch.Tensor, txt: torch.Tensor, temperature: torch.T
                       implementation: str = "auto") -> torch.Tensor:
     """The same share as `gathered_sigmoid_loss`, with the texts passed around a ring of neighbours instead of
     gathered (big_vision's and OpenCLIP's "neighbour exchange"), forward and again in the backward
-    (`_SoftplusSum` over the world): per-rank memory stays flat in the number of ranks. The positives, all in the rank's own
-    block, are one dot product."""
+    (`_SoftplusSum` over the world): per-rank memory stays flat in the number of ranks. The positives, all in the
+    rank's own block, are one dot product."""
     img, txt = at_least_fp32(img), at_least_fp32(txt)
     t, b = temperature.to(img.dtype), bias.to(img.dtype)
     n = img.shape[0]

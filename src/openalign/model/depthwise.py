@@ -1,8 +1,8 @@
 """A faster backward for EfficientNet's depthwise convolutions on small feature maps (CPU).
 
-The profile of the demo's training step (bench/train_step.py) put a third of the step in oneDNN's weight
-gradient of the depthwise convolutions whose feature maps are 2x2 and 4x4 (5x5 kernels, mostly padding): 50-100
-ms each for a few MFLOPs, against 0.4-3 ms for the input gradient of the same layer. There the weight gradient is cheap to compute
+The profile of the demo's training step (bench/train_step.py) put a third of the step in oneDNN's weight gradient of
+the depthwise convolutions whose feature maps are 2x2 and 4x4 (5x5 kernels, mostly padding): 50-100 ms each for a few
+MFLOPs, against 0.4-3 ms for the input gradient of the same layer. There the weight gradient is cheap to compute
 directly: per channel c, the products of every output position's gradient with every input position,
 
     M_c = G_c^T X_c                 G_c: [N, Ho*Wo], X_c: [N, H*W]   (a reduction over the batch)

@@ -158,13 +158,15 @@ def clip_state_dict(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Ten
              "visual.ln_post.bias": "vision_model.post_layernorm.bias",
              "token_embedding.weight": "text_model.embeddings.token_embedding.weight",
              "positional_embedding": "text_model.embeddings.position_embedding.weight",
-             "ln_final.weight": "text_model.final_layer_norm.weight", "ln_final.bias": "text_model.final_layer_norm.bias"}
+             "ln_final.weight": "text_model.final_layer_norm.weight",
+             "ln_final.bias": "text_model.final_layer_norm.bias"}
     for key, value in state.items():
         name = key.removeprefix("text.") if key.startswith("text.") else key  # CustomTextCLIP's text tower
         if name in plain:
             out[plain[name]] = value
         elif name in ("visual.proj", "text_projection"):
-            out["visual_projection.weight" if name == "visual.proj" else "text_projection.weight"] = value.t().contiguous()
+            target = "visual_projection.weight" if name == "visual.proj" else "text_projection.weight"
+            out[target] = value.t().contiguous()
         elif name == "attn_mask":  # the causal mask, saved as a buffer by older releases
             continue
         elif ".resblocks." in name and name.startswith(("visual.transformer.", "transformer.")):

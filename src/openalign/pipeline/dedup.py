@@ -78,7 +78,8 @@ def eval_images(spec: str) -> list[tuple[str, bytes | None]]:
 
 
 def array_digest(array: np.ndarray) -> str:
-    return hashlib.blake2b(np.ascontiguousarray(array).tobytes() + str(array.shape).encode(), digest_size=16).hexdigest()
+    data = np.ascontiguousarray(array).tobytes() + str(array.shape).encode()
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------- phash
@@ -122,7 +123,8 @@ def embedding_task(plan: str, index: int, scores_path: str, eval_path: str, mode
     import faiss
 
     rows = read_plan(plan, index)
-    embeds, ok = embed_blobs(model_path, (sources.read_bytes(r["path"], r["member"]) for r in rows), batch_size, threads)
+    blobs = (sources.read_bytes(r["path"], r["member"]) for r in rows)
+    embeds, ok = embed_blobs(model_path, blobs, batch_size, threads)
     scores, matches = [None] * len(rows), [None] * len(rows)
     if ok:
         evaluation = np.load(eval_path)
@@ -189,7 +191,8 @@ def bucket_task(plan: str, index: int, scores_path: str, eval_path: str, model_p
     """One task: each image's cosine similarity to the closest evaluation image it shares a bucket with (none
     shared: no score, counted as `unbucketed`)."""
     rows = read_plan(plan, index)
-    embeds, ok = embed_blobs(model_path, (sources.read_bytes(r["path"], r["member"]) for r in rows), batch_size, threads)
+    blobs = (sources.read_bytes(r["path"], r["member"]) for r in rows)
+    embeds, ok = embed_blobs(model_path, blobs, batch_size, threads)
     evaluation, saved = np.load(eval_path), np.load(buckets_path)
     cells = nearest_cells(embeds, saved["centroids"], int(saved["top"]))
     index = cell_index(saved["cells"], len(saved["centroids"]))

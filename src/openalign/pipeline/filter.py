@@ -139,7 +139,8 @@ def filter_pairs(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), eng
             for i, (rule, description) in enumerate(RULES.items()):
                 examples = [r[0] for r in runner.rows(examples_query(rule, cfg.examples))] if counts[2 * i] else []
                 rules.append({"rule": rule, "description": description.format(**asdict(cfg)),
-                              "removed_alone": int(counts[2 * i] or 0), "removed_in_sequence": int(counts[2 * i + 1] or 0),
+                              "removed_alone": int(counts[2 * i] or 0),
+                              "removed_in_sequence": int(counts[2 * i + 1] or 0),
                               "examples": examples})
             originals = runner.rows("SELECT count(*) FROM pairs WHERE has_original")[0][0]
             unsized = runner.rows("SELECT count(*) FROM pairs WHERE width IS NULL OR height IS NULL")[0][0]
@@ -258,8 +259,9 @@ def summary_lines(report: dict) -> list[str]:
         lines.append(f"note: image sizes judged before resizing for {report['sizes']['original']:,} pairs (their "
                      "original_width/height from img2dataset), as stored for the other "
                      f"{report['sizes']['as_stored']:,}")
+    engine = ENGINE_NAMES.get(report["engine"], report["engine"])
     lines += [f"{report['pairs']:,} pairs -> {report['kept_pairs']:,} kept "
-             f"({report['kept_pairs'] / max(report['pairs'], 1):.1%}) by {ENGINE_NAMES.get(report['engine'], report['engine'])} in {report['seconds']:.1f} s"]
+              f"({report['kept_pairs'] / max(report['pairs'], 1):.1%}) by {engine} in {report['seconds']:.1f} s"]
     for r in report["rules"]:
         lines.append(f"  {r['rule']:<17} alone {r['removed_alone']:>10,}  in sequence {r['removed_in_sequence']:>10,}"
                      f"   {r['description']}")

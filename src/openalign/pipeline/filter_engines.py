@@ -46,7 +46,8 @@ class DuckDBEngine:
         try:
             return self.con.execute(sql)
         except duckdb.OutOfMemoryException as e:  # a step that could not spill what it holds
-            limit = f"--memory-limit {format_size(self.memory_limit)}" if self.memory_limit else "the default memory limit"
+            limit = (f"--memory-limit {format_size(self.memory_limit)}" if self.memory_limit
+                     else "the default memory limit")
             raise ConfigError(f"DuckDB ran out of memory in the filter's {stage} step under {limit} (it spills "
                               f"what it can to disk, but not this step): raise --memory-limit, lower --threads, "
                               f"or run it with --engine spark") from e

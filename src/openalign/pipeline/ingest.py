@@ -444,7 +444,8 @@ def ingest(sources: list[str], out: Path, options: IngestOptions = IngestOptions
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
-        raise ConfigError(f"cannot write {out}: {out.parent} is a file, not a directory; choose another --out") from None
+        raise ConfigError(f"cannot write {out}: {out.parent} is a file, not a directory; "
+                          "choose another --out") from None
     rejects_path, manifest = out.with_suffix(".rejects.parquet"), manifest_path(out)
     for _ in units(sources):  # every source exists and is of a known kind, before anything is written
         pass

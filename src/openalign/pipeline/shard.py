@@ -2,11 +2,11 @@
 
     openalign shard pairs.parquet --keep FILTER_DIR [--keep DEDUP_DIR ...] --out SHARDS
 
-A pair is written when its uid is in *every* keep-list given (the filter stage's, the dedup stage's,
-an unsafe-image classifier's); with no keep-list, every pair is (a collection that is already clean). Kept pairs are grouped by image: one sample per image, with all its kept
-alt-texts in `KEY.json["texts"]` (the loader draws one per visit, so an image never meets itself in a
-batch) and the first in `KEY.txt`. Images are decoded upright to RGB (see images.to_rgb), resized so
-the shorter side is at most `image_size` (paper: 346) keeping the aspect ratio, and stored as JPEG.
+A pair is written when its uid is in *every* keep-list given (the filter stage's, the dedup stage's, an unsafe-image
+classifier's); with no keep-list, every pair is (a collection that is already clean). Kept pairs are grouped by image:
+one sample per image, with all its kept alt-texts in `KEY.json["texts"]` (the loader draws one per visit, so an image
+never meets itself in a batch) and the first in `KEY.txt`. Images are decoded upright to RGB (see images.to_rgb),
+resized so the shorter side is at most `image_size` (paper: 346) keeping the aspect ratio, and stored as JPEG.
 
 Samples are ordered by image key (a content hash, so shards are a fair shuffle) and cut into shards of
 `samples_per_shard`; each shard is written to a temporary name and renamed when complete, so a rerun
@@ -211,9 +211,9 @@ def check_sources_exist(plan: Path, pairs, probe: int = 100) -> None:
     head = ds.dataset(str(plan / "plan.parquet")).head(20 * probe, columns=["path"]).column("path").to_pylist()
     paths = list(dict.fromkeys(head))[:probe]
     if paths and not any(Path(p).is_file() for p in paths):
-        raise ConfigError(f"none of the {len(paths)} source files checked from {pairs} exist from here (e.g. {paths[0]}); "
-                          "a relative path is relative to where `openalign ingest` ran: run shard from there, or "
-                          "ingest again (it now records absolute paths)")
+        raise ConfigError(f"none of the {len(paths)} source files checked from {pairs} exist from here "
+                          f"(e.g. {paths[0]}); a relative path is relative to where `openalign ingest` ran: run "
+                          "shard from there, or ingest again (it now records absolute paths)")
 
 
 def write_samples(samples: list[dict], out: Path, options: ShardOptions, progress: bool, info: dict,

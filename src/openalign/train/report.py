@@ -115,17 +115,20 @@ def write(out: Path, cfg: Config, metrics: dict, model_info: dict) -> str:
     kind = loss_lib.kind_of(cfg.loss)
     text = "\n".join([
         f"# openalign run: {cfg.preset or 'custom'}", "",
-        f"- model: EfficientNet (width {cfg.model.vision.width_coefficient}, depth {cfg.model.vision.depth_coefficient},"
+        f"- model: EfficientNet (width {cfg.model.vision.width_coefficient},"
+        f" depth {cfg.model.vision.depth_coefficient},"
         f" {model_info['vision_params']:,} params) + BERT ({cfg.model.text.num_layers}x{cfg.model.text.hidden_size},"
         f" {model_info['text_params']:,} params), embedding {cfg.model.embed_dim}",
-        f"- steps {steps[-1]['step'] if steps else 0}, batch {cfg.data.global_batch}, images {cfg.model.vision.image_size}px,"
+        f"- steps {steps[-1]['step'] if steps else 0}, batch {cfg.data.global_batch},"
+        f" images {cfg.model.vision.image_size}px,"
         f" median {speed[len(speed) // 2]:.0f} pairs/s",
         f"- temperature: init {kind.initial_scalars(cfg.loss)['temperature']:g}, final "
         f"{model_info['temperature']:.4f}, learned {kind.learned_as(cfg.loss)}"
         f" (lr scale {cfg.loss.temperature.lr_scale}; the paper's init is 1.0 — for runs this short it"
         " costs held-out recall, measured in docs/demo.md)", "",
-        "## Held-out evaluation (family split: no variant of these emoji was seen in training)" if cfg.data.corpus == "emoji"
-        and not cfg.data.train else f"## Held-out evaluation ({cfg.data.eval or cfg.data.corpus or 'none'})", "",
+        "## Held-out evaluation (family split: no variant of these emoji was seen in training)"
+        if cfg.data.corpus == "emoji" and not cfg.data.train
+        else f"## Held-out evaluation ({cfg.data.eval or cfg.data.corpus or 'none'})", "",
         "```", *summary_lines(metrics, trained_sources(cfg)), "```", "",
         "![training curves](training.png)", "",
     ])

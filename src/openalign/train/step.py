@@ -2,14 +2,14 @@
 
 Direct: both towers on the rank's whole batch, the loss, backward.
 
-Gradient caching (GradCache, Gao et al. 2021; `train.micro_batch` below the rank's batch): the towers
-run on micro-batches without a graph; the loss of the whole batch gives the gradient of every
-embedding (and of the temperature); each micro-batch is then run again with a graph, replaying its
-random state (dropout), and back-propagated from its cached embedding gradients. Memory is that of one
-micro-batch, and the result equals the direct step with BatchNorm statistics per micro-batch (not a
-direct step with one BatchNorm over the whole batch: its losses differ, docs/scale.md) — the paper's setup, where each TPU core normalizes its own 16 pairs (tests/train/test_step.py checks
-equality in fp64). The first pass leaves BatchNorm running statistics as they were, so they are
-updated once per micro-batch, as in the direct step.
+Gradient caching (GradCache, Gao et al. 2021; `train.micro_batch` below the rank's batch): the towers run on
+micro-batches without a graph; the loss of the whole batch gives the gradient of every embedding (and of the
+temperature); each micro-batch is then run again with a graph, replaying its random state (dropout), and
+back-propagated from its cached embedding gradients. Memory is that of one micro-batch, and the result equals the
+direct step with BatchNorm statistics per micro-batch (not a direct step with one BatchNorm over the whole batch: its
+losses differ, docs/scale.md) — the paper's setup, where each TPU core normalizes its own 16 pairs
+(tests/train/test_step.py checks equality in fp64). The first pass leaves BatchNorm running statistics as they were,
+so they are updated once per micro-batch, as in the direct step.
 
 The loss is computed outside autocast: logits and loss are fp32 under bf16 training.
 """

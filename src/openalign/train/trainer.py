@@ -209,7 +209,8 @@ def read_checkpoint(path: Path, map_location="cpu", check_only: bool = False) ->
         state = torch.load(path, map_location=map_location, weights_only=True, mmap=check_only)
     except pickle.UnpicklingError as err:
         if "Weights only load failed" not in str(err):  # a damaged pickle stream, not a refused object
-            raise ConfigError(f"{path} is corrupt and cannot be resumed from (UnpicklingError){_earlier(path)}") from None
+            raise ConfigError(f"{path} is corrupt and cannot be resumed from "
+                              f"(UnpicklingError){_earlier(path)}") from None
         raise ConfigError(f"{path} holds Python objects besides tensors and plain values, which loading would run as "
                           "code; openalign does not load it (an openalign checkpoint never holds them): train again "
                           "without --resume, into a new --out") from None
