@@ -162,6 +162,33 @@ def test_interrupted_run_resumes_with_identical_losses(shapes, tmp_path, monkeyp
     assert len(straight) == 16 and resumed == straight  # exactly the same numbers, across an epoch boundary
 
 
+def test_deterministic_kernels_change_no_number_on_the_cpu_and_are_the_runs_alone(shapes, tmp_path, monkeypatch,
+                                                                                  capsys):
+    """train.deterministic=true: the CPU step is deterministic already, so the same losses; the process's setting is
+    back to what it was after the run; an operator with no deterministic kernel is one sentence naming it."""
+    import torch
+
+    overrides = ("train.steps=3", "train.log_every=1")
+    assert cli.main(train_args(shapes, tmp_path / "plain", *overrides)) == 0
+    assert cli.main(train_args(shapes, tmp_path / "exact", *overrides, "train.deterministic=true")) == 0
+    assert loss_rows(tmp_path / "exact") == loss_rows(tmp_path / "plain")
+    assert not torch.are_deterministic_algorithms_enabled()
+
+    real = trainer.forward_backward
+
+    def with_a_nondeterministic_operator(*args, **kwargs):
+        torch.zeros(4).put_(torch.tensor([0, 0]), torch.ones(2))  # put_ without accumulate: no deterministic kernel
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "forward_backward", with_a_nondeterministic_operator)
+    capsys.readouterr()
+    assert cli.main(train_args(shapes, tmp_path / "refused", *overrides, "train.deterministic=true")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert "train.deterministic=true, but" in err and "put_" in err and "train without train.deterministic" in err
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
 def test_user_errors_are_one_sentence(shapes, tmp_path, capsys):
     assert cli.main(["train", "--preset", "tiny", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path)]) == 2
     assert cli.main(["train", "--preset", "tiny", "optim.lrr=1"]) == 2

@@ -33,6 +33,21 @@ def env() -> dict:
     return os.environ | {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
+HOG = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
+
+
+@contextlib.contextmanager
+def cpu_hog(seconds: float = 300):
+    """A busy loop on every core while the block runs (each one also stops by itself after `seconds`)."""
+    hogs = [subprocess.Popen([sys.executable, "-c", HOG.format(seconds=seconds)]) for _ in range(os.cpu_count() or 1)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
 def descendants(pid: int) -> list[int]:
     """Every process below `pid`, from /proc. torchrun starts each worker in a session of its own, so
     killing torchrun's process group would leave its workers running (and writing checkpoints)."""
@@ -84,10 +99,13 @@ def test_sigkill_then_resume_continues_exactly(shapes, tmp_path, launcher, shard
     done = subprocess.run(launcher_argv() + train_argv(shapes, straight, *steps), env=env(), capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    at = kill_after_first_checkpoint(launcher_argv() + train_argv(shapes, killed, *steps), killed)
-    assert 4 <= at < 24  # killed mid-run, not after the end
-    done = subprocess.run(launcher_argv() + ["train", "--out", str(killed), "--resume", "--quiet"], env=env(),
-                          capture_output=True, text=True, timeout=300)
+    # one process: the killed and the resumed run beside a busy loop on every core, the straight run on an idle
+    # machine; load changes the time each step takes, never a number it computes
+    with cpu_hog() if launcher == "single" else contextlib.nullcontext():
+        at = kill_after_first_checkpoint(launcher_argv() + train_argv(shapes, killed, *steps), killed)
+        assert 4 <= at < 24  # killed mid-run, not after the end
+        done = subprocess.run(launcher_argv() + ["train", "--out", str(killed), "--resume", "--quiet"], env=env(),
+                              capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     a, b = losses(straight), losses(killed)
     assert sorted(b) == list(range(1, 25))  # the log reads as one run: lines past the checkpoint were dropped

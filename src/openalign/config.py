@@ -279,6 +279,9 @@ class TrainConfig:
     shard_optimizer: bool = False  # under torchrun: ZeRO-1, each rank keeps 1/world of LAMB's state (exact LAMB)
     fsdp: bool = False  # under torchrun: FSDP2, parameters, gradients and LAMB's state sharded over ranks
     device: Annotated[str, DEVICE] = "auto"
+    deterministic: bool = False  # deterministic kernels only (torch.use_deterministic_algorithms): a resumed GPU
+                                 # run then repeats an uninterrupted one's numbers, at some speed; the CPU step is
+                                 # deterministic either way
     # dashboards the run's metrics.jsonl rows also go to: tensorboard (RUN/tensorboard), wandb (offline unless W&B
     # is configured); any subset, e.g. tensorboard,wandb (train/dashboards.py)
     report_to: Annotated[tuple[str, ...], Rule(lambda xs: all(x in ("tensorboard", "wandb") for x in xs),

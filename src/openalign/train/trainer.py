@@ -17,7 +17,7 @@ import pickle
 import random
 import shutil
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -309,8 +309,14 @@ def optimizer_step(run: Run, runner: torch.nn.Module, model: DualEncoder, optimi
     set_lr(optimizer, lr)
     negatives_rng = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)  # a function of the step
     optimizer.zero_grad(set_to_none=True)
-    loss = forward_backward(runner, model, batch, cfg.loss, cfg.train.micro_batch, run.layout, run.device,
-                            lambda: autocast(run.device, cfg.train.precision), negatives_rng)
+    try:
+        loss = forward_backward(runner, model, batch, cfg.loss, cfg.train.micro_batch, run.layout, run.device,
+                                lambda: autocast(run.device, cfg.train.precision), negatives_rng)
+    except RuntimeError as err:  # an operator with no deterministic kernel on this device: PyTorch's message names it
+        if not (cfg.train.deterministic and "deterministic" in str(err)):
+            raise
+        raise ConfigError(f"train.deterministic=true, but {str(err).splitlines()[0].rstrip('.')} on "
+                          f"{run.device.type}; train without train.deterministic") from None
     if cfg.optim.grad_clip > 0 and cfg.train.fsdp:
         fsdp.clip_grad_norm_(model, cfg.optim.grad_clip)
     elif cfg.optim.grad_clip > 0:
@@ -417,8 +423,27 @@ class Log:
 
 def train(cfg: Config, resume: bool = False, progress: bool = True, overwrite: bool = False) -> TrainResult:
     """Train `cfg` into cfg.out (rank 0 owns it for the run: a second run there refuses in one sentence)."""
-    with owned(Path(cfg.out)) if distributed.from_env().rank == 0 else nullcontext():
+    with owned(Path(cfg.out)) if distributed.from_env().rank == 0 else nullcontext(), \
+            deterministic_kernels(cfg.train.deterministic):
         return _train(cfg, resume, progress, overwrite)
+
+
+@contextmanager
+def deterministic_kernels(on: bool):
+    """`train.deterministic`: only kernels that give the same bits every run, for the run's length (the setting is
+    the process's: restored after, so a notebook's or a test's later work keeps its own). The CPU step is
+    deterministic either way; on GPUs this is what makes a resumed run continue with an uninterrupted run's numbers
+    (docs/scale.md "Resumable")."""
+    if not on:
+        yield
+        return
+    before = torch.are_deterministic_algorithms_enabled()
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts, before any CUDA matmul
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before)
 
 
 def _train(cfg: Config, resume: bool, progress: bool, overwrite: bool) -> TrainResult:
