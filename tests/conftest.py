@@ -67,10 +67,36 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line]
 
 
+_TINY_MODELS: dict[tuple, tuple[Path, object]] = {}  # (texts, embed_dim, seed) -> (the built directory, RNG after)
+
+
 def save_tiny_model(out: Path, texts: list[str], embed_dim: int | None = None, seed: int = 0) -> Path:
     """A tiny untrained model (weights drawn with `seed`) with its tokenizer (and the tiny preset's embedding width,
     or `embed_dim`), saved as a model directory. Its BatchNorm statistics are measured on coloured shapes (as
-    training would leave them): at their initial values an untrained image tower embeds every image alike."""
+    training would leave them): at their initial values an untrained image tower embeds every image alike.
+
+    Built once per test run for each (texts, embed_dim, seed) and copied to `out` after that, leaving torch's RNG
+    as building it would (a test may draw from it next)."""
+    import atexit
+    import shutil
+
+    import torch
+
+    key = (tuple(texts), embed_dim, seed)
+    if key not in _TINY_MODELS:
+        import tempfile
+
+        root = Path(tempfile.mkdtemp(prefix="tiny-model-"))
+        atexit.register(shutil.rmtree, root, True)
+        built = _build_tiny_model(root / "model", texts, embed_dim, seed)
+        _TINY_MODELS[key] = (built, torch.get_rng_state())
+    built, rng = _TINY_MODELS[key]
+    shutil.copytree(built, out, dirs_exist_ok=True)
+    torch.set_rng_state(rng)
+    return out
+
+
+def _build_tiny_model(out: Path, texts: list[str], embed_dim: int | None, seed: int) -> Path:
     import dataclasses
 
     import torch
