@@ -5,9 +5,14 @@ import json
 
 import pytest
 
-from tests.conftest import save_tiny_model, shape_images
+from tests.conftest import save_tiny_model, shape_images, shape_shards
 from experiments import failure_modes
 from experiments.failure_modes import captions, depth, frequency, objects, relations, rerank, toy
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    return shape_shards(tmp_path_factory.mktemp("shapes"))
 
 
 def test_failure_modes_composition_toy_through_main(tmp_path, capsys):

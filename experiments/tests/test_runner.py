@@ -11,7 +11,12 @@ import pytest
 import torch
 
 from openalign import presets
-from tests.conftest import free_port, read_jsonl
+from tests.conftest import free_port, read_jsonl, shape_shards
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    return shape_shards(tmp_path_factory.mktemp("shapes"))
 
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,8 +7,13 @@ import pytest
 
 from openalign import presets
 from openalign.config import ConfigError
-from tests.conftest import needs_emoji_data, two_small_sources
+from tests.conftest import needs_emoji_data, shape_shards, two_small_sources
 from experiments import ablation, compositional, dynamics, model_data, multilingual, noise_scale
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    return shape_shards(tmp_path_factory.mktemp("shapes"))
 
 
 def test_ablation_plan_changes_one_thing_per_variant():
