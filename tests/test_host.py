@@ -1,6 +1,7 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -43,3 +44,35 @@ def test_freed_blocks_are_reused_instead_of_faulted_in_again():
 
 def test_reuse_is_idempotent():
     assert host.reuse_freed_memory() == host.reuse_freed_memory()
+
+
+def test_vector_math_is_settled_on_one_element_in_this_thread_before_the_thread_count_is_set(monkeypatch):
+    # MKL picks each vector math function's kernel at its first call; a first call on two threads at once can run a
+    # low-accuracy kernel for one thread's chunk (issue 83: the resumed run's first LAMB update). Every function
+    # is called once on one element (one chunk, this thread) before any operator can run it on several threads.
+    import torch
+
+    calls = []
+    for name in host.VML_OPERATORS:
+        real = getattr(torch, name)
+        monkeypatch.setattr(torch, name, lambda x, name=name, real=real: calls.append((name, x.dtype, x.numel()))
+                            or real(x))
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: calls.append(("set_num_threads", n)))
+    monkeypatch.setattr(host, "_vector_math_settled", False)
+    host.set_threads(3)
+    warmed = {(name, dtype) for name, dtype, numel in calls[:-1] if numel == 1}
+    assert warmed == {(name, dtype) for name in host.VML_OPERATORS for dtype in (torch.float32, torch.float64)}
+    assert len(calls) == len(warmed) + 1 and calls[-1] == ("set_num_threads", 3)  # settled first, then threads
+    host.set_threads(2)  # once per process
+    assert calls[-2:] == [("set_num_threads", 3), ("set_num_threads", 2)]
+
+
+def test_every_thread_count_is_set_through_host():
+    # a torch.set_num_threads of its own would let that command's first operators race in MKL (above)
+    import openalign
+
+    src = Path(openalign.__file__).parent
+    direct = [f"{path.relative_to(src)}:{number}" for path in sorted(src.rglob("*.py")) if path.name != "host.py"
+              for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+              if "torch.set_num_threads(" in line]
+    assert direct == [], f"set the thread count with host.set_threads: {direct}"

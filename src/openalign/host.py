@@ -72,7 +72,7 @@ def reuse_freed_memory() -> bool:
     if _applied:
         return True
     try:
-        if not os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc"):
+        if not (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc"):
             return False
     except (ValueError, OSError, AttributeError):  # not glibc, or no confstr on this platform
         return False
@@ -90,6 +90,46 @@ def reuse_freed_memory() -> bool:
 def reuses_freed_memory() -> bool:
     """Whether `reuse_freed_memory()` is in effect in this process."""
     return _applied
+
+
+# The unary operators ATen hands to MKL's vector math library (ATen/cpu/vml.h), warmed in float32 and float64.
+# expm1, log1p and abs were handed to it by earlier releases; warming them costs nothing.
+VML_OPERATORS = ("acos", "asin", "atan", "cos", "erf", "erfc", "erfinv", "exp", "expm1", "log", "log10", "log1p",
+                 "log2", "sin", "sqrt", "tan", "tanh", "trunc", "abs")
+_vector_math_settled = False
+
+
+def settle_vector_math() -> None:
+    """Call each of MKL's vector math functions once, on one element in this thread, before any operator runs them
+    on several threads (once per process; children forked later inherit it).
+
+    On the CPU, ATen computes float unary operators (sqrt, exp, tanh, erf, ...) of more than 2,048 elements on the
+    intra-op threads, each calling MKL's VML on its chunk, and MKL chooses each function's kernel when that function
+    is first called. When that first call runs on two threads at once, one thread can run a low-accuracy kernel for
+    its whole chunk, once: a square root then agrees with the true one to 12 bits instead of 24 (pytorch/pytorch
+    #188792; oneMKL 2024.2, the MKL of the torch wheels we lock). The next call is right, so nothing shows but a
+    number that differs in the 4th digit. Training met it in LAMB's first update after a resume, on a loaded
+    machine: the word embeddings' `exp_avg_sq.sqrt()` (2,080 elements, split 1,040 + 1,040) came out as
+    `v * rsqrt(v)` on one chunk, and the resumed run drifted from the run that was never stopped (issue 83)."""
+    global _vector_math_settled
+    if _vector_math_settled:
+        return
+    import torch
+
+    for dtype in (torch.float32, torch.float64):
+        x = torch.full((1,), 0.5, dtype=dtype)  # inside every function's domain
+        for name in VML_OPERATORS:
+            getattr(torch, name)(x)
+    _vector_math_settled = True
+
+
+def set_threads(threads: int) -> None:
+    """torch's intra-op thread count, with MKL's vector math settled first (`settle_vector_math`): every process
+    that computes on several CPU threads goes through here."""
+    import torch
+
+    settle_vector_math()
+    torch.set_num_threads(threads)
 
 
 EXTRAS = {"spark": ("pyspark",), "serve": ("fastapi", "uvicorn"), "dashboards": ("tensorboard", "wandb"),

@@ -46,14 +46,13 @@ def eval_flags(p) -> None:
 
 
 def run_eval(args) -> int:
-    import torch
-
+    from openalign import host
     from openalign.eval.evaluate import evaluate, task_settings
     from openalign.eval.options import EvalOptions
     from openalign.eval.report import metric_lines, write_clip_benchmark
     from openalign.eval.tasks import clip_benchmark_metrics
 
-    torch.set_num_threads(os.cpu_count() or 1)
+    host.set_threads(os.cpu_count() or 1)
     tasks = args.task or []
     if args.format == "clip_benchmark":
         clip_benchmark_metrics({}, tasks)  # a task it has no place for is refused before any image is embedded

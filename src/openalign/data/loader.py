@@ -25,6 +25,7 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from openalign import host
 from openalign.config import Config, ConfigError
 from openalign.data import tars
 from openalign.data import transforms
@@ -207,7 +208,7 @@ def collate(items: list[tuple[torch.Tensor, str, str]], tokenizer, max_length: i
 
 
 def _worker_init(_: int) -> None:
-    torch.set_num_threads(1)  # workers decode with Pillow; BLAS threads would only oversubscribe
+    host.set_threads(1)  # workers decode with Pillow; BLAS threads would only oversubscribe
 
 
 def train_loader(spec: StreamSpec, tokenizer, plan: tuple[int, ...], position: Position | None = None):

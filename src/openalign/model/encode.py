@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 import torch.nn.functional as F
 
+from openalign import host
 from openalign.model.dual_encoder import TwoTowers
 
 __all__ = ["encode_image_stream", "encode_image_tokens", "encode_images", "encode_text_tokens", "encode_texts",
@@ -181,4 +182,6 @@ def load_for_inference(model_dir: Path, device: str = "auto", local_rank: int = 
     if torch.device(device).type == "cuda":
         model.to(memory_format=torch.channels_last)
     model.eval()
+    if torch.device(device).type == "cpu":
+        host.settle_vector_math()  # before any operator runs MKL's vector math on several threads (host.py)
     return model, tokenizer, cfg

@@ -84,12 +84,10 @@ host.command_cache(_MODELS.clear)
 
 def model_for(path: str, threads: int):
     """(model, tokenizer, config) of an openalign model directory, loaded once per process, on the CPU."""
-    import torch
-
     from openalign.model.encode import load_for_inference
 
     if threads:
-        torch.set_num_threads(threads)
+        host.set_threads(threads)
     if path not in _MODELS:
         _MODELS[path] = load_for_inference(Path(path), "cpu")
     return _MODELS[path]

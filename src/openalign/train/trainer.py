@@ -100,7 +100,7 @@ def start(cfg: Config, progress: bool, resume: bool = False) -> Run:
                 shutil.rmtree(out / name)
             else:
                 (out / name).unlink(missing_ok=True)
-    torch.set_num_threads(cfg.train.threads or max(1, (os.cpu_count() or 1) // max(1, layout.local_world)))
+    host.set_threads(cfg.train.threads or max(1, (os.cpu_count() or 1) // max(1, layout.local_world)))
     if device.type == "cpu":
         host.reuse_freed_memory()  # the step's activations reuse last step's pages: ~15% of a CPU step (host.py)
     torch.manual_seed(cfg.seed)
