@@ -1,6 +1,6 @@
 """The package's layers (docs/architecture.md), read from every import in src/, function-level ones included:
 
-    config, sizes, schedule, loss, distributed, host, outputs, tokenizer, presets  <  model  <  data  <  pipeline, index
+    config, sizes, schedule, loss, distributed, host, outputs, plots, tokenizer, presets  <  model  <  data  <  pipeline, index
       <  corpora, eval, serve  <  train  <  cli, flags
 
 A module imports only from its own layer or below, and no two modules import each other, directly or
@@ -14,7 +14,7 @@ from pathlib import Path
 import openalign
 
 PACKAGE = Path(openalign.__file__).parent
-LAYERS = [("config", "sizes", "schedule", "loss", "distributed", "host", "outputs", "tokenizer", "presets"), ("model",),
+LAYERS = [("config", "sizes", "schedule", "loss", "distributed", "host", "outputs", "plots", "tokenizer", "presets"), ("model",),
           ("data",),
           ("pipeline", "index"), ("corpora", "eval", "serve", "api"), ("train",), ("cli", "flags", "__main__")]
 RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}

@@ -3,6 +3,8 @@ last, so a file that looks finished is finished.
 
     with staged(path) as tmp: ...   write `tmp`; renamed onto `path` only when the block ends without an error
                                     (an exception or Ctrl-C removes `tmp` and leaves what was at `path`)
+    with staged_dir(path) as tmp:   the same for a folder written whole (a model directory)
+    place(tmp, path)                the rename alone, for a writer kept open across blocks or a staging folder
     write_json(path, obj)           one JSON file, written whole or not at all (temp + rename)
     unfinish(manifest)              before new work into an existing output: its old manifest goes first, so an
                                     interrupted rerun never leaves the old manifest beside new, partial files
@@ -26,8 +28,8 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Iterator
 
-__all__ = ["disk_full", "files_fingerprint", "foreign_files", "is_disk_full", "leftovers", "owned", "sources_key",
-           "staged", "unfinish", "write_json"]
+__all__ = ["disk_full", "files_fingerprint", "foreign_files", "is_disk_full", "leftovers", "owned", "place",
+           "sources_key", "staged", "staged_dir", "temp_name", "unfinish", "write_json"]
 
 
 def temp_name(path: Path) -> Path:
@@ -43,15 +45,45 @@ def leftovers(folder: Path, names: set[str]) -> list[Path]:
 
 
 @contextmanager
-def staged(path: Path) -> Iterator[Path]:
-    """Yields a temporary path beside `path`; on success it replaces `path`, on any error (KeyboardInterrupt
-    included) it is removed and `path` is left as it was."""
-    tmp = temp_name(path)
+def staged(path: Path, tmp: Path | None = None) -> Iterator[Path]:
+    """Yields a temporary path beside `path` (`tmp` where its name is part of a contract, such as a checkpoint's
+    `checkpoint.tmp`; else `temp_name`); on success it replaces `path`, on any error (KeyboardInterrupt included)
+    it is removed and `path` is left as it was."""
+    tmp = Path(tmp) if tmp is not None else temp_name(path)
     try:
         yield tmp
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    os.replace(tmp, path)
+
+
+@contextmanager
+def staged_dir(path: Path) -> Iterator[Path]:
+    """Yields an empty temporary folder beside `path`; on success it takes `path`'s place (a folder already there is
+    moved aside first and removed after), on any error it is removed and `path` is left as it was."""
+    path = Path(path)
+    tmp = temp_name(path)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if path.exists():
+        old = path.with_name(f".{path.name}.{os.getpid()}.old")
+        os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, path)
+
+
+def place(tmp: Path, path: Path) -> None:
+    """The finished file `tmp` renamed onto `path` in one step (beside it, so on the same filesystem): for a file
+    whose writer outlives one block (a Parquet writer kept open through a stage) or one finished in a staging
+    folder. Everything else writes through `staged`."""
     os.replace(tmp, path)
 
 

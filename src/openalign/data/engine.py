@@ -42,7 +42,7 @@ from openalign.config import NON_NEGATIVE, ConfigError, Options, as_flags, non_n
 from openalign.sizes import SIZE, parse_size, spark_size
 from openalign.data.workers import forkserver
 from openalign.host import die_with_parent
-from openalign.outputs import disk_full, is_disk_full
+from openalign.outputs import disk_full, is_disk_full, staged
 
 def engine_name(name: str) -> str:
     """One --engine vocabulary for every stage (local: this machine, DuckDB for filter; spark), checked in one
@@ -142,9 +142,8 @@ def recorded_names(status_dir: Path) -> set[str]:
 
 def _write_status(status_dir: Path, job_id: str, status: dict) -> None:
     path = status_path(status_dir, job_id)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(status, ensure_ascii=False) + "\n")
-    tmp.replace(path)
+    with staged(path) as tmp:
+        tmp.write_text(json.dumps(status, ensure_ascii=False) + "\n")
 
 
 def run_one(job: Job, status_dir: str) -> tuple[str, dict | None, str | None]:

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from openalign.config import ConfigError
-from openalign.outputs import sources_key, write_json
+from openalign.outputs import sources_key, staged, write_json
 
 PAIR_SCHEMA = pa.schema([
     ("uid", pa.string()), ("image_key", pa.string()), ("text", pa.string()), ("width", pa.int32()),
@@ -304,14 +303,12 @@ def build_keep_index(keep_dirs: list[str], out_dir: Path) -> str:
     import duckdb
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    with duckdb.connect() as con:
+    with staged(out) as tmp, duckdb.connect() as con:
         keep_table(con, Path(pairs), [Path(k) for k in keep_dirs])
         con.execute(f"""COPY (SELECT DISTINCT p.path, regexp_replace(p.member, '\\.[^.]*$', '') AS key
                               FROM read_parquet(?) p JOIN keep k ON p.uid = k.uid
                               WHERE p.source = 'webdataset' ORDER BY path, key)
                         TO '{str(tmp).replace("'", "''")}' (FORMAT parquet, ROW_GROUP_SIZE 100000)""", [pairs])
-    tmp.replace(out)
     return str(out)
 
 

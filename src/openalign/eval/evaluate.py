@@ -142,7 +142,8 @@ def evaluate(model, data: str | list[str], tasks: Sequence[str] = (), *, protoco
 
         weights = weights_fingerprint(directory)
     beside = paper.beside(metrics, data, protocol) if isinstance(data, str) else {}
-    return EvalResult(metrics, tuple(names), crop, resize, protocol, beside, figures, weights)
+    return EvalResult(metrics=metrics, tasks=tuple(names), crop=crop, resize=resize, protocol=protocol, paper=beside,
+                      figures=figures, model_weights=weights)
 
 
 def _loaded(model) -> tuple:

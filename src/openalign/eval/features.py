@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +18,7 @@ from openalign.eval.options import EvalOptions
 from openalign.model.dual_encoder import DualEncoder
 from openalign.model.encode import (encode_image_stream, encode_image_tokens, encode_images, encode_text_tokens,
                                     encode_texts)
-from openalign.outputs import files_fingerprint
+from openalign.outputs import files_fingerprint, staged
 
 
 @dataclass
@@ -87,8 +86,8 @@ def embed_split(model: DualEncoder, shards: str | list[str], options: EvalOption
     data = _embed(model, shards, options, progress, patches, meta)
     if cached is not None:
         cached.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({name: getattr(data, name) for name in CACHED_FIELDS}, cached.with_suffix(".tmp"))
-        os.replace(cached.with_suffix(".tmp"), cached)
+        with staged(cached, tmp=cached.with_suffix(".tmp")) as tmp:
+            torch.save({name: getattr(data, name) for name in CACHED_FIELDS}, tmp)
     return data
 
 

@@ -6,11 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
+from openalign import plots
 from openalign.config import ConfigError
 from openalign.outputs import staged
 from openalign.eval import metrics as M
@@ -67,12 +63,11 @@ def plot(figures: dict, out: Path) -> bool:
     panels = [figure for figure in figures.values() if callable(figure.get("draw"))]
     if not panels:
         return False
+    plt = plots.pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 5), squeeze=False)
     for ax, figure in zip(axes[0], panels):
         figure["draw"](ax, figure)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    plots.save(fig, out)
     return True
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +36,7 @@ from openalign.index.opened import (EXACT16, FILE, FILES, INFO, META, TRAINED, R
                                     read_info)
 from openalign.index.options import IndexOptions
 from openalign.index.parts import Parts, add_shard, part_files, read_manifest
-from openalign.outputs import unfinish, write_json
+from openalign.outputs import place, staged, unfinish, write_json
 
 __all__ = ["IndexOptions", "IndexResult", "build"]
 
@@ -85,14 +84,12 @@ def _exact16(parts: Parts, out: Path | None, chunk_rows: int) -> np.ndarray:
             exact16[first:first + len(chunk)] = chunk
         return exact16
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / (EXACT16 + ".tmp")
-    with open(tmp, "wb") as f:
+    with staged(out / EXACT16, tmp=out / (EXACT16 + ".tmp")) as tmp, open(tmp, "wb") as f:
         header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float16)), "fortran_order": False,
                   "shape": (parts.n, parts.d)}
         np.lib.format.write_array_header_1_0(f, header)
         for _, chunk in parts.chunks(rows=chunk_rows):
             f.write(np.ascontiguousarray(chunk, dtype=np.float16).tobytes())
-    tmp.replace(out / EXACT16)
     return np.load(out / EXACT16, mmap_mode="r")
 
 
@@ -333,7 +330,7 @@ def build(emb: Path, out: Path, options: IndexOptions = IndexOptions(), engine=N
         if stale.name not in new:
             stale.unlink(missing_ok=True)  # a previous build's (or add's)
     for name in new + [META]:
-        os.replace(staging / name, out / name)
+        place(staging / name, out / name)
     write_json(out / INFO, info)
     shutil.rmtree(staging, ignore_errors=True)
     return IndexResult.of(out, info)
@@ -423,6 +420,6 @@ def write_meta(emb: Path, path: Path) -> None:
         writer.write_table(table, row_group_size=65_536)
         first += len(table)
     writer.close()
-    tmp.replace(path)
+    place(tmp, path)
 
 

@@ -47,7 +47,7 @@ from openalign.index.parts import MANIFEST, PATCHES, part_files, read_manifest
 from openalign.model.encode import (encode_image_stream, encode_image_tokens, encode_images, encode_texts,
                                     load_for_inference)
 from openalign.model.hub import model_fingerprint, weights_fingerprint
-from openalign.outputs import sources_key, unfinish, write_json, writing
+from openalign.outputs import sources_key, staged, unfinish, write_json, writing
 
 __all__ = ["EmbedOptions", "EmbedResult", "embed"]
 
@@ -154,10 +154,9 @@ def _write_part(out: Path, index: int, embeds: np.ndarray, rows: list[dict], tex
     if patches is not None:
         files.append((f"{PATCHES}-{index:06d}.npy", lambda f: np.save(f, patches)))
     for name, write in files:
-        tmp = out / (name + ".tmp")
-        with writing(tmp), open(tmp, "wb") as f:  # a full disk: one sentence, and no half-written .tmp left
+        # a full disk: one sentence, and no half-written temporary file left
+        with staged(out / name, tmp=out / (name + ".tmp")) as tmp, writing(tmp), open(tmp, "wb") as f:
             write(f)
-        os.replace(tmp, out / name)
 
 
 def _status(out: Path, index: int) -> dict | None:
@@ -309,10 +308,11 @@ def embed(model_dir: Path, sources: list[str], out: Path, options: EmbedOptions 
         write_json(out / MANIFEST, manifest)  # last: every part is finished
     if layout.active:
         torch.distributed.barrier()
-    return EmbedResult(out, manifest["count"], manifest["dim"], manifest["dtype"], bool(manifest["texts"]),
-                       manifest["skipped"], len(manifest["parts"]), manifest["resumed_parts"], manifest["redone"],
-                       manifest["complete"], manifest.get("patches_per_image", 0),
-                       manifest.get("patch_bytes_per_image", 0), manifest)
+    return EmbedResult(out=out, count=manifest["count"], dim=manifest["dim"], dtype=manifest["dtype"],
+                       texts=bool(manifest["texts"]), skipped=manifest["skipped"], parts=len(manifest["parts"]),
+                       resumed_parts=manifest["resumed_parts"], redone=manifest["redone"],
+                       complete=manifest["complete"], patches_per_image=manifest.get("patches_per_image", 0),
+                       patch_bytes_per_image=manifest.get("patch_bytes_per_image", 0), manifest=manifest)
 
 
 def _manifest(out: Path, parts: list[Part], plan: dict, key: str, inputs: dict[int, str], options: EmbedOptions,

@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from openalign.config import ConfigError
 from openalign.index import build, opened, takedown
 from openalign.index.parts import Parts, part_files, read_manifest
-from openalign.outputs import write_json
+from openalign.outputs import staged, write_json
 
 __all__ = ["add", "delete"]
 
@@ -161,9 +161,8 @@ def add(emb: Path, index_dir: Path, options: build.IndexOptions = build.IndexOpt
 
 
 def _write_atomic(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    tmp.replace(path)
+    with staged(path, tmp=path.with_name(path.name + ".tmp")) as tmp:
+        write(tmp)
 
 
 def _write_exact16(path: Path, old: np.ndarray, new: Parts, chunk_rows: int) -> None:

@@ -13,6 +13,7 @@ import faiss
 import numpy as np
 
 from openalign.config import ConfigError
+from openalign.outputs import staged
 
 MANIFEST = "manifest.json"
 VECTORS = {"image": "part", "text": "text"}
@@ -96,9 +97,8 @@ def add_shard(trained: str, files: list[str], start: int, stop: int, shard: str,
     for _, chunk in Parts(files).chunks(start, stop, chunk_rows):
         index.add(chunk)
     index.make_direct_map()
-    tmp = shard + ".tmp"
-    faiss.write_index(index, tmp)
-    Path(tmp).replace(shard)
+    with staged(Path(shard), tmp=Path(shard + ".tmp")) as tmp:
+        faiss.write_index(index, str(tmp))
     return {"rows": stop - start}
 
 

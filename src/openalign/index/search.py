@@ -238,10 +238,10 @@ def search(index: Loaded | str | Path, query: Query | str, k: int = 10, *, model
     patches = patch_store(index) if rerank else None
     hits = nearest(index, query_vector(encoder, tokenizer, query, index), max(k, rerank), floor)
     if patches is None:  # not re-ranking
-        return SearchResult(hits, floor)
+        return SearchResult(hits=hits, min_score=floor)
     start = time.perf_counter()
     hits = rerank_hits(encoder, tokenizer, query, hits, patches, k)
-    return SearchResult(hits, floor, 1000 * (time.perf_counter() - start))
+    return SearchResult(hits=hits, min_score=floor, rerank_ms=1000 * (time.perf_counter() - start))
 
 
 def stored_vectors(index: Loaded, ids: list[int]) -> np.ndarray:

@@ -25,6 +25,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from openalign.outputs import staged
+
 SCHEMA = pa.schema([("id", pa.int64()), ("path", pa.string()), ("key", pa.string())])
 PATTERNS = ("deleted-g*.npy", "deleted-g*.parquet")  # every generation's take-down files (and older indexes')
 
@@ -107,9 +109,8 @@ def merged(*tables: pa.Table) -> pa.Table:
 
 def write(path: Path, table: pa.Table) -> None:
     """The take-down table, written under a temporary name and renamed (a reader never sees half of it)."""
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(table.cast(SCHEMA), tmp)
-    tmp.replace(path)
+    with staged(path, tmp=path.with_name(path.name + ".tmp")) as tmp:
+        pq.write_table(table.cast(SCHEMA), tmp)
 
 
 def entry(name: str, table: pa.Table) -> dict:

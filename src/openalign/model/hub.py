@@ -30,8 +30,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
-import shutil
 import threading
 from pathlib import Path
 
@@ -46,6 +44,7 @@ from openalign.model import families, openclip
 from openalign.model.dual_encoder import DualEncoder
 from openalign.model.families import FAMILIES
 from openalign.tokenizer import TOKENIZER_FILES, load_tokenizer
+from openalign.outputs import staged_dir
 
 CONFIG_FILE = "openalign.json"
 EXTRA_FILE = "openalign_extra.safetensors"
@@ -56,21 +55,8 @@ def save_pretrained(model: DualEncoder, tokenizer, out: Path, cfg: Config) -> Pa
     """The model directory `out`, written whole into a temporary directory beside it and then put in place: a
     save that fails (a full disk, Ctrl-C) leaves the previous model directory as it was, never half of one."""
     out = Path(out)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with staged_dir(out) as tmp:
         _save_into(model, tokenizer, tmp, cfg)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if out.exists():
-        old = out.with_name(f".{out.name}.{os.getpid()}.old")
-        os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out)
     return out
 
 

@@ -33,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from openalign import plots
 from openalign.config import ConfigError, expect
 from openalign.data.engine import Engine, Job, job_id, run_jobs
 from openalign.data.pairs import check_pair_table, sql_path, write_keep_report
@@ -167,12 +168,7 @@ def _summary(out: Path, plan: Path, options: BalanceOptions, entries: list[str],
 
 
 def _plot(path: Path, counts: np.ndarray, kept: np.ndarray, per_entry: int, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from openalign.pipeline.scoring import save_png
+    plt = plots.pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for values, label, colour in ((counts, "before", "tab:grey"), (kept, "after", "tab:blue")):
@@ -182,7 +178,7 @@ def _plot(path: Path, counts: np.ndarray, kept: np.ndarray, per_entry: int, titl
     ax.axhline(per_entry, color="tab:red", lw=1, ls="--", label=f"t = {per_entry:,}")
     ax.set(xlabel="entry rank", ylabel="pairs matching the entry", title=title)
     ax.legend()
-    save_png(fig, path)
+    plots.save(fig, path)
 
 
 def balance(pairs: Path, out: Path, options: BalanceOptions = BalanceOptions(), progress: bool = True,
@@ -249,5 +245,6 @@ def balance(pairs: Path, out: Path, options: BalanceOptions = BalanceOptions(), 
     }
     report = write_keep_report(out, REPORT, report, pairs)  # last: the keep-list is finished
     shutil.rmtree(work, ignore_errors=True)
-    return BalanceResult(keep, matches, len(entries), report["matched_entries"], int(n_pairs), int(unmatched),
-                         int(n_kept), matched.reused, report["seconds"], report)
+    return BalanceResult(keep=keep, matches=matches, entries=len(entries), matched_entries=report["matched_entries"],
+                         pairs=int(n_pairs), unmatched_pairs=int(unmatched), kept_pairs=int(n_kept),
+                         reused_matches=matched.reused, seconds=report["seconds"], report=report)

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from openalign import plots
 from openalign.config import ConfigError, expect, listed
 from openalign.data.engine import Engine
 from openalign.data.pairs import KEEP_REPORTS, PAIR_TABLE, check_pair_table, keep_source, manifest_path, sql_path
@@ -355,12 +356,7 @@ def markdown(card: dict) -> str:
 
 
 def _plot(path: Path, card: dict, counts: tuple[np.ndarray, np.ndarray]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from openalign.pipeline.scoring import save_png
+    plt = plots.pyplot()
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     c = card["counts"]
@@ -378,7 +374,7 @@ def _plot(path: Path, card: dict, counts: tuple[np.ndarray, np.ndarray]) -> None
     right.set(xlabel="entry rank", ylabel="pairs matching the entry", title="concepts before and after")
     right.legend()
     fig.suptitle(card["title"])
-    save_png(fig, path)
+    plots.save(fig, path)
 
 
 def card(pairs: Path, keeps: list[Path], out: Path, options: CardOptions = CardOptions(), progress: bool = True,
@@ -412,8 +408,8 @@ def card(pairs: Path, keeps: list[Path], out: Path, options: CardOptions = CardO
     _plot(out / "card.png", result, entry_counts)
     result["seconds"] = round(time.perf_counter() - start, 2)
     write_json(out / CARD, result)  # last: the card is finished
-    return CardResult(out / "card.md", out / CARD, out / "card.png", counts["pairs"], counts["kept_pairs"], names,
-                      result["seconds"], result)
+    return CardResult(markdown=out / "card.md", json=out / CARD, plot=out / "card.png", pairs=counts["pairs"],
+                      kept_pairs=counts["kept_pairs"], stages=names, seconds=result["seconds"], card=result)
 
 
 def command_line(argv: list[str] | None = None) -> str:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import string
 import unicodedata
@@ -266,9 +265,8 @@ def _metadata(pairs: str, plan: Path, n_jobs: int, work: Path, out: Path, option
     text = "".join(f"{e}\n" for e in entries)
     path = out / "metadata.txt"
     if not path.is_file() or path.read_text(encoding="utf-8") != text:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
+        with staged(path, tmp=path.with_name(path.name + ".tmp")) as tmp:
+            tmp.write_text(text, encoding="utf-8")
     return origin | {"entries": len(entries), "fingerprint": hashlib.blake2b(text.encode(), digest_size=16).hexdigest()}
 
 

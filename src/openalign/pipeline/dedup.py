@@ -306,5 +306,7 @@ def dedup(pairs: Path, against: str, out: Path, options: DedupOptions = DedupOpt
     }
     report = write_keep_report(out, REPORT, report, pairs)  # last: the keep-list is finished
     shutil.rmtree(out / WORK)
-    return DedupResult(out / "keep.parquet", report["rule"], count, len(names), removed_images, int(removed_pairs),
-                       report["unreadable_train_images"], resumed, report["seconds"], report)
+    return DedupResult(keep=out / "keep.parquet", rule=report["rule"], train_images=count, eval_images=len(names),
+                       removed_images=removed_images, removed_pairs=int(removed_pairs),
+                       unreadable_images=report["unreadable_train_images"], resumed_tasks=resumed,
+                       seconds=report["seconds"], report=report)

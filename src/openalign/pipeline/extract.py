@@ -54,6 +54,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from openalign import plots
 from openalign.config import POSITIVE_INT, ConfigError, Options, expect, listed
 from openalign.sizes import SIZE, parse_size
 from openalign.data import tables
@@ -631,8 +632,10 @@ def extract(sources: list[str], out: Path, options: ExtractOptions = ExtractOpti
     with staged(report) as tmp:
         plot_report(written, Path(tmp))
     write_json(manifest, written)  # last: the table is finished
-    return ExtractResult(table, rows, len(files), written["counts"], per_file, written["duplicates_across_files"],
-                         distinct, [tuple(t) for t in top], languages, resumed, written["seconds"], report, written)
+    return ExtractResult(table=table, candidates=rows, files=len(files), counts=written["counts"], per_file=per_file,
+                         duplicates_across_files=written["duplicates_across_files"], hosts=distinct,
+                         top_hosts=[tuple(t) for t in top], languages=languages, resumed_tasks=resumed,
+                         seconds=written["seconds"], report=report, manifest=written)
 
 
 READ_COUNTS = ("records", "pages", "images", "rows", "candidates", "duplicate")  # the rest are reasons for dropping,
@@ -643,10 +646,7 @@ NOT_DROPS = READ_COUNTS + NOTES
 def plot_report(manifest: dict, path: Path, top: int = 15) -> None:
     """Three panels: why links were dropped (and how many became candidates), the hosts with the most candidates,
     and the candidates' languages (where they were identified)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = plots.pyplot()
 
     counts = manifest["counts"]
     reasons = sorted(((k, v) for k, v in counts.items() if k not in NOT_DROPS), key=lambda kv: -kv[1])
@@ -676,9 +676,7 @@ def plot_report(manifest: dict, path: Path, top: int = 15) -> None:
         right.axis("off")
         right.set_title("languages not identified (--no-language)", fontsize=10)
     fig.suptitle(f"extract: {manifest['candidates']:,} candidate pairs")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100, format="png")
-    plt.close(fig)
+    plots.save(fig, path, dpi=100)
 
 
 def _tallies(table: Path, threads: int, languages: bool, top: int = 50) -> tuple[int, list[list], dict[str, int]]:

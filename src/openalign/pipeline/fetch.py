@@ -46,6 +46,7 @@ from typing import Annotated
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from openalign import plots
 from openalign.config import NON_NEGATIVE, POSITIVE, POSITIVE_INT, ConfigError, Options, expect, listed
 from openalign.sizes import SIZE, parse_size
 from openalign.data import images, tables
@@ -487,16 +488,14 @@ def finish(out: Path, table: Path, results: list[dict], left_out: Counter, shard
     }
     figure = plot_report(report, hosts, out / "fetch_report.png")
     write_json(out / FETCH_REPORT, report)
-    return FetchResult(out, urls, kinds["success"], shards, skipped, dict(kinds.most_common()), len(hosts),
-                       seconds, out / FETCH_REPORT, figure)
+    return FetchResult(out=out, urls=urls, successes=kinds["success"], shards=shards, skipped=skipped,
+                       kinds=dict(kinds.most_common()), hosts=len(hosts), seconds=seconds, report=out / FETCH_REPORT,
+                       figure=figure)
 
 
 def plot_report(report: dict, hosts: dict, path: Path) -> Path | None:
     """Two panels: URLs per status, and the hosts' success rates (a histogram, weighted by their URLs)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = plots.pyplot()
 
     statuses = report["statuses"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
@@ -511,8 +510,4 @@ def plot_report(report: dict, hosts: dict, path: Path) -> Path | None:
     right.set_xlabel("a host's success rate")
     right.set_ylabel("URLs on hosts with that rate")
     right.set_title(f"{len(hosts):,} hosts")
-    fig.tight_layout()
-    with staged(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=90)
-    plt.close(fig)
-    return path
+    return plots.save(fig, path, dpi=90)

@@ -18,6 +18,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from openalign import plots
 from openalign.config import ConfigError, check, expect
 from openalign.sizes import format_size, parse_size
 from openalign.data.pairs import FILTER_COLUMNS, check_pair_table, manifest_path, write_keep_report
@@ -173,9 +174,10 @@ def filter_pairs(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), eng
     report["warnings"] = dominant_rules(report)
     plot_report(report, out / "filter_report.png")
     report = write_keep_report(out, REPORT, report, pairs)  # last: the keep-list is finished
-    return FilterResult(keep_path, report["pairs"], report["kept_pairs"], report["removed_pairs"],
-                        [RuleCount(**r) for r in report["rules"]], chosen, report["not_applied"], report["warnings"],
-                        report["seconds"], report, out / "filter_report.png")
+    return FilterResult(keep=keep_path, pairs=report["pairs"], kept_pairs=report["kept_pairs"],
+                        removed_pairs=report["removed_pairs"], rules=[RuleCount(**r) for r in report["rules"]],
+                        rules_chosen=chosen, not_applied=report["not_applied"], warnings=report["warnings"],
+                        seconds=report["seconds"], report=report, figure=out / "filter_report.png")
 
 
 def _progress(progress: bool, total: int):
@@ -187,10 +189,7 @@ def _progress(progress: bool, total: int):
 def plot_report(report: dict, path: Path, top: int = 12) -> None:
     """Each rule's removals alone and in sequence; for a candidate table, beside them the pairs kept and removed per
     language of their text."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = plots.pyplot()
 
     rules = report["rules"]
     names = [r["rule"] for r in rules]
@@ -218,9 +217,7 @@ def plot_report(report: dict, path: Path, top: int = 12) -> None:
         by.set_xlabel("pairs")
         by.set_title(f"per language of the text (top {len(languages)})")
         by.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plots.save(fig, path)
 
 
 def dominant_rules(report: dict) -> list[str]:

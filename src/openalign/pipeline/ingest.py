@@ -51,7 +51,7 @@ from openalign.data.tables import TABLE_SUFFIXES
 from openalign.data.engine import Engine, Job, job_id, run_jobs
 from openalign.data.pairs import FETCH_REPORT, FETCH_WORK, PAIR_SCHEMA, blake, manifest_path, normalize_text, pair_uid
 from openalign.data.workers import process_pool
-from openalign.outputs import sources_key, staged, unfinish, write_json
+from openalign.outputs import place, sources_key, staged, unfinish, write_json
 
 __all__ = ["IngestOptions", "IngestResult", "ingest"]
 
@@ -388,7 +388,7 @@ class TableWriter:
                 self._flush(kind)
             writer.close()
             if commit:
-                self.tmp[kind].replace(self.paths[kind])
+                place(self.tmp[kind], self.paths[kind])
             else:
                 self.tmp[kind].unlink(missing_ok=True)
 
@@ -485,8 +485,9 @@ def ingest(sources: list[str], out: Path, options: IngestOptions = IngestOptions
         "seconds": round(time.perf_counter() - start, 2),
     }
     write_json(manifest, written)  # last: the table is finished
-    return IngestResult(out, written["pairs"], written["images"], written["rejected"], written["conversions"],
-                        written["repaired"], rejects_path, resumed, written["seconds"], written)
+    return IngestResult(table=out, pairs=written["pairs"], images=written["images"], rejected=written["rejected"],
+                        conversions=written["conversions"], repaired=written["repaired"], rejects=rejects_path,
+                        resumed_tasks=resumed, seconds=written["seconds"], manifest=written)
 
 
 def _enough_units(sources: list[str], options: IngestOptions, workers: int) -> bool:

@@ -36,12 +36,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from openalign import plots
 from openalign.config import ConfigError, Options, expect
 from openalign.data import sources
 from openalign.data.engine import Engine, read_plan, spark_session
 from openalign.data.pairs import IMAGE_COLUMNS, check_pair_table, sql_path, write_keep_report
-from openalign.outputs import sources_key, unfinish
-from openalign.pipeline.scoring import (FINITE, WORK, check_model, embed_blobs, image_jobs, model_for, save_png,
+from openalign.outputs import sources_key, staged, unfinish
+from openalign.pipeline.scoring import (FINITE, WORK, check_model, embed_blobs, image_jobs, model_for,
                                         usable)
 
 __all__ = ["ScoreOptions", "ScoreResult", "score"]
@@ -103,9 +104,8 @@ def score_task(plan: str, index: int, scores_path: str, model_path: str, batch_s
             scored = i in image_row and j is not None and image_ok[image_row[i]] and text_ok[j]
             scores.append(float(embeds[image_row[i]] @ vectors[j]) if scored else None)
     table = pa.table({"uid": pa.array(uids, pa.string()), "score": pa.array(scores, pa.float64())})
-    tmp = scores_path + ".tmp"
-    pq.write_table(table, tmp)
-    os.replace(tmp, scores_path)
+    with staged(Path(scores_path), tmp=Path(scores_path + ".tmp")) as tmp:
+        pq.write_table(table, tmp)
     return {"images": len(rows), "unreadable": len(rows) - len(ok), "texts": len(texts),
             "unscored": sum(s is None for s in scores),
             "unusable_vectors": int((~image_ok).sum() + (~text_ok).sum())}
@@ -268,10 +268,7 @@ def describe(pairs: str, uids: list[str], engine: Engine) -> dict[str, dict]:
 
 
 def _plot(path: Path, summary: dict, threshold: float | None, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = plots.pyplot()
 
     hist = summary["histogram"]
     if hist["low"] is None:  # no finite score: nothing to draw (never NaN edges)
@@ -288,7 +285,7 @@ def _plot(path: Path, summary: dict, threshold: float | None, title: str) -> Non
         ax.axvline(threshold, color="tab:red", lw=1.5, label=f"this cut: {threshold:.3f}")
         ax.legend()
     ax.set(xlabel="image-text cosine", ylabel="pairs", title=title)
-    save_png(fig, path)
+    plots.save(fig, path)
 
 
 def score(pairs: Path, out: Path, options: ScoreOptions, progress: bool = True,
@@ -352,5 +349,6 @@ def score(pairs: Path, out: Path, options: ScoreOptions, progress: bool = True,
     report = write_keep_report(out, REPORT, report, pairs)  # last: the keep-list is finished
     if (out / WORK).exists():
         shutil.rmtree(out / WORK)
-    return ScoreResult(out / "keep.parquet", scores_path, rule, int(n_pairs), summary["scored"], int(kept), threshold,
-                       reused, report["seconds"], report)
+    return ScoreResult(keep=out / "keep.parquet", scores=scores_path, rule=rule, pairs=int(n_pairs),
+                       scored_pairs=summary["scored"], kept_pairs=int(kept), threshold=threshold, reused_scores=reused,
+                       seconds=report["seconds"], report=report)

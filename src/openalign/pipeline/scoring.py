@@ -10,7 +10,6 @@ A score decides only when it is finite (`FINITE`); the summary counts the rest.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +20,7 @@ from openalign import host
 from openalign.data import sources
 from openalign.data.engine import Engine, Job, duckdb_plan, job_id, run_jobs, spark_plan, spark_session
 from openalign.data.pairs import first_source, spark_first_source, sql_path
-from openalign.outputs import sources_key
+from openalign.outputs import sources_key, staged
 
 WORK = "_work"  # the plan, the evaluation hashes or embeddings, each task's scores and status
 
@@ -158,23 +157,11 @@ def check_model(model: str, stage: str, texts: bool = False) -> str:
     return model_fingerprint(Path(model))
 
 
-def save_png(fig, path: Path) -> None:
-    """A report's figure, written under a temporary name and renamed (a killed run leaves no half a PNG)."""
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
-
-
 def write_scores(path: str, rows: list[dict], scores: list[float | None], matches: list[int | None]) -> None:
     table = pa.table({"image_key": [r["image_key"] for r in rows], "score": pa.array(scores, pa.float64()),
                       "match": pa.array(matches, pa.int64())})
-    tmp = path + ".tmp"
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
+    with staged(Path(path), tmp=Path(path + ".tmp")) as tmp:
+        pq.write_table(table, tmp)
 
 
 PERCENTILES = (0, 1, 5, 25, 50, 75, 95, 99, 100)

@@ -153,5 +153,6 @@ def screen(pairs: str | Path, out: Path, options: ScreenOptions, progress: bool 
     }
     report = write_keep_report(out, REPORT, report, pairs)  # last: the keep-list is finished
     shutil.rmtree(out / WORK)
-    return ScreenResult(out / "keep.parquet", count, removed_images, int(removed_pairs), unreadable, resumed,
-                        report["seconds"], report)
+    return ScreenResult(keep=out / "keep.parquet", images=count, removed_images=removed_images,
+                        removed_pairs=int(removed_pairs), unreadable_images=unreadable, resumed_tasks=resumed,
+                        seconds=report["seconds"], report=report)

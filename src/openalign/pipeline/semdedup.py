@@ -34,12 +34,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from openalign import plots
 from openalign.config import ConfigError, Options, expect
 from openalign.data import sources
 from openalign.data.engine import Engine, Job, job_id, read_plan, run_jobs
 from openalign.data.pairs import IMAGE_COLUMNS, check_pair_table, sql_path, write_keep_report
-from openalign.outputs import sources_key, unfinish
-from openalign.pipeline.scoring import (FINITE, WORK, check_model, embed_blobs, image_jobs, kmeans, save_png,
+from openalign.outputs import sources_key, staged, unfinish
+from openalign.pipeline.scoring import (FINITE, WORK, check_model, embed_blobs, image_jobs, kmeans,
                                         usable, write_keep_without_images)
 
 __all__ = ["SemDedupOptions", "SemDedupResult", "semdedup", "cluster_removals"]
@@ -122,9 +123,8 @@ def _matrix(column) -> np.ndarray:
 
 
 def _write(path: str, columns: dict) -> None:
-    tmp = path + ".tmp"
-    pq.write_table(pa.table(columns), tmp)
-    os.replace(tmp, path)
+    with staged(Path(path), tmp=Path(path + ".tmp")) as tmp:
+        pq.write_table(pa.table(columns), tmp)
 
 
 def assign_task(embeds_path: str, centroids_path: str, out_paths: list[str], clusters_per_task: int) -> dict:
@@ -210,10 +210,7 @@ def _sample(files: list[str], cap: int, seed: int) -> np.ndarray:
 
 def _plot(path: Path, sizes: list[tuple[int, int, int]], eps: float) -> None:
     """Cell size against removals per cell."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = plots.pyplot()
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     size = np.array([s for _, s, _ in sizes])
@@ -223,7 +220,7 @@ def _plot(path: Path, sizes: list[tuple[int, int, int]], eps: float) -> None:
     right.scatter(size, removed / np.maximum(size, 1), s=8, alpha=0.6, color="tab:red")
     right.set(xlabel="images per cell", ylabel="share removed", ylim=(-0.02, 1.02),
               title=f"removed within each cell (cosine > {1 - eps:g})")
-    save_png(fig, path)
+    plots.save(fig, path)
 
 
 def semdedup(pairs: Path, out: Path, options: SemDedupOptions, progress: bool = True,
@@ -275,9 +272,10 @@ def semdedup(pairs: Path, out: Path, options: SemDedupOptions, progress: bool = 
                "seconds": round(time.perf_counter() - start, 2)}
     report = write_keep_report(out, REPORT, report, pairs)  # last: the keep-list is finished
     shutil.rmtree(work)
-    return SemDedupResult(out / "keep.parquet", out / CLUSTERS, count, report["embedded_images"], len(centroids),
-                          report["removed_images"], int(removed_pairs), report["resumed_tasks"], report["seconds"],
-                          report)
+    return SemDedupResult(keep=out / "keep.parquet", clusters=out / CLUSTERS, images=count,
+                          embedded_images=report["embedded_images"], cells=len(centroids),
+                          removed_images=report["removed_images"], removed_pairs=int(removed_pairs),
+                          resumed_tasks=report["resumed_tasks"], seconds=report["seconds"], report=report)
 
 
 def _report(out: Path, pairs: str, deduped: list[str], where: str, options: SemDedupOptions, count: int, cells: int,

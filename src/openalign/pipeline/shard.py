@@ -33,7 +33,7 @@ from openalign.data.engine import (Engine, Job, duckdb_plan, job_id, previous, r
                                    spark_session)
 from openalign.data.pairs import (SOURCE_COLUMNS, blake, check_pair_table, first_source, keep_source, keep_table,
                                   spark_first_source)
-from openalign.outputs import unfinish
+from openalign.outputs import staged, unfinish
 from openalign.data.tars import MANIFEST, encode_image
 from openalign.data.sources import SOURCES, karpathy_items
 
@@ -131,9 +131,9 @@ def resize_short_side(image: Image.Image, size: int) -> Image.Image:
 
 def write_shard(path: Path, samples: list[dict], options: ShardOptions) -> dict:
     """Write one shard atomically; returns its counts (samples written, skipped with reasons)."""
-    tmp = path.with_suffix(".tar.tmp")
     written, skipped = 0, dict[str, int]()
-    with tars.TarWriter(tmp, mtime=0.0) as writer:  # fixed mtime: reruns give identical bytes
+    # fixed mtime: reruns give identical bytes
+    with staged(path, tmp=path.with_suffix(".tar.tmp")) as tmp, tars.TarWriter(tmp, mtime=0.0) as writer:
         for sample in samples:
             try:
                 image = images.load_rgb(SOURCES.read(sample["path"], sample["member"]), options.max_pixels)
@@ -151,7 +151,6 @@ def write_shard(path: Path, samples: list[dict], options: ShardOptions) -> dict:
             writer.write({"__key__": sample["image_key"], "jpg": encode_image(image, quality=options.quality),
                           "txt": sample["texts"][0], "json": json.dumps(meta, ensure_ascii=False).encode()})
             written += 1
-    tmp.replace(path)
     return {"name": path.name, "samples": written, "skipped": skipped}
 
 
@@ -251,15 +250,15 @@ def run_plan(plan: Path, count: int, out: Path, options: ShardOptions, progress:
     manifest = {**info, "stage": "shard", "engine": engine.name, "options": asdict(options), "complete": True,
                 "n_samples": sum(counts.values()), "skipped": skipped, "resumed_shards": resumed,
                 "seconds": round(time.perf_counter() - start, 2), "shards": dict(sorted(counts.items()))}
-    tmp = out / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-    tmp.replace(out / MANIFEST)
+    with staged(out / MANIFEST, tmp=out / (MANIFEST + ".tmp")) as tmp:
+        tmp.write_text(json.dumps(manifest, indent=2) + "\n")
     shutil.rmtree(plan, ignore_errors=True)
     if count and manifest["n_samples"] == 0:
         reasons = ", ".join(f"{k} {v:,}" for k, v in skipped.items())
         raise ConfigError(f"no image of the {count:,} to shard could be read ({reasons}); the shards in {out} "
                           "are empty")
-    return ShardResult(out, manifest["n_samples"], manifest["shards"], skipped, resumed, manifest["seconds"], manifest)
+    return ShardResult(out=out, samples=manifest["n_samples"], shards=manifest["shards"], skipped=skipped,
+                       resumed_shards=resumed, seconds=manifest["seconds"], manifest=manifest)
 
 
 def karpathy_shards(path: Path, images_root: Path, split: str, out: Path, progress: bool = True) -> ShardResult:

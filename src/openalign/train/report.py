@@ -5,11 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
+from openalign import plots
 from openalign import loss as loss_lib
 from openalign.config import Config
 from openalign.eval.metrics import chance_key
@@ -35,6 +31,7 @@ def read_log(path: Path) -> tuple[list[dict], list[dict]]:
 def plot_curves(log: Path, out: Path) -> None:
     steps, evals = read_log(log)
     geometry = [e for e in evals if "modality_gap" in e["eval"]]
+    plt = plots.pyplot()
     fig, axes = plt.subplots(1, 4 if geometry else 3, figsize=(17 if geometry else 13, 3.6))
     x = [r["step"] for r in steps]
     axes[0].plot(x, [r["loss"] for r in steps])
@@ -55,9 +52,7 @@ def plot_curves(log: Path, out: Path) -> None:
             axes[3].plot(gx, [e["eval"][key] for e in geometry], marker="o", label=label)
         axes[3].set(title="geometry of the shared space", xlabel="step", ylim=(0, None))
         axes[3].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    plots.save(fig, out)
 
 
 def eval_line(step: int, metrics: dict) -> str:

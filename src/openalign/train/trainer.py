@@ -35,7 +35,7 @@ from openalign.data.pairs import build_keep_index
 from openalign.eval.options import EvalOptions
 from openalign.eval.tasks import HELD_OUT_TASKS, configure, run_tasks
 from openalign.model import hub
-from openalign.outputs import owned, writing
+from openalign.outputs import owned, staged, writing
 from openalign.model.dual_encoder import DualEncoder
 from openalign.tokenizer import check_tokenizer_dir, load_tokenizer, train_tokenizer
 from openalign.train import dashboards, fsdp, report
@@ -172,10 +172,9 @@ def save_checkpoint(path: Path, model, optimizer, step: int, position: Position,
         state = {"step": step, "model": model_state, "optimizer": optimizer_state, "fsdp": sharded,
                  "position": ranks[0]["position"], "rng": ranks[0]["rng"], "ranks": ranks,
                  "config": config_lib.to_dict(cfg)}
-        tmp = path.with_suffix(".tmp")
-        with writing(tmp):  # a full disk: one sentence, and no half-written .tmp left
+        # atomic: a crash leaves the previous checkpoint intact; a full disk: one sentence, and no half-written .tmp
+        with staged(path, tmp=path.with_suffix(".tmp")) as tmp, writing(tmp):
             torch.save(state, tmp)
-        os.replace(tmp, path)  # atomic: a crash leaves the previous checkpoint intact
     distributed.barrier(layout)
 
 
