@@ -166,6 +166,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def spawn_gloo(worker, args_for, nprocs: int, ports=None, tries: int = 3) -> None:
+    """`worker` in `nprocs` forked processes with `args_for(port)`, on a port that was free a moment ago. Another
+    process can take it before rank 0's rendezvous binds it (EADDRINUSE, seen once under load); then the launch runs
+    again on another port, up to `tries` times. `ports`: the ports to try (default: a fresh free one each time)."""
+    import torch.multiprocessing as mp
+
+    ports = ports if ports is not None else iter(free_port, None)
+    for attempt in range(tries):
+        try:
+            mp.start_processes(worker, args=args_for(next(ports)), nprocs=nprocs, start_method="fork")
+            return
+        except mp.ProcessRaisedException as err:
+            if "EADDRINUSE" not in str(err) or attempt == tries - 1:
+                raise
+
+
 def shape_images(images: Path) -> Path:
     """The 12 colour x shape images in `images`, each with its caption beside it (`a red circle`)."""
     images.mkdir(parents=True, exist_ok=True)

@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-from conftest import free_port
+from conftest import free_port, spawn_gloo
 from openalign.config import LossConfig
 from train.test_step import direct_reference, grads, make_batch, make_model
 
@@ -66,8 +65,7 @@ def worker(rank: int, port: int, out: str, micro_batch: int, implementation: str
     (0, "naive", "both", "sigmoid"), (0, "chunked", "both", "sigmoid"), (2, "chunked", "both", "sigmoid"),
     (2, "naive", "both", "sigmoid-ring")])
 def test_two_processes_equal_the_single_process_batch(tmp_path, micro_batch, implementation, direction, kind):
-    mp.start_processes(worker, args=(free_port(), str(tmp_path), micro_batch, implementation, direction, kind),
-                       nprocs=WORLD, start_method="fork")
+    spawn_gloo(worker, lambda port: (port, str(tmp_path), micro_batch, implementation, direction, kind), WORLD)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
     # the reference: one process, the whole batch, BatchNorm per device batch (per micro-batch with caching)
     loss_cfg = LossConfig(kind=kind.split("-")[0], label_smoothing=0.1, implementation="naive", direction=direction)
@@ -119,7 +117,7 @@ def test_sharded_lamb_state_gives_the_single_process_lamb_steps(tmp_path):
     from openalign import presets
     from openalign.train.optim import build_optimizer, set_lr
 
-    mp.start_processes(zero_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD, start_method="fork")
+    spawn_gloo(zero_worker, lambda port: (port, str(tmp_path)), WORLD)
     sharded = torch.load(tmp_path / "zero.pt", weights_only=False)
     cfg = presets.get("tiny")
     model = make_model()
@@ -175,8 +173,7 @@ def test_fsdp_with_lamb_gives_the_single_process_lamb_steps(tmp_path, micro_batc
     from openalign import presets
     from openalign.train.optim import build_optimizer, set_lr
 
-    mp.start_processes(fsdp_worker, args=(free_port(), str(tmp_path), micro_batch, grad_clip), nprocs=WORLD,
-                       start_method="fork")
+    spawn_gloo(fsdp_worker, lambda port: (port, str(tmp_path), micro_batch, grad_clip), WORLD)
     sharded = torch.load(tmp_path / "fsdp.pt", weights_only=False)
     cfg = presets.get("tiny")
     model = make_model()
@@ -237,8 +234,7 @@ def test_the_sigmoid_loss_over_ranks_and_its_gradients_equal_one_process_on_the_
                                                                                       exchange):
     from openalign import loss as loss_lib
 
-    mp.start_processes(sigmoid_worker, args=(world, free_port(), str(tmp_path), implementation, exchange),
-                       nprocs=world, start_method="fork")
+    spawn_gloo(sigmoid_worker, lambda port: (world, port, str(tmp_path), implementation, exchange), world)
     ranks = [torch.load(tmp_path / f"sigmoid{r}.pt") for r in range(world)]
     img, txt, t, bias = (x.clone().requires_grad_() for x in sigmoid_batch())
     loss = loss_lib.sigmoid_loss(img, txt, t, bias, "naive")
@@ -248,3 +244,27 @@ def test_the_sigmoid_loss_over_ranks_and_its_gradients_equal_one_process_on_the_
         torch.testing.assert_close(rank["scalars"], expected, rtol=0, atol=1e-10)
     torch.testing.assert_close(torch.cat([r["img"] for r in ranks]), img.grad, rtol=0, atol=1e-10)
     torch.testing.assert_close(torch.cat([r["txt"] for r in ranks]), txt.grad, rtol=0, atol=1e-10)
+
+
+def rendezvous_worker(rank: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    join(rank, port)
+    total = torch.tensor([rank + 1.0])
+    dist.all_reduce(total)
+    torch.save(total, Path(out) / f"sum{rank}.pt")
+    leave()
+
+
+def test_a_port_taken_before_the_rendezvous_binds_it_is_replaced_by_another(tmp_path):
+    # free_port() closes its socket, so another process may take the port before rank 0 binds it: the launch then
+    # fails with EADDRINUSE (once, under load, in the suite). Here the first port is held by a listening socket.
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports = iter([taken.getsockname()[1], free_port()])
+        spawn_gloo(rendezvous_worker, lambda port: (port, str(tmp_path)), WORLD, ports=ports)
+    assert next(ports, None) is None  # the second port was used
+    assert [torch.load(tmp_path / f"sum{r}.pt").item() for r in range(WORLD)] == [3.0, 3.0]
