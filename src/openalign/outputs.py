@@ -29,7 +29,7 @@ from typing import Any
 from collections.abc import Iterator
 
 __all__ = ["disk_full", "files_fingerprint", "foreign_files", "is_disk_full", "leftovers", "owned", "place",
-           "sources_key", "staged", "staged_dir", "temp_name", "unfinish", "write_json"]
+           "sources_key", "staged", "staged_dir", "unfinish", "write_json"]
 
 
 def temp_name(path: Path) -> Path:
