@@ -89,17 +89,17 @@ def test_embedding_mode_needs_a_model(tmp_path, capsys):
 
 def test_an_interrupted_dedup_resumes_its_finished_tasks(tmp_path, monkeypatch):
     # Before: eval.npy was written again by every run and its time was in every task's key: nothing resumed.
-    from openalign.pipeline import dedup as dedup_lib
+    from openalign.pipeline import runner  # the runner writes every keep-list and its report
 
     held = setup(tmp_path)
     args = ["dedup", str(tmp_path / "pairs.parquet"), "--against", str(held), "--out", str(tmp_path / "d"), "--quiet",
             "--workers", "1", "--images-per-task", "2"]
-    run_killed(monkeypatch, dedup_lib, "write_keep_without_images", args)  # every image scored, then killed
+    run_killed(monkeypatch, runner, "write_keep_without_images", args)  # every image scored, then killed
     assert main(args) == 0
     report = json.loads((tmp_path / "d" / "dedup_report.json").read_text())
     assert report["resumed_tasks"] == 4 and report["removed_images"] == 2
     picture(5).save(held / "exact5.png")  # another evaluation set: nothing of the killed run may be reused
-    run_killed(monkeypatch, dedup_lib, "write_keep_without_images", args)
+    run_killed(monkeypatch, runner, "write_keep_without_images", args)
     assert main(args) == 0
     report = json.loads((tmp_path / "d" / "dedup_report.json").read_text())
     assert report["resumed_tasks"] == 4 and report["removed_images"] == 3  # this set's killed run, resumed

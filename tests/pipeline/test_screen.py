@@ -58,13 +58,13 @@ def test_a_classifier_returning_nan_removes_nothing_and_is_counted(tmp_path):
 def test_a_rerun_after_the_classifier_changed_scores_again(tmp_path, monkeypatch, capsys):
     # Before: a relative --classifier path was never fingerprinted: after a killed run, the edited classifier's
     # rerun reused the old scores.
-    from openalign.pipeline import screen as screen_lib
+    from openalign.pipeline import runner  # the runner writes every keep-list and its report
 
     pairs = squares(tmp_path)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "clf.py").write_text(CLASSIFIER)
     args = ["screen", str(pairs), "--classifier", "clf.py:redness", "--out", str(tmp_path / "s"), "--quiet"]
-    run_killed(monkeypatch, screen_lib, "write_keep_without_images", args)  # every image scored, then killed
+    run_killed(monkeypatch, runner, "write_keep_without_images", args)  # every image scored, then killed
     assert not (tmp_path / "s" / "screen_report.json").exists()
     (tmp_path / "clf.py").write_text(CLASSIFIER.replace("[..., 0]", "[..., 2]"))  # now it flags blue
     capsys.readouterr()
@@ -93,14 +93,14 @@ def test_score_files_of_another_plan_are_never_read(tmp_path):
 
 
 def test_an_interrupted_screen_leaves_no_keep_list_that_shard_would_take(tmp_path, monkeypatch, capsys):
-    from openalign.pipeline import screen as screen_lib
+    from openalign.pipeline import runner  # the runner writes every keep-list and its report
 
     pairs = squares(tmp_path)
     (tmp_path / "clf.py").write_text(CLASSIFIER)
     args = ["screen", str(pairs), "--classifier", f"{tmp_path / 'clf.py'}:redness", "--out", str(tmp_path / "s"),
             "--quiet"]
     assert main(args) == 0
-    run_killed(monkeypatch, screen_lib, "write_keep_report", args)  # a rerun killed after the new keep-list, before its
+    run_killed(monkeypatch, runner, "write_keep_report", args)  # a rerun killed after the new keep-list, before its
                                                                     # report
     capsys.readouterr()
     assert main(["shard", str(pairs), "--keep", str(tmp_path / "s"), "--out", str(tmp_path / "shards"), "--quiet"]) == 2

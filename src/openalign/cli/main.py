@@ -14,6 +14,7 @@ from pathlib import Path
 
 from openalign import host
 from openalign.config import ConfigError
+from openalign.pipeline import registry
 
 
 @dataclass(frozen=True)
@@ -21,9 +22,22 @@ class Command:
     help: str  # the line `openalign --help` shows
     module: str  # the module under openalign.cli with its `NAME_flags(parser)` and `run_NAME(args)`
     quiet: bool = True  # it has --quiet (no progress bars)
+    stage: bool = False  # a keep-list stage of pipeline/registry.py: cli/stages.py builds it from its declaration
 
 
-COMMANDS = {
+def _with_stages(table: dict[str, Command]) -> dict[str, Command]:
+    """`table` with the command of every registered keep-list stage (pipeline/registry.py) after filter's."""
+    stages = {name: Command(row.help, "stages", stage=True) for name, row in registry.STAGES.items()
+              if name not in table}
+    spliced: dict[str, Command] = {}
+    for name, command in table.items():
+        spliced[name] = command
+        if name == "filter":
+            spliced |= stages
+    return spliced | stages
+
+
+COMMANDS = _with_stages({
     "train": Command("train a dual encoder (no arguments: the CPU demo on built-in emoji)", "train"),
     "eval": Command("evaluate a saved model: retrieval, zero-shot, transfer, similarity", "evaluate", quiet=False),
     "corpus": Command("build a built-in corpus as webdataset shards", "corpus"),
@@ -33,8 +47,6 @@ COMMANDS = {
                    "the demo", "web"),
     "ingest": Command("folders, tables (csv/tsv/jsonl/parquet) and webdataset tars -> a pair table", "stages"),
     "filter": Command("ALIGN's frequency filters -> keep-list + filter_report.json/.png", "stages"),
-    "dedup": Command("drop training images that are near-duplicates of evaluation images", "stages"),
-    "screen": Command("drop images an image classifier flags (the paper's unsafe-image filter)", "stages"),
     "score": Command("keep the pairs a model scores highest (image-text cosine; DataComp's CLIP score filter)",
                      "stages"),
     "semdedup": Command("drop semantic near-duplicates within the corpus (SemDeDup: k-means cells of image "
@@ -50,11 +62,16 @@ COMMANDS = {
     "serve": Command("the search page, HTTP API and clip-retrieval API over one or more indexes", "serve",
                      quiet=False),
     "tokenizer": Command("train a WordPiece vocabulary on the texts of some shards", "train", quiet=False),
-}
+})
+
+
+def commands() -> dict[str, Command]:
+    """Every command, with any keep-list stage registered since this module was imported (a plug-in's)."""
+    return _with_stages(COMMANDS)
 
 
 def _module(name: str):
-    return importlib.import_module(f"openalign.cli.{COMMANDS[name].module}")
+    return importlib.import_module(f"openalign.cli.{commands()[name].module}")
 
 
 def _version() -> str:
@@ -71,10 +88,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="openalign", description="ALIGN: image/text dual encoders from noisy data")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, command_ in COMMANDS.items():
+    for name, command_ in commands().items():
         p = sub.add_parser(name, help=command_.help, description=command_.help)
         if name == command:
-            getattr(_module(name), f"{name}_flags")(p)
+            if command_.stage:
+                _module(name).stage_flags(p, name)
+            else:
+                getattr(_module(name), f"{name}_flags")(p)
             if command_.quiet:
                 p.add_argument("--quiet", action="store_true", help="no progress bars")
         p.set_defaults(func=functools.partial(_run, name))
@@ -83,6 +103,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def _run(name: str, args) -> int:
     """The command `name` on its parsed flags (its module imported now)."""
+    if commands()[name].stage:
+        return _module(name).run_stage_command(name, args)
     return getattr(_module(name), f"run_{name}")(args)
 
 

@@ -1,5 +1,6 @@
-"""The corpus stages after the download: `ingest` (files -> a pair table), the keep-list stages `filter`, `dedup`,
-`screen`, `score` and `semdedup`, and `shard` (kept pairs -> training shards)."""
+"""The corpus stages after the download: `ingest` (files -> a pair table), the keep-list stages (`filter`, and every
+stage of pipeline/registry.py: its command built from its declaration by `stage_flags` and `run_stage_command`),
+and `shard` (kept pairs -> training shards)."""
 
 from __future__ import annotations
 
@@ -80,45 +81,46 @@ def keep_list_flags(p, report: str, options: type) -> None:
     table_flags(p, f"a folder: the keep-list (keep.parquet) and {report}", options)
 
 
+def stage_flags(p, name: str) -> None:
+    """A registered keep-list stage's flags, from its declaration (pipeline/runner.py): the pair table, its inputs,
+    --out, its options' fields and the engine's."""
+    from openalign.pipeline.registry import declaration
+
+    stage = declaration(name)
+    p.add_argument("pairs", help=stage.pairs_help)
+    for given in stage.inputs:
+        flag = "--" + given.name.replace("_", "-")
+        if given.repeat:
+            p.add_argument(flag, dest=given.name, action="append", required=given.required, default=[], help=given.help)
+        else:
+            p.add_argument(flag, dest=given.name, required=given.required, help=given.help)
+    p.add_argument("--out", required=True, help=f"a folder: the keep-list (keep.parquet) and {name}_report.json"
+                                                + ("/.png" if stage.draws() else "") + stage.writes)
+    add_options(p, stage.options)
+    engine_flags(p)
+
+
+def run_stage_command(name: str, args) -> int:
+    """A registered keep-list stage from its flags: its one run, its summary, the files it wrote."""
+    from openalign.pipeline.registry import declaration
+    from openalign.pipeline.runner import run_stage
+
+    declared = declaration(name)
+    options = options_from(args, declared.options)
+    stage = declared(**{given.name: getattr(args, given.name) for given in declared.inputs})
+    result = run_stage(stage, args.pairs, Path(args.out), options, progress=not args.quiet, engine=engine(args))
+    for line in stage.summary(result, options):
+        print(line)
+    files = "".join(f"{label}: {getattr(result, attribute)}, " for label, attribute in stage.files)
+    print(f"keep-list: {result.keep}, {files}report: {Path(args.out) / stage.report_name}"
+          + (" (+ .png)" if stage.draws() else ""))
+    return 0
+
+
 def call(args, stage, options, *inputs, **extra):
     """A stage's one public call from its flags (`options`: a dataclass read from them, or one already read)."""
     options = options_from(args, options) if isinstance(options, type) else options
     return stage(args.pairs, *inputs, Path(args.out), options, progress=not args.quiet, engine=engine(args), **extra)
-
-
-def dedup_flags(p) -> None:
-    from openalign.pipeline.dedup import DedupOptions
-
-    p.add_argument("--against", required=True, help="the evaluation images: shards, an image folder, a Karpathy JSON, "
-                                                    "a caption table or a pair table")
-    keep_list_flags(p, "dedup_report.json", DedupOptions)
-
-
-def run_dedup(args) -> int:
-    from openalign.pipeline.dedup import DedupOptions, dedup
-
-    result = call(args, dedup, DedupOptions, args.against)
-    print(f"{result.removed_images:,} of {result.train_images:,} training images ({result.removed_pairs:,} pairs) are "
-          f"near-duplicates of the {result.eval_images:,} evaluation images ({result.rule})")
-    print(f"keep-list: {result.keep}, report: {Path(args.out) / 'dedup_report.json'}")
-    return 0
-
-
-def screen_flags(p) -> None:
-    from openalign.pipeline.screen import ScreenOptions
-
-    keep_list_flags(p, "screen_report.json", ScreenOptions)
-
-
-def run_screen(args) -> int:
-    from openalign.pipeline.screen import ScreenOptions, screen
-
-    options = options_from(args, ScreenOptions)
-    result = call(args, screen, options)
-    print(f"{result.removed_images:,} of {result.images:,} images ({result.removed_pairs:,} pairs) scored >= "
-          f"{options.threshold} by {options.classifier}; {result.unreadable_images:,} unreadable")
-    print(f"keep-list: {result.keep}, report: {Path(args.out) / 'screen_report.json'}")
-    return 0
 
 
 def score_flags(p) -> None:

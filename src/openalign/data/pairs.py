@@ -214,15 +214,26 @@ def pair_uids(image_keys, texts) -> list[str]:
 
 KEEP_REPORTS = ("filter_report.json", "dedup_report.json", "screen_report.json", "score_report.json",
                 "semdedup_report.json", "balance_report.json")  # written last, beside keep.parquet
+KEEP_REPORT_SUFFIX = "_report.json"  # any stage's: STAGE_report.json (a stage registered by a plug-in too)
 FETCH_REPORT = "fetch_report.json"  # written last into a fetch's output folder (img2dataset's layout + its report)
 FETCH_WORK = "_fetch"  # the fetch's plan and task statuses, beside its shards
 PAIR_TABLE = "pair_table"  # the field of every keep-list report naming the pair table it was made from
 
 
+def keep_reports(folder: Path) -> list[Path]:
+    """The reports beside a keep-list in `folder` (a stage writes one, last): the built-in stages' names first,
+    then any other STAGE_report.json (a stage registered in pipeline/registry.py by a plug-in)."""
+    folder = Path(folder)
+    known = [folder / name for name in KEEP_REPORTS if (folder / name).is_file()]
+    others = sorted(p for p in folder.glob(f"*{KEEP_REPORT_SUFFIX}")
+                    if p.name not in KEEP_REPORTS and p.name != FETCH_REPORT and p.is_file())
+    return known + others
+
+
 def write_keep_report(out: Path, name: str, report: dict, pairs: str) -> dict:
     """A keep-list stage's report, written last (the keep-list is finished when it appears), naming its pair table
     under one key for every stage (`pair_table_of` reads it)."""
-    assert name in KEEP_REPORTS, name
+    assert name.endswith(KEEP_REPORT_SUFFIX) and name != FETCH_REPORT, name
     report = report | {PAIR_TABLE: str(pairs)}
     write_json(Path(out) / name, report)
     return report
@@ -240,7 +251,7 @@ def keep_source(path: Path) -> str:
                           "score, semdedup or balance")
     if not path.exists():
         raise ConfigError(f"no keep-list at {path}; run `openalign filter` (or `openalign dedup`) first")
-    if not any((path.parent / report).is_file() for report in KEEP_REPORTS):
+    if not keep_reports(path.parent):
         raise ConfigError(f"{path} has no report of its stage beside it (filter, dedup, screen, score, semdedup or "
                           f"balance), so the stage that wrote it did not finish; run that stage again into "
                           f"{path.parent}")
@@ -271,16 +282,15 @@ def keep_table(con, pairs: Path, keep_dirs: list[Path]) -> None:
 
 def pair_table_of(keep_dir: Path) -> str:
     """The pair table a keep-list directory was made from (its stage's report says, under `pair_table`)."""
-    for name in KEEP_REPORTS:
-        if (Path(keep_dir) / name).is_file():
-            try:
-                report = json.loads((Path(keep_dir) / name).read_text())
-            except ValueError:
-                report = None
-            if isinstance(report, dict) and isinstance(report.get(PAIR_TABLE), str):
-                return report[PAIR_TABLE]
-            raise ConfigError(f"{Path(keep_dir) / name} is damaged (not the report its stage writes); run that "
-                              f"stage again into {keep_dir}")
+    for path in keep_reports(keep_dir)[:1]:
+        try:
+            report = json.loads(path.read_text())
+        except ValueError:
+            report = None
+        if isinstance(report, dict) and isinstance(report.get(PAIR_TABLE), str):
+            return report[PAIR_TABLE]
+        raise ConfigError(f"{path} is damaged (not the report its stage writes); run that stage again into "
+                          f"{keep_dir}")
     raise ConfigError(f"{keep_dir} holds no report of a keep-list stage; data.keep takes the --out directories of "
                       "`openalign filter`, `dedup`, `screen`, `score`, `semdedup` and `balance`")
 

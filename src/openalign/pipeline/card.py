@@ -39,7 +39,8 @@ import numpy as np
 from openalign import plots
 from openalign.config import ConfigError, expect, listed
 from openalign.data.engine import Engine
-from openalign.data.pairs import KEEP_REPORTS, PAIR_TABLE, check_pair_table, keep_source, manifest_path, sql_path
+from openalign.data.pairs import (KEEP_REPORT_SUFFIX, PAIR_TABLE, check_pair_table, keep_reports, keep_source,
+                                  manifest_path, sql_path)
 from openalign.outputs import unfinish, write_json
 from openalign.pipeline.concepts import TAIL_BINS, MetadataOptions, check_options, match_table, read_entries
 
@@ -78,8 +79,7 @@ class CardResult:
 def _stage(keep_dir: Path, pairs: str) -> tuple[str, dict]:
     """(stage name, its report) of a keep-list directory made from `pairs`; one sentence otherwise."""
     keep_source(keep_dir)  # a finished keep-list, or one sentence
-    for name in KEEP_REPORTS:
-        path = Path(keep_dir) / name
+    for path in keep_reports(keep_dir)[:1]:
         if path.is_file():
             try:
                 report = json.loads(path.read_text(encoding="utf-8"))
@@ -91,7 +91,7 @@ def _stage(keep_dir: Path, pairs: str) -> tuple[str, dict]:
             if "://" not in pairs and "://" not in made_from and Path(made_from).resolve() != Path(pairs).resolve():
                 raise ConfigError(f"--keep {keep_dir} was made from {made_from}, not {pairs}; give the keep-lists of "
                                   "this pair table")
-            return name.removesuffix("_report.json"), report
+            return path.name.removesuffix(KEEP_REPORT_SUFFIX), report
     raise ConfigError(f"--keep {keep_dir} holds no report of a keep-list stage")
 
 

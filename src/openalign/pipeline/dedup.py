@@ -29,25 +29,19 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Literal
 from pathlib import Path
 
 import numpy as np
 
-from openalign.config import ConfigError, Options, expect
-from openalign.outputs import unfinish
+from openalign.config import ConfigError, Options
 from openalign.data import images, sources
 from openalign.data.engine import Engine, read_plan
-from openalign.data.pairs import IMAGE_COLUMNS, check_pair_table, write_keep_report
-from openalign.pipeline.scoring import (FINITE, WORK, embed_blobs, image_jobs, kmeans, nearest_cells, score_summary,
-                                        write_keep_without_images, write_scores)
+from openalign.pipeline.runner import Input, Run, Stage, run_stage
+from openalign.pipeline.scoring import (FINITE, embed_blobs, kmeans, nearest_cells, score_summary, write_scores)
 
 __all__ = ["DedupOptions", "DedupResult", "dedup"]
-
-REPORT = "dedup_report.json"
 
 
 @dataclass(frozen=True)
@@ -64,6 +58,14 @@ class DedupOptions(Options):
     workers: int = 0  # local engine: processes (0: all cores; embedding mode: 1 process, all cores for the model)
     examples: int = 10  # closest removed matches listed in the report
     images_per_task: int = 2_000  # the unit of distribution, retry and resume
+
+    def cross_field_problems(self) -> list[str]:
+        if self.mode != "phash" and not self.model:
+            return [f"--mode {self.mode} needs --model DIR (an openalign model directory)"]
+        if min(self.clusters, self.top_clusters, self.choose) < 1 or self.choose > self.top_clusters:
+            return [f"--clusters, --top-clusters and --choose must be at least 1, with --choose at most "
+                    f"--top-clusters (got {self.clusters}, {self.top_clusters}, {self.choose})"]
+        return []
 
 
 # ---------------------------------------------------------------------------------------------- inputs
@@ -225,88 +227,127 @@ class DedupResult:
     report: dict  # the report as written
 
 
+@dataclass(frozen=True)
+class DedupReport:
+    """OUT/dedup_report.json, after `stage` and `pairs` (buckets mode adds its three counts at the end)."""
+
+    against: str
+    mode: str
+    engine: str
+    rule: str
+    model: str | None
+    train_images: int
+    eval_images: int
+    unreadable_train_images: int  # kept: nothing decided them
+    removed_images: int
+    removed_pairs: int
+    keep: str
+    resumed_tasks: int
+    examples: list  # the closest removed matches: {train, eval, score}
+    closest_score_percentiles: dict  # how close the training set comes to the evaluation set, to choose a threshold
+    nonfinite_scores: int  # counted, never removed: a NaN or infinite score decides nothing
+    buckets: dict = field(default_factory=dict)  # buckets mode: clusters, unbucketed_train_images,
+        # comparisons_per_train_image (written as the report's own keys)
+
+    def record(self) -> dict:
+        record = asdict(self)
+        return record | record.pop("buckets")
+
+    @property
+    def unreadable_images(self) -> int:
+        return self.unreadable_train_images
+
+
+class Dedup(Stage):
+    name = "dedup"
+    options = DedupOptions
+    result = DedupResult
+    inputs = (Input("against", "the evaluation images: shards, an image folder, a Karpathy JSON, a caption table or "
+                               "a pair table"),)
+
+    def __init__(self, against: str):
+        self.against = str(against)
+
+    def engine(self, options: DedupOptions, engine: Engine) -> Engine:
+        if engine.name == "local":  # the options' processes, else the engine's; embedding: 1 (its model, every core)
+            return Engine(workers=options.workers or engine.workers or (1 if options.mode == "embedding" else 0),
+                          retries=engine.retries)
+        return engine
+
+    def check(self, run: Run) -> None:
+        self.eval_items = list(eval_images(self.against))
+        if not self.eval_items:
+            raise ConfigError(f"no evaluation images found in {self.against}")
+
+    def plan(self, run: Run) -> list:
+        options, engine = run.options, run.engine
+        run.work.mkdir(exist_ok=True)
+        eval_path = str(run.work / "eval.npy")
+        if options.mode == "phash":
+            hashes = [(name, phash_bytes(data)) for name, data in self.eval_items]
+            self.names = [n for n, h in hashes if h is not None]
+            if not self.names:
+                raise ConfigError("none of the evaluation images could be decoded")
+            evaluation = np.stack([h for _, h in hashes if h is not None])
+            fn, args = phash_task, (eval_path,)
+            self.where, self.order = f"score <= {int(options.max_distance)}", "ASC"
+            weights = None
+        else:
+            threads = max(1, (os.cpu_count() or 1) // max(1, engine.workers)) if engine.name == "local" else 1
+            embeds, ok = embed_blobs(options.model, (d for _, d in self.eval_items), options.encode_batch)
+            self.names = [self.eval_items[i][0] for i in ok]
+            evaluation = np.ascontiguousarray(embeds)
+            fn, args = embedding_task, (eval_path, str(Path(options.model).resolve()), options.encode_batch, threads)
+            if options.mode == "buckets":  # the cells and the evaluation images' buckets, once, for every task
+                self.centroids = kmeans(evaluation, options.clusters)
+                top = min(options.top_clusters, len(self.centroids))
+                choose = min(options.choose, options.top_clusters, len(self.centroids))
+                buckets_path = str(run.work / "buckets.npz")
+                np.savez(buckets_path, centroids=self.centroids, cells=nearest_cells(evaluation, self.centroids, top),
+                         top=top, choose=choose)
+                fn, args = bucket_task, args + (buckets_path,)
+            self.where, self.order = f"{FINITE} AND score > {float(options.threshold)!r}", "DESC"
+            from openalign.model.hub import model_fingerprint  # torch and transformers: only when a model is used
+
+            weights = model_fingerprint(Path(options.model))
+        np.save(eval_path, evaluation)
+        # the evaluation set by content: eval.npy is written again by every run, so its time would defeat resuming
+        key = asdict(options) | {"workers": 0, "eval": array_digest(evaluation), "model_weights": weights}
+        if options.mode == "buckets":  # the cells are part of every task's input
+            key["centroids"] = array_digest(self.centroids)
+        return run.image_jobs(fn, args, key, options.images_per_task)
+
+    def merge(self, run: Run, results: dict) -> DedupReport:
+        options = run.options
+        removed_images, examples, percentiles, nonfinite = score_summary(run.out, run.score_files, self.where,
+                                                                         self.order, options.examples)
+        removed_pairs = run.keep_without(self.where)
+        rule = (f"Hamming distance <= {options.max_distance} of 64 bits" if options.mode == "phash"
+                else f"cosine > {options.threshold}" + (
+                    f" with an evaluation image sharing a bucket ({options.choose} of each image's "
+                    f"{options.top_clusters} nearest of {options.clusters} k-means cells)"
+                    if options.mode == "buckets" else ""))
+        buckets = {}
+        if options.mode == "buckets":
+            buckets = {"clusters": int(len(self.centroids)),
+                       "unbucketed_train_images": sum(r["unbucketed"] for r in results.values()),
+                       "comparisons_per_train_image": round(sum(r["compared"] for r in results.values())
+                                                            / max(1, run.images), 2)}
+        return DedupReport(
+            against=self.against, mode=options.mode, engine=run.engine.name, rule=rule, model=options.model or None,
+            train_images=run.images, eval_images=len(self.names),
+            unreadable_train_images=sum(r["unreadable"] for r in results.values()), removed_images=removed_images,
+            removed_pairs=removed_pairs, keep=str(run.keep), resumed_tasks=run.resumed,
+            examples=[{"train": train, "eval": self.names[match], "score": score} for train, match, score in examples],
+            closest_score_percentiles=percentiles, nonfinite_scores=nonfinite, buckets=buckets)
+
+    def summary(self, result: DedupResult, options: DedupOptions) -> list[str]:
+        return [f"{result.removed_images:,} of {result.train_images:,} training images ({result.removed_pairs:,} "
+                f"pairs) are near-duplicates of the {result.eval_images:,} evaluation images ({result.rule})"]
+
+
 def dedup(pairs: Path, against: str, out: Path, options: DedupOptions = DedupOptions(), progress: bool = True,
           engine: Engine = Engine()) -> DedupResult:
     """Score every training image against the evaluation images in tasks of `images_per_task` (local
     processes or Spark), then write the keep-list of the pairs whose image is not a near-duplicate."""
-    options, engine = expect(options, DedupOptions), expect(engine, Engine, "engine")
-    pairs, out = str(pairs), Path(out)
-    check_pair_table(pairs, IMAGE_COLUMNS)
-    if options.mode not in ("phash", "embedding", "buckets"):
-        raise ConfigError(f"unknown dedup mode {options.mode!r}; choose phash, embedding or buckets")
-    if options.mode != "phash" and not options.model:
-        raise ConfigError(f"--mode {options.mode} needs --model DIR (an openalign model directory)")
-    if min(options.clusters, options.top_clusters, options.choose) < 1 or options.choose > options.top_clusters:
-        raise ConfigError(f"--clusters, --top-clusters and --choose must be at least 1, with --choose at most "
-                          f"--top-clusters (got {options.clusters}, {options.top_clusters}, {options.choose})")
-    if engine.name == "local":  # the options' processes, else the engine's; embedding: 1 (the model uses every core)
-        engine = Engine(workers=options.workers or engine.workers or (1 if options.mode == "embedding" else 0),
-                        retries=engine.retries)
-    start = time.perf_counter()
-    eval_items = list(eval_images(against))
-    if not eval_items:
-        raise ConfigError(f"no evaluation images found in {against}")
-    out.mkdir(parents=True, exist_ok=True)
-    unfinish(out / REPORT)  # the old keep-list is no longer this output's until the new report says so
-    (out / WORK).mkdir(exist_ok=True)
-    eval_path = str(out / WORK / "eval.npy")
-    if options.mode == "phash":
-        hashes = [(name, phash_bytes(data)) for name, data in eval_items]
-        names = [n for n, h in hashes if h is not None]
-        if not names:
-            raise ConfigError("none of the evaluation images could be decoded")
-        evaluation = np.stack([h for _, h in hashes if h is not None])
-        fn, args, where, order = phash_task, (eval_path,), f"score <= {int(options.max_distance)}", "ASC"
-        weights = None
-    else:
-        threads = max(1, (os.cpu_count() or 1) // max(1, engine.workers)) if engine.name == "local" else 1
-        embeds, ok = embed_blobs(options.model, (d for _, d in eval_items), options.encode_batch)
-        names = [eval_items[i][0] for i in ok]
-        evaluation = np.ascontiguousarray(embeds)
-        fn, args = embedding_task, (eval_path, str(Path(options.model).resolve()), options.encode_batch, threads)
-        if options.mode == "buckets":  # the cells and the evaluation images' buckets, once, for every task
-            centroids = kmeans(evaluation, options.clusters)
-            top, choose = min(options.top_clusters, len(centroids)), min(options.choose, options.top_clusters,
-                                                                         len(centroids))
-            buckets_path = str(out / WORK / "buckets.npz")
-            np.savez(buckets_path, centroids=centroids, cells=nearest_cells(evaluation, centroids, top), top=top,
-                     choose=choose)
-            fn, args = bucket_task, args + (buckets_path,)
-        where, order = f"{FINITE} AND score > {float(options.threshold)!r}", "DESC"
-        from openalign.model.hub import model_fingerprint  # torch and transformers: only when a model is used
-
-        weights = model_fingerprint(Path(options.model))
-    np.save(eval_path, evaluation)
-    # the evaluation set by content: eval.npy is written again by every run, so its time would defeat resuming
-    key = asdict(options) | {"workers": 0, "eval": array_digest(evaluation), "model_weights": weights}
-    if options.mode == "buckets":  # the cells are part of every task's input
-        key["centroids"] = array_digest(centroids)
-    count, results, resumed, scores = image_jobs(pairs, out, fn, args, key, options.images_per_task, engine,
-                                                  "dedup", progress)
-    removed_images, examples, percentiles, nonfinite = score_summary(out, scores, where, order, options.examples)
-    removed_pairs = write_keep_without_images(pairs, scores, where, out, engine)
-    report = {
-        "stage": "dedup", "pairs": str(pairs), "against": str(against), "mode": options.mode, "engine": engine.name,
-        "rule": (f"Hamming distance <= {options.max_distance} of 64 bits" if options.mode == "phash"
-                 else f"cosine > {options.threshold}" + (
-                     f" with an evaluation image sharing a bucket ({options.choose} of each image's "
-                     f"{options.top_clusters} nearest of {options.clusters} k-means cells)"
-                     if options.mode == "buckets" else "")),
-        "model": options.model or None, "train_images": count, "eval_images": len(names),
-        "unreadable_train_images": sum(r["unreadable"] for r in results.values()), "removed_images": removed_images,
-        "removed_pairs": int(removed_pairs), "keep": str(out / "keep.parquet"), "resumed_tasks": resumed,
-        "examples": [{"train": train, "eval": names[match], "score": score} for train, match, score in examples],
-        # how close the training set comes to the evaluation set, to choose a threshold with
-        "closest_score_percentiles": percentiles,
-        "nonfinite_scores": nonfinite,  # counted, never removed: a NaN or infinite score decides nothing
-        **({"clusters": int(len(centroids)), "unbucketed_train_images": sum(r["unbucketed"] for r in results.values()),
-            "comparisons_per_train_image": round(sum(r["compared"] for r in results.values()) / max(1, count), 2)}
-           if options.mode == "buckets" else {}),
-        "seconds": round(time.perf_counter() - start, 2),
-    }
-    report = write_keep_report(out, REPORT, report, pairs)  # last: the keep-list is finished
-    shutil.rmtree(out / WORK)
-    return DedupResult(keep=out / "keep.parquet", rule=report["rule"], train_images=count, eval_images=len(names),
-                       removed_images=removed_images, removed_pairs=int(removed_pairs),
-                       unreadable_images=report["unreadable_train_images"], resumed_tasks=resumed,
-                       seconds=report["seconds"], report=report)
+    return run_stage(Dedup(against), pairs, out, options, progress, engine)

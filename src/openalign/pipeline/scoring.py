@@ -59,11 +59,12 @@ def plan_images(pairs: str, plan: Path, per_task: int, engine: Engine, with_pair
         return duckdb_plan(con, query, params, PLAN_ORDER, per_task, plan)
 
 
-def image_jobs(pairs: str, out: Path, fn, args: tuple, key: dict, per_task: int, engine: Engine, desc: str,
-               progress: bool, with_pairs: bool = False) -> tuple[int, dict, int, list[str]]:
-    """Plan the images (`with_pairs`: and their pairs), then run `fn(plan, index, scores_path, *args)` once per
-    job of images, each writing its scores to OUT/_work/scores-ID.parquet; returns (images, {id: result}, jobs
-    resumed, the score files of this plan: files a killed run of another plan left are never read)."""
+def plan_image_jobs(pairs: str, out: Path, fn, args: tuple, key: dict, per_task: int, engine: Engine,
+                    with_pairs: bool = False) -> tuple[int, list[Job], list[str]]:
+    """Plan the images (`with_pairs`: and their pairs) into jobs `fn(plan, index, scores_path, *args)`, each writing
+    its scores to OUT/_work/scores-ID.parquet; returns (images, the jobs, the score files of this plan: files a
+    killed run of another plan left are never read). A job's key covers the pair table (size and time), `key`,
+    the plan's cut and its index."""
     work = out / WORK
     work.mkdir(parents=True, exist_ok=True)
     plan = work / "plan.parquet"
@@ -73,7 +74,14 @@ def image_jobs(pairs: str, out: Path, fn, args: tuple, key: dict, per_task: int,
     scores = [str(work / f"scores-{job_id(i)}.parquet") for i in range(n_jobs)]
     jobs = [Job(job_id(i), fn, (str(plan), i, scores[i], *args), key=sources_key(inputs, i), outputs=(scores[i],))
             for i in range(n_jobs)]
-    results, resumed = run_jobs(jobs, work / "_status", engine, desc, progress)
+    return count, jobs, scores
+
+
+def image_jobs(pairs: str, out: Path, fn, args: tuple, key: dict, per_task: int, engine: Engine, desc: str,
+               progress: bool, with_pairs: bool = False) -> tuple[int, dict, int, list[str]]:
+    """`plan_image_jobs`, then the jobs run; returns (images, {id: result}, jobs resumed, the score files)."""
+    count, jobs, scores = plan_image_jobs(pairs, out, fn, args, key, per_task, engine, with_pairs)
+    results, resumed = run_jobs(jobs, out / WORK / "_status", engine, desc, progress)
     return count, results, resumed, scores
 
 

@@ -18,22 +18,17 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import shutil
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from collections.abc import Callable
 
-from openalign.config import ConfigError, Options, expect
+from openalign.config import ConfigError, Options
 from openalign.data import images, sources
 from openalign.data.engine import Engine, read_plan
-from openalign.data.pairs import IMAGE_COLUMNS, check_pair_table, write_keep_report
-from openalign.pipeline.scoring import FINITE, WORK, image_jobs, score_summary, write_keep_without_images, write_scores
-from openalign.outputs import unfinish
+from openalign.pipeline.runner import Run, Stage, run_stage
+from openalign.pipeline.scoring import FINITE, score_summary, write_scores
 
 __all__ = ["ScreenOptions", "ScreenResult", "screen"]
-
-REPORT = "screen_report.json"
 
 
 @dataclass(frozen=True)
@@ -119,40 +114,61 @@ class ScreenResult:
     report: dict  # the report as written
 
 
+@dataclass(frozen=True)
+class ScreenReport:
+    """OUT/screen_report.json, after `stage` and `pairs`."""
+
+    classifier: str
+    threshold: float
+    engine: str
+    images: int  # distinct images
+    scored_images: int
+    unreadable_images: int  # kept: nothing decided them
+    removed_images: int
+    removed_pairs: int
+    keep: str
+    resumed_tasks: int
+    examples: list  # the highest-scoring removed images: {image, score}
+    nonfinite_scores: int  # NaN or infinite: counted, never removed
+
+
+class Screen(Stage):
+    name = "screen"
+    options = ScreenOptions
+    result = ScreenResult
+
+    def check(self, run: Run) -> None:
+        load_classifier(run.options.classifier)  # fails here, in one sentence, before any task starts
+
+    def plan(self, run: Run) -> list:
+        options = run.options
+        module, _, function = options.classifier.rpartition(":")
+        file = module.endswith(".py")
+        classifier = f"{Path(module).resolve()}:{function}" if file else options.classifier
+        key = asdict(options) | {"workers": 0, "classifier": classifier,  # the file itself: sources_key fingerprints it
+                                 "file": str(Path(module).resolve()) if file else None}
+        return run.image_jobs(screen_task, (classifier, options.encode_batch), key, options.images_per_task)
+
+    def merge(self, run: Run, results: dict) -> ScreenReport:
+        options = run.options
+        where = f"{FINITE} AND score >= {float(options.threshold)!r}"  # a NaN score never removes an image
+        removed_images, examples, _, nonfinite = score_summary(run.out, run.score_files, where, "DESC",
+                                                               options.examples)
+        removed_pairs = run.keep_without(where)
+        unreadable = sum(r["unreadable"] for r in results.values())
+        return ScreenReport(
+            classifier=options.classifier, threshold=options.threshold, engine=run.engine.name, images=run.images,
+            scored_images=run.images - unreadable, unreadable_images=unreadable, removed_images=removed_images,
+            removed_pairs=removed_pairs, keep=str(run.keep), resumed_tasks=run.resumed,
+            examples=[{"image": image, "score": score} for image, _, score in examples], nonfinite_scores=nonfinite)
+
+    def summary(self, result: ScreenResult, options: ScreenOptions) -> list[str]:
+        return [f"{result.removed_images:,} of {result.images:,} images ({result.removed_pairs:,} pairs) scored >= "
+                f"{options.threshold} by {options.classifier}; {result.unreadable_images:,} unreadable"]
+
+
 def screen(pairs: str | Path, out: Path, options: ScreenOptions, progress: bool = True,
            engine: Engine = Engine()) -> ScreenResult:
     """Score every image in tasks of `images_per_task` (local processes or Spark); drop those at or above the
     threshold. A classifier given as a file is named by its absolute path, so executors find it."""
-    options, engine = expect(options, ScreenOptions), expect(engine, Engine, "engine")
-    pairs, out = str(pairs), Path(out)
-    check_pair_table(pairs, IMAGE_COLUMNS)
-    load_classifier(options.classifier)  # fails here, in one sentence, before any task starts
-    module, _, function = options.classifier.rpartition(":")
-    classifier = f"{Path(module).resolve()}:{function}" if module.endswith(".py") else options.classifier
-    if engine.name == "local":
-        engine = Engine(workers=options.workers, retries=engine.retries)
-    start = time.perf_counter()
-    out.mkdir(parents=True, exist_ok=True)
-    unfinish(out / REPORT)  # the old keep-list is no longer this output's until the new report says so
-    where = f"{FINITE} AND score >= {float(options.threshold)!r}"  # a NaN score never removes an image
-    key = asdict(options) | {"workers": 0, "classifier": classifier,  # the file itself: sources_key fingerprints it
-                             "file": str(Path(module).resolve()) if module.endswith(".py") else None}
-    count, results, resumed, scores = image_jobs(pairs, out, screen_task, (classifier, options.encode_batch), key,
-                                                  options.images_per_task, engine, "screen", progress)
-    removed_images, examples, _, nonfinite = score_summary(out, scores, where, "DESC", options.examples)
-    removed_pairs = write_keep_without_images(pairs, scores, where, out, engine)
-    unreadable = sum(r["unreadable"] for r in results.values())
-    report = {
-        "stage": "screen", "pairs": str(pairs), "classifier": options.classifier, "threshold": options.threshold,
-        "engine": engine.name, "images": count, "scored_images": count - unreadable, "unreadable_images": unreadable,
-        "removed_images": removed_images, "removed_pairs": int(removed_pairs), "keep": str(out / "keep.parquet"),
-        "resumed_tasks": resumed,
-        "examples": [{"image": image, "score": score} for image, _, score in examples],
-        "nonfinite_scores": nonfinite,  # NaN or infinite: counted, never removed
-        "seconds": round(time.perf_counter() - start, 2),
-    }
-    report = write_keep_report(out, REPORT, report, pairs)  # last: the keep-list is finished
-    shutil.rmtree(out / WORK)
-    return ScreenResult(keep=out / "keep.parquet", images=count, removed_images=removed_images,
-                        removed_pairs=int(removed_pairs), unreadable_images=unreadable, resumed_tasks=resumed,
-                        seconds=report["seconds"], report=report)
+    return run_stage(Screen(), pairs, out, options, progress, engine)

@@ -1,0 +1,36 @@
+"""The keep-list stages openalign knows: one row each, its command's help line and where its `Stage` is declared.
+
+The command line builds each row's command from its declaration (cli/stages.py), importing the stage's module
+only when that command runs: `openalign --help` imports none of them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Row", "STAGES", "declaration"]
+
+
+@dataclass(frozen=True)
+class Row:
+    stage: Any  # "openalign.pipeline.NAME:Class" (imported when the command runs), or the Stage class itself
+    help: str  # the line `openalign --help` shows
+
+
+STAGES: dict[str, Row] = {
+    "dedup": Row("openalign.pipeline.dedup:Dedup", "drop training images that are near-duplicates of evaluation "
+                                                   "images"),
+    "screen": Row("openalign.pipeline.screen:Screen", "drop images an image classifier flags (the paper's "
+                                                      "unsafe-image filter)"),
+}
+
+
+def declaration(name: str):
+    """The Stage class of the registered stage `name`."""
+    stage = STAGES[name].stage
+    if isinstance(stage, str):
+        module, _, attribute = stage.partition(":")
+        stage = getattr(importlib.import_module(module), attribute)
+    return stage

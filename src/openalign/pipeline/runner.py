@@ -1,0 +1,201 @@
+"""The keep-list stages' one contract, and the one runner that carries every one of them out.
+
+A stage declares what it is, in its own module, beside its job functions and its public function:
+
+    class Screen(Stage):
+        name = "screen"                       # the command, NAME_report.json (and .png), the progress bars
+        options = ScreenOptions               # a frozen `config.Options`: its rules are checked when it is made
+        result = ScreenResult                 # built by keyword from the Report that `merge` returns
+        columns = IMAGE_COLUMNS               # what it reads of the pair table (checked before anything runs)
+
+        def check(self, run): ...             # what must hold before the output is touched (a model, a classifier)
+        def plan(self, run) -> list[Job]: ... # the engine's jobs; `run.image_jobs(...)` cuts the images into jobs
+        def merge(self, run, results) -> ScreenReport: ...   # counts, the keep-list (`run.keep_without(...)`);
+                                              # a stage of several rounds runs the next ones with `run.jobs(...)`
+        def figure(self, run, report): ...    # optional: a matplotlib figure, saved as NAME_report.png
+        def summary(self, result, options) -> list[str]: ...  # the command's first lines
+
+and its public function is one line, `return run_stage(Screen(), pairs, out, options, progress, engine)`.
+`run_stage` does the rest, the same way for every stage: the options and the engine checked (`expect`), the pair
+table checked, the stage's `check`, the output folder made and its old report removed (`outputs.unfinish`: the
+old keep-list is no longer the folder's until a new report says so), the jobs run on either engine (each job
+resumed only when its key covers everything it read: the pair table by size and time, the stage's key, the
+plan), the figure written, the report written last (`pairs.write_keep_report`: `stage` and `pairs` first,
+`seconds` last, then `pair_table`), the work folder removed, and the Result built by keyword from the report.
+The runner knows no stage: it is handed one, so no stage module imports another (tests/test_layering.py).
+
+The command line comes from the same declaration (cli/stages.py): a stage registered in `pipeline/registry.py`
+gets its command, its flags (the pair table, its `inputs`, --out, its options' fields, the engine's) and its
+printout (`summary`, then the files it wrote). A new keep-list stage is one module and one registry row.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+from collections.abc import Callable
+
+from openalign import plots
+from openalign.config import Options, expect
+from openalign.data.engine import Engine, Job, run_jobs
+from openalign.data.pairs import IMAGE_COLUMNS, check_pair_table, write_keep_report
+from openalign.outputs import unfinish
+from openalign.pipeline.scoring import WORK, plan_image_jobs, write_keep_without_images
+
+__all__ = ["Input", "Run", "Stage", "run_stage"]
+
+KEEP = "keep.parquet"
+
+
+@dataclass(frozen=True)
+class Input:
+    """An input a stage reads besides the pair table (dedup's evaluation images): its keyword in the stage's
+    constructor, and its flag."""
+
+    name: str  # the stage's constructor keyword, and the flag --NAME
+    help: str  # one complete sentence: the flag's help line
+    required: bool = True
+    repeat: bool = False  # a list: the flag may be given several times
+
+
+@dataclass
+class Run:
+    """One run of a stage: what it was given, as checked, and what the runner keeps count of for it."""
+
+    pairs: str  # the pair table, as given (a path, a glob, a URL the cluster reads)
+    out: Path
+    options: Any  # the stage's options
+    engine: Engine  # as the stage chose it for this run (`Stage.engine`)
+    progress: bool
+    started: float = field(default_factory=time.perf_counter)
+    images: int = 0  # distinct images planned by `image_jobs`
+    score_files: list[str] = field(default_factory=list)  # the score file of each image job of this plan
+    resumed: int = 0  # jobs a rerun did not redo, over every round
+
+    @property
+    def work(self) -> Path:
+        """OUT/_work: the plan, each job's output and status; removed when the stage has succeeded."""
+        return self.out / WORK
+
+    @property
+    def keep(self) -> Path:
+        return self.out / KEEP
+
+    def image_jobs(self, fn: Callable[..., dict], args: tuple, key: dict, per_task: int,
+                   with_pairs: bool = False) -> list[Job]:
+        """Every distinct image of the pair table in jobs of `per_task` (`with_pairs`: each with its pairs):
+        `fn(plan, index, scores_path, *args)` writes each job's scores (pipeline/scoring.py). `key`: what the
+        scores depend on besides the images (options, a model's fingerprint)."""
+        self.images, jobs, self.score_files = plan_image_jobs(self.pairs, self.out, fn, args, key, per_task,
+                                                              self.engine, with_pairs)
+        return jobs
+
+    def jobs(self, jobs: list[Job], desc: str) -> dict[str, dict]:
+        """A round of jobs on the engine (their statuses in OUT/_work/_status); returns {id: result}."""
+        results, resumed = run_jobs(jobs, self.work / "_status", self.engine, desc, self.progress)
+        self.resumed += resumed
+        return results
+
+    def keep_without(self, where: str, files: list[str] | None = None) -> int:
+        """The keep-list of every pair whose image is not removed: an image is removed when its row of the score
+        files (`files`, else this plan's) matches the SQL condition `where`. Returns the pairs removed."""
+        return int(write_keep_without_images(self.pairs, self.score_files if files is None else files, where,
+                                             self.out, self.engine))
+
+
+class Stage:
+    """What a keep-list stage declares (see the module's docstring); `run_stage` carries it out."""
+
+    name: ClassVar[str]  # the command and NAME_report.json
+    options: ClassVar[type[Options]]
+    result: ClassVar[type]  # a frozen dataclass; `keep`, `seconds` and `report` are the runner's
+    columns: ClassVar[tuple[str, ...]] = IMAGE_COLUMNS  # the pair table's columns it reads
+    inputs: ClassVar[tuple[Input, ...]] = ()  # inputs besides the pair table (constructor keywords, flags)
+    pairs_help: ClassVar[str] = "the pair table from `openalign ingest` (pairs.parquet)"
+    writes: ClassVar[str] = ""  # what else OUT holds, for --out's help: " and scores.parquet"
+    files: ClassVar[tuple[tuple[str, str], ...]] = ()  # (label, Result field) of the files the printout names
+
+    @property
+    def report_name(self) -> str:
+        return f"{self.name}_report.json"
+
+    def engine(self, options, engine: Engine) -> Engine:
+        """The engine this run uses: the local engine with the options' `workers` when they have any."""
+        workers = getattr(options, "workers", None)
+        if engine.name == "local" and workers is not None:
+            return Engine(workers=workers, retries=engine.retries)
+        return engine
+
+    def check(self, run: Run) -> None:
+        """What must hold before the output folder is touched; one ConfigError sentence otherwise."""
+
+    def plan(self, run: Run) -> list[Job]:
+        raise NotImplementedError
+
+    def merge(self, run: Run, results: dict[str, dict]) -> Any:
+        """The keep-list written, and the Report: a dataclass whose fields, in order, are the report's."""
+        raise NotImplementedError
+
+    def figure(self, run: Run, report) -> Any:
+        """A matplotlib figure of the report (saved as NAME_report.png), or None."""
+        return None
+
+    def result_fields(self, run: Run, report) -> dict:
+        """The Result's fields the report does not hold under their own names (an output's path)."""
+        return {}
+
+    def summary(self, result, options) -> list[str]:
+        """The command's lines before the one naming the files."""
+        return []
+
+    @classmethod
+    def draws(cls) -> bool:
+        return cls.figure is not Stage.figure
+
+
+def run_stage(stage: Stage, pairs: str | Path, out: str | Path, options, progress: bool = True,
+              engine: Engine = Engine()):
+    """Carry `stage` out over the pair table `pairs` into the folder `out` (the module's docstring says how)."""
+    options, engine = expect(options, stage.options), expect(engine, Engine, "engine")
+    run = Run(str(pairs), Path(out), options, stage.engine(options, engine), progress)
+    check_pair_table(run.pairs, stage.columns)
+    stage.check(run)
+    run.started = time.perf_counter()
+    run.out.mkdir(parents=True, exist_ok=True)
+    unfinish(run.out / stage.report_name)  # the old keep-list is no longer this output's until the new report says so
+    results = run.jobs(stage.plan(run), stage.name)
+    report = stage.merge(run, results)
+    if not is_dataclass(report) or isinstance(report, type):
+        raise TypeError(f"{type(stage).__name__}.merge must return its Report dataclass, not {type(report).__name__}")
+    if not run.keep.exists():
+        raise RuntimeError(f"{type(stage).__name__}.merge wrote no keep-list ({run.keep})")
+    figure = stage.figure(run, report)
+    if figure is not None:
+        plots.save(figure, run.out / f"{stage.name}_report.png")
+    laid_out = report.record() if hasattr(report, "record") else asdict(report)  # a Report may lay out its own
+    record = {"stage": stage.name, "pairs": run.pairs, **laid_out,
+              "seconds": round(time.perf_counter() - run.started, 2)}
+    record = write_keep_report(run.out, stage.report_name, record, run.pairs)  # last: the keep-list is finished
+    shutil.rmtree(run.work, ignore_errors=True)
+    given = stage.result_fields(run, report) | {"keep": run.keep, "seconds": record["seconds"], "report": record}
+    values = {f.name: given[f.name] if f.name in given else getattr(report, f.name) for f in fields(stage.result)}
+    return stage.result(**values)
+
+
+def check_declaration(stage: type[Stage]) -> list[str]:
+    """What is wrong with a stage's declaration (tests/pipeline/test_runner.py runs it over the registry)."""
+    problems = []
+    for attribute in ("name", "options", "result"):
+        if not hasattr(stage, attribute):
+            problems.append(f"{stage.__name__} declares no {attribute}")
+    if hasattr(stage, "options") and not (isinstance(stage.options, type) and issubclass(stage.options, Options)):
+        problems.append(f"{stage.__name__}.options is not an Options dataclass")
+    if hasattr(stage, "result") and not is_dataclass(stage.result):
+        problems.append(f"{stage.__name__}.result is not a dataclass")
+    if stage.plan is Stage.plan or stage.merge is Stage.merge:
+        problems.append(f"{stage.__name__} must define plan and merge")
+    return problems
+

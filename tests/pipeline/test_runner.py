@@ -1,0 +1,173 @@
+"""The keep-list stages' contract (pipeline/runner.py): a stage declared in this file, one class and one registry row,
+is a command on both engines, resumes after a killed job, and writes a keep-list that shard takes."""
+
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from typing import Annotated
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from openalign.cli import main
+from openalign.config import POSITIVE_INT, Options
+from openalign.data import images, sources
+from openalign.data.engine import job_id, read_plan
+from openalign.data.pairs import read_keep
+from openalign.pipeline import registry
+from openalign.pipeline.runner import Run, Stage, check_declaration
+from openalign.pipeline.scoring import write_scores
+
+needs_java = pytest.mark.skipif(shutil.which("java") is None and not os.environ.get("JAVA_HOME"),
+                                reason="the Spark engine needs Java (apt-get install default-jre-headless)")
+
+
+# ---------------------------------------------------------------------------------------------- the toy stage
+
+@dataclass(frozen=True)
+class BrightOptions(Options):
+    at_least: float = 128.0  # images whose mean brightness (0-255) is at or above it are dropped
+    images_per_task: Annotated[int, POSITIVE_INT] = 2  # the unit of distribution, retry and resume
+    die_while: str = ""  # a file: while it exists, the second job kills its process (after the first job finished)
+
+
+def brightness_task(plan: str, index: int, scores_path: str, die_while: str) -> dict:
+    if index == 1 and die_while and Path(die_while).exists():
+        first = Path(scores_path).parent / "_status" / f"{job_id(0)}.json"
+        deadline = time.monotonic() + 30
+        while not first.exists() and time.monotonic() < deadline:  # the first job finishes before this one dies
+            time.sleep(0.05)
+        os._exit(3)
+    rows = read_plan(plan, index)
+    scores = []
+    for row in rows:
+        data = sources.read_bytes(row["path"], row["member"])
+        scores.append(float(np.asarray(images.load_rgb(data).convert("L")).mean()) if data else None)
+    write_scores(scores_path, rows, scores, [None] * len(rows))
+    return {"images": len(rows)}
+
+
+@dataclass(frozen=True)
+class BrightResult:
+    keep: Path
+    images: int
+    removed_pairs: int
+    resumed_tasks: int
+    seconds: float
+    report: dict
+
+
+@dataclass(frozen=True)
+class BrightReport:
+    engine: str
+    images: int
+    removed_pairs: int
+    keep: str
+    resumed_tasks: int
+
+
+class Bright(Stage):
+    name = "bright"
+    options = BrightOptions
+    result = BrightResult
+
+    def plan(self, run: Run) -> list:
+        return run.image_jobs(brightness_task, (run.options.die_while,), {"at_least": run.options.at_least},
+                              run.options.images_per_task)
+
+    def merge(self, run: Run, results: dict) -> BrightReport:
+        removed = run.keep_without(f"score >= {float(run.options.at_least)!r}")
+        return BrightReport(engine=run.engine.name, images=run.images, removed_pairs=removed, keep=str(run.keep),
+                            resumed_tasks=run.resumed)
+
+    def summary(self, result: BrightResult, options: BrightOptions) -> list[str]:
+        return [f"{result.removed_pairs:,} pairs of bright images removed"]
+
+
+@pytest.fixture
+def bright(monkeypatch):
+    monkeypatch.setitem(registry.STAGES, "bright", registry.Row(Bright, "drop bright images (a toy stage)"))
+
+
+# ---------------------------------------------------------------------------------------------- tests
+
+def pair_table(tmp_path: Path) -> Path:
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    for i, grey in enumerate([10, 240, 30, 250, 60, 200]):
+        Image.new("RGB", (64, 64), (grey, grey, grey)).save(folder / f"{i}.png")
+        (folder / f"{i}.txt").write_text(f"a grey square number {i}")
+    assert main(["ingest", str(folder), "--out", str(tmp_path / "p.parquet"), "--quiet", "--workers", "1"]) == 0
+    return tmp_path / "p.parquet"
+
+
+def engine_flags(engine: str, request) -> list[str]:
+    if engine == "spark":
+        from pyspark import cloudpickle
+
+        cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors get this module's task function
+        return ["--engine", "spark", "--master", "local[2]"]
+    return ["--engine", "local"]
+
+
+@pytest.mark.parametrize("engine", ["local", pytest.param("spark", marks=needs_java)])
+def test_a_stage_declared_in_one_class_and_one_row_runs_and_resumes_after_a_killed_job(tmp_path, engine, bright,
+                                                                                       capsys, request):
+    pairs = pair_table(tmp_path)
+    flags = [*engine_flags(engine, request), "--quiet"]
+    assert main(["bright", str(pairs), "--out", str(tmp_path / "clean"), *flags]) == 0
+    assert "3 pairs of bright images removed" in capsys.readouterr().out
+    kept = read_keep(tmp_path / "clean")
+    assert len(kept) == 3
+
+    marker = tmp_path / "die"
+    marker.write_text("")
+    args = ["bright", str(pairs), "--out", str(tmp_path / "b"), "--die-while", str(marker), *flags]
+    with pytest.raises(RuntimeError, match="failed"):  # the second job's process dies on every try
+        main(args)
+    assert not (tmp_path / "b" / "bright_report.json").exists()  # no report: no reader takes the keep-list
+    capsys.readouterr()
+    assert main(["shard", str(pairs), "--keep", str(tmp_path / "b"), "--out", str(tmp_path / "shards"),
+                 "--quiet"]) == 2
+    assert "keep-list" in capsys.readouterr().err
+    first = tmp_path / "b" / "_work" / "_status" / f"{job_id(0)}.json"
+    finished = first.stat().st_mtime_ns
+
+    marker.unlink()
+    assert main(args) == 0
+    report = json.loads((tmp_path / "b" / "bright_report.json").read_text())
+    assert 1 <= report["resumed_tasks"] < 3  # the first job was not run again; the killed one was
+    assert (report["stage"], report["engine"], report["images"], report["removed_pairs"]) == ("bright", engine, 6, 3)
+    assert list(report)[:2] == ["stage", "pairs"] and list(report)[-2:] == ["seconds", "pair_table"]
+    assert read_keep(tmp_path / "b") == kept
+    assert not (tmp_path / "b" / "_work").exists() and finished  # the work folder goes when the stage succeeded
+    assert main(["shard", str(pairs), "--keep", str(tmp_path / "b"), "--out", str(tmp_path / "shards"),
+                 "--quiet"]) == 0
+
+
+def test_its_flags_and_help_come_from_its_declaration(bright, capsys):
+    with pytest.raises(SystemExit):
+        main(["bright", "--help"])
+    shown = capsys.readouterr().out
+    assert "drop bright images (a toy stage)" in shown and "--at-least" in shown and "--images-per-task" in shown
+    assert "--engine {local,spark}" in shown and "bright_report.json" in shown
+    assert main(["bright", "p.parquet", "--out", "o", "--images-per-task", "0"]) == 2
+    assert "--images-per-task" in capsys.readouterr().err  # the options' rules, checked when they are made
+
+
+def test_every_registered_stage_declares_what_the_runner_needs():
+    for name in registry.STAGES:
+        stage = registry.declaration(name)
+        assert stage.name == name and not check_declaration(stage), (name, check_declaration(stage))
+    assert not check_declaration(Bright)
+
+    class Half(Stage):
+        name = "half"
+
+    assert check_declaration(Half) == ["Half declares no options", "Half declares no result",
+                                       "Half must define plan and merge"]
