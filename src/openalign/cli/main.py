@@ -47,8 +47,6 @@ COMMANDS = _with_stages({
                    "the demo", "web"),
     "ingest": Command("folders, tables (csv/tsv/jsonl/parquet) and webdataset tars -> a pair table", "stages"),
     "filter": Command("ALIGN's frequency filters -> keep-list + filter_report.json/.png", "stages"),
-    "score": Command("keep the pairs a model scores highest (image-text cosine; DataComp's CLIP score filter)",
-                     "stages"),
     "semdedup": Command("drop semantic near-duplicates within the corpus (SemDeDup: k-means cells of image "
                         "embeddings)", "stages"),
     "balance": Command("balance the corpus over concepts (MetaCLIP: match alt-texts to metadata entries, cap each "

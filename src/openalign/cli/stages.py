@@ -123,23 +123,6 @@ def call(args, stage, options, *inputs, **extra):
     return stage(args.pairs, *inputs, Path(args.out), options, progress=not args.quiet, engine=engine(args), **extra)
 
 
-def score_flags(p) -> None:
-    from openalign.pipeline.score import ScoreOptions
-
-    keep_list_flags(p, "score_report.json/.png and scores.parquet", ScoreOptions)
-
-
-def run_score(args) -> int:
-    from openalign.pipeline.score import ScoreOptions, score
-
-    result = call(args, score, ScoreOptions)
-    threshold = f"; the lowest kept score is {result.threshold:.4f}" if result.threshold is not None else ""
-    print(f"kept {result.kept_pairs:,} of {result.pairs:,} pairs ({result.scored_pairs:,} scored): {result.rule}"
-          f"{threshold}" + (" (scores reused)" if result.reused_scores else ""))
-    print(f"keep-list: {result.keep}, scores: {result.scores}, report: {Path(args.out) / 'score_report.json'} (+ .png)")
-    return 0
-
-
 def semdedup_flags(p) -> None:
     from openalign.pipeline.semdedup import SemDedupOptions
 

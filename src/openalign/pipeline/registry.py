@@ -24,6 +24,8 @@ STAGES: dict[str, Row] = {
                                                    "images"),
     "screen": Row("openalign.pipeline.screen:Screen", "drop images an image classifier flags (the paper's "
                                                       "unsafe-image filter)"),
+    "score": Row("openalign.pipeline.score:Score", "keep the pairs a model scores highest (image-text cosine; "
+                                                   "DataComp's CLIP score filter)"),
 }
 
 

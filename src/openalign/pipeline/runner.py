@@ -186,7 +186,7 @@ def run_stage(stage: Stage, pairs: str | Path, out: str | Path, options, progres
 
 
 def check_declaration(stage: type[Stage]) -> list[str]:
-    """What is wrong with a stage's declaration (tests/pipeline/test_runner.py runs it over the registry)."""
+    """What is wrong with a stage's declaration (tests/pipeline/test_stage_runner.py runs it over the registry)."""
     problems = []
     for attribute in ("name", "options", "result"):
         if not hasattr(stage, attribute):

@@ -27,7 +27,6 @@ import json
 import math
 import os
 import shutil
-import time
 from dataclasses import asdict, dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -37,17 +36,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from openalign import plots
-from openalign.config import ConfigError, Options, expect
+from openalign.config import ConfigError, Options
 from openalign.data import sources
 from openalign.data.engine import Engine, read_plan, spark_session
-from openalign.data.pairs import IMAGE_COLUMNS, check_pair_table, sql_path, write_keep_report
-from openalign.outputs import sources_key, staged, unfinish
-from openalign.pipeline.scoring import (FINITE, WORK, check_model, embed_blobs, image_jobs, model_for,
-                                        usable)
+from openalign.data.pairs import IMAGE_COLUMNS, sql_path
+from openalign.outputs import sources_key, staged
+from openalign.pipeline.runner import Run, Stage, run_stage
+from openalign.pipeline.scoring import FINITE, check_model, embed_blobs, model_for, usable
 
 __all__ = ["ScoreOptions", "ScoreResult", "score"]
 
-REPORT = "score_report.json"
 SCORES = "scores.parquet"
 CUTS = (0.9, 0.7, 0.5, 0.3, 0.1)  # the fractions whose threshold and border examples the report shows
 RANK = "score DESC, uid ASC"  # the order of keeping: highest score first, ties to the smaller uid
@@ -62,6 +60,17 @@ class ScoreOptions(Options):
     workers: int = 0  # local engine: processes, each with its own model on one core (0: one per core)
     examples: int = 6  # pairs shown at each cut in the report
     images_per_task: int = 2_000  # the unit of distribution, retry and resume
+
+    def cross_field_problems(self) -> list[str]:
+        problems = []
+        if self.keep_fraction is not None and not 0 < self.keep_fraction <= 1:
+            problems.append(f"--keep-fraction {self.keep_fraction} must be in (0, 1]")
+        if self.min_score is not None and not math.isfinite(self.min_score):
+            problems.append(f"--min-score {self.min_score} must be a finite number")
+        if min(self.encode_batch, self.images_per_task) < 1 or min(self.workers, self.examples) < 0:
+            problems.append("--encode-batch and --images-per-task must be at least 1, --workers and --examples at "
+                            "least 0")
+        return problems
 
 
 @dataclass(frozen=True)
@@ -130,18 +139,6 @@ def counts(pairs: str, engine: Engine) -> tuple[int, int]:
         found = con.execute("SELECT count(DISTINCT uid), count(DISTINCT image_key) FROM read_parquet(?)",
                             [pairs]).fetchone()
     return int(found[0]), int(found[1])
-
-
-def _check(options: ScoreOptions) -> None:
-    if (options.keep_fraction is None) == (options.min_score is None):
-        raise ConfigError("give one of --keep-fraction F (the top fraction of pairs) and --min-score S (a cosine)")
-    if options.keep_fraction is not None and not 0 < options.keep_fraction <= 1:
-        raise ConfigError(f"--keep-fraction {options.keep_fraction} must be in (0, 1]")
-    if options.min_score is not None and not math.isfinite(options.min_score):
-        raise ConfigError(f"--min-score {options.min_score} must be a finite number")
-    if min(options.encode_batch, options.images_per_task) < 1 or min(options.workers, options.examples) < 0:
-        raise ConfigError("--encode-batch and --images-per-task must be at least 1, --workers and --examples at "
-                          "least 0")
 
 
 def _scores_match(path: Path, inputs: str) -> bool:
@@ -267,7 +264,7 @@ def describe(pairs: str, uids: list[str], engine: Engine) -> dict[str, dict]:
     return {uid: {"image": image, "text": text} for uid, text, image in rows}
 
 
-def _plot(path: Path, summary: dict, threshold: float | None, title: str) -> None:
+def _figure(summary: dict, threshold: float | None, title: str):
     plt = plots.pyplot()
 
     hist = summary["histogram"]
@@ -285,70 +282,118 @@ def _plot(path: Path, summary: dict, threshold: float | None, title: str) -> Non
         ax.axvline(threshold, color="tab:red", lw=1.5, label=f"this cut: {threshold:.3f}")
         ax.legend()
     ax.set(xlabel="image-text cosine", ylabel="pairs", title=title)
-    plots.save(fig, path)
+    return fig
+
+
+@dataclass(frozen=True)
+class ScoreReport:
+    """OUT/score_report.json, after `stage` and `pairs`."""
+
+    model: str
+    model_fingerprint: str
+    engine: str
+    rule: str  # what was kept
+    keep_fraction: float | None
+    min_score: float | None
+    tie_break: str
+    total_pairs: int  # distinct pairs of the table
+    images: int  # distinct images
+    scored_pairs: int  # with a finite score
+    unscored_pairs: int
+    unreadable_images: int | None  # None: the scores were reused
+    kept_pairs: int
+    removed_pairs: int
+    threshold: float | None  # the lowest kept score
+    reused_scores: bool  # a rerun that changed only the cut
+    scores: str
+    keep: str
+    percentiles: dict
+    cuts: list  # each fraction's threshold and the pairs at its border
+    histogram: dict  # 50 bins: low, width, counts
+    options: dict
+
+
+class Score(Stage):
+    name = "score"
+    options = ScoreOptions
+    result = ScoreResult
+    columns = (*IMAGE_COLUMNS, "text")
+    writes = " and scores.parquet"
+    files = (("scores", "scores"),)
+
+    def engine(self, options: ScoreOptions, engine: Engine) -> Engine:
+        if engine.name == "local":
+            return Engine(workers=options.workers or os.cpu_count() or 1, retries=engine.retries)
+        return engine
+
+    def check(self, run: Run) -> None:
+        self.fingerprint = check_model(run.options.model, "score", texts=True)
+        if (run.options.keep_fraction is None) == (run.options.min_score is None):
+            raise ConfigError("give one of --keep-fraction F (the top fraction of pairs) and --min-score S (a cosine)")
+
+    def plan(self, run: Run) -> list:
+        options, pairs = run.options, run.pairs
+        self.key = {"model": self.fingerprint, "encode_batch": options.encode_batch, "stage": "score"}
+        self.inputs = sources_key(pairs if "://" in pairs else str(Path(pairs).resolve()), self.key,
+                                  options.images_per_task, run.engine.name)
+        self.reused = _scores_match(run.out / SCORES, self.inputs)
+        if self.reused:
+            return []
+        threads = 1  # a job's scores do not depend on the engine or the machine: a sum splits by the thread count
+        return run.image_jobs(score_task, (str(Path(options.model).resolve()), options.encode_batch, threads),
+                              self.key, options.images_per_task, with_pairs=True)
+
+    def merge(self, run: Run, results: dict) -> ScoreReport:
+        options, pairs, engine = run.options, run.pairs, run.engine
+        scores_path = run.out / SCORES
+        if not self.reused:
+            _write_scores(run.score_files, scores_path, self.fingerprint, self.inputs, engine)
+        n_pairs, n_images = counts(pairs, engine)
+        if options.keep_fraction is not None:
+            limit = keep_count(options.keep_fraction, n_pairs)
+            rule = f"the top {options.keep_fraction:g} of {n_pairs:,} pairs by cosine ({limit:,})"
+            kept = _write_keep(scores_path, run.out, FINITE, limit, engine)
+        else:
+            rule = f"cosine >= {options.min_score!r}"
+            kept = _write_keep(scores_path, run.out, f"{FINITE} AND score >= {float(options.min_score)!r}", None,
+                               engine)
+        summary = _summary(scores_path, pairs, n_pairs, options, engine)
+        if n_pairs and not summary["scored"]:
+            raise ConfigError(f"none of the {n_pairs:,} pairs of {pairs} has a finite score under {options.model} "
+                              "(its vectors are NaN or infinite: a diverged model?); nothing was kept, and "
+                              f"{scores_path} holds the scores")
+        import duckdb
+
+        with duckdb.connect() as con:
+            threshold = con.execute("SELECT min(score) FROM read_parquet(?) s JOIN read_parquet(?) k USING (uid)",
+                                    [_source(scores_path), _source(run.keep)]).fetchone()[0]
+        return ScoreReport(
+            model=options.model, model_fingerprint=self.fingerprint, engine=engine.name, rule=rule,
+            keep_fraction=options.keep_fraction, min_score=options.min_score, tie_break="the smaller uid",
+            total_pairs=int(n_pairs), images=int(n_images), scored_pairs=summary["scored"],
+            unscored_pairs=int(n_pairs) - summary["scored"],
+            unreadable_images=sum(r["unreadable"] for r in results.values()) if results else None,
+            kept_pairs=int(kept), removed_pairs=int(n_pairs) - int(kept), threshold=threshold,
+            reused_scores=self.reused, scores=str(scores_path), keep=str(run.keep),
+            percentiles=summary["percentiles"], cuts=summary["cuts"], histogram=summary["histogram"],
+            options=asdict(options))
+
+    def figure(self, run: Run, report: ScoreReport):
+        scorer = Path(run.options.model).resolve()
+        return _figure({"histogram": report.histogram, "cuts": report.cuts}, report.threshold,
+                       f"{report.scored_pairs:,} pairs scored by {scorer.parent.name}/{scorer.name}")
+
+    def result_fields(self, run: Run, report: ScoreReport) -> dict:
+        return {"scores": run.out / SCORES, "pairs": report.total_pairs}
+
+    def summary(self, result: ScoreResult, options: ScoreOptions) -> list[str]:
+        threshold = f"; the lowest kept score is {result.threshold:.4f}" if result.threshold is not None else ""
+        return [f"kept {result.kept_pairs:,} of {result.pairs:,} pairs ({result.scored_pairs:,} scored): {result.rule}"
+                f"{threshold}" + (" (scores reused)" if result.reused_scores else "")]
 
 
 def score(pairs: Path, out: Path, options: ScoreOptions, progress: bool = True,
           engine: Engine = Engine()) -> ScoreResult:
     """Score every pair in jobs of `images_per_task` images (local processes or Spark), write the scores, then
     keep the top fraction or those at or above the minimum."""
-    options, engine = expect(options, ScoreOptions), expect(engine, Engine, "engine")
-    pairs, out = str(pairs), Path(out)
-    fingerprint = check_model(options.model, "score", texts=True)
-    _check(options)
-    check_pair_table(pairs, (*IMAGE_COLUMNS, "text"))
-    if engine.name == "local":
-        engine = Engine(workers=options.workers or os.cpu_count() or 1, retries=engine.retries)
-    threads = 1  # a job's scores do not depend on the engine or the machine: a sum splits by the thread count
-    start = time.perf_counter()
-    out.mkdir(parents=True, exist_ok=True)
-    unfinish(out / REPORT)  # the old keep-list is no longer this output's until the new report says so
-    key = {"model": fingerprint, "encode_batch": options.encode_batch, "stage": "score"}
-    inputs = sources_key(pairs if "://" in pairs else str(Path(pairs).resolve()), key, options.images_per_task,
-                         engine.name)
-    scores_path = out / SCORES
-    reused = _scores_match(scores_path, inputs)
-    results: dict = {}
-    if not reused:
-        model_path = str(Path(options.model).resolve())
-        _, results, _, job_files = image_jobs(pairs, out, score_task, (model_path, options.encode_batch, threads), key,
-                                              options.images_per_task, engine, "score", progress, with_pairs=True)
-        _write_scores(job_files, scores_path, fingerprint, inputs, engine)
-    n_pairs, n_images = counts(pairs, engine)
-    if options.keep_fraction is not None:
-        limit = keep_count(options.keep_fraction, n_pairs)
-        rule = f"the top {options.keep_fraction:g} of {n_pairs:,} pairs by cosine ({limit:,})"
-        kept = _write_keep(scores_path, out, FINITE, limit, engine)
-    else:
-        rule = f"cosine >= {options.min_score!r}"
-        kept = _write_keep(scores_path, out, f"{FINITE} AND score >= {float(options.min_score)!r}", None, engine)
-    summary = _summary(scores_path, pairs, n_pairs, options, engine)
-    if n_pairs and not summary["scored"]:
-        raise ConfigError(f"none of the {n_pairs:,} pairs of {pairs} has a finite score under {options.model} (its "
-                          f"vectors are NaN or infinite: a diverged model?); nothing was kept, and {scores_path} holds "
-                          "the scores")
-    import duckdb
-
-    with duckdb.connect() as con:
-        threshold = con.execute("SELECT min(score) FROM read_parquet(?) s JOIN read_parquet(?) k USING (uid)",
-                                [_source(scores_path), _source(out / "keep.parquet")]).fetchone()[0]
-    scorer = Path(options.model).resolve()
-    _plot(out / "score_report.png", summary, threshold, f"{summary['scored']:,} pairs scored by "
-                                                        f"{scorer.parent.name}/{scorer.name}")
-    report = {
-        "stage": "score", "pairs": pairs, "model": options.model, "model_fingerprint": fingerprint,
-        "engine": engine.name, "rule": rule, "keep_fraction": options.keep_fraction, "min_score": options.min_score,
-        "tie_break": "the smaller uid", "total_pairs": int(n_pairs), "images": int(n_images),
-        "scored_pairs": summary["scored"], "unscored_pairs": int(n_pairs) - summary["scored"],
-        "unreadable_images": sum(r["unreadable"] for r in results.values()) if results else None,
-        "kept_pairs": int(kept), "removed_pairs": int(n_pairs) - int(kept), "threshold": threshold,
-        "reused_scores": reused, "scores": str(scores_path), "keep": str(out / "keep.parquet"),
-        "percentiles": summary["percentiles"], "cuts": summary["cuts"], "histogram": summary["histogram"],
-        "options": asdict(options), "seconds": round(time.perf_counter() - start, 2),
-    }
-    report = write_keep_report(out, REPORT, report, pairs)  # last: the keep-list is finished
-    if (out / WORK).exists():
-        shutil.rmtree(out / WORK)
-    return ScoreResult(keep=out / "keep.parquet", scores=scores_path, rule=rule, pairs=int(n_pairs),
-                       scored_pairs=summary["scored"], kept_pairs=int(kept), threshold=threshold, reused_scores=reused,
-                       seconds=report["seconds"], report=report)
+    return run_stage(Score(), pairs, out, options, progress, engine)
