@@ -68,11 +68,14 @@ def _default(f: dataclasses.Field):
 
 def add_options(parser, cls: type, *, only: tuple[str, ...] = (), skip: tuple[str, ...] = (),
                 rename: dict | None = None, convert: dict | None = None, unset: bool = False, seen: set | None = None,
-                where: str | dict = "") -> None:
+                where: str | dict = "", deprecated: dict | None = None) -> None:
     """One flag per field of `cls` (those in `only`, if given; none in `skip`, nor in `seen`, which collects
     the names added). `rename`: {field: flag}; `convert`: {field: callable(text)}. The field's default is the
     flag's, or with `unset` the flag is None when not given (the dataclass keeps its default; the help names it).
-    `where` prefixes the help ({field: prefix}, or one prefix for all: which tasks a shared flag serves)."""
+    `where` prefixes the help ({field: prefix}, or one prefix for all: which tasks a shared flag serves).
+    `deprecated`: {an old flag: its field}: the old spelling still sets the field, hidden from --help, and says
+    once on stderr which flag to use instead."""
+    old_flags = {field: old for old, field in (deprecated or {}).items()}
     hints, comments = typing.get_type_hints(cls), field_comments(cls)
     for f in dataclasses.fields(cls):
         if (only and f.name not in only) or f.name in skip or (seen is not None and f.name in seen):
@@ -98,8 +101,29 @@ def add_options(parser, cls: type, *, only: tuple[str, ...] = (), skip: tuple[st
         kwargs["help"] = (prefix + comments.get(f.name, "")).strip() + shown
         flag = (rename or {}).get(f.name, "--" + f.name.replace("_", "-"))
         parser.add_argument(*([flag] if isinstance(flag, str) else flag), **kwargs)
+        if f.name in old_flags:
+            instead = flag if isinstance(flag, str) else flag[0]
+            parser.add_argument(old_flags[f.name], **(kwargs | {"help": argparse.SUPPRESS, "default": argparse.SUPPRESS,
+                                                                 "action": _renamed(instead, kwargs.get("action"))}))
         if seen is not None:
             seen.add(f.name)
+
+
+def _renamed(instead: str, action) -> type[argparse.Action]:
+    """The action of a deprecated flag: what `action` does (store, unless given), after a note naming `instead`."""
+    base = {None: argparse._StoreAction, "append": argparse._AppendAction}.get(action, action)
+    if not isinstance(base, type):
+        raise ValueError(f"a deprecated spelling of {instead} cannot take the action {action!r}")
+
+    class Renamed(base):  # type: ignore[valid-type, misc]
+        def __call__(self, parser, namespace, values, option_string=None):
+            import sys
+
+            print(f"note: {option_string} is deprecated and will be removed; use {instead} (the same values)",
+                  file=sys.stderr)
+            super().__call__(parser, namespace, values, option_string)
+
+    return Renamed
 
 
 def options_from(args, cls: type, **given):

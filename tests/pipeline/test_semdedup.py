@@ -181,12 +181,12 @@ def test_the_keep_list_composes_with_shard_and_data_keep(corpus, tmp_path):
 
 def test_a_killed_semdedup_leaves_no_keep_list_and_resumes_its_finished_jobs(corpus, tmp_path, monkeypatch):
     from conftest import run_killed
-    from openalign.pipeline import semdedup as semdedup_lib
+    from openalign.pipeline import runner  # the runner writes every keep-list and its report
 
     pairs, model = corpus
     args = ["semdedup", str(pairs), "--model", str(model), "--out", str(tmp_path / "out"), "--quiet", "--eps", "0.01",
             "--clusters", "4", "--clusters-per-task", "3", "--images-per-task", "7", "--workers", "1"]
-    run_killed(monkeypatch, semdedup_lib, "write_keep_without_images", args)  # every pass done, then killed
+    run_killed(monkeypatch, runner, "write_keep_without_images", args)  # every pass done, then killed
     assert not (tmp_path / "out" / "semdedup_report.json").exists()
     assert main(args) == 0
     report = json.loads((tmp_path / "out" / "semdedup_report.json").read_text())
@@ -224,3 +224,24 @@ def test_images_whose_vectors_are_nan_or_zero_are_never_clustered_and_stay(corpu
                  "--workers", "1", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "gives none of them a finite vector" in err and "Traceback" not in err
+
+
+def test_the_survivor_flag_is_which_to_keep_and_the_old_keep_still_works_with_a_note(capsys):
+    # --keep names a keep-list folder in shard and card; here it was the survivor choice (issue 84)
+    from openalign.cli.main import build_parser
+    from openalign.flags import options_from
+
+    parser = build_parser("semdedup")
+    base = ["semdedup", "p.parquet", "--out", "o"]
+    assert options_from(parser.parse_args(base), SemDedupOptions).keep == "hard"
+    assert options_from(parser.parse_args(base + ["--which-to-keep", "easy"]), SemDedupOptions).keep == "easy"
+    assert "deprecated" not in capsys.readouterr().err
+    assert options_from(parser.parse_args(base + ["--keep", "easy"]), SemDedupOptions).keep == "easy"
+    assert "note: --keep is deprecated and will be removed; use --which-to-keep" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parser.parse_args(base + ["--keep", "medium"])  # its choices are the new flag's
+    assert "invalid choice: 'medium'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parser.parse_args(["semdedup", "--help"])
+    shown = capsys.readouterr().out
+    assert "--which-to-keep {hard,easy}" in shown and "--keep" not in shown

@@ -96,7 +96,7 @@ def stage_flags(p, name: str) -> None:
             p.add_argument(flag, dest=given.name, required=given.required, help=given.help)
     p.add_argument("--out", required=True, help=f"a folder: the keep-list (keep.parquet) and {name}_report.json"
                                                 + ("/.png" if stage.draws() else "") + stage.writes)
-    add_options(p, stage.options)
+    add_options(p, stage.options, rename=stage.flags, deprecated=stage.deprecated_flags)
     engine_flags(p)
 
 
@@ -121,24 +121,6 @@ def call(args, stage, options, *inputs, **extra):
     """A stage's one public call from its flags (`options`: a dataclass read from them, or one already read)."""
     options = options_from(args, options) if isinstance(options, type) else options
     return stage(args.pairs, *inputs, Path(args.out), options, progress=not args.quiet, engine=engine(args), **extra)
-
-
-def semdedup_flags(p) -> None:
-    from openalign.pipeline.semdedup import SemDedupOptions
-
-    keep_list_flags(p, "semdedup_report.json/.png and clusters.parquet", SemDedupOptions)
-
-
-def run_semdedup(args) -> int:
-    from openalign.pipeline.semdedup import SemDedupOptions, semdedup
-
-    result = call(args, semdedup, SemDedupOptions)
-    print(f"{result.removed_images:,} of {result.embedded_images:,} images ({result.removed_pairs:,} pairs) are "
-          f"semantic near-duplicates within their k-means cell ({result.cells:,} cells; "
-          f"{result.images - result.embedded_images:,} unreadable, kept)")
-    print(f"keep-list: {result.keep}, cells: {result.clusters}, report: {Path(args.out) / 'semdedup_report.json'} "
-          "(+ .png)")
-    return 0
 
 
 def balance_flags(p) -> None:

@@ -26,6 +26,8 @@ STAGES: dict[str, Row] = {
                                                       "unsafe-image filter)"),
     "score": Row("openalign.pipeline.score:Score", "keep the pairs a model scores highest (image-text cosine; "
                                                    "DataComp's CLIP score filter)"),
+    "semdedup": Row("openalign.pipeline.semdedup:SemDedup",
+                    "drop semantic near-duplicates within the corpus (SemDeDup: k-means cells of image embeddings)"),
 }
 
 

@@ -117,6 +117,9 @@ class Stage:
     pairs_help: ClassVar[str] = "the pair table from `openalign ingest` (pairs.parquet)"
     writes: ClassVar[str] = ""  # what else OUT holds, for --out's help: " and scores.parquet"
     files: ClassVar[tuple[tuple[str, str], ...]] = ()  # (label, Result field) of the files the printout names
+    flags: ClassVar[dict[str, str]] = {}  # {option field: its flag} where it is not --field-name
+    deprecated_flags: ClassVar[dict[str, str]] = {}  # {an old flag: its field}: still taken, with a note
+    first_round: ClassVar[str] = ""  # the progress label of the planned jobs (default: the name)
 
     @property
     def report_name(self) -> str:
@@ -166,7 +169,7 @@ def run_stage(stage: Stage, pairs: str | Path, out: str | Path, options, progres
     run.started = time.perf_counter()
     run.out.mkdir(parents=True, exist_ok=True)
     unfinish(run.out / stage.report_name)  # the old keep-list is no longer this output's until the new report says so
-    results = run.jobs(stage.plan(run), stage.name)
+    results = run.jobs(stage.plan(run), stage.first_round or stage.name)
     report = stage.merge(run, results)
     if not is_dataclass(report) or isinstance(report, type):
         raise TypeError(f"{type(stage).__name__}.merge must return its Report dataclass, not {type(report).__name__}")

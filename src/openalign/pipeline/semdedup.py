@@ -1,14 +1,16 @@
 """Remove semantic near-duplicates within the corpus: SemDeDup (Abbas et al. 2023) on a model's image embeddings.
 
-    openalign semdedup pairs.parquet --model MODEL --out DIR [--eps 0.05] [--clusters 1024] [--keep hard|easy]
+    openalign semdedup pairs.parquet --model MODEL --out DIR [--eps 0.05] [--clusters 1024]
+                       [--which-to-keep hard|easy]
 
 k-means (FAISS, spherical, seeded) cuts the image embeddings into `clusters` cells; within each cell the images
 are ordered by their cosine to its centroid, and an image is removed when its cosine to any image before it in
 that order exceeds 1 - eps. This is the paper's rule as its code computes it (the column maxima of the upper
 triangle of the cell's similarity matrix), which also removes an image whose near neighbour was itself removed:
-in a chain a ~ b ~ c with a and c apart, b and c both go. `--keep hard` (the paper's default, `keep_hard`) orders
-the farthest from the centroid first, so it is the one of each group that stays; `--keep easy` keeps the closest.
-Ties in the order go to the smaller image key. Only images in one cell are compared: duplicates the k-means
+in a chain a ~ b ~ c with a and c apart, b and c both go. `--which-to-keep hard` (the paper's default, `keep_hard`;
+the option `keep`, whose old flag `--keep` still works, with a note) orders the farthest from the centroid first,
+so it is the one of each group that stays; `--which-to-keep easy` keeps the closest. Ties in the order go to the
+smaller image key. Only images in one cell are compared: duplicates the k-means
 separates are kept (the paper's trade, measured in its Section 3).
 
 Four passes, each resumable: every distinct image embedded in jobs (the evaluation transform, one core per job,
@@ -24,8 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -35,17 +35,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from openalign import plots
-from openalign.config import ConfigError, Options, expect
+from openalign.config import ConfigError, Options
 from openalign.data import sources
-from openalign.data.engine import Engine, Job, job_id, read_plan, run_jobs
-from openalign.data.pairs import IMAGE_COLUMNS, check_pair_table, sql_path, write_keep_report
-from openalign.outputs import sources_key, staged, unfinish
-from openalign.pipeline.scoring import (FINITE, WORK, check_model, embed_blobs, image_jobs, kmeans,
-                                        usable, write_keep_without_images)
+from openalign.data.engine import Engine, Job, job_id, read_plan
+from openalign.data.pairs import sql_path
+from openalign.outputs import sources_key, staged
+from openalign.pipeline.runner import Run, Stage, run_stage
+from openalign.pipeline.scoring import FINITE, check_model, embed_blobs, kmeans, usable
 
 __all__ = ["SemDedupOptions", "SemDedupResult", "semdedup", "cluster_removals"]
 
-REPORT = "semdedup_report.json"
 CLUSTERS = "clusters.parquet"
 
 
@@ -63,6 +62,25 @@ class SemDedupOptions(Options):
     workers: int = 0  # local engine: processes, each with its own model on one core (0: one per core)
     examples: int = 10  # closest removals listed in the report
     images_per_task: int = 2_000  # images embedded per job: the unit of distribution, retry and resume
+
+    def spell(self, name: str) -> str:
+        return FLAGS.get(name, super().spell(name))
+
+    def cross_field_problems(self) -> list[str]:
+        problems = []
+        if not 0 < self.eps < 2:
+            problems.append(f"--eps {self.eps} must be between 0 and 2 (an image goes when its cosine to an earlier "
+                            "one exceeds 1 - eps)")
+        small = {"--clusters": self.clusters, "--kmeans-sample": self.kmeans_sample,
+                 "--clusters-per-task": self.clusters_per_task, "--encode-batch": self.encode_batch,
+                 "--images-per-task": self.images_per_task}
+        problems += [f"{flag} {value} must be at least 1" for flag, value in small.items() if value < 1]
+        if self.workers < 0 or self.examples < 0:
+            problems.append("--workers and --examples must be at least 0")
+        return problems
+
+
+FLAGS = {"keep": "--which-to-keep"}  # --keep names a keep-list folder in shard and card: SemDeDup's own word here
 
 
 @dataclass(frozen=True)
@@ -175,22 +193,6 @@ def dedup_task(in_paths: list[str], out_path: str, keep: str) -> dict:
     return {"images": len(keys), "cells": len(set(cells))}
 
 
-def _check(options: SemDedupOptions) -> None:
-    if not 0 < options.eps < 2:
-        raise ConfigError(f"--eps {options.eps} must be between 0 and 2 (an image goes when its cosine to an "
-                          "earlier one exceeds 1 - eps)")
-    if options.keep not in ("hard", "easy"):
-        raise ConfigError(f"--keep {options.keep!r} must be hard or easy")
-    small = {"--clusters": options.clusters, "--kmeans-sample": options.kmeans_sample,
-             "--clusters-per-task": options.clusters_per_task, "--encode-batch": options.encode_batch,
-             "--images-per-task": options.images_per_task}
-    for flag, value in small.items():
-        if value < 1:
-            raise ConfigError(f"{flag} {value} must be at least 1")
-    if options.workers < 0 or options.examples < 0:
-        raise ConfigError("--workers and --examples must be at least 0")
-
-
 def _sample(files: list[str], cap: int, seed: int) -> np.ndarray:
     """A seeded sample of at most `cap` embeddings from the jobs' files, in image-key order (the same on any
     engine and any run)."""
@@ -208,7 +210,7 @@ def _sample(files: list[str], cap: int, seed: int) -> np.ndarray:
     return np.stack([found[k] for k in keys]) if keys else np.zeros((0, 1), np.float32)
 
 
-def _plot(path: Path, sizes: list[tuple[int, int, int]], eps: float) -> None:
+def _figure(sizes: list[tuple[int, int, int]], eps: float):
     """Cell size against removals per cell."""
     plt = plots.pyplot()
 
@@ -220,68 +222,109 @@ def _plot(path: Path, sizes: list[tuple[int, int, int]], eps: float) -> None:
     right.scatter(size, removed / np.maximum(size, 1), s=8, alpha=0.6, color="tab:red")
     right.set(xlabel="images per cell", ylabel="share removed", ylim=(-0.02, 1.02),
               title=f"removed within each cell (cosine > {1 - eps:g})")
-    plots.save(fig, path)
+    return fig
+
+
+@dataclass(frozen=True)
+class SemDedupReport:
+    """OUT/semdedup_report.json, after `stage` and `pairs`."""
+
+    model: str
+    engine: str
+    rule: str
+    images: int  # distinct images
+    embedded_images: int  # with a usable vector
+    unreadable_images: int  # kept: nothing decided them
+    unusable_vectors: int  # NaN, infinite or zero: kept, never clustered
+    clusters: int  # k-means cells
+    removed_images: int
+    keep: str
+    clusters_file: str
+    options: dict
+    cells_with_removals: int
+    largest_cells: list
+    examples: list  # the closest removals
+    removed_pairs: int
+    model_fingerprint: str
+    resumed_tasks: int
+
+
+class SemDedup(Stage):
+    name = "semdedup"
+    options = SemDedupOptions
+    result = SemDedupResult
+    writes = " and clusters.parquet"
+    files = (("cells", "clusters"),)
+    flags = FLAGS
+    deprecated_flags = {"--keep": "keep"}  # the old spelling of --which-to-keep
+    first_round = "semdedup: embed"
+
+    def engine(self, options: SemDedupOptions, engine: Engine) -> Engine:
+        if engine.name == "local":
+            return Engine(workers=options.workers or os.cpu_count() or 1, retries=engine.retries)
+        return engine
+
+    def check(self, run: Run) -> None:
+        self.fingerprint = check_model(run.options.model, "semdedup")
+
+    def plan(self, run: Run) -> list:
+        options = run.options
+        key = {"model": self.fingerprint, "encode_batch": options.encode_batch, "stage": "semdedup-embed"}
+        return run.image_jobs(embed_task, (str(Path(options.model).resolve()), options.encode_batch, 1), key,
+                              options.images_per_task)
+
+    def merge(self, run: Run, embedded: dict) -> SemDedupReport:
+        """k-means on the driver over a sample, then two more rounds of jobs: assign, and each group of cells."""
+        options, work, embed_files = run.options, run.work, run.score_files
+        sample = _sample(embed_files, options.kmeans_sample * options.clusters, options.seed)
+        if not len(sample):
+            raise ConfigError(f"none of the {run.images:,} images of {run.pairs} could be read, or {options.model} "
+                              "gives none of them a finite vector (NaN or infinite: a diverged model?)")
+        centroids = kmeans(sample, options.clusters, options.seed)
+        centroids_path = work / "centroids.npy"
+        np.save(centroids_path, centroids)
+        digest = hashlib.blake2b(np.ascontiguousarray(centroids).tobytes(), digest_size=16).hexdigest()
+        groups = -(-len(centroids) // options.clusters_per_task)
+        assigned = [[str(work / f"assign-{job_id(i)}-{g:04d}.parquet") for g in range(groups)]
+                    for i in range(len(embed_files))]
+        run.jobs([Job(f"assign-{job_id(i)}", assign_task, (embed_files[i], str(centroids_path), assigned[i],
+                                                           options.clusters_per_task),
+                      key=sources_key(embed_files[i], digest, options.clusters_per_task), outputs=tuple(assigned[i]))
+                  for i in range(len(embed_files))], "semdedup: assign")
+        deduped = [str(work / f"cells-{g:04d}.parquet") for g in range(groups)]
+        run.jobs([Job(f"cells-{g:04d}", dedup_task, ([a[g] for a in assigned], deduped[g], options.keep),
+                      key=sources_key([a[g] for a in assigned], options.keep), outputs=(deduped[g],))
+                  for g in range(groups)], "semdedup: cells")
+        where = f"{FINITE} AND score > {1 - options.eps!r}"
+        removed_pairs = run.keep_without(where, deduped)
+        report, self.sizes = _report(run.out, run.pairs, deduped, where, options, run.images, len(centroids),
+                                     embedded, run.engine)
+        return SemDedupReport(**report, removed_pairs=removed_pairs, model_fingerprint=self.fingerprint,
+                              resumed_tasks=run.resumed)
+
+    def figure(self, run: Run, report: SemDedupReport):
+        return _figure(self.sizes, run.options.eps)
+
+    def result_fields(self, run: Run, report: SemDedupReport) -> dict:
+        return {"clusters": run.out / CLUSTERS, "cells": report.clusters}
+
+    def summary(self, result: SemDedupResult, options: SemDedupOptions) -> list[str]:
+        return [f"{result.removed_images:,} of {result.embedded_images:,} images ({result.removed_pairs:,} pairs) are "
+                f"semantic near-duplicates within their k-means cell ({result.cells:,} cells; "
+                f"{result.images - result.embedded_images:,} unreadable, kept)"]
 
 
 def semdedup(pairs: Path, out: Path, options: SemDedupOptions, progress: bool = True,
              engine: Engine = Engine()) -> SemDedupResult:
     """Embed every image in jobs, fit k-means on a sample, assign, then apply SemDeDup's rule within each cell;
     write the keep-list of the pairs whose image stays."""
-    options, engine = expect(options, SemDedupOptions), expect(engine, Engine, "engine")
-    pairs, out = str(pairs), Path(out)
-    fingerprint = check_model(options.model, "semdedup")
-    _check(options)
-    check_pair_table(pairs, IMAGE_COLUMNS)
-    if engine.name == "local":
-        engine = Engine(workers=options.workers or os.cpu_count() or 1, retries=engine.retries)
-    start = time.perf_counter()
-    out.mkdir(parents=True, exist_ok=True)
-    unfinish(out / REPORT)  # the old keep-list is no longer this output's until the new report says so
-    work = out / WORK
-    key = {"model": fingerprint, "encode_batch": options.encode_batch, "stage": "semdedup-embed"}
-    count, embedded, resumed, embed_files = image_jobs(
-        pairs, out, embed_task, (str(Path(options.model).resolve()), options.encode_batch, 1), key,
-        options.images_per_task, engine, "semdedup: embed", progress)
-    sample = _sample(embed_files, options.kmeans_sample * options.clusters, options.seed)
-    if not len(sample):
-        raise ConfigError(f"none of the {count:,} images of {pairs} could be read, or {options.model} gives none of "
-                          "them a finite vector (NaN or infinite: a diverged model?)")
-    centroids = kmeans(sample, options.clusters, options.seed)
-    centroids_path = work / "centroids.npy"
-    np.save(centroids_path, centroids)
-    digest = hashlib.blake2b(np.ascontiguousarray(centroids).tobytes(), digest_size=16).hexdigest()
-    groups = -(-len(centroids) // options.clusters_per_task)
-    assigned = [[str(work / f"assign-{job_id(i)}-{g:04d}.parquet") for g in range(groups)]
-                for i in range(len(embed_files))]
-    jobs = [Job(f"assign-{job_id(i)}", assign_task, (embed_files[i], str(centroids_path), assigned[i],
-                                                     options.clusters_per_task),
-                key=sources_key(embed_files[i], digest, options.clusters_per_task), outputs=tuple(assigned[i]))
-            for i in range(len(embed_files))]
-    _, resumed_assign = run_jobs(jobs, work / "_status", engine, "semdedup: assign", progress)
-    deduped = [str(work / f"cells-{g:04d}.parquet") for g in range(groups)]
-    jobs = [Job(f"cells-{g:04d}", dedup_task, ([a[g] for a in assigned], deduped[g], options.keep),
-                key=sources_key([a[g] for a in assigned], options.keep), outputs=(deduped[g],))
-            for g in range(groups)]
-    _, resumed_cells = run_jobs(jobs, work / "_status", engine, "semdedup: cells", progress)
-    threshold = 1 - options.eps
-    where = f"{FINITE} AND score > {threshold!r}"
-    removed_pairs = write_keep_without_images(pairs, deduped, where, out, engine)
-    report = _report(out, pairs, deduped, where, options, count, len(centroids), embedded, engine)
-    report |= {"removed_pairs": int(removed_pairs), "model_fingerprint": fingerprint,
-               "resumed_tasks": resumed + resumed_assign + resumed_cells,
-               "seconds": round(time.perf_counter() - start, 2)}
-    report = write_keep_report(out, REPORT, report, pairs)  # last: the keep-list is finished
-    shutil.rmtree(work)
-    return SemDedupResult(keep=out / "keep.parquet", clusters=out / CLUSTERS, images=count,
-                          embedded_images=report["embedded_images"], cells=len(centroids),
-                          removed_images=report["removed_images"], removed_pairs=int(removed_pairs),
-                          resumed_tasks=report["resumed_tasks"], seconds=report["seconds"], report=report)
+    return run_stage(SemDedup(), pairs, out, options, progress, engine)
 
 
 def _report(out: Path, pairs: str, deduped: list[str], where: str, options: SemDedupOptions, count: int, cells: int,
-            embedded: dict, engine: Engine) -> dict:
-    """OUT/clusters.parquet and the report's counts, largest cells, closest removals and plot (DuckDB, on the
-    driver: one row per image, no vectors)."""
+            embedded: dict, engine: Engine) -> tuple[dict, list]:
+    """OUT/clusters.parquet, the report's counts, largest cells and closest removals, and each cell's (cluster,
+    size, removed) for the figure (DuckDB, on the driver: one row per image, no vectors)."""
     import duckdb
 
     with duckdb.connect() as con:
@@ -300,10 +343,9 @@ def _report(out: Path, pairs: str, deduped: list[str], where: str, options: SemD
                                  JOIN p a ON a.image_key = c.image_key JOIN p b ON b.image_key = c.duplicate_of
                                  WHERE c.removed ORDER BY c.similarity DESC, c.image_key LIMIT ?""",
                               [options.examples]).fetchall()
-    _plot(out / "semdedup_report.png", sizes, options.eps)
     largest = sorted(sizes, key=lambda s: (-s[1], s[0]))[:10]
     return {
-        "stage": "semdedup", "pairs": pairs, "model": options.model, "engine": engine.name,
+        "model": options.model, "engine": engine.name,
         "rule": (f"cosine > {1 - options.eps:g} to an image before it in its k-means cell, the "
                  f"{'farthest from' if options.keep == 'hard' else 'closest to'} the centroid first (SemDeDup)"),
         "images": count, "embedded_images": int(n),
@@ -314,4 +356,4 @@ def _report(out: Path, pairs: str, deduped: list[str], where: str, options: SemD
         "cells_with_removals": sum(1 for _, _, r in sizes if r),
         "largest_cells": [{"cluster": c, "images": s, "removed": r} for c, s, r in largest],
         "examples": [{"removed": a, "duplicate_of": b, "similarity": s, "cluster": c} for a, b, s, c in closest],
-    }
+    }, sizes
