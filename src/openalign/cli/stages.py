@@ -123,28 +123,6 @@ def call(args, stage, options, *inputs, **extra):
     return stage(args.pairs, *inputs, Path(args.out), options, progress=not args.quiet, engine=engine(args), **extra)
 
 
-def balance_flags(p) -> None:
-    from openalign.pipeline.balance import BalanceOptions
-
-    table_flags(p, "a folder: the keep-list (keep.parquet), metadata.txt, matches.parquet, entries.parquet and "
-                   "balance_report.json/.png", BalanceOptions, pairs="the pair table from `openalign ingest`, or the "
-                "candidate table from `openalign extract` (balancing reads only the texts: it can run before the "
-                "download)")
-
-
-def run_balance(args) -> int:
-    from openalign.pipeline.balance import BalanceOptions, balance
-
-    options = options_from(args, BalanceOptions)
-    result = call(args, balance, options)
-    print(f"kept {result.kept_pairs:,} of {result.pairs:,} pairs: {result.matched_entries:,} of {result.entries:,} "
-          f"entries matched, each capped at t = {options.per_entry:,}; {result.unmatched_pairs:,} pairs matched no "
-          "entry and were dropped" + (" (matches reused)" if result.reused_matches else ""))
-    print(f"keep-list: {result.keep}, matches: {result.matches}, report: {Path(args.out) / 'balance_report.json'} "
-          "(+ .png)")
-    return 0
-
-
 def card_flags(p) -> None:
     from openalign.pipeline.card import CardOptions
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -34,15 +33,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from openalign import plots
-from openalign.config import ConfigError, expect
-from openalign.data.engine import Engine, Job, job_id, run_jobs
-from openalign.data.pairs import check_pair_table, sql_path, write_keep_report
-from openalign.outputs import sources_key, unfinish
-from openalign.pipeline.concepts import TAIL_BINS, WORK, MetadataOptions, check_options, match_table, write_table
+from openalign.data.engine import Engine, Job, job_id
+from openalign.data.pairs import sql_path
+from openalign.outputs import sources_key
+from openalign.pipeline.concepts import TAIL_BINS, MetadataOptions, match_table, write_table
+from openalign.pipeline.runner import Run, Stage, run_stage
 
 __all__ = ["BalanceOptions", "BalanceResult", "balance", "draws", "keep_probabilities", "sample_pairs"]
 
-REPORT = "balance_report.json"
 HEAD = 20  # entries shown at the head of the report
 
 
@@ -52,6 +50,17 @@ class BalanceOptions(MetadataOptions):
     seed: int = 0  # the draws: a hash of (seed, uid, entry)
     examples: int = 8  # texts shown for the pairs that matched no entry
     workers: int = 0  # local engine: processes (0: one per core)
+
+    def cross_field_problems(self) -> list[str]:
+        problems = []
+        if self.per_entry < 1:
+            problems.append(f"--per-entry {self.per_entry} must be at least 1 (MetaCLIP's t: 20,000 for 400M pairs)")
+        problems += super().cross_field_problems()
+        if min(self.workers, self.examples) < 0:
+            problems.append("--workers and --examples must be at least 0")
+        if not 0 <= self.seed < 2 ** 63:
+            problems.append(f"--seed {self.seed} must be in [0, 2^63)")
+        return problems
 
 
 @dataclass(frozen=True)
@@ -124,16 +133,6 @@ def sample_task(matches: str, out_path: str, probability: str, per_entry: int, s
     return {"pairs": len(uids), "kept": int(kept.sum()), "expected": expected}
 
 
-def _check(options: BalanceOptions) -> None:
-    if options.per_entry < 1:
-        raise ConfigError(f"--per-entry {options.per_entry} must be at least 1 (MetaCLIP's t: 20,000 for 400M pairs)")
-    check_options(options)
-    if min(options.workers, options.examples) < 0:
-        raise ConfigError("--workers and --examples must be at least 0")
-    if not 0 <= options.seed < 2 ** 63:
-        raise ConfigError(f"--seed {options.seed} must be in [0, 2^63)")
-
-
 def _examples(con, where: str, n: int) -> list[dict]:
     return [{"uid": uid, "text": text} for uid, text in con.execute(
         f"SELECT uid, text FROM plan WHERE {where} ORDER BY uid LIMIT {int(n)}").fetchall()]
@@ -167,7 +166,7 @@ def _summary(out: Path, plan: Path, options: BalanceOptions, entries: list[str],
             "unmatched_examples": unmatched}
 
 
-def _plot(path: Path, counts: np.ndarray, kept: np.ndarray, per_entry: int, title: str) -> None:
+def _figure(counts: np.ndarray, kept: np.ndarray, per_entry: int, title: str):
     plt = plots.pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -178,73 +177,125 @@ def _plot(path: Path, counts: np.ndarray, kept: np.ndarray, per_entry: int, titl
     ax.axhline(per_entry, color="tab:red", lw=1, ls="--", label=f"t = {per_entry:,}")
     ax.set(xlabel="entry rank", ylabel="pairs matching the entry", title=title)
     ax.legend()
-    plots.save(fig, path)
+    return fig
+
+
+@dataclass(frozen=True)
+class BalanceReport:
+    """OUT/balance_report.json, after `stage` and `pairs`."""
+
+    engine: str
+    rule: str
+    metadata: dict  # where the entries came from, and their fingerprint
+    total_pairs: int
+    matched_pairs: int
+    unmatched_pairs: int  # matched no entry: dropped
+    kept_pairs: int
+    removed_pairs: int
+    expected_kept_pairs: float  # the sum of every pair's probability of being kept
+    entries: int
+    matched_entries: int
+    head: list  # the entries with the most pairs, before and after
+    tail_before: dict
+    tail_after: dict
+    entries_over_t: int
+    entries_without_pairs: int
+    unmatched_examples: list
+    reused_matches: bool  # a rerun that changed only t or the seed
+    matches: str
+    entries_table: str
+    keep: str
+    options: dict
+
+
+class Balance(Stage):
+    name = "balance"
+    options = BalanceOptions
+    result = BalanceResult
+    columns = ("uid", "text")
+    pairs_help = ("the pair table from `openalign ingest`, or the candidate table from `openalign extract` (balancing "
+                  "reads only the texts: it can run before the download)")
+    writes = ", metadata.txt, matches.parquet and entries.parquet"
+    files = (("matches", "matches"),)
+    first_round = "sample"
+
+    def engine(self, options: BalanceOptions, engine: Engine) -> Engine:
+        if engine.name == "local":
+            return Engine(workers=options.workers or os.cpu_count() or 1, retries=engine.retries)
+        return engine
+
+    def plan(self, run: Run) -> list:
+        """Match the texts (their own rounds of jobs, reused when the table and metadata are unchanged), count each
+        entry's pairs, then one sampling job per part of the matches."""
+        options, work = run.options, run.work
+        self.matched = matched = match_table(run.pairs, run.out, options, run.engine, run.progress)
+        import duckdb
+
+        with duckdb.connect() as con:
+            counted = con.execute(f"SELECT e, count(*) FROM (SELECT unnest(entries) AS e FROM read_parquet("
+                                  f"'{sql_path(matched.matches)}')) GROUP BY e").fetchall()
+        self.counts = counts = np.zeros(len(matched.entries), dtype=np.int64)
+        for entry, n in counted:
+            counts[entry] = n
+        self.probability = keep_probabilities(counts, options.per_entry)
+        np.save(work / "probability.npy", self.probability)
+        self.sampled = [str(work / f"sampled-{job_id(i)}.parquet") for i in range(len(matched.parts))]
+        sample_key = sources_key(matched.key, options.per_entry, options.seed,
+                                 hashlib.blake2b(counts.tobytes(), digest_size=16).hexdigest())
+        return [Job(job_id(i), sample_task, (matched.parts[i], self.sampled[i], str(work / "probability.npy"),
+                                             options.per_entry, options.seed),
+                    key=sources_key(sample_key, i), outputs=(self.sampled[i],))
+                for i in range(len(matched.parts))]
+
+    def merge(self, run: Run, results: dict) -> BalanceReport:
+        options, out, matched, counts = run.options, run.out, self.matched, self.counts
+        entries, matches, n_pairs = matched.entries, matched.matches, matched.pairs
+        keep = run.keep
+        if keep.is_dir():
+            shutil.rmtree(keep)
+        import duckdb
+
+        with duckdb.connect() as con:
+            con.execute(f"COPY (SELECT uid FROM read_parquet(?) WHERE kept ORDER BY uid) TO '{sql_path(keep)}' "
+                        "(FORMAT parquet)", [self.sampled])
+            n_kept = con.execute(f"SELECT count(*) FROM read_parquet('{sql_path(keep)}')").fetchone()[0]
+            unmatched = con.execute(f"SELECT count(*) FROM read_parquet('{sql_path(matches)}') WHERE len(entries) = 0"
+                                    ).fetchone()[0]
+            after = con.execute(f"SELECT e, count(*) FROM (SELECT unnest(m.entries) AS e FROM read_parquet("
+                                f"'{sql_path(matches)}') m SEMI JOIN read_parquet('{sql_path(keep)}') k USING (uid)) "
+                                "GROUP BY e").fetchall()
+        self.kept = kept = np.zeros(len(entries), dtype=np.int64)
+        for entry, n in after:
+            kept[entry] = n
+        pq.write_table(pa.table({"entry": entries, "id": pa.array(np.arange(len(entries)), pa.int32()),
+                                 "pairs": counts, "kept": kept, "probability": self.probability}),
+                       out / "entries.parquet")
+        summary = _summary(out, matched.plan, options, entries, counts, kept, self.probability)
+        self.title = f"{n_pairs:,} pairs over {int((counts > 0).sum()):,} entries: {n_kept:,} kept"
+        return BalanceReport(
+            engine=run.engine.name, rule=f"MetaCLIP's balancing, t = {options.per_entry:,}: a pair is kept when any "
+            "matched entry samples it with probability min(1, t / n)", metadata=matched.origin,
+            total_pairs=int(n_pairs), matched_pairs=int(n_pairs - unmatched), unmatched_pairs=int(unmatched),
+            kept_pairs=int(n_kept), removed_pairs=int(n_pairs - n_kept),
+            expected_kept_pairs=round(sum(r["expected"] for r in results.values()), 2), entries=len(entries),
+            matched_entries=int((counts > 0).sum()), **summary, reused_matches=matched.reused, matches=str(matches),
+            entries_table=str(out / "entries.parquet"), keep=str(keep), options=asdict(options))
+
+    def figure(self, run: Run, report: BalanceReport):
+        return _figure(self.counts, self.kept, run.options.per_entry, self.title)
+
+    def result_fields(self, run: Run, report: BalanceReport) -> dict:
+        return {"matches": self.matched.matches, "pairs": report.total_pairs}
+
+    def summary(self, result: BalanceResult, options: BalanceOptions) -> list[str]:
+        return [f"kept {result.kept_pairs:,} of {result.pairs:,} pairs: {result.matched_entries:,} of "
+                f"{result.entries:,} entries matched, each capped at t = {options.per_entry:,}; "
+                f"{result.unmatched_pairs:,} pairs matched no entry and were dropped"
+                + (" (matches reused)" if result.reused_matches else "")]
 
 
 def balance(pairs: Path, out: Path, options: BalanceOptions = BalanceOptions(), progress: bool = True,
             engine: Engine = Engine()) -> BalanceResult:
     """Match every pair's text against the metadata entries, count each entry's pairs, then keep each pair that
     any of its entries samples with probability min(1, t / count); write the keep-list and the report."""
-    options, engine = expect(options, BalanceOptions), expect(engine, Engine, "engine")
-    pairs, out = str(pairs), Path(out)
-    _check(options)
-    check_pair_table(pairs, ("uid", "text"))
-    if engine.name == "local":
-        engine = Engine(workers=options.workers or os.cpu_count() or 1, retries=engine.retries)
-    start = time.perf_counter()
-    out.mkdir(parents=True, exist_ok=True)
-    unfinish(out / REPORT)  # the old keep-list is no longer this output's until the new report says so
-    matched = match_table(pairs, out, options, engine, progress)
-    work, entries, matches, parts, n_pairs = out / WORK, matched.entries, matched.matches, matched.parts, matched.pairs
-    import duckdb
-
-    with duckdb.connect() as con:
-        counted = con.execute(f"SELECT e, count(*) FROM (SELECT unnest(entries) AS e FROM read_parquet("
-                              f"'{sql_path(matches)}')) GROUP BY e").fetchall()
-    counts = np.zeros(len(entries), dtype=np.int64)
-    for entry, n in counted:
-        counts[entry] = n
-    probability = keep_probabilities(counts, options.per_entry)
-    np.save(work / "probability.npy", probability)
-    sampled = [str(work / f"sampled-{job_id(i)}.parquet") for i in range(len(parts))]
-    sample_key = sources_key(matched.key, options.per_entry, options.seed,
-                             hashlib.blake2b(counts.tobytes(), digest_size=16).hexdigest())
-    jobs = [Job(job_id(i), sample_task, (parts[i], sampled[i], str(work / "probability.npy"), options.per_entry,
-                                         options.seed), key=sources_key(sample_key, i), outputs=(sampled[i],))
-            for i in range(len(parts))]
-    results, _ = run_jobs(jobs, work / "_status-sample", engine, "sample", progress)
-    keep = out / "keep.parquet"
-    if keep.is_dir():
-        shutil.rmtree(keep)
-    with duckdb.connect() as con:
-        con.execute(f"COPY (SELECT uid FROM read_parquet(?) WHERE kept ORDER BY uid) TO '{sql_path(keep)}' "
-                    "(FORMAT parquet)", [sampled])
-        n_kept = con.execute(f"SELECT count(*) FROM read_parquet('{sql_path(keep)}')").fetchone()[0]
-        unmatched = con.execute(f"SELECT count(*) FROM read_parquet('{sql_path(matches)}') WHERE len(entries) = 0"
-                                ).fetchone()[0]
-        after = con.execute(f"SELECT e, count(*) FROM (SELECT unnest(m.entries) AS e FROM read_parquet("
-                            f"'{sql_path(matches)}') m SEMI JOIN read_parquet('{sql_path(keep)}') k USING (uid)) "
-                            "GROUP BY e").fetchall()
-    kept = np.zeros(len(entries), dtype=np.int64)
-    for entry, n in after:
-        kept[entry] = n
-    pq.write_table(pa.table({"entry": entries, "id": pa.array(np.arange(len(entries)), pa.int32()),
-                             "pairs": counts, "kept": kept, "probability": probability}), out / "entries.parquet")
-    summary = _summary(out, matched.plan, options, entries, counts, kept, probability)
-    _plot(out / "balance_report.png", counts, kept, options.per_entry,
-          f"{n_pairs:,} pairs over {int((counts > 0).sum()):,} entries: {n_kept:,} kept")
-    report = {
-        "stage": "balance", "pairs": pairs, "engine": engine.name, "rule": f"MetaCLIP's balancing, t = "
-        f"{options.per_entry:,}: a pair is kept when any matched entry samples it with probability min(1, t / n)",
-        "metadata": matched.origin, "total_pairs": int(n_pairs), "matched_pairs": int(n_pairs - unmatched),
-        "unmatched_pairs": int(unmatched), "kept_pairs": int(n_kept), "removed_pairs": int(n_pairs - n_kept),
-        "expected_kept_pairs": round(sum(r["expected"] for r in results.values()), 2), "entries": len(entries),
-        "matched_entries": int((counts > 0).sum()), **summary, "reused_matches": matched.reused,
-        "matches": str(matches), "entries_table": str(out / "entries.parquet"), "keep": str(keep),
-        "options": asdict(options), "seconds": round(time.perf_counter() - start, 2),
-    }
-    report = write_keep_report(out, REPORT, report, pairs)  # last: the keep-list is finished
-    shutil.rmtree(work, ignore_errors=True)
-    return BalanceResult(keep=keep, matches=matches, entries=len(entries), matched_entries=report["matched_entries"],
-                         pairs=int(n_pairs), unmatched_pairs=int(unmatched), kept_pairs=int(n_kept),
-                         reused_matches=matched.reused, seconds=report["seconds"], report=report)
+    return run_stage(Balance(), pairs, out, options, progress, engine)

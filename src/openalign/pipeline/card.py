@@ -42,7 +42,7 @@ from openalign.data.engine import Engine
 from openalign.data.pairs import (KEEP_REPORT_SUFFIX, PAIR_TABLE, check_pair_table, keep_reports, keep_source,
                                   manifest_path, sql_path)
 from openalign.outputs import unfinish, write_json
-from openalign.pipeline.concepts import TAIL_BINS, MetadataOptions, check_options, match_table, read_entries
+from openalign.pipeline.concepts import TAIL_BINS, MetadataOptions, match_table, read_entries
 
 __all__ = ["CardOptions", "CardResult", "card"]
 
@@ -384,7 +384,6 @@ def card(pairs: Path, keeps: list[Path], out: Path, options: CardOptions = CardO
     options, engine = expect(options, CardOptions), expect(engine, Engine, "engine")
     pairs, out, keeps = str(pairs), Path(out), [Path(k) for k in keeps]
     start = time.perf_counter()
-    check_options(options)
     if min(options.top, options.examples) < 0:
         raise ConfigError("--top and --examples must be at least 0")
     check_pair_table(pairs, ("uid", "image_key", "text"))

@@ -35,7 +35,7 @@ from openalign.data.engine import Engine, Job, duckdb_plan, job_id, read_plan, r
 from openalign.data.pairs import sql_path
 from openalign.outputs import sources_key, staged, write_json
 
-__all__ = ["Matched", "MetadataOptions", "check_options", "default_metadata", "match_entries", "match_table",
+__all__ = ["Matched", "MetadataOptions", "default_metadata", "match_entries", "match_table",
            "read_entries", "spaced_entry", "spaced_text", "wordnet_entries", "write_table"]
 
 WORK = "_work"
@@ -52,11 +52,10 @@ class MetadataOptions(Options):
     ignore_case: bool = False  # lowercase texts and entries before matching (MetaCLIP matches case-sensitively)
     pairs_per_task: int = 100_000  # the unit of distribution, retry and resume
 
-
-def check_options(options: MetadataOptions) -> None:
-    """One sentence for a count out of range."""
-    if options.term_min_pairs < 0 or options.pairs_per_task < 1:
-        raise ConfigError("--term-min-pairs must be at least 0 and --pairs-per-task at least 1")
+    def cross_field_problems(self) -> list[str]:
+        if self.term_min_pairs < 0 or self.pairs_per_task < 1:
+            return ["--term-min-pairs must be at least 0 and --pairs-per-task at least 1"]
+        return []
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,8 @@ STAGES: dict[str, Row] = {
                                                    "DataComp's CLIP score filter)"),
     "semdedup": Row("openalign.pipeline.semdedup:SemDedup",
                     "drop semantic near-duplicates within the corpus (SemDeDup: k-means cells of image embeddings)"),
+    "balance": Row("openalign.pipeline.balance:Balance", "balance the corpus over concepts (MetaCLIP: match alt-texts "
+                                                         "to metadata entries, cap each at t pairs)"),
 }
 
 
