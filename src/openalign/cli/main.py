@@ -47,8 +47,6 @@ COMMANDS = _with_stages({
                    "the demo", "web"),
     "ingest": Command("folders, tables (csv/tsv/jsonl/parquet) and webdataset tars -> a pair table", "stages"),
     "filter": Command("ALIGN's frequency filters -> keep-list + filter_report.json/.png", "stages"),
-    "card": Command("a corpus's data card: what each stage removed, per language, host and concept, with examples",
-                    "stages"),
     "shard": Command("kept pairs -> resized webdataset shards (reruns skip finished shards)", "stages"),
     "embed": Command("image embeddings of a collection (resumable parts + metadata)", "index"),
     "index": Command("a FAISS index over embeddings, tuned to a recall target", "index"),

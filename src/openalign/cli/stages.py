@@ -94,8 +94,9 @@ def stage_flags(p, name: str) -> None:
             p.add_argument(flag, dest=given.name, action="append", required=given.required, default=[], help=given.help)
         else:
             p.add_argument(flag, dest=given.name, required=given.required, help=given.help)
-    p.add_argument("--out", required=True, help=f"a folder: the keep-list (keep.parquet) and {name}_report.json"
-                                                + ("/.png" if stage.draws() else "") + stage.writes)
+    p.add_argument("--out", required=True, help=stage.out_help or (
+        f"a folder: the keep-list (keep.parquet) and {name}_report.json" + ("/.png" if stage.draws() else "")
+        + stage.writes))
     add_options(p, stage.options, rename=stage.flags, deprecated=stage.deprecated_flags)
     engine_flags(p)
 
@@ -103,17 +104,16 @@ def stage_flags(p, name: str) -> None:
 def run_stage_command(name: str, args) -> int:
     """A registered keep-list stage from its flags: its one run, its summary, the files it wrote."""
     from openalign.pipeline.registry import declaration
-    from openalign.pipeline.runner import run_stage
+    from openalign.pipeline.runner import command_line, run_stage
 
     declared = declaration(name)
     options = options_from(args, declared.options)
-    stage = declared(**{given.name: getattr(args, given.name) for given in declared.inputs})
+    inputs = {given.name: getattr(args, given.name) for given in declared.inputs}
+    stage = declared(**inputs, **({"command": command_line(args.argv)} if declared.provenance else {}))
     result = run_stage(stage, args.pairs, Path(args.out), options, progress=not args.quiet, engine=engine(args))
     for line in stage.summary(result, options):
         print(line)
-    files = "".join(f"{label}: {getattr(result, attribute)}, " for label, attribute in stage.files)
-    print(f"keep-list: {result.keep}, {files}report: {Path(args.out) / stage.report_name}"
-          + (" (+ .png)" if stage.draws() else ""))
+    print(stage.files_line(result, Path(args.out)))
     return 0
 
 
@@ -121,25 +121,6 @@ def call(args, stage, options, *inputs, **extra):
     """A stage's one public call from its flags (`options`: a dataclass read from them, or one already read)."""
     options = options_from(args, options) if isinstance(options, type) else options
     return stage(args.pairs, *inputs, Path(args.out), options, progress=not args.quiet, engine=engine(args), **extra)
-
-
-def card_flags(p) -> None:
-    from openalign.pipeline.card import CardOptions
-
-    table_flags(p, "a folder: card.md, card.json and card.png", CardOptions,
-                pairs="the pair table from `openalign ingest`, or the candidate table from `openalign extract`",
-                keep="a keep-list directory of this table (filter, dedup, screen, score, semdedup, balance); repeat in "
-                     "the order the stages ran")
-
-
-def run_card(args) -> int:
-    from openalign.pipeline.card import CardOptions, card, command_line
-
-    result = call(args, card, CardOptions, [Path(k) for k in args.keep], command=command_line(args.argv))
-    after = " -> ".join(f"{s['stage']} {s['left_after']:,}" for s in result.card["counts"]["stages"])
-    print(f"{result.pairs:,} pairs" + (f" -> {after}" if after else "") + f": {result.kept_pairs:,} kept")
-    print(f"card: {result.markdown} (+ {result.json.name}, {result.plot.name})")
-    return 0
 
 
 def shard_flags(p) -> None:

@@ -28,8 +28,6 @@ from __future__ import annotations
 import json
 import platform
 import shutil
-import sys
-import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, UTC
 from pathlib import Path
@@ -37,12 +35,12 @@ from pathlib import Path
 import numpy as np
 
 from openalign import plots
-from openalign.config import ConfigError, expect, listed
+from openalign.config import ConfigError, listed
 from openalign.data.engine import Engine
-from openalign.data.pairs import (KEEP_REPORT_SUFFIX, PAIR_TABLE, check_pair_table, keep_reports, keep_source,
+from openalign.data.pairs import (KEEP_REPORT_SUFFIX, PAIR_TABLE, keep_reports, keep_source,
                                   manifest_path, sql_path)
-from openalign.outputs import unfinish, write_json
 from openalign.pipeline.concepts import TAIL_BINS, MetadataOptions, match_table, read_entries
+from openalign.pipeline.runner import Input, Run, Stage, run_stage
 
 __all__ = ["CardOptions", "CardResult", "card"]
 
@@ -60,6 +58,10 @@ class CardOptions(MetadataOptions):
     top: int = 15  # languages, hosts and concepts listed
     examples: int = 3  # pairs shown kept and removed at each stage
     title: str = ""  # the card's heading (default: the pair table's folder and name)
+
+    def cross_field_problems(self) -> list[str]:
+        return super().cross_field_problems() + (["--top and --examples must be at least 0"]
+                                                 if min(self.top, self.examples) < 0 else [])
 
 
 @dataclass(frozen=True)
@@ -355,7 +357,7 @@ def markdown(card: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _plot(path: Path, card: dict, counts: tuple[np.ndarray, np.ndarray]) -> None:
+def _figure(card: dict, counts: tuple[np.ndarray, np.ndarray]):
     plt = plots.pyplot()
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
@@ -374,46 +376,80 @@ def _plot(path: Path, card: dict, counts: tuple[np.ndarray, np.ndarray]) -> None
     right.set(xlabel="entry rank", ylabel="pairs matching the entry", title="concepts before and after")
     right.legend()
     fig.suptitle(card["title"])
-    plots.save(fig, path)
+    return fig
+
+
+@dataclass(frozen=True)
+class CardReport:
+    """OUT/card.json."""
+
+    title: str
+    counts: dict
+    groups: dict
+    concepts: dict
+    provenance: dict
+    options: dict
+
+
+class Card(Stage):
+    name = "card"
+    options = CardOptions
+    result = CardResult
+    columns = ("uid", "image_key", "text")
+    inputs = (Input("keep", "a keep-list directory of this table (filter, dedup, screen, score, semdedup, balance); "
+                            "repeat in the order the stages ran", required=False, repeat=True),)
+    pairs_help = "the pair table from `openalign ingest`, or the candidate table from `openalign extract`"
+    out_help = "a folder: card.md, card.json and card.png"
+    keeps = False
+    report_file = CARD
+    record_field = "card"
+    provenance = True
+
+    def __init__(self, keep=(), command: str | None = None):
+        self.lists = [Path(k) for k in listed(keep, "keeps")]
+        self.command = command
+
+    def check(self, run: Run) -> None:
+        stages = [_stage(k, run.pairs) for k in self.lists]
+        self.names, self.reports = _names(stages), [r for _, r in stages]
+
+    def plan(self, run: Run) -> list:
+        return []  # SQL on the driver (DuckDB spills to disk); the concepts' matching runs its own jobs
+
+    def merge(self, run: Run, results: dict) -> CardReport:
+        options, pairs, names = run.options, run.pairs, self.names
+        import duckdb
+
+        with duckdb.connect() as con:
+            groups = _load(con, pairs, self.lists, names)
+            counts = _counts(con, names, self.reports, options.examples)
+            by_group = _groups(con, groups, names, options.top)
+            concepts = _concepts(con, run.out, pairs, self.lists, names, options, run.engine, run.progress)
+        self.entry_counts = concepts.pop("_counts")
+        title = options.title or (f"{Path(pairs).resolve().parent.name}/{Path(pairs).name}" if "://" not in pairs
+                                  else pairs)
+        report = CardReport(title=title, counts=counts, groups=by_group, concepts=concepts,
+                            provenance=_provenance(pairs, self.lists, names, self.reports, self.command),
+                            options=asdict(options))
+        (run.out / "card.md").write_text(markdown(asdict(report)), encoding="utf-8")
+        return report
+
+    def figure(self, run: Run, report: CardReport):
+        return _figure(asdict(report), self.entry_counts)
+
+    def result_fields(self, run: Run, report: CardReport) -> dict:
+        return {"markdown": run.out / "card.md", "json": run.out / CARD, "plot": run.out / "card.png",
+                "pairs": report.counts["pairs"], "kept_pairs": report.counts["kept_pairs"], "stages": self.names}
+
+    def summary(self, result: CardResult, options: CardOptions) -> list[str]:
+        after = " -> ".join(f"{s['stage']} {s['left_after']:,}" for s in result.card["counts"]["stages"])
+        return [f"{result.pairs:,} pairs" + (f" -> {after}" if after else "") + f": {result.kept_pairs:,} kept"]
+
+    def files_line(self, result: CardResult, out: Path) -> str:
+        return f"card: {result.markdown} (+ {result.json.name}, {result.plot.name})"
 
 
 def card(pairs: Path, keeps: list[Path], out: Path, options: CardOptions = CardOptions(), progress: bool = True,
          engine: Engine = Engine(), command: str | None = None) -> CardResult:
     """The data card of a pair table and the keep-lists of its stages (in order): card.md, card.json, card.png."""
-    keeps = listed(keeps, "keeps")
-    options, engine = expect(options, CardOptions), expect(engine, Engine, "engine")
-    pairs, out, keeps = str(pairs), Path(out), [Path(k) for k in keeps]
-    start = time.perf_counter()
-    if min(options.top, options.examples) < 0:
-        raise ConfigError("--top and --examples must be at least 0")
-    check_pair_table(pairs, ("uid", "image_key", "text"))
-    stages = [_stage(k, pairs) for k in keeps]
-    names, reports = _names(stages), [r for _, r in stages]
-    out.mkdir(parents=True, exist_ok=True)
-    unfinish(out / CARD)
-    import duckdb
-
-    with duckdb.connect() as con:
-        groups = _load(con, pairs, keeps, names)
-        counts = _counts(con, names, reports, options.examples)
-        by_group = _groups(con, groups, names, options.top)
-        concepts = _concepts(con, out, pairs, keeps, names, options, engine, progress)
-    entry_counts = concepts.pop("_counts")
-    title = options.title or (f"{Path(pairs).resolve().parent.name}/{Path(pairs).name}" if "://" not in pairs
-                              else pairs)
-    result = {"title": title, "counts": counts, "groups": by_group, "concepts": concepts,
-              "provenance": _provenance(pairs, keeps, names, reports, command), "options": asdict(options)}
-    (out / "card.md").write_text(markdown(result), encoding="utf-8")
-    _plot(out / "card.png", result, entry_counts)
-    result["seconds"] = round(time.perf_counter() - start, 2)
-    write_json(out / CARD, result)  # last: the card is finished
-    return CardResult(markdown=out / "card.md", json=out / CARD, plot=out / "card.png", pairs=counts["pairs"],
-                      kept_pairs=counts["kept_pairs"], stages=names, seconds=result["seconds"], card=result)
-
-
-def command_line(argv: list[str] | None = None) -> str:
-    """The command as typed (for provenance), paths as given."""
-    import shlex
-
-    return "openalign " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
-
+    return run_stage(Card(keeps, command), pairs, out, options, progress, engine)

@@ -1,4 +1,5 @@
-"""The keep-list stages openalign knows: one row each, its command's help line and where its `Stage` is declared.
+"""The corpus stages over a pair table that openalign knows (the keep-list stages and card): one row each, its
+command's help line and where its `Stage` is declared.
 
 The command line builds each row's command from its declaration (cli/stages.py), importing the stage's module
 only when that command runs: `openalign --help` imports none of them.
@@ -30,6 +31,8 @@ STAGES: dict[str, Row] = {
                     "drop semantic near-duplicates within the corpus (SemDeDup: k-means cells of image embeddings)"),
     "balance": Row("openalign.pipeline.balance:Balance", "balance the corpus over concepts (MetaCLIP: match alt-texts "
                                                          "to metadata entries, cap each at t pairs)"),
+    "card": Row("openalign.pipeline.card:Card", "a corpus's data card: what each stage removed, per language, host "
+                                                "and concept, with examples"),
 }
 
 

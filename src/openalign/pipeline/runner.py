@@ -42,7 +42,7 @@ from openalign import plots
 from openalign.config import Options, expect
 from openalign.data.engine import Engine, Job, run_jobs
 from openalign.data.pairs import IMAGE_COLUMNS, check_pair_table, write_keep_report
-from openalign.outputs import unfinish
+from openalign.outputs import unfinish, write_json
 from openalign.pipeline.scoring import WORK, plan_image_jobs, write_keep_without_images
 
 __all__ = ["Input", "Run", "Stage", "run_stage"]
@@ -107,7 +107,9 @@ class Run:
 
 
 class Stage:
-    """What a keep-list stage declares (see the module's docstring); `run_stage` carries it out."""
+    """What a corpus stage over a pair table declares (see the module's docstring); `run_stage` carries it out.
+    A keep-list stage writes OUT/keep.parquet and NAME_report.json; a stage with `keeps = False` (card) writes
+    its own files and, last, its `report_file`."""
 
     name: ClassVar[str]  # the command and NAME_report.json
     options: ClassVar[type[Options]]
@@ -120,10 +122,15 @@ class Stage:
     flags: ClassVar[dict[str, str]] = {}  # {option field: its flag} where it is not --field-name
     deprecated_flags: ClassVar[dict[str, str]] = {}  # {an old flag: its field}: still taken, with a note
     first_round: ClassVar[str] = ""  # the progress label of the planned jobs (default: the name)
+    keeps: ClassVar[bool] = True  # it writes OUT/keep.parquet; False: its report is its output's manifest (card)
+    report_file: ClassVar[str] = ""  # the report's name (default NAME_report.json)
+    record_field: ClassVar[str] = "report"  # the Result field that holds the report as written
+    out_help: ClassVar[str] = ""  # --out's help (default: the keep-list, the report and `writes`)
+    provenance: ClassVar[bool] = False  # its constructor takes `command`, the command line as typed
 
     @property
     def report_name(self) -> str:
-        return f"{self.name}_report.json"
+        return self.report_file or f"{self.name}_report.json"
 
     def engine(self, options, engine: Engine) -> Engine:
         """The engine this run uses: the local engine with the options' `workers` when they have any."""
@@ -154,6 +161,12 @@ class Stage:
         """The command's lines before the one naming the files."""
         return []
 
+    def files_line(self, result, out: Path) -> str:
+        """The command's last line: the files it wrote."""
+        files = "".join(f"{label}: {getattr(result, attribute)}, " for label, attribute in self.files)
+        return (f"keep-list: {result.keep}, {files}report: {Path(out) / self.report_name}"
+                + (" (+ .png)" if self.draws() else ""))
+
     @classmethod
     def draws(cls) -> bool:
         return cls.figure is not Stage.figure
@@ -173,19 +186,34 @@ def run_stage(stage: Stage, pairs: str | Path, out: str | Path, options, progres
     report = stage.merge(run, results)
     if not is_dataclass(report) or isinstance(report, type):
         raise TypeError(f"{type(stage).__name__}.merge must return its Report dataclass, not {type(report).__name__}")
-    if not run.keep.exists():
+    if stage.keeps and not run.keep.exists():
         raise RuntimeError(f"{type(stage).__name__}.merge wrote no keep-list ({run.keep})")
     figure = stage.figure(run, report)
     if figure is not None:
-        plots.save(figure, run.out / f"{stage.name}_report.png")
+        plots.save(figure, run.out / (f"{stage.name}_report.png" if stage.keeps else
+                                      Path(stage.report_name).with_suffix(".png").name))
     laid_out = report.record() if hasattr(report, "record") else asdict(report)  # a Report may lay out its own
-    record = {"stage": stage.name, "pairs": run.pairs, **laid_out,
-              "seconds": round(time.perf_counter() - run.started, 2)}
-    record = write_keep_report(run.out, stage.report_name, record, run.pairs)  # last: the keep-list is finished
+    seconds = round(time.perf_counter() - run.started, 2)
+    if stage.keeps:
+        record = {"stage": stage.name, "pairs": run.pairs, **laid_out, "seconds": seconds}
+        record = write_keep_report(run.out, stage.report_name, record, run.pairs)  # last: the keep-list is finished
+    else:
+        record = {**laid_out, "seconds": seconds}
+        write_json(run.out / stage.report_name, record)  # last: the output is finished
     shutil.rmtree(run.work, ignore_errors=True)
-    given = stage.result_fields(run, report) | {"keep": run.keep, "seconds": record["seconds"], "report": record}
+    given = stage.result_fields(run, report) | {"seconds": seconds, stage.record_field: record}
+    if stage.keeps:
+        given["keep"] = run.keep
     values = {f.name: given[f.name] if f.name in given else getattr(report, f.name) for f in fields(stage.result)}
     return stage.result(**values)
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """The command as typed (for provenance), paths as given."""
+    import shlex
+    import sys
+
+    return "openalign " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
 
 
 def check_declaration(stage: type[Stage]) -> list[str]:
