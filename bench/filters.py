@@ -108,6 +108,7 @@ def run_child(engine: str, pairs: Path, out: Path, vocab_size: int, memory_limit
 
 def child(args) -> None:
     from openalign import FilterConfig
+    from openalign.data.engine import Engine
     from openalign.pipeline import filter as filters
 
     cfg = FilterConfig(vocab_size=args.vocab_size)
@@ -118,9 +119,9 @@ def child(args) -> None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "keep.json").write_text(json.dumps(keep))
     else:
-        filters.filter_pairs(Path(args.pairs), out, cfg, engine=args.child, master="local[2]",
-                            memory_limit=args.memory_limit if args.child == "local" else "", threads=2,
-                            progress=False)
+        memory = args.memory_limit if args.child == "local" else ""  # DuckDB's limit; Spark's driver: its default
+        engine = Engine(args.child, "local[2]", workers=2, memory=memory)
+        filters.filter_pairs(Path(args.pairs), out, cfg, engine=engine, progress=False)
     seconds = time.perf_counter() - start
     peak = peak_rss_mib() / 1024  # DuckDB and pandas run in this process
     spilled = json.loads((out / "filter_report.json").read_text()).get("spilled_bytes", 0) \

@@ -100,6 +100,8 @@ def add_options(parser, cls: type, *, only: tuple[str, ...] = (), skip: tuple[st
         prefix = where.get(f.name, "") if isinstance(where, dict) else where
         kwargs["help"] = (prefix + comments.get(f.name, "")).strip() + shown
         flag = (rename or {}).get(f.name, "--" + f.name.replace("_", "-"))
+        if f.name in (rename or {}) and "choices" not in kwargs and kwargs.get("action") is None:
+            kwargs["metavar"] = (flag if isinstance(flag, str) else flag[0]).lstrip("-").replace("-", "_").upper()
         parser.add_argument(*([flag] if isinstance(flag, str) else flag), **kwargs)
         if f.name in old_flags:
             instead = flag if isinstance(flag, str) else flag[0]

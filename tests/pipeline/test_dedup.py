@@ -151,6 +151,8 @@ def test_bucket_mode_removes_what_it_finds_in_shared_buckets(tmp_path):
     exact = json.loads((tmp_path / "embedding" / "dedup_report.json").read_text())
     report = json.loads((tmp_path / "buckets" / "dedup_report.json").read_text())
     assert report["clusters"] == 3 and "sharing a bucket" in report["rule"]  # at most one cell per evaluation image
+    assert list(report)[-6:] == ["nonfinite_scores", "clusters", "unbucketed_train_images",  # the report's own keys
+                                 "comparisons_per_train_image", "seconds", "pair_table"]
     assert report["examples"][0]["train"].endswith("t1.png")  # the exact copy shares every bucket
     assert report["removed_images"] == exact["removed_images"] and read_keep(tmp_path / "buckets") == read_keep(
         tmp_path / "embedding")

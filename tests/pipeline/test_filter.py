@@ -9,11 +9,14 @@ import pytest
 
 from openalign.pipeline.filter_rules import FilterConfig
 from openalign.pipeline import filter as filters
-from openalign.pipeline import filter_engines
-from openalign.pipeline.filter_engines import DuckDBEngine
+from openalign.pipeline import filter_sql
+from openalign.pipeline.filter_sql import DuckDBSql
 from openalign.pipeline.filter_rules import DUCKDB, vocab_cut
 from openalign.data.pairs import PAIR_SCHEMA, pair_uid, read_keep
 from conftest import mark_ingested
+from openalign import cli
+from openalign.config import ConfigError
+from openalign.data.engine import Engine
 
 
 class Table:
@@ -38,7 +41,7 @@ class Table:
 
 def kept(tmp_path, table: Table, engine="local", **cfg) -> tuple[set, dict]:
     pairs = table.write(tmp_path / "pairs.parquet")
-    report = filters.filter_pairs(pairs, tmp_path / engine, FilterConfig(**cfg), engine=engine, master="local[1]",
+    report = filters.filter_pairs(pairs, tmp_path / engine, FilterConfig(**cfg), engine=Engine(engine, "local[1]"),
                                   progress=False)
     return set(read_keep(tmp_path / engine)), report.report  # the report as written
 
@@ -159,14 +162,14 @@ def test_terms_counted_by_hash_then_exactly_give_the_exact_vocabulary_even_with_
     keep, report = kept(tmp_path / "exact", t, **cfg)
     assert 0 < report["exactly_counted_terms"] < report["distinct_terms"] / 4  # only the candidates, by strings
     rounds = []
-    materialize = DuckDBEngine.materialize
+    materialize = DuckDBSql.materialize
 
     def counting(self, name, query):
         rounds.append(name)
         materialize(self, name, query)
 
-    monkeypatch.setattr(DuckDBEngine, "materialize", counting)
-    monkeypatch.setattr(DuckDBEngine, "dialect", dataclasses.replace(DUCKDB, hash64="hash({x}) % 3000"))
+    monkeypatch.setattr(DuckDBSql, "materialize", counting)
+    monkeypatch.setattr(DuckDBSql, "dialect", dataclasses.replace(DUCKDB, hash64="hash({x}) % 3000"))
     (tmp_path / "collide").mkdir()
     keep_collide, report_collide = kept(tmp_path / "collide", t, **cfg)
     assert rounds.count("term_counts") > 1  # collisions lifted the first floor above the true cut: lowered
@@ -184,9 +187,9 @@ def test_terms_counted_and_texts_flagged_in_parts_give_the_same_keep_list(tmp_pa
     (tmp_path / "whole").mkdir()
     keep, report = kept(tmp_path / "whole", t, **cfg)
     seen = []
-    parts = DuckDBEngine.parts
-    monkeypatch.setattr(DuckDBEngine, "parts", lambda self, q: seen.append(parts(self, q)) or seen[-1])
-    monkeypatch.setattr(filter_engines, "GROUP_ROW_BYTES", 10**6)  # as if each group took 1 MB: many parts
+    parts = DuckDBSql.parts
+    monkeypatch.setattr(DuckDBSql, "parts", lambda self, q: seen.append(parts(self, q)) or seen[-1])
+    monkeypatch.setattr(filter_sql, "GROUP_ROW_BYTES", 10**6)  # as if each group took 1 MB: many parts
     (tmp_path / "parts").mkdir()
     keep_parts, report_parts = kept(tmp_path / "parts", t, **cfg)
     assert seen and seen[0] >= 5
@@ -236,7 +239,8 @@ def test_duckdb_spills_under_a_memory_limit_says_so_and_keeps_the_same_pairs(tmp
     pairs = t.write(tmp_path / "pairs.parquet")
     cfg = FilterConfig(vocab_size=50_000)
     free = filters.filter_pairs(pairs, tmp_path / "free", cfg, progress=False)
-    tight = filters.filter_pairs(pairs, tmp_path / "tight", cfg, memory_limit="40MB", threads=1, progress=False)
+    tight = filters.filter_pairs(pairs, tmp_path / "tight", cfg, engine=Engine(workers=1, memory="40MB"),
+                                 progress=False)
     assert free.report["spilled_bytes"] == 0 and not any("spilled" in line for line in free.lines())
     assert tight.report["spilled_bytes"] > 0 and tight.report["memory_limit"] == 40 * 2**20  # bytes: one size parser
     note = next(line for line in tight.lines() if "spilled" in line)
@@ -423,3 +427,29 @@ def test_rules_selects_the_text_or_the_image_rules(tmp_path, rules, capsys):
     assert {r["rule"] for r in report["rules"] if r["removed_alone"]} == set().union(*fired.values())
     assert set(report["not_applied"]) == set(RULE_ORDER) - set(selected)
     assert f"(--rules {rules})" in capsys.readouterr().out
+
+
+def test_filter_takes_the_engine_and_its_older_keywords_still_work_with_a_warning(tmp_path, capsys):
+    # issue 84: filter_pairs took engine="local", master=, memory_limit=, threads= where every other stage takes Engine
+    t = Table()
+    for i in range(30):
+        t.add(f"img{i % 20}", f"a picture of thing number {i % 7} here", w=300 + i)
+    pairs = t.write(tmp_path / "pairs.parquet")
+    cfg = FilterConfig(min_short_side=310, max_images_per_text=3)
+    new = filters.filter_pairs(pairs, tmp_path / "new", cfg, engine=Engine(workers=1, memory="64MB"), progress=False)
+    with pytest.warns(DeprecationWarning, match="pass engine=Engine"):
+        old = filters.filter_pairs(pairs, tmp_path / "old", cfg, engine="local", memory_limit="64MB", threads=1,
+                                   progress=False)
+    assert read_keep(tmp_path / "old") == read_keep(tmp_path / "new") and old.rules == new.rules
+    assert old.report["memory_limit"] == new.report["memory_limit"] == 64 * 2**20
+    with pytest.raises(ConfigError, match="in the Engine"):
+        filters.filter_pairs(pairs, tmp_path / "x", cfg, engine=Engine("spark"), master="local[1]")
+    # its flags come from FilterConfig and the Engine, and key=value still sets a threshold
+    base = ["filter", str(pairs), "--quiet", "--threads", "1", "--memory-limit", "64MB"]
+    assert cli.main([*base, "--out", str(tmp_path / "flags"), "--min-short-side", "310",
+                     "--max-images-per-text", "3"]) == 0
+    assert cli.main([*base, "--out", str(tmp_path / "keys"), "min_short_side=310", "max_images_per_text=3"]) == 0
+    assert read_keep(tmp_path / "flags") == read_keep(tmp_path / "keys") == read_keep(tmp_path / "new")
+    with pytest.raises(SystemExit):
+        cli.main([*base, "--out", str(tmp_path / "bad"), "--memory-limit", "lots"])
+    assert "argument --memory-limit: 'lots' is not a size" in capsys.readouterr().err

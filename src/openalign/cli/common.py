@@ -5,15 +5,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-import typing
 
 from openalign import config as config_lib
 from openalign import host, presets, sizes
 from openalign.config import ConfigError
 from openalign.flags import add_options, options_from
-
-if typing.TYPE_CHECKING:  # not imported by every command's start-up
-    from openalign.pipeline.filter_rules import FilterConfig
 
 
 def run_flags(p, what: str) -> None:
@@ -51,11 +47,19 @@ def fitted(cfg: config_lib.Config, overrides: list[str]) -> config_lib.Config:
     return cfg
 
 
-def engine_flags(p) -> None:
-    """--engine local|spark and its settings, for the per-image data stages (data/engine.py)."""
+def engine_flags(p, rename: dict | None = None, skip: tuple[str, ...] = ("workers",)) -> None:
+    """--engine local|spark and its settings, for the data stages (data/engine.py); `rename` where a stage spells
+    one otherwise (filter: --memory-limit, DuckDB's, and --threads), `skip` what its own options set (workers)."""
     from openalign.data.engine import Engine
 
-    add_options(p, Engine, rename={"name": "--engine", "memory": "--spark-memory"}, skip=("workers",))
+    names = {"name": "--engine", "memory": "--spark-memory"} | (rename or {})
+    convert = {"memory": _size_text} if names["memory"] != "--spark-memory" else None  # checked as its flag
+    add_options(p, Engine, rename=names, skip=skip, convert=convert)
+
+
+def _size_text(text: str) -> str:
+    size(text)  # a size, or argparse's one line naming the flag
+    return text
 
 
 def engine(args):
@@ -74,14 +78,17 @@ def size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(err).removeprefix("a size ")) from None
 
 
-def filter_config(overrides: list[str]) -> FilterConfig:
-    """The filter thresholds with `key=value` overrides, checked."""
+def filter_config(overrides: list[str]):
+    """The filter thresholds with `key=value` overrides, checked (the corpora that filter take them so)."""
     from openalign.pipeline.filter_rules import FilterConfig
 
-    keys = ", ".join(config_lib.leaf_keys(FilterConfig))
-    cfg = config_lib.override(FilterConfig(), overrides, help_hint=f"the filter keys are {keys}")
-    config_lib.check(cfg)
-    return cfg
+    return overridden(FilterConfig(), overrides)
+
+
+def overridden(options, overrides: list[str]):
+    """`options` with `key=value` overrides (filter's thresholds: `openalign filter PAIRS min_words=3`), checked."""
+    keys = ", ".join(config_lib.leaf_keys(type(options)))
+    return config_lib.override(options, overrides, help_hint=f"the keys are {keys}")
 
 
 def searches() -> None:

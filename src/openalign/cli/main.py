@@ -26,13 +26,13 @@ class Command:
 
 
 def _with_stages(table: dict[str, Command]) -> dict[str, Command]:
-    """`table` with the command of every registered keep-list stage (pipeline/registry.py) after filter's."""
+    """`table` with the command of every registered stage over a pair table (pipeline/registry.py) after ingest's."""
     stages = {name: Command(row.help, "stages", stage=True) for name, row in registry.STAGES.items()
               if name not in table}
     spliced: dict[str, Command] = {}
     for name, command in table.items():
         spliced[name] = command
-        if name == "filter":
+        if name == "ingest":
             spliced |= stages
     return spliced | stages
 
@@ -46,7 +46,6 @@ COMMANDS = _with_stages({
     "web": Command("the built-in web: build pages of several hosts from a corpus, serve them on 127.0.0.1, or run "
                    "the demo", "web"),
     "ingest": Command("folders, tables (csv/tsv/jsonl/parquet) and webdataset tars -> a pair table", "stages"),
-    "filter": Command("ALIGN's frequency filters -> keep-list + filter_report.json/.png", "stages"),
     "shard": Command("kept pairs -> resized webdataset shards (reruns skip finished shards)", "stages"),
     "embed": Command("image embeddings of a collection (resumable parts + metadata)", "index"),
     "index": Command("a FAISS index over embeddings, tuned to a recall target", "index"),

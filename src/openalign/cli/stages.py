@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from openalign.cli.common import engine, engine_flags, filter_config, size
+from openalign.cli.common import engine, engine_flags, overridden
 from openalign.flags import add_options, options_from
 
 
@@ -30,36 +30,6 @@ def run_ingest(args) -> int:
     print(f"{result.pairs:,} pairs ({result.images:,} images) -> {args.out} in {result.seconds:.1f} s")
     print(f"rejected: {rejected} (listed in {result.rejects})")
     print(f"kept with conversion: {converted}")
-    return 0
-
-
-def filter_flags(p) -> None:
-    p.add_argument("pairs", help="the pair table from `openalign ingest`, or the candidate table from `openalign "
-                                 "extract` (DIR/candidates.parquet)")
-    p.add_argument("--out", required=True, help="a folder: the keep-list (keep.parquet) and filter_report.json/.png")
-    p.add_argument("--engine", default="local", choices=["local", "spark"],
-                   help="local: DuckDB, embedded (the default); spark: Apache Spark")
-    p.add_argument("--master", default="", help="spark: local[N], spark://HOST:7077, yarn, ... (default: "
-                                                "spark-submit's master, else local[*])")
-    p.add_argument("--memory-limit", default=0, type=size,
-                   help="e.g. 4G (the local engine, DuckDB, spills to disk beyond it; spark: the driver's memory)")
-    p.add_argument("--threads", type=int, default=0, help="0: all cores")
-    p.add_argument("--rules", choices=["auto", "all", "text", "image"], default=None,
-                   help="which rules run: text (a candidate table from `openalign extract`, before the download), "
-                        "image (the pair table after it), all; auto (the default): image for the pairs of a fetch "
-                        "whose candidates the text rules filtered (they do not run twice), else all")
-    p.add_argument("overrides", nargs="*", metavar="key=value",
-                   help="thresholds, e.g. min_short_side=200 max_images_per_text=10 vocab_size=100000000")
-
-
-def run_filter(args) -> int:
-    from openalign.pipeline import filter as filters
-
-    cfg = filter_config(args.overrides + ([f"rules={args.rules}"] if args.rules else []))
-    result = filters.filter_pairs(Path(args.pairs), Path(args.out), cfg, engine=args.engine, master=args.master,
-                                  memory_limit=args.memory_limit, threads=args.threads, progress=not args.quiet)
-    print("\n".join(result.lines()))
-    print(f"keep-list: {result.keep}, report: {Path(args.out) / filters.REPORT} (+ .png)")
     return 0
 
 
@@ -98,7 +68,10 @@ def stage_flags(p, name: str) -> None:
         f"a folder: the keep-list (keep.parquet) and {name}_report.json" + ("/.png" if stage.draws() else "")
         + stage.writes))
     add_options(p, stage.options, rename=stage.flags, deprecated=stage.deprecated_flags)
-    engine_flags(p)
+    engine_flags(p, **stage.engine_options)
+    if stage.overrides:
+        p.add_argument("overrides", nargs="*", metavar="key=value",
+                       help="options as key=value too, e.g. min_short_side=200 max_images_per_text=10")
 
 
 def run_stage_command(name: str, args) -> int:
@@ -108,6 +81,8 @@ def run_stage_command(name: str, args) -> int:
 
     declared = declaration(name)
     options = options_from(args, declared.options)
+    if declared.overrides and args.overrides:
+        options = overridden(options, args.overrides)
     inputs = {given.name: getattr(args, given.name) for given in declared.inputs}
     stage = declared(**inputs, **({"command": command_line(args.argv)} if declared.provenance else {}))
     result = run_stage(stage, args.pairs, Path(args.out), options, progress=not args.quiet, engine=engine(args))

@@ -54,9 +54,11 @@ def engine_name(name: str) -> str:
 class Engine(Options):
     name: Literal["local", "spark"] = "local"  # local: this machine's processes; spark: one Spark task per job
     master: str = ""  # spark: local[N], spark://host:7077, yarn, k8s://...; "": spark-submit's, else local[*]
-    workers: Annotated[int, non_negative("0 (all cores) or more")] = 0  # local: worker processes (0: all cores)
+    workers: Annotated[int, non_negative("0 (all cores) or more")] = 0  # local: worker processes, or filter's DuckDB
+        # threads (0: all cores)
     retries: Annotated[int, NON_NEGATIVE] = 2  # times a failed job is run again before the stage fails
-    memory: Annotated[str, SIZE] = ""  # spark: driver memory, e.g. 4G
+    memory: Annotated[str, SIZE] = ""  # spark: driver memory, e.g. 4G; filter on the local engine: DuckDB's memory
+        # limit, beyond which it spills to disk
 
     def spell(self, name: str) -> str:
         return as_flags({"name": "--engine", "memory": "--spark-memory"})(name)

@@ -249,9 +249,10 @@ class DedupReport:
     buckets: dict = field(default_factory=dict)  # buckets mode: clusters, unbucketed_train_images,
         # comparisons_per_train_image (written as the report's own keys)
 
-    def record(self) -> dict:
-        record = asdict(self)
-        return record | record.pop("buckets")
+    def layout(self, head: dict, seconds: float) -> dict:
+        fields_ = asdict(self)
+        buckets = fields_.pop("buckets")  # buckets mode's counts: the report's own keys, after the others
+        return {**head, **fields_, **buckets, "seconds": seconds}
 
     @property
     def unreadable_images(self) -> int:

@@ -4,7 +4,7 @@
 
 The rules are SQL (filter_rules.py: one statement text, two dialects); the local engine (DuckDB, embedded: the
 default) or Apache Spark runs them
-(filter_engines.py). Outputs in DIR: `keep.parquet` (sorted distinct uids of kept pairs: a file from DuckDB, a
+(filter_sql.py). Outputs in DIR: `keep.parquet` (sorted distinct uids of kept pairs: a file from DuckDB, a
 directory of sorted part files from Spark), `filter_report.json` (per rule: pairs removed on its own and in
 sequence, example texts; `distinct_terms` as counted by hash, which a collision would lower by one;
 `exactly_counted_terms`: the candidates counted by their strings), written last, and `filter_report.png`.
@@ -14,24 +14,24 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
+import warnings
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from openalign import plots
-from openalign.config import ConfigError, check, expect
+from openalign.config import ConfigError, expect
 from openalign.sizes import format_size, parse_size
-from openalign.data.pairs import FILTER_COLUMNS, check_pair_table, manifest_path, write_keep_report
-from openalign.outputs import unfinish
-from openalign.data.engine import engine_name
-from openalign.pipeline.filter_engines import SpillWatch, make_engine
+from openalign.data.engine import Engine, engine_name
+from openalign.data.pairs import FILTER_COLUMNS, manifest_path
+from openalign.pipeline.filter_sql import SpillWatch, sql_backend
+from openalign.pipeline.runner import Run, Stage, run_stage
 from openalign.pipeline.filter_rules import (GROUPS, PARTED, DONE_AFTER, RULE_OPTIONS, RULES, FilterConfig, applies,
                                              count_statements, examples_query, exact_cut, flag_statements, group_query,
                                              hash_query, keep_query, occurrence_count_query, summary_query)
 
 __all__ = ["FilterResult", "RuleCount", "filter_pairs"]
 
-REPORT = "filter_report.json"
+REPORT = "filter_report.json"  # fetch --keep reads it
 
 
 SIZE_RULES = ("image_small", "image_aspect")  # the rules that need an image's size
@@ -91,93 +91,153 @@ class FilterResult:
         return summary_lines(self.report)
 
 
-def filter_pairs(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), engine: str = "local",
+@dataclass(frozen=True)
+class FilterReport:
+    """OUT/filter_report.json: `stage`, `input` (the table), these fields to `keep`, `seconds`, then the rest."""
+
+    engine: str
+    config: dict
+    rules_chosen: str | None  # why --rules auto chose what it did (None: --rules was given)
+    sizes: dict  # image_small and image_aspect judge the size before a downloader's resizing, where the table has it
+    not_applied: dict  # the rules that judged no pair, and why: left out by --rules, or no image's size known
+    pairs: int
+    kept_pairs: int
+    kept_uids: int
+    removed_pairs: int
+    distinct_terms: int
+    exactly_counted_terms: int
+    rules: list  # in the order they run: RuleCount's fields
+    by_language: list  # a candidate table's pairs per language of their text and per image host (the most first)
+    by_host: list
+    keep: str
+    memory_limit: int  # bytes (0: no limit)
+    spilled_bytes: int
+    warnings: list  # a rule that removed most of the corpus, and what to check
+
+    def layout(self, head: dict, seconds: float) -> dict:
+        fields_ = asdict(self)
+        first = {k: fields_.pop(k) for k in list(fields_) if k not in ("memory_limit", "spilled_bytes", "warnings")}
+        return {"stage": head["stage"], "input": head["pairs"], **first, "seconds": seconds, **fields_}
+
+
+class Filter(Stage):
+    name = "filter"
+    options = FilterConfig
+    result = FilterResult
+    columns = FILTER_COLUMNS
+    pairs_help = ("the pair table from `openalign ingest`, or the candidate table from `openalign extract` "
+                  "(DIR/candidates.parquet)")
+    overrides = True  # thresholds as key=value too: `openalign filter PAIRS --out DIR min_words=3`
+    engine_options = {"rename": {"memory": "--memory-limit", "workers": "--threads"}, "skip": ()}
+
+    def engine(self, options: FilterConfig, engine: Engine) -> Engine:
+        return engine  # one SQL back end per run: DuckDB's threads are the engine's workers
+
+    def check(self, run: Run) -> None:
+        self.cfg, self.chosen = resolve_rules(run.pairs, run.options)
+
+    def plan(self, run: Run) -> list:
+        return []  # SQL statements on the back end (filter_sql.py), not jobs: DuckDB spills, Spark shuffles
+
+    def merge(self, run: Run, results: dict) -> FilterReport:
+        cfg, chosen, pairs, out = self.cfg, self.chosen, run.pairs, run.out
+        backend = sql_backend(run.engine, str(out / "tmp"))
+        spill = SpillWatch(out / "tmp")  # DuckDB's spill files (Spark's shuffle files are not spills)
+        with spill if run.engine.name == "local" else contextlib.nullcontext():
+            try:
+                figures = _run_filters(backend, pairs, cfg, run.progress)
+                backend.write_keep(run.keep)
+            finally:
+                backend.close()
+        total, originals, unsized = figures["total"], figures["originals"], figures["unsized"]
+        report = FilterReport(
+            engine=run.engine.name, config=asdict(cfg), rules_chosen=chosen,
+            sizes={"original": int(originals), "as_stored": int(total) - int(originals) - int(unsized),
+                   "unknown": int(unsized)},
+            not_applied={rule: ((chosen if chosen not in (None, "all") else f"--rules {cfg.rules}")
+                                if not applies(rule, cfg) else "no image's size is known")
+                         for rule in RULES if not applies(rule, cfg) or (rule in SIZE_RULES and unsized == total)},
+            pairs=int(total), kept_pairs=int(figures["kept"] or 0), kept_uids=int(figures["kept_uids"]),
+            removed_pairs=int(total) - int(figures["kept"] or 0), distinct_terms=int(figures["distinct_terms"]),
+            exactly_counted_terms=int(figures["candidates"]), rules=figures["rules"],
+            by_language=figures["groups"].get("language", []), by_host=figures["groups"].get("host", []),
+            keep=str(run.keep), memory_limit=parse_size(run.engine.memory), spilled_bytes=spill.peak, warnings=[])
+        return replace(report, warnings=dominant_rules(asdict(report)))
+
+    def figure(self, run: Run, report: FilterReport):
+        return report_figure(asdict(report))
+
+    def result_fields(self, run: Run, report: FilterReport) -> dict:
+        return {"rules": [RuleCount(**r) for r in report.rules], "figure": run.out / "filter_report.png"}
+
+    def summary(self, result: FilterResult, options: FilterConfig) -> list[str]:
+        return result.lines()
+
+
+def _run_filters(backend, pairs: str, cfg: FilterConfig, progress: bool) -> dict:
+    """The statistics and the flags on the back end; returns the counts the report is made of."""
+    backend.register(pairs)
+    if not backend.rows("SELECT count(*) FROM pairs")[0][0]:
+        raise ConfigError(f"{pairs} holds no pairs: nothing to filter (did its ingest find any images?)")
+    counting = count_statements(cfg, backend.dialect)
+    bar = _progress(progress, len(counting) + 2)
+    for name, query in counting:
+        backend.materialize(name, query)
+        bar.update()
+    parts = backend.parts(occurrence_count_query(cfg, backend.dialect))
+    hashes = backend.count_hashes(hash_query(cfg, backend.dialect), parts)
+    bar.update()
+    cut, distinct_terms, candidates = exact_cut(backend, cfg, hashes)
+    backend.drop("term_hashes", "frequent_hashes")
+    bar.update()
+    flagging = flag_statements(cfg, backend.dialect, cut)
+    bar.total += len(flagging)
+    for name, query in flagging:
+        if name in PARTED:
+            backend.materialize_parts(name, query, parts)
+        else:
+            backend.materialize(name, query)
+        backend.drop(*DONE_AFTER.get(name, ()))
+        bar.update()
+    bar.close()
+    total, *counts, kept = backend.rows(summary_query())[0]
+    kept_uids = backend.rows("SELECT count(DISTINCT uid) FROM (" + keep_query() + ") k")[0][0]
+    rules = []
+    for i, (rule, description) in enumerate(RULES.items()):
+        examples = [r[0] for r in backend.rows(examples_query(rule, cfg.examples))] if counts[2 * i] else []
+        rules.append({"rule": rule, "description": description.format(**asdict(cfg)),
+                      "removed_alone": int(counts[2 * i] or 0), "removed_in_sequence": int(counts[2 * i + 1] or 0),
+                      "examples": examples})
+    return {
+        "total": total, "kept": kept, "kept_uids": kept_uids, "rules": rules, "distinct_terms": distinct_terms,
+        "candidates": candidates,
+        "originals": backend.rows("SELECT count(*) FROM pairs WHERE has_original")[0][0],
+        "unsized": backend.rows("SELECT count(*) FROM pairs WHERE width IS NULL OR height IS NULL")[0][0],
+        "groups": {column: [{"value": value, "pairs": int(n), "kept": int(k or 0),
+                             "removed_alone": {rule: int(c or 0) for rule, c in zip(RULES, removed)}}
+                            for value, n, k, *removed in backend.rows(group_query(column, TOP_GROUPS))]
+                   for column in GROUPS if column in backend.columns},
+    }
+
+
+def filter_pairs(pairs: Path, out: Path, cfg: FilterConfig = FilterConfig(), engine: Engine | str = Engine(),
                  master: str = "", memory_limit: str | int = "", threads: int = 0,
                  progress: bool = True) -> FilterResult:
     """Filter the pair table (or extract's candidate table) `pairs` by ALIGN's rules into a keep-list and its
-    report in `out`."""
+    report in `out`, on `engine` (local: DuckDB, embedded, with the engine's `memory` as its limit and its `workers`
+    as threads; spark: Spark SQL). `engine` as a name with `master`, `memory_limit` and `threads` is the older
+    spelling, still taken, with a DeprecationWarning."""
     cfg = expect(cfg, FilterConfig, "cfg")
-    pairs, out = str(pairs), Path(out)  # pairs may be a glob, or a URL the Spark cluster reads
-    check_pair_table(pairs, FILTER_COLUMNS)
-    check(cfg)
-    cfg, chosen = resolve_rules(pairs, cfg)
-    engine = engine_name(engine)
-    memory_limit = parse_size(memory_limit, "--memory-limit")  # bytes, 0: none; each engine gets its own spelling
-    out.mkdir(parents=True, exist_ok=True)
-    unfinish(out / REPORT)  # the old keep-list is no longer this output's until the new report says so
-    start = time.perf_counter()
-    runner = make_engine(engine, master, memory_limit, threads, str(out / "tmp"))
-    spill = SpillWatch(out / "tmp")  # DuckDB's spill files (Spark's shuffle files are not spills)
-    with spill if engine == "local" else contextlib.nullcontext():
-        try:
-            runner.register(pairs)
-            if not runner.rows("SELECT count(*) FROM pairs")[0][0]:
-                raise ConfigError(f"{pairs} holds no pairs: nothing to filter (did its ingest find any images?)")
-            counting = count_statements(cfg, runner.dialect)
-            bar = _progress(progress, len(counting) + 2)
-            for name, query in counting:
-                runner.materialize(name, query)
-                bar.update()
-            parts = runner.parts(occurrence_count_query(cfg, runner.dialect))
-            hashes = runner.count_hashes(hash_query(cfg, runner.dialect), parts)
-            bar.update()
-            cut, distinct_terms, candidates = exact_cut(runner, cfg, hashes)
-            runner.drop("term_hashes", "frequent_hashes")
-            bar.update()
-            flagging = flag_statements(cfg, runner.dialect, cut)
-            bar.total += len(flagging)
-            for name, query in flagging:
-                if name in PARTED:
-                    runner.materialize_parts(name, query, parts)
-                else:
-                    runner.materialize(name, query)
-                runner.drop(*DONE_AFTER.get(name, ()))
-                bar.update()
-            bar.close()
-            total, *counts, kept = runner.rows(summary_query())[0]
-            kept_uids = runner.rows("SELECT count(DISTINCT uid) FROM (" + keep_query() + ") k")[0][0]
-            rules = []
-            for i, (rule, description) in enumerate(RULES.items()):
-                examples = [r[0] for r in runner.rows(examples_query(rule, cfg.examples))] if counts[2 * i] else []
-                rules.append({"rule": rule, "description": description.format(**asdict(cfg)),
-                              "removed_alone": int(counts[2 * i] or 0),
-                              "removed_in_sequence": int(counts[2 * i + 1] or 0),
-                              "examples": examples})
-            originals = runner.rows("SELECT count(*) FROM pairs WHERE has_original")[0][0]
-            unsized = runner.rows("SELECT count(*) FROM pairs WHERE width IS NULL OR height IS NULL")[0][0]
-            groups = {column: [{"value": value, "pairs": int(n), "kept": int(k or 0),
-                                "removed_alone": {rule: int(c or 0) for rule, c in zip(RULES, removed)}}
-                               for value, n, k, *removed in runner.rows(group_query(column, TOP_GROUPS))]
-                      for column in GROUPS if column in runner.columns}
-            keep_path = out / "keep.parquet"
-            runner.write_keep(keep_path)
-        finally:
-            runner.close()
-    report = {
-        "stage": "filter", "input": str(pairs), "engine": engine, "config": asdict(cfg),
-        "rules_chosen": chosen,  # why --rules auto chose what it did (None: --rules was given)
-        # image_small and image_aspect judge the size before a downloader's resizing, where the table has it
-        "sizes": {"original": int(originals), "as_stored": int(total) - int(originals) - int(unsized),
-                  "unknown": int(unsized)},
-        # the rules that judged no pair, and why: left out by --rules, or no image's size known (WAT links)
-        "not_applied": {rule: ((chosen if chosen not in (None, "all") else f"--rules {cfg.rules}")
-                               if not applies(rule, cfg) else "no image's size is known")
-                        for rule in RULES if not applies(rule, cfg) or (rule in SIZE_RULES and unsized == total)},
-        "pairs": int(total), "kept_pairs": int(kept or 0), "kept_uids": int(kept_uids),
-        "removed_pairs": int(total) - int(kept or 0), "distinct_terms": int(distinct_terms),
-        "exactly_counted_terms": int(candidates), "rules": rules,
-        # a candidate table's pairs per language of their text and per image host (the most first)
-        "by_language": groups.get("language", []), "by_host": groups.get("host", []),
-        "keep": str(keep_path), "seconds": round(time.perf_counter() - start, 2),
-        "memory_limit": memory_limit, "spilled_bytes": spill.peak,  # bytes (0: no limit)
-    }
-    report["warnings"] = dominant_rules(report)
-    plot_report(report, out / "filter_report.png")
-    report = write_keep_report(out, REPORT, report, pairs)  # last: the keep-list is finished
-    return FilterResult(keep=keep_path, pairs=report["pairs"], kept_pairs=report["kept_pairs"],
-                        removed_pairs=report["removed_pairs"], rules=[RuleCount(**r) for r in report["rules"]],
-                        rules_chosen=chosen, not_applied=report["not_applied"], warnings=report["warnings"],
-                        seconds=report["seconds"], report=report, figure=out / "filter_report.png")
+    if isinstance(engine, str) or master or memory_limit or threads:
+        if not isinstance(engine, str) and engine != Engine():
+            raise ConfigError("give the engine's master, memory and threads in the Engine (Engine(name, master, "
+                              "workers=THREADS, memory=LIMIT)), not beside it")
+        warnings.warn("filter_pairs(engine=NAME, master=, memory_limit=, threads=) is deprecated: pass "
+                      "engine=Engine(NAME, master, workers=THREADS, memory=LIMIT)", DeprecationWarning, stacklevel=2)
+        memory = parse_size(memory_limit, "--memory-limit")
+        name = engine_name(engine) if isinstance(engine, str) else "local"
+        engine = Engine(name, master, workers=threads, memory=str(memory) if memory else "")
+    return run_stage(Filter(), pairs, out, cfg, progress, engine)
 
 
 def _progress(progress: bool, total: int):
@@ -186,7 +246,7 @@ def _progress(progress: bool, total: int):
     return tqdm(total=total, desc="filter", unit="stage", disable=not progress, leave=False)
 
 
-def plot_report(report: dict, path: Path, top: int = 12) -> None:
+def report_figure(report: dict, top: int = 12):
     """Each rule's removals alone and in sequence; for a candidate table, beside them the pairs kept and removed per
     language of their text."""
     plt = plots.pyplot()
@@ -217,7 +277,7 @@ def plot_report(report: dict, path: Path, top: int = 12) -> None:
         by.set_xlabel("pairs")
         by.set_title(f"per language of the text (top {len(languages)})")
         by.legend(loc="lower right", fontsize=8)
-    plots.save(fig, path)
+    return fig
 
 
 def dominant_rules(report: dict) -> list[str]:

@@ -1,6 +1,6 @@
 """ALIGN's frequency filters as SQL over the Parquet pair table: one statement text, two dialects (DuckDB, Spark).
 
-One set of queries, two dialects: the statement text below is shared, and each engine (filter_engines.py) only
+One set of queries, two dialects: the statement text below is shared, and each engine (filter_sql.py) only
 supplies the spelling of a few list functions, so both engines compute the same thing by construction (a test
 runs both on one corpus and compares the keep-lists).
 
@@ -44,17 +44,16 @@ class FilterConfig(Options):
     max_images_per_text: Annotated[int, POSITIVE_INT] = 10  # text: drop alt-texts shared by more distinct images than
                                                             # this
     min_words: Annotated[int, NON_NEGATIVE] = 3  # text: keep only texts with min_words..max_words unigrams
-    max_words: Annotated[int, POSITIVE_INT] = 20
+    max_words: Annotated[int, POSITIVE_INT] = 20  # text: and at most this many
     vocab_size: Annotated[int, POSITIVE_INT] = 100_000_000  # text: drop texts with a unigram/bigram outside the K most
                                                             # frequent
     vocab_ngrams: Annotated[int, Rule(lambda x: x in (1, 2), "1 or 2")] = 2  # 2: unigrams and bigrams are both checked
                                                                              # (paper); 1: unigrams only
     lowercase: bool = True  # count words case-insensitively
     examples: Annotated[int, NON_NEGATIVE] = 3  # example texts per rule in the report
-    # which rules run: text (a candidate table, before the download), image (the pair table after it, where the text
-    # rules already ran on its candidates), all; auto: image for a pair table whose manifest says its candidates
-    # were filtered by the text rules before the download (fetch --keep), else all
-    rules: Literal["auto", "all", "text", "image"] = "auto"
+    rules: Literal["auto", "all", "text", "image"] = "auto"  # which rules run: text (a candidate table, before the
+        # download), image (the pair table after it, where the text rules ran on its candidates), all; auto: image
+        # for a pair table whose manifest says its candidates were filtered by the text rules (fetch --keep), else all
 
     def spell(self, name: str) -> str:
         return name  # as an override writes it: `openalign filter PAIRS min_words=3`

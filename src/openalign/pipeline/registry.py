@@ -21,6 +21,8 @@ class Row:
 
 
 STAGES: dict[str, Row] = {
+    "filter": Row("openalign.pipeline.filter:Filter",
+                  "ALIGN's frequency filters -> keep-list + filter_report.json/.png"),
     "dedup": Row("openalign.pipeline.dedup:Dedup", "drop training images that are near-duplicates of evaluation "
                                                    "images"),
     "screen": Row("openalign.pipeline.screen:Screen", "drop images an image classifier flags (the paper's "

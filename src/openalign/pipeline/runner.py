@@ -95,6 +95,8 @@ class Run:
 
     def jobs(self, jobs: list[Job], desc: str) -> dict[str, dict]:
         """A round of jobs on the engine (their statuses in OUT/_work/_status); returns {id: result}."""
+        if not jobs:
+            return {}
         results, resumed = run_jobs(jobs, self.work / "_status", self.engine, desc, self.progress)
         self.resumed += resumed
         return results
@@ -122,6 +124,8 @@ class Stage:
     flags: ClassVar[dict[str, str]] = {}  # {option field: its flag} where it is not --field-name
     deprecated_flags: ClassVar[dict[str, str]] = {}  # {an old flag: its field}: still taken, with a note
     first_round: ClassVar[str] = ""  # the progress label of the planned jobs (default: the name)
+    overrides: ClassVar[bool] = False  # its options are also set by key=value arguments (filter's thresholds)
+    engine_options: ClassVar[dict] = {}  # how its engine's flags differ ({"rename": {...}, "skip": (...)})
     keeps: ClassVar[bool] = True  # it writes OUT/keep.parquet; False: its report is its output's manifest (card)
     report_file: ClassVar[str] = ""  # the report's name (default NAME_report.json)
     record_field: ClassVar[str] = "report"  # the Result field that holds the report as written
@@ -192,13 +196,15 @@ def run_stage(stage: Stage, pairs: str | Path, out: str | Path, options, progres
     if figure is not None:
         plots.save(figure, run.out / (f"{stage.name}_report.png" if stage.keeps else
                                       Path(stage.report_name).with_suffix(".png").name))
-    laid_out = report.record() if hasattr(report, "record") else asdict(report)  # a Report may lay out its own
     seconds = round(time.perf_counter() - run.started, 2)
+    head = {"stage": stage.name, "pairs": run.pairs} if stage.keeps else {}
+    if hasattr(report, "layout"):  # a Report may lay out its record itself
+        record = report.layout(head, seconds)
+    else:
+        record = {**head, **asdict(report), "seconds": seconds}
     if stage.keeps:
-        record = {"stage": stage.name, "pairs": run.pairs, **laid_out, "seconds": seconds}
         record = write_keep_report(run.out, stage.report_name, record, run.pairs)  # last: the keep-list is finished
     else:
-        record = {**laid_out, "seconds": seconds}
         write_json(run.out / stage.report_name, record)  # last: the output is finished
     shutil.rmtree(run.work, ignore_errors=True)
     given = stage.result_fields(run, report) | {"seconds": seconds, stage.record_field: record}

@@ -1,6 +1,7 @@
-"""The filter's two engines: DuckDB (embedded, out-of-core) and Spark, each running filter_rules' statements.
+"""The filter's two SQL back ends: DuckDB (embedded, out-of-core) on the local engine and Spark SQL on the Spark
+engine, each running filter_rules' statements (the Engine says which, and with what memory and threads).
 
-An engine registers the pair table as `pairs`, materializes each named step, runs a step in parts where its groups
+A back end registers the pair table as `pairs`, materializes each named step, runs a step in parts where its groups
 would not fit memory (DuckDB: `parts`, `materialize_parts`; Spark's shuffles partition them itself), counts terms by
 hash, and writes the keep-list. `SpillWatch` measures what DuckDB spilled to disk while it ran.
 """
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from openalign.config import ConfigError
 from openalign.sizes import duckdb_size, format_size, parse_size
-from openalign.data.engine import engine_name, spark_session
+from openalign.data.engine import Engine, spark_session
 from openalign.data.pairs import sql_path
 from openalign.pipeline.filter_rules import (DUCKDB, HASH_HISTOGRAM, SPARK, group_columns, hash_counts, keep_query,
                                              size_columns, words_columns)
@@ -23,7 +24,7 @@ from openalign.pipeline.filter_rules import (DUCKDB, HASH_HISTOGRAM, SPARK, grou
 GROUP_ROW_BYTES = 48  # DuckDB's memory per group of an integer key and a sum (measured: ~30 spilled per input row)
 
 
-class DuckDBEngine:
+class DuckDBSql:
     dialect = DUCKDB
 
     def __init__(self, memory_limit: str | int = "", threads: int = 0, temp_dir: str = ""):
@@ -137,11 +138,13 @@ class DuckDBEngine:
         self.con.close()
 
 
-class SparkEngine:
+class SparkSql:
     dialect = SPARK
 
-    def __init__(self, master: str = "", memory_limit: str | int = "", threads: int = 0, temp_dir: str = ""):
-        self.spark = spark_session(master, "openalign-filter", memory=memory_limit, temp_dir=temp_dir, threads=threads)
+    def __init__(self, master: str = "", memory_limit: str | int = "", threads: int = 0, temp_dir: str = "",
+                 retries: int = 2):
+        self.spark = spark_session(master, "openalign-filter", retries=retries, memory=memory_limit, temp_dir=temp_dir,
+                                   threads=threads)
 
     def register(self, pairs: str) -> None:
         table = self.spark.read.parquet(pairs)
@@ -218,8 +221,11 @@ def _size_bytes(text: str) -> int:
     return int(float(number) * units.get(unit.strip(), 1))
 
 
-def make_engine(name: str, master: str = "", memory_limit: str | int = "", threads: int = 0, temp_dir: str = ""):
-    """The filter's runner for an --engine name (data/engine.py's vocabulary): local is DuckDB, embedded."""
-    if engine_name(name) == "spark":
-        return SparkEngine(master, memory_limit, threads, temp_dir)
-    return DuckDBEngine(memory_limit, threads, temp_dir)
+def sql_backend(engine: Engine, temp_dir: str = ""):
+    """The filter's SQL back end on `engine`: DuckDB, embedded, on the local engine (its `memory` is DuckDB's limit,
+    beyond which it spills to `temp_dir`; its `workers` DuckDB's threads), Spark SQL on the Spark engine (`memory`:
+    the driver's)."""
+    memory = parse_size(engine.memory, "--memory-limit")  # bytes, 0: none; each back end gets its own spelling
+    if engine.name == "spark":
+        return SparkSql(engine.master, memory, engine.workers, temp_dir, engine.retries)
+    return DuckDBSql(memory, engine.workers, temp_dir)
