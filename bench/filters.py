@@ -53,6 +53,9 @@ def generate(n: int, out: Path, seed: float = 0.42) -> float:
              (120 + hash(img) % 600)::INT AS width, (120 + hash(img + 1) % 600)::INT AS height  -- one size per image
       FROM base) TO '{out}' (FORMAT parquet)""")  # in range order: DuckDB preserves insertion order
     con.close()
+    # the manifest ingest writes last: every stage refuses a pair table without it (an interrupted ingest's)
+    manifest = {"stage": "ingest", "pairs": n, "written_by": "bench/filters.py (generated pairs)"}
+    out.with_suffix(".manifest.json").write_text(json.dumps(manifest) + "\n")
     return time.perf_counter() - start
 
 
