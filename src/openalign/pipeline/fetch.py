@@ -270,56 +270,92 @@ def store(body: bytes, options: FetchOptions) -> dict:
 
 
 def fetch_shard(plan_path: str, shard: int, out: str, digits: tuple[int, int], options: FetchOptions) -> dict:
-    """One shard's URLs fetched and written as img2dataset writes a webdataset shard; returns its counts."""
+    """One shard's URLs fetched and written as img2dataset writes a webdataset shard (NAME.tar, its index
+    NAME.parquet and NAME_stats.json); returns its counts."""
     start = time.time()
-    rows = read_plan(plan_path, shard, column="shard")
-    name = f"{shard:0{digits[0]}d}"
-    out = Path(out)
-    records, kinds, hosts, sizes = [], Counter(), {}, Counter()
-    with staged(out / f"{name}.tar") as tar_path:
+    name, out = f"{shard:0{digits[0]}d}", Path(out)
+    by_url = urls_of(read_plan(plan_path, shard, column="shard"))
+    with staged(out / f"{name}.tar") as tar_path:  # the tar is in place only with its index beside it
         with TarWriter(tar_path) as tar:
-            def emit(url: str, fetched) -> None:
-                kind, detail, kept = fetched.kind, fetched.detail, None
-                if kind == "success":
-                    try:
-                        kept = store(fetched.body, options)
-                    except images.BadImage as err:
-                        kind = "not_an_image" if err.reason in ("empty", "unreadable") else err.reason
-                        detail = str(err)[:300]
-                for row in by_url[url]:
-                    key = f"{shard:0{digits[0]}d}{row['idx']:0{digits[1]}d}"
-                    record = {"key": key, "url": url, "caption": row["text"], "status": kind,
-                              "error_message": detail or None if kind != "success" else None,
-                              "width": None, "height": None, "original_width": None, "original_height": None,
-                              "sha256": None, "uid": row["uid"], "language": row["language"], "host": row["host"]}
-                    if kept is not None:
-                        record.update(width=kept["size"][0], height=kept["size"][1], original_width=kept["original"][0],
-                                      original_height=kept["original"][1],
-                                      sha256=hashlib.sha256(fetched.body).hexdigest())
-                        tar.write({"__key__": key, kept["ext"]: kept["data"], "txt": row["text"] or "",
-                                   "json": json.dumps(record, indent=4).encode()})
-                        sizes["bytes"] += len(kept["data"])
-                    records.append(record)
-                    kinds[kind] += 1
-                    host = hosts.setdefault(origin_key(url), [0, 0])
-                    host[0] += kind == "success"
-                    host[1] += 1
+            shard_out = ShardWriter(tar, by_url, name, digits[1], options)
+            robots, requests = asyncio.run(fetch_all(list(by_url), options, shard_out.emit))
+        write_index(out / f"{name}.parquet", shard_out.records)
+    write_json(out / f"{name}_stats.json", shard_stats(shard_out.records, shard_out.kinds, start))
+    return {"count": len(shard_out.records), "kinds": dict(shard_out.kinds), "hosts": shard_out.hosts,
+            "bytes": shard_out.bytes, "distinct_urls": len(by_url), "requests": requests, "robots": robots,
+            "seconds": time.time() - start}
 
-            by_url: dict[str, list[dict]] = {}
-            for row in rows:
-                by_url.setdefault(row["url"], []).append(row)
-            robots, requests = asyncio.run(fetch_all(list(by_url), options, emit))
-        records.sort(key=lambda r: r["key"])
-        with staged(out / f"{name}.parquet") as parquet_path:
-            pq.write_table(pa.Table.from_pylist(records, SCHEMA), parquet_path)
+
+def urls_of(rows: list[dict]) -> dict[str, list[dict]]:
+    """The plan's rows by URL, in plan order: a URL that several candidates share is fetched once."""
+    by_url: dict[str, list[dict]] = {}
+    for row in rows:
+        by_url.setdefault(row["url"], []).append(row)
+    return by_url
+
+
+class ShardWriter:
+    """What one shard writes as its URLs come back: each of the URL's rows as an index record, and a fetched image
+    as a sample of the tar (img2dataset's keys: the shard's number, then the row's index)."""
+
+    def __init__(self, tar: TarWriter, by_url: dict[str, list[dict]], name: str, index_digits: int,
+                 options: FetchOptions):
+        self.tar, self.by_url, self.name, self.index_digits, self.options = tar, by_url, name, index_digits, options
+        self.records: list[dict] = []
+        self.kinds: Counter = Counter()
+        self.hosts: dict[str, list[int]] = {}  # origin -> [successes, URLs]
+        self.bytes = 0
+
+    def emit(self, url: str, fetched) -> None:
+        kind, detail, kept = outcome(fetched, self.options)
+        for row in self.by_url[url]:
+            record = index_record(f"{self.name}{row['idx']:0{self.index_digits}d}", url, row, kind, detail)
+            if kept is not None:
+                record.update(width=kept["size"][0], height=kept["size"][1], original_width=kept["original"][0],
+                              original_height=kept["original"][1], sha256=hashlib.sha256(fetched.body).hexdigest())
+                self.tar.write({"__key__": record["key"], kept["ext"]: kept["data"], "txt": row["text"] or "",
+                                "json": json.dumps(record, indent=4).encode()})
+                self.bytes += len(kept["data"])
+            self.records.append(record)
+            self.kinds[kind] += 1
+            host = self.hosts.setdefault(origin_key(url), [0, 0])
+            host[0] += kind == "success"
+            host[1] += 1
+
+
+def outcome(fetched, options: FetchOptions) -> tuple[str, str | None, dict | None]:
+    """(status, error detail, the image as stored or None) of one fetched URL: a body that is no image it can store
+    is a decode failure."""
+    if fetched.kind != "success":
+        return fetched.kind, fetched.detail, None
+    try:
+        return "success", fetched.detail, store(fetched.body, options)
+    except images.BadImage as err:
+        return ("not_an_image" if err.reason in ("empty", "unreadable") else err.reason), str(err)[:300], None
+
+
+def index_record(key: str, url: str, row: dict, kind: str, detail: str | None) -> dict:
+    """A row of the shard's index (img2dataset's columns and openalign's uid, language and host), before any image
+    fields; a failure's message, or None."""
+    error = (detail or None) if kind != "success" else None
+    return {"key": key, "url": url, "caption": row["text"], "status": kind, "error_message": error, "width": None,
+            "height": None, "original_width": None, "original_height": None, "sha256": None, "uid": row["uid"],
+            "language": row["language"], "host": row["host"]}
+
+
+def write_index(path: Path, records: list[dict]) -> None:
+    """The shard's index, NAME.parquet, in key order."""
+    with staged(path) as tmp:
+        pq.write_table(pa.Table.from_pylist(sorted(records, key=lambda r: r["key"]), SCHEMA), tmp)
+
+
+def shard_stats(records: list[dict], kinds: Counter, start: float) -> dict:
+    """NAME_stats.json as img2dataset writes it."""
     failed_decode = sum(kinds[k] for k in DECODE_KINDS)
-    stats = {"count": len(records), "successes": kinds["success"],
-             "failed_to_download": len(records) - kinds["success"] - failed_decode, "failed_to_resize": failed_decode,
-             "duration": time.time() - start, "start_time": start, "end_time": time.time(),
-             "status_dict": dict(kinds.most_common())}
-    write_json(out / f"{name}_stats.json", stats)
-    return {"count": len(records), "kinds": dict(kinds), "hosts": hosts, "bytes": sizes["bytes"],
-            "distinct_urls": len(by_url), "requests": requests, "robots": robots, "seconds": time.time() - start}
+    return {"count": len(records), "successes": kinds["success"],
+            "failed_to_download": len(records) - kinds["success"] - failed_decode, "failed_to_resize": failed_decode,
+            "duration": time.time() - start, "start_time": start, "end_time": time.time(),
+            "status_dict": dict(kinds.most_common())}
 
 
 def origin_key(url: str) -> str:
