@@ -117,3 +117,24 @@ def test_a_deeply_nested_jsonl_line_is_one_bad_row_and_a_bom_or_utf16_table_is_h
     for read in (lambda: list(tables.rows(tmp_path / "u.csv")), lambda: listing(str(tmp_path / "u.csv"))):
         with pytest.raises(ConfigError, match="is UTF-16 text; openalign reads tables in UTF-8"):
             read()
+
+
+def test_one_duckdb_reader_reads_every_table_format_alike(tmp_path):
+    # issue 85: fetch built its own DuckDB reader (jsonl by line, csv quoted) beside this module's
+    import duckdb
+
+    from openalign.data.tables import duckdb_reader
+
+    rows = [{"url": "http://a.example/1.jpg", "caption": 'a "quoted", multi\nline caption'},
+            {"url": "http://a.example/2.jpg", "caption": "plain"}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "t.parquet")
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for name, delimiter in (("t.csv", ","), ("tabs.csv", "\t"), ("t.tsv", "\t")):
+        quoted = ['"' + v.replace('"', '""') + '"' for r in rows for v in r.values()]
+        body = "\n".join(delimiter.join(quoted[i:i + 2]) for i in range(0, len(quoted), 2))
+        (tmp_path / name).write_text(f"url{delimiter}caption\n{body}\n")
+    for name in ("t.parquet", "t.jsonl", "t.csv", "tabs.csv", "t.tsv"):
+        with duckdb.connect() as con:
+            found = con.execute(f"SELECT url, caption FROM {duckdb_reader(tmp_path / name)}",
+                                [str(tmp_path / name)]).fetchall()
+        assert [dict(zip(("url", "caption"), f)) for f in found] == rows, name

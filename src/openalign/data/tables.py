@@ -109,13 +109,29 @@ def names(path: Path) -> list[str]:
         return parquet_columns(path)
     import duckdb
 
-    reader = ("read_json(?)" if suffix in (".json", ".jsonl") else
-              f"read_csv(?, delim='{sniff_delimiter(path)}', header=true, all_varchar=true)")
+    reader = duckdb_reader(path)
     with duckdb.connect() as con:
         try:
             return [r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {reader}", [str(path)]).fetchall()]
         except duckdb.Error as err:
             raise ConfigError(f"cannot read {path} as a {suffix[1:]} table: {str(err).splitlines()[0]}") from None
+
+
+def duckdb_reader(path: Path, rejects: bool = False) -> str:
+    """The DuckDB table function that reads the table `path`, given as its one `?` parameter: Parquet as typed; JSONL
+    line by line; a CSV/TSV with a header, its delimiter sniffed, double quotes, every cell as text (`rejects`: the
+    rows it cannot parse kept in DuckDB's reject tables instead of failing the read). Every DuckDB read of a table
+    (ingest, eval, fetch's URL tables) goes through it."""
+    suffix = Path(path).suffix.lower()
+    if suffix == ".parquet":
+        return "read_parquet(?)"
+    if suffix == ".jsonl":
+        return "read_json(?, format='newline_delimited')"
+    if suffix == ".json":
+        return "read_json(?)"
+    delimiter = sniff_delimiter(Path(path)).replace("'", "''")
+    return (f"read_csv(?, header=true, all_varchar=true, delim='{delimiter}', quote='\"'"
+            + (", store_rejects=true)" if rejects else ")"))
 
 
 def location(value: str, root: Path) -> tuple[str | None, str | None]:
@@ -243,8 +259,7 @@ def _duckdb_rows(path: Path, image_column: str, text_column: str, notes: Counter
 
     is_csv = path.suffix.lower() != ".parquet"
     delim = sniff_delimiter(path) if is_csv else ""
-    reader = (f"read_csv(?, delim='{delim}', header=true, all_varchar=true, store_rejects=true)" if is_csv
-              else "read_parquet(?)")
+    reader = duckdb_reader(path, rejects=is_csv)
     con = duckdb.connect()
     try:
         try:

@@ -167,16 +167,6 @@ def candidate_table(spec: Path) -> Path:
     return path
 
 
-def reader(path: Path) -> str:
-    suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        return "read_parquet(?)"
-    if suffix == ".jsonl":
-        return "read_json(?, format='newline_delimited')"
-    delimiter = tables.sniff_delimiter(path).replace("'", "''")
-    return f"read_csv(?, header=true, all_varchar=true, delim='{delimiter}', quote='\"')"
-
-
 def quoted(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
@@ -186,7 +176,7 @@ def plan(con, table: Path, keep: list[Path], options: FetchOptions, plan_path: P
     {shard, rows, digest} and what was left out."""
     from openalign.data.pairs import normalize_text, pair_uids, url_keys
 
-    source = reader(table)
+    source = tables.duckdb_reader(table)
     try:
         names = [r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {source}", [str(table)]).fetchall()]
     except Exception as err:  # noqa: BLE001 - DuckDB's errors for a damaged file
