@@ -76,7 +76,8 @@ def warm_worker(_) -> None:
     from openalign.data.workers import load_readers
 
     load_readers()
-    for module in ("openalign.pipeline.ingest", "openalign.pipeline.shard", "openalign.pipeline.dedup", "imagehash",
+    for module in ("openalign.pipeline.ingest", "openalign.pipeline.shard", "openalign.pipeline.curation.dedup",
+                   "imagehash",
                    "scipy.fftpack", "faiss", "duckdb"):
         importlib.import_module(module)
     time.sleep(0.1)
@@ -106,7 +107,7 @@ def main() -> None:
 
     from openalign import host
     from openalign.data.engine import Engine, spark_session, warm_pool
-    from openalign.pipeline.dedup import DedupOptions, dedup
+    from openalign.pipeline.curation.dedup import DedupOptions, dedup
     from openalign.pipeline.ingest import IngestOptions, ingest
     from openalign.data.tars import read_samples
     from openalign.pipeline.shard import ShardOptions, shard

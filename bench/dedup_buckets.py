@@ -45,7 +45,7 @@ def embeddings(n_train: int, n_eval: int, dim: int, seed: int = 0) -> tuple[np.n
 def main() -> None:
     import faiss
 
-    from openalign.pipeline import dedup as dd
+    from openalign.pipeline.curation import dedup as dd
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--train", type=int, default=100_000)

@@ -30,7 +30,7 @@ sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
 from _common import peak_rss_mib
 import json, time
 import pyarrow, pyarrow.compute, pyarrow.parquet, fastwarc.warc, msgspec, selectolax.lexbor
-from openalign.pipeline.extract import ExtractOptions, extract_file
+from openalign.pipeline.web.extract import ExtractOptions, extract_file
 pyarrow.array([""])
 start = time.perf_counter()
 counts = extract_file(sys.argv[1], sys.argv[2], ExtractOptions(language=False), sys.argv[3])

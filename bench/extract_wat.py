@@ -45,8 +45,8 @@ import json, sys, time
 from collections import Counter
 from pathlib import Path
 import pyarrow, pyarrow.compute, pyarrow.parquet
-from openalign.pipeline.extract import ExtractOptions, extract_file
-import fastwarc.warc, msgspec, openalign.pipeline.extract_wat  # imported before the clock starts, as cc2dataset's are
+from openalign.pipeline.web.extract import ExtractOptions, extract_file
+import fastwarc.warc, msgspec, openalign.pipeline.web.extract_wat  # imported before the clock starts (cc2dataset's too)
 pyarrow.array([""])  # pyarrow imports pandas at its first array (0.4 s, once a process): not a file's work
 options = ExtractOptions(**json.loads(sys.argv[3]))
 if options.language:  # a worker's one-off loads (the identifier's model, the segmenters' dictionaries), as imports
@@ -122,7 +122,7 @@ def scaling(wats: list[Path], work: Path, repeats: int) -> dict[str, float]:
     """Seconds of the whole stage on the local engine (1 and 2 workers) and Spark (local[1], local[2]): the fastest
     of `repeats` runs of each, the four alternated (one run of each moved by 10-20% from run to run here)."""
     from openalign.data.engine import Engine, spark_session
-    from openalign.pipeline.extract import extract
+    from openalign.pipeline.web.extract import extract
 
     seconds: dict[str, float] = {}
     for attempt in range(repeats):

@@ -3,7 +3,7 @@
 Both fetch the same URL list from the same local web (corpora/hosts.py `sample_web`: `--hosts` hosts of `--images`
 pictures, 20-100 ms of injected latency per answer, a 404 and a page that is not a picture per host), served by a
 process of its own on 127.0.0.1. The list leaves out what only one side refuses (robots.txt's disallowed folder, the
-opt-out host, the throttling host: tests/pipeline/test_fetch.py compares those) and the hanging picture (a timeout
+opt-out host, the throttling host: tests/pipeline/web/test_fetch.py compares those) and the hanging picture (a timeout
 that both sides sit out), so the successes must be the same URLs, and are checked to be.
 
     .venv/bin/python bench/fetch.py --img2dataset /tmp/i2d-venv/bin/img2dataset [--hosts 40 --images 100]

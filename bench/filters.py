@@ -112,7 +112,7 @@ def run_child(engine: str, pairs: Path, out: Path, vocab_size: int, memory_limit
 def child(args) -> None:
     from openalign import FilterConfig
     from openalign.data.engine import Engine
-    from openalign.pipeline import filter as filters
+    from openalign.pipeline.curation import filter as filters
 
     cfg = FilterConfig(vocab_size=args.vocab_size)
     out = Path(args.child_out)

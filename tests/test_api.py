@@ -52,7 +52,7 @@ def test_the_api_gives_what_embed_stores_and_says_what_is_wrong(tmp_path):
 
 def test_the_front_of_the_pipeline_is_public_and_does_not_import_torch():
     code = ("import sys, openalign; f = openalign.fetch; e = openalign.extract; "
-            "o = openalign.FetchOptions(per_host=2); import openalign.pipeline.fetch as m; "
+            "o = openalign.FetchOptions(per_host=2); import openalign.pipeline.web.fetch as m; "
             "print(f is m.fetch, o.per_host, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["True", "2", "False"]

@@ -77,7 +77,7 @@ def test_every_listed_internal_is_imported_by_a_bench_and_exists():
 
 def test_a_bench_importing_a_renamed_or_private_name_is_caught(tmp_path):
     bench = tmp_path / "b.py"
-    bench.write_text("def main():\n    from openalign.cli import _bytes\n    from openalign.pipeline.filter_rules import "
+    bench.write_text("def main():\n    from openalign.cli import _bytes\n    from openalign.pipeline.curation.filter_rules import "
                      "FilterConfig\n    from openalign.index.embed import _write_part\n    from openalign.host import "
                      "reuse_freed_memory\n")
     found = [problem(m, n, measured()) for m, n, _ in imported_names(bench)]

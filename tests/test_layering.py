@@ -90,15 +90,29 @@ def test_no_import_cycle_between_modules():
     assert not cycles, "\n".join(cycles)
 
 
-STAGES = ("extract", "fetch", "ingest", "filter", "dedup", "screen", "score", "semdedup", "balance", "card",
+STAGES = ("web.extract", "web.fetch", "ingest", "curation.filter", "curation.dedup", "curation.screen",
+          "curation.score", "curation.semdedup", "curation.balance", "curation.card",
           "shard")  # pipeline/: the corpus stages, siblings
+WINGS = ("openalign.pipeline.web", "openalign.pipeline.curation")  # reaching the web; curating a pair table
 
 
 def stage_imports(modules: dict) -> list[str]:
-    """Imports of one pipeline stage by another (what they share lives in data/pairs.py or pipeline/scoring.py)."""
+    """Imports of one pipeline stage by another (what they share lives in data/pairs.py, pipeline/runner.py or a
+    wing's shared modules: curation/scoring.py, curation/concepts.py)."""
     stages = {f"openalign.pipeline.{s}" for s in STAGES}
     return [f"{m} imports {t} (line {line})" for m, targets in modules.items() if m in stages
             for t, line in targets if t in stages or any(t.startswith(s + ".") for s in stages)]
+
+
+def wing_imports(modules: dict) -> list[str]:
+    """Imports of one wing of the pipeline by the other: the web side (extract, fetch and their helpers) and the
+    curation side (the stages from a pair table to a keep-list) share only what lies below them or at the pipeline's
+    root (the runner, ingest, shard)."""
+    def wing(name: str) -> str | None:
+        return next((w for w in WINGS if name == w or name.startswith(w + ".")), None)
+
+    return [f"{m} imports {t} (line {line})" for m, targets in modules.items() if wing(m)
+            for t, line in targets if wing(t) and wing(t) != wing(m)]
 
 
 def test_no_pipeline_stage_imports_another_stage():
@@ -107,9 +121,29 @@ def test_no_pipeline_stage_imports_another_stage():
 
 
 def test_the_stage_check_finds_a_stage_importing_a_stage():
-    modules = {"openalign.pipeline.screen": [("openalign.pipeline.dedup", 29), ("openalign.pipeline.scoring", 30)],
+    modules = {"openalign.pipeline.curation.screen": [("openalign.pipeline.curation.dedup", 29),
+                                                      ("openalign.pipeline.curation.scoring", 30)],
                "openalign.corpora.openclipart": [("openalign.pipeline.ingest", 24)]}
-    assert stage_imports(modules) == ["openalign.pipeline.screen imports openalign.pipeline.dedup (line 29)"]
+    assert stage_imports(modules) == ["openalign.pipeline.curation.screen imports openalign.pipeline.curation.dedup "
+                                      "(line 29)"]
+
+
+def test_the_web_wing_and_the_curation_wing_never_import_each_other():
+    found = graph()
+    assert {w for w in WINGS} <= set(found), "a wing was renamed: update WINGS"
+    assert not wing_imports(found), "\n".join(wing_imports(found))
+
+
+def test_the_wing_check_finds_either_wing_importing_the_other():
+    modules = {"openalign.pipeline.web.fetch": [("openalign.pipeline.curation.filter", 12),
+                                                ("openalign.pipeline.runner", 13), ("openalign.data.pairs", 14)],
+               "openalign.pipeline.curation.card": [("openalign.pipeline.web.extract_links", 7)],
+               "openalign.pipeline.ingest": [("openalign.pipeline.web.fetch", 3)],  # the root may use a wing
+               "openalign.corpora.web": [("openalign.pipeline.web.extract", 5),
+                                         ("openalign.pipeline.curation.filter", 6)]}
+    assert wing_imports(modules) == [
+        "openalign.pipeline.web.fetch imports openalign.pipeline.curation.filter (line 12)",
+        "openalign.pipeline.curation.card imports openalign.pipeline.web.extract_links (line 7)"]
 
 
 def test_the_checker_sees_function_level_relative_and_importlib_imports(tmp_path, monkeypatch):

@@ -21,19 +21,21 @@ from typing import TYPE_CHECKING
 LAZY = {  # name here: (module, its name there)
     "load": ("openalign.api", "load"), "Model": ("openalign.api", "Model"),
     "ConfigError": ("openalign.config", "ConfigError"), "Config": ("openalign.config", "Config"),
-    "FilterConfig": ("openalign.pipeline.filter_rules", "FilterConfig"),
+    "FilterConfig": ("openalign.pipeline.curation.filter_rules", "FilterConfig"),
     "configure": ("openalign.presets", "configure"),
     "train_model": ("openalign.train.trainer", "train"), "TrainResult": ("openalign.train.trainer", "TrainResult"),
     "evaluate": ("openalign.eval.evaluate", "evaluate"), "EvalResult": ("openalign.eval.evaluate", "EvalResult"),
     "EvalOptions": ("openalign.eval.options", "EvalOptions"),
     **{name: (f"openalign.pipeline.{module}", name) for module, names in (
-        ("extract", ("extract", "ExtractOptions", "ExtractResult")),
-        ("fetch", ("fetch", "FetchOptions", "FetchResult")),
-        ("ingest", ("ingest", "IngestOptions", "IngestResult")), ("filter", ("filter_pairs", "FilterResult")),
-        ("dedup", ("dedup", "DedupOptions", "DedupResult")), ("screen", ("screen", "ScreenOptions", "ScreenResult")),
-        ("score", ("score", "ScoreOptions", "ScoreResult")),
-        ("semdedup", ("semdedup", "SemDedupOptions", "SemDedupResult")),
-        ("balance", ("balance", "BalanceOptions", "BalanceResult")), ("card", ("card", "CardOptions", "CardResult")),
+        ("web.extract", ("extract", "ExtractOptions", "ExtractResult")),
+        ("web.fetch", ("fetch", "FetchOptions", "FetchResult")),
+        ("ingest", ("ingest", "IngestOptions", "IngestResult")), ("curation.filter", ("filter_pairs", "FilterResult")),
+        ("curation.dedup", ("dedup", "DedupOptions", "DedupResult")),
+        ("curation.screen", ("screen", "ScreenOptions", "ScreenResult")),
+        ("curation.score", ("score", "ScoreOptions", "ScoreResult")),
+        ("curation.semdedup", ("semdedup", "SemDedupOptions", "SemDedupResult")),
+        ("curation.balance", ("balance", "BalanceOptions", "BalanceResult")),
+        ("curation.card", ("card", "CardOptions", "CardResult")),
         ("shard", ("shard", "ShardOptions", "ShardResult"))) for name in names},
     "embed": ("openalign.index.embed", "embed"), "EmbedOptions": ("openalign.index.embed", "EmbedOptions"),
     "EmbedResult": ("openalign.index.embed", "EmbedResult"),
@@ -55,17 +57,17 @@ if TYPE_CHECKING:  # what a type checker sees: the names as imported (at run tim
     from openalign.index.grow import add as add_to_index, delete as delete_from_index
     from openalign.index.opened import load as open_index
     from openalign.index.search import Hit, Query, SearchResult, search
-    from openalign.pipeline.balance import BalanceOptions, BalanceResult, balance
-    from openalign.pipeline.card import CardOptions, CardResult, card
-    from openalign.pipeline.dedup import DedupOptions, DedupResult, dedup
-    from openalign.pipeline.extract import ExtractOptions, ExtractResult, extract
-    from openalign.pipeline.fetch import FetchOptions, FetchResult, fetch
-    from openalign.pipeline.filter import FilterResult, filter_pairs
-    from openalign.pipeline.filter_rules import FilterConfig
+    from openalign.pipeline.curation.balance import BalanceOptions, BalanceResult, balance
+    from openalign.pipeline.curation.card import CardOptions, CardResult, card
+    from openalign.pipeline.curation.dedup import DedupOptions, DedupResult, dedup
+    from openalign.pipeline.web.extract import ExtractOptions, ExtractResult, extract
+    from openalign.pipeline.web.fetch import FetchOptions, FetchResult, fetch
+    from openalign.pipeline.curation.filter import FilterResult, filter_pairs
+    from openalign.pipeline.curation.filter_rules import FilterConfig
     from openalign.pipeline.ingest import IngestOptions, IngestResult, ingest
-    from openalign.pipeline.score import ScoreOptions, ScoreResult, score
-    from openalign.pipeline.screen import ScreenOptions, ScreenResult, screen
-    from openalign.pipeline.semdedup import SemDedupOptions, SemDedupResult, semdedup
+    from openalign.pipeline.curation.score import ScoreOptions, ScoreResult, score
+    from openalign.pipeline.curation.screen import ScreenOptions, ScreenResult, screen
+    from openalign.pipeline.curation.semdedup import SemDedupOptions, SemDedupResult, semdedup
     from openalign.pipeline.shard import ShardOptions, ShardResult, shard
     from openalign.presets import configure
     from openalign.train.trainer import TrainResult, train as train_model

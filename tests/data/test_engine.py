@@ -234,7 +234,7 @@ def test_ingest_on_spark_equals_local_and_resumes(tmp_path, sources, spark):
 
 @needs_java
 def test_extract_on_spark_equals_local(tmp_path, spark):
-    from openalign.pipeline.extract import extract
+    from openalign.pipeline.web.extract import extract
 
     fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "web"
     wats = [str(fixtures / "crawl-00000.warc.wat.gz"), str(fixtures / "truncated.warc.wat.gz")]
@@ -285,7 +285,7 @@ def test_an_image_in_two_places_is_read_from_the_same_one_on_spark(tmp_path, spa
     import pyarrow.parquet as pq
 
     from openalign.data.tars import TarWriter
-    from openalign.pipeline.scoring import plan_images
+    from openalign.pipeline.runner import plan_images
 
     rng = np.random.default_rng(3)
     blobs = []
@@ -336,9 +336,9 @@ def pairs_and_copies(tmp_path, sources, names) -> tuple[Path, Path]:
 
 @needs_java
 def test_dedup_and_screen_on_spark_give_the_local_keep_lists(tmp_path, sources, spark):
-    from openalign.pipeline.dedup import DedupOptions, dedup
+    from openalign.pipeline.curation.dedup import DedupOptions, dedup
     from openalign.data.pairs import read_keep
-    from openalign.pipeline.screen import ScreenOptions, screen
+    from openalign.pipeline.curation.screen import ScreenOptions, screen
 
     pairs, held = pairs_and_copies(tmp_path, sources, ("f03.png", "f11.png"))  # two are also evaluation images
     Image.open(Path(sources[3]).parent / "t4.png").resize((40, 56)).save(held / "t4_small.png")
@@ -371,7 +371,7 @@ def test_bucket_dedup_on_spark_gives_the_local_keep_list(tmp_path, sources, spar
     from openalign.data.transforms import to_tensor
     from openalign.model.dual_encoder import DualEncoder
     from openalign.model.hub import save_pretrained
-    from openalign.pipeline.dedup import DedupOptions, dedup
+    from openalign.pipeline.curation.dedup import DedupOptions, dedup
     from openalign.tokenizer import train_tokenizer
 
     pairs, held = pairs_and_copies(tmp_path, sources, ("f03.png", "f11.png", "f12.png", "f13.png"))

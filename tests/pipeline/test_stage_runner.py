@@ -21,7 +21,7 @@ from openalign.data.engine import job_id, read_plan
 from openalign.data.pairs import read_keep
 from openalign.pipeline import registry
 from openalign.pipeline.runner import Run, Stage, check_declaration
-from openalign.pipeline.scoring import write_scores
+from openalign.pipeline.curation.scoring import write_scores
 
 needs_java = pytest.mark.skipif(shutil.which("java") is None and not os.environ.get("JAVA_HOME"),
                                 reason="the Spark engine needs Java (apt-get install default-jre-headless)")

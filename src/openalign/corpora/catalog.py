@@ -22,8 +22,8 @@ from pathlib import Path
 
 from openalign.config import ConfigError
 from openalign.data.seeds import stable_seed
-from openalign.pipeline import filter as filters
-from openalign.pipeline.filter_rules import FilterConfig
+from openalign.pipeline.curation import filter as filters
+from openalign.pipeline.curation.filter_rules import FilterConfig
 from openalign.pipeline.ingest import IngestOptions, ingest
 from openalign.pipeline.shard import ShardOptions, kept_images, write_samples
 

@@ -5,8 +5,8 @@ Each built-in corpus chooses its held-out split within itself (emoji by family, 
 several are trained on together nothing stops one source's training split from holding a copy of what another
 holds out: a clipart drawing of a held-out emoji, the same drawing filed twice under two names. The paper removes
 near-duplicates of every evaluation image from its training data (Section 4 and Appendix A); here with the
-perceptual hash of `openalign dedup` (pipeline/dedup.py): a training image within `max_distance` bits (of 64) of
-any held-out image is left out.
+perceptual hash of `openalign dedup` (pipeline/curation/dedup.py): a training image within `max_distance` bits (of
+64) of any held-out image is left out.
 
 The result is a keep index in data.keep's format (data/pairs.py `KeepIndex`: the resolved shard path and sample key
 of every training sample kept), written once under data_dir/keep-index/ and named by a fingerprint of every shard
@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from openalign.data import tars
 from openalign.outputs import staged, write_json
-from openalign.pipeline.dedup import phash_bytes
+from openalign.pipeline.curation.dedup import phash_bytes
 
 MAX_DISTANCE = 4  # bits of 64 at or below which two images are duplicates (openalign dedup's default)
 

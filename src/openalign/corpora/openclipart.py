@@ -19,7 +19,7 @@ from pathlib import Path
 
 from openalign.config import ConfigError
 from openalign.corpora.catalog import Entry, Origin, build_catalog
-from openalign.pipeline.filter_rules import FilterConfig
+from openalign.pipeline.curation.filter_rules import FilterConfig
 
 DEFAULT_ROOT = "/usr/share/openclipart/png"
 LICENCE = "public domain (Creative Commons Public Domain Dedication, per the Debian package's copyright file)"

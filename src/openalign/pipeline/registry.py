@@ -21,20 +21,21 @@ class Row:
 
 
 STAGES: dict[str, Row] = {
-    "filter": Row("openalign.pipeline.filter:Filter",
+    "filter": Row("openalign.pipeline.curation.filter:Filter",
                   "ALIGN's frequency filters -> keep-list + filter_report.json/.png"),
-    "dedup": Row("openalign.pipeline.dedup:Dedup", "drop training images that are near-duplicates of evaluation "
-                                                   "images"),
-    "screen": Row("openalign.pipeline.screen:Screen", "drop images an image classifier flags (the paper's "
-                                                      "unsafe-image filter)"),
-    "score": Row("openalign.pipeline.score:Score", "keep the pairs a model scores highest (image-text cosine; "
-                                                   "DataComp's CLIP score filter)"),
-    "semdedup": Row("openalign.pipeline.semdedup:SemDedup",
+    "dedup": Row("openalign.pipeline.curation.dedup:Dedup",
+                 "drop training images that are near-duplicates of evaluation images"),
+    "screen": Row("openalign.pipeline.curation.screen:Screen",
+                  "drop images an image classifier flags (the paper's unsafe-image filter)"),
+    "score": Row("openalign.pipeline.curation.score:Score",
+                 "keep the pairs a model scores highest (image-text cosine; DataComp's CLIP score filter)"),
+    "semdedup": Row("openalign.pipeline.curation.semdedup:SemDedup",
                     "drop semantic near-duplicates within the corpus (SemDeDup: k-means cells of image embeddings)"),
-    "balance": Row("openalign.pipeline.balance:Balance", "balance the corpus over concepts (MetaCLIP: match alt-texts "
-                                                         "to metadata entries, cap each at t pairs)"),
-    "card": Row("openalign.pipeline.card:Card", "a corpus's data card: what each stage removed, per language, host "
-                                                "and concept, with examples"),
+    "balance": Row("openalign.pipeline.curation.balance:Balance",
+                   "balance the corpus over concepts (MetaCLIP: match alt-texts to metadata entries, cap each at t "
+                   "pairs)"),
+    "card": Row("openalign.pipeline.curation.card:Card",
+                "a corpus's data card: what each stage removed, per language, host and concept, with examples"),
 }
 
 

@@ -18,72 +18,8 @@ import pyarrow.parquet as pq
 
 from openalign import host
 from openalign.data import sources
-from openalign.data.engine import Engine, Job, duckdb_plan, job_id, run_jobs, spark_plan, spark_session
-from openalign.data.pairs import first_source, spark_first_source, sql_path
-from openalign.outputs import sources_key, staged
-
-WORK = "_work"  # the plan, the evaluation hashes or embeddings, each task's scores and status
-
-
-IMAGE_QUERY = f"""SELECT image_key, s.place AS place, s.path AS path, s.member AS member FROM (
-                      SELECT image_key, {first_source()} AS s FROM read_parquet(?) GROUP BY image_key)"""
-# with_pairs: each image's pairs too, as two lists in uid order (a uid the table repeats, once)
-PAIRS_QUERY = f"""WITH images AS ({IMAGE_QUERY}),
-                       pairs AS (SELECT image_key, list(uid ORDER BY uid) AS uids, list(text ORDER BY uid) AS texts
-                                 FROM (SELECT DISTINCT image_key, uid, text FROM read_parquet(?)) GROUP BY image_key)
-                  SELECT * FROM images JOIN pairs USING (image_key)"""
-PLAN_ORDER = ("place", "image_key")  # by source: a task reads a few neighbouring tars, not every one
-
-
-def plan_images(pairs: str, plan: Path, per_task: int, engine: Engine, with_pairs: bool = False) -> int:
-    """Every distinct image of the pair table, ordered by key and cut into tasks of `per_task` images (the
-    local engine plans with DuckDB, the Spark engine with Spark SQL); returns the count. `with_pairs`: each
-    image's pairs too (`uids`, `texts`: lists in uid order)."""
-    if engine.name == "spark":
-        from pyspark.sql import functions as F
-
-        spark = spark_session(engine.master, retries=engine.retries, memory=engine.memory)
-        table = spark.read.parquet(pairs)
-        frame = (table.groupBy("image_key").agg(spark_first_source().alias("s"))
-                 .select("image_key", *(F.col(f"s.{c}").alias(c) for c in ("place", "path", "member"))))
-        if with_pairs:
-            listed = (table.select("image_key", "uid", "text").distinct().groupBy("image_key")
-                      .agg(F.sort_array(F.collect_list(F.struct("uid", "text"))).alias("p"))
-                      .select("image_key", F.col("p.uid").alias("uids"), F.col("p.text").alias("texts")))
-            frame = frame.join(listed, "image_key")
-        return spark_plan(frame, PLAN_ORDER, per_task, plan)
-    import duckdb
-
-    with duckdb.connect() as con:
-        query, params = (PAIRS_QUERY, [str(pairs)] * 2) if with_pairs else (IMAGE_QUERY, [str(pairs)])
-        return duckdb_plan(con, query, params, PLAN_ORDER, per_task, plan)
-
-
-def plan_image_jobs(pairs: str, out: Path, fn, args: tuple, key: dict, per_task: int, engine: Engine,
-                    with_pairs: bool = False) -> tuple[int, list[Job], list[str]]:
-    """Plan the images (`with_pairs`: and their pairs) into jobs `fn(plan, index, scores_path, *args)`, each writing
-    its scores to OUT/_work/scores-ID.parquet; returns (images, the jobs, the score files of this plan: files a
-    killed run of another plan left are never read). A job's key covers the pair table (size and time), `key`,
-    the plan's cut and its index."""
-    work = out / WORK
-    work.mkdir(parents=True, exist_ok=True)
-    plan = work / "plan.parquet"
-    count = plan_images(pairs, plan, per_task, engine, with_pairs)
-    n_jobs = -(-count // per_task)
-    inputs = sources_key(pairs if "://" in str(pairs) else str(Path(pairs).resolve()), key, per_task, count, PLAN_ORDER)
-    scores = [str(work / f"scores-{job_id(i)}.parquet") for i in range(n_jobs)]
-    jobs = [Job(job_id(i), fn, (str(plan), i, scores[i], *args), key=sources_key(inputs, i), outputs=(scores[i],))
-            for i in range(n_jobs)]
-    return count, jobs, scores
-
-
-def image_jobs(pairs: str, out: Path, fn, args: tuple, key: dict, per_task: int, engine: Engine, desc: str,
-               progress: bool, with_pairs: bool = False) -> tuple[int, dict, int, list[str]]:
-    """`plan_image_jobs`, then the jobs run; returns (images, {id: result}, jobs resumed, the score files)."""
-    count, jobs, scores = plan_image_jobs(pairs, out, fn, args, key, per_task, engine, with_pairs)
-    results, resumed = run_jobs(jobs, out / WORK / "_status", engine, desc, progress)
-    return count, results, resumed, scores
-
+from openalign.outputs import staged
+from openalign.pipeline.runner import WORK
 
 _MODELS: dict = {}  # per process: a worker loads the model once for the tasks of one command
 host.command_cache(_MODELS.clear)
@@ -199,32 +135,3 @@ def score_summary(out: Path, scores: list[str], where: str, order: str, n_exampl
                                 [scores]).fetchone()[0]
     percentiles = {f"p{q:g}": float(v) for q, v in zip(PERCENTILES, quantiles)} if quantiles else {}
     return removed, examples, percentiles, int(nonfinite)
-
-
-def write_keep_without_images(pairs: str, scores: list[str], where: str, out: Path, engine=None) -> int:
-    """Keep-list `out/keep.parquet` of every pair whose image is not removed: the images of the Parquet files
-    `scores` (image_key, score, ...) that match the SQL condition `where` (the dedup and screen stages). The
-    Spark engine joins on the executors and writes part files; returns how many pairs were removed."""
-    scores = list(scores)
-    import shutil
-
-    keep = out / "keep.parquet"
-    if keep.is_dir():
-        shutil.rmtree(keep)
-    else:
-        keep.unlink(missing_ok=True)
-    if engine is not None and engine.name == "spark":
-        spark = spark_session(engine.master, retries=engine.retries, memory=engine.memory)
-        table = spark.read.parquet(str(pairs))
-        removed = spark.read.parquet(*scores).where(where).select("image_key")
-        table.join(removed, "image_key", "left_anti").select("uid").distinct().orderBy("uid") \
-            .write.mode("overwrite").parquet(str(keep))
-        return table.join(removed, "image_key", "left_semi").count()
-    import duckdb
-
-    removed = f"SELECT image_key FROM read_parquet(?) WHERE {where}"
-    with duckdb.connect() as con:
-        con.execute(f"COPY (SELECT DISTINCT uid FROM read_parquet(?) WHERE image_key NOT IN ({removed}) ORDER BY uid) "
-                    f"TO '{sql_path(keep)}' (FORMAT parquet)", [str(pairs), scores])
-        return con.execute(f"SELECT count(*) FROM read_parquet(?) WHERE image_key IN ({removed})",
-                           [str(pairs), scores]).fetchone()[0]

@@ -6,8 +6,8 @@ import ipaddress
 
 import pytest
 
-from openalign.pipeline.fetch_addresses import IPV4, IPV6, Addresses
-from openalign.pipeline.fetch_http import Client, Policy, PrivateAddress, safe_resolver
+from openalign.pipeline.web.fetch_addresses import IPV4, IPV6, Addresses
+from openalign.pipeline.web.fetch_http import Client, Policy, PrivateAddress, safe_resolver
 
 STRICT = Addresses(False)
 PUBLIC_V4 = ("8.8.8.8", "1.1.1.1", "93.184.215.14", "151.101.1.140")
@@ -171,7 +171,7 @@ def test_the_resolver_hands_on_only_allowed_addresses():
 def test_the_docs_list_every_range_as_the_table_has_it():
     from pathlib import Path
 
-    docs = (Path(__file__).resolve().parents[2] / "docs" / "pipeline.md").read_text(encoding="utf-8")
+    docs = (Path(__file__).resolve().parents[3] / "docs" / "pipeline.md").read_text(encoding="utf-8")
     for rule in IPV4 + IPV6:
         what = "refused" if rule.unwrap is None else "unwrapped: refused when an IPv4 address it carries is"
         assert f"| `{rule.network}` | {rule.name} | {what} | {rule.source} |" in docs, rule.network

@@ -106,7 +106,7 @@ def test_an_interrupted_dedup_resumes_its_finished_tasks(tmp_path, monkeypatch):
 
 
 def test_bucket_dedup_flags_exactly_the_brute_force_pairs_that_share_a_bucket():
-    from openalign.pipeline import dedup as dd
+    from openalign.pipeline.curation import dedup as dd
 
     rng = np.random.default_rng(0)
     unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)  # noqa: E731

@@ -41,7 +41,7 @@ from openalign.data.engine import Engine, Job, job_id, read_plan
 from openalign.data.pairs import sql_path
 from openalign.outputs import sources_key, staged
 from openalign.pipeline.runner import Run, Stage, run_stage
-from openalign.pipeline.scoring import FINITE, check_model, embed_blobs, kmeans, usable
+from openalign.pipeline.curation.scoring import FINITE, check_model, embed_blobs, kmeans, usable
 
 __all__ = ["SemDedupOptions", "SemDedupResult", "semdedup", "cluster_removals"]
 
@@ -148,7 +148,7 @@ def _write(path: str, columns: dict) -> None:
 def assign_task(embeds_path: str, centroids_path: str, out_paths: list[str], clusters_per_task: int) -> dict:
     """One job: each image of an embedding file assigned to its nearest centroid, written to the file of its group
     of cells (every group's file is written, empty or not)."""
-    from openalign.pipeline.scoring import nearest_cells
+    from openalign.pipeline.curation.scoring import nearest_cells
 
     table = pq.read_table(embeds_path)
     vectors = _matrix(table.column("embedding"))

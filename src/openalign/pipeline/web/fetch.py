@@ -16,7 +16,7 @@ ended with (`timeout`, `http_404`, `robots_disallowed`, `opted_out`, `too_large`
 finished when they appear.
 
 How the HTTP side behaves (robots.txt, X-Robots-Tag, per-host limits, Retry-After, private addresses, redirects,
-size limits) is pipeline/fetch_http.py's docstring. Images are kept as fetched unless `--max-side` asks for a
+size limits) is pipeline/web/fetch_http.py's docstring. Images are kept as fetched unless `--max-side` asks for a
 smaller longest side (then resized and re-encoded in their own format); their original size is always recorded;
 `data/images.probe` decides what is an image (its pixel limit stops decompression bombs).
 
@@ -104,7 +104,7 @@ class FetchOptions(Options):
     shard_size: Annotated[int, POSITIVE_INT] = 10_000  # URLs per shard, on average (a host is never split)
 
     def cross_field_problems(self) -> list[str]:
-        from openalign.pipeline.fetch_http import check_network
+        from openalign.pipeline.web.fetch_http import check_network
 
         problems = []
         for network in self.allow_network:
@@ -117,7 +117,7 @@ class FetchOptions(Options):
     def policy(self):
         from importlib.metadata import PackageNotFoundError, version as installed
 
-        from openalign.pipeline.fetch_http import Policy
+        from openalign.pipeline.web.fetch_http import Policy
 
         try:
             version = installed("openalign")
@@ -349,7 +349,7 @@ def shard_stats(records: list[dict], kinds: Counter, start: float) -> dict:
 
 
 def origin_key(url: str) -> str:
-    from openalign.pipeline.fetch_http import origin_of
+    from openalign.pipeline.web.fetch_http import origin_of
 
     try:
         return origin_of(url)
@@ -360,7 +360,7 @@ def origin_key(url: str) -> str:
 async def fetch_all(urls: list[str], options: FetchOptions, emit) -> tuple[dict, int]:
     """Fetches distinct URLs, each origin's by `per_host` workers of its own; `emit(url, Fetched)` as each ends.
     Returns how each origin's robots.txt answered (counts) and the requests made."""
-    from openalign.pipeline.fetch_http import Client
+    from openalign.pipeline.web.fetch_http import Client
 
     client = Client(options.policy())
     queues: dict[str, deque] = {}

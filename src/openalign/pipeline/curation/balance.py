@@ -4,11 +4,11 @@ entry at t pairs by sampling.
     openalign balance PAIRS [--metadata FILE] --per-entry 20000 --out DIR
 
 MetaCLIP (Xu et al. 2024, facebookresearch/MetaCLIP) made CLIP's curation public. Each pair's text is matched
-against the metadata entries by MetaCLIP's rules (pipeline/concepts.py: whole words, case-sensitively, overlapping
-entries all counted; Aho-Corasick). Sampling follows `metaclip1/balancing.py`: an entry matched by n pairs keeps
-each with probability p = min(1, t / n), and a pair is kept when any of its entries samples it (so with probability
-1 - prod(1 - p_i)); a pair that matches no entry is dropped, as MetaCLIP drops it, and counted. A draw is a hash of
-(seed, uid, entry), not a random stream, so a rerun and either engine keep the same pairs at one seed.
+against the metadata entries by MetaCLIP's rules (pipeline/curation/concepts.py: whole words, case-sensitively,
+overlapping entries all counted; Aho-Corasick). Sampling follows `metaclip1/balancing.py`: an entry matched by n
+pairs keeps each with probability p = min(1, t / n), and a pair is kept when any of its entries samples it (so with
+probability 1 - prod(1 - p_i)); a pair that matches no entry is dropped, as MetaCLIP drops it, and counted. A draw
+is a hash of (seed, uid, entry), not a random stream, so a rerun and either engine keep the same pairs at one seed.
 
 The default metadata: WordNet's synset names (the first lemma of each synset, lower case, `_` as a space: MetaCLIP's
 `wordnet_synsets`, read from Debian's wordnet-base) and, in place of MetaCLIP's Wikipedia unigrams, the corpus's own
@@ -36,7 +36,7 @@ from openalign import plots
 from openalign.data.engine import Engine, Job, job_id
 from openalign.data.pairs import sql_path
 from openalign.outputs import sources_key
-from openalign.pipeline.concepts import TAIL_BINS, MetadataOptions, match_table, write_table
+from openalign.pipeline.curation.concepts import TAIL_BINS, MetadataOptions, match_table, write_table
 from openalign.pipeline.runner import Run, Stage, run_stage
 
 __all__ = ["BalanceOptions", "BalanceResult", "balance", "draws", "keep_probabilities", "sample_pairs"]

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from openalign import cli
-from openalign.pipeline.extract import ExtractOptions, extract, html_depth
+from openalign.pipeline.web.extract import ExtractOptions, extract, html_depth
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

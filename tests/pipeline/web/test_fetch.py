@@ -20,10 +20,10 @@ from openalign import cli
 from openalign.config import ConfigError
 from openalign.corpora.hosts import Hosts, Page, Site
 from openalign.data.engine import Engine
-from openalign.pipeline.fetch import FetchOptions, fetch
-from openalign.pipeline.fetch_http import opted_out, retry_after
+from openalign.pipeline.web.fetch import FetchOptions, fetch
+from openalign.pipeline.web.fetch_http import opted_out, retry_after
 
-FIXTURES = __import__("pathlib").Path(__file__).resolve().parents[1] / "fixtures"
+FIXTURES = __import__("pathlib").Path(__file__).resolve().parents[2] / "fixtures"
 ONE = Engine("local", workers=1)
 # a robots.txt that fails is asked again after 0.2 s and 0.4 s (2 s and 4 s by default: each fetch of the test web
 # waited 6 s on its host "down")
@@ -398,7 +398,7 @@ def test_a_full_disk_names_the_outputs_disk(web, tmp_path, monkeypatch, capsys):
     free space (before), not the output's."""
     import errno
 
-    from openalign.pipeline import fetch as fetch_module
+    from openalign.pipeline.web import fetch as fetch_module
 
     class FullTar:
         def __init__(self, path):

@@ -42,7 +42,7 @@ from openalign.data.engine import Engine, read_plan, spark_session
 from openalign.data.pairs import IMAGE_COLUMNS, sql_path
 from openalign.outputs import sources_key, staged
 from openalign.pipeline.runner import Run, Stage, run_stage
-from openalign.pipeline.scoring import FINITE, check_model, embed_blobs, model_for, usable
+from openalign.pipeline.curation.scoring import FINITE, check_model, embed_blobs, model_for, usable
 
 __all__ = ["ScoreOptions", "ScoreResult", "score"]
 
@@ -210,7 +210,7 @@ def _summary(scores: Path, pairs: str, n_pairs: int, options: ScoreOptions, engi
     border, from the scores (DuckDB, on the driver: one column of floats)."""
     import duckdb
 
-    from openalign.pipeline.scoring import PERCENTILES
+    from openalign.pipeline.curation.scoring import PERCENTILES
 
     with duckdb.connect() as con:
         con.execute(f"CREATE TEMP VIEW s AS SELECT uid, score FROM read_parquet('{sql_path(_source(scores))}') "

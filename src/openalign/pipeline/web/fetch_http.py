@@ -1,5 +1,5 @@
 """The fetcher's HTTP side: one asyncio loop per task over aiohttp, polite to every host and safe against what a
-crawl's URLs point at. `pipeline/fetch.py` plans the tasks and writes what this module brings back. aiohttp was
+crawl's URLs point at. `pipeline/web/fetch.py` plans the tasks and writes what this module brings back. aiohttp was
 chosen by measurement: 1.8x httpx's requests/s at a quarter of its CPU per request (bench/http_clients.py).
 
 Polite:
@@ -27,7 +27,7 @@ Polite:
 - A User-Agent that names openalign, with the user's contact (`--contact`).
 
 Safe:
-- Every address a connection would go to is looked up in `pipeline/fetch_addresses.py`'s explicit table (loopback,
+- Every address a connection would go to is looked up in `pipeline/web/fetch_addresses.py`'s explicit table (loopback,
   private, link-local with 169.254.169.254, shared, multicast, reserved; the IPv6 forms that carry an IPv4 address
   unwrapped) and refused (`private_address`) unless `allow_private_addresses`, or the address is in one of
   `allow_networks`. The check runs in aiohttp's resolver, so the connection goes to the address that was checked
@@ -36,7 +36,7 @@ Safe:
   robots.txt of its origin); environment proxies are ignored.
 - Connect, read and total timeouts; the body is read in chunks and abandoned past `max_bytes` (after
   decompression: a gzip bomb stops at the limit); a body that is not an image is an error, not a sample
-  (`pipeline/fetch.py` probes it with `data/images.probe` and its pixel limit).
+  (`pipeline/web/fetch.py` probes it with `data/images.probe` and its pixel limit).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import urljoin, urlsplit
 
-from openalign.pipeline.fetch_addresses import Addresses
+from openalign.pipeline.web.fetch_addresses import Addresses
 
 ROBOTS_TOKEN = "openalign"  # the user-agent token robots.txt groups and X-Robots-Tag values are matched against
 ROBOTS_MAX_BYTES = 500 * 1024  # RFC 9309 2.5: parse at least 500 KiB

@@ -1,4 +1,4 @@
-"""pipeline/card.py: a corpus's data card, its numbers checked against the keep-lists counted in Python."""
+"""pipeline/curation/card.py: a corpus's data card, its numbers checked against the keep-lists counted in Python."""
 
 import json
 from collections import Counter
@@ -10,7 +10,7 @@ import pytest
 from openalign.cli import main
 from openalign.data.engine import Engine
 from openalign.data.pairs import pair_uids, read_keep
-from openalign.pipeline.card import CardOptions, card
+from openalign.pipeline.curation.card import CardOptions, card
 from test_balance import metaclip_matches
 
 HOSTS = ["a.example", "b.example", "c.example"]

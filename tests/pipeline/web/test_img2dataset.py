@@ -9,10 +9,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from openalign.cli import main
-from openalign.pipeline.filter_rules import FilterConfig
+from openalign.pipeline.curation.filter_rules import FilterConfig
 from openalign.data.pairs import read_keep
 
-FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "img2dataset"
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "img2dataset"
 ORIGINALS = json.loads((FIXTURE / "originals.json").read_text())
 FORMATS = ("webdataset", "files", "parquet")
 

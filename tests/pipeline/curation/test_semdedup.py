@@ -1,4 +1,4 @@
-"""pipeline/semdedup.py: SemDeDup's rule within k-means cells of image embeddings, against a brute force of it."""
+"""pipeline/curation/semdedup.py: SemDeDup's rule within k-means cells of image embeddings, against a brute force of it."""
 
 import json
 import shutil
@@ -12,7 +12,7 @@ from PIL import Image
 from conftest import save_tiny_model
 from openalign.cli import main
 from openalign.data.pairs import read_keep
-from openalign.pipeline.semdedup import SemDedupOptions, cluster_removals, semdedup
+from openalign.pipeline.curation.semdedup import SemDedupOptions, cluster_removals, semdedup
 
 
 def brute_force(vectors: np.ndarray) -> tuple[list[float], list[int]]:
@@ -197,7 +197,7 @@ def test_images_whose_vectors_are_nan_or_zero_are_never_clustered_and_stay(corpu
     """Before: faiss's k-means raised `RuntimeError` on a NaN vector (a traceback); now such an image is left out
     of the clusters, kept (nothing decided it), and counted; a model with no finite vector at all is one sentence."""
     from conftest import poison
-    from openalign.pipeline import semdedup as module
+    from openalign.pipeline.curation import semdedup as module
 
     pairs, model = corpus
     real = module.embed_blobs

@@ -26,7 +26,7 @@ from openalign.config import ConfigError, Options
 from openalign.data import images, sources
 from openalign.data.engine import Engine, read_plan
 from openalign.pipeline.runner import Run, Stage, run_stage
-from openalign.pipeline.scoring import FINITE, score_summary, write_scores
+from openalign.pipeline.curation.scoring import FINITE, score_summary, write_scores
 
 __all__ = ["ScreenOptions", "ScreenResult", "screen"]
 

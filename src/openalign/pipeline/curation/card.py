@@ -39,7 +39,7 @@ from openalign.config import ConfigError, listed
 from openalign.data.engine import Engine
 from openalign.data.pairs import (KEEP_REPORT_SUFFIX, PAIR_TABLE, keep_reports, keep_source,
                                   manifest_path, sql_path)
-from openalign.pipeline.concepts import TAIL_BINS, MetadataOptions, match_table, read_entries
+from openalign.pipeline.curation.concepts import TAIL_BINS, MetadataOptions, match_table, read_entries
 from openalign.pipeline.runner import Input, Run, Stage, run_stage
 
 __all__ = ["CardOptions", "CardResult", "card"]

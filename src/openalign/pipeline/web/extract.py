@@ -63,9 +63,9 @@ from openalign.data.language import identify, known_languages
 from openalign.data.words import check_segmenters, segment
 from openalign.data.pairs import manifest_path, pair_uids, url_keys
 from openalign.outputs import leftovers, sources_key, staged, unfinish, write_json
-from openalign.pipeline.extract_inputs import (Stream, archive_kind, fingerprint, inputs, is_url, open_lines,
-                                               open_source, suffix_of)
-from openalign.pipeline.extract_links import NO_BASE, hosts, pair, pairs, resolve_base, target_uri
+from openalign.pipeline.web.extract_inputs import (Stream, archive_kind, fingerprint, inputs, is_url, open_lines,
+                                                   open_source, suffix_of)
+from openalign.pipeline.web.extract_links import NO_BASE, hosts, pair, pairs, resolve_base, target_uri
 
 __all__ = ["CANDIDATE_SCHEMA", "ExtractOptions", "ExtractResult", "extract"]
 
@@ -154,8 +154,8 @@ def wat_candidates(path: str, counts: Counter, options: ExtractOptions) -> Itera
     `max_record_bytes` skipped (extract_records.py); a page's first `max_page_images` image links are read."""
     from fastwarc.warc import WarcRecordType
 
-    from openalign.pipeline.extract_records import Archive
-    from openalign.pipeline.extract_wat import BadRecord, page
+    from openalign.pipeline.web.extract_records import Archive
+    from openalign.pipeline.web.extract_wat import BadRecord, page
 
     cap = options.max_page_images
     archive = Archive(path, WarcRecordType.metadata, counts, parse_size(options.max_record_bytes))
@@ -184,7 +184,7 @@ def wat_candidates(path: str, counts: Counter, options: ExtractOptions) -> Itera
 
 
 def _parsed(data: bytes):
-    from openalign.pipeline.extract_wat import BadRecord, page
+    from openalign.pipeline.web.extract_wat import BadRecord, page
 
     try:
         return page(data)
@@ -235,7 +235,7 @@ def warc_candidates(path: str, counts: Counter, options: ExtractOptions) -> Iter
     from fastwarc.warc import WarcRecordType
     from selectolax.lexbor import LexborHTMLParser
 
-    from openalign.pipeline.extract_records import Archive
+    from openalign.pipeline.web.extract_records import Archive
 
     archive = Archive(path, WarcRecordType.response, counts, parse_size(options.max_page_bytes), parse_http=True,
                       truncate=True)

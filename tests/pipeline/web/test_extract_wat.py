@@ -1,4 +1,4 @@
-"""pipeline/extract_wat.py: a WAT record's JSON read through typed structs, against the same record read as the
+"""pipeline/web/extract_wat.py: a WAT record's JSON read through typed structs, against the same record read as the
 JSON's plain objects (the reading extract had before, and keeps for records of other shapes)."""
 
 import json
@@ -8,9 +8,9 @@ import pytest
 from fastwarc.warc import ArchiveIterator, WarcRecordType
 
 from openalign.corpora import webpages
-from openalign.pipeline.extract_wat import IMG_SRC, BadRecord, _plain_page, page
+from openalign.pipeline.web.extract_wat import IMG_SRC, BadRecord, _plain_page, page
 
-WAT = Path(__file__).resolve().parents[1] / "fixtures" / "web" / "crawl-00000.warc.wat.gz"
+WAT = Path(__file__).resolve().parents[2] / "fixtures" / "web" / "crawl-00000.warc.wat.gz"
 
 
 def plain_reading(data: bytes):

@@ -1,4 +1,4 @@
-"""pipeline/extract_links.py: image links made absolute and their hosts, against urljoin and urlsplit."""
+"""pipeline/web/extract_links.py: image links made absolute and their hosts, against urljoin and urlsplit."""
 
 import random
 import re
@@ -7,7 +7,7 @@ from urllib.parse import urljoin, urlsplit
 import pyarrow as pa
 import pytest
 
-from openalign.pipeline.extract_links import Base, absolute, hosts, url_host
+from openalign.pipeline.web.extract_links import Base, absolute, hosts, url_host
 
 
 @pytest.mark.parametrize("src, base, expected", [

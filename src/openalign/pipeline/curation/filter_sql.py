@@ -18,8 +18,8 @@ from openalign.config import ConfigError
 from openalign.sizes import duckdb_size, format_size, parse_size
 from openalign.data.engine import Engine, spark_session
 from openalign.data.pairs import sql_path
-from openalign.pipeline.filter_rules import (DUCKDB, HASH_HISTOGRAM, SPARK, group_columns, hash_counts, keep_query,
-                                             size_columns, words_columns)
+from openalign.pipeline.curation.filter_rules import (DUCKDB, HASH_HISTOGRAM, SPARK, group_columns, hash_counts,
+                                                      keep_query, size_columns, words_columns)
 
 GROUP_ROW_BYTES = 48  # DuckDB's memory per group of an integer key and a sum (measured: ~30 spilled per input row)
 

@@ -38,7 +38,7 @@ PLAIN_BASE = re.compile(r'(https?)://([!"$-.0-:<->@-Z^-~]+)((?:/[!"$-:<->@-Z^-~]
 class Base:
     """A page's base URL, parsed once, resolving its links to absolute http(s) URLs.
 
-    `resolve` gives urljoin's result (tests/pipeline/test_extract.py checks it on tens of thousands of generated
+    `resolve` gives urljoin's result (tests/pipeline/web/test_extract.py checks it on tens of thousands of generated
     links), written out for the shapes nearly every link has, where urljoin's result is a concatenation:
     scheme-relative (`//cdn/x.jpg`), host-relative (`/img/x.jpg`) and a relative path (`img/x.jpg`, `../img/x.jpg`)
     on a base whose path has no dot or empty segments; anything else goes to urljoin. urljoin was the stage's largest

@@ -22,9 +22,9 @@ from openalign import cli
 from openalign.corpora import webpages
 from openalign.data.engine import Engine
 from openalign.data.pairs import blake, normalize_text, pair_uid
-from openalign.pipeline.extract import ExtractOptions, extract
+from openalign.pipeline.web.extract import ExtractOptions, extract
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "web"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "web"
 WAT = FIXTURES / "crawl-00000.warc.wat.gz"
 WARC = FIXTURES / "crawl-00000.warc.gz"
 TRUNCATED = FIXTURES / "truncated.warc.wat.gz"
@@ -35,7 +35,7 @@ def rows(out: Path) -> list[dict]:
 
 
 def cc2dataset_as_extract(name: str) -> list[tuple[str, str]]:
-    """cc2dataset's rows with the differences docs and pipeline/extract.py name applied: alts' whitespace collapsed
+    """cc2dataset's rows with the differences docs and pipeline/web/extract.py name applied: alts' whitespace collapsed
     and an alt left empty dropped; the pair an empty src made (the page's own URL) dropped; unique (url, alt)."""
     expected = []
     for row in json.loads((FIXTURES / name).read_text(encoding="utf-8")):
@@ -199,7 +199,7 @@ def _first_member_length(path: Path) -> int:
 
 def pages_parsed_independently(pages: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """(url, alt) of every `<img>` of (page url, HTML) pairs by Python's html.parser and urljoin, under the rules
-    pipeline/extract.py documents for WARC pages: an alt is required and its whitespace collapsed; the source is
+    pipeline/web/extract.py documents for WARC pages: an alt is required and its whitespace collapsed; the source is
     data-src, else src, else srcset's first; resolved against the page's <base>; http(s) only; unique, in order."""
     found = []
     for page_url, html in pages:

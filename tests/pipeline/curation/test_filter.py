@@ -7,11 +7,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from openalign.pipeline.filter_rules import FilterConfig
-from openalign.pipeline import filter as filters
-from openalign.pipeline import filter_sql
-from openalign.pipeline.filter_sql import DuckDBSql
-from openalign.pipeline.filter_rules import DUCKDB, vocab_cut
+from openalign.pipeline.curation.filter_rules import FilterConfig
+from openalign.pipeline.curation import filter as filters
+from openalign.pipeline.curation import filter_sql
+from openalign.pipeline.curation.filter_sql import DuckDBSql
+from openalign.pipeline.curation.filter_rules import DUCKDB, vocab_cut
 from openalign.data.pairs import PAIR_SCHEMA, pair_uid, read_keep
 from conftest import mark_ingested
 from openalign import cli
@@ -338,7 +338,7 @@ CANDIDATE_RULES = {"max_images_per_text": 2, "min_words": 3, "max_words": 8, "ma
 
 def candidate_table(tmp_path):
     """CANDIDATES as COYO-700M's layout (id, url, text, width, height, and scores the rules ignore), through extract."""
-    from openalign.pipeline.extract import extract
+    from openalign.pipeline.web.extract import extract
 
     coyo = {"id": list(range(len(CANDIDATES))), "url": [c[0] for c in CANDIDATES],
             "text": [c[1] for c in CANDIDATES],
@@ -380,7 +380,7 @@ def test_a_candidate_table_filters_the_same_on_spark(tmp_path):
 
 
 def test_the_size_rules_say_when_no_size_is_known(tmp_path):
-    from openalign.pipeline.extract import extract
+    from openalign.pipeline.web.extract import extract
 
     (tmp_path / "urls.csv").write_text("url,caption\nhttps://a.example/1.jpg,a red bicycle here\n"
                                        "https://a.example/2.jpg,two cats asleep here\n", encoding="utf-8")

@@ -1,4 +1,4 @@
-"""pipeline/score.py: each pair's image-text cosine under a model, and the keep-list of the top fraction or of the
+"""pipeline/curation/score.py: each pair's image-text cosine under a model, and the keep-list of the top fraction or of the
 scores above a minimum."""
 
 import json
@@ -13,8 +13,8 @@ import pytest
 from conftest import COLORS, SHAPES, run_killed, save_tiny_model, shape_image
 from openalign.cli import main
 from openalign.data.pairs import read_keep
-from openalign.pipeline import score as score_lib
-from openalign.pipeline.score import ScoreOptions, keep_count, score
+from openalign.pipeline.curation import score as score_lib
+from openalign.pipeline.curation.score import ScoreOptions, keep_count, score
 
 COMBOS = [(colour, shape) for colour in COLORS for shape in SHAPES]
 
@@ -210,7 +210,7 @@ def test_a_model_whose_vectors_are_nan_keeps_nothing_and_says_so(corpus, tmp_pat
 
 
 def test_a_vector_that_is_nan_infinite_or_zero_is_not_usable():
-    from openalign.pipeline.scoring import usable
+    from openalign.pipeline.curation.scoring import usable
 
     vectors = np.array([[0.6, 0.8], [np.nan, 1.0], [np.inf, 0.0], [0.0, 0.0], [0.0, -1e-30]], np.float32)
     assert usable(vectors).tolist() == [True, False, False, False, True]

@@ -1,4 +1,4 @@
-"""pipeline/balance.py: MetaCLIP's substring matching of alt-texts against metadata entries and its balancing, each
+"""pipeline/curation/balance.py: MetaCLIP's substring matching of alt-texts against metadata entries and its balancing, each
 entry capped at t pairs by sampling."""
 
 import json
@@ -13,9 +13,9 @@ import pytest
 from openalign.cli import main
 from openalign.data.engine import Engine
 from openalign.data.pairs import pair_uids, read_keep
-from openalign.pipeline import balance as balance_lib
-from openalign.pipeline import concepts
-from openalign.pipeline.balance import BalanceOptions, balance, keep_probabilities, sample_pairs
+from openalign.pipeline.curation import balance as balance_lib
+from openalign.pipeline.curation import concepts
+from openalign.pipeline.curation.balance import BalanceOptions, balance, keep_probabilities, sample_pairs
 
 
 def write_table(path: Path, texts: list[str]) -> Path:

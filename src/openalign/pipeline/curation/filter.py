@@ -23,11 +23,12 @@ from openalign.config import ConfigError, expect
 from openalign.sizes import format_size, parse_size
 from openalign.data.engine import Engine, engine_name
 from openalign.data.pairs import FILTER_COLUMNS, manifest_path
-from openalign.pipeline.filter_sql import SpillWatch, sql_backend
+from openalign.pipeline.curation.filter_sql import SpillWatch, sql_backend
 from openalign.pipeline.runner import Run, Stage, run_stage
-from openalign.pipeline.filter_rules import (GROUPS, PARTED, DONE_AFTER, RULE_OPTIONS, RULES, FilterConfig, applies,
-                                             count_statements, examples_query, exact_cut, flag_statements, group_query,
-                                             hash_query, keep_query, occurrence_count_query, summary_query)
+from openalign.pipeline.curation.filter_rules import (GROUPS, PARTED, DONE_AFTER, RULE_OPTIONS, RULES, FilterConfig,
+                                                      applies, count_statements, examples_query, exact_cut,
+                                                      flag_statements, group_query, hash_query, keep_query,
+                                                      occurrence_count_query, summary_query)
 
 __all__ = ["FilterResult", "RuleCount", "filter_pairs"]
 
