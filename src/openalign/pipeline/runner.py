@@ -221,7 +221,8 @@ class Stage:
         return self.report_file or f"{self.name}_report.json"
 
     def engine(self, options, engine: Engine) -> Engine:
-        """The engine this run uses: the local engine with the options' `workers` when they have any."""
+        """The engine this run uses: the local engine with the options' `workers` when they have any (0: one process
+        per core)."""
         workers = getattr(options, "workers", None)
         if engine.name == "local" and workers is not None:
             return Engine(workers=workers, retries=engine.retries)

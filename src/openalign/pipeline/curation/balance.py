@@ -23,7 +23,6 @@ before and after, with the pairs that matched nothing). A rerun that changes onl
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -218,11 +217,6 @@ class Balance(Stage):
     writes = ", metadata.txt, matches.parquet and entries.parquet"
     files = (("matches", "matches"),)
     first_round = "sample"
-
-    def engine(self, options: BalanceOptions, engine: Engine) -> Engine:
-        if engine.name == "local":
-            return Engine(workers=options.workers or os.cpu_count() or 1, retries=engine.retries)
-        return engine
 
     def plan(self, run: Run) -> list:
         """Match the texts (their own rounds of jobs, reused when the table and metadata are unchanged), count each

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 from dataclasses import asdict, dataclass
 from decimal import Decimal
@@ -320,11 +319,6 @@ class Score(Stage):
     columns = (*IMAGE_COLUMNS, "text")
     writes = " and scores.parquet"
     files = (("scores", "scores"),)
-
-    def engine(self, options: ScoreOptions, engine: Engine) -> Engine:
-        if engine.name == "local":
-            return Engine(workers=options.workers or os.cpu_count() or 1, retries=engine.retries)
-        return engine
 
     def check(self, run: Run) -> None:
         self.fingerprint = check_model(run.options.model, "score", texts=True)

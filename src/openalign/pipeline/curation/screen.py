@@ -101,20 +101,6 @@ def screen_task(plan: str, index: int, scores_path: str, classifier: str, batch_
 
 
 @dataclass(frozen=True)
-class ScreenResult:
-    """What `screen` removed (its report, OUT/screen_report.json, holds the same and more: examples)."""
-
-    keep: Path  # OUT/keep.parquet: the uids of the pairs whose image scored under the threshold
-    images: int  # distinct images
-    removed_images: int  # scored at or above the threshold
-    removed_pairs: int  # their pairs
-    unreadable_images: int  # could not be read (kept: nothing decided them)
-    resumed_tasks: int  # tasks a rerun did not redo
-    seconds: float
-    report: dict  # the report as written
-
-
-@dataclass(frozen=True)
 class ScreenReport:
     """OUT/screen_report.json, after `stage` and `pairs`."""
 
@@ -130,6 +116,20 @@ class ScreenReport:
     resumed_tasks: int
     examples: list  # the highest-scoring removed images: {image, score}
     nonfinite_scores: int  # NaN or infinite: counted, never removed
+
+
+@dataclass(frozen=True)
+class ScreenResult:
+    """What `screen` removed (its report, OUT/screen_report.json, holds the same and more: examples)."""
+
+    keep: Path  # OUT/keep.parquet: the uids of the pairs whose image scored under the threshold
+    images: int  # distinct images
+    removed_images: int  # scored at or above the threshold
+    removed_pairs: int  # their pairs
+    unreadable_images: int  # could not be read (kept: nothing decided them)
+    resumed_tasks: int  # tasks a rerun did not redo
+    seconds: float
+    report: dict  # the report as written
 
 
 class Screen(Stage):

@@ -25,7 +25,6 @@ largest cells, the closest removals) and DIR/semdedup_report.png.
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -258,11 +257,6 @@ class SemDedup(Stage):
     flags = FLAGS
     deprecated_flags = {"--keep": "keep"}  # the old spelling of --which-to-keep
     first_round = "semdedup: embed"
-
-    def engine(self, options: SemDedupOptions, engine: Engine) -> Engine:
-        if engine.name == "local":
-            return Engine(workers=options.workers or os.cpu_count() or 1, retries=engine.retries)
-        return engine
 
     def check(self, run: Run) -> None:
         self.fingerprint = check_model(run.options.model, "semdedup")
