@@ -282,17 +282,18 @@ def keep_table(con, pairs: Path, keep_dirs: list[Path]) -> None:
 
 def pair_table_of(keep_dir: Path) -> str:
     """The pair table a keep-list directory was made from (its stage's report says, under `pair_table`)."""
-    for path in keep_reports(keep_dir)[:1]:
-        try:
-            report = json.loads(path.read_text())
-        except ValueError:
-            report = None
-        if isinstance(report, dict) and isinstance(report.get(PAIR_TABLE), str):
-            return report[PAIR_TABLE]
-        raise ConfigError(f"{path} is damaged (not the report its stage writes); run that stage again into "
-                          f"{keep_dir}")
-    raise ConfigError(f"{keep_dir} holds no report of a keep-list stage; data.keep takes the --out directories of "
-                      "`openalign filter`, `dedup`, `screen`, `score`, `semdedup` and `balance`")
+    reports = keep_reports(keep_dir)
+    if not reports:
+        raise ConfigError(f"{keep_dir} holds no report of a keep-list stage; data.keep takes the --out directories of "
+                          "`openalign filter`, `dedup`, `screen`, `score`, `semdedup` and `balance`")
+    try:
+        report = json.loads(reports[0].read_text())
+    except ValueError:
+        report = None
+    if isinstance(report, dict) and isinstance(report.get(PAIR_TABLE), str):
+        return report[PAIR_TABLE]
+    raise ConfigError(f"{reports[0]} is damaged (not the report its stage writes); run that stage again into "
+                      f"{keep_dir}")
 
 
 def build_keep_index(keep_dirs: list[str], out_dir: Path) -> str:

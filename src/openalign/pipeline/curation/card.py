@@ -81,20 +81,21 @@ class CardResult:
 def _stage(keep_dir: Path, pairs: str) -> tuple[str, dict]:
     """(stage name, its report) of a keep-list directory made from `pairs`; one sentence otherwise."""
     keep_source(keep_dir)  # a finished keep-list, or one sentence
-    for path in keep_reports(keep_dir)[:1]:
-        if path.is_file():
-            try:
-                report = json.loads(path.read_text(encoding="utf-8"))
-            except ValueError:
-                raise ConfigError(f"{path} is damaged (not JSON); run that stage again into {keep_dir}") from None
-            made_from = report.get(PAIR_TABLE) if isinstance(report, dict) else None
-            if not isinstance(made_from, str):
-                raise ConfigError(f"{path} does not name its pair table; run that stage again into {keep_dir}")
-            if "://" not in pairs and "://" not in made_from and Path(made_from).resolve() != Path(pairs).resolve():
-                raise ConfigError(f"--keep {keep_dir} was made from {made_from}, not {pairs}; give the keep-lists of "
-                                  "this pair table")
-            return path.name.removesuffix(KEEP_REPORT_SUFFIX), report
-    raise ConfigError(f"--keep {keep_dir} holds no report of a keep-list stage")
+    reports = keep_reports(keep_dir)
+    if not reports:
+        raise ConfigError(f"--keep {keep_dir} holds no report of a keep-list stage")
+    path = reports[0]
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:
+        raise ConfigError(f"{path} is damaged (not JSON); run that stage again into {keep_dir}") from None
+    made_from = report.get(PAIR_TABLE) if isinstance(report, dict) else None
+    if not isinstance(made_from, str):
+        raise ConfigError(f"{path} does not name its pair table; run that stage again into {keep_dir}")
+    if "://" not in pairs and "://" not in made_from and Path(made_from).resolve() != Path(pairs).resolve():
+        raise ConfigError(f"--keep {keep_dir} was made from {made_from}, not {pairs}; give the keep-lists of this "
+                          "pair table")
+    return path.name.removesuffix(KEEP_REPORT_SUFFIX), report
 
 
 def _names(stages: list[tuple[str, dict]]) -> list[str]:
