@@ -89,8 +89,23 @@ def test_columns_are_found_the_same_way_or_named(tmp_path):
     with pytest.raises(ConfigError, match=r"has no column 'img' \(columns: image, text\); name the image column "
                                           "with --image-column"):
         tables.columns(tmp_path, ["image", "text"], image_column="img")
-    with pytest.raises(ConfigError, match="has no text column: none of text, caption, captions, title"):
+    with pytest.raises(ConfigError, match="has no text column: none of text, caption, captions, alt, alt_text, title"):
         tables.columns(tmp_path, ["image", "label"])
+
+
+def test_one_column_vocabulary_for_caption_tables_and_url_tables(tmp_path):
+    # ingest's tables and extract's and fetch's URL tables had two text vocabularies (ingest: no `alt`; extract and
+    # fetch: no `captions`) and two ways of matching (exact here, without regard to case there)
+    for names in (["url", "caption"], ["URL", "TEXT"], ["image_url", "alt", "title"], ["url", "captions", "title"],
+                  ["url", "Alt_Text", "id"], ["url", "text", "caption"]):
+        image, text = tables.columns(tmp_path, names)
+        assert text == tables.url_columns(str(tmp_path), names)["text"] and text is not None, names
+    assert tables.columns(tmp_path, ["Image", "Caption"]) == ("Image", "Caption")
+    assert tables.url_columns("t", ["Image_URL", "alt", "Width", "original_height", "page_url"]) == dict(
+        url="Image_URL", text="alt", width="Width", height="original_height", page_url="page_url")
+    with pytest.raises(ConfigError, match="has no url column: none of url, image_url, img_url"):
+        tables.url_columns("t", ["image", "caption"])
+    assert tables.url_columns("t", ["url"], need_text=False)["text"] is None
 
 
 def test_a_list_of_captions_in_a_cell_is_several_captions(tmp_path, pictures):

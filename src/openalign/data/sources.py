@@ -303,12 +303,10 @@ def table_items(path: Path, root: Path, image_column: str = "", text_column: str
 
 def img2dataset_items(path: Path) -> list[Item]:
     """The downloaded images of img2dataset's `parquet` output (the images in a column), by key, with captions."""
-    import pyarrow.parquet as pq
-
-    table = pq.read_table(path, columns=["key", "status", "caption"])
-    return [Item(key, str(Path(path).resolve()), tars.captions(caption, {"caption": caption}), member=key)
-            for key, status, caption in zip(*(table.column(c).to_pylist() for c in ("key", "status", "caption")))
-            if status == "success"]
+    return [Item(row["key"], str(Path(path).resolve()), tars.captions(row["caption"], {"caption": row["caption"]}),
+                 member=row["key"])
+            for row in tables.img2dataset_rows(path, ["key", "status", "caption"], images=False)
+            if row["status"] == "success"]
 
 
 PAIR_IMAGES = f"""SELECT image_key, s.path, s.member, texts FROM (
@@ -454,14 +452,6 @@ class _Sources:
             raise OSError(f"{member} of {path} is cut short")
         return data
 
-    @staticmethod
-    def image_column(schema) -> str | None:
-        """The binary column holding img2dataset's `parquet` output's images (its --encode_format), if any."""
-        import pyarrow as pa
-
-        return next((c for c in IMG2DATASET_IMAGE_COLUMNS
-                     if c in schema.names and pa.types.is_binary(schema.field(c).type)), None)
-
     def _table_image(self, path: str, key: str) -> bytes:
         """An image of img2dataset's `parquet` output by its key (row groups read one at a time, the last kept:
         stages read a table's images in order)."""
@@ -472,7 +462,7 @@ class _Sources:
                 table = pq.ParquetFile(path)
             except Exception as err:  # noqa: BLE001 - pyarrow's errors for a missing or damaged file
                 raise OSError(f"{path}: {err}") from None
-            column = self.image_column(table.schema_arrow)
+            column = tables.img2dataset_image_column(table.schema_arrow)
             rows = {}
             for g in range(table.num_row_groups):
                 for r, k in enumerate(table.read_row_group(g, columns=["key"]).column(0).to_pylist()):
@@ -512,7 +502,6 @@ class _Sources:
         return keys | index
 
 
-IMG2DATASET_IMAGE_COLUMNS = ("jpg", "png", "webp")
 SOURCES = _Sources()  # one per process (forked workers build their own), emptied when a command ends
 host.command_cache(SOURCES.close)
 

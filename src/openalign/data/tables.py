@@ -1,23 +1,35 @@
-"""Tables of image/text rows, read one way by every command (ingest, eval, embed, dedup).
+"""Tables of image/text rows, read one way by every command (ingest, eval, embed, dedup, extract, fetch).
 
     X.csv  X.tsv   by header; the delimiter is sniffed (a tab-separated .csv is common: OpenCLIP reads and writes them)
     X.jsonl        one JSON object per line, streamed
     X.json         a JSON array of objects; an object with "images" is a Karpathy split instead (told by content)
     X.parquet      columns; a pair table from `openalign ingest`, or img2dataset's output, is told by its schema
 
-What a file is comes from its content, not from the command that reads it (`kind`). The image and the text column
-are found the same way everywhere (`columns`): the names given (`--image-column`, `--text-column`), else the first
-present of `IMAGE_COLUMNS` and `TEXT_COLUMNS`: openalign's and CLIP_benchmark's `image`/`caption`, a pair table's
-`text`, OpenCLIP's `filepath`/`title`, img2dataset's `url`/`caption`. A text value that is a list (a JSONL
-`captions` list) is several captions.
+What a file is comes from its content, not from the command that reads it (`kind`). One column vocabulary: a role's
+column is the one named (`--image-column`, `--text-column`), else the first present of its known names, matched
+without regard to case (`first_column`):
 
-Rows are streamed (`rows`). A row that cannot be parsed is a `Row` with `bad` set (its line number and what is
-wrong), never fatal; bytes that are not UTF-8 become U+FFFD, counted in `notes["rows_with_invalid_utf8"]`.
+    image     IMAGE_COLUMNS   openalign's and CLIP_benchmark's `image`, OpenCLIP's `filepath`, ..., then a URL's
+    url       URL_COLUMNS     a URL table's image URL (extract, fetch): `url`, `image_url`, `img_url`
+    text      TEXT_COLUMNS    `text` (a pair table's), `caption`, `captions`, `alt`, `alt_text`, `title`:
+                              CLIP_benchmark, OpenCLIP, COYO, LAION, DataComp, img2dataset
+    width, height, page_url   a URL table's image size and page, where it has them (COYO and LAION: width;
+                              DataComp: original_width)
+
+A text value that is a list (a JSONL `captions` list, a Parquet list column) is several captions, in every reader.
+
+Local tables are read through DuckDB or line by line (`rows`, `duckdb_reader`); a URL table, local or an fsspec URL
+of any size, is streamed a batch at a time (`stream_names`, `batches`: pyarrow for CSV and Parquet, msgspec for
+JSONL). A row that cannot be parsed is a `Row` with `bad` set (its line number and what is wrong), or None in a
+batch, never fatal; bytes that are not UTF-8 become U+FFFD, counted in `notes["rows_with_invalid_utf8"]`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
+import itertools
 import json
 from collections import Counter
 from dataclasses import dataclass, field
@@ -26,12 +38,17 @@ from typing import Literal
 from collections.abc import Iterator
 
 from openalign.config import ConfigError
+from openalign.data.files import Stream, open_lines, open_source, suffix_of
 
 TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".json", ".parquet")
-IMAGE_COLUMNS = ("image", "filepath", "file", "path", "image_path", "url")  # the first present is the image column
-TEXT_COLUMNS = ("text", "caption", "captions", "title")  # the first present is the text column
-URL_COLUMNS = ("url", "image_url", "img_url")  # a URL table's (extract, fetch): matched without regard to case
-ALT_COLUMNS = ("text", "caption", "alt", "alt_text", "title")  # and its alt-text's: COYO, LAION, DataComp, img2dataset
+URL_TABLE_SUFFIXES = (".parquet", ".csv", ".tsv", ".jsonl")  # streamed, local or remote (`batches`)
+# the column vocabulary: for each role, its known names, the first present (without regard to case) is the column
+URL_COLUMNS = ("url", "image_url", "img_url")
+IMAGE_COLUMNS = ("image", "filepath", "file", "path", "image_path", *URL_COLUMNS)  # a file, or a URL (never fetched)
+TEXT_COLUMNS = ("text", "caption", "captions", "alt", "alt_text", "title")
+WIDTH_COLUMNS = ("width", "original_width")
+HEIGHT_COLUMNS = ("height", "original_height")
+PAGE_COLUMNS = ("page_url",)
 IMG2DATASET_COLUMNS = {"key", "status", "error_message", "caption", "url"}
 PAIR_TABLE_COLUMNS = {"uid", "image_key", "text", "path", "member"}
 
@@ -153,7 +170,7 @@ def columns(path: Path, names: list[str], image_column: str = "", text_column: s
         if given and given not in names:
             raise ConfigError(f"{path} has no column {given!r} (columns: {', '.join(names)}); name the {role} column "
                               f"with {flag}")
-        name = given or next((n for n in known if n in names), None)
+        name = given or first_column(names, known)
         if name is None and (role == "image" or need_text):
             raise ConfigError(f"{path} has no {role} column: none of {', '.join(known)} (columns: {', '.join(names)}); "
                               f"name it with {flag}")
@@ -294,3 +311,231 @@ def _duckdb_rows(path: Path, image_column: str, text_column: str, notes: Counter
                 yield Row(line, row[image], _texts(row.get(text)) if text else [], row.get("label"))
                 continue
         yield Row(line, bad=f"line {line}: {kind_.lower()}: {message.splitlines()[0]}")
+
+
+# ------------------------------------------------------------------ URL tables: local or remote, streamed in batches
+
+def url_columns(path: str, names: list[str], need_text: bool = True) -> dict[str, str | None]:
+    """{role: column} of a URL table with columns `names` (url, text, width, height, page_url; None where absent);
+    one sentence when it has no URL column, or no text column where `need_text`."""
+    found = {role: first_column(names, known) for role, known in
+             (("url", URL_COLUMNS), ("text", TEXT_COLUMNS), ("width", WIDTH_COLUMNS), ("height", HEIGHT_COLUMNS),
+              ("page_url", PAGE_COLUMNS))}
+    for role, known in (("url", URL_COLUMNS), ("text", TEXT_COLUMNS)):
+        if found[role] is None and (role == "url" or need_text):
+            raise ConfigError(f"{path} has no {role} column: none of {', '.join(known)} (columns: "
+                              f"{', '.join(names[:20])}); a URL table needs an image URL"
+                              + (" and a text per row" if need_text else " per row"))
+    return found
+
+
+def stream_names(path: str) -> list[str]:
+    """A URL table's column names (a local path or an fsspec URL), read from its head: a CSV's header line, the keys
+    of a JSONL table's first object, a Parquet footer."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    suffix = suffix_of(path)
+    try:
+        if suffix == ".jsonl":
+            return _jsonl_names(path)
+        if suffix in (".csv", ".tsv"):
+            with _csv_reader(path) as reader:
+                return reader.schema.names
+        with open_source(path, random_access=True) as f:
+            return pq.read_schema(f).names
+    except (OSError, ValueError, pa.ArrowException) as err:
+        raise ConfigError(f"cannot read {path} as a {suffix[1:] or 'parquet'} table: {str(err).splitlines()[0]}") \
+            from None
+
+
+def batches(path: str, wanted: list[str], notes: Counter | None = None) -> Iterator[list[dict | None]]:
+    """The columns `wanted` of every row of a URL table, streamed a batch at a time in the table's order: a dict per
+    row, None for a row that cannot be read (a JSONL line that is not a JSON object, a CSV row of the wrong number of
+    fields). A CSV's values are read as bytes and decoded here: bytes that are not UTF-8 become U+FFFD, the row
+    counted in `notes["rows_with_invalid_utf8"]` (one such value would otherwise fail Arrow's whole block)."""
+    import pyarrow.parquet as pq
+
+    notes = Counter() if notes is None else notes
+    suffix = suffix_of(path)
+    if suffix == ".jsonl":
+        yield from _jsonl_batches(path, wanted)
+    elif suffix in (".csv", ".tsv"):
+        invalid: list[str] = []
+        delimiter, names = _header(path)
+        with _csv_reader(path, wanted, invalid, delimiter) as reader:
+            for batch in itertools.chain(reader, [None]):  # None: the rows skipped in the last block
+                rows = [_text_row(row, notes) for row in batch.to_pylist()] if batch is not None else []
+                if invalid:  # after the rows around them
+                    rows += [r if r is None else {k: r[k] for k in wanted}
+                             for r in _recovered(invalid, names, wanted, delimiter)]
+                    invalid.clear()
+                yield rows
+    else:
+        with open_source(path, random_access=True) as f:
+            for batch in pq.ParquetFile(f).iter_batches(columns=wanted, batch_size=65_536):
+                yield batch.to_pylist()
+
+
+def _jsonl_batches(path: str, wanted: list[str]) -> Iterator[list[dict | None]]:
+    import msgspec
+
+    with io.TextIOWrapper(open_lines(path), encoding="utf-8", errors="replace") as f:
+        batch = []
+        for line in f:
+            try:
+                row = msgspec.json.decode(line)  # like a WAT record's (a lone surrogate is a bad row)
+            except (ValueError, RecursionError):
+                row = None
+            batch.append({k: row.get(k) for k in wanted} if isinstance(row, dict) else None)
+            if len(batch) >= 65_536:
+                yield batch
+                batch = []
+        yield batch
+
+
+def _jsonl_names(path: str, lines: int = 1000) -> list[str]:
+    """A JSONL table's columns: the keys of its first line that is a JSON object (a bad line before it, nested past
+    msgspec's depth limit or not JSON at all, is a bad row of its own, not a file that cannot be read)."""
+    import msgspec
+
+    with open_lines(path) as f:
+        for _, line in zip(range(lines), f):
+            try:
+                row = msgspec.json.decode(line)
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(row, dict):
+                return list(row)
+    return []
+
+
+@contextlib.contextmanager
+def _csv_reader(path: str, columns: list[str] | None = None, invalid: list | None = None,
+                delimiter: str | None = None):
+    """A streaming CSV/TSV reader (pyarrow); with `columns`, only those, as bytes. A row of the wrong number of
+    fields is skipped, its text put in `invalid` (one such row would otherwise fail Arrow's whole file)."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    delimiter = delimiter or _header(path)[0]
+    # bytes, decoded row by row (`_text_row`): one value that is not UTF-8 would fail Arrow's whole block
+    convert = pacsv.ConvertOptions(column_types={name: pa.binary() for name in columns or ()},
+                                   include_columns=columns or [], strings_can_be_null=True)
+
+    def skipped(row) -> str:
+        if invalid is not None:
+            invalid.append(row.text)
+        return "skip"
+
+    parse = pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True, invalid_row_handler=skipped)
+    with open_source(path) as f, pacsv.open_csv(Stream(f), parse_options=parse, convert_options=convert,
+                                                read_options=pacsv.ReadOptions(block_size=1 << 22)) as reader:
+        yield reader
+
+
+def _header(path: str) -> tuple[str, list[str]]:
+    """A CSV/TSV's delimiter and column names, from its first line."""
+    with open_lines(path) as f:
+        line = f.readline().decode("utf-8", "replace").removeprefix("\ufeff")
+    delimiter = header_delimiter(line, suffix_of(path))
+    return delimiter, next(csv.reader([line.rstrip("\r\n")], delimiter=delimiter), [])
+
+
+def _recovered(texts: list[str], names: list[str], wanted: list[str], delimiter: str) -> Iterator[dict | None]:
+    """The rows inside rows Arrow skipped: a quote that is never closed takes in every line after it, so the first
+    line is the bad row (None) and each line after it is read on its own (ingest's reading: DuckDB rejects the row
+    alone); a line of the wrong number of fields is bad too."""
+    for text in texts:
+        first, *rest = text.split("\n")
+        yield None
+        for line in rest:
+            if not line.strip():
+                continue
+            values = next(csv.reader([line], delimiter=delimiter, strict=False), [])
+            yield dict(zip(names, values)) if len(values) == len(names) and all(n in names for n in wanted) else None
+
+
+def _text_row(row: dict, notes: Counter) -> dict:
+    """A CSV row's values as text: bytes that are not UTF-8 become U+FFFD (the rule for text everywhere: `rows` reads
+    such a row so too), the row counted (`rows_with_invalid_utf8`)."""
+    decoded, bad = {}, False
+    for name, value in row.items():
+        if value.__class__ is bytes:
+            try:
+                value = value.decode("utf-8")
+            except UnicodeDecodeError:
+                value, bad = value.decode("utf-8", "replace"), True
+        decoded[name] = value
+    notes["rows_with_invalid_utf8"] += bad
+    return decoded
+
+
+def quoted(column: str) -> str:
+    """A column's name as a DuckDB identifier."""
+    return '"' + column.replace('"', '""') + '"'
+
+
+def text_sql(column: str, sql_type: str) -> str:
+    """DuckDB's expression of a table's column as the text the user wrote: a JSON value (a JSONL column whose rows
+    differ in type) unquoted, anything else cast."""
+    name = quoted(column)
+    if sql_type == "JSON":
+        return f"json_extract_string({name}, '$')"
+    return f"CAST({name} AS VARCHAR)"
+
+
+def texts_sql(column: str, sql_type: str) -> str:
+    """DuckDB's expression of a text column as a list of texts: a list (a JSONL `captions` list, a Parquet list
+    column; an empty one is one NULL, a row without a text) is its items, anything else one text. `unnest` of it
+    is one row per caption."""
+    name = quoted(column)
+    if sql_type.endswith("[]"):
+        return f"CASE WHEN len({name}) > 0 THEN CAST({name} AS VARCHAR[]) ELSE [NULL::VARCHAR] END"
+    if sql_type == "JSON":
+        return (f"CASE WHEN json_type({name}) <> 'ARRAY' OR {name} IS NULL THEN [json_extract_string({name}, '$')] "
+                f"WHEN json_array_length({name}) > 0 THEN json_extract_string({name}, '$[*]') "
+                f"ELSE [NULL::VARCHAR] END")
+    return f"[{text_sql(column, sql_type)}]"
+
+
+# ------------------------------------------------------------------------------------ img2dataset's Parquet files
+
+IMG2DATASET_IMAGE_COLUMNS = ("jpg", "png", "webp")  # its --encode_format: the image column of its `parquet` output
+
+
+def img2dataset_image_column(schema) -> str | None:
+    """The binary column holding the images of img2dataset's `parquet` output (its --encode_format), if any."""
+    import pyarrow as pa
+
+    return next((c for c in IMG2DATASET_IMAGE_COLUMNS
+                 if c in schema.names and pa.types.is_binary(schema.field(c).type)), None)
+
+
+def img2dataset_kind(path: Path) -> str | None:
+    """"img2dataset" for img2dataset's `parquet` output (its images in a binary column), "img2dataset-status" for
+    the status sidecar it writes beside each tar or folder of its other outputs; None for any other Parquet (or a
+    file that is not one)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        schema = pq.read_schema(path)
+    except (OSError, pa.ArrowException):
+        return None
+    if not IMG2DATASET_COLUMNS <= set(schema.names):
+        return None
+    return "img2dataset" if img2dataset_image_column(schema) else "img2dataset-status"
+
+
+def img2dataset_rows(path: Path, columns: list[str], images: bool = True) -> Iterator[dict]:
+    """The rows of an img2dataset Parquet file, a row group at a time: the `columns` it has, and (`images`) its image
+    bytes as `image` (None where it has no image column)."""
+    import pyarrow.parquet as pq
+
+    table = pq.ParquetFile(path)
+    image = img2dataset_image_column(table.schema_arrow) if images else None
+    present = [c for c in columns if c in table.schema_arrow.names]
+    for group in range(table.num_row_groups):
+        for row in table.read_row_group(group, columns=present + ([image] if image else [])).to_pylist():
+            yield {c: row.get(c) for c in columns} | ({"image": row[image] if image else None} if images else {})

@@ -45,7 +45,7 @@ from openalign.config import ConfigError, Options, expect, listed
 from openalign.data import images
 from openalign.data import tars
 from openalign.data import tables
-from openalign.data.sources import (IMAGE_SUFFIXES, SOURCES, folder_files, karpathy_items, read_caption,
+from openalign.data.sources import (IMAGE_SUFFIXES, folder_files, karpathy_items, read_caption,
                                     sidecar_meta)
 from openalign.data.tables import TABLE_SUFFIXES
 from openalign.data.engine import Engine, Job, job_id, run_jobs
@@ -184,7 +184,7 @@ def units(sources: list[str], files_per_unit: int = 0) -> Iterator[tuple]:
             # parquet output (images in a column) and its status sidecars (the failed downloads), then images
             yield from (("tar", str(t.resolve())) for t in sorted(path.glob("*.tar")))
             for table in sorted(path.glob("*.parquet")):  # img2dataset writes them at its folder's top
-                kind = img2dataset_table(table)
+                kind = tables.img2dataset_kind(table)
                 if kind:
                     yield (kind, str(table.resolve()))
             if fetched:  # not its report's plot
@@ -208,7 +208,8 @@ def units(sources: list[str], files_per_unit: int = 0) -> Iterator[tuple]:
             if kind == "pairs":
                 raise ConfigError(f"{spec} is already a pair table (from `openalign ingest`); give it to filter, "
                                   "dedup, screen or shard as it is")
-            yield ({"rows": "table", "karpathy": "karpathy"}.get(kind) or img2dataset_table(path), str(path.resolve()))
+            yield ({"rows": "table", "karpathy": "karpathy"}.get(kind) or tables.img2dataset_kind(path),
+                   str(path.resolve()))
         elif not path.exists():
             raise ConfigError(f"source {spec} does not exist")
         else:
@@ -249,34 +250,18 @@ def unit_inputs(unit: tuple, options: IngestOptions) -> list[str]:
                                                  Path(image).with_suffix(".json"))]
 
 
-def img2dataset_table(path: Path) -> str | None:
-    """"img2dataset" for img2dataset's `parquet` output (its images in a binary column), "img2dataset-status" for
-    the status sidecar it writes beside each tar or folder of its other outputs; None for any other Parquet."""
-    try:
-        schema = pq.read_schema(path)
-    except (OSError, pa.ArrowException):
-        return None
-    if not tables.IMG2DATASET_COLUMNS <= set(schema.names):
-        return None
-    return "img2dataset" if SOURCES.image_column(schema) else "img2dataset-status"
-
-
 def img2dataset_records(path: Path, failures_only: bool) -> Iterator[Record]:
     """The rows of an img2dataset Parquet file: each success a pair (its image from the parquet output's column),
     each failed download a reject with img2dataset's own status and message."""
-    table = pq.ParquetFile(path)
-    image = SOURCES.image_column(table.schema_arrow)
     columns = ["key", "status", "error_message", "caption", "url", "original_width", "original_height"]
-    columns = [c for c in columns if c in table.schema_arrow.names] + ([image] if image and not failures_only else [])
-    for group in range(table.num_row_groups):
-        for row in table.read_row_group(group, columns=columns).to_pylist():
-            where = dict(member=row["key"], url=row["url"])
-            if row["status"] != "success":
-                yield Record("img2dataset", str(path), row["caption"], **where,
-                             bad=("not_downloaded", f"{row['status']}: {row['error_message']}"))
-            elif not failures_only:
-                yield Record("img2dataset", str(path), row["caption"], **where, data=row[image] or b"",
-                             original=original_size(row))
+    for row in tables.img2dataset_rows(path, columns, images=not failures_only):
+        where = dict(member=row["key"], url=row["url"])
+        if row["status"] != "success":
+            yield Record("img2dataset", str(path), row["caption"], **where,
+                         bad=("not_downloaded", f"{row['status']}: {row['error_message']}"))
+        elif not failures_only:
+            yield Record("img2dataset", str(path), row["caption"], **where, data=row["image"] or b"",
+                         original=original_size(row))
 
 
 def unit_records(unit: tuple, options: IngestOptions, notes: Counter) -> Iterator[Record]:

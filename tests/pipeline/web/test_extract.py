@@ -312,6 +312,33 @@ def test_url_tables_made_elsewhere_become_candidate_tables_with_their_sizes(tmp_
     assert "has no text column: none of text, caption" in capsys.readouterr().err
 
 
+def test_a_list_of_captions_is_one_candidate_per_caption_in_the_one_vocabulary(tmp_path):
+    # data/tables.py's one column vocabulary: a `captions` list (JSONL, a Parquet list column) is several captions
+    # of one image, an `alt` column is the text, names matched without regard to case. Extract's own vocabulary had
+    # no `captions` ("has no text column") and would have written str(['a', 'b']) for a list
+    import pyarrow as pa
+
+    jsonl = tmp_path / "captions.jsonl"
+    jsonl.write_text("\n".join(json.dumps(r) for r in (
+        {"url": "https://a.example/1.jpg", "captions": ["a red bicycle", "a bike"]},
+        {"url": "https://a.example/2.jpg", "captions": "one caption"},
+        {"url": "https://a.example/3.jpg", "captions": []},
+        {"url": "https://a.example/4.jpg", "captions": 1999})) + "\n")
+    listed = tmp_path / "listed.parquet"
+    pq.write_table(pa.table({"image_url": ["https://b.example/5.jpg"],
+                             "captions": pa.array([["a lighthouse", None, "a tower"]], pa.list_(pa.string()))}), listed)
+    alt = tmp_path / "alt.csv"
+    alt.write_text("Image_URL,Alt\nhttps://c.example/6.jpg,a harbour\n")
+    assert cli.main(["extract", str(jsonl), str(listed), str(alt), "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    got = [(r["url"], r["text"], r["offset"]) for r in rows(tmp_path / "out")]
+    assert got == [("https://a.example/1.jpg", "a red bicycle", 1), ("https://a.example/1.jpg", "a bike", 1),
+                   ("https://a.example/2.jpg", "one caption", 2), ("https://a.example/4.jpg", "1999", 4),
+                   ("https://b.example/5.jpg", "a lighthouse", 1), ("https://b.example/5.jpg", "a tower", 1),
+                   ("https://c.example/6.jpg", "a harbour", 1)]
+    counts = json.loads((tmp_path / "out" / "candidates.manifest.json").read_text())["counts"]
+    assert (counts["rows"], counts["empty_alt"]) == (6, 2)  # the empty list and the None in a list: no text
+
+
 def test_stages_that_read_images_refuse_a_candidate_table_in_one_sentence(tmp_path, capsys):
     extract([str(WAT)], tmp_path / "web", progress=False)
     table = tmp_path / "web" / "candidates.parquet"

@@ -443,6 +443,31 @@ def test_bad_inputs_are_one_sentence(tmp_path, capsys):
         "ftp://example.org/a.jpg": "bad_url"}
 
 
+def test_a_url_tables_texts_are_read_as_their_users_wrote_them(tmp_path):
+    # One vocabulary (data/tables.py): a `captions` list is one row per caption (an empty one: a row without a text;
+    # fetch's own vocabulary had no `captions`, so every text was NULL). A JSONL column whose rows differ in type is
+    # DuckDB's JSON type: CAST(... AS VARCHAR) wrote every caption with its JSON quotes ('"red"')
+    import duckdb
+
+    from openalign.pipeline.web.fetch import plan
+
+    def planned(rows):
+        table = write_urls(tmp_path / "urls.jsonl", rows)
+        with duckdb.connect() as con:
+            plan(con, table, [], FetchOptions(shard_size=100), tmp_path / "plan.parquet")
+        return [(r["url"], r["text"]) for r in pq.read_table(tmp_path / "plan.parquet").to_pylist()]
+
+    assert planned([{"url": "http://a.example/1.jpg", "captions": ["red", "crimson"]},
+                    {"url": "http://a.example/2.jpg", "captions": "blue"},
+                    {"url": "http://a.example/3.jpg", "captions": []},
+                    {"url": "http://a.example/4.jpg"}]) == [
+        ("http://a.example/1.jpg", "red"), ("http://a.example/1.jpg", "crimson"), ("http://a.example/2.jpg", "blue"),
+        ("http://a.example/3.jpg", None), ("http://a.example/4.jpg", None)]
+    assert planned([{"URL": "http://a.example/1.jpg", "Caption": "red"},
+                    {"URL": "http://a.example/2.jpg", "Caption": 1999}]) == [
+        ("http://a.example/1.jpg", "red"), ("http://a.example/2.jpg", "1999")]
+
+
 def test_a_filtered_candidate_table_fetches_only_its_kept_pairs(web, tmp_path):
     """extract (a URL table) -> filter --rules text -> fetch --keep: only the kept uids are fetched, each sample's
     JSON carries its candidate's uid, language and host."""

@@ -38,9 +38,6 @@ unchanged and redoes the others; both engines run one task per file).
 
 from __future__ import annotations
 
-import contextlib
-import io
-import itertools
 import re
 import time
 from collections import Counter
@@ -63,8 +60,8 @@ from openalign.data.language import identify, known_languages
 from openalign.data.words import check_segmenters, segment
 from openalign.data.pairs import manifest_path, pair_uids, url_keys
 from openalign.outputs import leftovers, sources_key, staged, unfinish, write_json
-from openalign.pipeline.web.extract_inputs import (Stream, archive_kind, fingerprint, inputs, is_url, open_lines,
-                                                   open_source, suffix_of)
+from openalign.data.files import fingerprint, is_url, open_source, suffix_of
+from openalign.pipeline.web.extract_inputs import archive_kind, inputs
 from openalign.pipeline.web.extract_links import NO_BASE, hosts, pair, pairs, resolve_base, target_uri
 
 __all__ = ["CANDIDATE_SCHEMA", "ExtractOptions", "ExtractResult", "extract"]
@@ -120,13 +117,6 @@ class ExtractOptions(Options):
 # ---------------------------------------------------------------------------------------------------- reading
 
 
-TABLE_SUFFIXES = (".parquet", ".csv", ".tsv", ".jsonl")
-URL_COLUMNS, TEXT_COLUMNS = tables.URL_COLUMNS, tables.ALT_COLUMNS  # a URL table's, matched without regard to case
-WIDTH_COLUMNS = ("width", "original_width")  # the image's size where the table knows it (COYO, LAION: width;
-HEIGHT_COLUMNS = ("height", "original_height")  # DataComp: original_width)
-PAGE_COLUMNS = ("page_url",)
-
-
 def kind_of(path: str) -> str:
     """What an input is, by its content: `table` for a URL table (Parquet by its magic bytes; CSV, TSV or JSONL
     by its name), else `wat` or `warc` (see `archive_kind`)."""
@@ -136,7 +126,7 @@ def kind_of(path: str) -> str:
     except OSError as err:
         raise ConfigError(f"cannot read {path}: {err.strerror or err}") from None
     if head == b"PAR1" or (not head.startswith(b"\x1f\x8b") and not head.startswith(b"WARC")
-                            and suffix_of(path) in TABLE_SUFFIXES):
+                            and suffix_of(path) in tables.URL_TABLE_SUFFIXES):
         table_columns(path)  # a table with a URL and a text column, or one sentence
         return "table"
     return archive_kind(path)
@@ -290,136 +280,9 @@ def _dimension(value) -> int | None:
 
 
 def table_columns(path: str) -> dict[str, str | None]:
-    """{role: column} of a URL table (url, text, width, height, page_url; the last three where present), matched
-    without regard to case; one sentence when it has no URL or no text column."""
-    names = _table_names(path)
-    found = {role: tables.first_column(names, known) for role, known in
-             (("url", URL_COLUMNS), ("text", TEXT_COLUMNS), ("width", WIDTH_COLUMNS), ("height", HEIGHT_COLUMNS),
-              ("page_url", PAGE_COLUMNS))}
-    for role, known in (("url", URL_COLUMNS), ("text", TEXT_COLUMNS)):
-        if found[role] is None:
-            raise ConfigError(f"{path} has no {role} column: none of {', '.join(known)} (columns: "
-                              f"{', '.join(names[:20])}); a URL table needs an image URL and a text per row")
-    return found
-
-
-def _table_names(path: str) -> list[str]:
-    import pyarrow as pa
-
-    suffix = suffix_of(path)
-    try:
-        if suffix == ".jsonl":
-            return _jsonl_names(path)
-        if suffix in (".csv", ".tsv"):
-            with _csv_reader(path) as reader:
-                return reader.schema.names
-        with open_source(path, random_access=True) as f:
-            return pq.read_schema(f).names
-    except (OSError, ValueError, pa.ArrowException) as err:
-        raise ConfigError(f"cannot read {path} as a {suffix[1:] or 'parquet'} table: {str(err).splitlines()[0]}") \
-            from None
-
-
-def _jsonl_names(path: str, lines: int = 1000) -> list[str]:
-    """A JSONL table's columns: the keys of its first line that is a JSON object (a bad line before it, nested past
-    msgspec's depth limit or not JSON at all, is a bad row of its own, not a file that cannot be read)."""
-    import msgspec
-
-    with open_lines(path) as f:
-        for _, line in zip(range(lines), f):
-            try:
-                row = msgspec.json.decode(line)
-            except (ValueError, RecursionError):
-                continue
-            if isinstance(row, dict):
-                return list(row)
-    return []
-
-
-@contextlib.contextmanager
-def _csv_reader(path: str, columns: list[str] | None = None, invalid: list | None = None,
-                delimiter: str | None = None):
-    """A streaming CSV/TSV reader (pyarrow); with `columns`, only those, as bytes. A row of the wrong number of
-    fields is skipped, its text put in `invalid` (one such row would otherwise fail Arrow's whole file)."""
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-
-    delimiter = delimiter or _header(path)[0]
-    # bytes, decoded by the reader of each row: one value that is not UTF-8 would fail Arrow's whole block
-    convert = pacsv.ConvertOptions(column_types={name: pa.binary() for name in columns or ()},
-                                   include_columns=columns or [], strings_can_be_null=True)
-
-    def skipped(row) -> str:
-        if invalid is not None:
-            invalid.append(row.text)
-        return "skip"
-
-    parse = pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True, invalid_row_handler=skipped)
-    with open_source(path) as f, pacsv.open_csv(Stream(f), parse_options=parse, convert_options=convert,
-                                                read_options=pacsv.ReadOptions(block_size=1 << 22)) as reader:
-        yield reader
-
-
-def _header(path: str) -> tuple[str, list[str]]:
-    """A CSV/TSV's delimiter and column names, from its first line."""
-    import csv
-
-    from openalign.data.tables import header_delimiter
-
-    with open_lines(path) as f:
-        line = f.readline().decode("utf-8", "replace")
-    delimiter = header_delimiter(line, suffix_of(path))
-    return delimiter, next(csv.reader([line.rstrip("\r\n")], delimiter=delimiter), [])
-
-
-def _recovered(texts: list[str], names: list[str], wanted: list[str], delimiter: str) -> Iterator[dict | None]:
-    """The rows inside rows Arrow skipped: a quote that is never closed takes in every line after it, so the first
-    line is the bad row (None) and each line after it is read on its own (ingest's reading: DuckDB rejects the row
-    alone); a line of the wrong number of fields is bad too."""
-    import csv
-
-    for text in texts:
-        first, *rest = text.split("\n")
-        yield None
-        for line in rest:
-            if not line.strip():
-                continue
-            values = next(csv.reader([line], delimiter=delimiter, strict=False), [])
-            yield dict(zip(names, values)) if len(values) == len(names) and all(n in names for n in wanted) else None
-
-
-def _batches(path: str, wanted: list[str]) -> Iterator[list[dict]]:
-    import msgspec
-
-    suffix = suffix_of(path)
-    if suffix == ".jsonl":
-        with io.TextIOWrapper(open_lines(path), encoding="utf-8", errors="replace") as f:
-            batch = []
-            for line in f:
-                try:
-                    row = msgspec.json.decode(line)  # like a WAT record's (a lone surrogate is a bad row)
-                except (ValueError, RecursionError):
-                    row = None
-                batch.append({k: row.get(k) for k in wanted} if isinstance(row, dict) else None)
-                if len(batch) >= 65_536:
-                    yield batch
-                    batch = []
-            yield batch
-    elif suffix in (".csv", ".tsv"):
-        invalid: list[str] = []
-        delimiter, names = _header(path)
-        with _csv_reader(path, wanted, invalid, delimiter) as reader:
-            for batch in itertools.chain(reader, [None]):  # None: the rows skipped in the last block
-                rows = batch.to_pylist() if batch is not None else []
-                if invalid:  # after the rows around them
-                    rows += [r if r is None else {k: r[k] for k in wanted}
-                             for r in _recovered(invalid, names, wanted, delimiter)]
-                    invalid.clear()
-                yield rows
-    else:
-        with open_source(path, random_access=True) as f:
-            for batch in pq.ParquetFile(f).iter_batches(columns=wanted, batch_size=65_536):
-                yield batch.to_pylist()
+    """{role: column} of a URL table (url, text, width, height, page_url; the last three where present), by the one
+    column vocabulary (data/tables.py); one sentence when it has no URL or no text column."""
+    return tables.url_columns(path, tables.stream_names(path))
 
 
 def table_candidates(path: str, counts: Counter, options: ExtractOptions) -> Iterator[list[Found]]:
@@ -429,7 +292,7 @@ def table_candidates(path: str, counts: Counter, options: ExtractOptions) -> Ite
     columns = table_columns(path)
     wanted = list(dict.fromkeys(c for c in columns.values() if c))
     number = 0
-    for batch in _batches(path, wanted):
+    for batch in tables.batches(path, wanted, counts):
         found_rows = []
         for row in batch:
             number += 1
@@ -437,31 +300,16 @@ def table_candidates(path: str, counts: Counter, options: ExtractOptions) -> Ite
             if row is None:
                 counts["bad_record"] += 1
                 continue
-            if any(value.__class__ is bytes for value in row.values()):  # a CSV's: UTF-8, or U+FFFD where not
-                row = _decoded(row, counts)
-            found = pair(str(row[columns["text"]] or ""), str(row[columns["url"]] or ""), NO_BASE, counts)
-            if not found:
-                continue
+            url, text = str(row[columns["url"]] or ""), row[columns["text"]]
             page = row.get(columns["page_url"]) if columns["page_url"] else None
-            found_rows.append((*found, str(page) if page else None, number,
-                               _dimension(row.get(columns["width"])) if columns["width"] else None,
-                               _dimension(row.get(columns["height"])) if columns["height"] else None))
+            size = (_dimension(row.get(columns["width"])) if columns["width"] else None,
+                    _dimension(row.get(columns["height"])) if columns["height"] else None)
+            # a list of captions is several candidates of one image (an empty list: a row without a text)
+            for caption in (text or [""]) if isinstance(text, list) else [text]:
+                found = pair(str(caption if caption is not None else ""), url, NO_BASE, counts)
+                if found:
+                    found_rows.append((*found, str(page) if page else None, number, *size))
         yield found_rows
-
-
-def _decoded(row: dict, counts: Counter) -> dict:
-    """A CSV row's values as text: bytes that are not UTF-8 become U+FFFD, the rule for text everywhere
-    (data/tables.py reads such a row so too), and the row is counted (`rows_with_invalid_utf8`)."""
-    decoded, bad = {}, False
-    for name, value in row.items():
-        if value.__class__ is bytes:
-            try:
-                value = value.decode("utf-8")
-            except UnicodeDecodeError:
-                value, bad = value.decode("utf-8", "replace"), True
-        decoded[name] = value
-    counts["rows_with_invalid_utf8"] += bad
-    return decoded
 
 
 def part_table(found: list[Found], source: str, start: int, counts: Counter,

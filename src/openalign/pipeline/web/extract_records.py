@@ -30,7 +30,7 @@ from collections import Counter
 from typing import Any
 from collections.abc import Iterator
 
-from openalign.pipeline.web.extract_inputs import open_source
+from openalign.data.files import open_source
 
 __all__ = ["Archive", "SEPARATOR"]
 

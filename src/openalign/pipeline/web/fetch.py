@@ -167,10 +167,6 @@ def candidate_table(spec: Path) -> Path:
     return path
 
 
-def quoted(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
 def plan(con, table: Path, keep: list[Path], options: FetchOptions, plan_path: Path) -> tuple[list[dict], Counter, int]:
     """Writes the plan (a row per URL to fetch, with its shard and index) and returns each non-empty shard's
     {shard, rows, digest} and what was left out."""
@@ -178,21 +174,21 @@ def plan(con, table: Path, keep: list[Path], options: FetchOptions, plan_path: P
 
     source = tables.duckdb_reader(table)
     try:
-        names = [r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {source}", [str(table)]).fetchall()]
+        types = dict(r[:2] for r in con.execute(f"DESCRIBE SELECT * FROM {source}", [str(table)]).fetchall())
     except Exception as err:  # noqa: BLE001 - DuckDB's errors for a damaged file
         raise ConfigError(f"{table} cannot be read as a table ({str(err).splitlines()[0][:200]}); give a Parquet, "
                           "CSV, TSV or JSONL file") from None
-    url, text = tables.first_column(names, tables.URL_COLUMNS), tables.first_column(names, tables.ALT_COLUMNS)
-    if url is None:
-        raise ConfigError(f"{table} has no url column (one of {', '.join(tables.URL_COLUMNS)}); its columns are "
-                          f"{', '.join(names[:20])}")
+    names = list(types)
+    found = tables.url_columns(str(table), names, need_text=False)
+    url, text = found["url"], found["text"]
     extra = {c: tables.first_column(names, (c,)) for c in ("uid", "language", "host")}
     if keep and extra["uid"] is None:
         raise ConfigError(f"--keep selects pairs by uid, and {table} has no uid column; filter extract's "
                           "candidates.parquet and fetch that")
-    columns = ", ".join([f"CAST({quoted(url)} AS VARCHAR) AS url",
-                         f"CAST({quoted(text)} AS VARCHAR) AS text" if text else "NULL::VARCHAR AS text",
-                         *(f"CAST({quoted(c)} AS VARCHAR) AS {n}" if c else f"NULL::VARCHAR AS {n}"
+    # a list of captions is one row per caption (one image each: fetch writes each row's sample)
+    columns = ", ".join([f"{tables.text_sql(url, types[url])} AS url",
+                         f"unnest({tables.texts_sql(text, types[text])}) AS text" if text else "NULL::VARCHAR AS text",
+                         *(f"{tables.text_sql(c, types[c])} AS {n}" if c else f"NULL::VARCHAR AS {n}"
                            for n, c in extra.items())])
     con.execute(f"CREATE TEMP TABLE src AS SELECT {columns} FROM {source}", [str(table)])
     if keep:
