@@ -171,3 +171,113 @@ def test_every_registered_stage_declares_what_the_runner_needs():
 
     assert check_declaration(Half) == ["Half declares no options", "Half declares no result",
                                        "Half must define plan and merge"]
+
+
+# ---------------------------------------------------------------------------------------------- a stage of its own inputs
+
+def count_words(path: str, part: str) -> dict:
+    words = len(Path(path).read_text().split())
+    Path(part).write_text(str(words))
+    return {"words": words}
+
+
+@dataclass(frozen=True)
+class WordsOptions(Options):
+    per_file: bool = True
+
+
+@dataclass(frozen=True)
+class WordsResult:
+    table: Path
+    words: int
+    resumed_tasks: int
+    seconds: float
+    manifest: dict
+
+
+class Words(Stage):
+    """Text files -> a table file OUT: reads no pair table, its report the manifest beside OUT, its parts kept."""
+
+    name = "words"
+    options = WordsOptions
+    result = WordsResult
+    reads_pairs = False
+    keeps = False
+    output_file = True
+    work = ".parts"
+    keeps_work = True
+    record_field = "manifest"
+
+    def __init__(self, files: list[Path]):
+        self.files = files
+
+    def plan(self, run: Run) -> list:
+        from openalign.data.engine import Job
+        from openalign.outputs import sources_key
+
+        run.work.mkdir(exist_ok=True)
+        return [Job(job_id(i), count_words, (str(f), str(run.work / f"{i}.txt")), key=sources_key(str(f)),
+                    outputs=(str(run.work / f"{i}.txt"),)) for i, f in enumerate(self.files)]
+
+    def merge(self, run: Run, results: dict):
+        from openalign.pipeline.runner import Manifest
+
+        total = sum(r["words"] for r in results.values())
+        run.out.write_text(f"{total}\n")
+        return Manifest({"stage": "words", "files": len(self.files), "words": total, "resumed_tasks": run.resumed,
+                         "per_file": [r["words"] for r in results.values()]}, after=("per_file",))
+
+    def result_fields(self, run: Run, report) -> dict:
+        return {"table": run.out}
+
+
+def test_a_stage_of_its_own_inputs_writes_a_file_its_manifest_beside_it_and_keeps_its_parts(tmp_path):
+    from openalign.data.engine import Engine
+    from openalign.pipeline.runner import run_stage
+
+    files = []
+    for i, text in enumerate(["one two", "three four five", "six"]):
+        files.append(tmp_path / f"{i}.txt")
+        files[-1].write_text(text)
+    out = tmp_path / "out" / "words.txt"
+    result = run_stage(Words(files), None, out, WordsOptions(), progress=False, engine=Engine(workers=1))
+    assert (result.table, result.words, result.resumed_tasks) == (out, 6, 0) and out.read_text() == "6\n"
+    manifest = json.loads((tmp_path / "out" / "words.manifest.json").read_text())
+    assert manifest == result.manifest and list(manifest) == ["stage", "files", "words", "resumed_tasks", "seconds",
+                                                              "per_file"]
+    assert sorted(p.name for p in (tmp_path / "out" / "words.parts").iterdir()) == ["0.txt", "1.txt", "2.txt",
+                                                                                   "_status"]
+    files[1].write_text("three four")
+    again = run_stage(Words(files), None, out, WordsOptions(), progress=False, engine=Engine(workers=1))
+    assert (again.words, again.resumed_tasks) == (5, 2)  # only the changed file's job ran again
+
+
+def test_a_second_run_into_one_output_through_the_api_is_refused(tmp_path):
+    # Before: the CLI took the output's lock, a stage's public function did not, so two API calls (two notebooks, a
+    # scheduler's retries) wrote one keep-list at once. Now the runner takes it for every stage.
+    import threading
+
+    from openalign.config import ConfigError
+    from openalign.outputs import owned
+    from openalign.pipeline.curation.dedup import DedupOptions, dedup
+
+    pairs = pair_table(tmp_path)
+    out = tmp_path / "dedup"
+    taken, release = threading.Event(), threading.Event()
+
+    def hold():
+        with owned(out):
+            taken.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert taken.wait(30)
+        with pytest.raises(ConfigError, match="is being written by"):
+            dedup(str(pairs), str(tmp_path / "imgs"), out, DedupOptions(), progress=False)
+    finally:
+        release.set()
+        holder.join()
+    assert not (out / "dedup_report.json").exists()
+    assert dedup(str(pairs), str(tmp_path / "imgs"), out, DedupOptions(), progress=False).keep.exists()

@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import time
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -41,17 +39,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from openalign.config import ConfigError, Options, expect, listed
+from openalign.config import ConfigError, Options, listed
 from openalign.data import images
 from openalign.data import tars
 from openalign.data import tables
 from openalign.data.sources import (IMAGE_SUFFIXES, folder_files, karpathy_items, read_caption,
                                     sidecar_meta)
 from openalign.data.tables import TABLE_SUFFIXES
-from openalign.data.engine import Engine, Job, job_id, run_jobs
-from openalign.data.pairs import FETCH_REPORT, FETCH_WORK, PAIR_SCHEMA, blake, manifest_path, normalize_text, pair_uid
+from openalign.data.engine import Engine, Job, job_id
+from openalign.data.pairs import FETCH_REPORT, FETCH_WORK, PAIR_SCHEMA, blake, normalize_text, pair_uid
 from openalign.data.workers import process_pool
-from openalign.outputs import place, sources_key, staged, unfinish, write_json
+from openalign.outputs import place, sources_key, staged
+from openalign.pipeline.runner import Manifest, Run, Stage, run_stage
 
 __all__ = ["IngestOptions", "IngestResult", "ingest"]
 
@@ -411,6 +410,86 @@ class IngestResult:
     manifest: dict  # the manifest as written
 
 
+class Ingest(Stage):
+    """Sources (folders, tars, tables, img2dataset's and fetch's outputs) -> the pair table OUT and its rejects. The
+    local engine streams every record in order through a pool of `workers` processes; with many tars or tables,
+    and on Spark, one job per unit (a tar, a table, `files_per_task` images of a folder) writes its parts in
+    OUT.parts/, concatenated in job order (both engines give the same rows)."""
+
+    name = "ingest"
+    options = IngestOptions
+    result = IngestResult
+    reads_pairs = False
+    keeps = False
+    output_file = True
+    work = ".parts"
+    record_field = "manifest"
+
+    def __init__(self, sources: list[str]):
+        self.sources = sources
+        self.tally, self.notes = Tally(), Counter()  # notes: rows read with repairs (not UTF-8 -> U+FFFD)
+        self.jobs: list[Job] = []
+
+    def engine(self, options: IngestOptions, engine: Engine) -> Engine:
+        return engine  # `plan` chooses between streaming and jobs
+
+    def check(self, run: Run) -> None:
+        if not self.sources:
+            raise ConfigError("give at least one source: a directory, a .tar or a table")
+        if run.out.suffix != ".parquet":
+            raise ConfigError(f"--out must end in .parquet, not {run.out.name}")
+        for _ in units(self.sources):  # every source exists and is of a known kind, before anything is written
+            pass
+
+    def plan(self, run: Run) -> list[Job]:
+        options, engine = run.options, run.engine
+        workers = options.workers or os.cpu_count() or 1
+        if engine.name == "local" and not (workers > 1 and _enough_units(self.sources, options, workers)):
+            return []  # streamed, in `merge`
+        if engine.name == "local":
+            # many tars or tables: a worker per unit reads its own bytes (records would ship every image through a
+            # pipe to the pool, which costs what the work does); the same tasks and merge as on Spark
+            run.engine = Engine("local", workers=workers, retries=engine.retries)
+        parts = run.work
+        parts.mkdir(exist_ok=True)
+        self.jobs = [Job(job_id(i), ingest_unit, (unit, str(parts), job_id(i), options),
+                         key=sources_key(unit_inputs(unit, options), asdict(options) | {"workers": 0}),
+                         outputs=(str(parts / f"pairs-{job_id(i)}.parquet"),
+                                  str(parts / f"rejects-{job_id(i)}.parquet")))
+                     for i, unit in enumerate(units(self.sources, options.files_per_task))]
+        return self.jobs
+
+    def merge(self, run: Run, results: dict[str, dict]) -> Manifest:
+        out, rejects = run.out, run.out.with_suffix(".rejects.parquet")
+        if self.jobs:
+            _merge_parts(self.jobs, results, out, rejects, run.work, self.tally, self.notes, self.sources)
+        else:
+            _ingest_local(self.sources, out, rejects, run.options, self.tally, self.notes, run.progress)
+        import duckdb
+
+        with duckdb.connect() as con:
+            distinct = con.execute("SELECT count(DISTINCT uid), count(DISTINCT image_key) FROM read_parquet(?)",
+                                   [str(out)]).fetchone()
+        counts, tally = self.tally.counts, self.tally
+        return Manifest({
+            "stage": "ingest", "sources": [str(s) for s in self.sources], "options": asdict(run.options),
+            "out": str(out), "engine": run.engine.name, "resumed_tasks": run.resumed, "rejects": str(rejects),
+            "pairs": counts["pairs"], "distinct_pairs": distinct[0], "images": distinct[1],
+            "rejected": {r: counts[r] for r in (*images.REJECT_REASONS, *TEXT_REJECTS) if counts[r]},
+            "reject_examples": tally.examples,
+            "conversions": {c: tally.conversions[c] for c in images.CONVERSIONS if tally.conversions[c]},
+            "text_normalization": "runs of whitespace collapsed to one space; case and characters kept; bytes that "
+                                  "are not UTF-8 become U+FFFD",
+            "repaired": dict(self.notes),
+            # the filter reports of the text rules that ran on every source's candidates before the download (fetch
+            # --keep): `filter --rules auto` then runs the image rules alone
+            "text_rules": text_rules_before_download(self.sources),
+        })
+
+    def result_fields(self, run: Run, report: Manifest) -> dict:
+        return {"table": run.out, "rejects": run.out.with_suffix(".rejects.parquet")}
+
+
 def ingest(sources: list[str], out: Path, options: IngestOptions = IngestOptions(), progress: bool = True,
            engine: Engine = Engine()) -> IngestResult:
     """Write OUT (pairs), OUT.rejects.parquet and OUT.manifest.json; returns what was written and counted.
@@ -419,60 +498,7 @@ def ingest(sources: list[str], out: Path, options: IngestOptions = IngestOptions
     task per tar, table file or `files_per_task` images of a directory; each writes its own part files and
     status under OUT.parts/, reruns skip finished tasks, and the parts are then concatenated in order into
     OUT (so both engines give the same rows) and removed."""
-    sources = listed(sources, "sources")
-    options, engine = expect(options, IngestOptions), expect(engine, Engine, "engine")
-    if not sources:
-        raise ConfigError("give at least one source: a directory, a .tar or a table")
-    out = Path(out)
-    if out.suffix != ".parquet":
-        raise ConfigError(f"--out must end in .parquet, not {out.name}")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise ConfigError(f"cannot write {out}: {out.parent} is a file, not a directory; "
-                          "choose another --out") from None
-    rejects_path, manifest = out.with_suffix(".rejects.parquet"), manifest_path(out)
-    for _ in units(sources):  # every source exists and is of a known kind, before anything is written
-        pass
-    unfinish(manifest)  # a rerun into an existing --out: the old manifest goes before any new table does
-    start = time.perf_counter()
-    tally, notes = Tally(), Counter()  # notes: rows read with repairs (bytes that are not UTF-8 -> U+FFFD)
-    resumed = 0
-    workers = options.workers or os.cpu_count() or 1
-    if engine.name == "local" and workers > 1 and _enough_units(sources, options, workers):
-        # many tars or tables: a worker per unit reads its own bytes (records would ship every image through a
-        # pipe to the pool, which costs what the work does); the same tasks and merge as on Spark
-        engine = Engine("local", workers=workers, retries=engine.retries)
-        resumed = _ingest_tasks(sources, out, rejects_path, options, engine, tally, notes, progress)
-    elif engine.name == "local":
-        _ingest_local(sources, out, rejects_path, options, tally, notes, progress)
-    else:
-        resumed = _ingest_tasks(sources, out, rejects_path, options, engine, tally, notes, progress)
-    import duckdb
-
-    with duckdb.connect() as con:
-        distinct = con.execute("SELECT count(DISTINCT uid), count(DISTINCT image_key) FROM read_parquet(?)",
-                               [str(out)]).fetchone()
-    counts = tally.counts
-    written = {
-        "stage": "ingest", "sources": [str(s) for s in sources], "options": asdict(options), "out": str(out),
-        "engine": engine.name, "resumed_tasks": resumed,
-        "rejects": str(rejects_path), "pairs": counts["pairs"], "distinct_pairs": distinct[0], "images": distinct[1],
-        "rejected": {r: counts[r] for r in (*images.REJECT_REASONS, *TEXT_REJECTS) if counts[r]},
-        "reject_examples": tally.examples,
-        "conversions": {c: tally.conversions[c] for c in images.CONVERSIONS if tally.conversions[c]},
-        "text_normalization": "runs of whitespace collapsed to one space; case and characters kept; bytes that "
-                              "are not UTF-8 become U+FFFD",
-        "repaired": dict(notes),
-        # the filter reports of the text rules that ran on every source's candidates before the download (fetch
-        # --keep): `filter --rules auto` then runs the image rules alone
-        "text_rules": text_rules_before_download(sources),
-        "seconds": round(time.perf_counter() - start, 2),
-    }
-    write_json(manifest, written)  # last: the table is finished
-    return IngestResult(table=out, pairs=written["pairs"], images=written["images"], rejected=written["rejected"],
-                        conversions=written["conversions"], repaired=written["repaired"], rejects=rejects_path,
-                        resumed_tasks=resumed, seconds=written["seconds"], manifest=written)
+    return run_stage(Ingest(listed(sources, "sources")), None, out, options, progress, engine)
 
 
 def _enough_units(sources: list[str], options: IngestOptions, workers: int) -> bool:
@@ -509,15 +535,9 @@ def found(tally: Tally, sources: list[str]) -> None:
                           "and texts")
 
 
-def _ingest_tasks(sources, out, rejects_path, options, engine, tally, notes, progress) -> int:
-    parts = out.with_suffix(".parts")
-    parts.mkdir(exist_ok=True)
-    plan = list(units(sources, options.files_per_task))
-    jobs = [Job(job_id(i), ingest_unit, (unit, str(parts), job_id(i), options),
-                key=sources_key(unit_inputs(unit, options), asdict(options) | {"workers": 0}),
-                outputs=(str(parts / f"pairs-{job_id(i)}.parquet"), str(parts / f"rejects-{job_id(i)}.parquet")))
-            for i, unit in enumerate(plan)]
-    results, resumed = run_jobs(jobs, parts / "_status", engine, "ingest", progress)
+def _merge_parts(jobs: list[Job], results: dict[str, dict], out: Path, rejects_path: Path, parts: Path,
+                 tally: Tally, notes: Counter, sources: list[str]) -> None:
+    """The jobs' counts merged, and their part files concatenated into OUT and its rejects in job order."""
     for job in jobs:
         tally.merge(results[job.id])
         notes.update(results[job.id]["notes"])
@@ -528,5 +548,3 @@ def _ingest_tasks(sources, out, rejects_path, options, engine, tally, notes, pro
                 part = pq.ParquetFile(parts / f"{kind}-{job.id}.parquet")
                 for group in range(part.num_row_groups):
                     writer.write_table(part.read_row_group(group))
-    shutil.rmtree(parts)
-    return resumed

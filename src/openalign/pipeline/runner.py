@@ -1,4 +1,6 @@
-"""The keep-list stages' one contract, and the one runner that carries every one of them out.
+"""Every corpus stage's one contract, and the one runner that carries every one of them out: the keep-list stages
+over a pair table (filter, dedup, screen, score, semdedup, balance), card, and the stages of other inputs and outputs
+(extract, fetch, ingest, shard).
 
 A stage declares what it is, in its own module, beside its job functions and its public function:
 
@@ -22,7 +24,15 @@ old keep-list is no longer the folder's until a new report says so), the jobs ru
 resumed only when its key covers everything it read: the pair table by size and time, the stage's key, the
 plan), the figure written, the report written last (`pairs.write_keep_report`: `stage` and `pairs` first,
 `seconds` last, then `pair_table`), the work folder removed, and the Result built by keyword from the report.
-The runner knows no stage: it is handed one, so no stage module imports another (tests/test_layering.py).
+The runner knows no stage: it is handed one, so no stage module imports another (tests/test_layering.py). Every
+run holds its output's lock (`outputs.owned`: an API call too, not only a command).
+
+A stage that reads no pair table (`reads_pairs = False`: extract's web archives, fetch's URL table, ingest's
+sources, a built-in corpus's samples) takes its inputs in its constructor and checks them in `check`. Its report
+is its output's manifest (`keeps = False`, `report_file`; beside an OUT that is a file, `output_file`: ingest's
+pairs.manifest.json), built by `merge` as a `Manifest` (the fields in their order, `seconds` before `after`); its
+work folder may outlive a success (`keeps_work`: extract's parts, fetch's plan and statuses) and its jobs' statuses
+may live outside it (`status`: shard's OUT/_status, read by a rerun that plans again).
 
 The command line comes from the same declaration (cli/stages.py): a stage registered in `pipeline/registry.py`
 gets its command, its flags (the pair table, its `inputs`, --out, its options' fields, the engine's) and its
@@ -39,13 +49,13 @@ from typing import Any, ClassVar
 from collections.abc import Callable
 
 from openalign import plots
-from openalign.config import Options, expect
+from openalign.config import ConfigError, Options, expect
 from openalign.data.engine import Engine, Job, duckdb_plan, job_id, run_jobs, spark_plan, spark_session
-from openalign.data.pairs import (IMAGE_COLUMNS, check_pair_table, first_source, spark_first_source, sql_path,
-                                  write_keep_report)
-from openalign.outputs import sources_key, unfinish, write_json
+from openalign.data.pairs import (IMAGE_COLUMNS, check_pair_table, first_source, manifest_path, spark_first_source,
+                                  sql_path, write_keep_report)
+from openalign.outputs import owned, sources_key, unfinish, write_json
 
-__all__ = ["Input", "Run", "Stage", "run_stage"]
+__all__ = ["Input", "Manifest", "Run", "Stage", "run_stage"]
 
 KEEP = "keep.parquet"
 WORK = "_work"  # the plan, the evaluation hashes or embeddings, each task's scores and status
@@ -135,6 +145,26 @@ def write_keep_without_images(pairs: str, scores: list[str], where: str, out: Pa
 
 
 @dataclass(frozen=True)
+class Manifest:
+    """The Report of a stage whose report is its output's manifest (extract, fetch, ingest, shard): the manifest's
+    fields in their order, `seconds` before the fields named in `after` (else last). The Result reads its fields
+    by name (`manifest.candidates`)."""
+
+    fields: dict
+    after: tuple[str, ...] = ()
+
+    def __getattr__(self, name: str):
+        try:
+            return self.__dict__["fields"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def layout(self, head: dict, seconds: float) -> dict:
+        record = {**head, **{k: v for k, v in self.fields.items() if k not in self.after}, "seconds": seconds}
+        return record | {k: self.fields[k] for k in self.after if k in self.fields}
+
+
+@dataclass(frozen=True)
 class Input:
     """An input a stage reads besides the pair table (dedup's evaluation images): its keyword in the stage's
     constructor, and its flag."""
@@ -149,11 +179,14 @@ class Input:
 class Run:
     """One run of a stage: what it was given, as checked, and what the runner keeps count of for it."""
 
-    pairs: str  # the pair table, as given (a path, a glob, a URL the cluster reads)
+    pairs: str  # the pair table, as given (a path, a glob, a URL the cluster reads); "" for a stage of other inputs
     out: Path
     options: Any  # the stage's options
     engine: Engine  # as the stage chose it for this run (`Stage.engine`)
     progress: bool
+    work_name: str = WORK  # the work folder's name in OUT, or OUT's suffix for it (`Stage.work`)
+    status_name: str = ""  # the jobs' statuses' folder in OUT ("": _status in the work folder; `Stage.status`)
+    output_file: bool = False  # OUT is a file (`Stage.output_file`)
     started: float = field(default_factory=time.perf_counter)
     images: int = 0  # distinct images planned by `image_jobs`
     score_files: list[str] = field(default_factory=list)  # the score file of each image job of this plan
@@ -161,8 +194,14 @@ class Run:
 
     @property
     def work(self) -> Path:
-        """OUT/_work: the plan, each job's output and status; removed when the stage has succeeded."""
-        return self.out / WORK
+        """OUT/_work: the plan, each job's output and status; removed when the stage has succeeded (unless the stage
+        keeps it: `Stage.keeps_work`). Beside an OUT that is a file, OUT with its suffix (pairs.parts)."""
+        return self.out.with_suffix(self.work_name) if self.output_file else self.out / self.work_name
+
+    @property
+    def status(self) -> Path:
+        """Where the jobs' statuses are kept: OUT/_work/_status, unless the stage names a folder of OUT."""
+        return self.out / self.status_name if self.status_name else self.work / "_status"
 
     @property
     def keep(self) -> Path:
@@ -181,7 +220,7 @@ class Run:
         """A round of jobs on the engine (their statuses in OUT/_work/_status); returns {id: result}."""
         if not jobs:
             return {}
-        results, resumed = run_jobs(jobs, self.work / "_status", self.engine, desc, self.progress)
+        results, resumed = run_jobs(jobs, self.status, self.engine, desc, self.progress)
         self.resumed += resumed
         return results
 
@@ -201,6 +240,7 @@ class Stage:
     options: ClassVar[type[Options]]
     result: ClassVar[type]  # a frozen dataclass; `keep`, `seconds` and `report` are the runner's
     columns: ClassVar[tuple[str, ...]] = IMAGE_COLUMNS  # the pair table's columns it reads
+    reads_pairs: ClassVar[bool] = True  # False: it reads no pair table, only its own inputs (extract's web archives)
     inputs: ClassVar[tuple[Input, ...]] = ()  # inputs besides the pair table (constructor keywords, flags)
     pairs_help: ClassVar[str] = "the pair table from `openalign ingest` (pairs.parquet)"
     writes: ClassVar[str] = ""  # what else OUT holds, for --out's help: " and scores.parquet"
@@ -212,13 +252,31 @@ class Stage:
     engine_options: ClassVar[dict] = {}  # how its engine's flags differ ({"rename": {...}, "skip": (...)})
     keeps: ClassVar[bool] = True  # it writes OUT/keep.parquet; False: its report is its output's manifest (card)
     report_file: ClassVar[str] = ""  # the report's name (default NAME_report.json)
-    record_field: ClassVar[str] = "report"  # the Result field that holds the report as written
+    record_field: ClassVar[str] = "report"  # the Result field that holds the report as written ("": none does)
     out_help: ClassVar[str] = ""  # --out's help (default: the keep-list, the report and `writes`)
     provenance: ClassVar[bool] = False  # its constructor takes `command`, the command line as typed
+    output_file: ClassVar[bool] = False  # OUT is a file (ingest's pairs.parquet): the report is its manifest beside
+    # it (pairs.manifest.json), the work folder OUT with the suffix `work` (pairs.parts)
+    work: ClassVar[str] = WORK  # its work folder in OUT
+    status: ClassVar[str] = ""  # its jobs' statuses' folder in OUT, where they outlive the work folder (shard's);
+    # "": _status in the work folder
+    keeps_work: ClassVar[bool] = False  # the work folder stays after success (extract's parts: a rerun reads again
+    # only the files that changed)
+    figure_file: ClassVar[str] = ""  # the figure's name (default NAME_report.png beside a keep-list, else the
+    # report's name with .png)
+    figure_dpi: ClassVar[int] = 110
 
     @property
     def report_name(self) -> str:
         return self.report_file or f"{self.name}_report.json"
+
+    def report_path(self, out: Path) -> Path:
+        return manifest_path(out) if self.output_file else out / self.report_name
+
+    @property
+    def figure_name(self) -> str:
+        return self.figure_file or (f"{self.name}_report.png" if self.keeps else
+                                    Path(self.report_name).with_suffix(".png").name)
 
     def engine(self, options, engine: Engine) -> Engine:
         """The engine this run uses: the local engine with the options' `workers` when they have any (0: one process
@@ -261,16 +319,30 @@ class Stage:
         return cls.figure is not Stage.figure
 
 
-def run_stage(stage: Stage, pairs: str | Path, out: str | Path, options, progress: bool = True,
+def run_stage(stage: Stage, pairs: str | Path | None, out: str | Path, options, progress: bool = True,
               engine: Engine = Engine()):
-    """Carry `stage` out over the pair table `pairs` into the folder `out` (the module's docstring says how)."""
+    """Carry `stage` out over the pair table `pairs` (None for a stage that reads none: `reads_pairs`) into the folder
+    `out` (the module's docstring says how)."""
     options, engine = expect(options, stage.options), expect(engine, Engine, "engine")
-    run = Run(str(pairs), Path(out), options, stage.engine(options, engine), progress)
-    check_pair_table(run.pairs, stage.columns)
+    run = Run(str(pairs) if stage.reads_pairs else "", Path(out), options, stage.engine(options, engine), progress,
+              stage.work, stage.status, stage.output_file)
+    if stage.reads_pairs:
+        check_pair_table(run.pairs, stage.columns)
     stage.check(run)
+    with owned(run.out):  # one run per output (the command's driver holds it already; an API call takes it here)
+        return _carry_out(stage, run)
+
+
+def _carry_out(stage: Stage, run: Run):
     run.started = time.perf_counter()
-    run.out.mkdir(parents=True, exist_ok=True)
-    unfinish(run.out / stage.report_name)  # the old keep-list is no longer this output's until the new report says so
+    folder = run.out.parent if stage.output_file else run.out
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ConfigError(f"cannot write {run.out}: {folder if stage.output_file else 'it'}, or a folder above it, is "
+                          "a file; choose another --out") from None
+    report_path = stage.report_path(run.out)
+    unfinish(report_path)  # the old output (a keep-list) is no longer this folder's until the new report says so
     results = run.jobs(stage.plan(run), stage.first_round or stage.name)
     report = stage.merge(run, results)
     if not is_dataclass(report) or isinstance(report, type):
@@ -279,8 +351,7 @@ def run_stage(stage: Stage, pairs: str | Path, out: str | Path, options, progres
         raise RuntimeError(f"{type(stage).__name__}.merge wrote no keep-list ({run.keep})")
     figure = stage.figure(run, report)
     if figure is not None:
-        plots.save(figure, run.out / (f"{stage.name}_report.png" if stage.keeps else
-                                      Path(stage.report_name).with_suffix(".png").name))
+        plots.save(figure, run.out / stage.figure_name, dpi=stage.figure_dpi)
     seconds = round(time.perf_counter() - run.started, 2)
     head = {"stage": stage.name, "pairs": run.pairs} if stage.keeps else {}
     if hasattr(report, "layout"):  # a Report may lay out its record itself
@@ -290,9 +361,11 @@ def run_stage(stage: Stage, pairs: str | Path, out: str | Path, options, progres
     if stage.keeps:
         record = write_keep_report(run.out, stage.report_name, record, run.pairs)  # last: the keep-list is finished
     else:
-        write_json(run.out / stage.report_name, record)  # last: the output is finished
-    shutil.rmtree(run.work, ignore_errors=True)
-    given = stage.result_fields(run, report) | {"seconds": seconds, stage.record_field: record}
+        write_json(report_path, record)  # last: the output is finished
+    if not stage.keeps_work:
+        shutil.rmtree(run.work, ignore_errors=True)
+    given = stage.result_fields(run, report) | {"seconds": seconds} | (
+        {stage.record_field: record} if stage.record_field else {})
     if stage.keeps:
         given["keep"] = run.keep
     values = {f.name: given[f.name] if f.name in given else getattr(report, f.name) for f in fields(stage.result)}

@@ -18,22 +18,23 @@ from __future__ import annotations
 import json
 import shutil
 import re
-import time
 from dataclasses import asdict, dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
-from openalign.config import ConfigError, Options, expect, listed
+from openalign.config import ConfigError, Options, listed
 from openalign.data import images
 from openalign.data import tars
-from openalign.data.engine import (Engine, Job, duckdb_plan, job_id, previous, read_plan, run_jobs, spark_plan,
+from openalign.data.engine import (Engine, Job, duckdb_plan, job_id, previous, read_plan, spark_plan,
                                    spark_session)
-from openalign.data.pairs import (SOURCE_COLUMNS, blake, check_pair_table, first_source, keep_source, keep_table,
+from openalign.data.pairs import (SOURCE_COLUMNS, blake, first_source, keep_source, keep_table,
                                   spark_first_source)
-from openalign.outputs import staged, unfinish
+from openalign.outputs import staged
+from openalign.pipeline.runner import Manifest, Run, Stage, run_stage
 from openalign.data.tars import MANIFEST, encode_image
 from openalign.data.sources import SOURCES, karpathy_items
 
@@ -172,34 +173,105 @@ def _file_stat(path: Path) -> list[int]:
     return [stat.st_size, stat.st_mtime_ns]
 
 
+class Shard(Stage):
+    """The kept pairs of a pair table -> webdataset shards: the plan (which image goes to which shard) by SQL,
+    DuckDB's on the local engine and Spark's on the Spark engine, into OUT/_plan; then one job per shard. Each
+    shard's status stays in OUT/_status, so a rerun keeps the shards whose samples and options are unchanged."""
+
+    name = "shard"
+    options = ShardOptions
+    result = ShardResult
+    columns = SOURCE_COLUMNS
+    keeps = False
+    report_file = MANIFEST
+    record_field = "manifest"
+    work = "_plan"
+    status = STATUS
+
+    def __init__(self, keep_dirs: Sequence[Path] = (), info: dict | None = None):
+        self.keep_dirs, self.info = [Path(k) for k in keep_dirs], info or {}
+
+    def engine(self, options: ShardOptions, engine: Engine) -> Engine:
+        if engine.name == "local":
+            return Engine(workers=options.workers or engine.workers, retries=engine.retries)
+        return engine
+
+    def check(self, run: Run) -> None:
+        if run.options.samples_per_shard < 1:
+            raise ConfigError("--samples-per-shard must be at least 1")
+        try:  # what an earlier run wrote, before this run unfinishes it: its shards that this plan does not have go
+            self.previous = json.loads((run.out / MANIFEST).read_text()) if (run.out / MANIFEST).is_file() else {}
+        except ValueError:  # damaged: its stale shards, if any, are found by name below
+            self.previous = {}
+
+    def planned(self, run: Run) -> int:
+        """The plan's samples, written to OUT/_plan/plan.parquet."""
+        pairs, keep, options = run.pairs, self.keep_dirs, run.options
+        if run.engine.name == "spark":
+            count = plan_spark(pairs, keep, run.work, options.samples_per_shard, run.engine)
+        else:
+            count = plan_duckdb(Path(pairs), keep, run.work, options.samples_per_shard)
+        if count == 0:
+            raise ConfigError(f"nothing to shard: {'the keep-lists keep no pair of ' if keep else ''}{pairs}"
+                              f"{' holds no pairs' if not keep else ''}; check the keep-lists' reports (each stage's "
+                              "removed_pairs), or that they come from this pair table")
+        check_sources_exist(run.work, pairs)
+        return count
+
+    def plan(self, run: Run) -> list[Job]:
+        shutil.rmtree(run.work, ignore_errors=True)
+        run.work.mkdir(parents=True)
+        self.count = self.planned(run)
+        options, out = run.options, run.out
+        n_shards = -(-self.count // options.samples_per_shard)
+        names = {f"{options.prefix}-{i:06d}.tar" for i in range(n_shards)}
+        for stale in set(self.previous.get("shards", {})) - names:  # ours, from an earlier, larger plan
+            (out / stale).unlink(missing_ok=True)
+        return [Job(job_id(i), shard_task, (str(run.work / "plan.parquet"), i, str(out), options))
+                for i in range(n_shards)]
+
+    def merge(self, run: Run, results: dict[str, dict]) -> Manifest:
+        counts, skipped = dict[str, int](), dict[str, int]()
+        for result in results.values():
+            counts[result["name"]] = result["samples"]
+            for reason, k in result["skipped"].items():
+                skipped[reason] = skipped.get(reason, 0) + k
+        if self.count and not sum(counts.values()):
+            reasons = ", ".join(f"{k} {v:,}" for k, v in skipped.items())
+            raise ConfigError(f"no image of the {self.count:,} to shard could be read ({reasons}); the shards in "
+                              f"{run.out} are empty")
+        return Manifest({**self.info, "stage": "shard", "engine": run.engine.name, "options": asdict(run.options),
+                         "complete": True, "n_samples": sum(counts.values()), "skipped": skipped,
+                         "resumed_shards": sum(r["resumed"] for r in results.values()),
+                         "shards": dict(sorted(counts.items()))}, after=("shards",))
+
+    def result_fields(self, run: Run, report: Manifest) -> dict:
+        return {"out": run.out, "samples": report.n_samples}
+
+
+class ShardSamples(Shard):
+    """Samples already in memory (built-in corpora, evaluation sets) -> shards, in their given order."""
+
+    reads_pairs = False
+
+    def __init__(self, samples: list[dict], info: dict):
+        super().__init__((), info)
+        self.samples = samples
+
+    def engine(self, options: ShardOptions, engine: Engine) -> Engine:
+        return Engine(workers=options.workers)
+
+    def planned(self, run: Run) -> int:
+        return plan_samples(self.samples, run.work, run.options.samples_per_shard)
+
+
 def shard(pairs: str | Path, keep_dirs: list[Path], out: Path, options: ShardOptions = ShardOptions(),
           progress: bool = True, split_name: str = "", engine: Engine = Engine()) -> ShardResult:
-    """Write the kept pairs of `pairs` as shards in `out`; finished shards of an earlier run are kept.
-
-    The plan (which image goes to which shard) is computed by SQL, DuckDB's on the local engine and Spark's
-    on the Spark engine, into OUT/_plan; then one task per shard writes it. Both engines give the same bytes."""
+    """Write the kept pairs of `pairs` as shards in `out`; finished shards of an earlier run are kept (`Shard`).
+    Both engines give the same bytes."""
     keep_dirs = listed(keep_dirs, "keep_dirs")
-    options, engine = expect(options, ShardOptions), expect(engine, Engine, "engine")
-    pairs, out = str(pairs), Path(out)
-    check_pair_table(pairs, SOURCE_COLUMNS)
-    if options.samples_per_shard < 1:
-        raise ConfigError("--samples-per-shard must be at least 1")
-    start = time.perf_counter()
-    plan = out / "_plan"
-    shutil.rmtree(plan, ignore_errors=True)
-    plan.mkdir(parents=True)
-    keep = [Path(k) for k in keep_dirs]
-    if engine.name == "spark":
-        count = plan_spark(pairs, keep, plan, options.samples_per_shard, engine)
-    else:
-        count = plan_duckdb(Path(pairs), keep, plan, options.samples_per_shard)
-    if count == 0:
-        raise ConfigError(f"nothing to shard: {'the keep-lists keep no pair of ' if keep else ''}{pairs}"
-                          f"{' holds no pairs' if not keep else ''}; check the keep-lists' reports (each stage's "
-                          "removed_pairs), or that they come from this pair table")
-    check_sources_exist(plan, pairs)
-    info = {"pairs": pairs, "keep": [str(k) for k in keep_dirs], "split": split_name}
-    return run_plan(plan, count, out, options, progress, info, start, engine)
+    info = {"pairs": str(pairs), "keep": [str(k) for k in keep_dirs], "split": split_name}
+    return run_stage(Shard(keep_dirs, info), pairs, out, options, progress, engine)
 
 
 def check_sources_exist(plan: Path, pairs, probe: int = 100) -> None:
@@ -215,50 +287,9 @@ def check_sources_exist(plan: Path, pairs, probe: int = 100) -> None:
                           "shard from there, or ingest again (it now records absolute paths)")
 
 
-def write_samples(samples: list[dict], out: Path, options: ShardOptions, progress: bool, info: dict,
-                  start: float | None = None) -> ShardResult:
+def write_samples(samples: list[dict], out: Path, options: ShardOptions, progress: bool, info: dict) -> ShardResult:
     """Shard samples already in memory, in their order (built-in corpora, evaluation sets)."""
-    start = time.perf_counter() if start is None else start
-    plan = Path(out) / "_plan"
-    shutil.rmtree(plan, ignore_errors=True)
-    plan.mkdir(parents=True)
-    count = plan_samples(samples, plan, options.samples_per_shard)
-    return run_plan(plan, count, Path(out), options, progress, info, start, Engine(workers=options.workers))
-
-
-def run_plan(plan: Path, count: int, out: Path, options: ShardOptions, progress: bool, info: dict, start: float,
-             engine: Engine) -> ShardResult:
-    n_shards = -(-count // options.samples_per_shard)
-    jobs = [Job(job_id(i), shard_task, (str(plan / "plan.parquet"), i, str(out), options)) for i in range(n_shards)]
-    names = {f"{options.prefix}-{i:06d}.tar" for i in range(n_shards)}
-    try:
-        previous_manifest = json.loads((out / MANIFEST).read_text()) if (out / MANIFEST).is_file() else {}
-    except ValueError:  # damaged: its stale shards, if any, are found by name below
-        previous_manifest = {}
-    unfinish(out / MANIFEST)  # written again last, when every shard of this plan is done
-    for stale in set(previous_manifest.get("shards", {})) - names:  # ours, from an earlier, larger plan
-        (out / stale).unlink(missing_ok=True)
-    if engine.name == "local":
-        engine = Engine(workers=options.workers or engine.workers, retries=engine.retries)
-    results, _ = run_jobs(jobs, out / STATUS, engine, "shard", progress)
-    counts, skipped = dict[str, int](), dict[str, int]()
-    for result in results.values():
-        counts[result["name"]] = result["samples"]
-        for reason, k in result["skipped"].items():
-            skipped[reason] = skipped.get(reason, 0) + k
-    resumed = sum(r["resumed"] for r in results.values())
-    manifest = {**info, "stage": "shard", "engine": engine.name, "options": asdict(options), "complete": True,
-                "n_samples": sum(counts.values()), "skipped": skipped, "resumed_shards": resumed,
-                "seconds": round(time.perf_counter() - start, 2), "shards": dict(sorted(counts.items()))}
-    with staged(out / MANIFEST, tmp=out / (MANIFEST + ".tmp")) as tmp:
-        tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-    shutil.rmtree(plan, ignore_errors=True)
-    if count and manifest["n_samples"] == 0:
-        reasons = ", ".join(f"{k} {v:,}" for k, v in skipped.items())
-        raise ConfigError(f"no image of the {count:,} to shard could be read ({reasons}); the shards in {out} "
-                          "are empty")
-    return ShardResult(out=out, samples=manifest["n_samples"], shards=manifest["shards"], skipped=skipped,
-                       resumed_shards=resumed, seconds=manifest["seconds"], manifest=manifest)
+    return run_stage(ShardSamples(samples, info), None, out, options, progress)
 
 
 def karpathy_shards(path: Path, images_root: Path, split: str, out: Path, progress: bool = True) -> ShardResult:

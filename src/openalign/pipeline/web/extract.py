@@ -39,7 +39,6 @@ unchanged and redoes the others; both engines run one task per file).
 from __future__ import annotations
 
 import re
-import time
 from collections import Counter
 from dataclasses import asdict, dataclass
 from operator import itemgetter
@@ -52,15 +51,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from openalign import plots
-from openalign.config import POSITIVE_INT, ConfigError, Options, expect, listed
+from openalign.config import POSITIVE_INT, ConfigError, Options, listed
 from openalign.sizes import SIZE, parse_size
 from openalign.data import tables
-from openalign.data.engine import Engine, Job, cores, job_id, recorded_names, run_jobs
+from openalign.data.engine import Engine, Job, cores, job_id, recorded_names
 from openalign.data.language import identify, known_languages
 from openalign.data.words import check_segmenters, segment
-from openalign.data.pairs import manifest_path, pair_uids, url_keys
-from openalign.outputs import leftovers, sources_key, staged, unfinish, write_json
+from openalign.data.pairs import pair_uids, url_keys
+from openalign.outputs import leftovers, sources_key, staged
 from openalign.data.files import fingerprint, is_url, open_source, suffix_of
+from openalign.pipeline.runner import Manifest, Run, Stage, run_stage
 from openalign.pipeline.web.extract_inputs import archive_kind, inputs
 from openalign.pipeline.web.extract_links import NO_BASE, hosts, pair, pairs, resolve_base, target_uri
 
@@ -419,71 +419,90 @@ class ExtractResult:
     manifest: dict  # the manifest as written
 
 
+class Extract(Stage):
+    """Web archives and URL tables -> OUT/candidates.parquet: one task per input file, its part kept in OUT/parts
+    (a rerun reads again only the files that changed), the parts merged with the first row of each uid kept."""
+
+    name = "extract"
+    options = ExtractOptions
+    result = ExtractResult
+    reads_pairs = False
+    keeps = False
+    report_file = "candidates.manifest.json"
+    record_field = "manifest"
+    work = "parts"
+    keeps_work = True
+    figure_file = "extract_report.png"
+    figure_dpi = 100
+
+    def __init__(self, sources: list[str]):
+        self.sources = sources
+        self.files: list[str] = []
+
+    def check(self, run: Run) -> None:
+        options, out = run.options, run.out
+        unknown = sorted(set(options.languages) - known_languages()) if options.languages else []
+        if unknown:
+            raise ConfigError(f"--languages {','.join(unknown)}: not a language the identifier knows (ISO 639-1 "
+                              f"codes such as en, de, zh, ja; 'und' for texts with none)")
+        if options.segments:
+            check_segmenters()
+        for source in self.sources:
+            if not is_url(source) and Path(source).is_dir() and out.resolve().is_relative_to(Path(source).resolve()):
+                raise ConfigError(f"--out {out} is inside the source folder {source}, so a rerun would read "
+                                  "extract's own output as input; choose an --out outside it")
+        self.files = inputs(self.sources)
+        self.kinds, self.versions = probe(self.files)  # every input is readable and of a known kind, before any work
+
+    def plan(self, run: Run) -> list[Job]:
+        parts = run.work
+        parts.mkdir(exist_ok=True)
+        self.jobs = [Job(job_id(i), extract_file, (f, str(parts / f"{job_id(i)}.parquet"), run.options,
+                                                   self.kinds[f]),
+                         key=sources_key(self.versions[f], asdict(run.options)),
+                         outputs=(str(parts / f"{job_id(i)}.parquet"),))
+                     for i, f in enumerate(self.files)]
+        names, recorded = {Path(t.outputs[0]).name for t in self.jobs}, recorded_names(parts / "_status")
+        for stale in recorded - names:
+            (parts / stale).unlink(missing_ok=True)  # parts of files no longer given: only those a task recorded
+        for partial in leftovers(parts, names | recorded):  # a part a killed task was writing
+            partial.unlink(missing_ok=True)
+        return self.jobs
+
+    def merge(self, run: Run, results: dict[str, dict]) -> Manifest:
+        table = run.out / "candidates.parquet"
+        counts: Counter = Counter()
+        per_file = {}
+        rows, unique = _merge(self.jobs, table, cores(run.engine))  # --workers 1: one core, the merge's too
+        for job, f, distinct in zip(self.jobs, self.files, unique):
+            summary = {k: v for k, v in results[job.id].items() if isinstance(v, int)}
+            summary["duplicate"] = summary.pop("pairs") - distinct  # a pair its own file already had
+            summary["candidates"] = distinct
+            per_file[str(f)] = summary
+            counts.update(summary)
+        hosts, top, languages = _tallies(table, cores(run.engine), run.options.language)
+        return Manifest({
+            "stage": "extract", "sources": [str(s) for s in self.sources], "files": len(self.files),
+            "kinds": dict(Counter(self.kinds.values())), "options": asdict(run.options), "engine": run.engine.name,
+            "resumed_tasks": run.resumed, "out": str(table), "candidates": rows,
+            "duplicates_across_files": counts["candidates"] - rows, "counts": dict(sorted(counts.items())),
+            "per_file": per_file, "hosts": hosts, "top_hosts": top, "languages": languages,
+            "text_normalization": "runs of whitespace collapsed to one space, ends stripped; case and characters kept",
+        })
+
+    def figure(self, run: Run, report: Manifest):
+        return report_figure(report.fields)
+
+    def result_fields(self, run: Run, report: Manifest) -> dict:
+        return {"table": run.out / "candidates.parquet", "report": run.out / self.figure_file,
+                "top_hosts": [tuple(t) for t in report.top_hosts]}
+
+
 def extract(sources: list[str], out: Path, options: ExtractOptions = ExtractOptions(), engine: Engine = Engine(),
             progress: bool = True) -> ExtractResult:
     """Write OUT/candidates.parquet, OUT/extract_report.png and, last, OUT/candidates.manifest.json from web
     archives and URL tables (see the module); returns what was written and counted."""
-    sources = listed(sources, "sources")
-    options, engine = expect(options, ExtractOptions), expect(engine, Engine, "engine")
-    out = Path(out)
-    unknown = sorted(set(options.languages) - known_languages()) if options.languages else []
-    if unknown:
-        raise ConfigError(f"--languages {','.join(unknown)}: not a language the identifier knows (ISO 639-1 codes "
-                          f"such as en, de, zh, ja; 'und' for texts with none)")
-    if options.segments:
-        check_segmenters()
-    for source in sources:
-        if not is_url(source) and Path(source).is_dir() and out.resolve().is_relative_to(Path(source).resolve()):
-            raise ConfigError(f"--out {out} is inside the source folder {source}, so a rerun would read extract's "
-                              "own output as input; choose an --out outside it")
-    files = inputs(sources)
-    kinds, versions = probe(files)  # every input is readable and of a known kind, before any work
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise ConfigError(f"cannot write {out}: it, or a folder above it, is a file; choose another --out") from None
-    table = out / "candidates.parquet"
-    manifest = manifest_path(table)
-    unfinish(manifest)
-    start = time.perf_counter()
-    parts = out / "parts"
-    parts.mkdir(exist_ok=True)
-    jobs = [Job(job_id(i), extract_file, (f, str(parts / f"{job_id(i)}.parquet"), options, kinds[f]),
-                key=sources_key(versions[f], asdict(options)), outputs=(str(parts / f"{job_id(i)}.parquet"),))
-            for i, f in enumerate(files)]
-    names, recorded = {Path(t.outputs[0]).name for t in jobs}, recorded_names(parts / "_status")
-    for stale in recorded - names:
-        (parts / stale).unlink(missing_ok=True)  # parts of files no longer given: only those a task recorded
-    for partial in leftovers(parts, names | recorded):  # a part a killed task was writing
-        partial.unlink(missing_ok=True)
-    results, resumed = run_jobs(jobs, parts / "_status", engine, "extract", progress)
-    counts: Counter = Counter()
-    per_file = {}
-    rows, unique = _merge(jobs, table, cores(engine))  # --workers 1: one core, the merge's too
-    for job, f, distinct in zip(jobs, files, unique):
-        summary = {k: v for k, v in results[job.id].items() if isinstance(v, int)}
-        summary["duplicate"] = summary.pop("pairs") - distinct  # a pair its own file already had
-        summary["candidates"] = distinct
-        per_file[str(f)] = summary
-        counts.update(summary)
-    distinct, top, languages = _tallies(table, cores(engine), options.language)
-    written = {
-        "stage": "extract", "sources": [str(s) for s in sources], "files": len(files), "kinds": dict(Counter(
-            kinds.values())), "options": asdict(options), "engine": engine.name, "resumed_tasks": resumed,
-        "out": str(table), "candidates": rows, "duplicates_across_files": counts["candidates"] - rows,
-        "counts": dict(sorted(counts.items())), "per_file": per_file, "hosts": distinct, "top_hosts": top,
-        "languages": languages,
-        "text_normalization": "runs of whitespace collapsed to one space, ends stripped; case and characters kept",
-        "seconds": round(time.perf_counter() - start, 2),
-    }
-    report = out / "extract_report.png"
-    with staged(report) as tmp:
-        plot_report(written, Path(tmp))
-    write_json(manifest, written)  # last: the table is finished
-    return ExtractResult(table=table, candidates=rows, files=len(files), counts=written["counts"], per_file=per_file,
-                         duplicates_across_files=written["duplicates_across_files"], hosts=distinct,
-                         top_hosts=[tuple(t) for t in top], languages=languages, resumed_tasks=resumed,
-                         seconds=written["seconds"], report=report, manifest=written)
+    return run_stage(Extract(listed(sources, "sources")), None, out, options, progress, engine)
 
 
 READ_COUNTS = ("records", "pages", "images", "rows", "candidates", "duplicate")  # the rest are reasons for dropping,
@@ -491,7 +510,7 @@ NOTES = ("rows_with_invalid_utf8", "damaged_bytes")  # but these: kept with U+FF
 NOT_DROPS = READ_COUNTS + NOTES
 
 
-def plot_report(manifest: dict, path: Path, top: int = 15) -> None:
+def report_figure(manifest: dict, top: int = 15):
     """Three panels: why links were dropped (and how many became candidates), the hosts with the most candidates,
     and the candidates' languages (where they were identified)."""
     plt = plots.pyplot()
@@ -524,7 +543,7 @@ def plot_report(manifest: dict, path: Path, top: int = 15) -> None:
         right.axis("off")
         right.set_title("languages not identified (--no-language)", fontsize=10)
     fig.suptitle(f"extract: {manifest['candidates']:,} candidate pairs")
-    plots.save(fig, path, dpi=100)
+    return fig
 
 
 def _tallies(table: Path, threads: int, languages: bool, top: int = 50) -> tuple[int, list[list], dict[str, int]]:

@@ -47,13 +47,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from openalign import plots
-from openalign.config import NON_NEGATIVE, POSITIVE, POSITIVE_INT, ConfigError, Options, expect, listed
+from openalign.config import NON_NEGATIVE, POSITIVE, POSITIVE_INT, ConfigError, Options, listed
 from openalign.sizes import SIZE, parse_size
 from openalign.data import images, tables
-from openalign.data.engine import Engine, Job, read_plan, recorded_names, run_jobs
+from openalign.data.engine import Engine, Job, read_plan, recorded_names
 from openalign.data.pairs import FETCH_REPORT, FETCH_WORK, check_finished, keep_table, manifest_path, sql_path
 from openalign.data.tars import TarWriter
-from openalign.outputs import leftovers, owned, staged, unfinish, write_json
+from openalign.outputs import leftovers, staged, write_json
+from openalign.pipeline.runner import Manifest, Run, Stage, run_stage
 
 __all__ = ["ERROR_KINDS", "FETCH_REPORT", "FetchOptions", "FetchResult", "fetch"]
 
@@ -421,50 +422,98 @@ def usable_out(out: Path) -> Path:
     return out
 
 
+class Fetch(Stage):
+    """A candidate table -> its images in img2dataset's webdataset layout: the URLs planned into shards by their
+    origin (DuckDB), one job per shard, the largest first; OUT/_fetch keeps the plan, the statuses and the names
+    fetch wrote (a rerun redoes only the shards whose rows or options changed)."""
+
+    name = "fetch"
+    options = FetchOptions
+    result = FetchResult
+    reads_pairs = False
+    keeps = False
+    report_file = FETCH_REPORT
+    record_field = ""  # FetchResult.report is the report's path
+    work = WORK
+    status = f"{WORK}/status"
+    keeps_work = True
+    figure_file = "fetch_report.png"
+    figure_dpi = 90
+
+    def __init__(self, candidates: Path, keep: tuple[Path, ...] = ()):
+        self.candidates, self.keep = candidates, keep
+
+    def check(self, run: Run) -> None:
+        self.table = candidate_table(Path(self.candidates))
+        usable_out(run.out)
+
+    def plan(self, run: Run) -> list[Job]:
+        import duckdb
+
+        table, out, options = self.table, run.out, run.options
+        run.work.mkdir(exist_ok=True)
+        plan_path = run.work / "plan.parquet"
+        with duckdb.connect() as con:
+            with staged(plan_path) as tmp:
+                planned, self.left_out, count = plan(con, table, [Path(k) for k in self.keep], options, tmp)
+        if not planned:
+            if self.left_out["not_kept"]:
+                raise ConfigError(f"none of the {self.left_out['not_kept']:,} candidates of {table} is in every "
+                                  "--keep list; were the keep-lists made from this table (`openalign filter "
+                                  f"{table} --rules text`)?")
+            rows = self.left_out["no_url"]
+            raise ConfigError(f"{table} holds no URL to fetch ({rows:,} row{'s' * (rows != 1)} without one)")
+        largest = max((p["rows"] for p in planned), default=0)
+        digits = shard_names(count, largest, options.shard_size)
+        claim(out, {f"{p['shard']:0{digits[0]}d}{suffix}" for p in planned for suffix in SHARD_FILES})
+        settings = json.dumps([asdict(options) | {"shard_size": None}, digits], sort_keys=True, default=str)
+        jobs = []
+        for p in sorted(planned, key=lambda p: (-p["rows"], p["shard"])):  # the largest first: a shorter tail
+            name = f"{p['shard']:0{digits[0]}d}"
+            key = hashlib.blake2b(f"{p['digest']}|{settings}".encode(), digest_size=16).hexdigest()
+            jobs.append(Job(name, fetch_shard, (str(plan_path), p["shard"], str(out), digits, options), key=key,
+                            outputs=tuple(str(out / f"{name}{s}") for s in SHARD_FILES)))
+        return jobs
+
+    def merge(self, run: Run, results: dict[str, dict]) -> Manifest:
+        kinds, hosts, robots = Counter(), {}, Counter()
+        for result in results.values():
+            kinds.update(result["kinds"])
+            robots.update(result.get("robots", {}))
+            for host, (ok, total) in result["hosts"].items():
+                seen = hosts.setdefault(host, [0, 0])
+                seen[0] += ok
+                seen[1] += total
+        urls = sum(kinds.values())
+        by_host = sorted(hosts.items(), key=lambda kv: (-kv[1][1], kv[0]))
+        found = list(results.values())
+        self.hosts = hosts  # {host: [successes, URLs]}, for the figure
+        return Manifest({
+            "stage": "fetch", "candidates": str(self.table), "urls": urls, "successes": kinds["success"],
+            "success_rate": round(kinds["success"] / urls, 4) if urls else 0.0,
+            "statuses": dict(kinds.most_common()), "left_out": dict(self.left_out), "shards": len(found),
+            "shards_reused": run.resumed, "distinct_urls": sum(r.get("distinct_urls", 0) for r in found),
+            "requests": sum(r.get("requests", 0) for r in found), "bytes": sum(r.get("bytes", 0) for r in found),
+            "robots_txt": dict(robots), "hosts": len(hosts),
+            "by_host": {h: {"urls": t, "successes": ok, "success_rate": round(ok / t, 4)}
+                        for h, (ok, t) in by_host[:200]},
+            "task_seconds": round(sum(r.get("seconds", 0.0) for r in found), 2), "options": asdict(run.options),
+            "keep": [str(k) for k in self.keep], "text_rules": text_rule_reports(self.keep),
+        }, after=("options", "keep", "text_rules"))
+
+    def figure(self, run: Run, report: Manifest):
+        return report_figure(report.fields, self.hosts)
+
+    def result_fields(self, run: Run, report: Manifest) -> dict:
+        return {"out": run.out, "skipped": report.shards_reused, "kinds": report.statuses,
+                "report": run.out / FETCH_REPORT, "figure": run.out / self.figure_file}
+
+
 def fetch(candidates: Path, out: Path, options: FetchOptions = FetchOptions(), keep: tuple[Path, ...] = (),
           engine: Engine = Engine(), progress: bool = True) -> FetchResult:
     """Fetches the images of a candidate table into `out` (img2dataset's webdataset layout); see the module's
     docstring."""
-    keep = tuple(listed(keep, "keep"))
-    options, engine = expect(options, FetchOptions), expect(engine, Engine, "engine")
-    begin = time.perf_counter()
-    table = candidate_table(Path(candidates))
-    out = Path(out)
-    with owned(out):  # one run per folder: two would ask every host twice
-        return _fetch(table, usable_out(out), options, keep, engine, progress, begin)
-
-
-def _fetch(table: Path, out: Path, options: FetchOptions, keep: tuple[Path, ...], engine: Engine, progress: bool,
-           begin: float) -> FetchResult:
-    import duckdb
-
-    unfinish(out / FETCH_REPORT)
-    work = out / WORK
-    work.mkdir(exist_ok=True)
-    plan_path = work / "plan.parquet"
-    with duckdb.connect() as con:
-        with staged(plan_path) as tmp:
-            planned, left_out, count = plan(con, table, [Path(k) for k in keep], options, tmp)
-    if not planned:
-        if left_out["not_kept"]:
-            raise ConfigError(f"none of the {left_out['not_kept']:,} candidates of {table} is in every --keep list; "
-                              "were the keep-lists made from this table (`openalign filter "
-                              f"{table} --rules text`)?")
-        rows = left_out["no_url"]
-        raise ConfigError(f"{table} holds no URL to fetch ({rows:,} row{'s' * (rows != 1)} without one)")
-    largest = max((p["rows"] for p in planned), default=0)
-    digits = shard_names(count, largest, options.shard_size)
-    claim(out, {f"{p['shard']:0{digits[0]}d}{suffix}" for p in planned for suffix in SHARD_FILES})
-    settings = json.dumps([asdict(options) | {"shard_size": None}, digits], sort_keys=True, default=str)
-    jobs = []
-    for p in sorted(planned, key=lambda p: (-p["rows"], p["shard"])):  # the largest first: a shorter tail
-        name = f"{p['shard']:0{digits[0]}d}"
-        key = hashlib.blake2b(f"{p['digest']}|{settings}".encode(), digest_size=16).hexdigest()
-        jobs.append(Job(name, fetch_shard, (str(plan_path), p["shard"], str(out), digits, options), key=key,
-                        outputs=tuple(str(out / f"{name}{s}") for s in SHARD_FILES)))
-    results, skipped = run_jobs(jobs, work / "status", engine, desc="fetch", progress=progress)
-    report = {"keep": [str(k) for k in keep], "text_rules": text_rule_reports(keep)}
-    return finish(out, table, list(results.values()), left_out, len(jobs), skipped, options, begin, report)
+    return run_stage(Fetch(candidates, tuple(listed(keep, "keep"))), None, out, options, progress, engine)
 
 
 def text_rule_reports(keep) -> list[str]:
@@ -484,38 +533,7 @@ def text_rule_reports(keep) -> list[str]:
     return found
 
 
-def finish(out: Path, table: Path, results: list[dict], left_out: Counter, shards: int, skipped: int,
-           options: FetchOptions, begin: float, extra: dict) -> FetchResult:
-    kinds, hosts, robots = Counter(), {}, Counter()
-    for result in results:
-        kinds.update(result["kinds"])
-        robots.update(result.get("robots", {}))
-        for host, (ok, total) in result["hosts"].items():
-            seen = hosts.setdefault(host, [0, 0])
-            seen[0] += ok
-            seen[1] += total
-    urls = sum(kinds.values())
-    seconds = time.perf_counter() - begin
-    by_host = sorted(hosts.items(), key=lambda kv: (-kv[1][1], kv[0]))
-    report = {
-        "stage": "fetch", "candidates": str(table), "urls": urls, "successes": kinds["success"],
-        "success_rate": round(kinds["success"] / urls, 4) if urls else 0.0,
-        "statuses": dict(kinds.most_common()), "left_out": dict(left_out), "shards": shards,
-        "shards_reused": skipped, "distinct_urls": sum(r.get("distinct_urls", 0) for r in results),
-        "requests": sum(r.get("requests", 0) for r in results), "bytes": sum(r.get("bytes", 0) for r in results),
-        "robots_txt": dict(robots), "hosts": len(hosts),
-        "by_host": {h: {"urls": t, "successes": ok, "success_rate": round(ok / t, 4)} for h, (ok, t) in by_host[:200]},
-        "task_seconds": round(sum(r.get("seconds", 0.0) for r in results), 2), "seconds": round(seconds, 2),
-        "options": asdict(options), **extra,
-    }
-    figure = plot_report(report, hosts, out / "fetch_report.png")
-    write_json(out / FETCH_REPORT, report)
-    return FetchResult(out=out, urls=urls, successes=kinds["success"], shards=shards, skipped=skipped,
-                       kinds=dict(kinds.most_common()), hosts=len(hosts), seconds=seconds, report=out / FETCH_REPORT,
-                       figure=figure)
-
-
-def plot_report(report: dict, hosts: dict, path: Path) -> Path | None:
+def report_figure(report: dict, hosts: dict[str, list[int]]):
     """Two panels: URLs per status, and the hosts' success rates (a histogram, weighted by their URLs)."""
     plt = plots.pyplot()
 
@@ -532,4 +550,4 @@ def plot_report(report: dict, hosts: dict, path: Path) -> Path | None:
     right.set_xlabel("a host's success rate")
     right.set_ylabel("URLs on hosts with that rate")
     right.set_title(f"{len(hosts):,} hosts")
-    return plots.save(fig, path, dpi=90)
+    return fig
