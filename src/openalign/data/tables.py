@@ -352,8 +352,8 @@ def stream_names(path: str) -> list[str]:
 def batches(path: str, wanted: list[str], notes: Counter | None = None) -> Iterator[list[dict | None]]:
     """The columns `wanted` of every row of a URL table, streamed a batch at a time in the table's order: a dict per
     row, None for a row that cannot be read (a JSONL line that is not a JSON object, a CSV row of the wrong number of
-    fields). A CSV's values are read as bytes and decoded here: bytes that are not UTF-8 become U+FFFD, the row
-    counted in `notes["rows_with_invalid_utf8"]` (one such value would otherwise fail Arrow's whole block)."""
+    fields). A CSV's bytes that are not UTF-8 become U+FFFD, the lines that held them counted in
+    `notes["rows_with_invalid_utf8"]` (`Utf8Lines`)."""
     import pyarrow.parquet as pq
 
     notes = Counter() if notes is None else notes
@@ -363,9 +363,9 @@ def batches(path: str, wanted: list[str], notes: Counter | None = None) -> Itera
     elif suffix in (".csv", ".tsv"):
         invalid: list[str] = []
         delimiter, names = _header(path)
-        with _csv_reader(path, wanted, invalid, delimiter) as reader:
+        with _csv_reader(path, wanted, invalid, delimiter, notes) as reader:
             for batch in itertools.chain(reader, [None]):  # None: the rows skipped in the last block
-                rows = [_text_row(row, notes) for row in batch.to_pylist()] if batch is not None else []
+                rows = batch.to_pylist() if batch is not None else []
                 if invalid:  # after the rows around them
                     rows += [r if r is None else {k: r[k] for k in wanted}
                              for r in _recovered(invalid, names, wanted, delimiter)]
@@ -412,15 +412,14 @@ def _jsonl_names(path: str, lines: int = 1000) -> list[str]:
 
 @contextlib.contextmanager
 def _csv_reader(path: str, columns: list[str] | None = None, invalid: list | None = None,
-                delimiter: str | None = None):
-    """A streaming CSV/TSV reader (pyarrow); with `columns`, only those, as bytes. A row of the wrong number of
-    fields is skipped, its text put in `invalid` (one such row would otherwise fail Arrow's whole file)."""
+                delimiter: str | None = None, notes: Counter | None = None):
+    """A streaming CSV/TSV reader (pyarrow); with `columns`, only those. A row of the wrong number of fields is
+    skipped, its text put in `invalid` (one such row would otherwise fail Arrow's whole file)."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
     delimiter = delimiter or _header(path)[0]
-    # bytes, decoded row by row (`_text_row`): one value that is not UTF-8 would fail Arrow's whole block
-    convert = pacsv.ConvertOptions(column_types={name: pa.binary() for name in columns or ()},
+    convert = pacsv.ConvertOptions(column_types={name: pa.string() for name in columns or ()},
                                    include_columns=columns or [], strings_can_be_null=True)
 
     def skipped(row) -> str:
@@ -429,9 +428,63 @@ def _csv_reader(path: str, columns: list[str] | None = None, invalid: list | Non
         return "skip"
 
     parse = pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True, invalid_row_handler=skipped)
-    with open_source(path) as f, pacsv.open_csv(Stream(f), parse_options=parse, convert_options=convert,
+    with open_source(path) as f, pacsv.open_csv(Utf8Lines(Stream(f), Counter() if notes is None else notes),
+                                                parse_options=parse, convert_options=convert,
                                                 read_options=pacsv.ReadOptions(block_size=1 << 22)) as reader:
         yield reader
+
+
+class Utf8Lines(io.RawIOBase):
+    """A text file's bytes as UTF-8, read front to back: a line holding bytes that are not UTF-8 has U+FFFD in their
+    place (the rule for text everywhere: `rows` reads such a row so too) and is counted
+    (`notes["rows_with_invalid_utf8"]`). Arrow's CSV reader needs it: it decodes a value, and a row it cannot
+    split, as UTF-8, and one such byte failed the whole file. A block of 4 MiB is checked in one decode; only a
+    block that fails is repaired line by line."""
+
+    def __init__(self, stream: io.RawIOBase, notes: Counter, block: int = 1 << 22):
+        super().__init__()
+        self.lines = io.BufferedReader(stream, buffer_size=1 << 20)
+        self.notes, self.block = notes, block
+        self.pending, self.at = b"", 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def readinto(self, buffer) -> int:
+        while self.at >= len(self.pending):
+            lines = self.lines.readlines(self.block)
+            if not lines:
+                return 0
+            self.pending, self.at = self._repaired(lines), 0
+        n = min(len(buffer), len(self.pending) - self.at)
+        buffer[:n] = self.pending[self.at:self.at + n]
+        self.at += n
+        return n
+
+    def _repaired(self, lines: list[bytes]) -> bytes:
+        data = b"".join(lines)
+        try:
+            data.decode("utf-8")
+            return data
+        except UnicodeDecodeError:
+            pass
+        repaired = []
+        for line in lines:
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError:
+                self.notes["rows_with_invalid_utf8"] += 1
+                line = line.decode("utf-8", "replace").encode("utf-8")
+            repaired.append(line)
+        return b"".join(repaired)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.lines.close()
+        super().close()
 
 
 def _header(path: str) -> tuple[str, list[str]]:
@@ -454,21 +507,6 @@ def _recovered(texts: list[str], names: list[str], wanted: list[str], delimiter:
                 continue
             values = next(csv.reader([line], delimiter=delimiter, strict=False), [])
             yield dict(zip(names, values)) if len(values) == len(names) and all(n in names for n in wanted) else None
-
-
-def _text_row(row: dict, notes: Counter) -> dict:
-    """A CSV row's values as text: bytes that are not UTF-8 become U+FFFD (the rule for text everywhere: `rows` reads
-    such a row so too), the row counted (`rows_with_invalid_utf8`)."""
-    decoded, bad = {}, False
-    for name, value in row.items():
-        if value.__class__ is bytes:
-            try:
-                value = value.decode("utf-8")
-            except UnicodeDecodeError:
-                value, bad = value.decode("utf-8", "replace"), True
-        decoded[name] = value
-    notes["rows_with_invalid_utf8"] += bad
-    return decoded
 
 
 def quoted(column: str) -> str:

@@ -159,6 +159,19 @@ def test_a_csv_row_of_the_wrong_shape_is_that_row_alone(tmp_path):
     assert result.counts["bad_record"] == 2 and result.counts["rows"] == 4
 
 
+def test_a_csv_row_of_the_wrong_shape_with_bytes_that_are_not_utf8_is_that_row_alone(tmp_path, capsys):
+    """Before: Arrow decodes a row it cannot split as UTF-8 before its handler sees it, so such a row printed a
+    traceback ("Exception ignored in ... UnicodeDecodeError") and refused the whole table ("CSV parse error")."""
+    table = tmp_path / "urls.csv"
+    table.write_bytes(b"url,caption\nhttp://a.example/1.jpg,a good one\nhttp://a.example/2.jpg,caf\xe9,extra field\n"
+                      b"http://a.example/3.jpg,caf\xe9 au lait\nhttp://a.example/4.jpg,another good one\n")
+    result = extract([str(table)], tmp_path / "out", ExtractOptions(language=False), progress=False)
+    assert sorted(r["text"] for r in pq.read_table(result.table).to_pylist()) == [
+        "a good one", "another good one", "caf\ufffd au lait"]
+    assert (result.counts["bad_record"], result.counts["rows"], result.counts["rows_with_invalid_utf8"]) == (1, 4, 2)
+    assert "Traceback" not in capsys.readouterr().err
+
+
 def test_an_input_that_is_not_a_regular_file_or_an_out_inside_a_source_is_one_sentence(tmp_path, capsys):
     # Before: a FIFO, /dev/stdin or /dev/null "does not exist"; an --out inside a source folder was read back as
     # input on the rerun, which refused with "holds no WARC records".
