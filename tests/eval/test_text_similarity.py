@@ -20,3 +20,19 @@ def test_text_pair_spearman_against_an_exact_model(tmp_path, monkeypatch):
     (tmp_path / "bad.csv").write_text("x,y\n1,2\n")
     with pytest.raises(ConfigError, match="sentence1, sentence2"):
         text_similarity.text_pair_similarity(Context(None, None, EvalOptions(), path=str(tmp_path / "bad.csv")), "sts")
+
+
+def test_a_pairs_file_is_read_by_the_rules_for_text_of_every_table(tmp_path, monkeypatch):
+    """Before: the file was opened in the locale's encoding, strictly: a byte that is not UTF-8 (a Latin-1 STS file)
+    was a UnicodeDecodeError traceback, and a BOM became part of the first column's name ("missing sentence1")."""
+    seen = []
+
+    def encode(model, tok, texts, batch_size, max_length):
+        seen.extend(texts)
+        return torch.tensor([[1.0, float(i)] for i, _ in enumerate(texts)])
+
+    monkeypatch.setattr(features, "encode_texts", encode)
+    (tmp_path / "sts.tsv").write_bytes(b"\xef\xbb\xbfsentence1\tsentence2\tscore\ncaf\xe9\tb\t4\na\tc\t2\na\td\t0\n")
+    out = text_similarity.text_pair_similarity(Context(None, None, EvalOptions(), path=str(tmp_path / "sts.tsv")),
+                                               "sts")
+    assert out["n_pairs"] == 3 and "caf\ufffd" in seen

@@ -191,6 +191,17 @@ def rows(path: Path, image_column: str = "", text_column: str = "", notes: Count
     return _duckdb_rows(path, image_column, text_column, notes, need_text)
 
 
+def dicts(path: Path, delimiter: str = "") -> list[dict[str, str]]:
+    """Every row of a small CSV/TSV with a header as {column: text}: a benchmark's ratings or sentence pairs (STS,
+    CxC), the paper's tables. The rules for text of every table: UTF-8, bytes that are not UTF-8 as U+FFFD, a BOM
+    dropped, UTF-16 refused in one sentence; the delimiter given, else sniffed from the header."""
+    path = Path(path)
+    refuse_utf16(path)
+    text = path.read_bytes().decode("utf-8", errors="replace").removeprefix("\ufeff")
+    delimiter = delimiter or header_delimiter(text.partition("\n")[0], path.suffix.lower())
+    return list(csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter))
+
+
 UTF8_BOM = b"\xef\xbb\xbf"
 UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
 

@@ -22,13 +22,13 @@ one positive, the gallery is every item of the split's modality with the query i
 
 from __future__ import annotations
 
-import csv
 import re
 from pathlib import Path
 
 import torch
 
 from openalign.config import ConfigError
+from openalign.data import tables
 from openalign.eval import metrics as M
 from openalign.eval.features import Context, EvalData
 from openalign.eval.options import CxcOptions
@@ -47,8 +47,7 @@ def read_ratings(directory: str, split: str) -> dict[str, list[tuple[str, str, f
         path = root / f"{kind}_{split}.csv"
         if not path.is_file():
             continue
-        with open(path, newline="") as f:
-            rows = list(csv.DictReader(f))
+        rows = tables.dicts(path, ",")
         score = next((c for c in SCORE_COLUMNS if rows and c in rows[0]), None)
         if not rows or first not in rows[0] or second not in rows[0] or score is None:
             raise ConfigError(f"{path} needs the columns {first}, {second} and agg_score")

@@ -9,12 +9,12 @@ variants, the four fine-grained sets, Multi30k). The studies read their rows of 
 
 from __future__ import annotations
 
-import csv
 import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from openalign.data import tables
 from openalign.eval.metrics import KS
 
 __all__ = ["CITATION", "Cell", "beside", "cell", "cells", "dataset", "lines", "row_values"]
@@ -43,9 +43,9 @@ class Cell:
 
 @functools.cache
 def cells() -> tuple[Cell, ...]:
-    with open(Path(__file__).with_name("paper_tables.csv"), newline="", encoding="utf-8") as f:
-        return tuple(Cell(int(r["table"]), r["row"], r["column"], r["model"], float(r["value"]),
-                          float(r["std"]) if r["std"] else None) for r in csv.DictReader(f))
+    return tuple(Cell(int(r["table"]), r["row"], r["column"], r["model"], float(r["value"]),
+                      float(r["std"]) if r["std"] else None)
+                 for r in tables.dicts(Path(__file__).with_name("paper_tables.csv"), ","))
 
 
 def cell(table: int, row: str, column: str, model: str = "") -> Cell:

@@ -3,10 +3,10 @@ SimLex-999, WordSim-353, MEN, RW; sts: sentence pairs)."""
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 from openalign.config import ConfigError
+from openalign.data import tables
 from openalign.eval.datasets import word_pair_table
 from openalign.eval.features import Context
 
@@ -27,8 +27,7 @@ def text_pair_similarity(ctx: Context, task: str) -> dict:
     file = Path(path)
     if not file.is_file():
         raise ConfigError(f"--task {task} needs --data FILE (a CSV/TSV with {first}, {second} and a score)")
-    with open(file, newline="") as f:
-        rows = list(csv.DictReader(f, delimiter="\t" if file.suffix in (".tsv", ".txt") else ","))
+    rows = tables.dicts(file, "\t" if file.suffix in (".tsv", ".txt") else ",")
     score = next((c for c in score_names if rows and c in rows[0]), None)
     if not rows or first not in rows[0] or second not in rows[0] or score is None:
         raise ConfigError(f"{path} needs the columns {first}, {second} and one of {', '.join(score_names)}")
