@@ -1,7 +1,10 @@
 """The package's layers (docs/architecture.md), read from every import in src/, function-level ones included:
 
     config, sizes, schedule, loss, distributed, host, outputs, plots, tokenizer, presets  <  model  <  data  <  pipeline, index
-      <  corpora, eval, serve  <  train  <  cli, flags
+      <  corpora, eval, serve  <  train  <  prepare  <  cli, flags
+
+Training is apart from its data: no module of train/ imports the corpora, the pipeline or the tokenizer (its
+trainer); `prepare` (openalign/prepare.py) makes the data ready and hands it to training.
 
 A module imports only from its own layer or below, and no two modules import each other, directly or
 through others (neither a function-level import nor `importlib.import_module("openalign.x")` hides a
@@ -16,7 +19,8 @@ import openalign
 PACKAGE = Path(openalign.__file__).parent
 LAYERS = [("config", "sizes", "schedule", "loss", "distributed", "host", "outputs", "plots", "tokenizer", "presets"), ("model",),
           ("data",),
-          ("pipeline", "index"), ("corpora", "eval", "serve", "api"), ("train",), ("cli", "flags", "__main__")]
+          ("pipeline", "index"), ("corpora", "eval", "serve", "api"), ("train",), ("prepare",),
+          ("cli", "flags", "__main__")]
 RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}
 
 
@@ -88,6 +92,26 @@ def test_no_import_cycle_between_modules():
         if node not in state:
             visit(node, [node])
     assert not cycles, "\n".join(cycles)
+
+
+TRAINING_NEVER_IMPORTS = ("openalign.corpora", "openalign.pipeline", "openalign.tokenizer")  # prepare's, not train's
+
+
+def apart(modules: dict[str, list[tuple[str, int]]]) -> list[str]:
+    """The imports by which a module of train/ reaches what only `prepare` may: building corpora, the pipeline's
+    stages, training a tokenizer."""
+    return [f"{m.replace('.', '/')}.py:{line} imports {target}" for m, targets in modules.items()
+            if m == "openalign.train" or m.startswith("openalign.train.") for target, line in targets
+            if any(target == n or target.startswith(n + ".") for n in TRAINING_NEVER_IMPORTS)]
+
+
+def test_training_imports_none_of_the_corpora_the_pipeline_and_the_tokenizer_trainer():
+    assert not apart(graph()), "\n".join(apart(graph()))
+    # the check itself: train/trainer.py as it was before `prepare` (it built corpora and trained the tokenizer)
+    before = {"openalign.train.trainer": [("openalign.corpora", 31), ("openalign.tokenizer", 40),
+                                          ("openalign.data.tars", 30)]}
+    assert apart(before) == ["openalign/train/trainer.py:31 imports openalign.corpora",
+                             "openalign/train/trainer.py:40 imports openalign.tokenizer"]
 
 
 STAGES = ("web.extract", "web.fetch", "ingest", "curation.filter", "curation.dedup", "curation.screen",

@@ -64,7 +64,8 @@ def run_one(cfg: Config, out: Path, layout: distributed.Dist = distributed.Dist(
     """Train one run (or read its earlier result); its final held-out metrics and temperature. A run that
     was interrupted resumes from its last checkpoint, or starts again when it has none. Under torchrun
     every rank trains its share and returns rank 0's row; rank 0 alone writes."""
-    from openalign.train.trainer import CHECKPOINT, train
+    from openalign.prepare import train
+    from openalign.train.trainer import CHECKPOINT
 
     result_file, key_file = out / "result.json", out / "run_key.json"
     cfg = dataclasses.replace(cfg, out=str(out))

@@ -40,12 +40,12 @@ def test_an_interrupted_run_starts_again_or_resumes(shapes, tmp_path, monkeypatc
     assert row["final_loss"] != 99.0 and len(read_jsonl(out / "metrics.jsonl")) == 3  # two steps and the eval
     (out / "result.json").unlink()
     (out / "checkpoint.pt").write_bytes(b"")  # now with a checkpoint: the run resumes from it
-    import openalign.train.trainer as trainer
+    import openalign.prepare as prepare
 
     def fake_train(c, resume=False, progress=True):
         raise RuntimeError(f"resume={resume}")
 
-    monkeypatch.setattr(trainer, "train", fake_train)
+    monkeypatch.setattr(prepare, "train", fake_train)
     with pytest.raises(RuntimeError, match="resume=True"):
         runner.run_one(cfg, out)
     assert (out / "metrics.jsonl").is_file()  # kept for the resumed run
@@ -60,11 +60,11 @@ def test_a_finished_run_is_reused_only_for_the_same_config_and_data(shapes, tmp_
     cfg = config_lib.override(presets.get("tiny"), base)
     out = tmp_path / "run"
     first = runner.run_one(cfg, out)
-    import openalign.train.trainer as trainer
+    import openalign.prepare as prepare
 
     calls = []
-    real = trainer.train
-    monkeypatch.setattr(trainer, "train", lambda c, **k: calls.append(c) or real(c, **k))
+    real = prepare.train
+    monkeypatch.setattr(prepare, "train", lambda c, **k: calls.append(c) or real(c, **k))
     assert runner.run_one(cfg, out) == first and calls == []  # the same config: reused
     changed = runner.run_one(config_lib.override(cfg, ["seed=1"]), out)
     assert len(calls) == 1 and calls[0].seed == 1 and changed["final_loss"] != first["final_loss"]

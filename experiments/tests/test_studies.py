@@ -55,9 +55,9 @@ def test_study_runs_variants_over_seeds_resumes_and_reports(shapes, tmp_path, mo
     assert f"{std:.3f} ± " in rows["row loss alone (image→text)"] and "baseline" in " ".join(rows)
     assert (tmp_path / "study" / "study.png").stat().st_size > 0
     # a second call trains nothing: every run has its result
-    import openalign.train.trainer as trainer
+    import openalign.prepare as prepare
 
-    monkeypatch.setattr(trainer, "train", lambda *a, **k: (_ for _ in ()).throw(AssertionError("retrained")))
+    monkeypatch.setattr(prepare, "train", lambda *a, **k: (_ for _ in ()).throw(AssertionError("retrained")))
     assert ablation.main(argv) == 0
     assert json.loads((tmp_path / "study" / "results.json").read_text())["variants"] == results["variants"]
 

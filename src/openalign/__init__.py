@@ -6,7 +6,7 @@ does not import torch through it:
 
     load(dir) -> Model                              encode images and texts, classify       api.py
     configure(preset, overrides) -> Config          a run's config, as `train` resolves it  presets.py
-    train_model(config) -> TrainResult              train (`openalign train`)               train/trainer.py
+    train_model(config) -> TrainResult              train (`openalign train`)               prepare.py
     evaluate(model, data, ...) -> EvalResult        `openalign eval`                        eval/evaluate.py
     extract, fetch, ingest, filter_pairs, dedup, screen, score, semdedup, balance,          pipeline/
     card, shard
@@ -23,7 +23,7 @@ LAZY = {  # name here: (module, its name there)
     "ConfigError": ("openalign.config", "ConfigError"), "Config": ("openalign.config", "Config"),
     "FilterConfig": ("openalign.pipeline.curation.filter_rules", "FilterConfig"),
     "configure": ("openalign.presets", "configure"),
-    "train_model": ("openalign.train.trainer", "train"), "TrainResult": ("openalign.train.trainer", "TrainResult"),
+    "train_model": ("openalign.prepare", "train"), "TrainResult": ("openalign.train.trainer", "TrainResult"),
     "evaluate": ("openalign.eval.evaluate", "evaluate"), "EvalResult": ("openalign.eval.evaluate", "EvalResult"),
     "EvalOptions": ("openalign.eval.options", "EvalOptions"),
     **{name: (f"openalign.pipeline.{module}", name) for module, names in (
@@ -70,7 +70,8 @@ if TYPE_CHECKING:  # what a type checker sees: the names as imported (at run tim
     from openalign.pipeline.curation.semdedup import SemDedupOptions, SemDedupResult, semdedup
     from openalign.pipeline.shard import ShardOptions, ShardResult, shard
     from openalign.presets import configure
-    from openalign.train.trainer import TrainResult, train as train_model
+    from openalign.prepare import train as train_model
+    from openalign.train.trainer import TrainResult
 
 
 def __getattr__(name: str):

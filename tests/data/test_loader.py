@@ -331,7 +331,7 @@ def test_text_templates_follow_the_config_and_teach_the_tokenizer_their_words(sh
     import openalign.loss  # noqa: F401 - registers the loss kinds check() validates
     from openalign import presets
     from openalign.config import check, override
-    from openalign.train.trainer import prepare_tokenizer
+    from openalign.prepare import prepare_tokenizer
 
     shards = tars.list_shards(str(shapes["train"]))
     cfg = override(presets.tiny(), ["data.text_templates={},a picture of {}."])

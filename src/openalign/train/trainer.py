@@ -1,4 +1,5 @@
-"""The training loop: one straight function, `train(cfg)`, in one process or under torchrun.
+"""The training loop: one straight function, `train(data)`, in one process or under torchrun, on the data
+`openalign.prepare.prepare(cfg)` made ready (the corpora, the keep index, the tokenizer).
 
 Per step: lr from the schedule (a pure function of the step), forward both towers, the contrastive
 loss over the global batch, LAMB step (train/step.py: direct or gradient-cached). Around it: progress
@@ -14,8 +15,6 @@ import json
 import math
 import os
 import pickle
-import random
-import shutil
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -28,20 +27,17 @@ from openalign import config as config_lib
 from openalign import distributed, host
 from openalign.config import Config, ConfigError
 from openalign.data import tars
-from openalign.corpora import heldout_keep, resolve_data, source_eval_shards
-from openalign.data.loader import Position, StreamSpec, epoch_plan, templated, train_loader
-from openalign.data.seeds import stable_seed
-from openalign.data.pairs import build_keep_index
+from openalign.data.loader import Position, StreamSpec, epoch_plan, train_loader
 from openalign.eval.options import EvalOptions
-from openalign.eval.tasks import HELD_OUT_TASKS, configure, run_tasks
+from openalign.eval.tasks import configure, run_tasks
 from openalign.model import hub
 from openalign.outputs import owned, staged, writing
 from openalign.model.dual_encoder import DualEncoder
-from openalign.tokenizer import check_tokenizer_dir, load_tokenizer, train_tokenizer
-from openalign.train import dashboards, fsdp, report
+from openalign.train import fsdp, report
 from openalign.train.dashboards import Dashboards
 from openalign.schedule import lr_at
 from openalign.train.optim import build_optimizer, full_state_dict, set_lr
+from openalign.train.prepared import Data
 from openalign.train.step import forward_backward
 
 __all__ = ["CHECKPOINT", "METRICS", "TrainResult", "train"]
@@ -85,57 +81,21 @@ def autocast(device: torch.device, precision: str):
     return torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
 
 
-def start(cfg: Config, progress: bool, resume: bool = False) -> Run:
-    """The device and process group, threads and seed, the data (built once), the tokenizer, and the config
-    with the vocabulary sized to the tokenizer, saved as RUN/config.json. A run that does not resume starts from
-    an empty run directory: what an earlier run there left (its tokenizer, trained on other data perhaps; a log)
-    is removed first (check_before_work has refused a finished run without --overwrite)."""
-    out = Path(cfg.out)
+def start(data: Data, progress: bool) -> Run:
+    """The device and process group, threads and seed, and the prepared config saved as RUN/config.json (the data,
+    the tokenizer and the run directory's fresh start are `prepare`'s: openalign/prepare.py)."""
+    cfg, out = data.cfg, Path(data.cfg.out)
     device = distributed.resolve_device(cfg.train.device, distributed.from_env().local_rank)
     layout = distributed.init(device.type)
-    if layout.main:
-        out.mkdir(parents=True, exist_ok=True)
-        for name in RUN_FILES if not resume else ():
-            if (out / name).is_dir():
-                shutil.rmtree(out / name)
-            else:
-                (out / name).unlink(missing_ok=True)
     host.set_threads(cfg.train.threads or max(1, (os.cpu_count() or 1) // max(1, layout.local_world)))
     if device.type == "cpu":
         host.reuse_freed_memory()  # the step's activations reuse last step's pages: ~15% of a CPU step (host.py)
     torch.manual_seed(cfg.seed)
-    progress = progress and layout.main
-    # rank 0 builds what is missing (a built-in corpus, Karpathy shards, the tokenizer); the others then read it
-    train_shards, eval_shards = distributed.main_first(layout, lambda main: resolve_data(cfg.data, progress and main))
-    keep = distributed.main_first(layout, lambda main: training_keep(cfg, progress and main))
-    tokenizer = distributed.main_first(layout, lambda main: prepare_tokenizer(cfg, train_shards, out, keep))
-    # The trained vocabulary may be smaller than asked for (small corpora): size the embedding to it.
-    # A model we start from keeps its own embedding table (it may be padded beyond its tokenizer).
-    if not cfg.model.init_from:
-        text = dataclasses.replace(cfg.model.text, vocab_size=len(tokenizer))
-        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, text=text))
     if layout.main:
+        out.mkdir(parents=True, exist_ok=True)
         config_lib.save(cfg, out / "config.json")
-    return Run(cfg, out, device, layout, progress, train_shards, eval_shards, tokenizer, source_eval_shards(cfg.data),
-               keep)
-
-
-def prepare_tokenizer(cfg: Config, train_shards: list[str], out: Path, keep: str = ""):
-    saved = out / "tokenizer"
-    if cfg.data.tokenizer:
-        return load_tokenizer(cfg.data.tokenizer)
-    if (saved / "tokenizer.json").is_file():
-        return load_tokenizer(saved)
-    counter: dict = {}
-    texts = tars.all_texts(train_shards, cfg.data.fraction, counter, keep=keep)
-    if cfg.data.text_templates:  # the texts as training will see them, so the templates' words are whole pieces
-        rng = random.Random(stable_seed(cfg.seed, "tokenizer templates"))
-        texts = (templated(text, cfg.data.text_templates, rng) for text in texts)
-    tokenizer = train_tokenizer(texts, cfg.model.text.vocab_size, cfg.model.text.max_length)
-    tokenizer.save_pretrained(saved)
-    if counter.get("skipped"):
-        print(f"tokenizer: skipped {tars.skip_summary(counter)} unusable training samples")
-    return tokenizer
+    return Run(cfg, out, device, layout, progress and layout.main, data.train_shards, data.eval_shards,
+               data.tokenizer, data.source_evals, data.keep)
 
 
 def build_model(run: Run) -> tuple[DualEncoder, torch.optim.Optimizer]:
@@ -245,37 +205,6 @@ def truncate_log(path: Path, step: int) -> None:
 
 RUN_FILES = (CHECKPOINT, "checkpoint.tmp", METRICS, "tokenizer", "model", "report.md", "training.png", "config.json",
              "tensorboard", "wandb", "wandb_id")
-
-
-def check_before_work(cfg: Config, resume: bool, overwrite: bool = False) -> None:
-    """Everything a run needs that can be checked before any work (building a corpus, training a tokenizer)."""
-    earlier = [name for name in (CHECKPOINT, METRICS) if (Path(cfg.out) / name).exists()]
-    if earlier and not resume and not overwrite:
-        raise ConfigError(f"{cfg.out} holds a run already ({', '.join(earlier)}); continue it with --resume, start it "
-                          "again with --overwrite (its checkpoint, log, tokenizer and model are replaced), or choose "
-                          "another --out")
-    world = distributed.from_env().world
-    config_lib.check(cfg, world=world)
-    dashboards.check(cfg.train.report_to)
-    unknown = [t for t in cfg.eval.tasks if t not in HELD_OUT_TASKS]
-    if unknown:
-        raise ConfigError(f"eval.tasks: {unknown[0]!r} is not a held-out task; choose from {', '.join(HELD_OUT_TASKS)} "
-                          "(the others run on a saved model: `openalign eval`)")
-    if cfg.train.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"train.device={cfg.train.device} but this machine has no CUDA device PyTorch can use; "
-                          "use train.device=auto or cpu")
-    if cfg.data.tokenizer:
-        check_tokenizer_dir(cfg.data.tokenizer)
-    if resume:
-        read_checkpoint(Path(cfg.out) / CHECKPOINT, check_only=True)
-
-
-def training_keep(cfg: Config, progress: bool) -> str:
-    """The keep index the training samples are read through: data.keep's, or data.dedup_heldout's ('' for
-    neither); built once into data.data_dir, then reused."""
-    if cfg.data.keep:
-        return build_keep_index(list(cfg.data.keep), Path(cfg.data.data_dir))
-    return heldout_keep(cfg.data, progress)
 
 
 def training_stream(run: Run) -> tuple[StreamSpec, dict[str, int]]:
@@ -420,11 +349,12 @@ class Log:
             self.dashboards.close()
 
 
-def train(cfg: Config, resume: bool = False, progress: bool = True, overwrite: bool = False) -> TrainResult:
-    """Train `cfg` into cfg.out (rank 0 owns it for the run: a second run there refuses in one sentence)."""
-    with owned(Path(cfg.out)) if distributed.from_env().rank == 0 else nullcontext(), \
-            deterministic_kernels(cfg.train.deterministic):
-        return _train(cfg, resume, progress, overwrite)
+def train(data: Data, resume: bool = False, progress: bool = True) -> TrainResult:
+    """Train on `data` (openalign/prepare.py made it from the config) into its cfg.out (rank 0 owns it for the run: a
+    second run there refuses in one sentence)."""
+    with owned(Path(data.cfg.out)) if distributed.from_env().rank == 0 else nullcontext(), \
+            deterministic_kernels(data.cfg.train.deterministic):
+        return _train(data, resume, progress)
 
 
 @contextmanager
@@ -445,9 +375,8 @@ def deterministic_kernels(on: bool):
         torch.use_deterministic_algorithms(before)
 
 
-def _train(cfg: Config, resume: bool, progress: bool, overwrite: bool) -> TrainResult:
-    check_before_work(cfg, resume, overwrite)
-    run = start(cfg, progress, resume)
+def _train(data: Data, resume: bool, progress: bool) -> TrainResult:
+    run = start(data, progress)
     cfg, out, layout = run.cfg, run.out, run.layout
     model, optimizer = build_model(run)
     step, position = load_checkpoint(run, model, optimizer) if resume else (0, Position())
