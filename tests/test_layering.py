@@ -114,6 +114,19 @@ def test_training_imports_none_of_the_corpora_the_pipeline_and_the_tokenizer_tra
                              "openalign/train/trainer.py:40 imports openalign.tokenizer"]
 
 
+RESOLUTION = {"resolve_data", "heldout_keep", "source_eval_shards"}  # the corpora's resolution of a config's data
+
+
+def test_prepare_is_the_only_caller_of_the_corpora_s_resolution():
+    # before prepare: train/trainer.py and cli/web.py imported resolve_data
+    callers = [f"{module_name(p).replace('.', '/')}.py:{node.lineno}" for p in sorted(PACKAGE.rglob("*.py"))
+               if module_name(p) not in ("openalign.prepare", "openalign.corpora")
+               for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+               if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("openalign.corpora")
+               and RESOLUTION & {alias.name for alias in node.names}]
+    assert not callers, callers
+
+
 STAGES = ("web.extract", "web.fetch", "ingest", "curation.filter", "curation.dedup", "curation.screen",
           "curation.score", "curation.semdedup", "curation.balance", "curation.card",
           "shard")  # pipeline/: the corpus stages, siblings

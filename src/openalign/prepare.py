@@ -8,7 +8,8 @@ config's data: the built-in corpora built where missing and their shards listed,
 keep index of data.keep (or data.dedup_heldout's) built, the tokenizer loaded (data.tokenizer, or the one this run
 trained before) or trained on the training texts into RUN/tokenizer; the text tower's vocabulary is sized to it.
 Under torchrun rank 0 builds what is missing and the others then read it (`distributed.main_first`). It is the
-only caller of the corpora's resolution; the training loop imports none of this.
+only caller of the corpora's resolution (`shards`: the web demo asks it too); the training loop imports none of
+this.
 
 `train(cfg)` here is both steps under the run directory's lock: what `openalign train` runs, and `openalign.train`.
 """
@@ -37,7 +38,7 @@ from openalign.tokenizer import check_tokenizer_dir, load_tokenizer, train_token
 from openalign.train import dashboards, trainer
 from openalign.train.prepared import Data
 
-__all__ = ["Data", "check_before_work", "prepare", "train"]
+__all__ = ["Data", "check_before_work", "prepare", "shards", "train"]
 
 
 def train(cfg: Config, resume: bool = False, progress: bool = True, overwrite: bool = False) -> trainer.TrainResult:
@@ -68,8 +69,7 @@ def prepare(cfg: Config, resume: bool = False, progress: bool = True, overwrite:
                     (out / name).unlink(missing_ok=True)
         progress = progress and layout.main
         # rank 0 builds what is missing (a built-in corpus, Karpathy shards, the tokenizer); the others then read it
-        train_shards, eval_shards = distributed.main_first(layout, lambda main: resolve_data(cfg.data,
-                                                                                             progress and main))
+        train_shards, eval_shards = shards(cfg, progress, layout)
         keep = distributed.main_first(layout, lambda main: training_keep(cfg, progress and main))
         tokenizer = distributed.main_first(layout, lambda main: prepare_tokenizer(cfg, train_shards, out, keep))
         # The trained vocabulary may be smaller than asked for (small corpora): size the embedding to it.
@@ -78,6 +78,13 @@ def prepare(cfg: Config, resume: bool = False, progress: bool = True, overwrite:
             text = dataclasses.replace(cfg.model.text, vocab_size=len(tokenizer))
             cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, text=text))
         return Data(cfg, train_shards, eval_shards, tokenizer, source_eval_shards(cfg.data), keep)
+
+
+def shards(cfg: Config, progress: bool = True, layout: distributed.Dist = distributed.Dist()
+           ) -> tuple[list[str], list[str]]:
+    """The config's training and held-out shards: a built-in corpus built where it is missing (or outdated), a
+    Karpathy layout sharded, shards as given (corpora.resolve_data); rank 0 first, then the others read them."""
+    return distributed.main_first(layout, lambda main: resolve_data(cfg.data, progress and main))
 
 
 def check_before_work(cfg: Config, resume: bool, overwrite: bool = False) -> None:

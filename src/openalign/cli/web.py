@@ -76,7 +76,8 @@ def web_demo(out: Path, options, quiet: bool = False, preset: str = "demo", over
     (key=value) make the model and say where the corpus is (data.data_dir), as for `openalign train`."""
     from openalign import presets
     from openalign.cli.main import main
-    from openalign.corpora import resolve_data, web
+    from openalign.corpora import web
+    from openalign.prepare import shards
     from openalign.train.trainer import METRICS
 
     start = time.perf_counter()
@@ -88,7 +89,7 @@ def web_demo(out: Path, options, quiet: bool = False, preset: str = "demo", over
             raise ConfigError(f"the web demo stopped at `openalign {argv[0]}` (above); fix that and run it again")
 
     cfg = config_lib.override(presets.get(preset), list(overrides))
-    train, held_out = resolve_data(cfg.data, progress=not quiet)
+    train, held_out = shards(cfg, progress=not quiet)
     train_dir, eval_dir = Path(train[0]).parent, Path(held_out[0]).parent
     planted = web.build([str(train_dir)], out / "web", options)
     print(f"the web: {planted['images']:,} training images of {train_dir} on {planted['pages']:,} pages of "
