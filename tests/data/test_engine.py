@@ -576,3 +576,45 @@ def test_the_local_pool_stays_warm_for_the_stages_of_a_command_and_ends_with_it(
         assert not engine_lib._POOLS
         fresh, _ = run_jobs([Job(f"d{i}", pid_of, (i,)) for i in range(2)], tmp_path / "d", two, progress=False)
         assert {r["pid"] for r in fresh.values()}.isdisjoint(r["pid"] for r in first.values())
+
+
+def test_a_driver_duckdb_has_an_explicit_limit_and_spills_inside_the_output(tmp_path, monkeypatch):
+    # Before: every DuckDB step on the driver (a plan, a merge, a count) ran with DuckDB's default, 80% of the RAM,
+    # and spilled into ./.tmp of the directory the command ran from.
+    from openalign.data import engine as engine_lib
+
+    with engine_lib.driver_duckdb(Engine(memory="64M", workers=1), tmp_path / "out") as con:
+        limit = con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
+        spill = con.execute("SELECT current_setting('temp_directory')").fetchone()[0]
+        threads = con.execute("SELECT current_setting('threads')").fetchone()[0]
+        # a sort of ~200 MB of rows under 64 MiB: it must spill, and into the output folder
+        con.execute("CREATE TABLE t AS SELECT range AS i, md5(range::VARCHAR) || md5((range + 1)::VARCHAR) AS s "
+                    "FROM range(2000000)")
+        assert con.execute("SELECT count(*) FROM (SELECT * FROM t ORDER BY s)").fetchone()[0] == 2_000_000
+    assert limit == "64.0 MiB"
+    assert Path(spill) == tmp_path / "out" / engine_lib.SPILL and threads == 1
+    assert not (tmp_path / "out" / engine_lib.SPILL).exists()  # removed when the step ends
+    assert engine_lib.driver_memory(Engine()) == int(engine_lib.machine_memory() * engine_lib.DRIVER_MEMORY_SHARE)
+    assert engine_lib.driver_memory(Engine("spark", memory="1G")) == engine_lib.driver_memory(Engine())
+
+
+def test_extract_s_merge_and_tallies_run_on_a_driver_duckdb_in_its_output(tmp_path, monkeypatch):
+    import duckdb
+
+    from openalign.pipeline.web.extract import extract
+
+    seen = []
+    real = duckdb.connect
+
+    def connect(*args, **kwargs):
+        seen.append(kwargs.get("config", {}))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(duckdb, "connect", connect)
+    table = tmp_path / "urls.csv"
+    table.write_text("url,caption\nhttps://a.example/1.jpg,a red bicycle\nhttps://a.example/2.jpg,two cats\n")
+    out = tmp_path / "out"
+    extract([str(table)], out, engine=Engine(workers=1, memory="128M"), progress=False)
+    driver = [c for c in seen if c.get("temp_directory")]
+    assert len(driver) == 2 and all(Path(c["temp_directory"]).is_relative_to(out) for c in driver)  # merge, tallies
+    assert {c["memory_limit"] for c in driver} == {"128MiB"}

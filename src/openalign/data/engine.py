@@ -30,6 +30,7 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
@@ -39,7 +40,7 @@ from tqdm import tqdm
 
 from openalign import host
 from openalign.config import NON_NEGATIVE, ConfigError, Options, as_flags, non_negative
-from openalign.sizes import SIZE, parse_size, spark_size
+from openalign.sizes import SIZE, duckdb_size, parse_size, spark_size
 from openalign.data.workers import forkserver
 from openalign.host import die_with_parent
 from openalign.outputs import disk_full, is_disk_full, staged
@@ -57,8 +58,9 @@ class Engine(Options):
     workers: Annotated[int, non_negative("0 (all cores) or more")] = 0  # local: worker processes, or filter's DuckDB
         # threads (0: all cores)
     retries: Annotated[int, NON_NEGATIVE] = 2  # times a failed job is run again before the stage fails
-    memory: Annotated[str, SIZE] = ""  # spark: driver memory, e.g. 4G; filter on the local engine: DuckDB's memory
-        # limit, beyond which it spills to disk
+    memory: Annotated[str, SIZE] = ""  # spark: driver memory, e.g. 4G; the local engine: the memory limit of each
+        # DuckDB step on the driver (a plan, a merge, filter's rules), beyond which it spills into the output folder
+        # ("": half of this machine's RAM, `driver_memory`)
 
     def spell(self, name: str) -> str:
         return as_flags({"name": "--engine", "memory": "--spark-memory"})(name)
@@ -211,6 +213,43 @@ def run_jobs(jobs: list[Job], status_dir: Path, engine: Engine = Engine(), desc:
             raise ConfigError(errors[0] + more)
         results.update({k: result for k, (result, _) in outcomes.items()})
     return {t.id: results[t.id] for t in jobs}, skipped
+
+
+DRIVER_MEMORY_SHARE = 0.5  # a driver DuckDB's memory limit, unless the local engine's `memory` gives one: this share
+# of the machine's RAM (DuckDB's own default, 80%, left the jobs' processes beside it little)
+SPILL = "duckdb-spill"  # a driver DuckDB's spill folder, inside the stage's output folder
+
+
+def machine_memory() -> int:
+    """This machine's physical memory in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def driver_memory(engine: Engine) -> int:
+    """The memory limit of a DuckDB step on the driver, in bytes: the local engine's `memory` where given, else
+    DRIVER_MEMORY_SHARE of this machine's RAM."""
+    given = parse_size(engine.memory) if engine.name == "local" else 0
+    return given or int(machine_memory() * DRIVER_MEMORY_SHARE)
+
+
+@contextmanager
+def driver_duckdb(engine: Engine, folder: Path, threads: int = 0):
+    """A DuckDB connection for a step on the driver (a plan, a merge, a count) with an explicit memory limit
+    (`driver_memory`) and its spill files in FOLDER/duckdb-spill, inside the stage's output (never `./.tmp` of the
+    directory the command runs from), removed when the step ends; `threads` (0: the engine's `cores`)."""
+    import shutil
+
+    import duckdb
+
+    spill = Path(folder) / SPILL
+    spill.mkdir(parents=True, exist_ok=True)
+    config = {"memory_limit": duckdb_size(driver_memory(engine)), "temp_directory": str(spill),
+              "threads": threads or cores(engine)}
+    try:
+        with duckdb.connect(config=config) as con:
+            yield con
+    finally:
+        shutil.rmtree(spill, ignore_errors=True)
 
 
 def cores(engine: Engine) -> int:

@@ -46,7 +46,7 @@ from openalign.data import tables
 from openalign.data.sources import (IMAGE_SUFFIXES, folder_files, karpathy_items, read_caption,
                                     sidecar_meta)
 from openalign.data.tables import TABLE_SUFFIXES
-from openalign.data.engine import Engine, Job, job_id
+from openalign.data.engine import Engine, Job, driver_duckdb, job_id
 from openalign.data.pairs import FETCH_REPORT, FETCH_WORK, PAIR_SCHEMA, blake, normalize_text, pair_uid
 from openalign.data.workers import process_pool
 from openalign.outputs import place, sources_key, staged
@@ -465,9 +465,7 @@ class Ingest(Stage):
             _merge_parts(self.jobs, results, out, rejects, run.work, self.tally, self.notes, self.sources)
         else:
             _ingest_local(self.sources, out, rejects, run.options, self.tally, self.notes, run.progress)
-        import duckdb
-
-        with duckdb.connect() as con:
+        with driver_duckdb(run.engine, run.work) as con:
             distinct = con.execute("SELECT count(DISTINCT uid), count(DISTINCT image_key) FROM read_parquet(?)",
                                    [str(out)]).fetchone()
         counts, tally = self.tally.counts, self.tally

@@ -50,7 +50,8 @@ from collections.abc import Callable
 
 from openalign import plots
 from openalign.config import ConfigError, Options, expect
-from openalign.data.engine import Engine, Job, duckdb_plan, job_id, run_jobs, spark_plan, spark_session
+from openalign.data.engine import (Engine, Job, driver_duckdb, duckdb_plan, job_id, run_jobs, spark_plan,
+                                   spark_session)
 from openalign.data.pairs import (IMAGE_COLUMNS, check_pair_table, first_source, manifest_path, spark_first_source,
                                   sql_path, write_keep_report)
 from openalign.outputs import owned, sources_key, unfinish, write_json
@@ -88,9 +89,7 @@ def plan_images(pairs: str, plan: Path, per_task: int, engine: Engine, with_pair
                       .select("image_key", F.col("p.uid").alias("uids"), F.col("p.text").alias("texts")))
             frame = frame.join(listed, "image_key")
         return spark_plan(frame, PLAN_ORDER, per_task, plan)
-    import duckdb
-
-    with duckdb.connect() as con:
+    with driver_duckdb(engine, plan.parent) as con:
         query, params = (PAIRS_QUERY, [str(pairs)] * 2) if with_pairs else (IMAGE_QUERY, [str(pairs)])
         return duckdb_plan(con, query, params, PLAN_ORDER, per_task, plan)
 
@@ -132,10 +131,8 @@ def write_keep_without_images(pairs: str, scores: list[str], where: str, out: Pa
         table.join(removed, "image_key", "left_anti").select("uid").distinct().orderBy("uid") \
             .write.mode("overwrite").parquet(str(keep))
         return table.join(removed, "image_key", "left_semi").count()
-    import duckdb
-
     removed = f"SELECT image_key FROM read_parquet(?) WHERE {where}"
-    with duckdb.connect() as con:
+    with driver_duckdb(engine or Engine(), out / WORK) as con:
         con.execute(f"COPY (SELECT DISTINCT uid FROM read_parquet(?) WHERE image_key NOT IN ({removed}) ORDER BY uid) "
                     f"TO '{sql_path(keep)}' (FORMAT parquet)", [str(pairs), scores])
         return con.execute(f"SELECT count(*) FROM read_parquet(?) WHERE image_key IN ({removed})",

@@ -29,7 +29,7 @@ from PIL import Image
 from openalign.config import ConfigError, Options, listed
 from openalign.data import images
 from openalign.data import tars
-from openalign.data.engine import (Engine, Job, duckdb_plan, job_id, previous, read_plan, spark_plan,
+from openalign.data.engine import (Engine, Job, driver_duckdb, duckdb_plan, job_id, previous, read_plan, spark_plan,
                                    spark_session)
 from openalign.data.pairs import (SOURCE_COLUMNS, blake, first_source, keep_source, keep_table,
                                   spark_first_source)
@@ -85,11 +85,10 @@ def kept_images(pairs: Path, keep_dirs: list[Path]) -> list[dict]:
             for key, texts, uids, path, member, url in rows]
 
 
-def plan_duckdb(pairs: Path, keep_dirs: list[Path], plan: Path, per_shard: int) -> int:
-    """The shard plan: every kept image with its position (`pos`, by image key) and `shard`; returns the count."""
-    import duckdb
-
-    with duckdb.connect() as con:
+def plan_duckdb(pairs: Path, keep_dirs: list[Path], plan: Path, per_shard: int, engine: Engine = Engine()) -> int:
+    """The shard plan: every kept image with its position (`pos`, by image key) and `shard`; returns the count
+    (DuckDB on the driver, its spill files in the plan's folder)."""
+    with driver_duckdb(engine, plan) as con:
         keep_table(con, pairs, keep_dirs)
         return duckdb_plan(con, SAMPLE_QUERY, [str(pairs)], "image_key", per_shard, plan / "plan.parquet", "shard")
 
@@ -210,7 +209,7 @@ class Shard(Stage):
         if run.engine.name == "spark":
             count = plan_spark(pairs, keep, run.work, options.samples_per_shard, run.engine)
         else:
-            count = plan_duckdb(Path(pairs), keep, run.work, options.samples_per_shard)
+            count = plan_duckdb(Path(pairs), keep, run.work, options.samples_per_shard, run.engine)
         if count == 0:
             raise ConfigError(f"nothing to shard: {'the keep-lists keep no pair of ' if keep else ''}{pairs}"
                               f"{' holds no pairs' if not keep else ''}; check the keep-lists' reports (each stage's "

@@ -54,7 +54,7 @@ from openalign import plots
 from openalign.config import POSITIVE_INT, ConfigError, Options, listed
 from openalign.sizes import SIZE, parse_size
 from openalign.data import tables
-from openalign.data.engine import Engine, Job, cores, job_id, recorded_names
+from openalign.data.engine import Engine, Job, driver_duckdb, job_id, recorded_names
 from openalign.data.language import identify, known_languages
 from openalign.data.words import check_segmenters, segment
 from openalign.data.pairs import pair_uids, url_keys
@@ -473,14 +473,14 @@ class Extract(Stage):
         table = run.out / "candidates.parquet"
         counts: Counter = Counter()
         per_file = {}
-        rows, unique = _merge(self.jobs, table, cores(run.engine))  # --workers 1: one core, the merge's too
+        rows, unique = _merge(self.jobs, table, run)  # --workers 1: one core, the merge's too
         for job, f, distinct in zip(self.jobs, self.files, unique):
             summary = {k: v for k, v in results[job.id].items() if isinstance(v, int)}
             summary["duplicate"] = summary.pop("pairs") - distinct  # a pair its own file already had
             summary["candidates"] = distinct
             per_file[str(f)] = summary
             counts.update(summary)
-        hosts, top, languages = _tallies(table, cores(run.engine), run.options.language)
+        hosts, top, languages = _tallies(table, run, run.options.language)
         return Manifest({
             "stage": "extract", "sources": [str(s) for s in self.sources], "files": len(self.files),
             "kinds": dict(Counter(self.kinds.values())), "options": asdict(run.options), "engine": run.engine.name,
@@ -546,30 +546,28 @@ def report_figure(manifest: dict, top: int = 15):
     return fig
 
 
-def _tallies(table: Path, threads: int, languages: bool, top: int = 50) -> tuple[int, list[list], dict[str, int]]:
+def _tallies(table: Path, run: Run, languages: bool, top: int = 50) -> tuple[int, list[list], dict[str, int]]:
     """(distinct image hosts, the `top` hosts with the most candidates, {language: candidates} the most first, or {}
-    where languages were not identified): one DuckDB connection over the finished table."""
-    import duckdb
+    where languages were not identified): one DuckDB connection on the driver over the finished table."""
 
     def most(column: str, limit: str = "") -> list[tuple]:
         return con.execute(f"SELECT {column}, count(*) AS n FROM read_parquet(?) GROUP BY {column} "
                            f"ORDER BY n DESC, {column} {limit}", [str(table)]).fetchall()
 
-    with duckdb.connect(config={"threads": threads}) as con:
+    with driver_duckdb(run.engine, run.work) as con:
         distinct = con.execute("SELECT count(DISTINCT host) FROM read_parquet(?)", [str(table)]).fetchone()[0]
         hosts = [[host, int(n)] for host, n in most("host", f"LIMIT {int(top)}")]
         found = {language: int(n) for language, n in most("language")} if languages else {}
     return int(distinct), hosts, found
 
 
-def _merge(jobs: list[Job], table: Path, threads: int) -> tuple[int, list[int]]:
-    """The parts concatenated in job order, the first row of each uid kept (DuckDB, out of core); returns the rows
-    written and each part's distinct uids."""
-    import duckdb
+def _merge(jobs: list[Job], table: Path, run: Run) -> tuple[int, list[int]]:
+    """The parts concatenated in job order, the first row of each uid kept (DuckDB on the driver, out of core, its
+    spill files in OUT/parts); returns the rows written and each part's distinct uids."""
 
     paths = [job.outputs[0] for job in jobs]
     columns = ", ".join(f'"{name}"' for name in CANDIDATE_SCHEMA.names)
-    with staged(table) as tmp, duckdb.connect(config={"threads": threads}) as con:
+    with staged(table) as tmp, driver_duckdb(run.engine, run.work) as con:
         con.execute("SET preserve_insertion_order = true")
         listed = "[" + ", ".join("'" + path.replace("'", "''") + "'" for path in paths) + "]"
         con.execute(f"CREATE TEMP VIEW parts AS SELECT *, list_position({listed}, filename) AS job "

@@ -50,7 +50,7 @@ from openalign import plots
 from openalign.config import NON_NEGATIVE, POSITIVE, POSITIVE_INT, ConfigError, Options, listed
 from openalign.sizes import SIZE, parse_size
 from openalign.data import images, tables
-from openalign.data.engine import Engine, Job, read_plan, recorded_names
+from openalign.data.engine import Engine, Job, driver_duckdb, read_plan, recorded_names
 from openalign.data.pairs import FETCH_REPORT, FETCH_WORK, check_finished, keep_table, manifest_path, sql_path
 from openalign.data.tars import TarWriter
 from openalign.outputs import leftovers, staged, write_json
@@ -448,12 +448,10 @@ class Fetch(Stage):
         usable_out(run.out)
 
     def plan(self, run: Run) -> list[Job]:
-        import duckdb
-
         table, out, options = self.table, run.out, run.options
         run.work.mkdir(exist_ok=True)
         plan_path = run.work / "plan.parquet"
-        with duckdb.connect() as con:
+        with driver_duckdb(run.engine, run.work) as con:
             with staged(plan_path) as tmp:
                 planned, self.left_out, count = plan(con, table, [Path(k) for k in self.keep], options, tmp)
         if not planned:
