@@ -255,29 +255,13 @@ def test_a_stage_of_its_own_inputs_writes_a_file_its_manifest_beside_it_and_keep
 def test_a_second_run_into_one_output_through_the_api_is_refused(tmp_path):
     # Before: the CLI took the output's lock, a stage's public function did not, so two API calls (two notebooks, a
     # scheduler's retries) wrote one keep-list at once. Now the runner takes it for every stage.
-    import threading
-
+    from conftest import held_elsewhere
     from openalign.config import ConfigError
-    from openalign.outputs import owned
     from openalign.pipeline.curation.dedup import DedupOptions, dedup
 
     pairs = pair_table(tmp_path)
     out = tmp_path / "dedup"
-    taken, release = threading.Event(), threading.Event()
-
-    def hold():
-        with owned(out):
-            taken.set()
-            release.wait(30)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        assert taken.wait(30)
-        with pytest.raises(ConfigError, match="is being written by"):
-            dedup(str(pairs), str(tmp_path / "imgs"), out, DedupOptions(), progress=False)
-    finally:
-        release.set()
-        holder.join()
+    with held_elsewhere(out), pytest.raises(ConfigError, match="is being written by"):
+        dedup(str(pairs), str(tmp_path / "imgs"), out, DedupOptions(), progress=False)
     assert not (out / "dedup_report.json").exists()
     assert dedup(str(pairs), str(tmp_path / "imgs"), out, DedupOptions(), progress=False).keep.exists()
