@@ -595,6 +595,10 @@ def test_a_driver_duckdb_has_an_explicit_limit_and_spills_inside_the_output(tmp_
     assert Path(spill) == tmp_path / "out" / engine_lib.SPILL and threads == 1
     assert not (tmp_path / "out" / engine_lib.SPILL).exists()  # removed when the step ends
     assert engine_lib.driver_memory(Engine()) == int(engine_lib.machine_memory() * engine_lib.DRIVER_MEMORY_SHARE)
+    with pytest.raises(ConfigError, match="ran out of memory under its limit of 32M .* raise the engine's memory"):
+        with engine_lib.driver_duckdb(Engine(memory="32M", workers=1), tmp_path / "out") as con:  # cannot spill
+            con.execute("SELECT length(string_agg(md5(range::VARCHAR), ',' ORDER BY range)) FROM range(3000000)")
+    assert not (tmp_path / "out" / engine_lib.SPILL).exists()
     assert engine_lib.driver_memory(Engine("spark", memory="1G")) == engine_lib.driver_memory(Engine())
 
 

@@ -40,7 +40,7 @@ from tqdm import tqdm
 
 from openalign import host
 from openalign.config import NON_NEGATIVE, ConfigError, Options, as_flags, non_negative
-from openalign.sizes import SIZE, duckdb_size, parse_size, spark_size
+from openalign.sizes import SIZE, duckdb_size, format_size, parse_size, spark_size
 from openalign.data.workers import forkserver
 from openalign.host import die_with_parent
 from openalign.outputs import disk_full, is_disk_full, staged
@@ -236,18 +236,23 @@ def driver_memory(engine: Engine) -> int:
 def driver_duckdb(engine: Engine, folder: Path, threads: int = 0):
     """A DuckDB connection for a step on the driver (a plan, a merge, a count) with an explicit memory limit
     (`driver_memory`) and its spill files in FOLDER/duckdb-spill, inside the stage's output (never `./.tmp` of the
-    directory the command runs from), removed when the step ends; `threads` (0: the engine's `cores`)."""
+    directory the command runs from), removed when the step ends; `threads` (0: the engine's `cores`). Running out
+    of memory anyway (a step DuckDB cannot spill) is one sentence naming the limit and how to raise it."""
     import shutil
 
     import duckdb
 
     spill = Path(folder) / SPILL
     spill.mkdir(parents=True, exist_ok=True)
-    config = {"memory_limit": duckdb_size(driver_memory(engine)), "temp_directory": str(spill),
-              "threads": threads or cores(engine)}
+    limit = driver_memory(engine)
+    config = {"memory_limit": duckdb_size(limit), "temp_directory": str(spill), "threads": threads or cores(engine)}
     try:
         with duckdb.connect(config=config) as con:
             yield con
+    except duckdb.OutOfMemoryException as err:  # a step that could not spill what it holds
+        raise ConfigError(f"a DuckDB step on the driver ran out of memory under its limit of {format_size(limit)} "
+                          "(it spills what it can into the output folder, but not this step): raise the engine's "
+                          "memory (--spark-memory SIZE, the local engine's limit too), or lower --workers") from err
     finally:
         shutil.rmtree(spill, ignore_errors=True)
 
