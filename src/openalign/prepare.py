@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import random
 import shutil
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -33,7 +32,6 @@ from openalign.data.loader import templated
 from openalign.data.pairs import build_keep_index
 from openalign.data.seeds import stable_seed
 from openalign.eval.tasks import HELD_OUT_TASKS
-from openalign.outputs import owned
 from openalign.tokenizer import check_tokenizer_dir, load_tokenizer, train_tokenizer
 from openalign.train import dashboards, trainer
 from openalign.train.prepared import Data
@@ -44,19 +42,14 @@ __all__ = ["Data", "check_before_work", "prepare", "shards", "train"]
 def train(cfg: Config, resume: bool = False, progress: bool = True, overwrite: bool = False) -> trainer.TrainResult:
     """Prepare `cfg`'s data, then train it into cfg.out (rank 0 owns it for both: a second run there refuses in one
     sentence)."""
-    with run_lock(cfg):
+    with trainer.run_lock(cfg.out):
         data = prepare(cfg, resume, progress, overwrite)
         return trainer.train(data, resume, progress)
 
 
-def run_lock(cfg: Config):
-    """The run directory's lock (outputs.owned), held by rank 0."""
-    return owned(Path(cfg.out)) if distributed.from_env().rank == 0 else nullcontext()
-
-
 def prepare(cfg: Config, resume: bool = False, progress: bool = True, overwrite: bool = False) -> Data:
     """The run's data, ready to train on (the module's docstring says what it does)."""
-    with run_lock(cfg):
+    with trainer.run_lock(cfg.out):
         check_before_work(cfg, resume, overwrite)
         out = Path(cfg.out)
         layout = distributed.init(distributed.resolve_device(cfg.train.device, distributed.from_env().local_rank).type)

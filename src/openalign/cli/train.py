@@ -60,12 +60,12 @@ def run_train(args) -> int:
         print(json.dumps(config_lib.to_dict(cfg), indent=2))
         return 0
     from openalign import distributed
-    from openalign.prepare import prepare, run_lock
+    from openalign.prepare import prepare
     from openalign.train import report
-    from openalign.train.trainer import train
+    from openalign.train.trainer import run_lock, train
 
     start = time.perf_counter()
-    with run_lock(cfg):  # the data first (corpora, keep index, tokenizer), then the training on it
+    with run_lock(cfg.out):  # the data first (corpora, keep index, tokenizer), then the training on it
         data = prepare(cfg, resume=args.resume, progress=not args.quiet, overwrite=args.overwrite)
         result = train(data, resume=args.resume, progress=not args.quiet)
     if not distributed.from_env().main:  # under torchrun, rank 0 reports

@@ -181,9 +181,7 @@ class Run:
     options: Any  # the stage's options
     engine: Engine  # as the stage chose it for this run (`Stage.engine`)
     progress: bool
-    work_name: str = WORK  # the work folder's name in OUT, or OUT's suffix for it (`Stage.work`)
-    status_name: str = ""  # the jobs' statuses' folder in OUT ("": _status in the work folder; `Stage.status`)
-    output_file: bool = False  # OUT is a file (`Stage.output_file`)
+    stage: Stage  # what is run: where its work folder, statuses and report lie
     started: float = field(default_factory=time.perf_counter)
     images: int = 0  # distinct images planned by `image_jobs`
     score_files: list[str] = field(default_factory=list)  # the score file of each image job of this plan
@@ -193,12 +191,13 @@ class Run:
     def work(self) -> Path:
         """OUT/_work: the plan, each job's output and status; removed when the stage has succeeded (unless the stage
         keeps it: `Stage.keeps_work`). Beside an OUT that is a file, OUT with its suffix (pairs.parts)."""
-        return self.out.with_suffix(self.work_name) if self.output_file else self.out / self.work_name
+        work = self.stage.work
+        return self.out.with_suffix(work) if self.stage.output_file else self.out / work
 
     @property
     def status(self) -> Path:
         """Where the jobs' statuses are kept: OUT/_work/_status, unless the stage names a folder of OUT."""
-        return self.out / self.status_name if self.status_name else self.work / "_status"
+        return self.out / self.stage.status if self.stage.status else self.work / "_status"
 
     @property
     def keep(self) -> Path:
@@ -322,7 +321,7 @@ def run_stage(stage: Stage, pairs: str | Path | None, out: str | Path, options, 
     `out` (the module's docstring says how)."""
     options, engine = expect(options, stage.options), expect(engine, Engine, "engine")
     run = Run(str(pairs) if stage.reads_pairs else "", Path(out), options, stage.engine(options, engine), progress,
-              stage.work, stage.status, stage.output_file)
+              stage)
     if stage.reads_pairs:
         check_pair_table(run.pairs, stage.columns)
     stage.check(run)

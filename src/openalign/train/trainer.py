@@ -352,9 +352,14 @@ class Log:
 def train(data: Data, resume: bool = False, progress: bool = True) -> TrainResult:
     """Train on `data` (openalign/prepare.py made it from the config) into its cfg.out (rank 0 owns it for the run: a
     second run there refuses in one sentence)."""
-    with owned(Path(data.cfg.out)) if distributed.from_env().rank == 0 else nullcontext(), \
-            deterministic_kernels(data.cfg.train.deterministic):
+    with run_lock(data.cfg.out), deterministic_kernels(data.cfg.train.deterministic):
         return _train(data, resume, progress)
+
+
+def run_lock(out: str | Path):
+    """The run directory's lock (outputs.owned), held by rank 0 (prepare and the command take it too: the thread
+    that holds it may take it again)."""
+    return owned(Path(out)) if distributed.from_env().rank == 0 else nullcontext()
 
 
 @contextmanager
