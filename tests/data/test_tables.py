@@ -153,3 +153,25 @@ def test_one_duckdb_reader_reads_every_table_format_alike(tmp_path):
             found = con.execute(f"SELECT url, caption FROM {duckdb_reader(tmp_path / name)}",
                                 [str(tmp_path / name)]).fetchall()
         assert [dict(zip(("url", "caption"), f)) for f in found] == rows, name
+
+
+def test_a_dataset_is_a_file_a_folder_of_parts_or_a_glob(tmp_path):
+    from pathlib import Path
+
+    from openalign.data.tables import dataset
+
+    root = tmp_path / "t"
+    for name in ["part-10.parquet", "part-2.parquet", "bucket=9/a.parquet", "bucket=10/a.parquet", "_SUCCESS",
+                 ".part-2.parquet.crc", "_temporary/0/part-1.parquet", "notes.txt"]:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(b"")
+    found = [str(Path(f).relative_to(root)) for f in dataset(root).files]
+    assert found == ["bucket=9/a.parquet", "bucket=10/a.parquet", "part-2.parquet", "part-10.parquet"]
+    assert dataset(str(root / "part-*.parquet")).files == (str(root / "part-2.parquet"), str(root / "part-10.parquet"))
+    assert dataset(root / "part-2.parquet").files == (str(root / "part-2.parquet"),)
+    with pytest.raises(ConfigError, match="is not a table"):
+        dataset(root / "notes.txt")
+    with pytest.raises(ConfigError, match="does not exist"):
+        dataset(tmp_path / "missing.parquet")
+    with pytest.raises(ConfigError, match="holds no parquet"):
+        dataset(tmp_path / "x-*")

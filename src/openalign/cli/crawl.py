@@ -71,7 +71,8 @@ def fetch_flags(p) -> None:
 
     host.require_extra("web", "openalign fetch", ("aiohttp", "protego"))
     p.add_argument("candidates", help="extract's candidates.parquet (or its folder), or a URL table (.parquet, .csv, "
-                                      ".tsv, .jsonl) with a url and a caption column")
+                                      ".tsv, .jsonl) with a url and a caption column: a file, a directory of its "
+                                      "parts or a quoted glob")
     p.add_argument("--keep", action="append", default=[],
                    help="a keep-list of the candidates (`openalign filter CANDIDATES --rules text`); repeat to "
                         "intersect")

@@ -464,12 +464,19 @@ def duckdb_plan(con, query: str, params: list, order: str | tuple[str, ...], per
 
 
 def read_plan(path: str, index: int, column: str = "task") -> list[dict]:
-    """The rows of one job of a plan, in plan order (row-group statistics skip the rest of the plan)."""
+    """The rows of one job of a plan, in plan order: a plan folder's part of the job (PLAN/COLUMN=INDEX/: the job
+    reads only its own rows), or a plan file's rows of it (row-group statistics skip the rest of the file)."""
     import pyarrow.parquet as pq
 
-    rows = pq.read_table(path, filters=[(column, "=", index)]).sort_by("pos").to_pylist()
+    part = Path(path) / f"{column}={index}"
+    if Path(path).is_dir():
+        table = pq.read_table(part, partitioning=None) if part.is_dir() else None
+        rows = table.sort_by("pos").to_pylist() if table is not None else []
+    else:
+        rows = pq.read_table(path, filters=[(column, "=", index)]).sort_by("pos").to_pylist()
     for row in rows:
-        del row["pos"], row[column]
+        del row["pos"]
+        row.pop(column, None)
     return rows
 
 

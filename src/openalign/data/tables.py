@@ -61,6 +61,83 @@ def first_column(names: list[str], known: tuple[str, ...]) -> str | None:
     return next((lower[k] for k in known if k in lower), None)
 
 
+# ------------------------------------------------------------------------ a table as a dataset: a file or its parts
+
+@dataclass(frozen=True)
+class Dataset:
+    """A table given as one file, a directory of parts (Spark's and DuckDB's partitioned writes: `part-*.parquet`,
+    `bucket=N/...`) or a glob: its files, all of one format, in their natural order (part-2 before part-10). Read
+    as one table by DuckDB (`reader`: every file in one scan, the first file's format)."""
+
+    given: str  # as the user gave it
+    files: tuple[str, ...]
+
+    @property
+    def suffix(self) -> str:
+        return Path(self.files[0]).suffix.lower()
+
+    @property
+    def reader(self) -> str:
+        """The DuckDB table function over every file, with `param` as its one `?` parameter."""
+        return duckdb_reader(Path(self.files[0]))
+
+    @property
+    def param(self) -> list[str]:
+        return list(self.files)
+
+    def __str__(self) -> str:
+        return self.given
+
+
+def natural(path: str) -> list:
+    """A sort key that orders numbered names by their numbers (part-2 before part-10, bucket=9 before bucket=10)."""
+    import re
+
+    return [(0, int(piece), "") if piece.isdigit() else (1, 0, piece) for piece in re.split(r"(\d+)", path)]
+
+
+def is_part(path: Path, root: Path) -> bool:
+    """Whether a file under a dataset's folder is one of its parts: not hidden, not under a name starting with `_`
+    (Spark's _SUCCESS and _temporary, openalign's _work and _status), not a checksum."""
+    relative = path.relative_to(root).parts
+    return not any(p.startswith((".", "_")) for p in relative) and not path.name.endswith(".crc")
+
+
+def dataset(spec: str | Path, suffixes: tuple[str, ...] = URL_TABLE_SUFFIXES, what: str = "a table") -> Dataset:
+    """The files of a table given as a file, a directory of parts or a glob (local): every part of one format among
+    `suffixes`; one sentence for a spec that is none of them, holds no part, or mixes formats."""
+    import glob
+
+    given = str(spec)
+    path = Path(given)
+    if path.is_file():
+        if path.suffix.lower() not in suffixes:
+            raise ConfigError(f"{given} is not {what} (a {', '.join(s.lstrip('.') for s in suffixes)} file, a "
+                              "directory of them or a glob)")
+        found = [given]
+    elif path.is_dir():
+        found = [str(p) for p in path.rglob("*") if p.is_file() and is_part(p, path)
+                 and p.suffix.lower() in suffixes]
+    elif any(ch in given for ch in "*?["):
+        found = []
+        for match in glob.glob(given, recursive=True):
+            inside = Path(match)
+            found += ([match] if inside.is_file() else
+                      [str(p) for p in inside.rglob("*") if p.is_file() and is_part(p, inside)
+                       and p.suffix.lower() in suffixes])
+    else:
+        raise ConfigError(f"{given} does not exist; give {what}: a file, a directory of its parts or a glob")
+    found = sorted(dict.fromkeys(found), key=natural)
+    if not found:
+        raise ConfigError(f"{given} holds no {'/'.join(s.lstrip('.') for s in suffixes)} file; give {what}: a file, a "
+                          "directory of its parts or a glob")
+    kinds = sorted({Path(f).suffix.lower() for f in found})
+    if len(kinds) > 1:
+        raise ConfigError(f"{given} mixes {' and '.join(kinds)} files; a table's parts are all of one format, so give "
+                          "a glob that picks one (e.g. DIR/*.parquet)")
+    return Dataset(given, tuple(found))
+
+
 @dataclass
 class Row:
     number: int  # the line (CSV, JSONL) or row (JSON, Parquet) it came from, from 1

@@ -6,6 +6,7 @@ import gzip
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -449,13 +450,15 @@ def test_a_url_tables_texts_are_read_as_their_users_wrote_them(tmp_path):
     # DuckDB's JSON type: CAST(... AS VARCHAR) wrote every caption with its JSON quotes ('"red"')
     import duckdb
 
+    from openalign.data.engine import read_plan
     from openalign.pipeline.web.fetch import plan
 
     def planned(rows):
         table = write_urls(tmp_path / "urls.jsonl", rows)
+        shutil.rmtree(tmp_path / "plan", ignore_errors=True)
         with duckdb.connect() as con:
-            plan(con, table, [], FetchOptions(shard_size=100), tmp_path / "plan.parquet")
-        return [(r["url"], r["text"]) for r in pq.read_table(tmp_path / "plan.parquet").to_pylist()]
+            plan(con, table, [], FetchOptions(shard_size=100), tmp_path / "plan")
+        return [(r["url"], r["text"]) for r in read_plan(str(tmp_path / "plan"), 0, "shard")]
 
     assert planned([{"url": "http://a.example/1.jpg", "captions": ["red", "crimson"]},
                     {"url": "http://a.example/2.jpg", "captions": "blue"},
@@ -466,6 +469,107 @@ def test_a_url_tables_texts_are_read_as_their_users_wrote_them(tmp_path):
     assert planned([{"URL": "http://a.example/1.jpg", "Caption": "red"},
                     {"URL": "http://a.example/2.jpg", "Caption": 1999}]) == [
         ("http://a.example/1.jpg", "red"), ("http://a.example/2.jpg", "1999")]
+
+
+def write_candidates(path, n: int, hosts: int = 50) -> None:
+    import duckdb
+
+    with duckdb.connect() as con:
+        con.execute(f"""COPY (SELECT 'https://h' || (i % {hosts}) || '.example/' || i || '.jpg' AS url,
+                                     'an alt text ' || i AS caption FROM range({n}) t(i))
+                        TO '{path}' (FORMAT parquet)""")
+
+
+def test_the_plan_of_many_candidates_runs_in_bounded_memory(tmp_path):
+    # each shard's digest was md5(string_agg(... ORDER BY idx)), a state DuckDB cannot spill: 300k candidates ran out
+    # of memory under 200 MB (and 2M under 1 GB). Now a fixed-size XOR of the rows' hashes, and one plan part a shard
+    from openalign.data.engine import driver_duckdb, read_plan
+    from openalign.pipeline.web.fetch import plan
+
+    write_candidates(tmp_path / "c.parquet", 300_000, hosts=3_000)
+    with driver_duckdb(Engine("local", workers=2, memory="128M"), tmp_path) as con:
+        planned, left_out, shards = plan(con, tmp_path / "c.parquet", [], FetchOptions(shard_size=10_000),
+                                         tmp_path / "plan")
+    assert shards == 30 and sum(p["rows"] for p in planned) == 300_000 and not sum(left_out.values())
+    assert sorted(p.name for p in (tmp_path / "plan").iterdir()) == sorted(f"shard={p['shard']}" for p in planned)
+    first = planned[0]
+    found = read_plan(str(tmp_path / "plan"), first["shard"], "shard")
+    assert [r["idx"] for r in found] == list(range(first["rows"]))
+    numbers = [int(r["url"].rsplit("/", 1)[1].split(".")[0]) for r in found]
+    assert numbers == sorted(numbers)  # a shard's rows in the table's order
+    assert all(r["uid"] is None and r["host"] == r["url"].split("/")[2] for r in found)  # uids: in the task
+
+
+def test_a_table_of_parts_or_a_glob_is_planned_as_one_file(tmp_path):
+    """A URL table given as a directory of parts (as Spark and DuckDB write them: numbered part files, _SUCCESS,
+    hidden checksums) or as a glob plans the same shards, rows and digests as the same rows in one file; CSV parts
+    too; parts of two formats are one sentence."""
+    import duckdb
+
+    from openalign.data.engine import read_plan
+    from openalign.pipeline.web.fetch import candidate_table, plan
+
+    write_candidates(tmp_path / "whole.parquet", 2_500, hosts=40)
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    with duckdb.connect() as con:
+        for i, (start, stop) in enumerate([(0, 1000), (1000, 2000), (2000, 2500)]):
+            name = f"part-{i * 5:05d}" if i < 2 else "part-00010"  # 0, 5, 10: natural order, not text order
+            con.execute(f"COPY (SELECT * FROM read_parquet('{tmp_path / 'whole.parquet'}') LIMIT {stop - start} "
+                        f"OFFSET {start}) TO '{parts / name}.parquet' (FORMAT parquet)")
+            con.execute(f"COPY (SELECT * FROM read_parquet('{tmp_path / 'whole.parquet'}') LIMIT {stop - start} "
+                        f"OFFSET {start}) TO '{tmp_path / name}.csv' (HEADER)")
+    (parts / "_SUCCESS").write_text("")
+    (parts / ".part-00000.parquet.crc").write_bytes(b"crc")
+
+    def planned(spec, name):
+        with duckdb.connect() as con:
+            shards, _, _ = plan(con, candidate_table(spec), [], FetchOptions(shard_size=500), tmp_path / name)
+        return shards, {p["shard"]: read_plan(str(tmp_path / name), p["shard"], "shard") for p in shards}
+
+    whole = planned(tmp_path / "whole.parquet", "a")
+    assert len(whole[0]) == 5
+    assert planned(parts, "b") == whole
+    assert planned(str(tmp_path / "parts" / "part-*.parquet"), "c") == whole
+    assert planned(str(tmp_path / "part-*.csv"), "d") == whole
+    (parts / "extra.csv").write_text("url,caption\nhttp://x.example/a.jpg,a\n")
+    with pytest.raises(ConfigError, match="mixes .csv and .parquet files"):
+        candidate_table(parts)
+    with pytest.raises(ConfigError, match="holds no parquet/csv/tsv/jsonl file"):
+        candidate_table(str(tmp_path / "nothing-*.parquet"))
+
+
+def test_a_shards_digest_covers_its_rows_order(tmp_path):
+    # a shard is reused by a rerun when its digest is unchanged: the digest is order-free (an XOR), so each row's index
+    # in the shard is hashed with it; two rows of one host swapped change the keys they get, and so the digest
+    import duckdb
+
+    from openalign.pipeline.web.fetch import plan
+
+    rows = [{"url": f"http://a.example/{i}.jpg", "caption": f"c {i}"} for i in range(3)]
+    rows += [{"url": "http://b.example/x.jpg", "caption": "other host"}]
+
+    def digests(found):
+        with duckdb.connect() as con:
+            shutil.rmtree(tmp_path / "plan", ignore_errors=True)
+            planned, _, _ = plan(con, write_urls(tmp_path / "u.jsonl", found), [], FetchOptions(shard_size=2),
+                                 tmp_path / "plan")
+        return {p["shard"]: p["digest"] for p in planned}
+
+    before = digests(rows)
+    swapped = digests([rows[1], rows[0], *rows[2:]])
+    host_a = next(s for s, d in before.items() if swapped[s] != d)
+    assert len(before) == 2 and [s for s in before if before[s] != swapped[s]] == [host_a]
+    assert digests(rows) == before
+
+
+def test_a_url_table_without_uids_gets_a_pair_tables_uids(fetched):
+    from openalign.data.pairs import normalize_text, pair_uid, url_keys
+
+    out, _, _ = fetched
+    found = rows(out)
+    assert found and all(r["uid"] == pair_uid(url_keys([r["url"]])[0], normalize_text(r["caption"] or ""))
+                         for r in found)
 
 
 def test_a_filtered_candidate_table_fetches_only_its_kept_pairs(web, tmp_path):

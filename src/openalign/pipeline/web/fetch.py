@@ -3,8 +3,10 @@
     openalign fetch CANDIDATES [--keep DIR ...] --out DIR [--contact you@example.org]
 
 CANDIDATES is `extract`'s candidates.parquet (or its folder) or any URL table (Parquet, CSV, TSV, JSONL) with a url
-column (`url`, `image_url`, `img_url`) and an alt-text column (`text`, `caption`, `alt`, `alt_text`, `title`); each
-`--keep` a keep-list of it (`openalign filter CANDIDATES --rules text`): only the pairs in every one are fetched.
+column (`url`, `image_url`, `img_url`) and an alt-text column (`text`, `caption`, `alt`, `alt_text`, `title`), given
+as a file, a directory of its parts (Spark's `part-*.parquet`, DuckDB's partitions) or a glob (data/tables.py's
+`dataset`); each `--keep` a keep-list of it (`openalign filter CANDIDATES --rules text`): only the pairs in every one
+are fetched.
 
 The output is img2dataset's `webdataset` output, so `openalign ingest DIR` (and anything that reads img2dataset's
 output) reads it: per shard `NNNNN.tar` (`KEY.<ext>` as fetched, `KEY.txt`, `KEY.json`), `NNNNN.parquet` (a row per
@@ -24,11 +26,14 @@ OUT is new, empty, or an earlier fetch's (it holds `_fetch/`); another folder is
 (the output's lock, taken by `fetch()` itself), and a rerun removes only the shard files an earlier run recorded
 (`_fetch/written.json`, the task statuses), never a file it did not write.
 
-Plan and resume: the driver (DuckDB) reads the candidates once and puts each origin (scheme, host, port) whole into
-one shard, `md5(origin) % shards` with shards = rows / `--shard-size`, so robots.txt is asked once per origin and a
-host's limits hold across the run. A shard is one task of the engine (local processes or Spark); its key is a digest
-of its rows and the options, so a rerun after kill -9 keeps the finished shards and redoes the rest, and a changed
-candidate part or keep-list redoes only the shards whose rows changed.
+Plan and resume: the plan puts each origin (scheme, host, port) whole into one shard, `md5(origin) % shards` with
+shards = rows / `--shard-size`, so robots.txt is asked once per origin and a host's limits hold across the run; it is
+written as one part per shard (OUT/_fetch/plan/shard=N/), so a task reads only its own rows. The local engine plans
+with DuckDB out of core (two scans of the candidates, memory bounded by the engine's limit: `plan`), the Spark engine
+with a Spark job (`spark_plan`). A shard is one task of the engine (local processes or Spark); its key is a digest
+of its rows (in their order) and the options, so a rerun after kill -9 keeps the finished shards and redoes the rest,
+and a changed candidate part or keep-list redoes only the shards whose rows changed. A URL table without a uid column
+gets a pair table's uids in the tasks.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import asyncio
 import hashlib
 import json
 import math
+import shutil
 import time
 from collections import Counter, deque
 from dataclasses import asdict, dataclass
@@ -51,7 +57,7 @@ from openalign.config import NON_NEGATIVE, POSITIVE, POSITIVE_INT, ConfigError, 
 from openalign.sizes import SIZE, parse_size
 from openalign.data import images, tables
 from openalign.data.engine import Engine, Job, driver_duckdb, read_plan, recorded_names
-from openalign.data.pairs import FETCH_REPORT, FETCH_WORK, check_finished, keep_table, manifest_path, sql_path
+from openalign.data.pairs import FETCH_REPORT, FETCH_WORK, check_finished, manifest_path, sql_path
 from openalign.data.tars import TarWriter
 from openalign.outputs import leftovers, staged, write_json
 from openalign.pipeline.runner import Manifest, Run, Stage, run_stage
@@ -154,31 +160,42 @@ class FetchResult:
 
 # ---------------------------------------------------------------------------------------------- planning
 
-def candidate_table(spec: Path) -> Path:
+def candidate_table(spec: Path) -> tables.Dataset:
+    """The candidate table to fetch, as a dataset (data/tables.py): extract's candidates.parquet or its folder (a
+    finished extract: its manifest beside the table), a URL table's file, a directory of its parts, or a glob."""
     path = Path(spec)
-    if path.is_dir() and (path / "candidates.parquet").is_file():
+    if path.is_dir() and any((path / name).exists() for name in ("candidates.parquet", "candidates.manifest.json",
+                                                                  "parts")):
+        if not (path / "candidates.parquet").exists():
+            raise ConfigError(f"{spec} is the output of an `openalign extract` that did not finish (no "
+                              "candidates.parquet); run the same extract again (it keeps the files it read)")
         path = path / "candidates.parquet"
-    if not path.exists():
-        raise ConfigError(f"{spec} does not exist; give extract's candidates.parquet (or its folder) or a URL table")
-    if path.is_dir() or path.suffix.lower() not in (".parquet", ".csv", ".tsv", ".jsonl"):
-        raise ConfigError(f"{spec} is not a URL table; give extract's candidates.parquet (or its folder), or a "
-                          ".parquet, .csv, .tsv or .jsonl file with a url and a caption column")
-    if manifest_path(path).exists():
-        check_finished(path)  # extract's output, finished
-    return path
+    found = tables.dataset(path, tables.URL_TABLE_SUFFIXES,
+                           "extract's candidates.parquet (or its folder) or a URL table with a url and a caption column")
+    for file in found.files:
+        if manifest_path(Path(file)).exists():
+            check_finished(Path(file))  # extract's output, finished
+    return found
 
 
-def plan(con, table: Path, keep: list[Path], options: FetchOptions, plan_path: Path) -> tuple[list[dict], Counter, int]:
-    """Writes the plan (a row per URL to fetch, with its shard and index) and returns each non-empty shard's
-    {shard, rows, digest} and what was left out."""
-    from openalign.data.pairs import normalize_text, pair_uids, url_keys
+HOST_SQL = r"regexp_extract(origin, '://(\[[^]]*\]|[^:/]*)', 1)"  # the origin's host, as extract's host column
 
-    source = tables.duckdb_reader(table)
+
+def plan(con, table: tables.Dataset | Path, keep: list[Path], options: FetchOptions,
+         plan_dir: Path) -> tuple[list[dict], Counter, int]:
+    """Writes the plan, a folder with one part per shard (PLAN/shard=N/: a row per URL to fetch, with its index
+    in the shard: a task reads only its own rows), and returns each non-empty shard's {shard, rows, digest} and
+    what was left out. Out of core: two scans of the table and one of the plan, no temporary copy of it; every
+    aggregate has a fixed-size state (a shard's digest is the XOR of its rows' 128-bit hashes, each row's index in
+    it hashed too), so DuckDB spills what does not fit its limit. A table without a uid column gets its uids in
+    the tasks (`fetch_shard`)."""
+    table = table if isinstance(table, tables.Dataset) else tables.dataset(table)
+    source = table.reader
     try:
-        types = dict(r[:2] for r in con.execute(f"DESCRIBE SELECT * FROM {source}", [str(table)]).fetchall())
+        types = dict(r[:2] for r in con.execute(f"DESCRIBE SELECT * FROM {source}", [table.param]).fetchall())
     except Exception as err:  # noqa: BLE001 - DuckDB's errors for a damaged file
-        raise ConfigError(f"{table} cannot be read as a table ({str(err).splitlines()[0][:200]}); give a Parquet, "
-                          "CSV, TSV or JSONL file") from None
+        raise ConfigError(f"{table} cannot be read as a table ({str(err).splitlines()[0][:200]}); give Parquet, "
+                          "CSV, TSV or JSONL files") from None
     names = list(types)
     found = tables.url_columns(str(table), names, need_text=False)
     url, text = found["url"], found["text"]
@@ -186,41 +203,44 @@ def plan(con, table: Path, keep: list[Path], options: FetchOptions, plan_path: P
     if keep and extra["uid"] is None:
         raise ConfigError(f"--keep selects pairs by uid, and {table} has no uid column; filter extract's "
                           "candidates.parquet and fetch that")
-    # a list of captions is one row per caption (one image each: fetch writes each row's sample)
+    # the input order: a Parquet row's file and row number; a CSV's or JSONL's place in the scan (a streaming window)
+    order = ("CAST(file_index AS BIGINT) * 1099511627776 + file_row_number" if table.suffix == ".parquet"
+             else "row_number() OVER ()")
     columns = ", ".join([f"{tables.text_sql(url, types[url])} AS url",
-                         f"unnest({tables.texts_sql(text, types[text])}) AS text" if text else "NULL::VARCHAR AS text",
+                         f"{tables.texts_sql(text, types[text])} AS texts" if text else "[NULL::VARCHAR] AS texts",
                          *(f"{tables.text_sql(c, types[c])} AS {n}" if c else f"NULL::VARCHAR AS {n}"
-                           for n, c in extra.items())])
-    con.execute(f"CREATE TEMP TABLE src AS SELECT {columns} FROM {source}", [str(table)])
+                           for n, c in extra.items()), f"{order} AS row_seq"])
+    # a list of captions is one row per caption (one image each: fetch writes each row's sample), in list order
+    src = (f"SELECT url, unnest(texts) AS text, unnest(range(len(texts))) AS n, uid, language, host, row_seq "
+           f"FROM (SELECT {columns} FROM {source.replace('?', '$source')})")
+    params = {"source": table.param}
+    where = "url IS NOT NULL AND trim(url) <> ''"
     if keep:
-        keep_table(con, table, keep)
-    left_out = Counter()
-    total = con.execute("SELECT count(*) FROM src").fetchall()[0][0]
-    where = "url IS NOT NULL AND trim(url) <> ''" + (" AND uid IN (SELECT uid FROM keep)" if keep else "")
-    con.execute(f"CREATE TEMP TABLE cand AS SELECT *, {ORIGIN_SQL} AS origin, rowid AS seq FROM src WHERE {where}")
-    rows = con.execute("SELECT count(*) FROM cand").fetchall()[0][0]
-    missing = con.execute("SELECT count(*) FROM src WHERE url IS NULL OR trim(url) = ''").fetchall()[0][0]
-    left_out.update({"no_url": missing, "not_kept": total - rows - missing})
-    if extra["uid"] is None:  # a URL table made elsewhere: the uid of a pair table's (image_key, text)
-        found = con.sql("SELECT seq, url, coalesce(text, '') AS text FROM cand ORDER BY seq").to_arrow_table()
-        texts = [normalize_text(t) for t in found.column("text").to_pylist()]
-        uids = pa.table({"seq": found.column("seq"),
-                         "uid": pair_uids(url_keys(found.column("url").to_pylist()), texts)})
-        con.register("uids", uids)
-        con.execute("UPDATE cand SET uid = uids.uid FROM uids WHERE cand.seq = uids.seq")
-    if extra["host"] is None:  # the image URL's host, lower case, as extract's host column
-        con.execute("UPDATE cand SET host = regexp_extract(origin, '://(\\[[^]]*\\]|[^:/]*)', 1)")
+        from openalign.data.pairs import keep_source
+
+        where += " AND uid IN (" + " INTERSECT ".join(f"SELECT uid FROM read_parquet($keep{i})"
+                                                      for i in range(len(keep))) + ")"
+        params |= {f"keep{i}": keep_source(k) for i, k in enumerate(keep)}
+    total, missing, rows = con.execute(f"""SELECT count(*), count(*) FILTER (WHERE NOT has_url),
+                                                  count(*) FILTER (WHERE wanted)
+                                           FROM (SELECT url IS NOT NULL AND trim(url) <> '' AS has_url,
+                                                        {where} AS wanted FROM ({src}))""", params).fetchone()
+    left_out = Counter({"no_url": missing, "not_kept": total - rows - missing})
     shards = max(1, math.ceil(rows / options.shard_size))
+    host = "host" if extra["host"] else HOST_SQL
+    con.execute("SET preserve_insertion_order = false")  # the index gives each shard's order
     con.execute(f"""COPY (SELECT url, text, uid, language, host, shard, idx, idx AS pos FROM (
-                        SELECT *, row_number() OVER (PARTITION BY shard ORDER BY seq) - 1 AS idx
-                        FROM (SELECT *, CAST(md5_number(origin) % {shards} AS BIGINT) AS shard FROM cand))
-                        ORDER BY shard, idx)
-                    TO '{sql_path(plan_path)}' (FORMAT parquet, ROW_GROUP_SIZE {max(options.shard_size, 2048)})""")
-    digests = con.execute(f"""SELECT shard, count(*), md5(string_agg(concat_ws(chr(31), url, coalesce(text, ''),
-                                     coalesce(uid, ''), coalesce(language, ''), coalesce(host, '')), chr(30)
-                                     ORDER BY idx))
-                              FROM read_parquet('{sql_path(plan_path)}') GROUP BY shard ORDER BY shard""").fetchall()
-    return [{"shard": s, "rows": n, "digest": d} for s, n, d in digests], left_out, shards
+                        SELECT *, row_number() OVER (PARTITION BY shard ORDER BY row_seq, n) - 1 AS idx FROM (
+                            SELECT url, text, uid, language, {host} AS host, row_seq, n,
+                                   CAST(md5_number(origin) % {shards} AS BIGINT) AS shard
+                            FROM (SELECT *, {ORIGIN_SQL} AS origin FROM ({src}) WHERE {where}))))
+                    TO '{sql_path(plan_dir)}' (FORMAT parquet, PARTITION_BY (shard))""", params)
+    digests = con.execute(f"""SELECT shard, count(*), bit_xor(md5_number(concat_ws(chr(31), idx, url,
+                                     coalesce(text, ''), coalesce(uid, ''), coalesce(language, ''),
+                                     coalesce(host, ''))))
+                              FROM read_parquet('{sql_path(plan_dir)}/*/*.parquet', hive_partitioning = true)
+                              GROUP BY shard ORDER BY shard""").fetchall() if rows else []
+    return [{"shard": s, "rows": n, "digest": f"{d:032x}"} for s, n, d in digests], left_out, shards
 
 
 def shard_names(shards: int, largest: int, shard_size: int) -> tuple[int, int]:
@@ -261,7 +281,7 @@ def fetch_shard(plan_path: str, shard: int, out: str, digits: tuple[int, int], o
     NAME.parquet and NAME_stats.json); returns its counts."""
     start = time.time()
     name, out = f"{shard:0{digits[0]}d}", Path(out)
-    by_url = urls_of(read_plan(plan_path, shard, column="shard"))
+    by_url = urls_of(with_uids(read_plan(plan_path, shard, column="shard")))
     with staged(out / f"{name}.tar") as tar_path:  # the tar is in place only with its index beside it
         with TarWriter(tar_path) as tar:
             shard_out = ShardWriter(tar, by_url, name, digits[1], options)
@@ -271,6 +291,20 @@ def fetch_shard(plan_path: str, shard: int, out: str, digits: tuple[int, int], o
     return {"count": len(shard_out.records), "kinds": dict(shard_out.kinds), "hosts": shard_out.hosts,
             "bytes": shard_out.bytes, "distinct_urls": len(by_url), "requests": requests, "robots": robots,
             "seconds": time.time() - start}
+
+
+def with_uids(rows: list[dict]) -> list[dict]:
+    """The plan's rows, each with its uid: a URL table made elsewhere has none, and gets the uid a pair table gives
+    (url's image_key, text), here in its task, not row by row on the driver."""
+    missing = [row for row in rows if row["uid"] is None]
+    if missing:
+        from openalign.data.pairs import normalize_text, pair_uids, url_keys
+
+        uids = pair_uids(url_keys([row["url"] for row in missing]),
+                         [normalize_text(row["text"] or "") for row in missing])
+        for row, uid in zip(missing, uids):
+            row["uid"] = uid
+    return rows
 
 
 def urls_of(rows: list[dict]) -> dict[str, list[dict]]:
@@ -450,10 +484,14 @@ class Fetch(Stage):
     def plan(self, run: Run) -> list[Job]:
         table, out, options = self.table, run.out, run.options
         run.work.mkdir(exist_ok=True)
-        plan_path = run.work / "plan.parquet"
+        plan_path = run.work / "plan"
+        building = run.work / "plan.tmp"
+        for old in (building, plan_path, run.work / "plan.parquet"):  # a killed run's, the last plan, an older layout
+            shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
         with driver_duckdb(run.engine, run.work) as con:
-            with staged(plan_path) as tmp:
-                planned, self.left_out, count = plan(con, table, [Path(k) for k in self.keep], options, tmp)
+            planned, self.left_out, count = plan(con, table, [Path(k) for k in self.keep], options, building)
+        if building.exists():
+            building.rename(plan_path)
         if not planned:
             if self.left_out["not_kept"]:
                 raise ConfigError(f"none of the {self.left_out['not_kept']:,} candidates of {table} is in every "
