@@ -451,13 +451,13 @@ def test_a_url_tables_texts_are_read_as_their_users_wrote_them(tmp_path):
     import duckdb
 
     from openalign.data.engine import read_plan
-    from openalign.pipeline.web.fetch import plan
+    from openalign.pipeline.web.fetch_plan import duckdb_plan_urls as plan
 
     def planned(rows):
         table = write_urls(tmp_path / "urls.jsonl", rows)
         shutil.rmtree(tmp_path / "plan", ignore_errors=True)
         with duckdb.connect() as con:
-            plan(con, table, [], FetchOptions(shard_size=100), tmp_path / "plan")
+            plan(con, table, [], 100, tmp_path / "plan")
         return [(r["url"], r["text"]) for r in read_plan(str(tmp_path / "plan"), 0, "shard")]
 
     assert planned([{"url": "http://a.example/1.jpg", "captions": ["red", "crimson"]},
@@ -484,11 +484,11 @@ def test_the_plan_of_many_candidates_runs_in_bounded_memory(tmp_path):
     # each shard's digest was md5(string_agg(... ORDER BY idx)), a state DuckDB cannot spill: 300k candidates ran out
     # of memory under 200 MB (and 2M under 1 GB). Now a fixed-size XOR of the rows' hashes, and one plan part a shard
     from openalign.data.engine import driver_duckdb, read_plan
-    from openalign.pipeline.web.fetch import plan
+    from openalign.pipeline.web.fetch_plan import duckdb_plan_urls as plan
 
     write_candidates(tmp_path / "c.parquet", 300_000, hosts=3_000)
     with driver_duckdb(Engine("local", workers=2, memory="128M"), tmp_path) as con:
-        planned, left_out, shards = plan(con, tmp_path / "c.parquet", [], FetchOptions(shard_size=10_000),
+        planned, left_out, shards = plan(con, tmp_path / "c.parquet", [], 10_000,
                                          tmp_path / "plan")
     assert shards == 30 and sum(p["rows"] for p in planned) == 300_000 and not sum(left_out.values())
     assert sorted(p.name for p in (tmp_path / "plan").iterdir()) == sorted(f"shard={p['shard']}" for p in planned)
@@ -507,7 +507,7 @@ def test_a_table_of_parts_or_a_glob_is_planned_as_one_file(tmp_path):
     import duckdb
 
     from openalign.data.engine import read_plan
-    from openalign.pipeline.web.fetch import candidate_table, plan
+    from openalign.pipeline.web.fetch_plan import candidate_table, duckdb_plan_urls as plan
 
     write_candidates(tmp_path / "whole.parquet", 2_500, hosts=40)
     parts = tmp_path / "parts"
@@ -524,7 +524,7 @@ def test_a_table_of_parts_or_a_glob_is_planned_as_one_file(tmp_path):
 
     def planned(spec, name):
         with duckdb.connect() as con:
-            shards, _, _ = plan(con, candidate_table(spec), [], FetchOptions(shard_size=500), tmp_path / name)
+            shards, _, _ = plan(con, candidate_table(spec), [], 500, tmp_path / name)
         return shards, {p["shard"]: read_plan(str(tmp_path / name), p["shard"], "shard") for p in shards}
 
     whole = planned(tmp_path / "whole.parquet", "a")
@@ -539,12 +539,57 @@ def test_a_table_of_parts_or_a_glob_is_planned_as_one_file(tmp_path):
         candidate_table(str(tmp_path / "nothing-*.parquet"))
 
 
+def test_spark_plans_what_duckdb_plans(tmp_path):
+    """The Spark engine's plan (a task per file, then Spark jobs) gives the local plan's shards, rows, order and digests:
+    Parquet parts, CSV parts, a JSONL list of captions, a keep-list."""
+    pytest.importorskip("pyspark")
+    import duckdb
+
+    from openalign.data.engine import read_plan
+    from openalign.pipeline.web.fetch_plan import candidate_table, duckdb_plan_urls, spark_plan_urls
+
+    write_candidates(tmp_path / "whole.parquet", 3_000, hosts=60)
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    with duckdb.connect() as con:
+        for i in range(3):
+            select = (f"SELECT md5(url || caption) AS uid, * FROM read_parquet('{tmp_path / 'whole.parquet'}') "
+                      f"LIMIT 1000 OFFSET {i * 1000}")
+            con.execute(f"COPY ({select}) TO '{parts / f'part-{i}.parquet'}' (FORMAT parquet)")
+            con.execute(f"COPY ({select}) TO '{tmp_path / f'part-{i}.csv'}' (HEADER)")
+        keep = tmp_path / "keep"
+        keep.mkdir()
+        con.execute(f"COPY (SELECT uid FROM read_parquet('{parts}/*.parquet') WHERE hash(uid) % 3 <> 0) "
+                    f"TO '{keep / 'keep.parquet'}' (FORMAT parquet)")
+    (keep / "filter_report.json").write_text("{}")
+    listed = write_urls(tmp_path / "lists.jsonl", [{"url": f"http://h{i % 3}.example/{i}.jpg",
+                                                    "captions": [f"a {i}", f"b {i}"] if i % 4 else []}
+                                                   for i in range(40)] + [{"url": None, "captions": "none"}])
+    spark = Engine("spark", master="local[2]")
+
+    def both(spec, keep=()):
+        table = candidate_table(spec)
+        with duckdb.connect() as con:
+            local = duckdb_plan_urls(con, table, list(keep), 250, tmp_path / "local")
+        remote = spark_plan_urls(spark, table, list(keep), 250, tmp_path / "spark", tmp_path / "work", progress=False)
+        read = lambda found, where: {p["shard"]: read_plan(str(where), p["shard"], "shard") for p in found[0]}  # noqa
+        assert remote == local and read(remote, tmp_path / "spark") == read(local, tmp_path / "local")
+        shutil.rmtree(tmp_path / "local")
+        shutil.rmtree(tmp_path / "spark")
+        return local
+
+    kept = both(parts, [keep])
+    assert 0 < sum(p["rows"] for p in kept[0]) < 3_000 and sum(p["rows"] for p in kept[0]) + kept[1]["not_kept"] == 3_000
+    assert sum(p["rows"] for p in both(str(tmp_path / "part-*.csv"))[0]) == 3_000
+    assert both(listed)[1] == {"no_url": 1, "not_kept": 0}
+
+
 def test_a_shards_digest_covers_its_rows_order(tmp_path):
     # a shard is reused by a rerun when its digest is unchanged: the digest is order-free (an XOR), so each row's index
     # in the shard is hashed with it; two rows of one host swapped change the keys they get, and so the digest
     import duckdb
 
-    from openalign.pipeline.web.fetch import plan
+    from openalign.pipeline.web.fetch_plan import duckdb_plan_urls as plan
 
     rows = [{"url": f"http://a.example/{i}.jpg", "caption": f"c {i}"} for i in range(3)]
     rows += [{"url": "http://b.example/x.jpg", "caption": "other host"}]
@@ -552,7 +597,7 @@ def test_a_shards_digest_covers_its_rows_order(tmp_path):
     def digests(found):
         with duckdb.connect() as con:
             shutil.rmtree(tmp_path / "plan", ignore_errors=True)
-            planned, _, _ = plan(con, write_urls(tmp_path / "u.jsonl", found), [], FetchOptions(shard_size=2),
+            planned, _, _ = plan(con, write_urls(tmp_path / "u.jsonl", found), [], 2,
                                  tmp_path / "plan")
         return {p["shard"]: p["digest"] for p in planned}
 

@@ -55,12 +55,13 @@ import pyarrow.parquet as pq
 from openalign import plots
 from openalign.config import NON_NEGATIVE, POSITIVE, POSITIVE_INT, ConfigError, Options, listed
 from openalign.sizes import SIZE, parse_size
-from openalign.data import images, tables
-from openalign.data.engine import Engine, Job, driver_duckdb, read_plan, recorded_names
-from openalign.data.pairs import FETCH_REPORT, FETCH_WORK, check_finished, manifest_path, sql_path
+from openalign.data import images
+from openalign.data.engine import Engine, Job, read_plan, recorded_names
+from openalign.data.pairs import FETCH_REPORT, FETCH_WORK
 from openalign.data.tars import TarWriter
 from openalign.outputs import leftovers, staged, write_json
 from openalign.pipeline.runner import Manifest, Run, Stage, run_stage
+from openalign.pipeline.web.fetch_plan import candidate_table, plan_urls
 
 __all__ = ["ERROR_KINDS", "FETCH_REPORT", "FetchOptions", "FetchResult", "fetch"]
 
@@ -77,9 +78,6 @@ SCHEMA = pa.schema([
     ("host", pa.string()),
 ])
 SHARD_FILES = (".tar", ".parquet", "_stats.json")  # img2dataset's files of one shard, NNNNN + each
-ORIGIN_SQL = (r"lower(regexp_replace(regexp_extract(url, '^([A-Za-z][A-Za-z0-9+.-]*://[^/?#]*)', 1), "
-              r"'://[^@/]*@', '://'))")
-
 
 @dataclass(frozen=True)
 class FetchOptions(Options):
@@ -159,89 +157,6 @@ class FetchResult:
 
 
 # ---------------------------------------------------------------------------------------------- planning
-
-def candidate_table(spec: Path) -> tables.Dataset:
-    """The candidate table to fetch, as a dataset (data/tables.py): extract's candidates.parquet or its folder (a
-    finished extract: its manifest beside the table), a URL table's file, a directory of its parts, or a glob."""
-    path = Path(spec)
-    if path.is_dir() and any((path / name).exists() for name in ("candidates.parquet", "candidates.manifest.json",
-                                                                  "parts")):
-        if not (path / "candidates.parquet").exists():
-            raise ConfigError(f"{spec} is the output of an `openalign extract` that did not finish (no "
-                              "candidates.parquet); run the same extract again (it keeps the files it read)")
-        path = path / "candidates.parquet"
-    found = tables.dataset(path, tables.URL_TABLE_SUFFIXES,
-                           "extract's candidates.parquet (or its folder) or a URL table with a url and a caption column")
-    for file in found.files:
-        if manifest_path(Path(file)).exists():
-            check_finished(Path(file))  # extract's output, finished
-    return found
-
-
-HOST_SQL = r"regexp_extract(origin, '://(\[[^]]*\]|[^:/]*)', 1)"  # the origin's host, as extract's host column
-
-
-def plan(con, table: tables.Dataset | Path, keep: list[Path], options: FetchOptions,
-         plan_dir: Path) -> tuple[list[dict], Counter, int]:
-    """Writes the plan, a folder with one part per shard (PLAN/shard=N/: a row per URL to fetch, with its index
-    in the shard: a task reads only its own rows), and returns each non-empty shard's {shard, rows, digest} and
-    what was left out. Out of core: two scans of the table and one of the plan, no temporary copy of it; every
-    aggregate has a fixed-size state (a shard's digest is the XOR of its rows' 128-bit hashes, each row's index in
-    it hashed too), so DuckDB spills what does not fit its limit. A table without a uid column gets its uids in
-    the tasks (`fetch_shard`)."""
-    table = table if isinstance(table, tables.Dataset) else tables.dataset(table)
-    source = table.reader
-    try:
-        types = dict(r[:2] for r in con.execute(f"DESCRIBE SELECT * FROM {source}", [table.param]).fetchall())
-    except Exception as err:  # noqa: BLE001 - DuckDB's errors for a damaged file
-        raise ConfigError(f"{table} cannot be read as a table ({str(err).splitlines()[0][:200]}); give Parquet, "
-                          "CSV, TSV or JSONL files") from None
-    names = list(types)
-    found = tables.url_columns(str(table), names, need_text=False)
-    url, text = found["url"], found["text"]
-    extra = {c: tables.first_column(names, (c,)) for c in ("uid", "language", "host")}
-    if keep and extra["uid"] is None:
-        raise ConfigError(f"--keep selects pairs by uid, and {table} has no uid column; filter extract's "
-                          "candidates.parquet and fetch that")
-    # the input order: a Parquet row's file and row number; a CSV's or JSONL's place in the scan (a streaming window)
-    order = ("CAST(file_index AS BIGINT) * 1099511627776 + file_row_number" if table.suffix == ".parquet"
-             else "row_number() OVER ()")
-    columns = ", ".join([f"{tables.text_sql(url, types[url])} AS url",
-                         f"{tables.texts_sql(text, types[text])} AS texts" if text else "[NULL::VARCHAR] AS texts",
-                         *(f"{tables.text_sql(c, types[c])} AS {n}" if c else f"NULL::VARCHAR AS {n}"
-                           for n, c in extra.items()), f"{order} AS row_seq"])
-    # a list of captions is one row per caption (one image each: fetch writes each row's sample), in list order
-    src = (f"SELECT url, unnest(texts) AS text, unnest(range(len(texts))) AS n, uid, language, host, row_seq "
-           f"FROM (SELECT {columns} FROM {source.replace('?', '$source')})")
-    params = {"source": table.param}
-    where = "url IS NOT NULL AND trim(url) <> ''"
-    if keep:
-        from openalign.data.pairs import keep_source
-
-        where += " AND uid IN (" + " INTERSECT ".join(f"SELECT uid FROM read_parquet($keep{i})"
-                                                      for i in range(len(keep))) + ")"
-        params |= {f"keep{i}": keep_source(k) for i, k in enumerate(keep)}
-    total, missing, rows = con.execute(f"""SELECT count(*), count(*) FILTER (WHERE NOT has_url),
-                                                  count(*) FILTER (WHERE wanted)
-                                           FROM (SELECT url IS NOT NULL AND trim(url) <> '' AS has_url,
-                                                        {where} AS wanted FROM ({src}))""", params).fetchone()
-    left_out = Counter({"no_url": missing, "not_kept": total - rows - missing})
-    shards = max(1, math.ceil(rows / options.shard_size))
-    host = "host" if extra["host"] else HOST_SQL
-    con.execute("SET preserve_insertion_order = false")  # the index gives each shard's order
-    con.execute(f"""COPY (SELECT url, text, uid, language, host, shard, idx, idx AS pos FROM (
-                        SELECT *, row_number() OVER (PARTITION BY shard ORDER BY row_seq, n) - 1 AS idx FROM (
-                            SELECT url, text, uid, language, {host} AS host, row_seq, n,
-                                   CAST(md5_number(origin) % {shards} AS BIGINT) AS shard
-                            FROM (SELECT *, {ORIGIN_SQL} AS origin FROM ({src}) WHERE {where}))))
-                    TO '{sql_path(plan_dir)}' (FORMAT parquet, PARTITION_BY (shard))""", params)
-    digests = con.execute(f"""SELECT shard, count(*), bit_xor(md5_number(concat_ws(chr(31), idx, url,
-                                     coalesce(text, ''), coalesce(uid, ''), coalesce(language, ''),
-                                     coalesce(host, ''))))
-                              FROM read_parquet('{sql_path(plan_dir)}/*/*.parquet', hive_partitioning = true)
-                              GROUP BY shard ORDER BY shard""").fetchall() if rows else []
-    return [{"shard": s, "rows": n, "digest": f"{d:032x}"} for s, n, d in digests], left_out, shards
-
 
 def shard_names(shards: int, largest: int, shard_size: int) -> tuple[int, int]:
     """(digits of a shard's number, digits of a sample's index in it): img2dataset's key is their concatenation."""
@@ -488,8 +403,8 @@ class Fetch(Stage):
         building = run.work / "plan.tmp"
         for old in (building, plan_path, run.work / "plan.parquet"):  # a killed run's, the last plan, an older layout
             shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
-        with driver_duckdb(run.engine, run.work) as con:
-            planned, self.left_out, count = plan(con, table, [Path(k) for k in self.keep], options, building)
+        planned, self.left_out, count = plan_urls(run.engine, table, [Path(k) for k in self.keep],
+                                                  options.shard_size, building, run.work, run.progress)
         if building.exists():
             building.rename(plan_path)
         if not planned:
