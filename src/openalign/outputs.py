@@ -75,7 +75,7 @@ def staged_dir(path: Path) -> Iterator[Path]:
         old = path.with_name(f".{path.name}.{os.getpid()}.old")
         os.replace(path, old)
         os.replace(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
     else:
         os.replace(tmp, path)
 

@@ -64,6 +64,11 @@ def check_pair_table(spec, columns: tuple[str, ...] = ()) -> str:
     text = str(spec)
     if "://" in text:
         return text
+    folder = Path(text) if Path(text).is_dir() else None
+    if folder is not None:  # a folder of parts (Spark's, ingest's): read as their glob
+        if "path" in columns:
+            refuse_candidates(folder)
+        text = parts_glob(folder)
     if any(c in text for c in "*?["):
         import glob
 
@@ -98,7 +103,7 @@ def check_pair_table(spec, columns: tuple[str, ...] = ()) -> str:
             raise ConfigError(f"{text} has {missing_uids:,} row{'s' * (missing_uids != 1)} without a uid, and a "
                               "keep-list names pairs by uid; make the table with `openalign ingest` or `openalign "
                               "extract`, which give every pair one")
-    for match in matches:
+    for match in [folder] if folder is not None else matches:  # a folder's manifest is beside the folder
         check_finished(Path(match))
     return text
 
@@ -164,13 +169,30 @@ def check_finished(table: Path) -> None:
     again = (f"run `openalign extract SRC --out {table.parent}` again" if stage == "extract"
              else f"run `openalign ingest SRC --out {table}` again")
     try:
-        rows = pq.read_metadata(table).num_rows
-    except (OSError, pa.ArrowException):
+        rows = table_rows(table)
+    except (OSError, pa.ArrowException, ConfigError):
         raise ConfigError(f"{table} is not a readable Parquet file (cut short?); {again}") from None
     said = written.get({"extract": "candidates"}.get(stage, "pairs")) if isinstance(written, dict) else None
     if stage not in ("ingest", "extract") or said != rows:
         raise ConfigError(f"{table} holds {rows:,} pairs but {manifest.name} says {said}: the table is not the one "
                           f"that manifest describes (changed, or a rerun was interrupted); {again}")
+
+
+def table_rows(table: Path) -> int:
+    """The rows of a Parquet table, a file or a folder of parts, from the footers."""
+    from openalign.data.tables import dataset
+
+    return sum(pq.read_metadata(f).num_rows for f in dataset(table, (".parquet",)).files)
+
+
+def parts_glob(folder: Path) -> str:
+    """A folder of Parquet parts (Spark's `part-*.parquet`, a partitioned write's `KEY=VALUE/`) as the glob that DuckDB
+    and Spark both read as one table; one sentence when it holds none."""
+    from openalign.data.tables import dataset
+
+    files = dataset(folder, (".parquet",), "a Parquet table").files
+    nested = any(Path(f).parent != Path(folder) for f in files)
+    return str(Path(folder) / ("*/*.parquet" if nested else "*.parquet"))
 
 
 def normalize_text(text: str | None) -> str:

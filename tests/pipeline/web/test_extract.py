@@ -104,6 +104,38 @@ def test_duplicates_across_files_go_and_a_rerun_redoes_only_changed_files(tmp_pa
     assert changed.candidates == 30  # b still holds them all
 
 
+def test_spark_merges_on_the_cluster_what_the_local_engine_merges(tmp_path, capsys):
+    """With --engine spark the merge is a Spark job (the first row of each uid by a grouping on the cluster) writing a
+    folder of parts bucketed by uid: the same rows and the same manifest counts as the local engine's one file, which
+    filter and fetch read as they read the file; a local rerun replaces the folder with a file."""
+    pytest.importorskip("pyspark")
+    crawl = tmp_path / "crawl"
+    crawl.mkdir()
+    shutil.copy(WAT, crawl / "a.warc.wat.gz")
+    shutil.copy(TRUNCATED, crawl / "b.warc.wat.gz")  # its pairs are a's: duplicates across files
+    (crawl / "c.jsonl").write_text("".join(json.dumps({"url": f"http://x.example/{i}.jpg", "caption": f"c {i}"}) + "\n"
+                                           for i in range(5)))
+    local = extract([str(crawl)], tmp_path / "local", progress=False)
+    spark = extract([str(crawl)], tmp_path / "spark", engine=Engine("spark", master="local[2]"), progress=False)
+    assert (tmp_path / "spark" / "candidates.parquet").is_dir()
+    key = lambda r: (r["source"], r["offset"], r["uid"])  # noqa: E731
+    assert sorted(rows(tmp_path / "spark"), key=key) == sorted(rows(tmp_path / "local"), key=key)
+    assert {r["source"] for r in rows(tmp_path / "spark")} == {str(crawl / "a.warc.wat.gz"), str(crawl / "c.jsonl")}
+    same = ("candidates", "duplicates_across_files", "counts", "per_file", "hosts", "top_hosts", "languages")
+    assert {k: spark.manifest[k] for k in same} == {k: local.manifest[k] for k in same}
+    assert local.candidates == 35
+
+    assert cli.main(["filter", str(tmp_path / "spark" / "candidates.parquet"), "--out", str(tmp_path / "keep"),
+                     "--rules", "text", "--quiet"]) == 0
+    assert json.loads((tmp_path / "keep" / "filter_report.json").read_text())["pairs"] == 35
+    from openalign.pipeline.web.fetch_plan import candidate_table
+
+    assert len(candidate_table(tmp_path / "spark").files) >= 1
+    again = extract([str(crawl)], tmp_path / "spark", progress=False)
+    assert (tmp_path / "spark" / "candidates.parquet").is_file() and again.resumed_tasks == 3
+    assert rows(tmp_path / "spark") == rows(tmp_path / "local")
+
+
 def test_a_rerun_with_fewer_files_removes_only_the_parts_it_wrote(tmp_path):
     """Before: every `*.parquet` in OUT/parts whose name was not a job's was unlinked, a user's file included."""
     crawl = tmp_path / "crawl"

@@ -56,9 +56,9 @@ def candidate_table(spec: Path | str) -> tables.Dataset:
         path = path / "candidates.parquet"
     found = tables.dataset(path, tables.URL_TABLE_SUFFIXES, "extract's candidates.parquet (or its folder) or a URL "
                            "table with a url and a caption column")
-    for file in found.files:
-        if manifest_path(Path(file)).exists():
-            check_finished(Path(file))  # extract's output, finished
+    for table in [path] if path.is_dir() else found.files:  # a folder of parts: its manifest is beside it
+        if manifest_path(Path(table)).exists():
+            check_finished(Path(table))  # extract's output, finished
     return found
 
 
