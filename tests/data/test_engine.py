@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ from PIL import Image
 
 from openalign.config import ConfigError
 from openalign.data.engine import local_with_retries, spark_session
+from openalign.data.pairs import check_pair_table
 from openalign.data.engine import Engine, Job, cores, run_jobs
 from openalign.pipeline.ingest import IngestOptions, ingest
 from openalign.pipeline.shard import ShardOptions, shard
@@ -229,7 +231,14 @@ def test_ingest_on_spark_equals_local_and_resumes(tmp_path, sources, spark):
         a = pq.read_table(tmp_path / f"local{suffix}").to_pylist()
         b = pq.read_table(tmp_path / f"spark{suffix}").to_pylist()
         assert a == b and len(a) > 0  # the same rows, even in the same order
-    assert not (tmp_path / "spark.parts").exists()
+    # Spark's pair table is a folder of the tasks' parts (nothing collected on the driver), its statuses kept: a
+    # rerun redoes nothing; the local engine writes the same folder when asked, and reads it back as a pair table
+    assert (tmp_path / "spark.parquet").is_dir() and len(list((tmp_path / "spark.parquet").glob("part-*"))) == 8
+    assert ingest(sources, tmp_path / "spark.parquet", options, progress=False, engine=SPARK).resumed_tasks == 8
+    parts = ingest(sources, tmp_path / "parts.parquet", replace(options, layout="parts"), progress=False)
+    assert without_engine(parts) == without_engine(local)
+    assert pq.read_table(tmp_path / "parts.parquet").to_pylist() == pq.read_table(tmp_path / "local.parquet").to_pylist()
+    assert check_pair_table(tmp_path / "parts.parquet", ("uid", "path")) == str(tmp_path / "parts.parquet" / "*.parquet")
 
 
 @needs_java

@@ -116,6 +116,38 @@ def test_tables_and_webdataset_sources(tmp_path):
     assert manifest.images == 2
 
 
+def test_a_table_given_as_a_folder_of_parts_or_a_glob_is_read_as_the_table(tmp_path):
+    """A table of image paths written in parts (Spark's part files, _SUCCESS and hidden checksums beside them) or named
+    by a glob gives the pairs the same rows in one table give, in the parts' natural order; the parts layout writes
+    the pair table as a folder of the tasks' parts, which every stage reads as the file."""
+    from openalign.cli import main
+
+    picture_folder(tmp_path / "img", 12)
+    rows = [f"{tmp_path / 'img' / f'{i}.png'},picture {i}" for i in range(12)]
+    (tmp_path / "whole.csv").write_text("image,text\n" + "\n".join(rows) + "\n")
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    for number, chunk in ((2, rows[:4]), (10, rows[4:8]), (11, rows[8:])):  # part-2 before part-10
+        (parts / f"part-{number}.csv").write_text("image,text\n" + "\n".join(chunk) + "\n")
+    (parts / "_SUCCESS").write_text("")
+    (parts / ".part-2.csv.crc").write_bytes(b"x")
+    options = IngestOptions(workers=1)
+    whole = ingest([str(tmp_path / "whole.csv")], tmp_path / "whole.parquet", options, progress=False)
+    texts = pq.read_table(tmp_path / "whole.parquet").column("text").to_pylist()
+    assert whole.pairs == 12 and texts == [f"picture {i}" for i in range(12)]
+    for source in (parts, str(parts / "part-*.csv")):
+        ingest([str(source)], tmp_path / "p.parquet", options, progress=False)
+        assert pq.read_table(tmp_path / "p.parquet").column("text").to_pylist() == texts
+    assert main(["ingest", str(parts), "--out", str(tmp_path / "folder.parquet"), "--layout", "parts", "--workers",
+                 "2", "--quiet"]) == 0
+    assert sorted(p.name for p in (tmp_path / "folder.parquet").iterdir()) == [f"part-{i:06d}.parquet" for i in range(3)]
+    assert pq.read_table(tmp_path / "folder.parquet").column("text").to_pylist() == texts
+    assert main(["filter", str(tmp_path / "folder.parquet"), "--out", str(tmp_path / "f"), "--quiet",
+                 "min_short_side=1"]) == 0
+    with pytest.raises(ConfigError, match="matches no file"):
+        ingest([str(tmp_path / "nothing-*.csv")], tmp_path / "n.parquet", options, progress=False)
+
+
 def test_bad_sources_fail_in_one_sentence(tmp_path):
     (tmp_path / "t.csv").write_text("picture,text\na.jpg,x\n")  # `path` would be found: the columns of every reader
     with pytest.raises(ConfigError, match="no image column: none of image, .*--image-column"):

@@ -469,10 +469,11 @@ def read_plan(path: str, index: int, column: str = "task") -> list[dict]:
     import pyarrow.parquet as pq
 
     part = Path(path) / f"{column}={index}"
-    if Path(path).is_dir():
-        table = pq.read_table(part, partitioning=None) if part.is_dir() else None
-        rows = table.sort_by("pos").to_pylist() if table is not None else []
-    else:
+    if part.is_dir():
+        rows = pq.read_table(part, partitioning=None).sort_by("pos").to_pylist()
+    elif Path(path).is_dir() and next(Path(path).glob(f"{column}=*"), None) is not None:
+        rows = []  # a partitioned plan without this job's part: no row of it
+    else:  # a file, or Spark's folder of parts of one plan
         rows = pq.read_table(path, filters=[(column, "=", index)]).sort_by("pos").to_pylist()
     for row in rows:
         del row["pos"]

@@ -24,15 +24,25 @@ and `pairs.rejects.parquet` (every pair that could not be used, with its reason)
 `pairs.manifest.json` (inputs, options, counts per reason and per conversion). Texts keep their case
 and characters; only runs of whitespace (newlines, tabs) become one space. Remote URLs are recorded as
 rejects (`remote_not_fetched`): download with img2dataset first and ingest its output.
+
+A source may also be a glob (each match a source), a table written as a **folder of parts** (every file a table of
+one format: Spark's `part-*`, `_SUCCESS` and hidden checksums passed over; a unit per part, in natural order), or
+fetch's output (a unit per shard: its tar and its index, whose failed URLs are `not_downloaded` rejects). With
+`--layout parts` (the default on Spark) OUT and its rejects are folders of the tasks' parts in task order
+(`part-NNNNNN.parquet`), written by the tasks themselves: nothing is collected on the driver, a rerun keeps every task
+whose inputs are unchanged (their statuses in OUT.parts/), and every stage reads the folder as the file.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import shutil
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -46,8 +56,8 @@ from openalign.data import tables
 from openalign.data.sources import (IMAGE_SUFFIXES, folder_files, karpathy_items, read_caption,
                                     sidecar_meta)
 from openalign.data.tables import TABLE_SUFFIXES
-from openalign.data.engine import Engine, Job, driver_duckdb, job_id
-from openalign.data.pairs import FETCH_REPORT, FETCH_WORK, PAIR_SCHEMA, blake, normalize_text, pair_uid
+from openalign.data.engine import Engine, Job, driver_duckdb, job_id, spark_session
+from openalign.data.pairs import FETCH_REPORT, FETCH_WORK, PAIR_SCHEMA, blake, normalize_text, pair_uid, parts_glob
 from openalign.data.workers import process_pool
 from openalign.outputs import place, sources_key, staged
 from openalign.pipeline.runner import Manifest, Run, Stage, run_stage
@@ -70,6 +80,8 @@ class IngestOptions(Options):
     workers: int = 0  # processes reading images (0: all cores)
     batch_rows: int = 50_000  # rows per Parquet row group
     files_per_task: int = 1_000  # distributed: image files of a directory per task (a tar or table is one task)
+    layout: Literal["auto", "file", "parts"] = "auto"  # OUT as one file, or a folder of the tasks' parts in task
+        # order (no collection on the driver; every stage reads the folder); auto: parts on Spark, else a file
 
 
 @dataclass
@@ -172,13 +184,22 @@ def tar_records(path: Path) -> Iterator[Record]:
 def units(sources: list[str], files_per_unit: int = 0) -> Iterator[tuple]:
     """The sources as units of work, in order: ("tar", path), ("table", path) and, for a directory, ("files",
     [paths]) of up to `files_per_unit` image files each (0: one unit per directory). Paths are absolute."""
-    for spec in sources:
+    for spec in expanded(sources):
         path = Path(spec)
         if path.is_dir():
             fetched = (path / FETCH_WORK).is_dir()  # `openalign fetch`'s output: its images are in its tars
             if fetched and not (path / FETCH_REPORT).is_file():
                 raise ConfigError(f"{spec} is the output of an `openalign fetch` that did not finish (no "
                                   f"{FETCH_REPORT}); run the same fetch again (it keeps the finished shards)")
+            if fetched:  # a unit per shard: its tar and its index (the failed downloads), no schema read on the driver
+                for tar in sorted(path.glob("*.tar"), key=lambda p: tables.natural(p.name)):
+                    index = tar.with_suffix(".parquet")
+                    yield ("fetched", [str(tar.resolve()), str(index.resolve()) if index.is_file() else ""])
+                continue  # not its report's plot
+            parts = table_parts(path)
+            if parts:  # a table given as a folder of its parts (Spark's, DuckDB's): a unit per part
+                yield from units(parts)
+                continue
             # webdataset tars at its top (img2dataset's webdataset output, or any shard folder), img2dataset's
             # parquet output (images in a column) and its status sidecars (the failed downloads), then images
             yield from (("tar", str(t.resolve())) for t in sorted(path.glob("*.tar")))
@@ -186,8 +207,6 @@ def units(sources: list[str], files_per_unit: int = 0) -> Iterator[tuple]:
                 kind = tables.img2dataset_kind(table)
                 if kind:
                     yield (kind, str(table.resolve()))
-            if fetched:  # not its report's plot
-                continue
             files = folder_files(path)
             if not files_per_unit:
                 yield ("folder", str(path.resolve()))
@@ -216,6 +235,36 @@ def units(sources: list[str], files_per_unit: int = 0) -> Iterator[tuple]:
                               f"({', '.join(sorted(TABLE_SUFFIXES))})")
 
 
+def expanded(sources: list[str]) -> Iterator[str]:
+    """The sources with each glob replaced by what it matches, in natural order; one sentence for a glob that
+    matches nothing."""
+    import glob
+
+    for spec in sources:
+        if not Path(spec).exists() and any(ch in str(spec) for ch in "*?["):
+            matches = sorted(glob.glob(str(spec), recursive=True), key=tables.natural)
+            if not matches:
+                raise ConfigError(f"source {spec} matches no file")
+            yield from matches
+        else:
+            yield spec
+
+
+def table_parts(folder: Path) -> list[str]:
+    """The parts of a table written as a folder (every file a table of one format, beside Spark's _SUCCESS and
+    hidden checksums), in natural order; [] for a folder that holds anything else (images, tars, sidecars)."""
+    files, suffix = [], None
+    for path in folder.rglob("*"):  # the first file of another kind ends the look (an image folder: at once)
+        if not path.is_file() or not tables.is_part(path, folder):
+            continue
+        if path.suffix.lower() not in TABLE_SUFFIXES or path.suffix.lower() == ".json" or suffix not in (
+                None, path.suffix.lower()):
+            return []
+        suffix = path.suffix.lower()
+        files.append(str(path))
+    return sorted(files, key=tables.natural)
+
+
 def text_rules_before_download(sources: list[str]) -> list[str]:
     """The text rules' filter reports a fetch's keep-lists name, when every source is the output of such a fetch
     (its `fetch_report.json` says `text_rules`); [] otherwise: a source not filtered so needs the text rules."""
@@ -238,6 +287,8 @@ def unit_inputs(unit: tuple, options: IngestOptions) -> list[str]:
     kind, where = unit
     if kind in ("tar", "img2dataset", "img2dataset-status"):
         return [where]
+    if kind == "fetched":
+        return [f for f in where if f]
     if kind in ("table", "karpathy"):
         records = table_records(Path(where), options) if kind == "table" else karpathy_records(Path(where))
         try:
@@ -273,6 +324,10 @@ def unit_records(unit: tuple, options: IngestOptions, notes: Counter) -> Iterato
         return (record for f in where for record in file_records(Path(f)))
     if kind == "tar":
         return tar_records(Path(where))
+    if kind == "fetched":  # a fetch shard: its samples, then the URLs it could not fetch
+        tar, index = where
+        failed = img2dataset_records(Path(index), failures_only=True) if index else iter(())
+        return itertools.chain(tar_records(Path(tar)), failed)
     if kind == "karpathy":
         return karpathy_records(Path(where))
     return table_records(Path(where), options, notes)
@@ -377,11 +432,10 @@ class TableWriter:
                 self.tmp[kind].unlink(missing_ok=True)
 
 
-def ingest_unit(unit: tuple, parts: str, part_id: str, options: IngestOptions) -> dict:
-    """One task of a distributed ingest: the pairs and rejects of one unit -> PARTS/{pairs,rejects}-ID.parquet."""
+def ingest_unit(unit: tuple, pairs_path: str, rejects_path: str, options: IngestOptions) -> dict:
+    """One task of a distributed ingest: the pairs and rejects of one unit -> its two part files."""
     tally, notes = Tally(), Counter()
-    writer = TableWriter(Path(parts) / f"pairs-{part_id}.parquet", Path(parts) / f"rejects-{part_id}.parquet",
-                         options.batch_rows)
+    writer = TableWriter(Path(pairs_path), Path(rejects_path), options.batch_rows)
     try:
         for record in unit_records(unit, options, notes):
             kind, row = examine((record, options.max_pixels))
@@ -413,8 +467,9 @@ class IngestResult:
 class Ingest(Stage):
     """Sources (folders, tars, tables, img2dataset's and fetch's outputs) -> the pair table OUT and its rejects. The
     local engine streams every record in order through a pool of `workers` processes; with many tars or tables,
-    and on Spark, one job per unit (a tar, a table, `files_per_task` images of a folder) writes its parts in
-    OUT.parts/, concatenated in job order (both engines give the same rows)."""
+    and on Spark, one job per unit (a tar, a table, `files_per_task` images of a folder, a fetch shard) writes its
+    parts: in OUT.parts/, then concatenated in job order into the file OUT, or (`layout` parts, Spark's default) as
+    OUT's own parts (both engines give the same rows)."""
 
     name = "ingest"
     options = IngestOptions
@@ -444,30 +499,53 @@ class Ingest(Stage):
     def plan(self, run: Run) -> list[Job]:
         options, engine = run.options, run.engine
         workers = options.workers or os.cpu_count() or 1
-        if engine.name == "local" and not (workers > 1 and _enough_units(self.sources, options, workers)):
+        self.parts = options.layout == "parts" or (options.layout == "auto" and engine.name == "spark")
+        if engine.name == "local" and not self.parts and not (workers > 1 and _enough_units(self.sources, options,
+                                                                                              workers)):
             return []  # streamed, in `merge`
         if engine.name == "local":
             # many tars or tables: a worker per unit reads its own bytes (records would ship every image through a
             # pipe to the pool, which costs what the work does); the same tasks and merge as on Spark
-            run.engine = Engine("local", workers=workers, retries=engine.retries)
-        parts = run.work
-        parts.mkdir(exist_ok=True)
-        self.jobs = [Job(job_id(i), ingest_unit, (unit, str(parts), job_id(i), options),
+            run.engine = Engine("local", workers=workers, retries=engine.retries, memory=engine.memory)
+        run.work.mkdir(exist_ok=True)
+        found = list(units(self.sources, options.files_per_task))
+        if self.parts:  # the tasks write OUT's parts themselves; their statuses stay for a rerun
+            self.keeps_work = True
+            folders = (run.out, run.out.with_suffix(".rejects.parquet"))
+            for folder in folders:
+                if folder.is_file():
+                    folder.unlink()  # a file-layout run's table
+                folder.mkdir(exist_ok=True)
+            names = {f"part-{job_id(i)}.parquet" for i in range(len(found))}
+            for folder in folders:  # parts of an earlier, larger plan: only our own names
+                for stale in folder.glob("part-*.parquet"):
+                    if stale.name not in names:
+                        stale.unlink()
+            targets = [tuple(str(f / f"part-{job_id(i)}.parquet") for f in folders) for i in range(len(found))]
+        else:
+            targets = [(str(run.work / f"pairs-{job_id(i)}.parquet"), str(run.work / f"rejects-{job_id(i)}.parquet"))
+                       for i in range(len(found))]
+        self.jobs = [Job(job_id(i), ingest_unit, (unit, *targets[i], options),
                          key=sources_key(unit_inputs(unit, options), asdict(options) | {"workers": 0}),
-                         outputs=(str(parts / f"pairs-{job_id(i)}.parquet"),
-                                  str(parts / f"rejects-{job_id(i)}.parquet")))
-                     for i, unit in enumerate(units(self.sources, options.files_per_task))]
+                         outputs=targets[i])
+                     for i, unit in enumerate(found)]
         return self.jobs
 
     def merge(self, run: Run, results: dict[str, dict]) -> Manifest:
         out, rejects = run.out, run.out.with_suffix(".rejects.parquet")
         if self.jobs:
-            _merge_parts(self.jobs, results, out, rejects, run.work, self.tally, self.notes, self.sources)
+            for job in self.jobs:
+                self.tally.merge(results[job.id])
+                self.notes.update(results[job.id]["notes"])
+            found(self.tally, self.sources)
+            if not self.parts:
+                _concatenate(self.jobs, out, rejects, run.work)
         else:
+            for folder in (out, rejects):
+                if folder.is_dir():  # a parts-layout run's
+                    shutil.rmtree(folder)
             _ingest_local(self.sources, out, rejects, run.options, self.tally, self.notes, run.progress)
-        with driver_duckdb(run.engine, run.work) as con:
-            distinct = con.execute("SELECT count(DISTINCT uid), count(DISTINCT image_key) FROM read_parquet(?)",
-                                   [str(out)]).fetchone()
+        distinct = _distinct(out, run)
         counts, tally = self.tally.counts, self.tally
         return Manifest({
             "stage": "ingest", "sources": [str(s) for s in self.sources], "options": asdict(run.options),
@@ -493,9 +571,9 @@ def ingest(sources: list[str], out: Path, options: IngestOptions = IngestOptions
     """Write OUT (pairs), OUT.rejects.parquet and OUT.manifest.json; returns what was written and counted.
 
     The local engine reads every source in order, the images in `workers` processes. The Spark engine runs one
-    task per tar, table file or `files_per_task` images of a directory; each writes its own part files and
-    status under OUT.parts/, reruns skip finished tasks, and the parts are then concatenated in order into
-    OUT (so both engines give the same rows) and removed."""
+    task per tar, table file, fetch shard or `files_per_task` images of a directory; each writes its own part files
+    (OUT as a folder of them: `options.layout`) and its status under OUT.parts/, and reruns skip finished tasks
+    (both engines give the same rows)."""
     return run_stage(Ingest(listed(sources, "sources")), None, out, options, progress, engine)
 
 
@@ -533,16 +611,29 @@ def found(tally: Tally, sources: list[str]) -> None:
                           "and texts")
 
 
-def _merge_parts(jobs: list[Job], results: dict[str, dict], out: Path, rejects_path: Path, parts: Path,
-                 tally: Tally, notes: Counter, sources: list[str]) -> None:
-    """The jobs' counts merged, and their part files concatenated into OUT and its rejects in job order."""
-    for job in jobs:
-        tally.merge(results[job.id])
-        notes.update(results[job.id]["notes"])
-    found(tally, sources)
+def _concatenate(jobs: list[Job], out: Path, rejects_path: Path, parts: Path) -> None:
+    """The jobs' part files concatenated into OUT and its rejects in job order (the file layout: one thread on the
+    driver, a row group at a time; the parts layout skips it)."""
     for kind, target, schema in (("pairs", out, PAIR_SCHEMA), ("rejects", rejects_path, REJECT_SCHEMA)):
+        if target.is_dir():  # a parts-layout run's folder
+            shutil.rmtree(target)
         with staged(target) as tmp, pq.ParquetWriter(tmp, schema) as writer:  # in job order, a row group at a time
             for job in jobs:
                 part = pq.ParquetFile(parts / f"{kind}-{job.id}.parquet")
                 for group in range(part.num_row_groups):
                     writer.write_table(part.read_row_group(group))
+
+
+def _distinct(out: Path, run: Run) -> tuple[int, int]:
+    """(distinct uids, distinct images) of the pair table OUT (a file or a folder of parts): a Spark job on Spark,
+    else DuckDB on the driver (out of core)."""
+    source = parts_glob(out) if out.is_dir() else str(out)
+    if run.engine.name == "spark":
+        from pyspark.sql import functions as F
+
+        spark = spark_session(run.engine.master, retries=run.engine.retries, memory=run.engine.memory)
+        row = spark.read.parquet(str(out)).agg(F.countDistinct("uid"), F.countDistinct("image_key")).first()
+        return int(row[0]), int(row[1])
+    with driver_duckdb(run.engine, run.work) as con:
+        return con.execute("SELECT count(DISTINCT uid), count(DISTINCT image_key) FROM read_parquet(?)",
+                           [source]).fetchone()

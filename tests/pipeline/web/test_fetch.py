@@ -211,6 +211,19 @@ def test_ingest_reads_the_output_as_img2dataset_output(fetched, tmp_path):
     assert len(rejects) == len(rows(out)) - len(successes)
     big = next(p for p in pairs if p["text"] == "a wide blue band")
     assert (big["width"], big["height"]) == (400, 100) and (big["original_width"], big["original_height"]) == (400, 100)
+    # a task per shard (its tar and its index), told without reading a schema on the driver (two tasks and a schema
+    # read a shard before)
+    from openalign.data import tables
+    from openalign.pipeline.ingest import units
+
+    def no_schema(*_):
+        raise AssertionError("a schema read on the driver")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tables, "img2dataset_kind", no_schema)
+        found = list(units([str(out)]))
+    assert [kind for kind, _ in found] == ["fetched"] * len(list(out.glob("*.tar")))
+    assert all(tar.endswith(".tar") and index == tar[:-4] + ".parquet" for _, (tar, index) in found)
 
 
 def test_samples_are_stored_as_fetched_with_their_metadata(fetched, web):
