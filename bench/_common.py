@@ -13,6 +13,15 @@ BENCHMARKS = ROOT / "docs" / "benchmarks.md"
 # internals they exist to measure, each with why. tests/test_bench.py fails on a bench importing a name that is
 # neither public nor here, on a name here that no bench imports, and on a name that no longer exists.
 MEASURED = {
+    "openalign.data.engine.Job": "a job as the engine runs it: extract's and ingest's finished tasks (P19)",
+    "openalign.data.tables.dataset": "a table given as a folder of parts, as fetch reads it (P19)",
+    "openalign.pipeline.ingest.Ingest": "ingest's stage, for a Run of its merge alone (P19)",
+    "openalign.pipeline.ingest.REJECT_SCHEMA": "the rejects' schema, for the parts the concatenation reads (P19)",
+    "openalign.pipeline.ingest._concatenate": "ingest's file layout: its tasks' parts into one file (P19)",
+    "openalign.pipeline.ingest._distinct": "ingest's merge after its tasks: distinct uids and images (P19)",
+    "openalign.pipeline.web.extract.Extract": "extract's stage, for a Run of its merge alone (P19)",
+    "openalign.pipeline.web.extract._merge": "extract's merge: the grouping of keys and a task per part (P19)",
+    "openalign.pipeline.web.extract._tallies": "extract's report's tallies (P19)",
     "openalign.corpora.hosts.Hosts": "the built-in web's hosts, served for the fetch benches (P15, HTTP clients)",
     "openalign.corpora.hosts.sample_web": "a sample of the built-in web for the fetch benches",
     "openalign.data.engine.Engine": "the engine a stage runs on, local or Spark (P11, P14)",

@@ -20,7 +20,8 @@ def extract_flags(p) -> None:
                                                              "tables; folders of them, globs or fsspec URLs")
     p.add_argument("--sources-from", metavar="FILE", help="more sources, one a line (a text file, or .gz: Common "
                                                           "Crawl's wat.paths.gz with each line made a URL)")
-    p.add_argument("--out", required=True, help="a folder: candidates.parquet, its manifest and parts/")
+    p.add_argument("--out", required=True,
+                   help="a folder: candidates.parquet (a folder of a part per input file), its manifest and parts/")
     add_options(p, ExtractOptions, convert={"languages": language_codes}, rename={"languages": "--languages"})
     engine_flags(p)
     p.add_argument("--workers", type=int, default=None, help="local engine: processes reading files, one file each "

@@ -104,10 +104,10 @@ def test_duplicates_across_files_go_and_a_rerun_redoes_only_changed_files(tmp_pa
     assert changed.candidates == 30  # b still holds them all
 
 
-def test_spark_merges_on_the_cluster_what_the_local_engine_merges(tmp_path, capsys):
-    """With --engine spark the merge is a Spark job (the first row of each uid by a grouping on the cluster) writing a
-    folder of parts bucketed by uid: the same rows and the same manifest counts as the local engine's one file, which
-    filter and fetch read as they read the file; a local rerun replaces the folder with a file."""
+def test_the_merge_is_one_grouping_of_keys_and_a_task_per_part_on_either_engine(tmp_path, capsys):
+    """The merge's one global step groups (uid, place) pairs (a Spark job with --engine spark); each part's first rows
+    are then written by a task of its own: candidates.parquet is a folder of a part per input file, in input order,
+    the same on both engines, which filter and fetch read as a table; no row passes through the driver."""
     pytest.importorskip("pyspark")
     crawl = tmp_path / "crawl"
     crawl.mkdir()
@@ -117,23 +117,25 @@ def test_spark_merges_on_the_cluster_what_the_local_engine_merges(tmp_path, caps
                                            for i in range(5)))
     local = extract([str(crawl)], tmp_path / "local", progress=False)
     spark = extract([str(crawl)], tmp_path / "spark", engine=Engine("spark", master="local[2]"), progress=False)
-    assert (tmp_path / "spark" / "candidates.parquet").is_dir()
-    key = lambda r: (r["source"], r["offset"], r["uid"])  # noqa: E731
-    assert sorted(rows(tmp_path / "spark"), key=key) == sorted(rows(tmp_path / "local"), key=key)
+    for out in ("local", "spark"):
+        parts = sorted(p.name for p in (tmp_path / out / "candidates.parquet").iterdir())
+        assert parts == ["part-000000.parquet", "part-000001.parquet", "part-000002.parquet"]
+        assert not (tmp_path / out / "_merge").exists()
+    assert pq.read_table(tmp_path / "local" / "candidates.parquet" / "part-000001.parquet").num_rows == 0  # all a's
+    assert rows(tmp_path / "spark") == rows(tmp_path / "local")
     assert {r["source"] for r in rows(tmp_path / "spark")} == {str(crawl / "a.warc.wat.gz"), str(crawl / "c.jsonl")}
     same = ("candidates", "duplicates_across_files", "counts", "per_file", "hosts", "top_hosts", "languages")
     assert {k: spark.manifest[k] for k in same} == {k: local.manifest[k] for k in same}
-    assert local.candidates == 35
+    assert local.candidates == 35 and local.duplicates_across_files == 26
 
     assert cli.main(["filter", str(tmp_path / "spark" / "candidates.parquet"), "--out", str(tmp_path / "keep"),
                      "--rules", "text", "--quiet"]) == 0
     assert json.loads((tmp_path / "keep" / "filter_report.json").read_text())["pairs"] == 35
     from openalign.pipeline.web.fetch_plan import candidate_table
 
-    assert len(candidate_table(tmp_path / "spark").files) >= 1
+    assert len(candidate_table(tmp_path / "spark").files) == 3
     again = extract([str(crawl)], tmp_path / "spark", progress=False)
-    assert (tmp_path / "spark" / "candidates.parquet").is_file() and again.resumed_tasks == 3
-    assert rows(tmp_path / "spark") == rows(tmp_path / "local")
+    assert again.resumed_tasks == 3 and rows(tmp_path / "spark") == rows(tmp_path / "local")
 
 
 def test_a_rerun_with_fewer_files_removes_only_the_parts_it_wrote(tmp_path):

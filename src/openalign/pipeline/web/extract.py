@@ -31,14 +31,21 @@ Beyond cc2dataset: each text's language (`language`, `language_score`: data/lang
 English alone) and, where the language is written without spaces (zh, ja, th), its words (`words`: data/words.py),
 which the filter's rules split; `openalign filter DIR/candidates.parquet` runs the text rules before any download.
 
-Output under DIR: `candidates.parquet` (CANDIDATE_SCHEMA) and `candidates.manifest.json` (stage `extract`, written
-last: the table is finished), and `parts/` (a part and a status per input file: a rerun skips the files that are
-unchanged and redoes the others; both engines run one task per file).
+Output under DIR: `candidates.parquet`, a folder of one part per input file (`part-NNNNNN.parquet`, CANDIDATE_SCHEMA,
+each the rows of its file that no earlier file had, in the file's order: read in order, the table is in input
+order; every stage, pyarrow and img2dataset read the folder as one table), `candidates.manifest.json` (stage
+`extract`, written last: the table is finished), and `parts/` (a part and a status per input file: a rerun skips the
+files that are unchanged and redoes the others; both engines run one task per file).
+
+The merge across files (`_merge`) has one global step, a grouping of each row's (uid, place) by uid that finds each
+uid's first place (DuckDB on the driver, out of core, or a Spark job), written as the places each file keeps; then a
+task per file on the engine writes its part of the table. No row of the table passes through the driver and nothing
+is sorted but each file's own rows; at a snapshot (3.8B rows in 64,000 files) the grouping shuffles ~150 GB of
+(uid, place) pairs and the tasks are 64,000 more of the same kind as the extraction's.
 """
 
 from __future__ import annotations
 
-import math
 import re
 import shutil
 from collections import Counter
@@ -56,10 +63,10 @@ from openalign import plots
 from openalign.config import POSITIVE_INT, ConfigError, Options, listed
 from openalign.sizes import SIZE, parse_size
 from openalign.data import tables
-from openalign.data.engine import Engine, Job, driver_duckdb, job_id, recorded_names, spark_session
+from openalign.data.engine import Engine, Job, driver_duckdb, job_id, recorded_names, run_jobs, spark_session
 from openalign.data.language import identify, known_languages
 from openalign.data.words import check_segmenters, segment
-from openalign.data.pairs import pair_uids, url_keys
+from openalign.data.pairs import pair_uids, parts_glob, url_keys
 from openalign.outputs import leftovers, sources_key, staged, staged_dir
 from openalign.data.files import fingerprint, is_url, open_source, suffix_of
 from openalign.pipeline.runner import Manifest, Run, Stage, run_stage
@@ -423,7 +430,8 @@ class ExtractResult:
 
 class Extract(Stage):
     """Web archives and URL tables -> OUT/candidates.parquet: one task per input file, its part kept in OUT/parts
-    (a rerun reads again only the files that changed), the parts merged with the first row of each uid kept."""
+    (a rerun reads again only the files that changed), the parts merged with the first row of each uid kept (a
+    grouping of keys, then a task per part: `_merge`)."""
 
     name = "extract"
     options = ExtractOptions
@@ -475,11 +483,8 @@ class Extract(Stage):
         table = run.out / "candidates.parquet"
         counts: Counter = Counter()
         per_file = {}
-        if run.engine.name == "spark":  # a Spark job: the table a folder of parts bucketed by uid
-            rows, unique, (hosts, top, languages) = _spark_merge(self.jobs, table, run)
-        else:  # DuckDB on the driver, out of core; --workers 1: one core, the merge's too
-            rows, unique = _merge(self.jobs, table, run)
-            hosts, top, languages = _tallies(table, run, run.options.language)
+        rows, unique = _merge(self.jobs, table, run)
+        hosts, top, languages = _tallies(table, run, run.options.language)
         for job, f, distinct in zip(self.jobs, self.files, unique):
             summary = {k: v for k, v in results[job.id].items() if isinstance(v, int)}
             summary["duplicate"] = summary.pop("pairs") - distinct  # a pair its own file already had
@@ -553,77 +558,96 @@ def report_figure(manifest: dict, top: int = 15):
 
 def _tallies(table: Path, run: Run, languages: bool, top: int = 50) -> tuple[int, list[list], dict[str, int]]:
     """(distinct image hosts, the `top` hosts with the most candidates, {language: candidates} the most first, or {}
-    where languages were not identified): one DuckDB connection on the driver over the finished table."""
+    where languages were not identified) of the finished table (a folder of parts): one grouping by host and one by
+    language, a Spark job each on Spark, else DuckDB on the driver."""
+    if run.engine.name == "spark":
+        from pyspark.sql import functions as F
 
-    def most(column: str, limit: str = "") -> list[tuple]:
-        return con.execute(f"SELECT {column}, count(*) AS n FROM read_parquet(?) GROUP BY {column} "
-                           f"ORDER BY n DESC, {column} {limit}", [str(table)]).fetchall()
-
+        spark = spark_session(run.engine.master, retries=run.engine.retries, memory=run.engine.memory)
+        written = spark.read.parquet(str(table))
+        by_host = written.groupBy("host").count().cache()
+        distinct = by_host.count()
+        hosts = [[r["host"], int(r["count"])] for r in by_host.orderBy(F.desc("count"), "host").limit(top).collect()]
+        by_host.unpersist()
+        found = ({r["language"]: int(r["count"]) for r in
+                  written.groupBy("language").count().orderBy(F.desc("count"), "language").collect()}
+                 if languages else {})
+        return int(distinct), hosts, found
+    source = parts_glob(table)
     with driver_duckdb(run.engine, run.work) as con:
-        distinct = con.execute("SELECT count(DISTINCT host) FROM read_parquet(?)", [str(table)]).fetchone()[0]
-        hosts = [[host, int(n)] for host, n in most("host", f"LIMIT {int(top)}")]
-        found = {language: int(n) for language, n in most("language")} if languages else {}
+        con.execute("CREATE TEMP TABLE hosts AS SELECT host, count(*) AS n FROM read_parquet(?) GROUP BY host",
+                    [source])
+        distinct = con.execute("SELECT count(*) FROM hosts").fetchone()[0]
+        hosts = [[h, int(n)] for h, n in con.execute(f"SELECT host, n FROM hosts ORDER BY n DESC, host "
+                                                     f"LIMIT {int(top)}").fetchall()]
+        found = ({language: int(n) for language, n in con.execute(
+            "SELECT language, count(*) AS n FROM read_parquet(?) GROUP BY language ORDER BY n DESC, language",
+            [source]).fetchall()} if languages else {})
     return int(distinct), hosts, found
 
 
-def _merge(jobs: list[Job], table: Path, run: Run) -> tuple[int, list[int]]:
-    """The parts concatenated in job order, the first row of each uid kept (DuckDB on the driver, out of core, its
-    spill files in OUT/parts); returns the rows written and each part's distinct uids."""
+FILE_ROWS = 1 << 40  # a part's rows: a row's place across parts is its job x FILE_ROWS + its seq
+MERGE = "_merge"  # in OUT: each job's first rows (firsts/job=N/) and the merge tasks' statuses, removed after
 
-    paths = [job.outputs[0] for job in jobs]
+
+def _firsts(paths: list[str], firsts: Path, run: Run) -> None:
+    """The one global step: each uid's first row, its least (job, seq), found by a grouping of (uid, place) pairs
+    (not whole rows) and written as the seqs each job keeps, one part per job (FIRSTS/job=N/). DuckDB on the driver,
+    out of core, or a Spark job (each row's job from its part's name, parts/NNNNNN.parquet)."""
+    if run.engine.name == "spark":
+        from pyspark.sql import functions as F
+
+        spark = spark_session(run.engine.master, retries=run.engine.retries, memory=run.engine.memory)
+        job = F.regexp_extract(F.input_file_name(), r"([0-9]+)\.parquet$", 1).cast("long")
+        place = (spark.read.parquet(*paths).select("uid", (job * FILE_ROWS + F.col("seq")).alias("key"))
+                 .groupBy("uid").agg(F.min("key").alias("key")))
+        (place.select((F.col("key") / FILE_ROWS).cast("long").alias("job"), (F.col("key") % FILE_ROWS).alias("seq"))
+         .write.mode("overwrite").partitionBy("job").parquet(str(firsts)))
+        return
+    with driver_duckdb(run.engine, firsts.parent) as con:
+        con.execute("SET preserve_insertion_order = false")
+        con.execute(f"""COPY (SELECT key // {FILE_ROWS} AS job, key % {FILE_ROWS} AS seq FROM (
+                            SELECT min(CAST(file_index AS BIGINT) * {FILE_ROWS} + seq) AS key
+                            FROM read_parquet($paths) GROUP BY uid))
+                        TO '{str(firsts).replace("'", "''")}' (FORMAT parquet, PARTITION_BY (job))""",
+                    {"paths": paths})
+
+
+def first_rows(part: str, kept: str, out: str) -> dict:
+    """One merge task: the rows of one part that are their uid's first (their seqs in KEPT, a folder of the firsts;
+    absent: none), in the part's order -> OUT (CANDIDATE_SCHEMA); returns {rows, distinct} (the part's distinct
+    uids, for its file's count of duplicates within it)."""
+    import duckdb
+
     columns = ", ".join(f'"{name}"' for name in CANDIDATE_SCHEMA.names)
-    if table.is_dir():  # a Spark run's folder of parts
-        shutil.rmtree(table)
-    with staged(table) as tmp, driver_duckdb(run.engine, run.work) as con:
-        con.execute("SET preserve_insertion_order = true")
-        listed = "[" + ", ".join("'" + path.replace("'", "''") + "'" for path in paths) + "]"
-        # a row's job is its file's place in the list (DuckDB's file_index: a path looked up per row, list_position,
-        # cost 99.6 us a row over 64,000 paths, more than the extraction)
-        con.execute(f"CREATE TEMP VIEW parts AS SELECT *, CAST(file_index AS BIGINT) + 1 AS job "
-                    f"FROM read_parquet({listed})")
-        # each uid's first row: its least (job, seq), one integer (a file's rows < 2**40), found by a grouping and
-        # kept by a semi join (2.7x a row_number() window over 1M rows here)
-        con.execute(f"""
-            COPY (
-                SELECT {columns} FROM parts SEMI JOIN (
-                    SELECT uid AS first_uid, min(job * {2**40} + seq) AS first_key FROM parts GROUP BY uid
-                ) ON uid = first_uid AND job * {2**40} + seq = first_key
-                ORDER BY job, seq
-            ) TO '{str(tmp).replace("'", "''")}' (FORMAT parquet)""")
-        written = con.execute("SELECT count(*) FROM read_parquet(?)", [str(tmp)]).fetchone()[0]
-        distinct = dict(con.execute("SELECT job, count(DISTINCT uid) FROM parts GROUP BY job").fetchall())
-    return int(written), [int(distinct.get(n + 1, 0)) for n in range(len(jobs))]
+    with duckdb.connect(config={"threads": 1, "memory_limit": "1GB"}) as con:
+        distinct = con.execute("SELECT count(DISTINCT uid) FROM read_parquet(?)", [part]).fetchone()[0]
+        with staged(Path(out)) as tmp:
+            if Path(kept).is_dir():
+                con.execute(f"""COPY (SELECT {columns} FROM read_parquet($part)
+                                      WHERE seq IN (SELECT seq FROM read_parquet($kept)) ORDER BY seq)
+                                TO '{str(tmp).replace("'", "''")}' (FORMAT parquet)""",
+                            {"part": part, "kept": f"{kept}/*.parquet"})
+            else:  # every row of the part was an earlier part's
+                pq.write_table(CANDIDATE_SCHEMA.empty_table(), tmp)
+    return {"rows": pq.read_metadata(out).num_rows, "distinct": int(distinct)}
 
 
-ROWS_PER_BUCKET = 4_000_000  # candidates in a part of the Spark engine's table (~400 MB): buckets = rows / this
-
-
-def _spark_merge(jobs: list[Job], table: Path, run: Run) -> tuple[int, list[int], tuple]:
-    """The merge as Spark jobs: each row's job read from its part's name (parts/NNNNNN.parquet is job NNNNNN), the
-    first row of each uid found by a grouping on the cluster and kept by a semi join, written as OUT/candidates.parquet,
-    a folder of parts bucketed by a hash of the uid (each in its rows' input order), with the tallies computed there
-    too; the driver receives the counts, each part's distinct uids and the top hosts. Returns (rows, each part's
-    distinct uids, (hosts, top hosts, languages))."""
-    from pyspark.sql import functions as F
-
-    spark = spark_session(run.engine.master, retries=run.engine.retries, memory=run.engine.memory)
+def _merge(jobs: list[Job], table: Path, run: Run) -> tuple[int, list[int]]:
+    """The parts -> OUT/candidates.parquet, a folder of one part per input file (part-NNNNNN.parquet: read in
+    order, the table is in input order), each holding its rows that are their uid's first: the grouping of
+    (uid, place) pairs is the one global step (`_firsts`), the rest one task per part on the engine (no row of the
+    table passes through the driver, nothing is sorted but each part's own rows). Returns the rows written and
+    each part's distinct uids."""
     paths = [job.outputs[0] for job in jobs]
-    number = F.regexp_extract(F.input_file_name(), r"([0-9]+)\.parquet$", 1).cast("long") + 1
-    parts = spark.read.parquet(*paths).withColumn("job", number).withColumn("key", F.col("job") * 2**40 + F.col("seq"))
-    first = parts.groupBy("uid").agg(F.min("key").alias("key"))
-    kept = parts.join(first, ["uid", "key"], "left_semi")
-    total = sum(pq.ParquetFile(p).metadata.num_rows for p in paths)  # footers: the buckets from the data's size
-    buckets = max(1, math.ceil(total / ROWS_PER_BUCKET))
+    work = run.out / MERGE
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    _firsts(paths, work / "firsts", run)
     with staged_dir(table) as tmp:
-        (kept.repartition(buckets, "uid").sortWithinPartitions("key").select(*CANDIDATE_SCHEMA.names)
-         .write.mode("overwrite").parquet(str(tmp)))
-    written = spark.read.parquet(str(table))
-    rows = written.count()
-    distinct = {r["job"]: r["n"] for r in parts.groupBy("job").agg(F.countDistinct("uid").alias("n")).collect()}
-    hosts = written.select(F.countDistinct("host")).first()[0]
-    top = [[r["host"], int(r["count"])] for r in
-           written.groupBy("host").count().orderBy(F.desc("count"), "host").limit(50).collect()]
-    languages = ({r["language"]: int(r["count"]) for r in
-                  written.groupBy("language").count().orderBy(F.desc("count"), "language").collect()}
-                 if run.options.language else {})
-    return int(rows), [int(distinct.get(n + 1, 0)) for n in range(len(jobs))], (int(hosts), top, languages)
+        merging = [Job(job_id(i), first_rows, (path, str(work / "firsts" / f"job={i}"),
+                                               str(tmp / f"part-{job_id(i)}.parquet")))
+                   for i, path in enumerate(paths)]
+        results, _ = run_jobs(merging, work / "status", run.engine, "extract merge", run.progress)
+    shutil.rmtree(work, ignore_errors=True)
+    return (sum(results[j.id]["rows"] for j in merging), [results[j.id]["distinct"] for j in merging])

@@ -146,7 +146,7 @@ def file_rows(path: str, index: int, out: str, columns: dict) -> dict:
     from openalign.outputs import staged
 
     reader = tables.duckdb_reader(Path(path))
-    with duckdb.connect(config={"threads": 1}) as con:
+    with duckdb.connect(config={"threads": 1, "memory_limit": "1GB"}) as con:  # one file's rows, streamed
         src = rows_sql(con, reader, path, columns, Path(path).suffix.lower(), first_file=index)
         total, missing = con.execute(f"SELECT count(*), count(*) FILTER (WHERE NOT ({HAS_URL})) FROM ({src})",
                                      {"source": path}).fetchone()
