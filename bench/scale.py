@@ -16,8 +16,10 @@ is reported beside):
 
     .venv/bin/python bench/scale.py [--rows 5000000] [--factor 10] [--engines local,spark] [--dir /tmp/p19]
 
-Writes its table into docs/benchmarks.md. The generated tables need ~0.25 KB a row on disk (10N = 50M rows: ~12 GB
-with the outputs; each size is removed after its steps).
+Writes its table into docs/benchmarks.md. Each measurement is kept in DIR/results.json, so a rerun of some steps or
+one engine (`--steps "fetch plan" --engines local`) keeps the others' lines; `--steps ""` writes the table alone.
+The generated tables need ~0.25 KB a row on disk (10N = 50M rows: ~12 GB with the outputs; each size is removed
+after its steps).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from pathlib import Path
 from _common import peak_rss_mib, verdict, write_section
 
 ROWS_PER_FILE = 50_000  # a WAT file's candidates are ~40-60k
-LOCAL_MEMORY = "1G"  # the local engine's driver DuckDB limit (--spark-memory): its memory bounded, not by the rows
+LOCAL_MEMORY = "512M"  # the local engine's driver DuckDB limit (--spark-memory): its memory bounded, not by the rows
 STEPS = ("extract merge", "fetch plan", "ingest merge", "ingest concatenate")
 
 
@@ -164,9 +166,12 @@ def main() -> None:
     if args.one:
         print(json.dumps(one(args.one[0], args.one[1], Path(args.one[2]))))
         return
-    engines, steps = args.engines.split(","), args.steps.split(",")
+    engines, steps = args.engines.split(","), [s for s in args.steps.split(",") if s]  # none: the table only
+    saved = args.dir / "results.json"  # earlier runs' measurements: a rerun of some steps or engines keeps the rest
     found: dict[tuple, dict] = {}
-    for rows in (args.rows, args.rows * args.factor):
+    if saved.is_file():
+        found = {(r["step"], r["engine"], r["rows"]): r for r in json.loads(saved.read_text())}
+    for rows in (args.rows, args.rows * args.factor) if steps else ():
         folder = args.dir / f"n{rows}"
         shutil.rmtree(folder, ignore_errors=True)
         start = time.perf_counter()
@@ -176,8 +181,9 @@ def main() -> None:
             for engine in engines:
                 if step == "ingest concatenate" and engine == "spark":
                     continue  # Spark writes the parts layout
-                result = measure(step, engine, folder)
+                result = measure(step, engine, folder) | {"rows": rows}
                 found[(step, engine, rows)] = result
+                saved.write_text(json.dumps(list(found.values()), indent=1))
                 print(f"{step:<20} {engine:<6} {rows:>12,} rows {result['seconds']:8.1f} s "
                       f"{result['seconds'] / rows * 1e6:7.2f} us/row  driver {result['driver_mib']:7.0f} MiB"
                       + (f"  JVM {result['jvm_mib']:6.0f} MiB" if result["jvm_mib"] else ""), flush=True)
@@ -189,8 +195,8 @@ def main() -> None:
              "| step | engine | N: s | 10N: s | us/row N | us/row 10N | time/row 10N/N | driver MiB N | driver MiB 10N "
              "| RSS 10N/N | Spark JVM MiB N / 10N |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     verdicts = []
-    for step in steps:
-        for engine in engines:
+    for step in STEPS:
+        for engine in ("local", "spark"):
             a, b = found.get((step, engine, small)), found.get((step, engine, large))
             if not a or not b:
                 continue

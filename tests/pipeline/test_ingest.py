@@ -356,3 +356,19 @@ def test_a_caption_file_of_several_lines_is_a_pair_per_line_everywhere_but_besid
     assert {Path(i.path).stem: i.texts for i in listing(str(folder))} == expected
     read = {s["__key__"]: tars.sample_texts(s) for s in tars.read_samples([str(tmp_path / "s.tar")])}
     assert read == expected
+
+
+def test_the_distinct_counts_of_a_large_table_spill(tmp_path):
+    # ingest's and score's counts of distinct uids and images were count(DISTINCT ...), which DuckDB cannot spill:
+    # 1M uids ran out of memory under 64 MB (50M under 512 MB in P19); now each is a grouping, which spills
+    import duckdb
+
+    from openalign.data.pairs import distinct_counts
+
+    table = tmp_path / "t.parquet"
+    with duckdb.connect() as con:
+        con.execute(f"COPY (SELECT md5('u' || i) AS uid, md5('k' || (i // 3)) AS image_key FROM range(1000000) t(i)) "
+                    f"TO '{table}' (FORMAT parquet)")
+    config = {"memory_limit": "64MB", "threads": 2, "temp_directory": str(tmp_path / "spill")}
+    with duckdb.connect(config=config) as con:
+        assert distinct_counts(con, str(table)) == (1_000_000, 333_334)

@@ -57,7 +57,8 @@ from openalign.data.sources import (IMAGE_SUFFIXES, folder_files, karpathy_items
                                     sidecar_meta)
 from openalign.data.tables import TABLE_SUFFIXES
 from openalign.data.engine import Engine, Job, driver_duckdb, job_id, spark_session
-from openalign.data.pairs import FETCH_REPORT, FETCH_WORK, PAIR_SCHEMA, blake, normalize_text, pair_uid, parts_glob
+from openalign.data.pairs import (FETCH_REPORT, FETCH_WORK, PAIR_SCHEMA, blake, distinct_counts, normalize_text,
+                                  pair_uid, parts_glob)
 from openalign.data.workers import process_pool
 from openalign.outputs import place, sources_key, staged
 from openalign.pipeline.runner import Manifest, Run, Stage, run_stage
@@ -635,5 +636,4 @@ def _distinct(out: Path, run: Run) -> tuple[int, int]:
         row = spark.read.parquet(str(out)).agg(F.countDistinct("uid"), F.countDistinct("image_key")).first()
         return int(row[0]), int(row[1])
     with driver_duckdb(run.engine, run.work) as con:
-        return con.execute("SELECT count(DISTINCT uid), count(DISTINCT image_key) FROM read_parquet(?)",
-                           [source]).fetchone()
+        return distinct_counts(con, source)

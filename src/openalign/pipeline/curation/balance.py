@@ -32,11 +32,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from openalign import plots
-from openalign.data.engine import Engine, Job, job_id
+from openalign.data.engine import Engine, Job, driver_duckdb, job_id
 from openalign.data.pairs import sql_path
 from openalign.outputs import sources_key
 from openalign.pipeline.curation.concepts import TAIL_BINS, MetadataOptions, match_table, write_table
-from openalign.pipeline.runner import Run, Stage, run_stage
+from openalign.pipeline.runner import WORK, Run, Stage, run_stage
 
 __all__ = ["BalanceOptions", "BalanceResult", "balance", "draws", "keep_probabilities", "sample_pairs"]
 
@@ -138,10 +138,8 @@ def _examples(con, where: str, n: int) -> list[dict]:
 
 
 def _summary(out: Path, plan: Path, options: BalanceOptions, entries: list[str],
-             counts: np.ndarray, kept: np.ndarray, probability: np.ndarray) -> dict:
-    import duckdb
-
-    with duckdb.connect() as con:
+             counts: np.ndarray, kept: np.ndarray, probability: np.ndarray, engine: Engine) -> dict:
+    with driver_duckdb(engine, out / WORK) as con:
         con.execute(f"CREATE TEMP VIEW plan AS SELECT uid, text FROM read_parquet('{sql_path(plan)}')")
         con.execute(f"CREATE TEMP VIEW m AS SELECT * FROM read_parquet('{sql_path(out / 'matches.parquet')}')")
         unmatched = _examples(con, "uid IN (SELECT uid FROM m WHERE len(entries) = 0)", options.examples)
@@ -223,9 +221,7 @@ class Balance(Stage):
         entry's pairs, then one sampling job per part of the matches."""
         options, work = run.options, run.work
         self.matched = matched = match_table(run.pairs, run.out, options, run.engine, run.progress)
-        import duckdb
-
-        with duckdb.connect() as con:
+        with driver_duckdb(run.engine, work) as con:
             counted = con.execute(f"SELECT e, count(*) FROM (SELECT unnest(entries) AS e FROM read_parquet("
                                   f"'{sql_path(matched.matches)}')) GROUP BY e").fetchall()
         self.counts = counts = np.zeros(len(matched.entries), dtype=np.int64)
@@ -247,9 +243,7 @@ class Balance(Stage):
         keep = run.keep
         if keep.is_dir():
             shutil.rmtree(keep)
-        import duckdb
-
-        with duckdb.connect() as con:
+        with driver_duckdb(run.engine, run.work) as con:
             con.execute(f"COPY (SELECT uid FROM read_parquet(?) WHERE kept ORDER BY uid) TO '{sql_path(keep)}' "
                         "(FORMAT parquet)", [self.sampled])
             n_kept = con.execute(f"SELECT count(*) FROM read_parquet('{sql_path(keep)}')").fetchone()[0]
@@ -264,7 +258,7 @@ class Balance(Stage):
         pq.write_table(pa.table({"entry": entries, "id": pa.array(np.arange(len(entries)), pa.int32()),
                                  "pairs": counts, "kept": kept, "probability": self.probability}),
                        out / "entries.parquet")
-        summary = _summary(out, matched.plan, options, entries, counts, kept, self.probability)
+        summary = _summary(out, matched.plan, options, entries, counts, kept, self.probability, run.engine)
         self.title = f"{n_pairs:,} pairs over {int((counts > 0).sum()):,} entries: {n_kept:,} kept"
         return BalanceReport(
             engine=run.engine.name, rule=f"MetaCLIP's balancing, t = {options.per_entry:,}: a pair is kept when any "

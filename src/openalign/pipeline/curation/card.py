@@ -36,7 +36,7 @@ import numpy as np
 
 from openalign import plots
 from openalign.config import ConfigError, listed
-from openalign.data.engine import Engine
+from openalign.data.engine import Engine, driver_duckdb
 from openalign.data.pairs import (KEEP_REPORT_SUFFIX, PAIR_TABLE, keep_reports, keep_source,
                                   manifest_path, sql_path)
 from openalign.pipeline.curation.concepts import TAIL_BINS, MetadataOptions, match_table, read_entries
@@ -419,9 +419,7 @@ class Card(Stage):
 
     def merge(self, run: Run, results: dict) -> CardReport:
         options, pairs, names = run.options, run.pairs, self.names
-        import duckdb
-
-        with duckdb.connect() as con:
+        with driver_duckdb(run.engine, run.work) as con:
             groups = _load(con, pairs, self.lists, names)
             counts = _counts(con, names, self.reports, options.examples)
             by_group = _groups(con, groups, names, options.top)

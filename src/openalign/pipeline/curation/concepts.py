@@ -31,7 +31,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from openalign.config import ConfigError, Options
-from openalign.data.engine import Engine, Job, duckdb_plan, job_id, read_plan, run_jobs, spark_plan, spark_session
+from openalign.data.engine import (Engine, Job, driver_duckdb, duckdb_plan, job_id, read_plan, run_jobs, spark_plan,
+                                   spark_session)
 from openalign.data.pairs import sql_path
 from openalign.outputs import sources_key, staged, write_json
 
@@ -226,9 +227,7 @@ def _plan(pairs: str, plan: Path, per_task: int, engine: Engine) -> int:
     if engine.name == "spark":
         spark = spark_session(engine.master, retries=engine.retries, memory=engine.memory)
         return spark_plan(spark.read.parquet(pairs).select("uid", "text").distinct(), "uid", per_task, plan)
-    import duckdb
-
-    with duckdb.connect() as con:
+    with driver_duckdb(engine, plan.parent) as con:
         return duckdb_plan(con, "SELECT DISTINCT uid, text FROM read_parquet(?)", [pairs], "uid", per_task, plan)
 
 
@@ -251,9 +250,7 @@ def _metadata(pairs: str, plan: Path, n_jobs: int, work: Path, out: Path, option
             _run([Job(job_id(i), words_task, (str(plan), i, parts[i], options.ignore_case),
                       key=sources_key(inputs, "words", options.ignore_case, i), outputs=(parts[i],))
                   for i in range(n_jobs)], work, "words", engine, progress)
-            import duckdb
-
-            with duckdb.connect() as con:
+            with driver_duckdb(engine, work) as con:
                 words = con.execute("SELECT word, sum(pairs)::BIGINT AS n FROM read_parquet(?) GROUP BY word HAVING "
                                     "n >= ? ORDER BY n DESC, word", [parts, options.term_min_pairs]).fetchall()
         entries = default_metadata(wordnet, words, options.term_min_pairs)
@@ -291,19 +288,17 @@ def match_table(pairs: str, out: Path, options: MetadataOptions, engine: Engine,
     matches = out / "matches.parquet"
     reused = _fingerprint_of(matches) == key
     parts = [str(work / f"matches-{job_id(i)}.parquet") for i in range(n_jobs)]
-    import duckdb
-
     if not reused:
         matches.with_name(matches.name + ".inputs.json").unlink(missing_ok=True)
         _run([Job(job_id(i), match_task, (str(plan), i, parts[i], str(out / "metadata.txt"), origin["fingerprint"],
                                           options.ignore_case), key=sources_key(key, i), outputs=(parts[i],))
               for i in range(n_jobs)], work, "match", engine, progress)
-        with duckdb.connect() as con:
+        with driver_duckdb(engine, work) as con:
             con.execute(f"COPY (SELECT uid, entries FROM read_parquet(?) ORDER BY uid) TO '{sql_path(matches)}' "
                         "(FORMAT parquet)", [parts])
         write_json(matches.with_name(matches.name + ".inputs.json"), {"inputs": key})
     else:  # the parts, from the joined file, for whatever reads the matches job by job
-        with duckdb.connect() as con:
+        with driver_duckdb(engine, work) as con:
             for i in range(n_jobs):
                 con.execute(f"COPY (SELECT m.uid, m.entries FROM read_parquet('{sql_path(matches)}') m JOIN "
                             f"read_parquet('{sql_path(plan)}') p USING (uid) WHERE p.task = {i} ORDER BY uid) TO "

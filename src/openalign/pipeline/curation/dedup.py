@@ -320,8 +320,8 @@ class Dedup(Stage):
 
     def merge(self, run: Run, results: dict) -> DedupReport:
         options = run.options
-        removed_images, examples, percentiles, nonfinite = score_summary(run.out, run.score_files, self.where,
-                                                                         self.order, options.examples)
+        removed_images, examples, percentiles, nonfinite = score_summary(
+            run.out, run.score_files, self.where, self.order, options.examples, engine=run.engine)
         removed_pairs = run.keep_without(self.where)
         rule = (f"Hamming distance <= {options.max_distance} of 64 bits" if options.mode == "phash"
                 else f"cosine > {options.threshold}" + (

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from openalign.config import ConfigError
 from openalign.sizes import duckdb_size, format_size, parse_size
-from openalign.data.engine import Engine, spark_session
+from openalign.data.engine import Engine, driver_memory, spark_session
 from openalign.data.pairs import sql_path
 from openalign.pipeline.curation.filter_rules import (DUCKDB, HASH_HISTOGRAM, SPARK, group_columns, hash_counts,
                                                       keep_query, size_columns, words_columns)
@@ -223,9 +223,9 @@ def _size_bytes(text: str) -> int:
 
 def sql_backend(engine: Engine, temp_dir: str = ""):
     """The filter's SQL back end on `engine`: DuckDB, embedded, on the local engine (its `memory` is DuckDB's limit,
-    beyond which it spills to `temp_dir`; its `workers` DuckDB's threads), Spark SQL on the Spark engine (`memory`:
-    the driver's)."""
+    half of this machine's RAM when not given, beyond which it spills to `temp_dir`; its `workers` DuckDB's threads),
+    Spark SQL on the Spark engine (`memory`: the driver's)."""
     memory = parse_size(engine.memory, "--memory-limit")  # bytes, 0: none; each back end gets its own spelling
     if engine.name == "spark":
         return SparkSql(engine.master, memory, engine.workers, temp_dir, engine.retries)
-    return DuckDBSql(memory, engine.workers, temp_dir)
+    return DuckDBSql(memory or driver_memory(engine), engine.workers, temp_dir)  # explicit: not DuckDB's 80% of RAM

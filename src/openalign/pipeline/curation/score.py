@@ -37,10 +37,10 @@ import pyarrow.parquet as pq
 from openalign import plots
 from openalign.config import ConfigError, Options
 from openalign.data import sources
-from openalign.data.engine import Engine, read_plan, spark_session
-from openalign.data.pairs import IMAGE_COLUMNS, sql_path
+from openalign.data.engine import Engine, driver_duckdb, read_plan, spark_session
+from openalign.data.pairs import IMAGE_COLUMNS, distinct_counts, sql_path
 from openalign.outputs import sources_key, staged
-from openalign.pipeline.runner import Run, Stage, run_stage
+from openalign.pipeline.runner import WORK, Run, Stage, run_stage
 from openalign.pipeline.curation.scoring import FINITE, check_model, embed_blobs, model_for, usable
 
 __all__ = ["ScoreOptions", "ScoreResult", "score"]
@@ -124,7 +124,7 @@ def keep_count(fraction: float, pairs: int) -> int:
     return math.floor(Decimal(repr(float(fraction))) * pairs)
 
 
-def counts(pairs: str, engine: Engine) -> tuple[int, int]:
+def counts(pairs: str, engine: Engine, work: Path) -> tuple[int, int]:
     """(distinct pairs, distinct images) of the table."""
     if engine.name == "spark":
         from pyspark.sql import functions as F
@@ -132,12 +132,8 @@ def counts(pairs: str, engine: Engine) -> tuple[int, int]:
         spark = spark_session(engine.master, retries=engine.retries, memory=engine.memory)
         row = spark.read.parquet(pairs).agg(F.countDistinct("uid"), F.countDistinct("image_key")).first()
         return int(row[0]), int(row[1])
-    import duckdb
-
-    with duckdb.connect() as con:
-        found = con.execute("SELECT count(DISTINCT uid), count(DISTINCT image_key) FROM read_parquet(?)",
-                            [pairs]).fetchone()
-    return int(found[0]), int(found[1])
+    with driver_duckdb(engine, work) as con:
+        return distinct_counts(con, pairs)
 
 
 def _scores_match(path: Path, inputs: str) -> bool:
@@ -164,9 +160,7 @@ def _write_scores(job_files: list[str], path: Path, fingerprint: str, inputs: st
          .orderBy("uid").write.mode("overwrite").parquet(str(path)))
         meta = path / "_inputs.json"
     else:
-        import duckdb
-
-        with duckdb.connect() as con:
+        with driver_duckdb(engine, path.parent / WORK) as con:
             con.execute(f"COPY (SELECT uid, score, ? AS model FROM read_parquet(?) WHERE score IS NOT NULL "
                         f"ORDER BY uid) TO '{sql_path(path)}' (FORMAT parquet)", [fingerprint, job_files])
     meta.write_text(json.dumps({"inputs": inputs}) + "\n")
@@ -195,23 +189,19 @@ def _write_keep(scores: Path, out: Path, where: str, limit: int | None, engine: 
         count = kept.count()
         kept.unpersist()
         return count
-    import duckdb
-
-    with duckdb.connect() as con:
+    with driver_duckdb(engine, out / WORK) as con:
         top = f"ORDER BY {RANK} LIMIT {int(limit)}" if limit is not None else ""
         con.execute(f"COPY (SELECT uid FROM (SELECT uid FROM read_parquet(?) WHERE {where} {top}) ORDER BY uid) "
                     f"TO '{sql_path(keep)}' (FORMAT parquet)", [_source(scores)])
         return con.execute(f"SELECT count(*) FROM read_parquet('{sql_path(keep)}')").fetchone()[0]
 
 
-def _summary(scores: Path, pairs: str, n_pairs: int, options: ScoreOptions, engine: Engine) -> dict:
+def _summary(scores: Path, pairs: str, n_pairs: int, options: ScoreOptions, engine: Engine, work: Path) -> dict:
     """Percentiles, a 50-bin histogram, and for each cut (and this run's) its threshold and the pairs at its
     border, from the scores (DuckDB, on the driver: one column of floats)."""
-    import duckdb
-
     from openalign.pipeline.curation.scoring import PERCENTILES
 
-    with duckdb.connect() as con:
+    with driver_duckdb(engine, work) as con:
         con.execute(f"CREATE TEMP VIEW s AS SELECT uid, score FROM read_parquet('{sql_path(_source(scores))}') "
                     f"WHERE {FINITE}")
         scored, low, high = con.execute("SELECT count(*), min(score), max(score) FROM s").fetchone()
@@ -237,14 +227,14 @@ def _summary(scores: Path, pairs: str, n_pairs: int, options: ScoreOptions, engi
             cuts.append({"fraction": fraction, "kept": k, "threshold": threshold[0] if threshold else None,
                          "border": [{"rank": rank, "kept": rank <= k, "score": score, "uid": uid}
                                     for rank, score, uid in border]})
-    shown = describe(pairs, sorted({e["uid"] for cut in cuts for e in cut["border"]}), engine)
+    shown = describe(pairs, sorted({e["uid"] for cut in cuts for e in cut["border"]}), engine, work)
     for cut in cuts:
         for example in cut["border"]:
             example.update(shown.get(example["uid"], {}))
     return {"scored": int(scored), "percentiles": percentiles, "histogram": histogram, "cuts": cuts}
 
 
-def describe(pairs: str, uids: list[str], engine: Engine) -> dict[str, dict]:
+def describe(pairs: str, uids: list[str], engine: Engine, work: Path) -> dict[str, dict]:
     """{uid: {image, text}} of a few pairs of the table (the Spark engine reads a table only the cluster can)."""
     if not uids:
         return {}
@@ -255,9 +245,7 @@ def describe(pairs: str, uids: list[str], engine: Engine) -> dict[str, dict]:
         rows = (spark.read.parquet(pairs).where(F.col("uid").isin(uids))
                 .select("uid", "text", F.coalesce("member", "path").alias("image")).collect())
     else:
-        import duckdb
-
-        with duckdb.connect() as con:
+        with driver_duckdb(engine, work) as con:
             rows = con.execute("SELECT uid, text, coalesce(member, path) FROM read_parquet(?) WHERE uid IN "
                                "(SELECT unnest(?::VARCHAR[]))", [pairs, uids]).fetchall()
     return {uid: {"image": image, "text": text} for uid, text, image in rows}
@@ -342,7 +330,7 @@ class Score(Stage):
         scores_path = run.out / SCORES
         if not self.reused:
             _write_scores(run.score_files, scores_path, self.fingerprint, self.inputs, engine)
-        n_pairs, n_images = counts(pairs, engine)
+        n_pairs, n_images = counts(pairs, engine, run.work)
         if options.keep_fraction is not None:
             limit = keep_count(options.keep_fraction, n_pairs)
             rule = f"the top {options.keep_fraction:g} of {n_pairs:,} pairs by cosine ({limit:,})"
@@ -351,14 +339,12 @@ class Score(Stage):
             rule = f"cosine >= {options.min_score!r}"
             kept = _write_keep(scores_path, run.out, f"{FINITE} AND score >= {float(options.min_score)!r}", None,
                                engine)
-        summary = _summary(scores_path, pairs, n_pairs, options, engine)
+        summary = _summary(scores_path, pairs, n_pairs, options, engine, run.work)
         if n_pairs and not summary["scored"]:
             raise ConfigError(f"none of the {n_pairs:,} pairs of {pairs} has a finite score under {options.model} "
                               "(its vectors are NaN or infinite: a diverged model?); nothing was kept, and "
                               f"{scores_path} holds the scores")
-        import duckdb
-
-        with duckdb.connect() as con:
+        with driver_duckdb(engine, run.work) as con:
             threshold = con.execute("SELECT min(score) FROM read_parquet(?) s JOIN read_parquet(?) k USING (uid)",
                                     [_source(scores_path), _source(run.keep)]).fetchone()[0]
         return ScoreReport(

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from openalign import host
 from openalign.data import sources
+from openalign.data.engine import Engine, driver_duckdb
 from openalign.outputs import staged
 from openalign.pipeline.runner import WORK
 
@@ -116,14 +117,13 @@ PERCENTILES = (0, 1, 5, 25, 50, 75, 95, 99, 100)
 FINITE = "score BETWEEN -1.7976931348623157e308 AND 1.7976931348623157e308"
 
 
-def score_summary(out: Path, scores: list[str], where: str, order: str, n_examples: int) -> tuple[int, list, dict, int]:
+def score_summary(out: Path, scores: list[str], where: str, order: str, n_examples: int,
+                  engine: Engine) -> tuple[int, list, dict, int]:
     """From the tasks' score files: how many images the rule removes, the first examples in `order`, the
     percentiles of every finite score (numpy's linear interpolation, as DuckDB's quantile_cont), and how many
     scores were NaN or infinite."""
-    import duckdb
-
     plan = str(out / WORK / "plan.parquet")
-    with duckdb.connect() as con:
+    with driver_duckdb(engine, out / WORK) as con:
         removed = con.execute(f"SELECT count(*) FROM read_parquet(?) WHERE {where}", [scores]).fetchone()[0]
         examples = con.execute(f"""SELECT coalesce(p.member, p.path), s.match, s.score FROM read_parquet(?) s
                                    JOIN read_parquet(?) p USING (image_key) WHERE {where}

@@ -153,7 +153,7 @@ class Screen(Stage):
         options = run.options
         where = f"{FINITE} AND score >= {float(options.threshold)!r}"  # a NaN score never removes an image
         removed_images, examples, _, nonfinite = score_summary(run.out, run.score_files, where, "DESC",
-                                                               options.examples)
+                                                               options.examples, engine=run.engine)
         removed_pairs = run.keep_without(where)
         unreadable = sum(r["unreadable"] for r in results.values())
         return ScreenReport(

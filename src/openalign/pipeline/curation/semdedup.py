@@ -36,10 +36,10 @@ import pyarrow.parquet as pq
 from openalign import plots
 from openalign.config import ConfigError, Options
 from openalign.data import sources
-from openalign.data.engine import Engine, Job, job_id, read_plan
+from openalign.data.engine import Engine, Job, driver_duckdb, job_id, read_plan
 from openalign.data.pairs import sql_path
 from openalign.outputs import sources_key, staged
-from openalign.pipeline.runner import Run, Stage, run_stage
+from openalign.pipeline.runner import WORK, Run, Stage, run_stage
 from openalign.pipeline.curation.scoring import FINITE, check_model, embed_blobs, kmeans, usable
 
 __all__ = ["SemDedupOptions", "SemDedupResult", "semdedup", "cluster_removals"]
@@ -319,9 +319,7 @@ def _report(out: Path, pairs: str, deduped: list[str], where: str, options: SemD
             embedded: dict, engine: Engine) -> tuple[dict, list]:
     """OUT/clusters.parquet, the report's counts, largest cells and closest removals, and each cell's (cluster,
     size, removed) for the figure (DuckDB, on the driver: one row per image, no vectors)."""
-    import duckdb
-
-    with duckdb.connect() as con:
+    with driver_duckdb(engine, out / WORK) as con:
         con.execute(f"""CREATE TEMP TABLE c AS SELECT image_key, cluster, centroid_similarity,
                                CASE WHEN {where} THEN duplicate_of END AS duplicate_of,
                                CASE WHEN {where} THEN score END AS similarity, coalesce({where}, false) AS removed
