@@ -96,7 +96,7 @@ def one(step: str, engine_name: str, folder: Path) -> dict:
     from openalign.pipeline.web.fetch_plan import plan_urls
 
     engine = (Engine("spark", master="local[2]", memory="4g") if engine_name == "spark"
-              else Engine("local", workers=2, memory=LOCAL_MEMORY))
+              else Engine("local", workers=2, memory=os.environ.get("P19_LOCAL_MEMORY", LOCAL_MEMORY)))
     spark = spark_session(engine.master, memory=engine.memory) if engine_name == "spark" else None  # started untimed
     out = folder / f"out-{step.replace(' ', '-')}-{engine_name}"
     shutil.rmtree(out, ignore_errors=True)
@@ -139,15 +139,17 @@ def one(step: str, engine_name: str, folder: Path) -> dict:
             shutil.rmtree(work, ignore_errors=True)
     seconds = time.perf_counter() - start
     result = {"step": step, "engine": engine_name, "seconds": seconds, "driver_mib": peak_rss_mib(),
+              "limit": engine.memory if engine_name == "local" else "",
               "jvm_mib": jvm_peak_mib(spark) if spark is not None else None, "rows_out": int(rows)}
     shutil.rmtree(out, ignore_errors=True)
     return result
 
 
-def measure(step: str, engine: str, folder: Path) -> dict:
+def measure(step: str, engine: str, folder: Path, local_memory: str = LOCAL_MEMORY) -> dict:
     """One step in a fresh process (its peak memory its own)."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "P19_LOCAL_MEMORY": local_memory}
     found = subprocess.run([sys.executable, __file__, "--one", step, engine, str(folder)], capture_output=True,
-                           text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+                           text=True, env=env)
     if found.returncode:
         raise SystemExit(f"{step} on {engine} failed:\n{found.stderr[-3000:]}")
     return json.loads(found.stdout.strip().splitlines()[-1])
@@ -160,6 +162,7 @@ def main() -> None:
     parser.add_argument("--engines", default="local,spark")
     parser.add_argument("--steps", default=",".join(STEPS))
     parser.add_argument("--dir", type=Path, default=Path("/tmp/p19"))
+    parser.add_argument("--local-memory", default=LOCAL_MEMORY, help="the local engine's driver DuckDB limit")
     parser.add_argument("--one", nargs=3, metavar=("STEP", "ENGINE", "DIR"), help=argparse.SUPPRESS)
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
@@ -181,7 +184,7 @@ def main() -> None:
             for engine in engines:
                 if step == "ingest concatenate" and engine == "spark":
                     continue  # Spark writes the parts layout
-                result = measure(step, engine, folder) | {"rows": rows}
+                result = measure(step, engine, folder, args.local_memory) | {"rows": rows}
                 found[(step, engine, rows)] = result
                 saved.write_text(json.dumps(list(found.values()), indent=1))
                 print(f"{step:<20} {engine:<6} {rows:>12,} rows {result['seconds']:8.1f} s "
@@ -203,7 +206,9 @@ def main() -> None:
             per = (b["seconds"] / large) / (a["seconds"] / small)
             rss = b["driver_mib"] / a["driver_mib"]
             jvm = f"{a['jvm_mib']:.0f} / {b['jvm_mib']:.0f}" if a["jvm_mib"] else "-"
-            lines.append(f"| {step} | {engine} | {a['seconds']:.1f} | {b['seconds']:.1f} | "
+            limit = b.get("limit") or (LOCAL_MEMORY if engine == "local" else "")
+            shown = f"{engine} ({limit})" if limit and limit != LOCAL_MEMORY else engine  # not the header's limit
+            lines.append(f"| {step} | {shown} | {a['seconds']:.1f} | {b['seconds']:.1f} | "
                          f"{a['seconds'] / small * 1e6:.2f} | {b['seconds'] / large * 1e6:.2f} | {per:.2f} | "
                          f"{a['driver_mib']:.0f} | {b['driver_mib']:.0f} | {rss:.2f} | {jvm} |")
             verdicts.append(verdict("P19", f"{step.replace(' ', '_')}_{engine}_rss_ratio", rss, 1.3, False))

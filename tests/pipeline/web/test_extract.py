@@ -138,6 +138,25 @@ def test_the_merge_is_one_grouping_of_keys_and_a_task_per_part_on_either_engine(
     assert again.resumed_tasks == 3 and rows(tmp_path / "spark") == rows(tmp_path / "local")
 
 
+def test_a_url_table_written_as_a_folder_of_parts_or_named_by_a_glob(tmp_path):
+    # a URL table as Spark writes it (part files, _SUCCESS, a hidden checksum): _SUCCESS was read as an input and
+    # refused as neither an archive nor a table; a folder of parts or a glob of them gives the one table's candidates
+    rows_of = [{"url": f"http://x.example/{i}.jpg", "caption": f"a caption {i}"} for i in range(9)]
+    (tmp_path / "whole.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows_of))
+    parts = tmp_path / "urls"
+    parts.mkdir()
+    for i in range(3):
+        (parts / f"part-{i:05d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows_of[3 * i:3 * i + 3]))
+    (parts / "_SUCCESS").write_text("")
+    (parts / ".part-00000.jsonl.crc").write_bytes(b"x")
+    whole = extract([str(tmp_path / "whole.jsonl")], tmp_path / "a", progress=False)
+    texts = [r["text"] for r in rows(tmp_path / "a")]
+    for name, source in (("b", parts), ("c", str(parts / "part-*.jsonl"))):
+        result = extract([str(source)], tmp_path / name, progress=False)
+        assert result.files == 3 and [r["text"] for r in rows(tmp_path / name)] == texts == [
+            f"a caption {i}" for i in range(9)] and result.candidates == whole.candidates
+
+
 def test_a_rerun_with_fewer_files_removes_only_the_parts_it_wrote(tmp_path):
     """Before: every `*.parquet` in OUT/parts whose name was not a job's was unlinked, a user's file included."""
     crawl = tmp_path / "crawl"

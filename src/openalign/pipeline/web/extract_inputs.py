@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 
 from openalign.config import ConfigError
 from openalign.data.files import filesystem, is_url, open_source
+from openalign.data.tables import is_part
 
 __all__ = ["archive_kind", "inputs"]
 
@@ -39,8 +40,10 @@ def archive_kind(path: str) -> str:
 
 
 def inputs(sources: list[str]) -> list[str]:
-    """The input files: each source a file, a directory (its files, sorted) or a glob, local or an fsspec URL (an
-    HTTP(S) URL ending in `/` is a directory: its index page's links); one sentence for a missing one."""
+    """The input files: each source a file, a directory (its files, sorted; as Spark and Hadoop do, names starting
+    with `.` or `_` are not read, nor what lies under such a folder: Spark's `_SUCCESS` and `_temporary/` beside a
+    table's parts) or a glob, local or an fsspec URL (an HTTP(S) URL ending in `/` is a directory: its index page's
+    links); one sentence for a missing one."""
     import glob
 
     files: list[str] = []
@@ -49,8 +52,8 @@ def inputs(sources: list[str]) -> list[str]:
             files += remote_files(source)
             continue
         path = Path(source)
-        if path.is_dir():
-            files += sorted(str(p) for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+        if path.is_dir():  # its files, but not Spark's _SUCCESS, _temporary/ or checksums beside a table's parts
+            files += sorted(str(p) for p in path.rglob("*") if p.is_file() and is_part(p, path))
         elif path.is_file():
             files.append(source)
         elif path.exists():

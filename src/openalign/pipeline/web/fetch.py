@@ -59,7 +59,7 @@ from openalign.data import images
 from openalign.data.engine import Engine, Job, read_plan, recorded_names
 from openalign.data.pairs import FETCH_REPORT, FETCH_WORK
 from openalign.data.tars import TarWriter
-from openalign.outputs import leftovers, staged, write_json
+from openalign.outputs import leftovers, staged, staged_dir, write_json
 from openalign.pipeline.runner import Manifest, Run, Stage, run_stage
 from openalign.pipeline.web.fetch_plan import candidate_table, plan_urls
 
@@ -400,13 +400,11 @@ class Fetch(Stage):
         table, out, options = self.table, run.out, run.options
         run.work.mkdir(exist_ok=True)
         plan_path = run.work / "plan"
-        building = run.work / "plan.tmp"
-        for old in (building, plan_path, run.work / "plan.parquet"):  # a killed run's, the last plan, an older layout
+        for old in (plan_path, run.work / "plan.parquet"):  # the last plan, an older layout's
             shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
-        planned, self.left_out, count = plan_urls(run.engine, table, [Path(k) for k in self.keep],
-                                                  options.shard_size, building, run.work, run.progress)
-        if building.exists():
-            building.rename(plan_path)
+        with staged_dir(plan_path) as building:  # in place only when whole
+            planned, self.left_out, count = plan_urls(run.engine, table, [Path(k) for k in self.keep],
+                                                      options.shard_size, building, run.work, run.progress)
         if not planned:
             if self.left_out["not_kept"]:
                 raise ConfigError(f"none of the {self.left_out['not_kept']:,} candidates of {table} is in every "
