@@ -28,12 +28,12 @@ OUT is new, empty, or an earlier fetch's (it holds `_fetch/`); another folder is
 
 Plan and resume: the plan puts each origin (scheme, host, port) whole into one shard, `md5(origin) % shards` with
 shards = rows / `--shard-size`, so robots.txt is asked once per origin and a host's limits hold across the run; it is
-written as one part per shard (OUT/_fetch/plan/shard=N/), so a task reads only its own rows. The local engine plans
-with DuckDB out of core (two scans of the candidates, memory bounded by the engine's limit: `plan`), the Spark engine
-with a Spark job (`spark_plan`). A shard is one task of the engine (local processes or Spark); its key is a digest
-of its rows (in their order) and the options, so a rerun after kill -9 keeps the finished shards and redoes the rest,
-and a changed candidate part or keep-list redoes only the shards whose rows changed. A URL table without a uid column
-gets a pair table's uids in the tasks.
+written as one part per shard (OUT/_fetch/plan/shard=N/), so a task reads only its own rows (fetch_plan.py: the local
+engine plans with DuckDB out of core, two scans of the candidates, and tasks that number each shard's rows; the Spark
+engine with a task per input file and Spark jobs). A shard is one task of the engine (local processes or Spark); its
+key is a digest of its rows (in their order) and the options, so a rerun after kill -9 keeps the finished shards and
+redoes the rest, and a changed candidate part or keep-list redoes only the shards whose rows changed. A URL table
+without a uid column gets a pair table's uids in the tasks.
 """
 
 from __future__ import annotations
