@@ -248,6 +248,7 @@ def driver_duckdb(engine: Engine, folder: Path, threads: int = 0):
     config = {"memory_limit": duckdb_size(limit), "temp_directory": str(spill), "threads": threads or cores(engine)}
     try:
         with duckdb.connect(config=config) as con:
+            con.execute("SET enable_progress_bar = false")  # the stage's own progress shows; DuckDB's wrote over it
             yield con
     except duckdb.OutOfMemoryException as err:  # a step that could not spill what it holds
         raise ConfigError(f"a DuckDB step on the driver ran out of memory under its limit of {format_size(limit)} "
