@@ -88,7 +88,7 @@ def jvm_peak_mib(spark) -> float:
 
 def one(step: str, engine_name: str, folder: Path) -> dict:
     """Run one step in this (fresh) process; returns its seconds and peak memory."""
-    from openalign.data.engine import Engine, spark_session
+    from openalign.data.engine import Engine, Job, spark_session
     from openalign.data.tables import dataset
     from openalign.pipeline.ingest import Ingest, IngestOptions, _concatenate, _distinct
     from openalign.pipeline.runner import Run
@@ -104,8 +104,6 @@ def one(step: str, engine_name: str, folder: Path) -> dict:
     parts = sorted(str(p) for p in (folder / "parts").glob("*.parquet"))
     start = time.perf_counter()
     if step == "extract merge":
-        from openalign.data.engine import Job
-
         stage = Extract([])
         run = Run("", out, ExtractOptions(), engine, False, stage)
         run.work.mkdir()
@@ -123,7 +121,6 @@ def one(step: str, engine_name: str, folder: Path) -> dict:
         else:  # the file layout: the tasks' parts (here the pair table's, and empty rejects) into one file
             import pyarrow.parquet as pq
 
-            from openalign.data.engine import Job
             from openalign.pipeline.ingest import REJECT_SCHEMA
 
             work = folder / "pairs-work"

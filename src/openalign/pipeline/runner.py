@@ -52,8 +52,8 @@ from openalign import plots
 from openalign.config import ConfigError, Options, expect
 from openalign.data.engine import (Engine, Job, driver_duckdb, duckdb_plan, job_id, run_jobs, spark_plan,
                                    spark_session)
-from openalign.data.pairs import (IMAGE_COLUMNS, check_pair_table, first_source, manifest_path, spark_first_source,
-                                  sql_path, write_keep_report)
+from openalign.data.pairs import (IMAGE_COLUMNS, check_pair_table, distinct_counts, first_source, manifest_path,
+                                  parts_glob, spark_first_source, sql_path, write_keep_report)
 from openalign.outputs import owned, sources_key, unfinish, write_json
 
 __all__ = ["Input", "Manifest", "Run", "Stage", "run_stage"]
@@ -139,6 +139,20 @@ def write_keep_without_images(pairs: str, scores: list[str], where: str, out: Pa
                            [str(pairs), scores]).fetchone()[0]
 
 
+
+
+def table_counts(table: str, engine: Engine, work: Path) -> tuple[int, int]:
+    """(distinct uids, distinct images) of a pair table (a file, a glob, or a folder read as its parts' glob): a Spark
+    job on Spark, else groupings in DuckDB on the driver that spill into WORK (ingest's manifest, score's report)."""
+    if engine.name == "spark":
+        from pyspark.sql import functions as F
+
+        spark = spark_session(engine.master, retries=engine.retries, memory=engine.memory)
+        row = spark.read.parquet(str(table)).agg(F.countDistinct("uid"), F.countDistinct("image_key")).first()
+        return int(row[0]), int(row[1])
+    source = parts_glob(Path(table)) if Path(table).is_dir() else str(table)
+    with driver_duckdb(engine, work) as con:
+        return distinct_counts(con, source)
 
 
 @dataclass(frozen=True)

@@ -38,9 +38,9 @@ from openalign import plots
 from openalign.config import ConfigError, Options
 from openalign.data import sources
 from openalign.data.engine import Engine, driver_duckdb, read_plan, spark_session
-from openalign.data.pairs import IMAGE_COLUMNS, distinct_counts, sql_path
+from openalign.data.pairs import IMAGE_COLUMNS, sql_path
 from openalign.outputs import sources_key, staged
-from openalign.pipeline.runner import WORK, Run, Stage, run_stage
+from openalign.pipeline.runner import WORK, Run, Stage, run_stage, table_counts
 from openalign.pipeline.curation.scoring import FINITE, check_model, embed_blobs, model_for, usable
 
 __all__ = ["ScoreOptions", "ScoreResult", "score"]
@@ -122,18 +122,6 @@ def score_task(plan: str, index: int, scores_path: str, model_path: str, batch_s
 def keep_count(fraction: float, pairs: int) -> int:
     """floor(fraction x pairs), the fraction read as the decimal it is written as (0.29 x 100 is 29, not 28)."""
     return math.floor(Decimal(repr(float(fraction))) * pairs)
-
-
-def counts(pairs: str, engine: Engine, work: Path) -> tuple[int, int]:
-    """(distinct pairs, distinct images) of the table."""
-    if engine.name == "spark":
-        from pyspark.sql import functions as F
-
-        spark = spark_session(engine.master, retries=engine.retries, memory=engine.memory)
-        row = spark.read.parquet(pairs).agg(F.countDistinct("uid"), F.countDistinct("image_key")).first()
-        return int(row[0]), int(row[1])
-    with driver_duckdb(engine, work) as con:
-        return distinct_counts(con, pairs)
 
 
 def _scores_match(path: Path, inputs: str) -> bool:
@@ -330,7 +318,7 @@ class Score(Stage):
         scores_path = run.out / SCORES
         if not self.reused:
             _write_scores(run.score_files, scores_path, self.fingerprint, self.inputs, engine)
-        n_pairs, n_images = counts(pairs, engine, run.work)
+        n_pairs, n_images = table_counts(pairs, engine, run.work)
         if options.keep_fraction is not None:
             limit = keep_count(options.keep_fraction, n_pairs)
             rule = f"the top {options.keep_fraction:g} of {n_pairs:,} pairs by cosine ({limit:,})"
