@@ -631,3 +631,130 @@ def test_extract_s_merge_and_tallies_run_on_a_driver_duckdb_in_its_output(tmp_pa
     driver = [c for c in seen if c.get("temp_directory")]
     assert len(driver) == 2 and all(Path(c["temp_directory"]).is_relative_to(out) for c in driver)  # merge, tallies
     assert {c["memory_limit"] for c in driver} == {"128MiB"}
+
+
+# ---------------------------------------------------------------------------------------------- at a snapshot's size
+
+def test_a_shuffle_s_partitions_follow_the_data_and_the_cluster_not_the_driver():
+    from openalign.data.engine import SHUFFLE_EXPANSION, SHUFFLE_PARTITION_BYTES, shuffle_partitions
+
+    assert shuffle_partitions(0, 4) == 8  # small input: two a core of the cluster
+    assert shuffle_partitions(0, 2_000) == 4_000
+    pair_table = 400 * 10**9  # 1.8B pairs
+    assert shuffle_partitions(pair_table, 4) == -(-pair_table * SHUFFLE_EXPANSION // SHUFFLE_PARTITION_BYTES) == 23_842
+    assert shuffle_partitions(10**18, 4) == 200_000
+
+
+@pytest.mark.parametrize("engine", ["local", pytest.param("spark", marks=needs_java)])
+def test_a_plan_is_a_folder_a_job_and_each_job_reads_only_its_rows(tmp_path, engine, request):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from openalign.data.engine import driver_duckdb, duckdb_plan, plan_glob, read_plan, spark_plan
+
+    rows = [{"key": f"k{(i * 7919) % 1000:04d}", "value": i} for i in range(1000)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "rows.parquet")
+    plan = tmp_path / "plan"
+    if engine == "spark":
+        spark = request.getfixturevalue("spark")
+        count = spark_plan(spark.read.parquet(str(tmp_path / "rows.parquet")), "key", 64, plan)
+    else:
+        with driver_duckdb(Engine(workers=1), tmp_path) as con:
+            count = duckdb_plan(con, "SELECT * FROM read_parquet(?)", [str(tmp_path / "rows.parquet")], "key", 64, plan)
+    ordered = sorted(rows, key=lambda r: r["key"])
+    assert count == 1000 and sorted(p.name for p in plan.iterdir() if p.is_dir()) == sorted(
+        f"task={i}" for i in range(16))
+    for i in range(16):
+        assert read_plan(str(plan), i) == ordered[64 * i: 64 * (i + 1)]
+        files = [f for f in (plan / f"task={i}").iterdir() if f.suffix == ".parquet"]
+        assert sum(pq.read_metadata(f).num_rows for f in files) == len(ordered[64 * i: 64 * (i + 1)])
+    assert read_plan(str(plan), 16) == []
+    import duckdb
+
+    with duckdb.connect() as con:
+        assert con.execute(f"SELECT count(*) FROM read_parquet('{plan_glob(plan)}')").fetchone()[0] == 1000
+
+
+def keep_list(folder, uids, write) -> Path:
+    """A finished keep-list of `uids` in `folder` (its report beside it), written by `write(path, uids)`."""
+    from openalign.data.pairs import write_keep_report
+
+    folder.mkdir(parents=True)
+    write(folder / "keep.parquet", uids)
+    write_keep_report(folder, "filter_report.json", {"stage": "filter"}, "pairs.parquet")
+    return folder
+
+
+def single_file(path, uids):
+    import pyarrow as pa
+
+    pq.write_table(pa.table({"uid": pa.array(sorted(uids), pa.string())}), path)
+
+
+def bucketed(path, uids):
+    import duckdb
+    import pyarrow as pa
+
+    from openalign.data.pairs import write_keep_duckdb
+
+    with duckdb.connect() as con:
+        con.register("given", pa.table({"uid": pa.array(list(uids) * 2, pa.string())}))  # repeated: kept once
+        assert write_keep_duckdb(con, "SELECT uid FROM given", [], path) == len(set(uids))
+
+
+@pytest.mark.parametrize("engine", ["local", pytest.param("spark", marks=needs_java)])
+def test_a_keep_list_is_bucketed_by_uid_hash_the_same_way_on_both_engines(tmp_path, engine, monkeypatch, request):
+    import pyarrow as pa
+
+    from openalign.data import pairs as pairs_lib
+
+    monkeypatch.setattr(pairs_lib, "KEEP_BUCKET_UIDS", 7)
+    uids = [pairs_lib.blake(str(i).encode()) for i in range(40)] + ["", "é", "'quoted'"]
+    path = tmp_path / "keep.parquet"
+    if engine == "spark":
+        spark = request.getfixturevalue("spark")
+        frame = spark.createDataFrame(pa.table({"uid": uids * 2}).to_pandas())
+        assert pairs_lib.write_keep_spark(frame, path) == 43
+    else:
+        bucketed(path, uids)
+    layout = pairs_lib.keep_layout(path)
+    assert layout["buckets"] == 8 == pairs_lib.keep_buckets(43) and layout["uids"] == 43  # 43 / 7 -> 7 -> 8
+    for b in range(8):
+        part = sorted(u for f in (path / f"bucket={b}").glob("*.parquet") for u in pq.read_table(f).column("uid")
+                      .to_pylist())
+        assert part == sorted(u for u in uids if pairs_lib.uid_bucket(u, 8) == b)  # the Python rule, bucket by bucket
+    assert pairs_lib.keep_buckets(0) == 1 and pairs_lib.keep_buckets(7) == 1 and pairs_lib.keep_buckets(8) == 2
+
+
+def test_an_empty_keep_list_is_a_table_of_no_uids(tmp_path):
+    from openalign.data.pairs import read_keep
+
+    keep = keep_list(tmp_path / "k", [], bucketed)
+    assert read_keep(keep) == []
+
+
+@pytest.mark.parametrize("engine", ["local", pytest.param("spark", marks=needs_java)])
+def test_a_bucketed_keep_list_joins_to_the_same_pairs_as_a_single_file(tmp_path, sources, engine, request):
+    """shard (its plan is the join) and data.keep's index read a keep-list of either layout alike."""
+    from openalign.data.pairs import build_keep_index, read_keep
+
+    if engine == "spark":
+        request.getfixturevalue("spark")
+    pairs = tmp_path / "pairs.parquet"
+    ingest(sources, pairs, IngestOptions(workers=1), progress=False)
+    uids = sorted(pq.read_table(pairs, columns=["uid"]).column("uid").to_pylist())[::2]
+    single = keep_list(tmp_path / "single", uids, single_file)
+    buckets = keep_list(tmp_path / "buckets", uids, bucketed)
+    assert read_keep(single) == read_keep(buckets) == sorted(set(uids))
+    run = SPARK if engine == "spark" else LOCAL
+    options = ShardOptions(image_size=40, samples_per_shard=5, workers=2)
+    one = shard(pairs, [single], tmp_path / "one", options, progress=False, engine=run)
+    other = shard(pairs, [buckets], tmp_path / "other", options, progress=False, engine=run)
+    assert one.samples == other.samples > 0 and one.shards == other.shards
+    for name in one.shards:
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "other" / name).read_bytes()
+    for folder in (single, buckets):
+        (folder / "filter_report.json").write_text(json.dumps({"stage": "filter", "pair_table": str(pairs)}))
+    index = [pq.read_table(build_keep_index([str(k)], tmp_path / f"idx-{k.name}")).to_pylist()
+             for k in (single, buckets)]
+    assert index[0] == index[1] and len(index[0]) > 0

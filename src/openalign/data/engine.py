@@ -359,6 +359,11 @@ def spark_session(master: str = "", app: str = "openalign", retries: int = 2, me
     builder = (SparkSession.builder.appName(app).config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false").config("spark.sql.ansi.enabled", "false")
                .config("spark.task.maxFailures", str(retries + 1))
+               # a shuffle's partitions: set for each step from its input's size (`spark_for`), then merged to
+               # ~64 MB each by adaptive execution, whatever the driver's cores
+               .config("spark.sql.adaptive.enabled", "true")
+               .config("spark.sql.adaptive.coalescePartitions.enabled", "true")
+               .config("spark.sql.adaptive.advisoryPartitionSizeInBytes", str(SHUFFLE_PARTITION_BYTES))
                .config("spark.sql.shuffle.partitions", str(max(2, 2 * (threads or os.cpu_count() or 1)))))
     under_submit = "PYSPARK_GATEWAY_PORT" in os.environ or "SPARK_MASTER" in os.environ
     if master or not under_submit:
@@ -376,6 +381,53 @@ def spark_session(master: str = "", app: str = "openalign", retries: int = 2, me
         builder = builder.config("spark.local.dir", temp_dir)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+SHUFFLE_PARTITION_BYTES = 64 << 20  # adaptive execution's target size of a shuffle partition
+SHUFFLE_EXPANSION = 4  # a shuffle's bytes per byte of Parquet read (decoded rows: strings, no compression)
+MAX_SHUFFLE_PARTITIONS = 200_000
+
+
+def shuffle_partitions(input_bytes: int, cluster_cores: int) -> int:
+    """A shuffle's partitions for a step that reads `input_bytes` of Parquet on a cluster of `cluster_cores`: enough
+    that each holds ~SHUFFLE_PARTITION_BYTES of its shuffle (1.8B pairs, ~400 GB of pair table: ~25,000), at least
+    two per core; adaptive execution merges those that come out smaller."""
+    by_size = -(-int(input_bytes) * SHUFFLE_EXPANSION // SHUFFLE_PARTITION_BYTES)
+    return int(min(MAX_SHUFFLE_PARTITIONS, max(2 * max(1, cluster_cores), by_size)))
+
+
+def input_bytes(spark, paths) -> int:
+    """The bytes of the files at `paths` (files, folders, globs; local or a URL the cluster reads, through Hadoop's
+    file system): 0 where they cannot be listed."""
+    total = 0
+    for path in paths:
+        text = str(path)
+        try:
+            if "://" not in text:
+                import glob
+
+                for match in glob.glob(text) if any(c in text for c in "*?[") else [text]:
+                    found = Path(match)
+                    total += (sum(f.stat().st_size for f in found.rglob("*") if f.is_file()) if found.is_dir()
+                              else found.stat().st_size if found.is_file() else 0)
+                continue
+            jvm = spark.sparkContext._jvm
+            hadoop_path = jvm.org.apache.hadoop.fs.Path(text)
+            fs = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+            for status in fs.globStatus(hadoop_path) or []:
+                total += fs.getContentSummary(status.getPath()).getLength()
+        except Exception:  # noqa: BLE001 - a size is a hint: unlisted, the cluster's cores decide
+            continue
+    return total
+
+
+def spark_for(engine: Engine, *inputs):
+    """The engine's SparkSession with its shuffles sized for a step that reads `inputs` (`shuffle_partitions`: from
+    their bytes and the cluster's cores, `defaultParallelism`, never the driver's)."""
+    spark = spark_session(engine.master, retries=engine.retries, memory=engine.memory)
+    cluster = spark.sparkContext.defaultParallelism
+    spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions(input_bytes(spark, inputs), cluster)))
     return spark
 
 
@@ -436,9 +488,9 @@ def _spark_error(err: Exception, desc: str) -> Exception:
 
 def spark_plan(frame, order: str | tuple[str, ...], per_task: int, path: Path, column: str = "task") -> int:
     """Write `frame` ordered by `order` (a column, or columns), numbered from 1 (`pos`) and cut into jobs of
-    `per_task` rows (`column` = (pos - 1) // per_task), as the Parquet plan at `path`; returns the row count. The
-    order is a range sort and the numbering zipWithIndex, both on the executors: nothing per row reaches the
-    driver."""
+    `per_task` rows (`column` = (pos - 1) // per_task), as the Parquet plan folder at `path`, one folder a job
+    (PATH/COLUMN=INDEX/: a job reads its own rows and no other's footer); returns the row count. The order is a range
+    sort and the numbering zipWithIndex, both on the executors: nothing per row reaches the driver."""
     from pyspark.sql.types import LongType, StructField, StructType
 
     ordered = frame.orderBy(*([order] if isinstance(order, str) else order))
@@ -446,7 +498,7 @@ def spark_plan(frame, order: str | tuple[str, ...], per_task: int, path: Path, c
                          StructField(column, LongType(), False)])
     rows = ordered.rdd.zipWithIndex().map(lambda pair, n=int(per_task): (pair[1] + 1, *pair[0], pair[1] // n))
     numbered = frame.sparkSession.createDataFrame(rows, schema).cache()
-    numbered.write.mode("overwrite").parquet(str(path))
+    numbered.write.mode("overwrite").partitionBy(column).parquet(str(path))
     count = numbered.count()
     numbered.unpersist()
     return count
@@ -454,14 +506,32 @@ def spark_plan(frame, order: str | tuple[str, ...], per_task: int, path: Path, c
 
 def duckdb_plan(con, query: str, params: list, order: str | tuple[str, ...], per_task: int, path: Path,
                 column: str = "task") -> int:
-    """The same plan from DuckDB: `query`'s rows ordered by `order`, numbered (`pos`) and cut into jobs."""
+    """The same plan from DuckDB: `query`'s rows ordered by `order`, numbered (`pos`) and cut into jobs, written as
+    one folder a job (a partitioned write, out of core)."""
+    import shutil
+
+    path = Path(path)
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
     target = str(path).replace("'", "''")
     order_by = order if isinstance(order, str) else ", ".join(order)
-    con.execute(f"""COPY (SELECT *, (pos - 1) // {int(per_task)} AS {column} FROM (
-                        SELECT row_number() OVER (ORDER BY {order_by}) AS pos,
-                               * FROM ({query})) ORDER BY pos)
-                    TO '{target}' (FORMAT parquet, ROW_GROUP_SIZE {max(int(per_task), 2048)})""", params)
-    return con.execute("SELECT count(*) FROM read_parquet(?)", [str(path)]).fetchone()[0]
+    con.execute(f"""CREATE OR REPLACE TEMP TABLE numbered_plan AS
+                    SELECT *, (pos - 1) // {int(per_task)} AS {column} FROM (
+                        SELECT row_number() OVER (ORDER BY {order_by}) AS pos, * FROM ({query}))""", params)
+    count = con.execute("SELECT count(*) FROM numbered_plan").fetchone()[0]
+    path.mkdir(parents=True)
+    if count:
+        con.execute(f"COPY numbered_plan TO '{target}' (FORMAT parquet, PARTITION_BY ({column}), OVERWRITE_OR_IGNORE)")
+    con.execute("DROP TABLE numbered_plan")
+    return int(count)
+
+
+def plan_glob(path: str | Path) -> str:
+    """Every row of a plan (a file, or a folder of one folder a job) as one glob DuckDB and Spark read."""
+    path = Path(path)
+    return str(path / "*" / "*.parquet") if path.is_dir() else str(path)
 
 
 def read_plan(path: str, index: int, column: str = "task") -> list[dict]:

@@ -2,8 +2,10 @@
 
     pairs.parquet            one row per usable (image, alt-text) pair (`PAIR_SCHEMA`), written by `openalign ingest`
     pairs.manifest.json      written last by ingest: a table is finished only beside the manifest that counts its rows
-    DIR/keep.parquet         a keep-list: the sorted distinct uids a stage keeps (a file from DuckDB, a directory of
-                             part files from Spark), beside the stage's report (`KEEP_REPORTS`, written last)
+    DIR/keep.parquet/        a keep-list: the distinct uids a stage keeps, bucketed by uid hash (`bucket=B/` parts, a
+                             power of two of them from its size, `_keep.json` says how many), written by either engine
+                             (`write_keep_duckdb`, `write_keep_spark`), beside the stage's report (`KEEP_REPORTS`,
+                             written last); a single file or Spark's flat parts, as earlier versions wrote, still read
     keep-index/KEY.parquet   data.keep: the (tar path, sample key) every keep-list keeps, for training on the original
                              tars (`build_keep_index`; read one shard at a time by `KeepIndex`)
 
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -270,14 +274,103 @@ def write_keep_report(out: Path, name: str, report: dict, pairs: str) -> dict:
     return report
 
 
+# A keep-list is a dataset bucketed by a hash of the uid, the same on DuckDB, Spark and in Python: the first 32 bits of
+# md5(uid), modulo a power of two chosen from its size (so a list of B buckets and one of 2B agree bucket by bucket:
+# bucket b of the first holds the uids of buckets b and b + B of the second). No part is ever the whole list: a
+# stage's tasks write and read it in parallel, and at 1.8B uids it is ~512 parts of ~4M uids, not one 54 GB file.
+KEEP_BUCKET_UIDS = 4_000_000  # the uids a bucket holds at most, about (~140 MB of Parquet: hex uids do not compress)
+KEEP_LAYOUT = "_keep.json"  # inside a bucketed keep-list: {"buckets", "bucket" (the rule), "uids"}
+BUCKET_SQL = {"duckdb": "((('0x' || substr(md5(uid), 1, 8))::UBIGINT) % {buckets})",
+              "spark": "pmod(CAST(conv(substr(md5(uid), 1, 8), 16, 10) AS BIGINT), {buckets})"}
+
+
+def keep_buckets(uids: int) -> int:
+    """The buckets of a keep-list of `uids` uids: the power of two that holds at most ~KEEP_BUCKET_UIDS in each."""
+    return 1 << max(0, math.ceil(math.log2(max(1, -(-int(uids) // KEEP_BUCKET_UIDS)))))
+
+
+def uid_bucket(uid: str, buckets: int) -> int:
+    """A uid's bucket, as BUCKET_SQL computes it on either engine."""
+    return int(hashlib.md5(uid.encode("utf-8", "surrogatepass")).hexdigest()[:8], 16) % buckets
+
+
+def _clear(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _finish_keep(path: Path, buckets: int, uids: int) -> None:
+    """A bucketed keep-list's layout file; an empty list gets one empty part, so every reader reads it as a table."""
+    if uids == 0:
+        empty = path / "bucket=0" / "empty.parquet"
+        empty.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"uid": pa.array([], pa.string())}), empty)
+    write_json(path / KEEP_LAYOUT, {"buckets": buckets, "bucket": BUCKET_SQL["duckdb"].format(buckets=buckets),
+                                    "uids": int(uids)})
+
+
+def write_keep_duckdb(con, query: str, params: list | dict, path: Path) -> int:
+    """The keep-list at `path` of the distinct uids of `query` (its `uid` column) on a DuckDB connection: counted,
+    then written in buckets (a partitioned write: nothing but the distinct uids, which spill, is held); returns the
+    uids. The folder is the list only once its stage's report is written (the runner's `unfinish` before)."""
+    path = Path(path)
+    _clear(path)
+    con.execute(f"CREATE OR REPLACE TEMP TABLE keep_uids AS SELECT DISTINCT uid FROM ({query})", params)
+    uids = con.execute("SELECT count(*) FROM keep_uids").fetchone()[0]
+    buckets = keep_buckets(uids)
+    path.mkdir(parents=True)
+    if uids:
+        bucket = BUCKET_SQL["duckdb"].format(buckets=buckets)
+        con.execute(f"COPY (SELECT uid, {bucket} AS bucket FROM keep_uids) TO '{sql_path(path)}' "
+                    "(FORMAT parquet, PARTITION_BY (bucket), OVERWRITE_OR_IGNORE)")
+    con.execute("DROP TABLE keep_uids")
+    _finish_keep(path, buckets, uids)
+    return int(uids)
+
+
+def write_keep_spark(frame, path: Path) -> int:
+    """The same keep-list from a Spark DataFrame with a `uid` column: the distinct uids counted, then shuffled by
+    bucket so each bucket is one task's part, sorted, on the executors; returns the uids."""
+    from pyspark.sql import functions as F
+
+    path = Path(path)
+    _clear(path)
+    distinct = frame.select("uid").distinct().persist()
+    try:
+        uids = distinct.count()
+        buckets = keep_buckets(uids)
+        if uids:
+            (distinct.withColumn("bucket", F.expr(BUCKET_SQL["spark"].format(buckets=buckets)))
+             .repartition("bucket").sortWithinPartitions("uid")
+             .write.mode("overwrite").partitionBy("bucket").parquet(str(path)))
+        else:
+            path.mkdir(parents=True)
+    finally:
+        distinct.unpersist()
+    _finish_keep(path, buckets, uids)
+    return int(uids)
+
+
+def keep_layout(path: Path) -> dict | None:
+    """A bucketed keep-list's `_keep.json` (None: a single file or flat parts, as earlier versions wrote)."""
+    try:
+        layout = json.loads((Path(path) / KEEP_LAYOUT).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return layout if isinstance(layout, dict) and isinstance(layout.get("buckets"), int) else None
+
+
 def keep_source(path: Path) -> str:
-    """A keep-list written by either engine, as a `read_parquet` argument: the file DuckDB writes, or
-    the glob of the part files Spark writes. `path` may also be the stage's output directory. A keep-list is
-    read only beside the report its stage writes last (an interrupted stage leaves none)."""
+    """A keep-list written by either engine, as a `read_parquet` argument (a glob DuckDB and Spark both read): a
+    bucketed folder's parts, a single file, or Spark's flat part files. `path` may also be the stage's output
+    directory. A keep-list is read only beside the report its stage writes last (an interrupted stage leaves
+    none)."""
     path = Path(path)
     if path.is_dir() and (path / "keep.parquet").exists():
         path = path / "keep.parquet"
-    elif path.is_dir() and not any(path.glob("*.parquet")):  # a folder that is no stage's output, nor Spark's parts
+    elif path.is_dir() and not any(path.glob("*.parquet")) and keep_layout(path) is None:  # no stage's output
         raise ConfigError(f"{path} holds no keep-list (keep.parquet); give the output folder of filter, dedup, screen, "
                           "score, semdedup or balance")
     if not path.exists():
@@ -286,7 +379,7 @@ def keep_source(path: Path) -> str:
         raise ConfigError(f"{path} has no report of its stage beside it (filter, dedup, screen, score, semdedup or "
                           f"balance), so the stage that wrote it did not finish; run that stage again into "
                           f"{path.parent}")
-    return str(path / "*.parquet") if path.is_dir() else str(path)
+    return parts_glob(path) if path.is_dir() else str(path)
 
 
 def read_keep(path: Path) -> list[str]:

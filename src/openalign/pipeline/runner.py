@@ -50,10 +50,10 @@ from collections.abc import Callable
 
 from openalign import plots
 from openalign.config import ConfigError, Options, expect
-from openalign.data.engine import (Engine, Job, driver_duckdb, duckdb_plan, job_id, run_jobs, spark_plan,
-                                   spark_session)
+from openalign.data.engine import Engine, Job, driver_duckdb, duckdb_plan, job_id, run_jobs, spark_for, spark_plan
 from openalign.data.pairs import (IMAGE_COLUMNS, check_pair_table, distinct_counts, first_source, manifest_path,
-                                  parts_glob, spark_first_source, sql_path, write_keep_report)
+                                  parts_glob, spark_first_source, write_keep_duckdb, write_keep_report,
+                                  write_keep_spark)
 from openalign.outputs import owned, sources_key, unfinish, write_json
 
 __all__ = ["Input", "Manifest", "Run", "Stage", "run_stage"]
@@ -79,7 +79,7 @@ def plan_images(pairs: str, plan: Path, per_task: int, engine: Engine, with_pair
     if engine.name == "spark":
         from pyspark.sql import functions as F
 
-        spark = spark_session(engine.master, retries=engine.retries, memory=engine.memory)
+        spark = spark_for(engine, pairs)
         table = spark.read.parquet(pairs)
         frame = (table.groupBy("image_key").agg(spark_first_source().alias("s"))
                  .select("image_key", *(F.col(f"s.{c}").alias(c) for c in ("place", "path", "member"))))
@@ -115,30 +115,21 @@ def plan_image_jobs(pairs: str, out: Path, fn, args: tuple, key: dict, per_task:
 def write_keep_without_images(pairs: str, scores: list[str], where: str, out: Path, engine=None) -> int:
     """Keep-list `out/keep.parquet` of every pair whose image is not removed: the images of the Parquet files
     `scores` (image_key, score, ...) that match the SQL condition `where` (the dedup and screen stages). The
-    Spark engine joins on the executors and writes part files; returns how many pairs were removed."""
+    Spark engine joins on the executors and writes the buckets there; returns how many pairs were removed."""
     scores = list(scores)
-    import shutil
-
     keep = out / "keep.parquet"
-    if keep.is_dir():
-        shutil.rmtree(keep)
-    else:
-        keep.unlink(missing_ok=True)
     if engine is not None and engine.name == "spark":
-        spark = spark_session(engine.master, retries=engine.retries, memory=engine.memory)
+        spark = spark_for(engine, pairs, *scores)
         table = spark.read.parquet(str(pairs))
         removed = spark.read.parquet(*scores).where(where).select("image_key")
-        table.join(removed, "image_key", "left_anti").select("uid").distinct().orderBy("uid") \
-            .write.mode("overwrite").parquet(str(keep))
+        write_keep_spark(table.join(removed, "image_key", "left_anti"), keep)
         return table.join(removed, "image_key", "left_semi").count()
     removed = f"SELECT image_key FROM read_parquet(?) WHERE {where}"
     with driver_duckdb(engine or Engine(), out / WORK) as con:
-        con.execute(f"COPY (SELECT DISTINCT uid FROM read_parquet(?) WHERE image_key NOT IN ({removed}) ORDER BY uid) "
-                    f"TO '{sql_path(keep)}' (FORMAT parquet)", [str(pairs), scores])
+        write_keep_duckdb(con, f"SELECT uid FROM read_parquet(?) WHERE image_key NOT IN ({removed})",
+                          [str(pairs), scores], keep)
         return con.execute(f"SELECT count(*) FROM read_parquet(?) WHERE image_key IN ({removed})",
                            [str(pairs), scores]).fetchone()[0]
-
-
 
 
 def table_counts(table: str, engine: Engine, work: Path) -> tuple[int, int]:
@@ -147,7 +138,7 @@ def table_counts(table: str, engine: Engine, work: Path) -> tuple[int, int]:
     if engine.name == "spark":
         from pyspark.sql import functions as F
 
-        spark = spark_session(engine.master, retries=engine.retries, memory=engine.memory)
+        spark = spark_for(engine, table)
         row = spark.read.parquet(str(table)).agg(F.countDistinct("uid"), F.countDistinct("image_key")).first()
         return int(row[0]), int(row[1])
     source = parts_glob(Path(table)) if Path(table).is_dir() else str(table)

@@ -29,8 +29,8 @@ from PIL import Image
 from openalign.config import ConfigError, Options, listed
 from openalign.data import images
 from openalign.data import tars
-from openalign.data.engine import (Engine, Job, driver_duckdb, duckdb_plan, job_id, previous, read_plan, spark_plan,
-                                   spark_session)
+from openalign.data.engine import (Engine, Job, driver_duckdb, duckdb_plan, job_id, previous, read_plan, spark_for,
+                                   spark_plan)
 from openalign.data.pairs import (SOURCE_COLUMNS, blake, first_source, keep_source, keep_table,
                                   spark_first_source)
 from openalign.outputs import staged
@@ -97,7 +97,7 @@ def plan_spark(pairs: str, keep_dirs: list[Path], plan: Path, per_shard: int, en
     """The same plan from Spark SQL: the grouping, the global order and the positions all run on the executors."""
     from pyspark.sql import functions as F
 
-    spark = spark_session(engine.master, retries=engine.retries, memory=engine.memory)
+    spark = spark_for(engine, pairs)
     table = spark.read.parquet(pairs).select("uid", "image_key", "text", "path", "member", "url")
     if keep_dirs:
         keep = None

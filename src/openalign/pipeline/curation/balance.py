@@ -23,7 +23,6 @@ before and after, with the pairs that matched nothing). A rerun that changes onl
 from __future__ import annotations
 
 import hashlib
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -32,8 +31,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from openalign import plots
-from openalign.data.engine import Engine, Job, driver_duckdb, job_id
-from openalign.data.pairs import sql_path
+from openalign.data.engine import Engine, Job, driver_duckdb, job_id, plan_glob, spark_for
+from openalign.data.pairs import parts_glob, sql_path, write_keep_duckdb, write_keep_spark
 from openalign.outputs import sources_key
 from openalign.pipeline.curation.concepts import TAIL_BINS, MetadataOptions, match_table, write_table
 from openalign.pipeline.runner import WORK, Run, Stage, run_stage
@@ -140,7 +139,7 @@ def _examples(con, where: str, n: int) -> list[dict]:
 def _summary(out: Path, plan: Path, options: BalanceOptions, entries: list[str],
              counts: np.ndarray, kept: np.ndarray, probability: np.ndarray, engine: Engine) -> dict:
     with driver_duckdb(engine, out / WORK) as con:
-        con.execute(f"CREATE TEMP VIEW plan AS SELECT uid, text FROM read_parquet('{sql_path(plan)}')")
+        con.execute(f"CREATE TEMP VIEW plan AS SELECT uid, text FROM read_parquet('{sql_path(plan_glob(plan))}')")
         con.execute(f"CREATE TEMP VIEW m AS SELECT * FROM read_parquet('{sql_path(out / 'matches.parquet')}')")
         unmatched = _examples(con, "uid IN (SELECT uid FROM m WHERE len(entries) = 0)", options.examples)
     order = np.lexsort((np.arange(len(counts)), -counts))
@@ -241,16 +240,17 @@ class Balance(Stage):
         options, out, matched, counts = run.options, run.out, self.matched, self.counts
         entries, matches, n_pairs = matched.entries, matched.matches, matched.pairs
         keep = run.keep
-        if keep.is_dir():
-            shutil.rmtree(keep)
+        if run.engine.name == "spark":  # the kept uids' buckets written on the executors
+            spark = spark_for(run.engine, *self.sampled)
+            n_kept = write_keep_spark(spark.read.parquet(*self.sampled).where("kept"), keep)
         with driver_duckdb(run.engine, run.work) as con:
-            con.execute(f"COPY (SELECT uid FROM read_parquet(?) WHERE kept ORDER BY uid) TO '{sql_path(keep)}' "
-                        "(FORMAT parquet)", [self.sampled])
-            n_kept = con.execute(f"SELECT count(*) FROM read_parquet('{sql_path(keep)}')").fetchone()[0]
+            if run.engine.name != "spark":
+                n_kept = write_keep_duckdb(con, "SELECT uid FROM read_parquet(?) WHERE kept", [self.sampled], keep)
             unmatched = con.execute(f"SELECT count(*) FROM read_parquet('{sql_path(matches)}') WHERE len(entries) = 0"
                                     ).fetchone()[0]
             after = con.execute(f"SELECT e, count(*) FROM (SELECT unnest(m.entries) AS e FROM read_parquet("
-                                f"'{sql_path(matches)}') m SEMI JOIN read_parquet('{sql_path(keep)}') k USING (uid)) "
+                                f"'{sql_path(matches)}') m SEMI JOIN "
+                                f"read_parquet('{sql_path(parts_glob(keep))}') k USING (uid)) "
                                 "GROUP BY e").fetchall()
         self.kept = kept = np.zeros(len(entries), dtype=np.int64)
         for entry, n in after:

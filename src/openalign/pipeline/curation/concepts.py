@@ -31,8 +31,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from openalign.config import ConfigError, Options
-from openalign.data.engine import (Engine, Job, driver_duckdb, duckdb_plan, job_id, read_plan, run_jobs, spark_plan,
-                                   spark_session)
+from openalign.data.engine import (Engine, Job, driver_duckdb, duckdb_plan, job_id, read_plan, run_jobs, spark_for,
+                                   spark_plan)
 from openalign.data.pairs import sql_path
 from openalign.outputs import sources_key, staged, write_json
 
@@ -225,7 +225,7 @@ def match_task(plan: str, index: int, out_path: str, metadata: str, key: str, ig
 def _plan(pairs: str, plan: Path, per_task: int, engine: Engine) -> int:
     """The table's distinct (uid, text) in uid order, cut into jobs (DuckDB locally, Spark SQL on Spark)."""
     if engine.name == "spark":
-        spark = spark_session(engine.master, retries=engine.retries, memory=engine.memory)
+        spark = spark_for(engine, pairs)
         return spark_plan(spark.read.parquet(pairs).select("uid", "text").distinct(), "uid", per_task, plan)
     with driver_duckdb(engine, plan.parent) as con:
         return duckdb_plan(con, "SELECT DISTINCT uid, text FROM read_parquet(?)", [pairs], "uid", per_task, plan)
@@ -301,6 +301,6 @@ def match_table(pairs: str, out: Path, options: MetadataOptions, engine: Engine,
         with driver_duckdb(engine, work) as con:
             for i in range(n_jobs):
                 con.execute(f"COPY (SELECT m.uid, m.entries FROM read_parquet('{sql_path(matches)}') m JOIN "
-                            f"read_parquet('{sql_path(plan)}') p USING (uid) WHERE p.task = {i} ORDER BY uid) TO "
+                            f"read_parquet('{sql_path(plan / f'task={i}')}/*.parquet') p USING (uid) ORDER BY uid) TO "
                             f"'{sql_path(parts[i])}' (FORMAT parquet)")
     return Matched(read_entries(str(out / "metadata.txt")), origin, matches, reused, plan, parts, n_pairs, key)

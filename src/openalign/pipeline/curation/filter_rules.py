@@ -327,7 +327,7 @@ def summary_query() -> str:
 
 
 def keep_query() -> str:
-    return "SELECT DISTINCT uid FROM flags WHERE " + " AND ".join(f"NOT {r}" for r in RULES) + " ORDER BY uid"
+    return "SELECT DISTINCT uid FROM flags WHERE " + " AND ".join(f"NOT {r}" for r in RULES)
 
 
 def examples_query(rule: str, n: int) -> str:

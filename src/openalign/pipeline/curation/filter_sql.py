@@ -17,7 +17,7 @@ from pathlib import Path
 from openalign.config import ConfigError
 from openalign.sizes import duckdb_size, format_size, parse_size
 from openalign.data.engine import Engine, driver_memory, spark_session
-from openalign.data.pairs import sql_path
+from openalign.data.pairs import sql_path, write_keep_duckdb, write_keep_spark
 from openalign.pipeline.curation.filter_rules import (DUCKDB, HASH_HISTOGRAM, SPARK, group_columns, hash_counts,
                                                       keep_query, size_columns, words_columns)
 
@@ -42,10 +42,15 @@ class DuckDBSql:
         self.con.execute(f"SET temp_directory = '{sql_path(self.temp_dir)}'")
 
     def _execute(self, stage: str, sql: str):
+        with self._guard(stage):
+            return self.con.execute(sql)
+
+    @contextlib.contextmanager
+    def _guard(self, stage: str):
         import duckdb
 
         try:
-            return self.con.execute(sql)
+            yield
         except duckdb.OutOfMemoryException as e:  # a step that could not spill what it holds
             limit = (f"--memory-limit {format_size(self.memory_limit)}" if self.memory_limit
                      else "the default memory limit")
@@ -131,8 +136,9 @@ class DuckDBSql:
     def rows(self, query: str) -> list[tuple]:
         return self._execute("summary", query).fetchall()
 
-    def write_keep(self, path: Path) -> None:
-        self._execute("keep-list", f"COPY ({keep_query()}) TO '{sql_path(path)}' (FORMAT parquet)")
+    def write_keep(self, path: Path) -> int:
+        with self._guard("keep-list"):
+            return write_keep_duckdb(self.con, keep_query(), [], path)
 
     def close(self) -> None:
         self.con.close()
@@ -173,8 +179,8 @@ class SparkSql:
     def rows(self, query: str) -> list[tuple]:
         return [tuple(r) for r in self.spark.sql(query).collect()]
 
-    def write_keep(self, path: Path) -> None:
-        self.spark.sql(keep_query()).write.mode("overwrite").parquet(str(path))
+    def write_keep(self, path: Path) -> int:
+        return write_keep_spark(self.spark.sql(keep_query()), path)
 
     def close(self) -> None:
         self.spark.catalog.clearCache()

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -37,17 +38,20 @@ import pyarrow.parquet as pq
 from openalign import plots
 from openalign.config import ConfigError, Options
 from openalign.data import sources
-from openalign.data.engine import Engine, driver_duckdb, read_plan, spark_session
-from openalign.data.pairs import IMAGE_COLUMNS, sql_path
+from openalign.data.engine import Engine, driver_duckdb, read_plan, spark_for
+from openalign.data.pairs import IMAGE_COLUMNS, sql_path, write_keep_duckdb, write_keep_spark
 from openalign.outputs import sources_key, staged
 from openalign.pipeline.runner import WORK, Run, Stage, run_stage, table_counts
-from openalign.pipeline.curation.scoring import FINITE, check_model, embed_blobs, model_for, usable
+from openalign.pipeline.curation import ranks
+from openalign.pipeline.curation.scoring import FINITE, PERCENTILES, check_model, embed_blobs, model_for, usable
 
 __all__ = ["ScoreOptions", "ScoreResult", "score"]
 
 SCORES = "scores.parquet"
 CUTS = (0.9, 0.7, 0.5, 0.3, 0.1)  # the fractions whose threshold and border examples the report shows
 RANK = "score DESC, uid ASC"  # the order of keeping: highest score first, ties to the smaller uid
+PERCENTILE_METHOD = ("exact: each rank selected on the engine by histogram passes, without a sort (ranks.py); "
+                     "linear between ranks, as numpy's percentile")
 
 
 @dataclass(frozen=True)
@@ -143,7 +147,7 @@ def _write_scores(job_files: list[str], path: Path, fingerprint: str, inputs: st
     if engine.name == "spark":
         from pyspark.sql import functions as F
 
-        spark = spark_session(engine.master, retries=engine.retries, memory=engine.memory)
+        spark = spark_for(engine, *job_files)
         (spark.read.parquet(*job_files).where("score IS NOT NULL").withColumn("model", F.lit(fingerprint))
          .orderBy("uid").write.mode("overwrite").parquet(str(path)))
         meta = path / "_inputs.json"
@@ -158,68 +162,97 @@ def _source(path: Path) -> str:
     return str(path / "*.parquet") if path.is_dir() else str(path)
 
 
-def _write_keep(scores: Path, out: Path, where: str, limit: int | None, engine: Engine) -> int:
-    """OUT/keep.parquet: the uids of the scores `where` holds, the first `limit` of them in RANK order (None: all);
-    returns how many."""
-    keep = out / "keep.parquet"
-    if keep.is_dir():
-        shutil.rmtree(keep)
-    keep.unlink(missing_ok=True)
+@contextmanager
+def _opened(scores: Path, engine: Engine, work: Path):
+    """The finite scores on the engine: (their view for `ranks.select` and the report's queries, a function that
+    writes the keep-list of the scores a condition holds and returns its uids)."""
     if engine.name == "spark":
-        from pyspark.sql import functions as F
+        spark = spark_for(engine, scores)
+        view = ranks.spark_view(spark, spark.read.parquet(str(scores)), FINITE)
 
-        spark = spark_session(engine.master, retries=engine.retries, memory=engine.memory)
-        kept = spark.read.parquet(str(scores)).where(where)
-        if limit is not None:
-            kept = kept.orderBy(F.desc("score"), F.asc("uid")).limit(limit)
-        kept = kept.select("uid").orderBy("uid").cache()
-        kept.write.mode("overwrite").parquet(str(keep))
-        count = kept.count()
-        kept.unpersist()
-        return count
-    with driver_duckdb(engine, out / WORK) as con:
-        top = f"ORDER BY {RANK} LIMIT {int(limit)}" if limit is not None else ""
-        con.execute(f"COPY (SELECT uid FROM (SELECT uid FROM read_parquet(?) WHERE {where} {top}) ORDER BY uid) "
-                    f"TO '{sql_path(keep)}' (FORMAT parquet)", [_source(scores)])
-        return con.execute(f"SELECT count(*) FROM read_parquet('{sql_path(keep)}')").fetchone()[0]
+        def keep(where: str, params: list, path: Path) -> int:
+            return write_keep_spark(spark.sql(f"SELECT uid FROM ranked_scores WHERE {where}", args=params), path)
 
-
-def _summary(scores: Path, pairs: str, n_pairs: int, options: ScoreOptions, engine: Engine, work: Path) -> dict:
-    """Percentiles, a 50-bin histogram, and for each cut (and this run's) its threshold and the pairs at its
-    border, from the scores (DuckDB, on the driver: one column of floats)."""
-    from openalign.pipeline.curation.scoring import PERCENTILES
-
+        yield view, keep
+        return
     with driver_duckdb(engine, work) as con:
-        con.execute(f"CREATE TEMP VIEW s AS SELECT uid, score FROM read_parquet('{sql_path(_source(scores))}') "
-                    f"WHERE {FINITE}")
-        scored, low, high = con.execute("SELECT count(*), min(score), max(score) FROM s").fetchone()
-        percentiles = {}
-        if scored:
-            values = con.execute("SELECT quantile_cont(score, ?::DOUBLE[]) FROM s",
-                                 [[q / 100 for q in PERCENTILES]]).fetchone()[0]
-            percentiles = {f"p{q:g}": float(v) for q, v in zip(PERCENTILES, values)}
+        view = ranks.duckdb_view(con, _source(scores), FINITE)
+
+        def keep(where: str, params: list, path: Path) -> int:
+            return write_keep_duckdb(con, f"SELECT uid FROM ranked_scores WHERE {where}", params, path)
+
+        yield view, keep
+
+
+def _cut(k: int, scored: int, found: dict) -> tuple[str, list]:
+    """The condition that keeps the first k finite scores in RANK order, from the pair at rank k."""
+    if k <= 0:
+        return "false", []
+    if k >= scored:
+        return "true", []
+    score_k, uid_k = found[k]
+    return "score > ? OR (score = ? AND uid <= ?)", [score_k, score_k, uid_k]
+
+
+def _write_keep(scores: Path, out: Path, where: str, limit: int | None, engine: Engine) -> int:
+    """OUT/keep.parquet: the uids of the finite scores `where` holds (a condition on `score`, `uid`), the first
+    `limit` of them in RANK order (None: all), selected without sorting (ranks.py); returns how many."""
+    with _opened(scores, engine, out / WORK) as (view, keep):
+        if limit is None:
+            return keep(where, [], out / "keep.parquet")
+        scored = view.stats()[0]
+        k = min(int(limit), scored)
+        condition, params = _cut(k, scored, ranks.select(view, [k]))
+        return keep(f"({where}) AND ({condition})", params, out / "keep.parquet")
+
+
+def _percentile(found: dict, scored: int, q: float) -> float:
+    """numpy's linear percentile (DuckDB's quantile_cont) from the selected ranks (rank 1 the highest score)."""
+    h = (scored - 1) * q / 100
+    low, high = found[scored - math.floor(h)][0], found[scored - math.ceil(h)][0]
+    return float(low + (high - low) * (h - math.floor(h)))
+
+
+def _percentile_ranks(scored: int) -> set[int]:
+    """The ranks (1: the highest score) whose scores the percentiles interpolate between."""
+    return {scored - f((scored - 1) * q / 100) for q in PERCENTILES for f in (math.floor, math.ceil)} if scored \
+        else set()
+
+
+def _border_ranks(k: int, scored: int, examples: int) -> range:
+    half = examples // 2
+    return range(max(1, k - (examples - half) + 1), min(scored, k + half) + 1)
+
+
+def _select_and_keep(scores: Path, out: Path, n_pairs: int, options: ScoreOptions, engine: Engine) -> dict:
+    """The keep-list of this run's cut and, from the same passes over the scores (ranks.py), the report's numbers:
+    percentiles (exact), a 50-bin histogram, each cut's threshold and the pairs at its border."""
+    fractions = sorted({*CUTS, *([options.keep_fraction] if options.keep_fraction is not None else [])}, reverse=True)
+    with _opened(scores, engine, out / WORK) as (view, keep):
+        scored, low, high = view.stats()
+        cut_ranks = {f: min(keep_count(f, n_pairs), scored) for f in fractions}
+        borders = [_border_ranks(k, scored, options.examples) for k in cut_ranks.values()]
+        wanted = _percentile_ranks(scored).union(*borders, {k for k in cut_ranks.values() if k})
+        found = ranks.select(view, wanted)
+        if options.keep_fraction is not None:
+            k = cut_ranks[options.keep_fraction]
+            kept = keep(*_cut(k, scored, found), out / "keep.parquet")
+            threshold = found[k][0] if k else None
+        else:
+            kept = keep("score >= ?", [float(options.min_score)], out / "keep.parquet")
+            threshold = view.query("SELECT min(score) FROM ranked_scores WHERE score >= ?",
+                                   [float(options.min_score)])[0][0]
         width = (high - low) / 50 if scored and high > low else 1.0
-        bins = dict(con.execute("SELECT least(floor((score - ?) / ?)::BIGINT, 49), count(*) FROM s GROUP BY 1",
-                                [low or 0.0, width]).fetchall()) if scored else {}
-        histogram = {"low": low, "width": width, "counts": [int(bins.get(b, 0)) for b in range(50)]}
-        con.execute(f"CREATE TEMP TABLE ranked AS SELECT row_number() OVER (ORDER BY {RANK}) AS rank, uid, score "
-                    "FROM s")
-        fractions = list(CUTS) + ([options.keep_fraction] if options.keep_fraction not in (None, *CUTS) else [])
-        cuts = []
-        for fraction in sorted(fractions, reverse=True):
-            k = min(keep_count(fraction, n_pairs), scored)
-            threshold = con.execute("SELECT score FROM ranked WHERE rank = ?", [k]).fetchone() if k else None
-            half = options.examples // 2
-            border = con.execute("SELECT rank, score, uid FROM ranked WHERE rank > ? AND rank <= ? ORDER BY rank",
-                                 [k - (options.examples - half), k + half]).fetchall()
-            cuts.append({"fraction": fraction, "kept": k, "threshold": threshold[0] if threshold else None,
-                         "border": [{"rank": rank, "kept": rank <= k, "score": score, "uid": uid}
-                                    for rank, score, uid in border]})
-    shown = describe(pairs, sorted({e["uid"] for cut in cuts for e in cut["border"]}), engine, work)
-    for cut in cuts:
-        for example in cut["border"]:
-            example.update(shown.get(example["uid"], {}))
-    return {"scored": int(scored), "percentiles": percentiles, "histogram": histogram, "cuts": cuts}
+        bins = dict(view.query("SELECT CAST(least(floor((score - ?) / ?), 49) AS BIGINT), count(*) FROM ranked_scores "
+                               "GROUP BY 1", [low or 0.0, width])) if scored else {}
+    percentiles = {f"p{q:g}": _percentile(found, scored, q) for q in PERCENTILES} if scored else {}
+    cuts = [{"fraction": f, "kept": k, "threshold": found[k][0] if k else None,
+             "border": [{"rank": r, "kept": r <= k, "score": found[r][0], "uid": found[r][1]}
+                        for r in _border_ranks(k, scored, options.examples)]}
+            for f, k in cut_ranks.items()]
+    return {"scored": int(scored), "kept": int(kept), "threshold": threshold, "percentiles": percentiles,
+            "histogram": {"low": low, "width": width, "counts": [int(bins.get(b, 0)) for b in range(50)]},
+            "cuts": cuts}
 
 
 def describe(pairs: str, uids: list[str], engine: Engine, work: Path) -> dict[str, dict]:
@@ -229,7 +262,7 @@ def describe(pairs: str, uids: list[str], engine: Engine, work: Path) -> dict[st
     if engine.name == "spark":
         from pyspark.sql import functions as F
 
-        spark = spark_session(engine.master, retries=engine.retries, memory=engine.memory)
+        spark = spark_for(engine, pairs)
         rows = (spark.read.parquet(pairs).where(F.col("uid").isin(uids))
                 .select("uid", "text", F.coalesce("member", "path").alias("image")).collect())
     else:
@@ -283,6 +316,7 @@ class ScoreReport:
     scores: str
     keep: str
     percentiles: dict
+    percentile_method: str  # how the percentiles and the cuts were found (exact, on the engine)
     cuts: list  # each fraction's threshold and the pairs at its border
     histogram: dict  # 50 bins: low, width, counts
     options: dict
@@ -320,21 +354,20 @@ class Score(Stage):
             _write_scores(run.score_files, scores_path, self.fingerprint, self.inputs, engine)
         n_pairs, n_images = table_counts(pairs, engine, run.work)
         if options.keep_fraction is not None:
-            limit = keep_count(options.keep_fraction, n_pairs)
-            rule = f"the top {options.keep_fraction:g} of {n_pairs:,} pairs by cosine ({limit:,})"
-            kept = _write_keep(scores_path, run.out, FINITE, limit, engine)
+            rule = (f"the top {options.keep_fraction:g} of {n_pairs:,} pairs by cosine "
+                    f"({keep_count(options.keep_fraction, n_pairs):,})")
         else:
             rule = f"cosine >= {options.min_score!r}"
-            kept = _write_keep(scores_path, run.out, f"{FINITE} AND score >= {float(options.min_score)!r}", None,
-                               engine)
-        summary = _summary(scores_path, pairs, n_pairs, options, engine, run.work)
+        summary = _select_and_keep(scores_path, run.out, n_pairs, options, engine)
+        shown = describe(pairs, sorted({e["uid"] for cut in summary["cuts"] for e in cut["border"]}), engine, run.work)
+        for cut in summary["cuts"]:
+            for example in cut["border"]:
+                example.update(shown.get(example["uid"], {}))
         if n_pairs and not summary["scored"]:
             raise ConfigError(f"none of the {n_pairs:,} pairs of {pairs} has a finite score under {options.model} "
                               "(its vectors are NaN or infinite: a diverged model?); nothing was kept, and "
                               f"{scores_path} holds the scores")
-        with driver_duckdb(engine, run.work) as con:
-            threshold = con.execute("SELECT min(score) FROM read_parquet(?) s JOIN read_parquet(?) k USING (uid)",
-                                    [_source(scores_path), _source(run.keep)]).fetchone()[0]
+        kept, threshold = summary["kept"], summary["threshold"]
         return ScoreReport(
             model=options.model, model_fingerprint=self.fingerprint, engine=engine.name, rule=rule,
             keep_fraction=options.keep_fraction, min_score=options.min_score, tie_break="the smaller uid",
@@ -343,8 +376,8 @@ class Score(Stage):
             unreadable_images=sum(r["unreadable"] for r in results.values()) if results else None,
             kept_pairs=int(kept), removed_pairs=int(n_pairs) - int(kept), threshold=threshold,
             reused_scores=self.reused, scores=str(scores_path), keep=str(run.keep),
-            percentiles=summary["percentiles"], cuts=summary["cuts"], histogram=summary["histogram"],
-            options=asdict(options))
+            percentiles=summary["percentiles"], percentile_method=PERCENTILE_METHOD, cuts=summary["cuts"],
+            histogram=summary["histogram"], options=asdict(options))
 
     def figure(self, run: Run, report: ScoreReport):
         scorer = Path(run.options.model).resolve()

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from openalign import host
 from openalign.data import sources
-from openalign.data.engine import Engine, driver_duckdb
+from openalign.data.engine import Engine, driver_duckdb, plan_glob
 from openalign.outputs import staged
 from openalign.pipeline.runner import WORK
 
@@ -122,7 +122,7 @@ def score_summary(out: Path, scores: list[str], where: str, order: str, n_exampl
     """From the tasks' score files: how many images the rule removes, the first examples in `order`, the
     percentiles of every finite score (numpy's linear interpolation, as DuckDB's quantile_cont), and how many
     scores were NaN or infinite."""
-    plan = str(out / WORK / "plan.parquet")
+    plan = plan_glob(out / WORK / "plan.parquet")
     with driver_duckdb(engine, out / WORK) as con:
         removed = con.execute(f"SELECT count(*) FROM read_parquet(?) WHERE {where}", [scores]).fetchone()[0]
         examples = con.execute(f"""SELECT coalesce(p.member, p.path), s.match, s.score FROM read_parquet(?) s
