@@ -4,10 +4,12 @@ One Spark session serves the whole module (it starts once, ~15 s); every stage's
 with a local run of the same inputs.
 """
 
+import contextlib
 import json
 import os
 import shutil
 import sys
+import traceback
 from dataclasses import replace
 from pathlib import Path
 
@@ -343,6 +345,27 @@ def pairs_and_copies(tmp_path, sources, names) -> tuple[Path, Path]:
     return pairs, held
 
 
+@contextlib.contextmanager
+def no_driver_duckdb():
+    """Fails when the code inside opens a DuckDB connection in this process (the driver): on Spark every step between
+    the tasks is a Spark job."""
+    import duckdb
+
+    opened = []
+    real = duckdb.connect
+
+    def connect(*args, **kwargs):
+        opened.append(traceback.extract_stack(limit=6)[-2])
+        return real(*args, **kwargs)
+
+    duckdb.connect = connect
+    try:
+        yield
+    finally:
+        duckdb.connect = real
+    assert not opened, f"a DuckDB connection on the driver: {opened}"
+
+
 @needs_java
 def test_dedup_and_screen_on_spark_give_the_local_keep_lists(tmp_path, sources, spark):
     from openalign.pipeline.curation.dedup import DedupOptions, dedup
@@ -357,10 +380,12 @@ def test_dedup_and_screen_on_spark_give_the_local_keep_lists(tmp_path, sources, 
     try:
         options = DedupOptions(images_per_task=9, workers=2)
         local = dedup(pairs, str(held), tmp_path / "dl", options, progress=False)
-        distributed = dedup(pairs, str(held), tmp_path / "ds", options, progress=False, engine=SPARK)
+        with no_driver_duckdb():  # plans, keep-lists, reports: Spark jobs
+            distributed = dedup(pairs, str(held), tmp_path / "ds", options, progress=False, engine=SPARK)
         screening = ScreenOptions(classifier=f"{tmp_path / 'clf.py'}:redness", threshold=0.5, images_per_task=9)
         local_screen = screen(pairs, tmp_path / "sl", screening, progress=False, engine=LOCAL)
-        spark_screen = screen(pairs, tmp_path / "ss", screening, progress=False, engine=SPARK)
+        with no_driver_duckdb():
+            spark_screen = screen(pairs, tmp_path / "ss", screening, progress=False, engine=SPARK)
     finally:
         lost.with_suffix(".gone").rename(lost)
     assert local.removed_images >= 3 and local.unreadable_images == 1
@@ -758,3 +783,35 @@ def test_a_bucketed_keep_list_joins_to_the_same_pairs_as_a_single_file(tmp_path,
     index = [pq.read_table(build_keep_index([str(k)], tmp_path / f"idx-{k.name}")).to_pylist()
              for k in (single, buckets)]
     assert index[0] == index[1] and len(index[0]) > 0
+
+
+@needs_java
+def test_on_spark_score_semdedup_balance_and_card_open_no_duckdb_on_the_driver(tmp_path, sources, spark):
+    """Before: score's cut and report, semdedup's sample and report, balance's counts, keep-list and report, and every
+    number of the card ran in a DuckDB on the driver, whatever the engine."""
+    from conftest import save_tiny_model
+    from openalign.data.pairs import read_keep
+    from openalign.pipeline.curation.balance import BalanceOptions, balance
+    from openalign.pipeline.curation.card import CardOptions, card
+    from openalign.pipeline.curation.score import ScoreOptions, score
+    from openalign.pipeline.curation.semdedup import SemDedupOptions, semdedup
+
+    pairs = tmp_path / "pairs.parquet"
+    ingest(sources, pairs, IngestOptions(workers=1), progress=False)
+    texts = pq.read_table(pairs, columns=["text"]).column("text").to_pylist()
+    model = save_tiny_model(tmp_path / "model", texts)
+    meta = tmp_path / "meta.txt"
+    meta.write_text("picture\nweb\ntable\nfolder\n")
+    with no_driver_duckdb():
+        scored = score(pairs, tmp_path / "score", ScoreOptions(model=str(model), keep_fraction=0.3,
+                                                               images_per_task=7), progress=False, engine=SPARK)
+        deduped = semdedup(pairs, tmp_path / "semdedup", SemDedupOptions(model=str(model), clusters=3, eps=0.3,
+                                                                         images_per_task=7), progress=False,
+                           engine=SPARK)
+        balanced = balance(pairs, tmp_path / "balance", BalanceOptions(metadata=str(meta), per_entry=3),
+                           progress=False, engine=SPARK)
+        carded = card(pairs, [tmp_path / "score", tmp_path / "balance"], tmp_path / "card",
+                      CardOptions(metadata=str(meta)), progress=False, engine=SPARK)
+    assert scored.kept_pairs == len(read_keep(tmp_path / "score")) > 0 and deduped.images > 0
+    assert balanced.kept_pairs == len(read_keep(tmp_path / "balance"))
+    assert carded.kept_pairs == len(set(read_keep(tmp_path / "score")) & set(read_keep(tmp_path / "balance")))

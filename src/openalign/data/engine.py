@@ -258,6 +258,60 @@ def driver_duckdb(engine: Engine, folder: Path, threads: int = 0):
         shutil.rmtree(spill, ignore_errors=True)
 
 
+class EngineSql:
+    """SQL on the engine: DuckDB on the driver (its tables spill into the work folder) or Spark SQL on the executors
+    (a table written to the work folder as Parquet and read back), the same statements on both (positional `?`
+    parameters; `unnest`/`size` name the two dialects' list functions); only what `rows` returns comes back."""
+
+    def __init__(self, con=None, spark=None, work: Path | None = None):
+        self.con, self.spark, self.work = con, spark, work
+        self.unnest, self.size = ("explode", "size") if spark is not None else ("unnest", "len")
+
+    def source(self, name: str, paths: str | list[str]) -> None:
+        """A Parquet table (a file, a glob, or a list of them) as the view `name`."""
+        paths = [paths] if isinstance(paths, str) else list(paths)
+        if self.spark is not None:
+            self.spark.read.parquet(*paths).createOrReplaceTempView(name)
+        else:
+            listed = ", ".join("'" + p.replace("'", "''") + "'" for p in paths)
+            self.con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS SELECT * FROM read_parquet([{listed}])")
+
+    def view(self, name: str, query: str) -> None:
+        """`query` as the view `name` (computed again each time it is read)."""
+        if self.spark is not None:
+            self.spark.sql(query).createOrReplaceTempView(name)
+        else:
+            self.con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS {query}")
+
+    def table(self, name: str, query: str) -> None:
+        if self.spark is not None:
+            folder = self.work / f"sql-{name}"
+            self.spark.sql(query).write.mode("overwrite").parquet(str(folder))
+            self.spark.read.parquet(str(folder)).createOrReplaceTempView(name)
+        else:
+            self.con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS {query}")
+
+    def rows(self, query: str, params: list | None = None) -> list[tuple]:
+        if self.spark is not None:
+            return [tuple(r) for r in self.spark.sql(query, args=list(params or [])).collect()]
+        return self.con.execute(query, params or []).fetchall()
+
+    def frame(self, query: str):
+        """A query's rows on Spark, as a DataFrame (to write a keep-list from)."""
+        return self.spark.sql(query)
+
+
+@contextmanager
+def engine_sql(engine: Engine, work: Path, *inputs: str):
+    """An `EngineSql` for a step that reads `inputs`: Spark SQL on the Spark engine, else a DuckDB on the driver."""
+    work.mkdir(parents=True, exist_ok=True)
+    if engine.name == "spark":
+        yield EngineSql(spark=spark_for(engine, *inputs), work=work)
+        return
+    with driver_duckdb(engine, work) as con:
+        yield EngineSql(con=con)
+
+
 def cores(engine: Engine) -> int:
     """The cores a stage may use on this machine for its own work beside the jobs (a merge, a count): the local
     engine's workers, a local Spark master's N (`local[N]`), else all of this machine's."""

@@ -240,7 +240,7 @@ def test_a_killed_run_leaves_no_keep_list_and_its_rerun_keeps_what_a_fresh_run_k
     pairs, meta = table
     argv = ["balance", str(pairs), "--metadata", str(meta), "--per-entry", "20", "--quiet", "--workers", "1"]
     run_killed(monkeypatch, balance_lib, "keep_probabilities", [*argv, "--out", str(tmp_path / "killed")])
-    assert (tmp_path / "killed" / "matches.parquet").is_file()  # matched, then killed before sampling
+    assert (tmp_path / "killed" / "matches.parquet" / "part-000000.parquet").is_file()  # matched, then killed
     with pytest.raises(ConfigError, match="did not finish"):
         keep_source(tmp_path / "killed")
     assert main([*argv, "--out", str(tmp_path / "killed")]) == 0

@@ -104,7 +104,7 @@ def test_without_a_balance_the_card_matches_the_concepts_itself_on_either_engine
         result.card.pop("provenance")
         result.card["concepts"].pop("source")
     assert local.card == spark.card
-    assert (tmp_path / "local" / "concepts" / "matches.parquet").is_file()
+    assert (tmp_path / "local" / "concepts" / "matches.parquet").is_dir()
 
 
 def test_bad_keep_lists_are_one_sentence(corpus, tmp_path, capsys):

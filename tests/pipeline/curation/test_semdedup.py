@@ -139,7 +139,7 @@ def test_removals_are_the_rule_applied_to_each_cell_and_the_copies_go(corpus, tm
 @pytest.mark.parametrize("flags, message", [
     ([], "--model"),
     (["--model", "MODEL", "--eps", "0"], "--eps 0.0 must be between 0 and 2"),
-    (["--model", "MODEL", "--clusters", "0"], "--clusters 0 must be at least 1"),
+    (["--model", "MODEL", "--clusters", "-1"], "--clusters -1 must be at least 0"),
     (["--model", "nowhere"], "is not a directory"),
 ])
 def test_bad_options_are_one_sentence(corpus, tmp_path, capsys, flags, message):
@@ -245,3 +245,70 @@ def test_the_survivor_flag_is_which_to_keep_and_the_old_keep_still_works_with_a_
         parser.parse_args(["semdedup", "--help"])
     shown = capsys.readouterr().out
     assert "--which-to-keep {hard,easy}" in shown and "--keep" not in shown
+
+
+@pytest.mark.parametrize("engine", ["local", pytest.param("spark", marks=pytest.mark.skipif(
+    shutil.which("java") is None, reason="the Spark engine needs Java (apt-get install default-jre-headless)"))])
+def test_the_k_means_sample_is_each_image_whose_seeded_hash_falls_under_the_fraction(tmp_path, engine):
+    """Drawn on the engine from the embedding files (before: every image key sorted in one Python list on the
+    driver, and every embedding file read there), the same images on both engines and in Python."""
+    import pyarrow as pa
+
+    from openalign.data.engine import Engine
+    from openalign.pipeline.curation import semdedup as lib
+
+    rng = np.random.default_rng(0)
+    files, vectors = [], {}
+    for f in range(3):
+        keys = [f"{f}-{i:03d}" for i in range(200)]
+        block = rng.normal(size=(200, 4)).astype(np.float32)
+        vectors.update(zip(keys, block))
+        path = tmp_path / f"embeds-{f}.parquet"
+        pq.write_table(pa.table({"image_key": keys, "embedding": lib._vectors(block)}), path)
+        files.append(str(path))
+    run = Engine("spark", "local[2]") if engine == "spark" else Engine(workers=1)
+    sample = lib._sample(files, 600, 60, 7, run, tmp_path / "work")
+    bound = lib.DRAWS * 60 // 600
+    chosen = sorted(k for k in vectors if lib.sample_draw(7, k) < bound)
+    assert 30 < len(chosen) < 90 and sample.shape == (len(chosen), 4)
+    assert np.array_equal(sample, np.stack([vectors[k] for k in chosen]))
+    assert len(lib._sample(files, 600, 600, 7, run, tmp_path / "work")) == 600  # a cap of every image: all of them
+    other = lib._sample(files, 600, 60, 8, run, tmp_path / "work")
+    assert not np.array_equal(other[: min(len(other), len(sample))], sample[: min(len(other), len(sample))])
+
+
+@pytest.mark.parametrize("engine", ["local", pytest.param("spark", marks=pytest.mark.skipif(
+    shutil.which("java") is None, reason="the Spark engine needs Java (apt-get install default-jre-headless)"))])
+def test_the_shuffle_puts_each_cell_s_images_in_its_own_folder(tmp_path, engine):
+    """A cell's job reads its folder and nothing else (before: every assign job wrote a file per group of cells)."""
+    import pyarrow as pa
+
+    from openalign.data.engine import Engine
+    from openalign.pipeline.curation import semdedup as lib
+
+    rng = np.random.default_rng(1)
+    assigned, expected = [], {}
+    for f in range(3):
+        cells = rng.integers(0, 5, 40)
+        keys = [f"{f}-{i:02d}" for i in range(40)]
+        block = rng.normal(size=(40, 3)).astype(np.float32)
+        pq.write_table(pa.table({"image_key": keys, "cluster": pa.array(cells, pa.int64()),
+                                 "centroid_similarity": rng.random(40), "embedding": lib._vectors(block)}),
+                       tmp_path / f"assign-{f}.parquet")
+        assigned.append(str(tmp_path / f"assign-{f}.parquet"))
+        for key, cell, vector in zip(keys, cells, block):
+            expected.setdefault(int(cell), {})[key] = vector
+    run = Engine("spark", "local[2]") if engine == "spark" else Engine(workers=1)
+    lib.shuffle_cells(assigned, tmp_path / "cells", run, tmp_path / "work")
+    for cell, members in expected.items():
+        table = pq.read_table(tmp_path / "cells" / f"cell={cell}", partitioning=None)
+        assert set(table.column("cluster").to_pylist()) == {cell}
+        found = dict(zip(table.column("image_key").to_pylist(), lib._matrix(table.column("embedding"))))
+        assert found.keys() == members.keys() and all(np.array_equal(found[k], members[k]) for k in members)
+
+
+def test_the_cell_count_follows_the_images_unless_given():
+    from openalign.pipeline.curation.semdedup import MAX_AUTO_CLUSTERS, cell_count
+
+    assert cell_count(0, 28) == 1 and cell_count(0, 1_000_000) == 100 and cell_count(7, 10**9) == 7
+    assert cell_count(0, 160_000_000) == 16_000 and cell_count(0, 10**12) == MAX_AUTO_CLUSTERS

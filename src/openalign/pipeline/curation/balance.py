@@ -31,8 +31,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from openalign import plots
-from openalign.data.engine import Engine, Job, driver_duckdb, job_id, plan_glob, spark_for
-from openalign.data.pairs import parts_glob, sql_path, write_keep_duckdb, write_keep_spark
+from openalign.data.engine import Engine, Job, engine_sql, job_id, plan_glob
+from openalign.data.pairs import write_keep_duckdb, write_keep_spark
 from openalign.outputs import sources_key
 from openalign.pipeline.curation.concepts import TAIL_BINS, MetadataOptions, match_table, write_table
 from openalign.pipeline.runner import WORK, Run, Stage, run_stage
@@ -131,17 +131,17 @@ def sample_task(matches: str, out_path: str, probability: str, per_entry: int, s
     return {"pairs": len(uids), "kept": int(kept.sum()), "expected": expected}
 
 
-def _examples(con, where: str, n: int) -> list[dict]:
-    return [{"uid": uid, "text": text} for uid, text in con.execute(
-        f"SELECT uid, text FROM plan WHERE {where} ORDER BY uid LIMIT {int(n)}").fetchall()]
+def _examples(sql, where: str, n: int) -> list[dict]:
+    return [{"uid": uid, "text": text} for uid, text in sql.rows(
+        f"SELECT uid, text FROM plan WHERE {where} ORDER BY uid LIMIT {int(n)}")] if n else []
 
 
-def _summary(out: Path, plan: Path, options: BalanceOptions, entries: list[str],
+def _summary(out: Path, plan: Path, parts: list[str], options: BalanceOptions, entries: list[str],
              counts: np.ndarray, kept: np.ndarray, probability: np.ndarray, engine: Engine) -> dict:
-    with driver_duckdb(engine, out / WORK) as con:
-        con.execute(f"CREATE TEMP VIEW plan AS SELECT uid, text FROM read_parquet('{sql_path(plan_glob(plan))}')")
-        con.execute(f"CREATE TEMP VIEW m AS SELECT * FROM read_parquet('{sql_path(out / 'matches.parquet')}')")
-        unmatched = _examples(con, "uid IN (SELECT uid FROM m WHERE len(entries) = 0)", options.examples)
+    with engine_sql(engine, out / WORK, plan_glob(plan), *parts) as sql:
+        sql.source("plan", plan_glob(plan))
+        sql.source("m", parts)
+        unmatched = _examples(sql, f"uid IN (SELECT uid FROM m WHERE {sql.size}(entries) = 0)", options.examples)
     order = np.lexsort((np.arange(len(counts)), -counts))
     head = [{"entry": entries[i], "id": int(i), "pairs": int(counts[i]), "kept": int(kept[i]),
              "probability": float(probability[i])} for i in order[:HEAD] if counts[i] > 0]
@@ -220,9 +220,9 @@ class Balance(Stage):
         entry's pairs, then one sampling job per part of the matches."""
         options, work = run.options, run.work
         self.matched = matched = match_table(run.pairs, run.out, options, run.engine, run.progress)
-        with driver_duckdb(run.engine, work) as con:
-            counted = con.execute(f"SELECT e, count(*) FROM (SELECT unnest(entries) AS e FROM read_parquet("
-                                  f"'{sql_path(matched.matches)}')) GROUP BY e").fetchall()
+        with engine_sql(run.engine, work, *matched.parts) as sql:
+            sql.source("matches", matched.parts)
+            counted = sql.rows(f"SELECT e, count(*) FROM (SELECT {sql.unnest}(entries) AS e FROM matches) GROUP BY e")
         self.counts = counts = np.zeros(len(matched.entries), dtype=np.int64)
         for entry, n in counted:
             counts[entry] = n
@@ -240,25 +240,23 @@ class Balance(Stage):
         options, out, matched, counts = run.options, run.out, self.matched, self.counts
         entries, matches, n_pairs = matched.entries, matched.matches, matched.pairs
         keep = run.keep
-        if run.engine.name == "spark":  # the kept uids' buckets written on the executors
-            spark = spark_for(run.engine, *self.sampled)
-            n_kept = write_keep_spark(spark.read.parquet(*self.sampled).where("kept"), keep)
-        with driver_duckdb(run.engine, run.work) as con:
-            if run.engine.name != "spark":
-                n_kept = write_keep_duckdb(con, "SELECT uid FROM read_parquet(?) WHERE kept", [self.sampled], keep)
-            unmatched = con.execute(f"SELECT count(*) FROM read_parquet('{sql_path(matches)}') WHERE len(entries) = 0"
-                                    ).fetchone()[0]
-            after = con.execute(f"SELECT e, count(*) FROM (SELECT unnest(m.entries) AS e FROM read_parquet("
-                                f"'{sql_path(matches)}') m SEMI JOIN "
-                                f"read_parquet('{sql_path(parts_glob(keep))}') k USING (uid)) "
-                                "GROUP BY e").fetchall()
+        with engine_sql(run.engine, run.work, *self.sampled, *matched.parts) as sql:  # on the executors on Spark
+            sql.source("sampled", self.sampled)
+            sql.source("matches", matched.parts)
+            kept_uids = "SELECT uid FROM sampled WHERE kept"
+            n_kept = (write_keep_spark(sql.frame(kept_uids), keep) if sql.spark is not None
+                      else write_keep_duckdb(sql.con, kept_uids, [], keep))
+            unmatched = sql.rows(f"SELECT count(*) FROM matches WHERE {sql.size}(entries) = 0")[0][0]
+            after = sql.rows(f"SELECT e, count(*) FROM (SELECT {sql.unnest}(m.entries) AS e FROM matches m JOIN "
+                             "sampled s ON m.uid = s.uid WHERE s.kept) GROUP BY e")
         self.kept = kept = np.zeros(len(entries), dtype=np.int64)
         for entry, n in after:
             kept[entry] = n
         pq.write_table(pa.table({"entry": entries, "id": pa.array(np.arange(len(entries)), pa.int32()),
                                  "pairs": counts, "kept": kept, "probability": self.probability}),
                        out / "entries.parquet")
-        summary = _summary(out, matched.plan, options, entries, counts, kept, self.probability, run.engine)
+        summary = _summary(out, matched.plan, matched.parts, options, entries, counts, kept, self.probability,
+                           run.engine)
         self.title = f"{n_pairs:,} pairs over {int((counts > 0).sum()):,} entries: {n_kept:,} kept"
         return BalanceReport(
             engine=run.engine.name, rule=f"MetaCLIP's balancing, t = {options.per_entry:,}: a pair is kept when any "

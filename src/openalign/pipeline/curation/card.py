@@ -19,8 +19,11 @@ the concepts' counts before and after):
 - examples kept and removed at each stage, and provenance: the input files with their sizes, each stage's report
   (rule, options), the command, the versions of openalign and the libraries.
 
-The numbers are SQL over the table and keep-lists (DuckDB on the driver, which spills to disk); the matching runs on
-the engine given.
+The numbers are SQL over the table and keep-lists on the engine given (Spark SQL on the executors; DuckDB on the
+driver, which spills to disk), in a constant number of passes whatever the stages (one grouping by uid joined with
+each keep-list, one aggregate, one grouping by image, one by each group column, one of the matches by entry, and a
+small ordered LIMIT for each stage's examples); only numbers, top rows and examples come back. The matching runs on
+the engine too.
 """
 
 from __future__ import annotations
@@ -36,10 +39,10 @@ import numpy as np
 
 from openalign import plots
 from openalign.config import ConfigError, listed
-from openalign.data.engine import Engine, driver_duckdb
+from openalign.data.engine import Engine, EngineSql, engine_sql
 from openalign.data.pairs import (KEEP_REPORT_SUFFIX, PAIR_TABLE, keep_reports, keep_source,
-                                  manifest_path, sql_path)
-from openalign.pipeline.curation.concepts import TAIL_BINS, MetadataOptions, match_table, read_entries
+                                  manifest_path)
+from openalign.pipeline.curation.concepts import TAIL_BINS, MetadataOptions, match_table, read_entries, table_source
 from openalign.pipeline.runner import Input, Run, Stage, run_stage
 
 __all__ = ["CardOptions", "CardResult", "card"]
@@ -115,9 +118,10 @@ def _columns(pairs: str) -> list[str]:
         return [r[0] for r in con.execute("DESCRIBE SELECT * FROM read_parquet(?)", [pairs]).fetchall()]
 
 
-def _load(con, pairs: str, keeps: list[Path], names: list[str]) -> list[str]:
-    """TEMP TABLE p: one row per uid (text, image, group columns) with a `k_i` column per stage: kept by it."""
-    columns = _columns(pairs)
+def _load(sql: EngineSql, pairs: str, keeps: list[Path], names: list[str]) -> list[str]:
+    """Table p: one row per uid (text, image, group columns) with a `k_i` column per stage (kept by it) and `kept`
+    (by every stage): one grouping of the table and a join with each keep-list, on the engine."""
+    columns = list(sql.spark.read.parquet(pairs).columns) if sql.spark is not None else _columns(pairs)
     groups = []
     if "language" in columns:
         groups.append("min(language) AS language")
@@ -128,26 +132,25 @@ def _load(con, pairs: str, keeps: list[Path], names: list[str]) -> list[str]:
     image = "coalesce(member, path)" if "path" in columns else "url" if "url" in columns else "NULL"
     if "path" in columns and "url" in columns:
         image = "coalesce(url, member, path)"
-    select = ", ".join(["uid", "min(text) AS text", "min(image_key) AS image_key", f"min({image}) AS image", *groups])
-    con.execute(f"CREATE TEMP TABLE base AS SELECT {select} FROM read_parquet(?) GROUP BY uid", [pairs])
+    sql.source("card_pairs", pairs)
     for i, keep in enumerate(keeps):
-        con.execute(f"CREATE TEMP TABLE keep{i} AS SELECT DISTINCT uid FROM read_parquet(?)", [keep_source(keep)])
+        sql.source(f"card_keep{i}", keep_source(keep))
+    select = ", ".join(["uid", "min(text) AS text", "min(image_key) AS image_key", f"min({image}) AS image", *groups])
     flags = "".join(f", k{i}.uid IS NOT NULL AS k{i}" for i in range(len(keeps)))
-    joins = "".join(f" LEFT JOIN keep{i} k{i} USING (uid)" for i in range(len(keeps)))
-    con.execute(f"CREATE TEMP TABLE p AS SELECT base.*{flags} FROM base{joins}")
-    con.execute("CREATE TEMP VIEW kept AS SELECT * FROM p WHERE " + (" AND ".join(f"k{i}" for i in range(len(names)))
-                                                                     or "true"))
+    joins = "".join(f" LEFT JOIN (SELECT DISTINCT uid FROM card_keep{i}) k{i} USING (uid)" for i in range(len(keeps)))
+    kept = " AND ".join(f"k{i}.uid IS NOT NULL" for i in range(len(keeps))) or "true"
+    sql.table("p", f"SELECT base.*{flags}, {kept} AS kept FROM (SELECT {select} FROM card_pairs GROUP BY uid) base"
+                   f"{joins}")
     present = [g for g in GROUPS if g in [c.split(" AS ")[-1] for c in groups]]
-    return [g for g in present if con.execute(f"SELECT count({g}) FROM p").fetchone()[0]]  # an all-null one: none
+    if not present:
+        return []
+    found = sql.rows("SELECT " + ", ".join(f"count({g})" for g in present) + " FROM p")[0]
+    return [g for g, n in zip(present, found) if n]  # an all-null one: none
 
 
-def _count(con, where: str) -> int:
-    return int(con.execute(f"SELECT count(*) FROM p WHERE {where}").fetchone()[0])
-
-
-def _examples(con, where: str, n: int) -> list[dict]:
-    return [{"text": text, "image": image} for text, image in con.execute(
-        f"SELECT text, image FROM p WHERE {where} ORDER BY uid LIMIT {int(n)}").fetchall()]
+def _examples(sql: EngineSql, where: str, n: int) -> list[dict]:
+    return [{"text": text, "image": image} for text, image in sql.rows(
+        f"SELECT text, image FROM p WHERE {where} ORDER BY uid LIMIT {int(n)}")] if n else []
 
 
 def _rules(report: dict) -> list[dict]:
@@ -159,63 +162,73 @@ def _rules(report: dict) -> list[dict]:
             for r in rules if isinstance(r, dict) and "rule" in r]
 
 
-def _counts(con, names: list[str], reports: list[dict], examples: int) -> dict:
-    total = _count(con, "true")
-    images = int(con.execute("SELECT count(DISTINCT image_key) FROM p").fetchone()[0])
-    stages, left = [], "true"
-    for i, name in enumerate(names):
-        left = f"{left} AND k{i}"
-        others = " AND ".join(f"k{j}" for j in range(len(names)) if j != i) or "true"
-        stages.append({
-            "stage": name, "rule": reports[i].get("rule"), "removed_alone": _count(con, f"NOT k{i}"),
-            "left_after": _count(con, left), "images_left_after": int(con.execute(
-                f"SELECT count(DISTINCT image_key) FROM p WHERE {left}").fetchone()[0]),
-            "removed_only_here": _count(con, f"NOT k{i} AND {others}"), "rules": _rules(reports[i]),
-            "removed_examples": _examples(con, f"NOT k{i}", examples),
-        })
-    overlap = [[_count(con, f"NOT k{i} AND NOT k{j}") for j in range(len(names))] for i in range(len(names))]
-    kept = int(con.execute("SELECT count(*) FROM kept").fetchone()[0])
-    return {"pairs": total, "images": images, "kept_pairs": kept, "kept_images": int(con.execute(
-        "SELECT count(DISTINCT image_key) FROM kept").fetchone()[0]), "stages": stages, "removed_by_both": overlap,
-        "kept_examples": [{"text": t, "image": i} for t, i in con.execute(
-            f"SELECT text, image FROM kept ORDER BY uid LIMIT {int(examples)}").fetchall()]}
+def _counts(sql: EngineSql, names: list[str], reports: list[dict], examples: int) -> dict:
+    """Every count in two passes: one aggregate over p (each stage's removals alone, the pairs left after it, its own
+    removals, every two stages' shared ones) and one grouping by image (the images left; a grouping spills, and
+    `count(DISTINCT)` does not)."""
+    n = len(names)
+    left = ["true"]
+    for i in range(n):
+        left.append(f"{left[-1]} AND k{i}")
+    only = [" AND ".join([f"NOT k{i}", *(f"k{j}" for j in range(n) if j != i)]) for i in range(n)]
+    counted = ["count(*)", *(f"count(*) FILTER (WHERE NOT k{i})" for i in range(n)),
+               *(f"count(*) FILTER (WHERE {left[i + 1]})" for i in range(n)),
+               *(f"count(*) FILTER (WHERE {only[i]})" for i in range(n)),
+               *(f"count(*) FILTER (WHERE NOT k{i} AND NOT k{j})" for i in range(n) for j in range(n)),
+               "count(*) FILTER (WHERE kept)"]
+    values = [int(v or 0) for v in sql.rows("SELECT " + ", ".join(counted) + " FROM p")[0]]
+    total, alone, after, own = values[0], values[1:1 + n], values[1 + n:1 + 2 * n], values[1 + 2 * n:1 + 3 * n]
+    overlap = [values[1 + 3 * n + i * n: 1 + 3 * n + (i + 1) * n] for i in range(n)]
+    kept = values[-1]
+    per_image = ", ".join(["image_key", *(f"bool_or({left[i + 1]}) AS l{i}" for i in range(n)),
+                           "bool_or(kept) AS kept"])
+    counted = ["count(*)", *(f"count(*) FILTER (WHERE l{i})" for i in range(n)), "count(*) FILTER (WHERE kept)"]
+    images = [int(v or 0) for v in sql.rows(f"SELECT {', '.join(counted)} FROM (SELECT {per_image} FROM p "
+                                            "GROUP BY image_key)")[0]]
+    stages = [{"stage": name, "rule": reports[i].get("rule"), "removed_alone": alone[i], "left_after": after[i],
+               "images_left_after": images[1 + i], "removed_only_here": own[i], "rules": _rules(reports[i]),
+               "removed_examples": _examples(sql, f"NOT k{i}", examples)} for i, name in enumerate(names)]
+    return {"pairs": total, "images": images[0], "kept_pairs": kept, "kept_images": images[-1], "stages": stages,
+            "removed_by_both": overlap, "kept_examples": _examples(sql, "kept", examples)}
 
 
-def _groups(con, groups: list[str], names: list[str], top: int) -> dict:
-    """Per language and per host: the `top` values with the most pairs, and how many other values there are."""
+def _groups(sql: EngineSql, groups: list[str], names: list[str], top: int) -> dict:
+    """Per language and per host: the `top` values with the most pairs, and how many values there are (one grouping
+    each, written on the engine; its count and its top rows come back)."""
     out = {}
     for column in groups:
-        kept = " AND ".join(f"k{i}" for i in range(len(names))) or "true"
-        removed = "".join(f", sum(CASE WHEN NOT k{i} THEN 1 ELSE 0 END)" for i in range(len(names)))
-        rows = con.execute(f"SELECT coalesce({column}, '(none)') AS v, count(*) AS n, sum(CASE WHEN {kept} THEN 1 "
-                           f"ELSE 0 END){removed} FROM p GROUP BY v ORDER BY n DESC, v LIMIT {int(top)}").fetchall()
-        values = int(con.execute(f"SELECT count(DISTINCT coalesce({column}, '(none)')) FROM p").fetchone()[0])
+        removed = "".join(f", count(*) FILTER (WHERE NOT k{i}) AS r{i}" for i in range(len(names)))
+        sql.table(f"g_{column}", f"SELECT coalesce({column}, '(none)') AS v, count(*) AS n, "
+                                 f"count(*) FILTER (WHERE kept) AS kept{removed} FROM p GROUP BY coalesce({column}, "
+                                 "'(none)')")
+        values = int(sql.rows(f"SELECT count(*) FROM g_{column}")[0][0])
+        rows = sql.rows(f"SELECT * FROM g_{column} ORDER BY n DESC, v LIMIT {int(top)}") if top else []
         out[column] = {"values": values, "top": [
             {column: r[0], "pairs": int(r[1]), "kept": int(r[2]),
              "removed_by": {name: int(r[3 + i]) for i, name in enumerate(names)}} for r in rows]}
     return out
 
 
-def _concepts(con, out: Path, pairs: str, keeps: list[Path], names: list[str], options: CardOptions,
+def _concepts(sql: EngineSql, out: Path, pairs: str, keeps: list[Path], names: list[str], options: CardOptions,
               engine: Engine, progress: bool) -> dict:
-    """Each metadata entry's pairs in the whole table and among the kept, from balance's matches."""
+    """Each metadata entry's pairs in the whole table and among the kept, from balance's matches (one join of the
+    matches with p and one grouping by entry)."""
     source = next((k for k, n in zip(keeps, names) if n.split("#")[0] == "balance"), None)
     if source is None:
         source = out / "concepts"
         match_table(pairs, source, options, engine, progress)
         shutil.rmtree(source / "_work", ignore_errors=True)
     entries = read_entries(str(Path(source) / "metadata.txt"))
-    con.execute(f"CREATE TEMP TABLE m AS SELECT uid, entries FROM read_parquet('"
-                f"{sql_path(Path(source) / 'matches.parquet')}')")
+    sql.source("card_matches", table_source(Path(source) / "matches.parquet"))
+    sql.table("m", "SELECT m.uid AS uid, m.entries AS entries, p.kept AS kept FROM card_matches m JOIN p "
+                   "ON m.uid = p.uid")
     before, after = np.zeros(len(entries), np.int64), np.zeros(len(entries), np.int64)
-    for e, n in con.execute("SELECT e, count(*) FROM (SELECT unnest(entries) AS e FROM m SEMI JOIN p USING (uid)) "
-                            "GROUP BY e").fetchall():
-        before[e] = n
-    for e, n in con.execute("SELECT e, count(*) FROM (SELECT unnest(entries) AS e FROM m SEMI JOIN kept USING "
-                            "(uid)) GROUP BY e").fetchall():
-        after[e] = n
-    matched_before, matched_after = (int(con.execute(f"SELECT count(*) FROM m SEMI JOIN {t} USING (uid) WHERE "
-                                                     "len(entries) > 0").fetchone()[0]) for t in ("p", "kept"))
+    for e, n, k in sql.rows(f"SELECT e, count(*), count(*) FILTER (WHERE kept) FROM (SELECT {sql.unnest}(entries) "
+                            "AS e, kept FROM m) GROUP BY e"):
+        before[e], after[e] = n, k
+    matched_before, matched_after = (int(v or 0) for v in sql.rows(
+        f"SELECT count(*) FILTER (WHERE {sql.size}(entries) > 0), count(*) FILTER (WHERE {sql.size}(entries) > 0 "
+        "AND kept) FROM m")[0])
     order = np.lexsort((np.arange(len(entries)), -before))
     top = options.top
 
@@ -415,15 +428,19 @@ class Card(Stage):
         self.names, self.reports = _names(stages), [r for _, r in stages]
 
     def plan(self, run: Run) -> list:
-        return []  # SQL on the driver (DuckDB spills to disk); the concepts' matching runs its own jobs
+        return []  # SQL on the engine (EngineSql); the concepts' matching runs its own jobs
+
+    def sql(self, run: Run):
+        """The card's SQL: Spark SQL on the Spark engine, else a DuckDB on the driver (spilling into its work)."""
+        return engine_sql(run.engine, run.work, run.pairs, *(keep_source(k) for k in self.lists))
 
     def merge(self, run: Run, results: dict) -> CardReport:
         options, pairs, names = run.options, run.pairs, self.names
-        with driver_duckdb(run.engine, run.work) as con:
-            groups = _load(con, pairs, self.lists, names)
-            counts = _counts(con, names, self.reports, options.examples)
-            by_group = _groups(con, groups, names, options.top)
-            concepts = _concepts(con, run.out, pairs, self.lists, names, options, run.engine, run.progress)
+        with self.sql(run) as sql:
+            groups = _load(sql, pairs, self.lists, names)
+            counts = _counts(sql, names, self.reports, options.examples)
+            by_group = _groups(sql, groups, names, options.top)
+            concepts = _concepts(sql, run.out, pairs, self.lists, names, options, run.engine, run.progress)
         self.entry_counts = concepts.pop("_counts")
         title = options.title or (f"{Path(pairs).resolve().parent.name}/{Path(pairs).name}" if "://" not in pairs
                                   else pairs)

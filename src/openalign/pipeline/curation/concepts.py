@@ -13,8 +13,12 @@ The default metadata: WordNet's synset names (the first lemma of each synset, lo
 words found in at least `term_min_pairs` pairs' texts.
 
     OUT/metadata.txt              the entries, one per line (an entry's id is its line number from 0)
-    OUT/matches.parquet           (uid, entries): each pair's matched entry ids, empty where none, in uid order
-    OUT/_work/plan.parquet        the table's distinct (uid, text), cut into jobs; matches-ID.parquet per job
+    OUT/matches.parquet/          (uid, entries): each pair's matched entry ids, empty where none, in uid order: one
+                                  part a match job (part-ID.parquet, its jobs' own files moved in: never merged)
+    OUT/_work/plan.parquet/       the table's distinct (uid, text), cut into jobs (a folder a job)
+
+Balance and card run their SQL over these and the pair table through `engine.engine_sql`: Spark SQL on the Spark
+engine, DuckDB on the driver otherwise, the same statements.
 """
 
 from __future__ import annotations
@@ -31,10 +35,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from openalign.config import ConfigError, Options
-from openalign.data.engine import (Engine, Job, driver_duckdb, duckdb_plan, job_id, read_plan, run_jobs, spark_for,
-                                   spark_plan)
-from openalign.data.pairs import sql_path
-from openalign.outputs import sources_key, staged, write_json
+from openalign.data.engine import (Engine, Job, driver_duckdb, duckdb_plan, engine_sql, job_id, read_plan, run_jobs,
+                                   spark_for, spark_plan)
+from openalign.data.pairs import parts_glob
+from openalign.outputs import place, sources_key, staged, staged_dir, write_json
 
 __all__ = ["Matched", "MetadataOptions", "default_metadata", "match_entries", "match_table",
            "read_entries", "spaced_entry", "spaced_text", "wordnet_entries", "write_table"]
@@ -65,10 +69,10 @@ class Matched:
 
     entries: list[str]  # the metadata, in id order (OUT/metadata.txt)
     origin: dict  # where the entries came from, and their fingerprint
-    matches: Path  # OUT/matches.parquet
+    matches: Path  # OUT/matches.parquet/: a folder of the match jobs' parts
     reused: bool  # the matches of an earlier run with the same table and metadata
     plan: Path  # OUT/_work/plan.parquet
-    parts: list[str]  # each job's (uid, entries), in plan order
+    parts: list[str]  # each job's (uid, entries), in plan order: the parts of OUT/matches.parquet/
     pairs: int  # distinct pairs
     key: str  # a fingerprint of the table, the metadata and the rules
 
@@ -250,9 +254,11 @@ def _metadata(pairs: str, plan: Path, n_jobs: int, work: Path, out: Path, option
             _run([Job(job_id(i), words_task, (str(plan), i, parts[i], options.ignore_case),
                       key=sources_key(inputs, "words", options.ignore_case, i), outputs=(parts[i],))
                   for i in range(n_jobs)], work, "words", engine, progress)
-            with driver_duckdb(engine, work) as con:
-                words = con.execute("SELECT word, sum(pairs)::BIGINT AS n FROM read_parquet(?) GROUP BY word HAVING "
-                                    "n >= ? ORDER BY n DESC, word", [parts, options.term_min_pairs]).fetchall()
+            with engine_sql(engine, work, *parts) as sql:
+                sql.source("words", parts)
+                words = [(w, int(n)) for w, n in sql.rows(
+                    "SELECT word, CAST(sum(pairs) AS BIGINT) AS n FROM words GROUP BY word HAVING sum(pairs) >= ? "
+                    "ORDER BY n DESC, word", [options.term_min_pairs])]
         entries = default_metadata(wordnet, words, options.term_min_pairs)
         origin = {"wordnet": str(options.wordnet), "wordnet_entries": len(wordnet),
                   "corpus_words": len(entries) - len(wordnet), "term_min_pairs": options.term_min_pairs}
@@ -273,6 +279,11 @@ def _fingerprint_of(matches: Path) -> str | None:
         return None
 
 
+def table_source(path: Path | str) -> str:
+    """A Parquet table written as a file or a folder of parts, as a read_parquet argument."""
+    return parts_glob(Path(path)) if Path(path).is_dir() else str(path)
+
+
 def match_table(pairs: str, out: Path, options: MetadataOptions, engine: Engine, progress: bool) -> Matched:
     """Plan the table's distinct (uid, text) into jobs, write the metadata, then each pair's matched entries
     (reused when the table, the metadata and the rules are unchanged); the jobs' parts exist either way."""
@@ -286,21 +297,16 @@ def match_table(pairs: str, out: Path, options: MetadataOptions, engine: Engine,
     origin = _metadata(pairs, plan, n_jobs, work, out, options, inputs, engine, progress)
     key = sources_key(inputs, origin["fingerprint"], options.ignore_case)
     matches = out / "matches.parquet"
-    reused = _fingerprint_of(matches) == key
-    parts = [str(work / f"matches-{job_id(i)}.parquet") for i in range(n_jobs)]
+    parts = [str(matches / f"part-{job_id(i)}.parquet") for i in range(n_jobs)]
+    reused = _fingerprint_of(matches) == key and all(Path(p).is_file() for p in parts)
     if not reused:
         matches.with_name(matches.name + ".inputs.json").unlink(missing_ok=True)
-        _run([Job(job_id(i), match_task, (str(plan), i, parts[i], str(out / "metadata.txt"), origin["fingerprint"],
-                                          options.ignore_case), key=sources_key(key, i), outputs=(parts[i],))
+        written = [str(work / f"matches-{job_id(i)}.parquet") for i in range(n_jobs)]
+        _run([Job(job_id(i), match_task, (str(plan), i, written[i], str(out / "metadata.txt"), origin["fingerprint"],
+                                          options.ignore_case), key=sources_key(key, i), outputs=(written[i],))
               for i in range(n_jobs)], work, "match", engine, progress)
-        with driver_duckdb(engine, work) as con:
-            con.execute(f"COPY (SELECT uid, entries FROM read_parquet(?) ORDER BY uid) TO '{sql_path(matches)}' "
-                        "(FORMAT parquet)", [parts])
+        with staged_dir(matches) as folder:  # the jobs' files are the table's parts: moved, never merged
+            for i, path in enumerate(written):
+                place(Path(path), folder / Path(parts[i]).name)
         write_json(matches.with_name(matches.name + ".inputs.json"), {"inputs": key})
-    else:  # the parts, from the joined file, for whatever reads the matches job by job
-        with driver_duckdb(engine, work) as con:
-            for i in range(n_jobs):
-                con.execute(f"COPY (SELECT m.uid, m.entries FROM read_parquet('{sql_path(matches)}') m JOIN "
-                            f"read_parquet('{sql_path(plan / f'task={i}')}/*.parquet') p USING (uid) ORDER BY uid) TO "
-                            f"'{sql_path(parts[i])}' (FORMAT parquet)")
     return Matched(read_entries(str(out / "metadata.txt")), origin, matches, reused, plan, parts, n_pairs, key)

@@ -24,6 +24,7 @@ and the percentiles, 60-odd ranks in ~3 scans).
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from dataclasses import dataclass
 
@@ -139,6 +140,26 @@ def _tied_uid(view: ScoresView, score: float, rank: int, count: int) -> str:
     return sorted(view.tie_uids(score, prefix))[rank - 1]
 
 
+def percentile_ranks(scored: int, percentiles) -> set[int]:
+    """The ranks (1: the highest score) whose scores the percentiles interpolate between."""
+    return {scored - f((scored - 1) * q / 100) for q in percentiles for f in (math.floor, math.ceil)} if scored \
+        else set()
+
+
+def percentile(found: dict, scored: int, q: float) -> float:
+    """numpy's linear percentile (DuckDB's quantile_cont) from the selected ranks (rank 1 the highest score)."""
+    h = (scored - 1) * q / 100
+    low, high = found[scored - math.floor(h)][0], found[scored - math.ceil(h)][0]
+    return float(low + (high - low) * (h - math.floor(h)))
+
+
+def percentiles(view: ScoresView, qs) -> dict[str, float]:
+    """{pQ: value} of the finite scores, exact, selected on the engine (no value list held anywhere)."""
+    scored = view.stats()[0]
+    found = select(view, percentile_ranks(scored, qs))
+    return {f"p{q:g}": percentile(found, scored, q) for q in qs} if scored else {}
+
+
 def duckdb_view(con, source: str, finite: str) -> ScoresView:
     """The finite scores of `source` (a read_parquet argument) on a DuckDB connection."""
     con.execute(f"CREATE OR REPLACE TEMP VIEW ranked_scores AS SELECT score, uid FROM read_parquet("
@@ -150,3 +171,9 @@ def spark_view(spark, frame, finite: str) -> ScoresView:
     """The same on Spark: each question a Spark job, the answers' few rows collected."""
     frame.where(finite).select("score", "uid").createOrReplaceTempView("ranked_scores")
     return ScoresView(lambda sql, params: [tuple(r) for r in spark.sql(sql, args=list(params)).collect()])
+
+
+def engine_view(sql, query: str) -> ScoresView:
+    """The view of `query`'s (score, uid) rows, finite ones only, through an `engine.EngineSql`."""
+    sql.view("ranked_scores", query)
+    return ScoresView(sql.rows)

@@ -206,19 +206,6 @@ def _write_keep(scores: Path, out: Path, where: str, limit: int | None, engine: 
         return keep(f"({where}) AND ({condition})", params, out / "keep.parquet")
 
 
-def _percentile(found: dict, scored: int, q: float) -> float:
-    """numpy's linear percentile (DuckDB's quantile_cont) from the selected ranks (rank 1 the highest score)."""
-    h = (scored - 1) * q / 100
-    low, high = found[scored - math.floor(h)][0], found[scored - math.ceil(h)][0]
-    return float(low + (high - low) * (h - math.floor(h)))
-
-
-def _percentile_ranks(scored: int) -> set[int]:
-    """The ranks (1: the highest score) whose scores the percentiles interpolate between."""
-    return {scored - f((scored - 1) * q / 100) for q in PERCENTILES for f in (math.floor, math.ceil)} if scored \
-        else set()
-
-
 def _border_ranks(k: int, scored: int, examples: int) -> range:
     half = examples // 2
     return range(max(1, k - (examples - half) + 1), min(scored, k + half) + 1)
@@ -232,7 +219,7 @@ def _select_and_keep(scores: Path, out: Path, n_pairs: int, options: ScoreOption
         scored, low, high = view.stats()
         cut_ranks = {f: min(keep_count(f, n_pairs), scored) for f in fractions}
         borders = [_border_ranks(k, scored, options.examples) for k in cut_ranks.values()]
-        wanted = _percentile_ranks(scored).union(*borders, {k for k in cut_ranks.values() if k})
+        wanted = ranks.percentile_ranks(scored, PERCENTILES).union(*borders, {k for k in cut_ranks.values() if k})
         found = ranks.select(view, wanted)
         if options.keep_fraction is not None:
             k = cut_ranks[options.keep_fraction]
@@ -245,7 +232,7 @@ def _select_and_keep(scores: Path, out: Path, n_pairs: int, options: ScoreOption
         width = (high - low) / 50 if scored and high > low else 1.0
         bins = dict(view.query("SELECT CAST(least(floor((score - ?) / ?), 49) AS BIGINT), count(*) FROM ranked_scores "
                                "GROUP BY 1", [low or 0.0, width])) if scored else {}
-    percentiles = {f"p{q:g}": _percentile(found, scored, q) for q in PERCENTILES} if scored else {}
+    percentiles = {f"p{q:g}": ranks.percentile(found, scored, q) for q in PERCENTILES} if scored else {}
     cuts = [{"fraction": f, "kept": k, "threshold": found[k][0] if k else None,
              "border": [{"rank": r, "kept": r <= k, "score": found[r][0], "uid": found[r][1]}
                         for r in _border_ranks(k, scored, options.examples)]}

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from openalign import host
 from openalign.data import sources
-from openalign.data.engine import Engine, driver_duckdb, plan_glob
+from openalign.data.engine import Engine, engine_sql, plan_glob
 from openalign.outputs import staged
 from openalign.pipeline.runner import WORK
 
@@ -119,19 +119,21 @@ FINITE = "score BETWEEN -1.7976931348623157e308 AND 1.7976931348623157e308"
 
 def score_summary(out: Path, scores: list[str], where: str, order: str, n_examples: int,
                   engine: Engine) -> tuple[int, list, dict, int]:
-    """From the tasks' score files: how many images the rule removes, the first examples in `order`, the
-    percentiles of every finite score (numpy's linear interpolation, as DuckDB's quantile_cont), and how many
-    scores were NaN or infinite."""
+    """From the tasks' score files, on the engine (Spark SQL, or DuckDB on the driver): how many images the rule
+    removes and how many scores were NaN or infinite (one aggregate), the first examples in `order` (a small ordered
+    LIMIT), and the percentiles of every finite score (exact, numpy's linear interpolation, selected in passes
+    without a sort: ranks.py)."""
+    from openalign.pipeline.curation import ranks
+
     plan = plan_glob(out / WORK / "plan.parquet")
-    with driver_duckdb(engine, out / WORK) as con:
-        removed = con.execute(f"SELECT count(*) FROM read_parquet(?) WHERE {where}", [scores]).fetchone()[0]
-        examples = con.execute(f"""SELECT coalesce(p.member, p.path), s.match, s.score FROM read_parquet(?) s
-                                   JOIN read_parquet(?) p USING (image_key) WHERE {where}
-                                   ORDER BY s.score {order}, s.image_key LIMIT {int(n_examples)}""",
-                               [scores, plan]).fetchall()
-        quantiles = con.execute(f"SELECT quantile_cont(score, ?::DOUBLE[]) FROM read_parquet(?) WHERE {FINITE}",
-                                [[q / 100 for q in PERCENTILES], scores]).fetchone()[0]
-        nonfinite = con.execute(f"SELECT count(*) FROM read_parquet(?) WHERE score IS NOT NULL AND NOT ({FINITE})",
-                                [scores]).fetchone()[0]
-    percentiles = {f"p{q:g}": float(v) for q, v in zip(PERCENTILES, quantiles)} if quantiles else {}
-    return removed, examples, percentiles, int(nonfinite)
+    with engine_sql(engine, out / WORK, *scores, plan) as sql:
+        sql.source("s", scores)
+        sql.source("plan", plan)
+        removed, nonfinite = sql.rows(f"SELECT count(*) FILTER (WHERE {where}), count(*) FILTER (WHERE score IS NOT "
+                                      f"NULL AND NOT ({FINITE})) FROM s")[0]
+        examples = [tuple(r) for r in sql.rows(
+            f"""SELECT coalesce(p.member, p.path), s.match, s.score FROM s JOIN plan p ON s.image_key = p.image_key
+                WHERE {where} ORDER BY s.score {order}, s.image_key LIMIT {int(n_examples)}""")]
+        percentiles = ranks.percentiles(ranks.engine_view(sql, f"SELECT score, image_key AS uid FROM s WHERE "
+                                                               f"{FINITE}"), PERCENTILES)
+    return int(removed or 0), examples, percentiles, int(nonfinite or 0)

@@ -14,9 +14,11 @@ smaller image key. Only images in one cell are compared: duplicates the k-means
 separates are kept (the paper's trade, measured in its Section 3).
 
 Four passes, each resumable: every distinct image embedded in jobs (the evaluation transform, one core per job,
-so both engines give the same digits); k-means on the driver over a seeded sample of at most
-`kmeans_sample` x clusters embeddings; each job's images assigned to their nearest centroid and written out by
-group of `clusters_per_task` cells; each group's cells deduplicated in a job. Writes DIR/keep.parquet (the pairs
+so both engines give the same digits); k-means on the driver over a seeded sample of ~`kmeans_sample` x clusters
+embeddings (`--clusters 0`, the default: one cell per 10,000 images), each image drawn by a hash of the seed and its
+key in a filter on the engine (`_sample`); each job's images assigned to their nearest centroid, then gathered into
+one folder a cell by a shuffle on the engine (`shuffle_cells`); each group of `clusters_per_task` cells deduplicated
+in a job that reads only its cells. Writes DIR/keep.parquet (the pairs
 whose image stays; `openalign shard --keep`), DIR/clusters.parquet (every image's cell, cosine to its centroid, and
 for a removed one the image before it that it duplicates and their cosine), DIR/semdedup_report.json (counts, the
 largest cells, the closest removals) and DIR/semdedup_report.png.
@@ -25,6 +27,8 @@ largest cells, the closest removals) and DIR/semdedup_report.png.
 from __future__ import annotations
 
 import hashlib
+import math
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -36,7 +40,7 @@ import pyarrow.parquet as pq
 from openalign import plots
 from openalign.config import ConfigError, Options
 from openalign.data import sources
-from openalign.data.engine import Engine, Job, driver_duckdb, job_id, read_plan
+from openalign.data.engine import Engine, Job, driver_duckdb, engine_sql, job_id, read_plan, spark_for
 from openalign.data.pairs import sql_path
 from openalign.outputs import sources_key, staged
 from openalign.pipeline.runner import WORK, Run, Stage, run_stage
@@ -45,16 +49,25 @@ from openalign.pipeline.curation.scoring import FINITE, check_model, embed_blobs
 __all__ = ["SemDedupOptions", "SemDedupResult", "semdedup", "cluster_removals"]
 
 CLUSTERS = "clusters.parquet"
+CELL_IMAGES = 10_000  # --clusters 0: a k-means cell per this many images, so a cell's all-pairs cosines stay ~a second
+MAX_AUTO_CLUSTERS = 100_000  # ... and at most this many cells (1.8B pairs' 160M images: 16,000 cells)
+CELLS = "cells"  # OUT/_work/cells/cell=N/: every assigned image in its cell's folder (the shuffle between the rounds)
+
+
+def cell_count(clusters: int, images: int) -> int:
+    """The k-means cells: as given, or (0) one per CELL_IMAGES images, at least one and at most MAX_AUTO_CLUSTERS."""
+    return clusters or max(1, min(MAX_AUTO_CLUSTERS, round(images / CELL_IMAGES)))
 
 
 @dataclass(frozen=True)
 class SemDedupOptions(Options):
     model: str = ""  # a model directory openalign loads (its own, or a CLIP, SigLIP or OpenCLIP checkpoint)
     eps: float = 0.05  # an image goes when its cosine to one before it in its cell exceeds 1 - eps (SemDeDup's eps)
-    clusters: int = 1024  # k-means cells (at most the number of images)
+    clusters: int = 0  # k-means cells (at most the number of images); 0: one per CELL_IMAGES images, up to
+        # MAX_AUTO_CLUSTERS (SemDeDup: 50,000 cells for LAION-440M's images, ~8,800 each)
     keep: Literal["hard", "easy"] = "hard"  # which of a group stays: the farthest from the centroid (hard, the
         # paper's default) or the closest (easy)
-    kmeans_sample: int = 256  # k-means is fitted on at most this many images per cell (a seeded sample)
+    kmeans_sample: int = 256  # k-means is fitted on ~this many images per cell (each drawn by a seeded hash)
     seed: int = 0  # the k-means sample and initialisation
     clusters_per_task: int = 64  # cells deduplicated per job
     encode_batch: int = 128  # images encoded at once
@@ -70,7 +83,9 @@ class SemDedupOptions(Options):
         if not 0 < self.eps < 2:
             problems.append(f"--eps {self.eps} must be between 0 and 2 (an image goes when its cosine to an earlier "
                             "one exceeds 1 - eps)")
-        small = {"--clusters": self.clusters, "--kmeans-sample": self.kmeans_sample,
+        if self.clusters < 0:
+            problems.append(f"--clusters {self.clusters} must be at least 0 (0: one cell per {CELL_IMAGES:,} images)")
+        small = {"--kmeans-sample": self.kmeans_sample,
                  "--clusters-per-task": self.clusters_per_task, "--encode-batch": self.encode_batch,
                  "--images-per-task": self.images_per_task}
         problems += [f"{flag} {value} must be at least 1" for flag, value in small.items() if value < 1]
@@ -134,9 +149,12 @@ def _vectors(embeds: np.ndarray) -> pa.Array:
 
 
 def _matrix(column) -> np.ndarray:
+    """A column of vectors (Parquet's fixed-size lists; Spark writes them back as lists) as a [rows, width] array."""
     column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    width = column.type.list_size
-    return column.flatten().to_numpy(zero_copy_only=False).reshape(-1, width).astype(np.float32)
+    flat = column.flatten().to_numpy(zero_copy_only=False)
+    width = column.type.list_size if pa.types.is_fixed_size_list(column.type) else (
+        len(flat) // len(column) if len(column) else 0)
+    return flat.reshape(len(column), width).astype(np.float32)
 
 
 def _write(path: str, columns: dict) -> None:
@@ -144,9 +162,9 @@ def _write(path: str, columns: dict) -> None:
         pq.write_table(pa.table(columns), tmp)
 
 
-def assign_task(embeds_path: str, centroids_path: str, out_paths: list[str], clusters_per_task: int) -> dict:
-    """One job: each image of an embedding file assigned to its nearest centroid, written to the file of its group
-    of cells (every group's file is written, empty or not)."""
+def assign_task(embeds_path: str, centroids_path: str, out_path: str) -> dict:
+    """One job: each image of an embedding file assigned to its nearest centroid, written with its cell and its cosine
+    to the centroid (the shuffle then gathers each cell's images into its folder)."""
     from openalign.pipeline.curation.scoring import nearest_cells
 
     table = pq.read_table(embeds_path)
@@ -154,21 +172,37 @@ def assign_task(embeds_path: str, centroids_path: str, out_paths: list[str], clu
     centroids = np.load(centroids_path)
     cells = nearest_cells(vectors, centroids, 1)[:, 0] if len(vectors) else np.zeros(0, np.int64)
     similarity = np.einsum("ij,ij->i", vectors, centroids[cells]) if len(vectors) else np.zeros(0, np.float32)
-    groups = cells // clusters_per_task
-    keys = np.array(table.column("image_key").to_pylist(), dtype=object)
-    for group, path in enumerate(out_paths):
-        chosen = np.flatnonzero(groups == group)
-        _write(path, {"image_key": pa.array(keys[chosen].tolist(), pa.string()),
-                      "cluster": pa.array(cells[chosen], pa.int64()),
-                      "centroid_similarity": pa.array(similarity[chosen].astype(np.float64), pa.float64()),
-                      "embedding": _vectors(vectors[chosen] if len(chosen) else np.zeros((0, centroids.shape[1])))})
+    _write(out_path, {"image_key": table.column("image_key"), "cluster": pa.array(cells, pa.int64()),
+                      "centroid_similarity": pa.array(similarity.astype(np.float64), pa.float64()),
+                      "embedding": _vectors(vectors if len(vectors) else np.zeros((0, centroids.shape[1])))})
     return {"images": len(vectors)}
 
 
+def shuffle_cells(assigned: list[str], cells: Path, engine: Engine, work: Path) -> None:
+    """Every assigned image into its cell's folder, CELLS/cell=N/ (the cell kept in the rows as `cluster`): a
+    shuffle on the engine (Spark's, or DuckDB's partitioned write, out of core), so a cell's job reads its cell and
+    nothing else. Before: each assign job wrote one file per group of cells (embedding jobs x groups files: 14.4M at
+    1.8B pairs), each read by a group's job."""
+    import shutil
+
+    shutil.rmtree(cells, ignore_errors=True)
+    if engine.name == "spark":
+        spark = spark_for(engine, *assigned)
+        from pyspark.sql import functions as F
+
+        (spark.read.parquet(*assigned).withColumn("cell", F.col("cluster")).repartition("cell")
+         .write.mode("overwrite").partitionBy("cell").parquet(str(cells)))
+        return
+    with driver_duckdb(engine, work) as con:
+        con.execute(f"COPY (SELECT *, cluster AS cell FROM read_parquet(?)) TO '{sql_path(cells)}' "
+                    "(FORMAT parquet, PARTITION_BY (cell), OVERWRITE_OR_IGNORE)", [assigned])
+
+
 def dedup_task(in_paths: list[str], out_path: str, keep: str) -> dict:
-    """One job: SemDeDup's rule in each cell of one group; writes every image's cell, its cosine to the centroid,
-    its highest cosine to an image before it (`score`) and that image (`duplicate_of`)."""
-    table = pa.concat_tables([pq.read_table(p) for p in in_paths]) if in_paths else None
+    """One job: SemDeDup's rule in each cell of one group (`in_paths`: the cells' folders); writes every image's cell,
+    its cosine to the centroid, its highest cosine to an image before it (`score`) and that image (`duplicate_of`)."""
+    tables = [pq.read_table(p, partitioning=None) for p in in_paths if Path(p).is_dir()]  # a cell with no image: none
+    table = pa.concat_tables(tables, promote_options="permissive") if tables else None
     keys, cells, centroid, score, duplicate = [], [], [], [], []
     if table is not None and table.num_rows:
         vectors = _matrix(table.column("embedding"))
@@ -192,21 +226,37 @@ def dedup_task(in_paths: list[str], out_path: str, keep: str) -> dict:
     return {"images": len(keys), "cells": len(set(cells))}
 
 
-def _sample(files: list[str], cap: int, seed: int) -> np.ndarray:
-    """A seeded sample of at most `cap` embeddings from the jobs' files, in image-key order (the same on any
-    engine and any run)."""
-    keys = sorted(k for f in files for k in pq.read_table(f, columns=["image_key"]).column("image_key").to_pylist())
-    if len(keys) > cap:
-        keys = sorted(np.random.default_rng(seed).choice(np.array(keys, dtype=object), cap, replace=False).tolist())
-    chosen = set(keys)
-    found = {}
-    for f in files:
-        table = pq.read_table(f)
-        vectors = _matrix(table.column("embedding"))
-        for key, vector in zip(table.column("image_key").to_pylist(), vectors):
-            if key in chosen:
-                found[key] = vector
-    return np.stack([found[k] for k in keys]) if keys else np.zeros((0, 1), np.float32)
+SAMPLE_DRAW = {  # an image's draw for k-means' sample: the first 52 bits of md5(seed TAB image_key), on either engine
+    "duckdb": "(('0x' || substr(md5(? || chr(9) || image_key), 1, 13))::UBIGINT)",
+    "spark": "CAST(conv(substr(md5(concat(?, char(9), image_key)), 1, 13), 16, 10) AS BIGINT)"}
+DRAWS = 16 ** 13
+
+
+def sample_draw(seed: int, image_key: str) -> int:
+    """An image's draw, as SAMPLE_DRAW computes it: it is in the sample when below the fraction times DRAWS."""
+    return int(hashlib.md5(f"{seed}\t{image_key}".encode()).hexdigest()[:13], 16)
+
+
+def _sample(files: list[str], images: int, cap: int, seed: int, engine: Engine, work: Path) -> np.ndarray:
+    """k-means' sample: each image whose hashed draw (`sample_draw`, seeded) falls under cap / images, ~cap of them
+    whatever the table's size, in image-key order, the same on any engine and any run. The draw is a filter on the
+    engine (a Spark job over the embedding files; DuckDB locally): only the sample reaches the driver, never a key
+    of every image."""
+    bound = min(DRAWS, math.floor(DRAWS * cap / images)) if images else 0
+    if engine.name == "spark":
+        spark = spark_for(engine, *files)
+        spark.read.parquet(*files).createOrReplaceTempView("embedded")
+        table = spark.sql(f"SELECT image_key, embedding FROM embedded WHERE {SAMPLE_DRAW['spark']} < ?",
+                          args=[str(seed), bound]).toArrow()
+    else:
+        with driver_duckdb(engine, work) as con:
+            table = con.sql(f"SELECT image_key, embedding FROM read_parquet(?) WHERE {SAMPLE_DRAW['duckdb']} < ?",
+                            params=[files, str(seed), bound]).to_arrow_table()
+    if not table.num_rows:
+        return np.zeros((0, 1), np.float32)
+    table = table.sort_by("image_key")
+    column = table.column("embedding").combine_chunks()
+    return column.flatten().to_numpy(zero_copy_only=False).reshape(table.num_rows, -1).astype(np.float32)
 
 
 def _figure(sizes: list[tuple[int, int, int]], eps: float):
@@ -270,24 +320,32 @@ class SemDedup(Stage):
     def merge(self, run: Run, embedded: dict) -> SemDedupReport:
         """k-means on the driver over a sample, then two more rounds of jobs: assign, and each group of cells."""
         options, work, embed_files = run.options, run.work, run.score_files
-        sample = _sample(embed_files, options.kmeans_sample * options.clusters, options.seed)
+        sample = _sample(embed_files, run.images, options.kmeans_sample * options.clusters, options.seed,
+                         run.engine, work)
         if not len(sample):
             raise ConfigError(f"none of the {run.images:,} images of {run.pairs} could be read, or {options.model} "
                               "gives none of them a finite vector (NaN or infinite: a diverged model?)")
-        centroids = kmeans(sample, options.clusters, options.seed)
+        centroids = kmeans(sample, cell_count(options.clusters, run.images), options.seed)
         centroids_path = work / "centroids.npy"
         np.save(centroids_path, centroids)
         digest = hashlib.blake2b(np.ascontiguousarray(centroids).tobytes(), digest_size=16).hexdigest()
-        groups = -(-len(centroids) // options.clusters_per_task)
-        assigned = [[str(work / f"assign-{job_id(i)}-{g:04d}.parquet") for g in range(groups)]
-                    for i in range(len(embed_files))]
-        run.jobs([Job(f"assign-{job_id(i)}", assign_task, (embed_files[i], str(centroids_path), assigned[i],
-                                                           options.clusters_per_task),
-                      key=sources_key(embed_files[i], digest, options.clusters_per_task), outputs=tuple(assigned[i]))
+        assigned = [str(work / f"assign-{job_id(i)}.parquet") for i in range(len(embed_files))]
+        run.jobs([Job(f"assign-{job_id(i)}", assign_task, (embed_files[i], str(centroids_path), assigned[i]),
+                      key=sources_key(embed_files[i], digest), outputs=(assigned[i],))
                   for i in range(len(embed_files))], "semdedup: assign")
+        cells, shuffled = work / CELLS, sources_key(assigned)
+        if (cells / "_inputs.json").is_file() and (cells / "_inputs.json").read_text() != shuffled:
+            shutil.rmtree(cells)
+        if not (cells / "_inputs.json").is_file():  # a rerun whose assignment is unchanged keeps its cells
+            shuffle_cells(assigned, cells, run.engine, work)
+            (cells / "_inputs.json").write_text(shuffled)
+        groups = -(-len(centroids) // options.clusters_per_task)
         deduped = [str(work / f"cells-{g:04d}.parquet") for g in range(groups)]
-        run.jobs([Job(f"cells-{g:04d}", dedup_task, ([a[g] for a in assigned], deduped[g], options.keep),
-                      key=sources_key([a[g] for a in assigned], options.keep), outputs=(deduped[g],))
+        members = [[str(cells / f"cell={c}") for c in range(g * options.clusters_per_task,
+                                                           min(len(centroids), (g + 1) * options.clusters_per_task))]
+                   for g in range(groups)]
+        run.jobs([Job(f"cells-{g:04d}", dedup_task, (members[g], deduped[g], options.keep),
+                      key=sources_key(shuffled, members[g], options.keep), outputs=(deduped[g],))
                   for g in range(groups)], "semdedup: cells")
         where = f"{FINITE} AND score > {1 - options.eps!r}"
         removed_pairs = run.keep_without(where, deduped)
@@ -318,23 +376,34 @@ def semdedup(pairs: Path, out: Path, options: SemDedupOptions, progress: bool = 
 def _report(out: Path, pairs: str, deduped: list[str], where: str, options: SemDedupOptions, count: int, cells: int,
             embedded: dict, engine: Engine) -> tuple[dict, list]:
     """OUT/clusters.parquet, the report's counts, largest cells and closest removals, and each cell's (cluster,
-    size, removed) for the figure (DuckDB, on the driver: one row per image, no vectors)."""
-    with driver_duckdb(engine, out / WORK) as con:
-        con.execute(f"""CREATE TEMP TABLE c AS SELECT image_key, cluster, centroid_similarity,
+    size, removed) for the figure: SQL on the engine (Spark SQL, or DuckDB on the driver), one row per image written,
+    one row per cell and the closest removals' few rows back."""
+    with engine_sql(engine, out / WORK, *deduped) as sql:
+        sql.source("cells", deduped)
+        sql.table("c", f"""SELECT image_key, cluster, centroid_similarity,
                                CASE WHEN {where} THEN duplicate_of END AS duplicate_of,
                                CASE WHEN {where} THEN score END AS similarity, coalesce({where}, false) AS removed
-                        FROM read_parquet(?)""", [deduped])
-        con.execute(f"COPY (SELECT * FROM c ORDER BY image_key) TO '{sql_path(out / CLUSTERS)}' (FORMAT parquet)")
-        n, removed = con.execute("SELECT count(*), count(*) FILTER (WHERE removed) FROM c").fetchone()
-        sizes = con.execute("SELECT cluster, count(*), count(*) FILTER (WHERE removed) FROM c GROUP BY cluster "
-                            "ORDER BY cluster").fetchall()
-        con.execute("CREATE TEMP TABLE p AS SELECT image_key, min(coalesce(member, path)) AS image "
-                    "FROM read_parquet(?) WHERE image_key IN (SELECT image_key FROM c WHERE removed UNION "
-                    "SELECT duplicate_of FROM c WHERE removed) GROUP BY image_key", [pairs])
-        closest = con.execute("""SELECT a.image, b.image, c.similarity, c.cluster FROM c
-                                 JOIN p a ON a.image_key = c.image_key JOIN p b ON b.image_key = c.duplicate_of
-                                 WHERE c.removed ORDER BY c.similarity DESC, c.image_key LIMIT ?""",
-                              [options.examples]).fetchall()
+                           FROM cells""")
+        if (out / CLUSTERS).is_dir():  # an earlier run's, on the other engine
+            shutil.rmtree(out / CLUSTERS)
+        (out / CLUSTERS).unlink(missing_ok=True)
+        if sql.spark is not None:  # the table's parts, each sorted, in image-key order
+            sql.frame("SELECT * FROM c ORDER BY image_key").write.mode("overwrite").parquet(str(out / CLUSTERS))
+        else:
+            sql.con.execute(f"COPY (SELECT * FROM c ORDER BY image_key) TO '{sql_path(out / CLUSTERS)}' "
+                            "(FORMAT parquet)")
+        n, removed = sql.rows("SELECT count(*), count(*) FILTER (WHERE removed) FROM c")[0]
+        sizes = [tuple(r) for r in sql.rows("SELECT cluster, count(*), count(*) FILTER (WHERE removed) FROM c "
+                                            "GROUP BY cluster ORDER BY cluster")]
+        closest = sql.rows(f"SELECT image_key, duplicate_of, similarity, cluster FROM c WHERE removed ORDER BY "
+                           f"similarity DESC, image_key LIMIT {int(options.examples)}") if options.examples else []
+        keys = sorted({k for row in closest for k in row[:2]})
+        images = {}
+        if keys:
+            sql.source("pairs", pairs)
+            images = dict(sql.rows(f"SELECT image_key, min(coalesce(member, path)) FROM pairs WHERE image_key IN "
+                                   f"({', '.join('?' for _ in keys)}) GROUP BY image_key", keys))
+    closest = [(images.get(a), images.get(b), similarity, cell) for a, b, similarity, cell in closest]
     largest = sorted(sizes, key=lambda s: (-s[1], s[0]))[:10]
     return {
         "model": options.model, "engine": engine.name,
