@@ -14,6 +14,12 @@ BENCHMARKS = ROOT / "docs" / "benchmarks.md"
 # neither public nor here, on a name here that no bench imports, and on a name that no longer exists.
 MEASURED = {
     "openalign.data.engine.Job": "a job as the engine runs it: extract's and ingest's finished tasks (P19)",
+    "openalign.data.engine.run_jobs": "semdedup's assign and cells tasks between its global steps (P19 curation)",
+    "openalign.data.pairs.write_keep_duckdb": "the generated keep-lists, bucketed as a stage writes them (P19)",
+    "openalign.data.pairs.write_keep_report": "the generated keep-lists' reports, which card reads (P19)",
+    "openalign.pipeline.shard.plan_duckdb": "shard's plan on the local engine: the kept images grouped (P19)",
+    "openalign.pipeline.shard.plan_spark": "shard's plan on Spark (P19)",
+    "openalign.pipeline.curation.balance.Balance": "balance's stage, for a Run of its counts, sampling and merge (P19)",
     "openalign.data.tables.dataset": "a table given as a folder of parts, as fetch reads it (P19)",
     "openalign.pipeline.ingest.Ingest": "ingest's stage, for a Run of its merge alone (P19)",
     "openalign.pipeline.ingest.REJECT_SCHEMA": "the rejects' schema, for the parts the concatenation reads (P19)",

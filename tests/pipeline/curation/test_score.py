@@ -180,13 +180,24 @@ def test_bad_options_are_one_sentence(corpus, tmp_path, capsys, flags, message):
 
 @pytest.mark.skipif(shutil.which("java") is None,
                     reason="the Spark engine needs Java (apt-get install default-jre-headless)")
-def test_spark_scores_and_keeps_what_the_local_engine_does(corpus, tmp_path):
+def test_spark_scores_and_keeps_what_the_local_engine_does(corpus, tmp_path, monkeypatch):
     from openalign.data.engine import Engine
 
     pairs, model = corpus
     options = ScoreOptions(model=str(model), keep_fraction=0.4, images_per_task=4)
     local = score(pairs, tmp_path / "local", options, progress=False)
+    plans = []
+    writer = score_lib.write_keep_spark
+
+    def spy(frame, path):  # the keep-list's physical plan: before, a sort and limit(k) in one partition
+        plans.append(frame.sparkSession._jvm.PythonSQLUtils.explainString(frame._jdf.queryExecution(), "simple"))
+        return writer(frame, path)
+
+    monkeypatch.setattr(score_lib, "write_keep_spark", spy)
     spark = score(pairs, tmp_path / "spark", options, progress=False, engine=Engine("spark", "local[2]", retries=2))
+    assert len(plans) == 1 and "Filter" in plans[0]
+    assert not any(word in plans[0] for word in ("SinglePartition", "TakeOrderedAndProject", "GlobalLimit", "Sort")), \
+        plans[0]
     assert read_keep(tmp_path / "local") == read_keep(tmp_path / "spark") and local.kept_pairs == 5
     assert scores_of(tmp_path / "local") == {r["uid"]: r["score"] for r in pq.read_table(
         tmp_path / "spark" / "scores.parquet").to_pylist()}
