@@ -265,3 +265,28 @@ def test_a_second_run_into_one_output_through_the_api_is_refused(tmp_path):
         dedup(str(pairs), str(tmp_path / "imgs"), out, DedupOptions(), progress=False)
     assert not (out / "dedup_report.json").exists()
     assert dedup(str(pairs), str(tmp_path / "imgs"), out, DedupOptions(), progress=False).keep.exists()
+
+
+def test_an_image_plan_with_pairs_spills_instead_of_running_out_of_memory(tmp_path):
+    """Before: each image's pairs were gathered as ordered lists, an aggregate DuckDB cannot spill: 1M pairs ran out
+    of memory under 256 MB (score's plan; 5M under 512 MB in P19). Now a row a pair, joined to the numbered images."""
+    import duckdb
+    import pyarrow.parquet as pq
+
+    from openalign.data.engine import Engine, read_plan
+    from openalign.pipeline.runner import plan_images, with_pairs_rows
+
+    table = tmp_path / "pairs.parquet"
+    with duckdb.connect() as con:
+        con.execute(f"""COPY (SELECT md5('p' || g) AS uid, md5('i' || (g // 3)) AS image_key,
+            'an alt text about thing number ' || g AS text, '/data/' || (g // 30000) || '.tar' AS path,
+            (g % 10000) || '.jpg' AS member FROM range(1000000) t(g)) TO '{table}' (FORMAT parquet)""")
+    plan = tmp_path / "work" / "plan.parquet"
+    assert plan_images(str(table), plan, 2_000, Engine(workers=2, memory="256M"), with_pairs=True) == 333_334
+    rows = with_pairs_rows(read_plan(str(plan), 7))
+    assert len(rows) == 2_000 and all(r["uids"] == sorted(r["uids"]) and len(r["uids"]) == len(r["texts"]) == 3
+                                      for r in rows[:-1])
+    pairs = {r["uid"]: r for r in pq.read_table(table, columns=["uid", "image_key", "text"]).to_pylist()}
+    for row in rows:
+        assert {pairs[u]["image_key"] for u in row["uids"]} == {row["image_key"]}
+        assert [pairs[u]["text"] for u in row["uids"]] == row["texts"]
