@@ -269,24 +269,33 @@ def test_a_second_run_into_one_output_through_the_api_is_refused(tmp_path):
 
 def test_an_image_plan_with_pairs_spills_instead_of_running_out_of_memory(tmp_path):
     """Before: each image's pairs were gathered as ordered lists, an aggregate DuckDB cannot spill: 1M pairs ran out
-    of memory under 256 MB (score's plan; 5M under 512 MB in P19). Now a row a pair, joined to the numbered images."""
+    of memory under 256 MB (score's plan and shard's; 5M under 512 MB in P19). Now a row a pair, joined to the
+    numbered images."""
     import duckdb
     import pyarrow.parquet as pq
 
     from openalign.data.engine import Engine, read_plan
-    from openalign.pipeline.runner import plan_images, with_pairs_rows
+    from openalign.pipeline.runner import plan_images
 
     table = tmp_path / "pairs.parquet"
     with duckdb.connect() as con:
         con.execute(f"""COPY (SELECT md5('p' || g) AS uid, md5('i' || (g // 3)) AS image_key,
             'an alt text about thing number ' || g AS text, '/data/' || (g // 30000) || '.tar' AS path,
-            (g % 10000) || '.jpg' AS member FROM range(1000000) t(g)) TO '{table}' (FORMAT parquet)""")
+            (g % 10000) || '.jpg' AS member, 'https://x/' || g AS url FROM range(1000000) t(g))
+            TO '{table}' (FORMAT parquet)""")
     plan = tmp_path / "work" / "plan.parquet"
     assert plan_images(str(table), plan, 2_000, Engine(workers=2, memory="256M"), with_pairs=True) == 333_334
-    rows = with_pairs_rows(read_plan(str(plan), 7))
+    rows = read_plan(str(plan), 7, pairs=True)
     assert len(rows) == 2_000 and all(r["uids"] == sorted(r["uids"]) and len(r["uids"]) == len(r["texts"]) == 3
                                       for r in rows[:-1])
     pairs = {r["uid"]: r for r in pq.read_table(table, columns=["uid", "image_key", "text"]).to_pylist()}
     for row in rows:
         assert {pairs[u]["image_key"] for u in row["uids"]} == {row["image_key"]}
         assert [pairs[u]["text"] for u in row["uids"]] == row["texts"]
+    from openalign.pipeline.shard import plan_duckdb
+
+    (tmp_path / "shard").mkdir()
+    assert plan_duckdb(table, [], tmp_path / "shard", 10_000, Engine(workers=2, memory="256M")) == 333_334
+    samples = read_plan(str(tmp_path / "shard" / "plan.parquet"), 3, "shard", pairs=True)
+    assert len(samples) == 10_000 and [s["image_key"] for s in samples] == sorted(s["image_key"] for s in samples)
+    assert all([pairs[u]["text"] for u in s["uids"]] == s["texts"] and len(s["uids"]) == 3 for s in samples)

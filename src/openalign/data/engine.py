@@ -559,9 +559,12 @@ def spark_plan(frame, order: str | tuple[str, ...], per_task: int, path: Path, c
 
 
 def duckdb_plan(con, query: str, params: list, order: str | tuple[str, ...], per_task: int, path: Path,
-                column: str = "task") -> int:
+                column: str = "task", pairs: str = "", pairs_params: list | None = None) -> int:
     """The same plan from DuckDB: `query`'s rows ordered by `order`, numbered (`pos`) and cut into jobs, written as
-    one folder a job (a partitioned write, out of core)."""
+    one folder a job (a partitioned write, out of core). `pairs`: a query of (image_key, uid, text) whose rows are
+    joined to the numbered rows, a plan row a pair (`read_plan(..., pairs=True)` gives each image its `uids` and
+    `texts`): a list of each image's pairs is an ordered aggregate that DuckDB cannot spill (5M pairs ran out of
+    memory under 512 MB)."""
     import shutil
 
     path = Path(path)
@@ -576,8 +579,11 @@ def duckdb_plan(con, query: str, params: list, order: str | tuple[str, ...], per
                         SELECT row_number() OVER (ORDER BY {order_by}) AS pos, * FROM ({query}))""", params)
     count = con.execute("SELECT count(*) FROM numbered_plan").fetchone()[0]
     path.mkdir(parents=True)
+    rows = ("numbered_plan" if not pairs else
+            f"(SELECT n.*, d.uid, d.text FROM numbered_plan n JOIN ({pairs}) d ON n.image_key = d.image_key)")
     if count:
-        con.execute(f"COPY numbered_plan TO '{target}' (FORMAT parquet, PARTITION_BY ({column}), OVERWRITE_OR_IGNORE)")
+        con.execute(f"COPY {rows} TO '{target}' (FORMAT parquet, PARTITION_BY ({column}), OVERWRITE_OR_IGNORE)",
+                    pairs_params or [])
     con.execute("DROP TABLE numbered_plan")
     return int(count)
 
@@ -588,9 +594,11 @@ def plan_glob(path: str | Path) -> str:
     return str(path / "*" / "*.parquet") if path.is_dir() else str(path)
 
 
-def read_plan(path: str, index: int, column: str = "task") -> list[dict]:
+def read_plan(path: str, index: int, column: str = "task", pairs: bool = False) -> list[dict]:
     """The rows of one job of a plan, in plan order: a plan folder's part of the job (PLAN/COLUMN=INDEX/: the job
-    reads only its own rows), or a plan file's rows of it (row-group statistics skip the rest of the file)."""
+    reads only its own rows), or a plan file's rows of it (row-group statistics skip the rest of the file).
+    `pairs`: a plan of images with their pairs, one row an image with its `uids` and `texts` in uid order (DuckDB
+    writes a row a pair, Spark a row an image with its lists)."""
     import pyarrow.parquet as pq
 
     part = Path(path) / f"{column}={index}"
@@ -603,7 +611,23 @@ def read_plan(path: str, index: int, column: str = "task") -> list[dict]:
     for row in rows:
         del row["pos"]
         row.pop(column, None)
-    return rows
+    return _images_with_pairs(rows) if pairs else rows
+
+
+def _images_with_pairs(rows: list[dict]) -> list[dict]:
+    """Rows of a pair each (consecutive for an image) as a row an image with its `uids` and `texts` in uid order;
+    rows of an image each (Spark's, with the lists; samples planned from memory) as they are."""
+    if not rows or "uid" not in rows[0]:
+        return rows
+    images: list[dict] = []
+    for row in rows:
+        if not images or images[-1]["image_key"] != row["image_key"]:
+            images.append({k: v for k, v in row.items() if k not in ("uid", "text")} | {"_pairs": []})
+        images[-1]["_pairs"].append((row["uid"], row["text"]))
+    for image in images:
+        found = sorted(image.pop("_pairs"), key=lambda pair: pair[0])
+        image["texts"], image["uids"] = [t for _, t in found], [u for u, _ in found]
+    return images
 
 
 def job_id(index: int) -> str:

@@ -52,7 +52,7 @@ from openalign import plots
 from openalign.config import ConfigError, Options, expect
 from openalign.data.engine import Engine, Job, driver_duckdb, duckdb_plan, job_id, run_jobs, spark_for, spark_plan
 from openalign.data.pairs import (IMAGE_COLUMNS, check_pair_table, distinct_counts, first_source, manifest_path,
-                                  parts_glob, spark_first_source, sql_path, write_keep_duckdb, write_keep_report,
+                                  parts_glob, spark_first_source, write_keep_duckdb, write_keep_report,
                                   write_keep_spark)
 from openalign.outputs import owned, sources_key, unfinish, write_json
 
@@ -70,7 +70,7 @@ PLAN_ORDER = ("place", "image_key")  # by source: a task reads a few neighbourin
 def plan_images(pairs: str, plan: Path, per_task: int, engine: Engine, with_pairs: bool = False) -> int:
     """Every distinct image of the pair table, ordered by key and cut into tasks of `per_task` images (the
     local engine plans with DuckDB, the Spark engine with Spark SQL); returns the count. `with_pairs`: each
-    image's pairs too (`uids`, `texts`: lists in uid order, as `with_pairs_rows` reads a job's rows)."""
+    image's pairs too (`uids`, `texts`: lists in uid order, as `read_plan(..., pairs=True)` gives a job's rows)."""
     if engine.name == "spark":
         from pyspark.sql import functions as F
 
@@ -85,39 +85,9 @@ def plan_images(pairs: str, plan: Path, per_task: int, engine: Engine, with_pair
             frame = frame.join(listed, "image_key")
         return spark_plan(frame, PLAN_ORDER, per_task, plan)
     with driver_duckdb(engine, plan.parent) as con:
-        if not with_pairs:
-            return duckdb_plan(con, IMAGE_QUERY, [str(pairs)], PLAN_ORDER, per_task, plan)
-        # each image numbered (a window, which spills), then its pairs joined to it: a plan row a pair. A list of each
-        # image's pairs is an ordered aggregate that DuckDB cannot spill (5M pairs ran out of memory under 512 MB).
-        con.execute(f"CREATE OR REPLACE TEMP TABLE plan_images AS SELECT row_number() OVER (ORDER BY "
-                    f"{', '.join(PLAN_ORDER)}) AS pos, * FROM ({IMAGE_QUERY})", [str(pairs)])
-        count = con.execute("SELECT count(*) FROM plan_images").fetchone()[0]
-        shutil.rmtree(plan, ignore_errors=True)
-        plan.mkdir(parents=True)
-        if count:
-            con.execute(f"""COPY (SELECT i.pos, i.image_key, i.place, i.path, i.member, d.uid, d.text,
-                                         (i.pos - 1) // {int(per_task)} AS task
-                                  FROM plan_images i JOIN (SELECT DISTINCT image_key, uid, text FROM read_parquet(?)) d
-                                  ON i.image_key = d.image_key)
-                            TO '{sql_path(plan)}' (FORMAT parquet, PARTITION_BY (task), OVERWRITE_OR_IGNORE)""",
-                        [str(pairs)])
-        return int(count)
-
-
-def with_pairs_rows(rows: list[dict]) -> list[dict]:
-    """A job's rows of a plan made `with_pairs`, one an image with its pairs as `uids` and `texts` in uid order: the
-    local engine's plan holds a row a pair (consecutive for an image), Spark's a row an image with its lists."""
-    if not rows or "uids" in rows[0]:
-        return rows
-    images: list[dict] = []
-    for row in rows:
-        if not images or images[-1]["image_key"] != row["image_key"]:
-            images.append({k: v for k, v in row.items() if k not in ("uid", "text")} | {"pairs": []})
-        images[-1]["pairs"].append((row["uid"], row["text"]))
-    for image in images:
-        pairs = sorted(image.pop("pairs"), key=lambda p: p[0])
-        image["uids"], image["texts"] = [u for u, _ in pairs], [t for _, t in pairs]
-    return images
+        pairs_query = "SELECT DISTINCT image_key, uid, text FROM read_parquet(?)" if with_pairs else ""
+        return duckdb_plan(con, IMAGE_QUERY, [str(pairs)], PLAN_ORDER, per_task, plan, pairs=pairs_query,
+                           pairs_params=[str(pairs)] if with_pairs else [])
 
 
 def plan_image_jobs(pairs: str, out: Path, fn, args: tuple, key: dict, per_task: int, engine: Engine,

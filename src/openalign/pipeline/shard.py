@@ -86,11 +86,18 @@ def kept_images(pairs: Path, keep_dirs: list[Path]) -> list[dict]:
 
 
 def plan_duckdb(pairs: Path, keep_dirs: list[Path], plan: Path, per_shard: int, engine: Engine = Engine()) -> int:
-    """The shard plan: every kept image with its position (`pos`, by image key) and `shard`; returns the count
-    (DuckDB on the driver, its spill files in the plan's folder)."""
+    """The shard plan: every kept image with its position (`pos`, by image key) and `shard`, its kept pairs a row
+    each (read back as lists: `read_plan(..., pairs=True)`); returns the count (DuckDB on the driver, its spill files
+    in the plan's folder: the kept pairs, the images' grouping, their numbering and the join all spill, where lists of
+    each image's texts did not: 5M pairs ran out of memory under 512 MB)."""
     with driver_duckdb(engine, plan) as con:
         keep_table(con, pairs, keep_dirs)
-        return duckdb_plan(con, SAMPLE_QUERY, [str(pairs)], "image_key", per_shard, plan / "plan.parquet", "shard")
+        con.execute("CREATE TEMP TABLE kept_pairs AS SELECT DISTINCT p.uid, p.image_key, p.text, p.path, p.member, "
+                    "p.url FROM read_parquet(?) p JOIN keep k ON p.uid = k.uid", [str(pairs)])
+        images = (f"SELECT image_key, s.path AS path, s.member AS member, s.url AS url FROM (SELECT image_key, "
+                  f"{first_source('url')} AS s FROM kept_pairs GROUP BY image_key)")
+        return duckdb_plan(con, images, [], "image_key", per_shard, plan / "plan.parquet", "shard",
+                           pairs="SELECT DISTINCT image_key, uid, text FROM kept_pairs")
 
 
 def plan_spark(pairs: str, keep_dirs: list[Path], plan: Path, per_shard: int, engine: Engine) -> int:
@@ -157,7 +164,7 @@ def write_shard(path: Path, samples: list[dict], options: ShardOptions) -> dict:
 def shard_task(plan: str, index: int, out: str, options: ShardOptions) -> dict:
     """One task: shard `index` of the plan. A shard finished earlier for exactly these samples and options is
     kept as it is."""
-    samples = read_plan(plan, index, "shard")
+    samples = read_plan(plan, index, "shard", pairs=True)
     path = Path(out) / f"{options.prefix}-{index:06d}.tar"
     key = blake(json.dumps([asdict(options) | {"workers": 0}, samples], sort_keys=True, default=str).encode())
     done = previous(Path(out) / STATUS, job_id(index))

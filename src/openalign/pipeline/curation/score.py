@@ -41,7 +41,7 @@ from openalign.data import sources
 from openalign.data.engine import Engine, driver_duckdb, read_plan, spark_for
 from openalign.data.pairs import IMAGE_COLUMNS, sql_path, write_keep_duckdb, write_keep_spark
 from openalign.outputs import sources_key, staged
-from openalign.pipeline.runner import WORK, Run, Stage, run_stage, table_counts, with_pairs_rows
+from openalign.pipeline.runner import WORK, Run, Stage, run_stage, table_counts
 from openalign.pipeline.curation import ranks
 from openalign.pipeline.curation.scoring import FINITE, PERCENTILES, check_model, embed_blobs, model_for, usable
 
@@ -97,7 +97,7 @@ def score_task(plan: str, index: int, scores_path: str, model_path: str, batch_s
     or the text empty); each image and each distinct text of the job encoded once."""
     from openalign.model.encode import encode_texts
 
-    rows = with_pairs_rows(read_plan(plan, index))
+    rows = read_plan(plan, index, pairs=True)
     embeds, ok = embed_blobs(model_path, (sources.read_bytes(r["path"], r["member"]) for r in rows), batch_size,
                              threads)
     image_row = {i: row for row, i in enumerate(ok)}

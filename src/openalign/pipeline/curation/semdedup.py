@@ -122,10 +122,11 @@ def cluster_removals(vectors: np.ndarray, block: int = 1024) -> tuple[np.ndarray
     before = np.full(n, -1, np.int64)
     for start in range(1, n, block):
         end = min(n, start + block)
-        sims = vectors[:end] @ vectors[start:end].T  # [rows before the block's end, block columns]
-        sims[np.arange(end)[:, None] >= np.arange(start, end)[None, :]] = -np.inf  # only rows before each column
-        rows = sims.argmax(axis=0)
-        best[start:end] = sims[rows, np.arange(end - start)]
+        sims = vectors[start:end] @ vectors[:end].T  # [the block's columns, every row before the block's end]
+        width = end - start
+        sims[:, start:end][np.triu_indices(width)] = -np.inf  # only rows before each column: the block's own square
+        rows = sims.argmax(axis=1)  # (rows before `start` all come before every column of the block)
+        best[start:end] = sims[np.arange(width), rows]
         before[start:end] = rows
     return best, before
 
