@@ -237,6 +237,8 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=Path("/tmp/p19c"))
     parser.add_argument("--local-memory", default=LOCAL_MEMORY, help="the local engine's driver DuckDB limit")
     parser.add_argument("--one", nargs=3, metavar=("STEP", "ENGINE", "DIR"), help=argparse.SUPPRESS)
+    parser.add_argument("--sizes", default="N,10N", help="the sizes to measure now (N, 10N or both); the others' "
+                        "earlier measurements are kept")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     if args.one:
@@ -248,14 +250,15 @@ def main() -> None:
     found: dict[tuple, dict] = {}
     if saved.is_file():
         found = {(r["step"], r["engine"], r["rows"]): r for r in json.loads(saved.read_text())}
-    for rows in (args.rows, args.rows * args.factor) if steps else ():
+    sizes = {"N": args.rows, "10N": args.rows * args.factor}
+    for rows in [sizes[s] for s in args.sizes.split(",") if s] if steps else ():
         folder = args.dir / f"n{rows}"
         shutil.rmtree(folder, ignore_errors=True)
         start = time.perf_counter()
         generate(rows, folder)
         print(f"{rows:,} pairs generated in {time.perf_counter() - start:.0f} s", flush=True)
-        for step in steps:
-            for engine in engines:
+        for engine in engines:  # an engine's steps, then the other's: a run cut short has one whole column
+            for step in steps:
                 result = measure(step, engine, folder, args.local_memory) | {"rows": rows}
                 found[(step, engine, rows)] = result
                 saved.write_text(json.dumps(list(found.values()), indent=1))
