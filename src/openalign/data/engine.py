@@ -582,8 +582,17 @@ def duckdb_plan(con, query: str, params: list, order: str | tuple[str, ...], per
     rows = ("numbered_plan" if not pairs else
             f"(SELECT n.*, d.uid, d.text FROM numbered_plan n JOIN ({pairs}) d ON n.image_key = d.image_key)")
     if count:
-        con.execute(f"COPY {rows} TO '{target}' (FORMAT parquet, PARTITION_BY ({column}), OVERWRITE_OR_IGNORE)",
-                    pairs_params or [])
+        # a partition's rows are buffered until it holds partitioned_write_flush_threshold (524,288) of them: with
+        # thousands of jobs of a few thousand rows nothing was flushed and every row was held (score's plan of 50M
+        # pairs ran out of 512 MB). Flushed at a job's size instead, fed in job order, so each job's folder fills and
+        # is done in turn.
+        threshold = con.execute("SELECT current_setting('partitioned_write_flush_threshold')").fetchone()[0]
+        con.execute(f"SET partitioned_write_flush_threshold = {max(2048, int(per_task))}")
+        try:
+            con.execute(f"COPY (SELECT * FROM {rows} ORDER BY {column}) TO '{target}' (FORMAT parquet, "
+                        f"PARTITION_BY ({column}), OVERWRITE_OR_IGNORE)", pairs_params or [])
+        finally:
+            con.execute(f"SET partitioned_write_flush_threshold = {int(threshold)}")
     con.execute("DROP TABLE numbered_plan")
     return int(count)
 
