@@ -287,6 +287,15 @@ def main() -> None:
             name = step.replace(" ", "_")
             verdicts.append(verdict("P19", f"{name}_{engine}_rss_ratio", rss, 1.3, False))
             verdicts.append(verdict("P19", f"{name}_{engine}_time_per_row_ratio", per, 1.5, False))
+    missing = [f"{step} on {engine}" for step in STEPS for engine in ("local", "spark")
+               if not (found.get((step, engine, small)) and found.get((step, engine, large)))]
+    if missing:
+        lines += ["", f"Not yet measured at both sizes: {', '.join(missing)}. Each finished measurement, at either "
+                  "size, is in the results file; a rerun with `--sizes`, `--steps` and `--engines` adds the rest."]
+        measured_n = [f"{r['step']} {r['engine']} {r['seconds']:.1f} s ({r['driver_mib']:.0f} MiB)"
+                      for r in found.values() if r["rows"] == small]
+        if measured_n:
+            lines += ["", f"At N alone: {'; '.join(measured_n)}."]
     cut = found.get(("score", "spark", large), {}).get("cut_plan")
     if cut:
         single = any(word in cut for word in ("SinglePartition", "TakeOrderedAndProject", "GlobalLimit"))
