@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import resource
+import shutil
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,3 +109,99 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------------------ P19 (scale.py, scale_curation.py)
+
+def jvm_peak_mib(spark) -> float:
+    """The Spark JVM's peak resident memory (local mode: the driver and the executors in one process)."""
+    pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def step_setup(step: str, engine_name: str, folder: Path, local_memory: str):
+    """(engine, its Spark session started outside the timed part or None, an empty output folder) of one P19 step:
+    the local engine with 2 workers under `local_memory` (P19_LOCAL_MEMORY overrides), or Spark local[2] with 4g."""
+    from openalign.data.engine import Engine, spark_session
+
+    engine = (Engine("spark", master="local[2]", memory="4g") if engine_name == "spark"
+              else Engine("local", workers=2, memory=os.environ.get("P19_LOCAL_MEMORY", local_memory)))
+    spark = spark_session(engine.master, memory=engine.memory) if engine_name == "spark" else None
+    out = folder / f"out-{step.replace(' ', '-')}-{engine_name}"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    return engine, spark, out
+
+
+def measure_fresh(script: str, step: str, engine: str, folder: Path, local_memory: str) -> dict:
+    """One step of `script` (its `--one STEP ENGINE DIR`) in a fresh process, so its peak memory is its own."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "P19_LOCAL_MEMORY": local_memory,
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    found = subprocess.run([sys.executable, script, "--one", step, engine, str(folder)], capture_output=True,
+                           text=True, env=env)
+    if found.returncode:
+        raise SystemExit(f"{step} on {engine} failed:\n{found.stderr[-3000:]}")
+    return json.loads(found.stdout.strip().splitlines()[-1])
+
+
+def record(found: dict, saved: Path, script: str, step: str, engine: str, folder: Path, rows: int, local_memory: str,
+           unit: str) -> None:
+    """One P19 step measured in a fresh process (`measure_fresh`), kept (DIR/results.json, rewritten after each) and
+    printed."""
+    result = measure_fresh(script, step, engine, folder, local_memory) | {"rows": rows}
+    found[(step, engine, rows)] = result
+    saved.write_text(json.dumps(list(found.values()), indent=1))
+    print(f"{step:<20} {engine:<6} {rows:>12,} {unit}s {result['seconds']:8.1f} s "
+          f"{result['seconds'] / rows * 1e6:7.2f} us/{unit}  driver {result['driver_mib']:7.0f} MiB"
+          + (f"  JVM {result['jvm_mib']:6.0f} MiB" if result["jvm_mib"] else ""), flush=True)
+
+
+def ratio_row(step: str, shown: str, engine: str, a: dict, b: dict, small: int, large: int) -> tuple[str, list[str]]:
+    """A P19 table row of one step on one engine at N (`a`) and 10N (`b`), and its two verdicts: the driver's peak
+    memory within 1.3x and the time a row within 1.5x."""
+    per = (b["seconds"] / large) / (a["seconds"] / small)
+    rss = b["driver_mib"] / a["driver_mib"]
+    jvm = f"{a['jvm_mib']:.0f} / {b['jvm_mib']:.0f}" if a["jvm_mib"] else "-"
+    line = (f"| {step} | {shown} | {a['seconds']:.1f} | {b['seconds']:.1f} | {a['seconds'] / small * 1e6:.2f} | "
+            f"{b['seconds'] / large * 1e6:.2f} | {per:.2f} | {a['driver_mib']:.0f} | {b['driver_mib']:.0f} | "
+            f"{rss:.2f} | {jvm} |")
+    name = f"{step.replace(' ', '_')}_{engine}"
+    return line, [verdict("P19", f"{name}_rss_ratio", rss, 1.3, False),
+                  verdict("P19", f"{name}_time_per_row_ratio", per, 1.5, False)]
+
+
+def p19_arguments(doc: str, steps: tuple[str, ...], folder: str, local_memory: str) -> argparse.ArgumentParser:
+    """The flags both P19 scripts take (sizes, engines, steps, the results' folder, the local limit, one step in a
+    fresh process)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=5_000_000)
+    parser.add_argument("--factor", type=int, default=10)
+    parser.add_argument("--engines", default="local,spark")
+    parser.add_argument("--steps", default=",".join(steps))
+    parser.add_argument("--dir", type=Path, default=Path(folder))
+    parser.add_argument("--local-memory", default=local_memory, help="the local engine's driver DuckDB limit")
+    parser.add_argument("--one", nargs=3, metavar=("STEP", "ENGINE", "DIR"), help=argparse.SUPPRESS)
+    parser.add_argument("--no-write", action="store_true")
+    return parser
+
+
+def generated(base: Path, rows: int, generate, unit: str) -> Path:
+    """A fresh folder of `rows` generated rows (`generate(rows, folder)`), timed and said."""
+    import time
+
+    folder = base / f"n{rows}"
+    shutil.rmtree(folder, ignore_errors=True)
+    start = time.perf_counter()
+    generate(rows, folder)
+    print(f"{rows:,} {unit}s generated in {time.perf_counter() - start:.0f} s", flush=True)
+    return folder
+
+
+def table_head(title: str, unit: str) -> list[str]:
+    """A P19 table's title and header (`ratio_row` gives its rows)."""
+    return [title, "", f"| step | engine | N: s | 10N: s | us/{unit} N | us/{unit} 10N | time/{unit} 10N/N | "
+            "driver MiB N | driver MiB 10N | RSS 10N/N | Spark JVM MiB N / 10N |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -24,16 +24,14 @@ after its steps).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-from _common import peak_rss_mib, verdict, write_section
+from _common import (generated, jvm_peak_mib, p19_arguments, table_head, peak_rss_mib, ratio_row, record, step_setup,
+                     write_section)
 
 ROWS_PER_FILE = 50_000  # a WAT file's candidates are ~40-60k
 LOCAL_MEMORY = "512M"  # the local engine's driver DuckDB limit (--spark-memory): its memory bounded, not by the rows
@@ -77,30 +75,16 @@ def nullable(value: str) -> str:
     return f"CASE WHEN g >= 0 THEN {value} END"
 
 
-def jvm_peak_mib(spark) -> float:
-    """The Spark JVM's peak resident memory (local mode: the driver and the executors in one process)."""
-    pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def one(step: str, engine_name: str, folder: Path) -> dict:
     """Run one step in this (fresh) process; returns its seconds and peak memory."""
-    from openalign.data.engine import Engine, Job, spark_session
+    from openalign.data.engine import Job
     from openalign.data.tables import dataset
     from openalign.pipeline.ingest import Ingest, IngestOptions, _concatenate, _distinct
     from openalign.pipeline.runner import Run
     from openalign.pipeline.web.extract import Extract, ExtractOptions, _merge, _tallies
     from openalign.pipeline.web.fetch_plan import plan_urls
 
-    engine = (Engine("spark", master="local[2]", memory="4g") if engine_name == "spark"
-              else Engine("local", workers=2, memory=os.environ.get("P19_LOCAL_MEMORY", LOCAL_MEMORY)))
-    spark = spark_session(engine.master, memory=engine.memory) if engine_name == "spark" else None  # started untimed
-    out = folder / f"out-{step.replace(' ', '-')}-{engine_name}"
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir()
+    engine, spark, out = step_setup(step, engine_name, folder, LOCAL_MEMORY)  # Spark started untimed
     parts = sorted(str(p) for p in (folder / "parts").glob("*.parquet"))
     start = time.perf_counter()
     if step == "extract merge":
@@ -142,26 +126,8 @@ def one(step: str, engine_name: str, folder: Path) -> dict:
     return result
 
 
-def measure(step: str, engine: str, folder: Path, local_memory: str = LOCAL_MEMORY) -> dict:
-    """One step in a fresh process (its peak memory its own)."""
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "P19_LOCAL_MEMORY": local_memory}
-    found = subprocess.run([sys.executable, __file__, "--one", step, engine, str(folder)], capture_output=True,
-                           text=True, env=env)
-    if found.returncode:
-        raise SystemExit(f"{step} on {engine} failed:\n{found.stderr[-3000:]}")
-    return json.loads(found.stdout.strip().splitlines()[-1])
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=int, default=5_000_000)
-    parser.add_argument("--factor", type=int, default=10)
-    parser.add_argument("--engines", default="local,spark")
-    parser.add_argument("--steps", default=",".join(STEPS))
-    parser.add_argument("--dir", type=Path, default=Path("/tmp/p19"))
-    parser.add_argument("--local-memory", default=LOCAL_MEMORY, help="the local engine's driver DuckDB limit")
-    parser.add_argument("--one", nargs=3, metavar=("STEP", "ENGINE", "DIR"), help=argparse.SUPPRESS)
-    parser.add_argument("--no-write", action="store_true")
+    parser = p19_arguments(__doc__, STEPS, "/tmp/p19", LOCAL_MEMORY)
     args = parser.parse_args()
     if args.one:
         print(json.dumps(one(args.one[0], args.one[1], Path(args.one[2]))))
@@ -172,44 +138,29 @@ def main() -> None:
     if saved.is_file():
         found = {(r["step"], r["engine"], r["rows"]): r for r in json.loads(saved.read_text())}
     for rows in (args.rows, args.rows * args.factor) if steps else ():
-        folder = args.dir / f"n{rows}"
-        shutil.rmtree(folder, ignore_errors=True)
-        start = time.perf_counter()
-        generate(rows, folder)
-        print(f"{rows:,} rows generated in {time.perf_counter() - start:.0f} s", flush=True)
+        folder = generated(args.dir, rows, generate, "row")
         for step in steps:
             for engine in engines:
                 if step == "ingest concatenate" and engine == "spark":
                     continue  # Spark writes the parts layout
-                result = measure(step, engine, folder, args.local_memory) | {"rows": rows}
-                found[(step, engine, rows)] = result
-                saved.write_text(json.dumps(list(found.values()), indent=1))
-                print(f"{step:<20} {engine:<6} {rows:>12,} rows {result['seconds']:8.1f} s "
-                      f"{result['seconds'] / rows * 1e6:7.2f} us/row  driver {result['driver_mib']:7.0f} MiB"
-                      + (f"  JVM {result['jvm_mib']:6.0f} MiB" if result["jvm_mib"] else ""), flush=True)
+                record(found, saved, __file__, step, engine, folder, rows, args.local_memory, "row")
         shutil.rmtree(folder, ignore_errors=True)
     small, large = args.rows, args.rows * args.factor
-    lines = [f"### P19 a snapshot's size, the web side: extract's merge, fetch's plan and ingest's merge at N = "
-             f"{small:,} and 10N = {large:,} generated rows ({ROWS_PER_FILE:,} a file), local engine (2 workers, "
-             f"driver DuckDB limit {LOCAL_MEMORY}) and Spark local[2] (4g); a fresh process a step", "",
-             "| step | engine | N: s | 10N: s | us/row N | us/row 10N | time/row 10N/N | driver MiB N | driver MiB 10N "
-             "| RSS 10N/N | Spark JVM MiB N / 10N |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = table_head(f"### P19 a snapshot's size, the web side: extract's merge, fetch's plan and ingest's merge at "
+                       f"N = {small:,} and 10N = {large:,} generated rows ({ROWS_PER_FILE:,} a file), local engine "
+                       f"(2 workers, driver DuckDB limit {LOCAL_MEMORY}) and Spark local[2] (4g); a fresh process a "
+                       "step", "row")
     verdicts = []
     for step in STEPS:
         for engine in ("local", "spark"):
             a, b = found.get((step, engine, small)), found.get((step, engine, large))
             if not a or not b:
                 continue
-            per = (b["seconds"] / large) / (a["seconds"] / small)
-            rss = b["driver_mib"] / a["driver_mib"]
-            jvm = f"{a['jvm_mib']:.0f} / {b['jvm_mib']:.0f}" if a["jvm_mib"] else "-"
             limit = b.get("limit") or (LOCAL_MEMORY if engine == "local" else "")
             shown = f"{engine} ({limit})" if limit and limit != LOCAL_MEMORY else engine  # not the header's limit
-            lines.append(f"| {step} | {shown} | {a['seconds']:.1f} | {b['seconds']:.1f} | "
-                         f"{a['seconds'] / small * 1e6:.2f} | {b['seconds'] / large * 1e6:.2f} | {per:.2f} | "
-                         f"{a['driver_mib']:.0f} | {b['driver_mib']:.0f} | {rss:.2f} | {jvm} |")
-            verdicts.append(verdict("P19", f"{step.replace(' ', '_')}_{engine}_rss_ratio", rss, 1.3, False))
-            verdicts.append(verdict("P19", f"{step.replace(' ', '_')}_{engine}_time_per_row_ratio", per, 1.5, False))
+            line, judged = ratio_row(step, shown, engine, a, b, small, large)
+            lines.append(line)
+            verdicts += judged
     body = "\n".join(lines + ["", "```", *verdicts, "```", "",
                               f"Command: `.venv/bin/python bench/scale.py --rows {small} --factor {args.factor}`"])
     print(body)

@@ -28,16 +28,14 @@ KB a pair on disk (10N = 50M pairs: ~20 GB with the outputs; each size is remove
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-from _common import peak_rss_mib, verdict, write_section
+from _common import (generated, jvm_peak_mib, p19_arguments, table_head, peak_rss_mib, ratio_row, record, step_setup,
+                     write_section)
 
 ROWS_PER_FILE = 60_000  # pairs a generated file (a task's output): 20,000 images
 LOCAL_MEMORY = "512M"  # the local engine's driver DuckDB limit
@@ -100,19 +98,11 @@ def generate(rows: int, folder: Path) -> None:
     (folder / "pairs.manifest.json").write_text(json.dumps({"stage": "ingest", "pairs": rows}))
 
 
-def jvm_peak_mib(spark) -> float:
-    pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def one(step: str, engine_name: str, folder: Path) -> dict:
     """Run one step in this (fresh) process; returns its seconds and peak memory."""
     import numpy as np
 
-    from openalign.data.engine import Engine, Job, run_jobs, spark_session
+    from openalign.data.engine import Job, run_jobs
     from openalign.pipeline import runner
     from openalign.pipeline.curation import balance as balance_lib, concepts, score as score_lib, scoring
     from openalign.pipeline.curation import semdedup as semdedup_lib
@@ -120,12 +110,8 @@ def one(step: str, engine_name: str, folder: Path) -> dict:
     from openalign.pipeline.curation.score import ScoreOptions
     from openalign.pipeline.shard import plan_duckdb, plan_spark
 
-    engine = (Engine("spark", master="local[2]", memory="4g") if engine_name == "spark"
-              else Engine("local", workers=2, memory=os.environ.get("P19_LOCAL_MEMORY", LOCAL_MEMORY)))
-    spark = spark_session(engine.master, memory=engine.memory) if engine_name == "spark" else None  # started untimed
-    out = folder / f"out-{step.replace(' ', '-')}-{engine_name}"
-    shutil.rmtree(out, ignore_errors=True)
-    (out / runner.WORK).mkdir(parents=True)
+    engine, spark, out = step_setup(step, engine_name, folder, LOCAL_MEMORY)  # Spark started untimed
+    (out / runner.WORK).mkdir()
     pairs = str(folder / "pairs" / "*.parquet")
     files = {name: sorted(str(p) for p in (folder / name).glob("*.parquet"))
              for name in ("dedup-scores", "score-jobs", "embeds", "matches")}
@@ -216,30 +202,10 @@ def one(step: str, engine_name: str, folder: Path) -> dict:
     return result
 
 
-def measure(step: str, engine: str, folder: Path, local_memory: str = LOCAL_MEMORY) -> dict:
-    """One step in a fresh process (its peak memory its own)."""
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "P19_LOCAL_MEMORY": local_memory,
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src"),
-                                          os.environ.get("PYTHONPATH", "")])}
-    found = subprocess.run([sys.executable, __file__, "--one", step, engine, str(folder)], capture_output=True,
-                           text=True, env=env)
-    if found.returncode:
-        raise SystemExit(f"{step} on {engine} failed:\n{found.stderr[-3000:]}")
-    return json.loads(found.stdout.strip().splitlines()[-1])
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=int, default=5_000_000)
-    parser.add_argument("--factor", type=int, default=10)
-    parser.add_argument("--engines", default="local,spark")
-    parser.add_argument("--steps", default=",".join(STEPS))
-    parser.add_argument("--dir", type=Path, default=Path("/tmp/p19c"))
-    parser.add_argument("--local-memory", default=LOCAL_MEMORY, help="the local engine's driver DuckDB limit")
-    parser.add_argument("--one", nargs=3, metavar=("STEP", "ENGINE", "DIR"), help=argparse.SUPPRESS)
+    parser = p19_arguments(__doc__, STEPS, "/tmp/p19c", LOCAL_MEMORY)
     parser.add_argument("--sizes", default="N,10N", help="the sizes to measure now (N, 10N or both); the others' "
                         "earlier measurements are kept")
-    parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     if args.one:
         print(json.dumps(one(args.one[0], args.one[1], Path(args.one[2]))))
@@ -252,41 +218,25 @@ def main() -> None:
         found = {(r["step"], r["engine"], r["rows"]): r for r in json.loads(saved.read_text())}
     sizes = {"N": args.rows, "10N": args.rows * args.factor}
     for rows in [sizes[s] for s in args.sizes.split(",") if s] if steps else ():
-        folder = args.dir / f"n{rows}"
-        shutil.rmtree(folder, ignore_errors=True)
-        start = time.perf_counter()
-        generate(rows, folder)
-        print(f"{rows:,} pairs generated in {time.perf_counter() - start:.0f} s", flush=True)
+        folder = generated(args.dir, rows, generate, "pair")
         for engine in engines:  # an engine's steps, then the other's: a run cut short has one whole column
             for step in steps:
-                result = measure(step, engine, folder, args.local_memory) | {"rows": rows}
-                found[(step, engine, rows)] = result
-                saved.write_text(json.dumps(list(found.values()), indent=1))
-                print(f"{step:<16} {engine:<6} {rows:>12,} pairs {result['seconds']:8.1f} s "
-                      f"{result['seconds'] / rows * 1e6:7.2f} us/pair  driver {result['driver_mib']:7.0f} MiB"
-                      + (f"  JVM {result['jvm_mib']:6.0f} MiB" if result["jvm_mib"] else ""), flush=True)
+                record(found, saved, __file__, step, engine, folder, rows, args.local_memory, "pair")
         shutil.rmtree(folder, ignore_errors=True)
     small, large = args.rows, args.rows * args.factor
-    lines = [f"### P19 a snapshot's size, the curation side: the global steps at N = {small:,} and 10N = {large:,} "
-             f"generated pairs (of N/3 images; {ROWS_PER_FILE:,} pairs a task's file), local engine (2 workers, "
-             f"driver DuckDB limit {args.local_memory}) and Spark local[2] (4g); a fresh process a step", "",
-             "| step | engine | N: s | 10N: s | us/pair N | us/pair 10N | time/pair 10N/N | driver MiB N | "
-             "driver MiB 10N | RSS 10N/N | Spark JVM MiB N / 10N |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = table_head(f"### P19 a snapshot's size, the curation side: the global steps at N = {small:,} and 10N = "
+                       f"{large:,} generated pairs (of N/3 images; {ROWS_PER_FILE:,} pairs a task's file), local "
+                       f"engine (2 workers, driver DuckDB limit {args.local_memory}) and Spark local[2] (4g); a fresh "
+                       "process a step", "pair")
     verdicts = []
     for step in STEPS:
         for engine in ("local", "spark"):
             a, b = found.get((step, engine, small)), found.get((step, engine, large))
             if not a or not b:
                 continue
-            per = (b["seconds"] / large) / (a["seconds"] / small)
-            rss = b["driver_mib"] / a["driver_mib"]
-            jvm = f"{a['jvm_mib']:.0f} / {b['jvm_mib']:.0f}" if a["jvm_mib"] else "-"
-            lines.append(f"| {step} | {engine} | {a['seconds']:.1f} | {b['seconds']:.1f} | "
-                         f"{a['seconds'] / small * 1e6:.2f} | {b['seconds'] / large * 1e6:.2f} | {per:.2f} | "
-                         f"{a['driver_mib']:.0f} | {b['driver_mib']:.0f} | {rss:.2f} | {jvm} |")
-            name = step.replace(" ", "_")
-            verdicts.append(verdict("P19", f"{name}_{engine}_rss_ratio", rss, 1.3, False))
-            verdicts.append(verdict("P19", f"{name}_{engine}_time_per_row_ratio", per, 1.5, False))
+            line, judged = ratio_row(step, engine, engine, a, b, small, large)
+            lines.append(line)
+            verdicts += judged
     missing = [f"{step} on {engine}" for step in STEPS for engine in ("local", "spark")
                if not (found.get((step, engine, small)) and found.get((step, engine, large)))]
     if missing:
